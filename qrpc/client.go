@@ -1,0 +1,593 @@
+package qrpc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
+)
+
+// Request and Response are the wire messages.
+type (
+	Request  = qrpcpb.Request
+	Response = qrpcpb.Response
+)
+
+var errContextDeadline = context.DeadlineExceeded
+
+// ErrQueueFull: the stream's send queue (bytes waiting for flow control)
+// is over its bound; the call was not sent.
+var ErrQueueFull = errors.New("qrpc: queue full")
+
+// maxQueued bounds the bytes waiting on one stream for flow-control credit.
+const maxQueued = 16 << 20
+
+// Call is one request to start with Client.Start. Start copies everything it
+// needs before returning: the caller may reuse the slices at once.
+type Call struct {
+	Method   []byte
+	Headers  [][]byte // alternating key, value
+	Body     []byte
+	Deadline time.Time // zero: no deadline
+}
+
+// Done receives the outcome of a call started with Start, exactly once. It
+// runs on a client goroutine and must not block. resp (when err is nil) is
+// valid only until Done returns: copy what you keep.
+type Done func(resp *Response, err error)
+
+// Client is a qrpc client over one or more QUIC connections. It is safe for
+// concurrent use.
+type Client struct {
+	addr     string
+	cfg      Config
+	codec    *frame.Codec
+	tlsConf  *tls.Config
+	quicConf *quic.Config
+	slots    []*slot
+	rr       atomic.Uint32
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// Dial connects to addr (host:port) with cfg (nil means defaults). It returns
+// once every connection is up, or the first error.
+func Dial(ctx context.Context, addr string, cfg *Config) (*Client, error) {
+	conf, err := cfg.populate()
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := conf.tlsConfig(addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		addr:     addr,
+		cfg:      conf,
+		codec:    frame.New(conf.MaxFrameSize),
+		tlsConf:  tlsConf,
+		quicConf: conf.quicConfig(),
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	sessions := make([]*session, 0, conf.Conns)
+	for i := 0; i < conf.Conns; i++ {
+		s, err := c.dial(ctx)
+		if err != nil {
+			for _, s := range sessions {
+				s.fail(ErrClosed)
+			}
+			c.cancel()
+			c.wg.Wait()
+			return nil, err
+		}
+		sessions = append(sessions, s)
+	}
+	for _, s := range sessions {
+		sl := &slot{c: c}
+		sl.cur.Store(s)
+		c.slots = append(c.slots, sl)
+		c.wg.Add(1)
+		go sl.run(s)
+	}
+	return c, nil
+}
+
+// Addr returns the address the client dials.
+func (c *Client) Addr() string { return c.addr }
+
+func (c *Client) dial(ctx context.Context) (*session, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+	conn, err := quic.DialAddr(ctx, c.addr, c.tlsConf, c.quicConf)
+	if err != nil {
+		return nil, classifyDialError(c.addr, err)
+	}
+	s := &session{c: c, conn: conn, done: make(chan struct{})}
+	s.pending.init()
+	s.nextID.Store(rand.Uint64() >> 1)
+	for i := 0; i < c.cfg.Streams; i++ {
+		st, err := conn.OpenStreamSync(ctx)
+		if err != nil {
+			_ = conn.CloseWithError(0, "")
+			return nil, classifyDialError(c.addr, fmt.Errorf("open stream: %w", err))
+		}
+		s.streams = append(s.streams, &cstream{sess: s, s: st})
+	}
+	for _, st := range s.streams {
+		c.wg.Add(1)
+		go st.readLoop()
+	}
+	return s, nil
+}
+
+// Start sends a request without waiting for the answer (it never blocks on
+// the network: when flow control says wait, the frame is queued for a
+// writer goroutine). On success done will be called exactly once, unless
+// the returned Pending is cancelled first. On error done is never called.
+func (c *Client) Start(call *Call, done Done) (Pending, error) {
+	s, err := c.session()
+	if err != nil {
+		return Pending{}, err
+	}
+	return s.start(call, done)
+}
+
+// Event sends a one-way event; it does not wait for anything.
+func (c *Client) Event(method []byte, headers [][]byte, body []byte) error {
+	s, err := c.session()
+	if err != nil {
+		return err
+	}
+	req := Request{Method: method, Headers: headers, Body: body}
+	return s.send(frame.KindEvent, &req)
+}
+
+// Unary sends a request and waits for its response, the context's deadline
+// or its cancellation. A response with a non-zero Code is not an error.
+func (c *Client) Unary(ctx context.Context, method string, body []byte, headers ...[]byte) (*Response, error) {
+	type result struct {
+		resp *Response
+		err  error
+	}
+	ch := make(chan result, 1)
+	call := Call{Method: []byte(method), Headers: headers, Body: body}
+	if d, ok := ctx.Deadline(); ok {
+		call.Deadline = d
+	}
+	p, err := c.Start(&call, func(resp *Response, err error) {
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		ch <- result{resp: resp.CloneVT()}
+	})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r.resp, r.err
+	case <-ctx.Done():
+		if p.Cancel() {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+			}
+			return nil, ctx.Err()
+		}
+		r := <-ch // done is running or ran: take its result
+		return r.resp, r.err
+	}
+}
+
+// Close fails pending calls with ErrClosed, closes the connections and stops
+// every goroutine of the client. It is idempotent.
+func (c *Client) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	c.cancel()
+	c.wg.Wait()
+	return nil
+}
+
+func (c *Client) session() (*session, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	n := uint32(len(c.slots))
+	start := c.rr.Add(1)
+	var sl *slot
+	for i := uint32(0); i < n; i++ {
+		sl = c.slots[(start+i)%n]
+		if s := sl.cur.Load(); s != nil && !s.dead.Load() {
+			return s, nil
+		}
+	}
+	if e := sl.lastErr.Load(); e != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, *e)
+	}
+	return nil, fmt.Errorf("%w: reconnecting", ErrUnavailable)
+}
+
+// slot owns one connection position: the live session, and the goroutine
+// that re-dials with backoff when it dies.
+type slot struct {
+	c       *Client
+	cur     atomic.Pointer[session]
+	lastErr atomic.Pointer[error]
+}
+
+func (sl *slot) run(s *session) {
+	c := sl.c
+	defer c.wg.Done()
+	for {
+		select {
+		case <-s.done:
+		case <-c.ctx.Done():
+			s.fail(ErrClosed)
+			return
+		}
+		sl.lastErr.Store(&s.err)
+		sl.cur.Store(nil)
+		c.cfg.Logger.Warn("qrpc connection lost, re-dialling", "addr", c.addr, "err", s.err)
+		for attempt := 0; ; attempt++ {
+			if attempt > 0 {
+				t := time.NewTimer(backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt-1))
+				select {
+				case <-t.C:
+				case <-c.ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			ns, err := c.dial(c.ctx)
+			if err == nil {
+				s = ns
+				sl.cur.Store(ns)
+				c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempts", attempt+1)
+				break
+			}
+			if c.ctx.Err() != nil {
+				return
+			}
+			sl.lastErr.Store(&err)
+			c.cfg.Logger.Warn("qrpc re-dial failed", "addr", c.addr, "attempt", attempt+1, "err", err)
+		}
+	}
+}
+
+// backoff is the gRPC connection-backoff delay before retry n (0-based):
+// base × 1.6^n, capped, ±20 % jitter.
+func backoff(base, maxDelay time.Duration, n int) time.Duration {
+	d := float64(base)
+	for i := 0; i < n && d < float64(maxDelay); i++ {
+		d *= 1.6
+	}
+	if d > float64(maxDelay) {
+		d = float64(maxDelay)
+	}
+	d *= 1 + 0.2*(2*rand.Float64()-1)
+	return time.Duration(d)
+}
+
+// session is one live QUIC connection with its streams and in-flight calls.
+type session struct {
+	c       *Client
+	conn    *quic.Conn
+	streams []*cstream
+	rr      atomic.Uint32
+	nextID  atomic.Uint64
+	pending pendingMap
+
+	dead     atomic.Bool
+	failOnce sync.Once
+	done     chan struct{}
+	err      error // set before done is closed
+}
+
+func (s *session) pick() *cstream {
+	return s.streams[s.rr.Add(1)%uint32(len(s.streams))]
+}
+
+func (s *session) start(call *Call, done Done) (Pending, error) {
+	id := s.nextID.Add(1)
+	if id == 0 { // 0 marks events
+		id = s.nextID.Add(1)
+	}
+	pc := &pendingCall{done: done}
+	if !s.pending.store(id, pc) {
+		return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
+	}
+	if !call.Deadline.IsZero() {
+		d := time.Until(call.Deadline)
+		pc.timer = time.AfterFunc(d, func() {
+			if pc := s.pending.take(id); pc != nil {
+				pc.done(nil, ErrTimeout)
+			}
+		})
+	}
+	req := Request{RequestId: id, Method: call.Method, Headers: call.Headers, Body: call.Body}
+	if err := s.send(frame.KindRequest, &req); err != nil {
+		if pc := s.pending.take(id); pc != nil {
+			pc.stopTimer()
+			return Pending{}, err
+		}
+		// The session failed concurrently and has already called done.
+		return Pending{s: s, id: id}, nil
+	}
+	return Pending{s: s, id: id}, nil
+}
+
+// send encodes a request or event and writes it without blocking.
+func (s *session) send(k frame.Kind, req *Request) error {
+	codec := s.c.codec
+	buf := codec.GetBuffer()
+	b, err := codec.AppendRequest((*buf)[:0], k, req)
+	if err != nil {
+		codec.PutBuffer(buf)
+		if errors.Is(err, frame.ErrMessageTooLarge) {
+			return fmt.Errorf("%w: %v", ErrTooLarge, err)
+		}
+		return err
+	}
+	*buf = b
+	return s.pick().write(buf)
+}
+
+// Pending identifies a started call, to cancel it.
+type Pending struct {
+	s  *session
+	id uint64
+}
+
+// Cancel forgets the call: a late response is dropped quietly. It reports
+// whether the call was still pending (if true, done will not be called).
+func (p Pending) Cancel() bool {
+	if p.s == nil {
+		return false
+	}
+	pc := p.s.pending.take(p.id)
+	if pc == nil {
+		return false
+	}
+	pc.stopTimer()
+	return true
+}
+
+// fail marks the session dead, fails every pending call with err and
+// closes the connection. Only the first call has an effect.
+func (s *session) fail(err error) {
+	s.failOnce.Do(func() {
+		s.err = err
+		s.dead.Store(true)
+		callErr := err
+		if !errors.Is(err, ErrClosed) {
+			callErr = fmt.Errorf("%w: %v", ErrConnLost, err)
+		}
+		s.pending.closeAll(func(pc *pendingCall) {
+			pc.stopTimer()
+			pc.done(nil, callErr)
+		})
+		if errors.Is(err, ErrProtocol) {
+			_ = s.conn.CloseWithError(1, "protocol error")
+		} else {
+			_ = s.conn.CloseWithError(0, "")
+		}
+		close(s.done)
+	})
+}
+
+// cstream is one client-side bidirectional stream.
+type cstream struct {
+	sess *session
+	s    *quic.Stream
+
+	mu       sync.Mutex
+	queue    []*[]byte // frames waiting for flow-control credit, in order
+	queued   int       // bytes in queue
+	flushing bool
+}
+
+// write sends one encoded frame, taking ownership of buf. The fast path
+// queues it in quic-go without blocking; otherwise a flusher goroutine
+// writes it when flow control allows, preserving order.
+func (st *cstream) write(buf *[]byte) error {
+	codec := st.sess.c.codec
+	st.mu.Lock()
+	if !st.flushing {
+		err := st.s.TryWriteAll(*buf)
+		if err == nil {
+			st.mu.Unlock()
+			codec.PutBuffer(buf)
+			return nil
+		}
+		if !errors.Is(err, quic.ErrWouldBlock) {
+			st.mu.Unlock()
+			codec.PutBuffer(buf)
+			st.sess.fail(fmt.Errorf("write: %w", err))
+			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
+		}
+	}
+	if st.queued+len(*buf) > maxQueued {
+		st.mu.Unlock()
+		codec.PutBuffer(buf)
+		return ErrQueueFull
+	}
+	st.queue = append(st.queue, buf)
+	st.queued += len(*buf)
+	if !st.flushing {
+		st.flushing = true
+		st.sess.c.wg.Add(1)
+		go st.flush()
+	}
+	st.mu.Unlock()
+	return nil
+}
+
+func (st *cstream) flush() {
+	defer st.sess.c.wg.Done()
+	codec := st.sess.c.codec
+	for {
+		st.mu.Lock()
+		if len(st.queue) == 0 {
+			st.flushing = false
+			st.mu.Unlock()
+			return
+		}
+		buf := st.queue[0]
+		st.queue[0] = nil
+		st.queue = st.queue[1:]
+		st.queued -= len(*buf)
+		st.mu.Unlock()
+		_, err := st.s.Write(*buf)
+		codec.PutBuffer(buf)
+		if err != nil {
+			st.sess.fail(fmt.Errorf("write: %w", err))
+			st.mu.Lock()
+			for _, b := range st.queue {
+				codec.PutBuffer(b)
+			}
+			st.queue, st.queued, st.flushing = nil, 0, false
+			st.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (st *cstream) readLoop() {
+	s := st.sess
+	defer s.c.wg.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			s.fail(fmt.Errorf("%w: panic in reader: %v", ErrProtocol, r))
+		}
+	}()
+	fr := s.c.codec.NewReader(st.s)
+	var resp Response
+	for {
+		kind, payload, err := fr.Next()
+		if err != nil {
+			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||
+				errors.Is(err, frame.ErrTooLarge) || errors.Is(err, frame.ErrBadCompression) ||
+				errors.Is(err, frame.ErrBadLength) {
+				err = fmt.Errorf("%w: %v", ErrProtocol, err)
+			}
+			s.fail(err)
+			return
+		}
+		if kind != frame.KindResponse {
+			s.fail(fmt.Errorf("%w: server sent a frame of kind %d", ErrProtocol, kind))
+			return
+		}
+		resp.Headers = resp.Headers[:0]
+		resp.Method, resp.Body, resp.Code, resp.RequestId = nil, nil, 0, 0
+		// Unsafe: fields alias payload, which stays valid until Next is called
+		// again, i.e. for the whole of done().
+		if err := resp.UnmarshalVTUnsafe(payload); err != nil {
+			s.fail(fmt.Errorf("%w: bad response: %v", ErrProtocol, err))
+			return
+		}
+		pc := s.pending.take(resp.RequestId)
+		if pc == nil {
+			continue // cancelled or timed out: drop quietly
+		}
+		pc.stopTimer()
+		pc.done(&resp, nil)
+	}
+}
+
+type pendingCall struct {
+	done  Done
+	timer *time.Timer
+}
+
+func (pc *pendingCall) stopTimer() {
+	if pc.timer != nil {
+		pc.timer.Stop()
+	}
+}
+
+const pendingShards = 64
+
+// pendingMap maps request ids to calls. Ids are sequential, so consecutive
+// calls land on different shards and rarely contend for a lock.
+type pendingMap struct {
+	shards [pendingShards]struct {
+		mu     sync.Mutex
+		m      map[uint64]*pendingCall
+		closed bool
+		_      [40]byte // keep shards on separate cache lines
+	}
+}
+
+func (p *pendingMap) init() {
+	for i := range p.shards {
+		p.shards[i].m = make(map[uint64]*pendingCall)
+	}
+}
+
+func (p *pendingMap) store(id uint64, pc *pendingCall) bool {
+	sh := &p.shards[id%pendingShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed {
+		return false
+	}
+	sh.m[id] = pc
+	return true
+}
+
+func (p *pendingMap) take(id uint64) *pendingCall {
+	sh := &p.shards[id%pendingShards]
+	sh.mu.Lock()
+	pc := sh.m[id]
+	if pc != nil {
+		delete(sh.m, id)
+	}
+	sh.mu.Unlock()
+	return pc
+}
+
+func (p *pendingMap) closeAll(f func(*pendingCall)) {
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		sh.closed = true
+		m := sh.m
+		sh.m = nil
+		sh.mu.Unlock()
+		for _, pc := range m {
+			f(pc)
+		}
+	}
+}
+
+// Len reports the number of calls in flight (for tests and stats).
+func (c *Client) Len() int {
+	n := 0
+	for _, sl := range c.slots {
+		s := sl.cur.Load()
+		if s == nil {
+			continue
+		}
+		for i := range s.pending.shards {
+			sh := &s.pending.shards[i]
+			sh.mu.Lock()
+			n += len(sh.m)
+			sh.mu.Unlock()
+		}
+	}
+	return n
+}

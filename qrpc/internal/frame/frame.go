@@ -1,0 +1,332 @@
+// Package frame encodes and decodes qrpc frames:
+//
+//	[4 bytes big-endian L][1 byte flag][L-1 bytes payload]
+//
+// The payload is a protobuf Request or Response, zstd-compressed (one zstd
+// frame) under the _ZSTD flags. Decoding never trusts the peer: the length
+// prefix is checked before anything is allocated, and zstd output is capped.
+package frame
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
+)
+
+// Flags, as the reference implementation numbers them.
+const (
+	FlagRequest      byte = 1
+	FlagResponse     byte = 2
+	FlagEvent        byte = 3
+	FlagRequestZstd  byte = 4
+	FlagResponseZstd byte = 5
+	FlagEventZstd    byte = 6
+)
+
+const (
+	// HeaderSize is the length prefix plus the flag byte.
+	HeaderSize = 5
+	// CompressThreshold: payloads larger than this are zstd-compressed when
+	// that makes them smaller (the reference uses the same threshold).
+	CompressThreshold = 16384
+	// DefaultMaxFrameSize bounds L and the decompressed payload.
+	DefaultMaxFrameSize = 16 << 20
+)
+
+// Errors returned by the decoder. They are wrapped with details; match with
+// errors.Is.
+var (
+	ErrFrameTooLarge   = errors.New("frame too large")
+	ErrBadLength       = errors.New("bad frame length")
+	ErrUnknownFlag     = errors.New("unknown frame flag")
+	ErrTooLarge        = errors.New("decompressed payload too large")
+	ErrBadCompression  = errors.New("bad zstd payload")
+	ErrMessageTooLarge = errors.New("message too large")
+)
+
+// Kind says which message a flag carries.
+type Kind uint8
+
+const (
+	KindRequest Kind = iota + 1
+	KindResponse
+	KindEvent
+)
+
+func (k Kind) flags() (plain, compressed byte) {
+	switch k {
+	case KindRequest:
+		return FlagRequest, FlagRequestZstd
+	case KindResponse:
+		return FlagResponse, FlagResponseZstd
+	default:
+		return FlagEvent, FlagEventZstd
+	}
+}
+
+// Decode splits a flag into its kind and whether the payload is compressed.
+func Decode(flag byte) (k Kind, compressed bool, err error) {
+	switch flag {
+	case FlagRequest, FlagResponse, FlagEvent:
+		return Kind(flag), false, nil
+	case FlagRequestZstd, FlagResponseZstd, FlagEventZstd:
+		return Kind(flag - 3), true, nil
+	}
+	return 0, false, fmt.Errorf("%w: %d", ErrUnknownFlag, flag)
+}
+
+// Codec holds the limits and the zstd state shared by the encoders and
+// decoders of one client or server. The zero value is not usable; call New.
+type Codec struct {
+	maxFrame int
+	encoders sync.Pool // *zstd.Encoder
+	decoders sync.Pool // *zstd.Decoder
+	bufs     sync.Pool // *[]byte
+}
+
+// New returns a codec that refuses frames (and decompressed payloads) larger
+// than maxFrame bytes; maxFrame <= 0 means DefaultMaxFrameSize.
+func New(maxFrame int) *Codec {
+	if maxFrame <= 0 {
+		maxFrame = DefaultMaxFrameSize
+	}
+	if maxFrame > 1<<31-1 {
+		maxFrame = 1<<31 - 1
+	}
+	c := &Codec{maxFrame: maxFrame}
+	c.encoders.New = func() any {
+		enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithLowerEncoderMem(true))
+		if err != nil {
+			return err
+		}
+		return enc
+	}
+	window := maxFrame
+	if window < zstd.MinWindowSize {
+		window = zstd.MinWindowSize
+	}
+	if window > zstd.MaxWindowSize {
+		window = zstd.MaxWindowSize
+	}
+	c.decoders.New = func() any {
+		dec, err := zstd.NewReader(nil,
+			zstd.WithDecoderConcurrency(1),
+			zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxMemory(uint64(maxFrame)),
+			zstd.WithDecoderMaxWindow(uint64(window)),
+		)
+		if err != nil {
+			return err
+		}
+		return dec
+	}
+	return c
+}
+
+// MaxFrameSize returns the limit the codec enforces.
+func (c *Codec) MaxFrameSize() int { return c.maxFrame }
+
+// GetBuffer returns a pooled buffer of length 0; give it back with PutBuffer.
+func (c *Codec) GetBuffer() *[]byte {
+	if b, ok := c.bufs.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 4096)
+	return &b
+}
+
+// PutBuffer returns a buffer to the pool. Huge buffers are dropped so that
+// one 4 MB call does not pin 4 MB forever.
+func (c *Codec) PutBuffer(b *[]byte) {
+	if cap(*b) > 1<<20 {
+		return
+	}
+	*b = (*b)[:0]
+	c.bufs.Put(b)
+}
+
+type marshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVT([]byte) (int, error)
+}
+
+// AppendRequest appends the frame of a request (or, with KindEvent, an
+// event) to dst and returns the extended slice.
+func (c *Codec) AppendRequest(dst []byte, k Kind, m *qrpcpb.Request) ([]byte, error) {
+	return c.appendFrame(dst, k, m)
+}
+
+// AppendResponse appends the frame of a response to dst.
+func (c *Codec) AppendResponse(dst []byte, m *qrpcpb.Response) ([]byte, error) {
+	return c.appendFrame(dst, KindResponse, m)
+}
+
+func (c *Codec) appendFrame(dst []byte, k Kind, m marshaler) ([]byte, error) {
+	size := m.SizeVT()
+	if size+1 > c.maxFrame {
+		return dst, fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLarge, size+1, c.maxFrame)
+	}
+	start := len(dst)
+	dst = grow(dst, HeaderSize+size)
+	payload := dst[start+HeaderSize : start+HeaderSize+size]
+	if _, err := m.MarshalToSizedBufferVT(payload); err != nil {
+		return dst[:start], fmt.Errorf("marshal: %w", err)
+	}
+	flag, zflag := k.flags()
+	n := size
+	if size > CompressThreshold {
+		if zn, ok := c.compressInPlace(dst, start, size); ok {
+			flag, n = zflag, zn
+		}
+	}
+	dst[start+4] = flag
+	binary.BigEndian.PutUint32(dst[start:], uint32(n+1))
+	return dst[:start+HeaderSize+n], nil
+}
+
+// compressInPlace compresses the payload at dst[start+HeaderSize:] and, when
+// smaller, copies the result over it.
+func (c *Codec) compressInPlace(dst []byte, start, size int) (int, bool) {
+	enc, ok := c.encoders.Get().(*zstd.Encoder)
+	if !ok {
+		return 0, false
+	}
+	defer c.encoders.Put(enc)
+	tmp := c.GetBuffer()
+	defer c.PutBuffer(tmp)
+	payload := dst[start+HeaderSize : start+HeaderSize+size]
+	out := enc.EncodeAll(payload, (*tmp)[:0])
+	*tmp = out
+	if len(out) >= size {
+		return 0, false
+	}
+	copy(payload, out)
+	return len(out), true
+}
+
+func grow(b []byte, n int) []byte {
+	if cap(b)-len(b) >= n {
+		return b[:len(b)+n]
+	}
+	nb := make([]byte, len(b)+n, 2*cap(b)+n)
+	copy(nb, b)
+	return nb
+}
+
+// Reader reads frames from a stream. It is not safe for concurrent use.
+type Reader struct {
+	c   *Codec
+	r   *bufio.Reader
+	hdr [HeaderSize]byte
+	buf []byte // raw payload
+	dec []byte // decompressed payload
+}
+
+// NewReader returns a frame reader over r.
+func (c *Codec) NewReader(r io.Reader) *Reader {
+	return &Reader{c: c, r: bufio.NewReaderSize(r, 32<<10)}
+}
+
+// Next reads one frame. The payload (decompressed when the flag says so) is
+// valid until the next call. io.EOF means the stream ended between frames.
+func (fr *Reader) Next() (Kind, []byte, error) {
+	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			// A frame cut short is an error, unlike a clean end.
+			return 0, nil, fmt.Errorf("read frame header: %w", err)
+		}
+		return 0, nil, err
+	}
+	l := binary.BigEndian.Uint32(fr.hdr[:4])
+	if l < 1 {
+		return 0, nil, fmt.Errorf("%w: %d", ErrBadLength, l)
+	}
+	if uint64(l) > uint64(fr.c.maxFrame) {
+		return 0, nil, fmt.Errorf("%w: length prefix %d, limit %d", ErrFrameTooLarge, l, fr.c.maxFrame)
+	}
+	kind, compressed, err := Decode(fr.hdr[4])
+	if err != nil {
+		return 0, nil, err
+	}
+	n := int(l) - 1
+	if cap(fr.buf) < n {
+		fr.buf = make([]byte, n)
+	}
+	fr.buf = fr.buf[:n]
+	if _, err := io.ReadFull(fr.r, fr.buf); err != nil {
+		return 0, nil, fmt.Errorf("read frame payload: %w", err)
+	}
+	if !compressed {
+		fr.shrink()
+		return kind, fr.buf, nil
+	}
+	out, err := fr.c.Decompress(fr.dec[:0], fr.buf)
+	if err != nil {
+		return 0, nil, err
+	}
+	fr.dec = out
+	return kind, out, nil
+}
+
+// shrink drops buffers that one unusually large frame left behind.
+func (fr *Reader) shrink() {
+	if cap(fr.dec) > 1<<20 {
+		fr.dec = nil
+	}
+}
+
+// Decompress appends the decompressed form of src to dst, refusing output
+// larger than the codec's limit.
+func (c *Codec) Decompress(dst, src []byte) ([]byte, error) {
+	dec, ok := c.decoders.Get().(*zstd.Decoder)
+	if !ok {
+		return dst, fmt.Errorf("%w: no decoder", ErrBadCompression)
+	}
+	defer c.decoders.Put(dec)
+	out, err := dec.DecodeAll(src, dst)
+	if err != nil {
+		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) ||
+			errors.Is(err, zstd.ErrFrameSizeExceeded) {
+			return dst, fmt.Errorf("%w: limit %d: %v", ErrTooLarge, c.maxFrame, err)
+		}
+		return dst, fmt.Errorf("%w: %v", ErrBadCompression, err)
+	}
+	if len(out)-len(dst) > c.maxFrame {
+		return dst, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(out)-len(dst), c.maxFrame)
+	}
+	return out, nil
+}
+
+// ParseFrame decodes one whole frame held in b (header included), for tests
+// and tools; the payload aliases b unless it was compressed.
+func (c *Codec) ParseFrame(b []byte) (Kind, []byte, error) {
+	if len(b) < HeaderSize {
+		return 0, nil, fmt.Errorf("%w: %d bytes", ErrBadLength, len(b))
+	}
+	l := binary.BigEndian.Uint32(b[:4])
+	if l < 1 {
+		return 0, nil, fmt.Errorf("%w: %d", ErrBadLength, l)
+	}
+	if uint64(l) > uint64(c.maxFrame) {
+		return 0, nil, fmt.Errorf("%w: length prefix %d, limit %d", ErrFrameTooLarge, l, c.maxFrame)
+	}
+	if uint64(len(b)-4) != uint64(l) {
+		return 0, nil, fmt.Errorf("%w: prefix says %d, have %d", ErrBadLength, l, len(b)-4)
+	}
+	kind, compressed, err := Decode(b[4])
+	if err != nil {
+		return 0, nil, err
+	}
+	if !compressed {
+		return kind, b[HeaderSize:], nil
+	}
+	out, err := c.Decompress(nil, b[HeaderSize:])
+	return kind, out, err
+}

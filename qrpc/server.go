@@ -1,0 +1,403 @@
+package qrpc
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
+)
+
+// Handler answers a request by filling resp (RequestId is set for it).
+// req and its slices belong to the handler until it returns.
+type Handler func(ctx context.Context, req *Request, resp *Response)
+
+// EventHandler receives a one-way event.
+type EventHandler func(ctx context.Context, req *Request)
+
+// ServerConfig configures a Server. The zero value works.
+type ServerConfig struct {
+	// MaxFrameSize bounds frames both ways (default 16 MiB).
+	MaxFrameSize int
+	// IdleTimeout closes connections that hear nothing for this long
+	// (default 30 s; clients keep alive below it).
+	IdleTimeout time.Duration
+	// MaxStreams per connection the peer may open (default 1024).
+	MaxStreams int
+	// MaxHandlers bounds the handlers running at once per connection
+	// (default 4096); past it the connection's readers wait.
+	MaxHandlers int
+	// StatelessResetKey lets a restarted server tell clients of the previous
+	// process that their connection is gone, so they re-dial at once instead
+	// of waiting for their idle timeout. Keep it secret and stable across
+	// restarts; ResetKeyFromCertificate derives one from the private key.
+	StatelessResetKey *quic.StatelessResetKey
+	// Logger receives the server's log lines. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Server serves qrpc over QUIC.
+type Server struct {
+	cfg      ServerConfig
+	codec    *frame.Codec
+	handlers atomic.Pointer[handlerSet]
+	regMu    sync.Mutex
+
+	mu     sync.Mutex
+	ln     *quic.Listener
+	tr     *quic.Transport
+	conns  map[*quic.Conn]struct{}
+	closed bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine of the server
+	inwg   sync.WaitGroup // handlers in flight
+}
+
+type handlerSet struct {
+	unary  map[string]Handler
+	events map[string]EventHandler
+}
+
+// NewServer returns a server with no handlers.
+func NewServer(cfg *ServerConfig) *Server {
+	var c ServerConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 30 * time.Second
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = 1024
+	}
+	if c.MaxHandlers == 0 {
+		c.MaxHandlers = 4096
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s := &Server{cfg: c, codec: frame.New(c.MaxFrameSize), conns: map[*quic.Conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.handlers.Store(&handlerSet{unary: map[string]Handler{}, events: map[string]EventHandler{}})
+	return s
+}
+
+// Handle registers the handler of a unary method. Safe at any time.
+func (s *Server) Handle(method string, h Handler) {
+	s.update(func(hs *handlerSet) { hs.unary[method] = h })
+}
+
+// HandleEvent registers the handler of an event method. Safe at any time.
+func (s *Server) HandleEvent(method string, h EventHandler) {
+	s.update(func(hs *handlerSet) { hs.events[method] = h })
+}
+
+// update copies the handler set so that readers never take a lock.
+func (s *Server) update(f func(*handlerSet)) {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	old := s.handlers.Load()
+	hs := &handlerSet{unary: make(map[string]Handler, len(old.unary)+1), events: make(map[string]EventHandler, len(old.events)+1)}
+	for k, v := range old.unary {
+		hs.unary[k] = v
+	}
+	for k, v := range old.events {
+		hs.events[k] = v
+	}
+	f(hs)
+	s.handlers.Store(hs)
+}
+
+// ServerTLSConfig returns a TLS 1.3 config offering ALPN qrpc with cert.
+// With clientCAs non-nil, clients must present a certificate it signs.
+func ServerTLSConfig(cert tls.Certificate, clientCAs *x509.CertPool) *tls.Config {
+	t := &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		NextProtos:   []string{ALPN},
+		MinVersion:   tls.VersionTLS13,
+	}
+	if clientCAs != nil {
+		t.ClientCAs = clientCAs
+		t.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return t
+}
+
+// ResetKeyFromCertificate derives a stateless-reset key from the private key
+// of cert, so a server restarted with the same certificate can reset the
+// connections of its previous process.
+func ResetKeyFromCertificate(cert tls.Certificate) (*quic.StatelessResetKey, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		return nil, fmt.Errorf("reset key: %w", err)
+	}
+	h := sha256.New()
+	h.Write([]byte("qrpc stateless reset key\x00"))
+	h.Write(der)
+	var k quic.StatelessResetKey
+	copy(k[:], h.Sum(nil))
+	return &k, nil
+}
+
+// Listen binds addr (UDP) and serves in the background; it returns the
+// bound address (useful with port 0).
+func (s *Server) Listen(addr string, tlsConf *tls.Config) (net.Addr, error) {
+	udpAddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	pc, err := net.ListenUDP("udp", udpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	if err := s.start(pc, tlsConf); err != nil {
+		_ = pc.Close()
+		return nil, err
+	}
+	return pc.LocalAddr(), nil
+}
+
+// ListenAndServe serves on addr until Close.
+func (s *Server) ListenAndServe(addr string, tlsConf *tls.Config) error {
+	if _, err := s.Listen(addr, tlsConf); err != nil {
+		return err
+	}
+	<-s.ctx.Done()
+	return nil
+}
+
+func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config) error {
+	if len(tlsConf.NextProtos) == 0 {
+		tlsConf = tlsConf.Clone()
+		tlsConf.NextProtos = []string{ALPN}
+	}
+	tr := &quic.Transport{Conn: pc, StatelessResetKey: s.cfg.StatelessResetKey}
+	ln, err := tr.Listen(tlsConf, &quic.Config{
+		MaxIdleTimeout:             s.cfg.IdleTimeout,
+		MaxIncomingStreams:         int64(s.cfg.MaxStreams),
+		MaxIncomingUniStreams:      -1,
+		InitialStreamReceiveWindow: 512 << 10,
+		MaxStreamReceiveWindow:     4 << 20,
+		MaxConnectionReceiveWindow: 16 << 20,
+	})
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ErrClosed
+	}
+	s.ln, s.tr = ln, tr
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.acceptLoop(ln)
+	return nil
+}
+
+func (s *Server) acceptLoop(ln *quic.Listener) {
+	defer s.wg.Done()
+	for {
+		conn, err := ln.Accept(s.ctx)
+		if err != nil {
+			if s.ctx.Err() == nil && !errors.Is(err, quic.ErrServerClosed) {
+				s.cfg.Logger.Error("qrpc accept", "err", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = conn.CloseWithError(0, "server closing")
+			return
+		}
+		s.conns[conn] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serveConn(conn)
+	}
+}
+
+func (s *Server) serveConn(conn *quic.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, conn)
+		s.mu.Unlock()
+	}()
+	sem := make(chan struct{}, s.cfg.MaxHandlers)
+	for {
+		st, err := conn.AcceptStream(s.ctx)
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go s.serveStream(conn, st, sem)
+	}
+}
+
+type sstream struct {
+	s  *quic.Stream
+	mu sync.Mutex // one writer at a time
+}
+
+func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}) {
+	defer s.wg.Done()
+	st := &sstream{s: qs}
+	fr := s.codec.NewReader(qs)
+	for {
+		kind, payload, err := fr.Next()
+		if err != nil {
+			if !isEndOfStream(err) {
+				s.cfg.Logger.Warn("qrpc stream closed on bad input", "remote", conn.RemoteAddr().String(), "err", err)
+				qs.CancelRead(1)
+				qs.CancelWrite(1)
+			}
+			return
+		}
+		if kind == frame.KindResponse {
+			s.cfg.Logger.Warn("qrpc client sent a response frame; ignored", "remote", conn.RemoteAddr().String())
+			continue
+		}
+		req := new(Request)
+		if err := req.UnmarshalVT(payload); err != nil {
+			// Garbage that still had valid framing: the stream stays usable.
+			s.cfg.Logger.Warn("qrpc bad request payload", "remote", conn.RemoteAddr().String(), "err", err)
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		s.inwg.Add(1)
+		if kind == frame.KindEvent {
+			go s.runEvent(conn, req, sem)
+		} else {
+			go s.runUnary(conn, st, req, sem)
+		}
+	}
+}
+
+func isEndOfStream(err error) bool {
+	var se *quic.StreamError
+	var ae *quic.ApplicationError
+	var ie *quic.IdleTimeoutError
+	return errors.Is(err, net.ErrClosed) || errors.As(err, &se) || errors.As(err, &ae) ||
+		errors.As(err, &ie) || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) ||
+		errors.Is(err, quic.ErrServerClosed) || isStatelessReset(err)
+}
+
+func isStatelessReset(err error) bool {
+	var sr *quic.StatelessResetError
+	return errors.As(err, &sr)
+}
+
+func (s *Server) runEvent(conn *quic.Conn, req *Request, sem chan struct{}) {
+	defer func() { <-sem; s.inwg.Done() }()
+	h := s.handlers.Load().events[string(req.Method)]
+	if h == nil {
+		s.cfg.Logger.Debug("qrpc event for unknown method dropped", "method", string(req.Method))
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.cfg.Logger.Error("qrpc event handler panicked", "method", string(req.Method), "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	h(conn.Context(), req)
+}
+
+func (s *Server) runUnary(conn *quic.Conn, st *sstream, req *Request, sem chan struct{}) {
+	defer func() { <-sem; s.inwg.Done() }()
+	resp := &Response{}
+	h := s.handlers.Load().unary[string(req.Method)]
+	if h == nil {
+		resp.Code = CodeUnknownMethod
+		resp.Body = []byte(fmt.Sprintf("qrpc: unknown method %q", req.Method))
+	} else {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					s.cfg.Logger.Error("qrpc handler panicked", "method", string(req.Method), "panic", r, "stack", string(debug.Stack()))
+					*resp = Response{Code: CodeInternal, Body: []byte("qrpc: internal error in handler")}
+				}
+			}()
+			h(conn.Context(), req, resp)
+		}()
+	}
+	resp.RequestId = req.RequestId
+	buf := s.codec.GetBuffer()
+	defer s.codec.PutBuffer(buf)
+	b, err := s.codec.AppendResponse((*buf)[:0], resp)
+	if err != nil {
+		s.cfg.Logger.Error("qrpc encode response", "method", string(req.Method), "err", err)
+		b, _ = s.codec.AppendResponse((*buf)[:0], &Response{
+			RequestId: req.RequestId, Code: CodeInternal, Body: []byte("qrpc: response too large"),
+		})
+	}
+	*buf = b
+	st.mu.Lock()
+	_, err = st.s.Write(b)
+	st.mu.Unlock()
+	if err != nil && !isEndOfStream(err) {
+		s.cfg.Logger.Debug("qrpc write response", "err", err)
+	}
+}
+
+// Shutdown stops accepting connections, waits for running handlers (or
+// ctx), then closes every connection.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	ln, tr := s.ln, s.tr
+	s.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+	}
+	idle := make(chan struct{})
+	go func() { s.inwg.Wait(); close(idle) }()
+	var err error
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		_ = c.CloseWithError(0, "server closing")
+	}
+	s.mu.Unlock()
+	s.cancel()
+	if tr != nil {
+		_ = tr.Close()
+	}
+	s.wg.Wait()
+	return err
+}
+
+// Close shuts down, giving running handlers up to 5 seconds.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.Shutdown(ctx)
+}
