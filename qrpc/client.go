@@ -60,6 +60,19 @@ type Client struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	closed atomic.Bool
+
+	reconnects atomic.Uint64
+}
+
+// Stats are counters of a client.
+type Stats struct {
+	InFlight   int    // calls started and not finished
+	Reconnects uint64 // connections re-established after a loss
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	return Stats{InFlight: c.Len(), Reconnects: c.reconnects.Load()}
 }
 
 // Dial connects to addr (host:port) with cfg (nil means defaults). It returns
@@ -256,6 +269,7 @@ func (sl *slot) run(s *session) {
 			if err == nil {
 				s = ns
 				sl.cur.Store(ns)
+				c.reconnects.Add(1)
 				c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempts", attempt+1)
 				break
 			}

@@ -1,0 +1,135 @@
+/*
+ * libffi_qrpc.so: the C ABI between Lua (LuaJIT FFI) and the Go runtime.
+ *
+ * This header is the contract. lua/resty/ffi/qrpc.lua declares the same
+ * types and functions in ffi.cdef (keep them in sync: a test compares them).
+ * All integers are native-endian (the library and nginx share a process).
+ *
+ * Ownership, in one rule: every pointer passed INTO the library is borrowed
+ * and only read while the command is being accepted (built-in host: until
+ * qrpc_submit returns; lua-resty-ffi host: until the task is answered).
+ * Every buffer passed OUT of the library (qrpc_completion_t.data, the
+ * lua-resty-ffi response) comes from malloc and belongs to the receiver,
+ * who frees it with free() / qrpc_free().
+ */
+#ifndef QRPC_FFI_H
+#define QRPC_FFI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* qrpc_cmd_t.op */
+#define QRPC_OP_CONNECT 1 /* dial; completes with a connection handle */
+#define QRPC_OP_UNARY   2 /* request/response; completes with a result blob */
+#define QRPC_OP_EVENT   3 /* one-way; accepted or refused synchronously */
+#define QRPC_OP_CLOSE   4 /* close a connection; synchronous */
+#define QRPC_OP_CANCEL  5 /* forget call_id (built-in host); synchronous */
+#define QRPC_OP_ECHO    6 /* IPC benchmark: completes with body, no network */
+#define QRPC_OP_STATS   7 /* counters of a connection: a result blob whose body is a qrpc_stats_t */
+
+/* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
+ * the lua-resty-ffi rc. Negative values are errors; the message is in the
+ * error buffer / the completion data / the response. */
+#define QRPC_OK           0
+#define QRPC_PENDING      1  /* qrpc_submit: accepted, a completion will follow */
+#define QRPC_LOG          2  /* completion carrying a log line (code = level) */
+#define QRPC_ERR         -1  /* anything else; read the message */
+#define QRPC_ERR_TIMEOUT -2  /* "timeout" */
+#define QRPC_ERR_CLOSED  -3  /* "closed": connection or runtime closed */
+#define QRPC_ERR_FULL    -4  /* "queue full" */
+#define QRPC_ERR_BADARG  -5  /* malformed command (a bug in the caller) */
+#define QRPC_ERR_CONNECT -6  /* "connect: <reason>" */
+#define QRPC_ERR_UNAVAIL -7  /* "unavailable: <reason>" (re-dialling) */
+#define QRPC_ERR_TOOBIG  -8  /* "too large: ..." */
+#define QRPC_ERR_LOST    -9  /* "connection lost: ..." while in flight */
+
+/* One command, the same for both hosts. Unused fields are zero.
+ * Strings are (pointer, length); they need not be NUL-terminated.
+ * hdrs is a packed block of alternating key, value entries, each
+ * [uint32 length][bytes]; nhdrs counts entries (keys + values). */
+typedef struct {
+    uint32_t    version;     /* QRPC_CMD_VERSION */
+    uint32_t    op;
+    uint64_t    conn;        /* connection handle (UNARY, EVENT, CLOSE, CANCEL, STATS) */
+    uint64_t    call_id;     /* chosen by Lua, echoed in the completion (built-in host) */
+    int32_t     timeout_ms;  /* UNARY: call deadline; CONNECT: dial timeout; 0 = default */
+    uint32_t    nhdrs;
+    const char *method;  size_t method_len;
+    const char *body;    size_t body_len;
+    const char *hdrs;    size_t hdrs_len;
+    /* CONNECT only */
+    const char *addr;        size_t addr_len;
+    const char *server_name; size_t server_name_len;
+    const char *ca;          size_t ca_len;     /* PEM */
+    const char *cert;        size_t cert_len;   /* PEM */
+    const char *key;         size_t key_len;    /* PEM */
+    const char *pins;        size_t pins_len;   /* n x 32 raw SHA-256 SPKI digests */
+    int32_t     insecure;
+    int32_t     conns;
+    int32_t     streams;
+    int32_t     idle_timeout_ms;
+    int32_t     max_frame_size;
+    int32_t     reserved;
+} qrpc_cmd_t;
+
+#define QRPC_CMD_VERSION 1
+
+/* A finished command (built-in host). data is malloc'd (free with
+ * qrpc_free) or NULL; for QRPC_OK it is a result blob:
+ *   [uint32 code][uint32 hdrs_len][hdrs block as in qrpc_cmd_t][body]
+ * and for errors and QRPC_LOG it is the message text (len bytes). */
+typedef struct {
+    uint64_t call_id;
+    uint64_t handle;   /* CONNECT: the new connection's handle */
+    int32_t  status;
+    uint32_t code;     /* QRPC_LOG: nginx log level (NGX_LOG_ERR = 4, ...) */
+    char    *data;
+    size_t   len;
+} qrpc_completion_t;
+
+/* Built-in host. Call only from the nginx worker thread. */
+
+/* Starts the runtime once per process (later calls are no-ops returning 0).
+ * Returns a status; on error, writes a NUL-terminated message to err. */
+int qrpc_init(char *err, size_t err_len);
+
+/* Creates a fresh per-worker wake-up socket at dir/qrpc-<pid>-<n>.sock,
+ * owned by the worker's user, writes its path (NUL-terminated) into path.
+ * The library unlinks the file as soon as one client has connected, so
+ * nothing is left on disk; call again if the dispatcher must reconnect. */
+int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
+                   char *err, size_t err_len);
+
+/* Submits a command without blocking. Returns QRPC_OK (done now: EVENT,
+ * CLOSE, CANCEL), QRPC_PENDING (CONNECT, UNARY, ECHO: a completion with
+ * cmd->call_id will follow), or an error status with err filled.
+ * Connections are not cached here: the Lua module reuses its handles. */
+int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
+
+/* Counters of one connection (or, with conn = 0, of the whole runtime). */
+typedef struct {
+    uint64_t inflight;   /* calls sent and not yet finished */
+    uint64_t calls;      /* unary calls started */
+    uint64_t events;     /* events sent */
+    uint64_t dropped;    /* events refused ("queue full") */
+    uint64_t reconnects; /* connections re-established */
+    uint64_t queued;     /* completions waiting to be drained */
+} qrpc_stats_t;
+
+/* Fills out; returns QRPC_OK or QRPC_ERR_CLOSED for an unknown handle. */
+int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
+
+/* Moves up to max finished commands into out; returns how many. */
+int qrpc_drain(qrpc_completion_t *out, int max);
+
+/* Frees a buffer the library handed out. */
+void qrpc_free(void *p);
+
+/* Stops the runtime: fails pending calls, closes connections and the wake
+ * socket. Safe to call more than once. */
+void qrpc_shutdown(void);
+
+/* lua-resty-ffi host: see design notes. cfg may be NULL. */
+int libffi_init(char *cfg, void *tq);
+
+#endif
