@@ -1,0 +1,125 @@
+-- Benchmark loops run inside nginx. Each request runs one measurement and
+-- answers with its duration; the Go harness (bench/main.go) compares it
+-- with the baseline it measures itself in the same run.
+local qrpc = require "resty.ffi.qrpc"
+local cfg = require "bench_config"
+
+local ngx = ngx
+local ngx_now = ngx.now
+local update_time = ngx.update_time
+local spawn = ngx.thread.spawn
+local wait = ngx.thread.wait
+local tcp = ngx.socket.tcp
+local str_rep = string.rep
+local str_char = string.char
+local floor = math.floor
+local tonumber = tonumber
+
+local _M = {}
+
+local function be32(n)
+    return str_char(floor(n / 16777216) % 256, floor(n / 65536) % 256,
+                    floor(n / 256) % 256, n % 256)
+end
+
+local function qrpc_loop(conn, n, body)
+    local errs = 0
+    for _ = 1, n do
+        local res = conn:unary("echo", body)
+        if not res or #res.body ~= #body then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+local function ipc_loop(_, n, body)
+    local errs = 0
+    local echo = qrpc._echo
+    for _ = 1, n do
+        local res = echo(body)
+        if not res or #res ~= #body then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+local function uds_loop(path, n, body)
+    local sock = tcp()
+    local ok, err = sock:connect("unix:" .. path)
+    if not ok then
+        ngx.log(ngx.ERR, "uds connect: ", err)
+        return n
+    end
+    local msg = be32(#body) .. body
+    local errs = 0
+    for _ = 1, n do
+        local _, serr = sock:send(msg)
+        if serr then
+            errs = errs + 1
+        else
+            local hdr = sock:receive(4)
+            local data = hdr and sock:receive(#body)
+            if not data then
+                errs = errs + 1
+            end
+        end
+    end
+    sock:setkeepalive()
+    return errs
+end
+
+function _M.run()
+    local args = ngx.req.get_uri_args()
+    local kind = args.kind
+    local n = tonumber(args.n) or 1000
+    local size = tonumber(args.size) or 100
+    local c = tonumber(args.c) or 1
+    local body = str_rep("x", size)
+
+    local loop, target
+    if kind == "unary" then
+        local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
+        if not conn then
+            ngx.status = 500
+            ngx.say(err)
+            return
+        end
+        loop, target = qrpc_loop, conn
+    elseif kind == "ipc" then
+        loop = ipc_loop
+    elseif kind == "uds" then
+        loop, target = uds_loop, cfg.uds
+    else
+        ngx.status = 400
+        ngx.say("unknown kind")
+        return
+    end
+
+    -- warm up (connections, JIT traces)
+    loop(target, floor(n / 10) + 1, body)
+
+    update_time()
+    local t0 = ngx_now()
+    local errs = 0
+    if c <= 1 then
+        errs = loop(target, n, body)
+    else
+        local threads = {}
+        local per = floor(n / c)
+        for i = 1, c do
+            threads[i] = spawn(loop, target, per, body)
+        end
+        for i = 1, c do
+            local ok, e = wait(threads[i])
+            errs = errs + (ok and e or per)
+        end
+        n = per * c
+    end
+    update_time()
+    local secs = ngx_now() - t0
+    ngx.say('{"secs":', secs, ',"calls":', n, ',"errors":', errs, '}')
+end
+
+return _M

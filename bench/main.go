@@ -1,0 +1,726 @@
+// Command bench measures lua-resty-ffi-qrpc side by side with its
+// baselines, in one run on one machine, and prints a markdown table
+// (also written to -out). Run it with `make bench` (BENCH_QUICK=1 for a
+// short run). Figures are medians of several runs; nothing here passes or
+// fails on time.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"text/template"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+type params struct {
+	quick   bool
+	runs    int
+	seqN    int // sequential calls per run
+	parN    int // calls per concurrent run
+	conc    int // light threads / goroutines
+	wrkDur  string
+	memN    int
+	sizes   []int
+	unSizes []int
+}
+
+func main() {
+	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "short run (under a minute)")
+	out := flag.String("out", "bench/results.md", "markdown output file")
+	flag.Parse()
+	log.SetFlags(0)
+	p := params{quick: *quick, runs: 3, seqN: 100000, parN: 200000, conc: 100, wrkDur: "8s", memN: 1000000,
+		sizes: []int{512, 4096, 10240, 102400}, unSizes: []int{100, 4096}}
+	if p.quick {
+		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, conc: 100, wrkDur: "2s", memN: 20000,
+			sizes: []int{512, 102400}, unSizes: []int{100, 4096}}
+	}
+	if err := run(p, *out); err != nil {
+		log.Fatalf("bench: %v", err)
+	}
+}
+
+type env struct {
+	dir      string
+	lib      string
+	client   *qrpc.Client
+	qrpcAddr string
+	nginx    *nginx
+}
+
+func run(p params, out string) error {
+	dir, err := os.MkdirTemp("", "qrpc-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	e := &env{dir: dir, lib: filepath.Join(dir, "libffi_qrpc.so")}
+	log.Printf("building %s", e.lib)
+	build := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", e.lib, "./ffi")
+	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build library: %w", err)
+	}
+
+	ca, err := certs.NewCA("bench ca")
+	if err != nil {
+		return err
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		return err
+	}
+	cert, err := pair.TLS()
+	if err != nil {
+		return err
+	}
+	srv := qrpc.NewServer(nil)
+	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	e.qrpcAddr = a.String()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	e.client, err = qrpc.Dial(ctx, e.qrpcAddr, &qrpc.Config{CAPEM: ca.CertPEM, ServerName: "localhost"})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer e.client.Close()
+
+	udsPath := filepath.Join(dir, "echo.sock")
+	stopUDS, err := startUDSEcho(udsPath)
+	if err != nil {
+		return err
+	}
+	defer stopUDS()
+	httpAddr, stopHTTP, err := startHTTPEcho()
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
+
+	cfgLua := fmt.Sprintf("return { addr = %q, ca = [[\n%s]], uds = %q }\n", e.qrpcAddr, ca.CertPEM, udsPath)
+	if err := os.WriteFile(filepath.Join(dir, "bench_config.lua"), []byte(cfgLua), 0o644); err != nil {
+		return err
+	}
+	tmpl, err := template.ParseFiles(filepath.Join(root, "bench", "nginx.conf.tmpl"))
+	if err != nil {
+		return err
+	}
+	e.nginx = &nginx{dir: dir, tmpl: tmpl, data: map[string]any{
+		"Dir": dir, "LuaDir": filepath.Join(root, "lua"), "BenchLua": filepath.Join(root, "bench", "lua"),
+		"Lib": e.lib, "HTTPAddr": httpAddr,
+	}}
+	if err := e.nginx.start("", ""); err != nil {
+		return err
+	}
+	defer e.nginx.stop()
+
+	var t table
+	t.machine = machine()
+	if err := figureIPC(e, p, &t); err != nil {
+		return fmt.Errorf("ipc: %w", err)
+	}
+	if err := figureUnary(e, p, &t); err != nil {
+		return fmt.Errorf("unary: %w", err)
+	}
+	if err := figureHTTP(e, p, &t); err != nil {
+		return fmt.Errorf("http: %w", err)
+	}
+	if err := figureMemory(e, p, &t); err != nil {
+		return fmt.Errorf("memory: %w", err)
+	}
+	if !p.quick {
+		if err := figurePlacement(e, p, &t); err != nil {
+			return fmt.Errorf("placement: %w", err)
+		}
+	}
+	md := t.markdown(p)
+	fmt.Print(md)
+	if out != "" {
+		if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
+			return err
+		}
+		log.Printf("wrote %s", out)
+	}
+	return nil
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("go.mod not found above " + dir)
+}
+
+// ---- servers used as baselines ----
+
+// startUDSEcho is the classic alternative to an in-process queue: a Go
+// echo server on a unix socket, framed [u32 big-endian len][bytes].
+func startUDSEcho(path string) (func(), error) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReaderSize(c, 128<<10)
+				var hdr [4]byte
+				buf := make([]byte, 0, 128<<10)
+				for {
+					if _, err := io.ReadFull(r, hdr[:]); err != nil {
+						return
+					}
+					n := binary.BigEndian.Uint32(hdr[:])
+					if n > 16<<20 {
+						return
+					}
+					buf = append(buf[:0], hdr[:]...)
+					buf = append(buf, make([]byte, n)...)
+					if _, err := io.ReadFull(r, buf[4:]); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return func() { ln.Close(); wg.Wait() }, nil
+}
+
+func startHTTPEcho() (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("hello"))
+	})}
+	go func() { _ = hs.Serve(ln) }()
+	return ln.Addr().String(), func() { _ = hs.Close() }, nil
+}
+
+// ---- nginx ----
+
+type nginx struct {
+	dir  string
+	tmpl *template.Template
+	data map[string]any
+	port int
+}
+
+func (n *nginx) start(gomaxprocs, affinity string) error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	n.port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	n.data["Port"] = n.port
+	n.data["Affinity"] = affinity
+	f, err := os.Create(filepath.Join(n.dir, "nginx.conf"))
+	if err != nil {
+		return err
+	}
+	if err := n.tmpl.Execute(f, n.data); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	cmd := exec.Command("nginx", "-p", n.dir, "-c", filepath.Join(n.dir, "nginx.conf"), "-e", filepath.Join(n.dir, "error.log"))
+	cmd.Env = os.Environ()
+	if gomaxprocs != "" {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+gomaxprocs)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("start nginx: %v: %s", err, out)
+	}
+	for i := 0; i < 100; i++ {
+		if _, err := n.get("/pid"); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("nginx did not come up; error.log:\n%s", tail(filepath.Join(n.dir, "error.log")))
+}
+
+func (n *nginx) stop() {
+	pid, err := os.ReadFile(filepath.Join(n.dir, "nginx.pid"))
+	if err != nil {
+		return
+	}
+	_ = exec.Command("nginx", "-p", n.dir, "-c", filepath.Join(n.dir, "nginx.conf"), "-e", filepath.Join(n.dir, "error.log"), "-s", "quit").Run()
+	p := strings.TrimSpace(string(pid))
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat("/proc/" + p); err != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var httpc = &http.Client{Timeout: 10 * time.Minute}
+
+func (n *nginx) get(path string) (string, error) {
+	resp, err := httpc.Get(fmt.Sprintf("http://127.0.0.1:%d%s", n.port, path))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != 200 {
+		return "", fmt.Errorf("GET %s: %d %s\nerror.log:\n%s", path, resp.StatusCode, b, tail(filepath.Join(n.dir, "error.log")))
+	}
+	return string(b), nil
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// lua runs one measurement inside nginx and returns its duration.
+func (n *nginx) lua(kind string, calls, size, c int) (time.Duration, error) {
+	body, err := n.get(fmt.Sprintf("/bench?kind=%s&n=%d&size=%d&c=%d", kind, calls, size, c))
+	if err != nil {
+		return 0, err
+	}
+	var r struct {
+		Secs   float64 `json:"secs"`
+		Calls  int     `json:"calls"`
+		Errors int     `json:"errors"`
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return 0, fmt.Errorf("bad bench answer %q: %w", body, err)
+	}
+	if r.Errors > 0 {
+		return 0, fmt.Errorf("%s: %d of %d calls failed; error.log:\n%s", kind, r.Errors, r.Calls, tail(filepath.Join(n.dir, "error.log")))
+	}
+	return time.Duration(r.Secs * float64(time.Second)), nil
+}
+
+// ---- the Go baseline client ----
+
+func goSeq(c *qrpc.Client, calls, size int) (time.Duration, error) {
+	body := make([]byte, size)
+	ctx := context.Background()
+	for i := 0; i < calls/10+1; i++ {
+		if _, err := c.Unary(ctx, "echo", body); err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	for i := 0; i < calls; i++ {
+		resp, err := c.Unary(ctx, "echo", body)
+		if err != nil {
+			return 0, err
+		}
+		if len(resp.Body) != size {
+			return 0, errors.New("short echo")
+		}
+	}
+	return time.Since(start), nil
+}
+
+func goPar(c *qrpc.Client, calls, size, workers int) (time.Duration, error) {
+	body := make([]byte, size)
+	per := calls / workers
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				if _, err := c.Unary(context.Background(), "echo", body); err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start), firstErr
+}
+
+// ---- figures ----
+
+type row struct {
+	section, name        string
+	subject, baseline    string // formatted values
+	ratio                float64
+	ratioLabel, target   string
+	met                  bool
+	hasTarget, higherBad bool
+}
+
+type table struct {
+	machine string
+	rows    []row
+	notes   []string
+}
+
+func (t *table) add(r row) { t.rows = append(t.rows, r) }
+
+func median(xs []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), xs...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// pair measures subject and baseline alternately p.runs times.
+func pair(runs int, subject, baseline func() (time.Duration, error)) (time.Duration, time.Duration, error) {
+	var a, b []time.Duration
+	for i := 0; i < runs; i++ {
+		x, err := subject()
+		if err != nil {
+			return 0, 0, err
+		}
+		y, err := baseline()
+		if err != nil {
+			return 0, 0, err
+		}
+		a, b = append(a, x), append(b, y)
+	}
+	return median(a), median(b), nil
+}
+
+func fmtDur(d time.Duration) string { return fmt.Sprintf("%.3f s", d.Seconds()) }
+func fmtRate(calls int, d time.Duration) string {
+	return fmt.Sprintf("%.0f calls/s", float64(calls)/d.Seconds())
+}
+
+func sizeName(n int) string {
+	if n >= 1024 && n%1024 == 0 {
+		return fmt.Sprintf("%d KB", n/1024)
+	}
+	if n >= 1000 {
+		return fmt.Sprintf("%.0f KB", float64(n)/1024)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func figureIPC(e *env, p params, t *table) error {
+	for _, size := range p.sizes {
+		log.Printf("ipc %s sequential", sizeName(size))
+		q, u, err := pair(p.runs,
+			func() (time.Duration, error) { return e.nginx.lua("ipc", p.seqN, size, 1) },
+			func() (time.Duration, error) { return e.nginx.lua("uds", p.seqN, size, 1) })
+		if err != nil {
+			return err
+		}
+		r := row{section: "IPC alone (no network)", name: fmt.Sprintf("%s, %d sequential calls: time", sizeName(size), p.seqN),
+			subject: fmtDur(q), baseline: fmtDur(u), ratio: q.Seconds() / u.Seconds(), ratioLabel: "time ratio"}
+		switch size {
+		case 512:
+			r.hasTarget, r.target, r.met = true, "≤ 0.5", r.ratio <= 0.5
+		case 102400:
+			r.hasTarget, r.target, r.met = true, "≤ 0.3", r.ratio <= 0.3
+		}
+		t.add(r)
+		log.Printf("ipc %s, %d light threads", sizeName(size), p.conc)
+		q, u, err = pair(p.runs,
+			func() (time.Duration, error) { return e.nginx.lua("ipc", p.parN, size, p.conc) },
+			func() (time.Duration, error) { return e.nginx.lua("uds", p.parN, size, p.conc) })
+		if err != nil {
+			return err
+		}
+		t.add(row{section: "IPC alone (no network)", name: fmt.Sprintf("%s, %d light threads: throughput", sizeName(size), p.conc),
+			subject: fmtRate(p.parN, q), baseline: fmtRate(p.parN, u), ratio: u.Seconds() / q.Seconds(), ratioLabel: "throughput ratio"})
+	}
+	return nil
+}
+
+func figureUnary(e *env, p params, t *table) error {
+	for _, size := range p.unSizes {
+		log.Printf("unary %s sequential", sizeName(size))
+		l, g, err := pair(p.runs,
+			func() (time.Duration, error) { return e.nginx.lua("unary", p.seqN, size, 1) },
+			func() (time.Duration, error) { return goSeq(e.client, p.seqN, size) })
+		if err != nil {
+			return err
+		}
+		r := row{section: "Unary over QUIC (loopback)", name: fmt.Sprintf("%s, %d sequential calls: time", sizeName(size), p.seqN),
+			subject: fmtDur(l), baseline: fmtDur(g), ratio: l.Seconds() / g.Seconds(), ratioLabel: "time ratio",
+			hasTarget: true, target: "≤ 1.10"}
+		r.met = r.ratio <= 1.10
+		t.add(r)
+	}
+	log.Printf("unary 100 B, %d concurrent", p.conc)
+	l, g, err := pair(p.runs,
+		func() (time.Duration, error) { return e.nginx.lua("unary", p.parN, 100, p.conc) },
+		func() (time.Duration, error) { return goPar(e.client, p.parN, 100, p.conc) })
+	if err != nil {
+		return err
+	}
+	r := row{section: "Unary over QUIC (loopback)", name: fmt.Sprintf("100 B, %d light threads vs %d goroutines: throughput", p.conc, p.conc),
+		subject: fmtRate(p.parN, l), baseline: fmtRate(p.parN, g), ratio: g.Seconds() / l.Seconds(), ratioLabel: "throughput ratio",
+		hasTarget: true, target: "≥ 0.9"}
+	r.met = r.ratio >= 0.9
+	t.add(r)
+	return nil
+}
+
+type wrkResult struct {
+	rps      float64
+	p50, p99 time.Duration
+	non2xx   int
+}
+
+var (
+	reRPS    = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	reLat    = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$`)
+	reNon2xx = regexp.MustCompile(`Non-2xx or 3xx responses:\s+(\d+)`)
+	reSockEr = regexp.MustCompile(`Socket errors: .*`)
+)
+
+func wrk(port int, path, dur string) (wrkResult, error) {
+	out, err := exec.Command("wrk", "-t", "2", "-c", "50", "-d", dur, "--latency", fmt.Sprintf("http://127.0.0.1:%d%s", port, path)).CombinedOutput()
+	if err != nil {
+		return wrkResult{}, fmt.Errorf("wrk: %v: %s", err, out)
+	}
+	s := string(out)
+	var r wrkResult
+	m := reRPS.FindStringSubmatch(s)
+	if m == nil {
+		return r, fmt.Errorf("wrk output without Requests/sec: %s", s)
+	}
+	r.rps, _ = strconv.ParseFloat(m[1], 64)
+	for _, m := range reLat.FindAllStringSubmatch(s, -1) {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[m[3]]
+		d := time.Duration(v * float64(unit))
+		if m[1] == "50" {
+			r.p50 = d
+		} else {
+			r.p99 = d
+		}
+	}
+	if m := reNon2xx.FindStringSubmatch(s); m != nil {
+		r.non2xx, _ = strconv.Atoi(m[1])
+	}
+	if se := reSockEr.FindString(s); se != "" {
+		log.Printf("wrk %s: %s", path, se)
+	}
+	return r, nil
+}
+
+func figureHTTP(e *env, p params, t *table) error {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		t.notes = append(t.notes, "HTTP end to end skipped: wrk not installed (apt-get install wrk).")
+		return nil
+	}
+	var qs, ps []wrkResult
+	for i := 0; i < p.runs; i++ {
+		log.Printf("http end to end, run %d", i+1)
+		q, err := wrk(e.nginx.port, "/e2e/qrpc", p.wrkDur)
+		if err != nil {
+			return err
+		}
+		pr, err := wrk(e.nginx.port, "/e2e/proxy", p.wrkDur)
+		if err != nil {
+			return err
+		}
+		if q.non2xx > 0 || pr.non2xx > 0 {
+			return fmt.Errorf("non-2xx answers: qrpc %d, proxy %d; error.log:\n%s", q.non2xx, pr.non2xx, tail(filepath.Join(e.dir, "error.log")))
+		}
+		qs, ps = append(qs, q), append(ps, pr)
+	}
+	med := func(rs []wrkResult, f func(wrkResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	rps := func(r wrkResult) float64 { return r.rps }
+	p50 := func(r wrkResult) float64 { return r.p50.Seconds() * 1e3 }
+	p99 := func(r wrkResult) float64 { return r.p99.Seconds() * 1e3 }
+	sec := "HTTP end to end (wrk -t2 -c50, 1 worker)"
+	qr, pr := med(qs, rps), med(ps, rps)
+	t.add(row{section: sec, name: "requests/s: qrpc unary per request vs proxy_pass keepalive",
+		subject: fmt.Sprintf("%.0f req/s", qr), baseline: fmt.Sprintf("%.0f req/s", pr), ratio: qr / pr, ratioLabel: "throughput ratio",
+		hasTarget: true, target: "≥ 1.0", met: qr >= pr})
+	q50, p50v := med(qs, p50), med(ps, p50)
+	t.add(row{section: sec, name: "p50 latency", subject: fmt.Sprintf("%.2f ms", q50), baseline: fmt.Sprintf("%.2f ms", p50v),
+		ratio: q50 / p50v, ratioLabel: "latency ratio", hasTarget: true, target: "≤ 1.0", met: q50 <= p50v})
+	q99, p99v := med(qs, p99), med(ps, p99)
+	t.add(row{section: sec, name: "p99 latency", subject: fmt.Sprintf("%.2f ms", q99), baseline: fmt.Sprintf("%.2f ms", p99v),
+		ratio: q99 / p99v, ratioLabel: "latency ratio", hasTarget: true, target: "≤ 1.0", met: q99 <= p99v})
+	return nil
+}
+
+func rssKB(pid string) (int, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+func figureMemory(e *env, p params, t *table) error {
+	pid, err := e.nginx.get("/pid")
+	if err != nil {
+		return err
+	}
+	// One warm-up round so that pools, JIT traces and connections exist.
+	if _, err := e.nginx.lua("unary", p.memN/10, 100, p.conc); err != nil {
+		return err
+	}
+	before, err := rssKB(pid)
+	if err != nil {
+		return err
+	}
+	log.Printf("memory: %d calls", p.memN)
+	if _, err := e.nginx.lua("unary", p.memN, 100, p.conc); err != nil {
+		return err
+	}
+	after, err := rssKB(pid)
+	if err != nil {
+		return err
+	}
+	t.add(row{section: "Memory (one worker)", name: fmt.Sprintf("RSS before / after %d unary calls", p.memN),
+		subject: fmt.Sprintf("%.1f MB → %.1f MB", float64(before)/1024, float64(after)/1024),
+		baseline: "—", ratio: float64(after-before) / 1024, ratioLabel: "growth MB", hasTarget: true, target: "≈ 0",
+		met: after-before < 4096})
+	return nil
+}
+
+// figurePlacement restarts nginx with different GOMAXPROCS / CPU pinning
+// and measures sequential unary calls, to back the README's advice.
+func figurePlacement(e *env, p params, t *table) error {
+	type setting struct{ name, gomaxprocs, affinity string }
+	settings := []setting{{"GOMAXPROCS=2 (default), no pinning", "", ""}, {"GOMAXPROCS=1, no pinning", "1", ""}, {"GOMAXPROCS=1, worker pinned to CPU 0", "1", "01"}, {"GOMAXPROCS=2, worker pinned to CPU 0", "", "01"}}
+	var base time.Duration
+	for i, s := range settings {
+		e.nginx.stop()
+		if err := e.nginx.start(s.gomaxprocs, s.affinity); err != nil {
+			return err
+		}
+		var ds []time.Duration
+		for r := 0; r < p.runs; r++ {
+			d, err := e.nginx.lua("unary", p.seqN/2, 100, 1)
+			if err != nil {
+				return err
+			}
+			ds = append(ds, d)
+		}
+		d := median(ds)
+		if i == 0 {
+			base = d
+		}
+		t.add(row{section: "CPU placement (100 B unary, sequential)", name: s.name, subject: fmtDur(d), baseline: fmtDur(base),
+			ratio: d.Seconds() / base.Seconds(), ratioLabel: "time vs default"})
+	}
+	e.nginx.stop()
+	return e.nginx.start("", "")
+}
+
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				model = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	nv, _ := exec.Command("nginx", "-v").CombinedOutput()
+	return fmt.Sprintf("%d vCPU %s, %s, %s, %s", runtime.NumCPU(), model, runtime.Version(), strings.TrimSpace(string(nv)), time.Now().UTC().Format("2006-01-02"))
+}
+
+func (t *table) markdown(p params) string {
+	var b strings.Builder
+	mode := "full"
+	if p.quick {
+		mode = "quick (BENCH_QUICK=1)"
+	}
+	fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s).\n\n", t.machine, mode, p.runs)
+	b.WriteString("| figure | lua-resty-ffi-qrpc | baseline | ratio | target |\n|---|---|---|---|---|\n")
+	section := ""
+	for _, r := range t.rows {
+		if r.section != section {
+			section = r.section
+			fmt.Fprintf(&b, "| **%s** | | | | |\n", section)
+		}
+		target := ""
+		if r.hasTarget {
+			mark := "missed"
+			if r.met {
+				mark = "met"
+			}
+			target = fmt.Sprintf("%s (%s)", r.target, mark)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2f %s | %s |\n", r.name, r.subject, r.baseline, r.ratio, r.ratioLabel, target)
+	}
+	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client (same process as the server) making the same calls to the same server; HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream.\n")
+	for _, n := range t.notes {
+		fmt.Fprintf(&b, "\n%s\n", n)
+	}
+	return b.String()
+}
