@@ -644,7 +644,7 @@ func figureMemory(e *env, p params, t *table) error {
 		return err
 	}
 	t.add(row{section: "Memory (one worker)", name: fmt.Sprintf("RSS before / after %d unary calls", p.memN),
-		subject: fmt.Sprintf("%.1f MB → %.1f MB", float64(before)/1024, float64(after)/1024),
+		subject:  fmt.Sprintf("%.1f MB → %.1f MB", float64(before)/1024, float64(after)/1024),
 		baseline: "—", ratio: float64(after-before) / 1024, ratioLabel: "growth MB", hasTarget: true, target: "≈ 0",
 		met: after-before < 4096})
 	return nil
