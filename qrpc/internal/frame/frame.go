@@ -121,6 +121,8 @@ func New(maxFrame int) *Codec {
 			zstd.WithDecoderLowmem(true),
 			zstd.WithDecoderMaxMemory(uint64(maxFrame)),
 			zstd.WithDecoderMaxWindow(uint64(window)),
+			// Never grow the output past the capacity Decompress sized.
+			zstd.WithDecodeAllCapLimit(true),
 		)
 		if err != nil {
 			return err
@@ -237,6 +239,7 @@ func (c *Codec) NewReader(r io.Reader) *Reader {
 // Next reads one frame. The payload (decompressed when the flag says so) is
 // valid until the next call. io.EOF means the stream ended between frames.
 func (fr *Reader) Next() (Kind, []byte, error) {
+	fr.shrink()
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			// A frame cut short is an error, unlike a clean end.
@@ -255,16 +258,10 @@ func (fr *Reader) Next() (Kind, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	n := int(l) - 1
-	if cap(fr.buf) < n {
-		fr.buf = make([]byte, n)
-	}
-	fr.buf = fr.buf[:n]
-	if _, err := io.ReadFull(fr.r, fr.buf); err != nil {
-		return 0, nil, fmt.Errorf("read frame payload: %w", err)
+	if err := fr.readPayload(int(l) - 1); err != nil {
+		return 0, nil, err
 	}
 	if !compressed {
-		fr.shrink()
 		return kind, fr.buf, nil
 	}
 	out, err := fr.c.Decompress(fr.dec[:0], fr.buf)
@@ -275,16 +272,109 @@ func (fr *Reader) Next() (Kind, []byte, error) {
 	return kind, out, nil
 }
 
-// shrink drops buffers that one unusually large frame left behind.
+// growStep is the most readPayload allocates ahead of the bytes it has
+// actually received.
+const growStep = 256 << 10
+
+// readPayload reads n bytes into fr.buf. A large frame's buffer grows with
+// the bytes that arrive rather than with what the length prefix promises, so
+// a peer that sends only prefixes on many streams cannot make us allocate
+// the maximum frame size on each.
+func (fr *Reader) readPayload(n int) error {
+	if cap(fr.buf) >= n {
+		fr.buf = fr.buf[:n]
+		if _, err := io.ReadFull(fr.r, fr.buf); err != nil {
+			return fmt.Errorf("read frame payload: %w", err)
+		}
+		return nil
+	}
+	got := 0
+	fr.buf = fr.buf[:0]
+	for got < n {
+		want := min(n, max(2*got, growStep))
+		if cap(fr.buf) < want {
+			nb := make([]byte, got, want)
+			copy(nb, fr.buf[:got])
+			fr.buf = nb
+		}
+		fr.buf = fr.buf[:want]
+		m, err := io.ReadFull(fr.r, fr.buf[got:want])
+		got += m
+		if err != nil {
+			return fmt.Errorf("read frame payload (%d of %d bytes): %w", got, n, err)
+		}
+	}
+	return nil
+}
+
+// shrink drops buffers that one unusually large frame left behind, so a
+// stream that once carried 16 MiB does not pin 16 MiB for its lifetime. It
+// runs at the start of Next, when the previous payload is no longer in use.
 func (fr *Reader) shrink() {
-	if cap(fr.dec) > 1<<20 {
+	const keep = 1 << 20
+	if cap(fr.buf) > keep {
+		fr.buf = nil
+	}
+	if cap(fr.dec) > keep {
 		fr.dec = nil
 	}
 }
 
 // Decompress appends the decompressed form of src to dst, refusing output
 // larger than the codec's limit.
+//
+// Memory stays bounded by about the limit whatever the input: klauspost's
+// DecodeAll grows its output by append, so a bomb without a declared size
+// would cost several times the limit in reallocations. Instead the output
+// buffer is sized up front, from the frame's declared content size when it
+// has one (checked against the limit before anything is allocated), and the
+// decoder is told never to write past its capacity.
 func (c *Codec) Decompress(dst, src []byte) ([]byte, error) {
+	var h zstd.Header
+	if err := h.Decode(src); err != nil {
+		return dst, fmt.Errorf("%w: header: %v", ErrBadCompression, err)
+	}
+	limit := uint64(c.maxFrame)
+	if h.HasFCS {
+		if h.FrameContentSize > limit {
+			return dst, fmt.Errorf("%w: declares %d bytes, limit %d", ErrTooLarge, h.FrameContentSize, limit)
+		}
+		// A frame that lies about its size is stopped by the decoder after at
+		// most one block (128 KiB) too many; room for that block avoids a
+		// reallocation on the way to the error.
+		slack := uint64(compressedBlockOverAlloc)
+		if h.FrameContentSize >= 1<<20 {
+			slack += maxBlockSize
+		}
+		return c.decodeInto(dst, src, int(h.FrameContentSize+slack))
+	}
+	// No declared size (a streaming encoder, or a hostile peer). Try a
+	// modest buffer first; if the output does not fit, go straight to one
+	// buffer of the full limit, where the decoder's own limit stops it with
+	// no reallocation.
+	guess := min(limit, max(64<<10, 16*uint64(len(src))))
+	if guess < limit {
+		out, err := c.decodeInto(dst, src, int(guess))
+		if !errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+			return out, err
+		}
+	}
+	return c.decodeInto(dst, src, int(limit)+maxBlockSize+compressedBlockOverAlloc)
+}
+
+const (
+	maxBlockSize             = 128 << 10 // zstd's Block_Maximum_Size
+	compressedBlockOverAlloc = 64        // klauspost reads a little past the end in its fast path
+)
+
+// decodeInto decodes src after dst's contents into a buffer with room for
+// at least room more bytes (dst's own if it has the space).
+func (c *Codec) decodeInto(dst, src []byte, room int) ([]byte, error) {
+	if cap(dst)-len(dst) < room {
+		nd := make([]byte, len(dst), len(dst)+room)
+		copy(nd, dst)
+		dst = nd
+	}
 	dec, ok := c.decoders.Get().(*zstd.Decoder)
 	if !ok {
 		return dst, fmt.Errorf("%w: no decoder", ErrBadCompression)
@@ -292,11 +382,10 @@ func (c *Codec) Decompress(dst, src []byte) ([]byte, error) {
 	defer c.decoders.Put(dec)
 	out, err := dec.DecodeAll(src, dst)
 	if err != nil {
-		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) ||
-			errors.Is(err, zstd.ErrFrameSizeExceeded) {
-			return dst, fmt.Errorf("%w: limit %d: %v", ErrTooLarge, c.maxFrame, err)
+		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
+			return dst, fmt.Errorf("%w: limit %d: %w", ErrTooLarge, c.maxFrame, err)
 		}
-		return dst, fmt.Errorf("%w: %v", ErrBadCompression, err)
+		return dst, fmt.Errorf("%w: %w", ErrBadCompression, err)
 	}
 	if len(out)-len(dst) > c.maxFrame {
 		return dst, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(out)-len(dst), c.maxFrame)
