@@ -9,6 +9,7 @@ package frame
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -86,6 +87,7 @@ func Decode(flag byte) (k Kind, compressed bool, err error) {
 // decoders of one client or server. The zero value is not usable; call New.
 type Codec struct {
 	maxFrame int
+	window   int       // the largest zstd window accepted
 	encoders sync.Pool // *zstd.Encoder
 	decoders sync.Pool // *zstd.Decoder
 	bufs     sync.Pool // *[]byte
@@ -115,6 +117,7 @@ func New(maxFrame int) *Codec {
 	if window > zstd.MaxWindowSize {
 		window = zstd.MaxWindowSize
 	}
+	c.window = window
 	c.decoders.New = func() any {
 		dec, err := zstd.NewReader(nil,
 			zstd.WithDecoderConcurrency(1),
@@ -348,18 +351,42 @@ func (c *Codec) Decompress(dst, src []byte) ([]byte, error) {
 		}
 		return c.decodeInto(dst, src, int(h.FrameContentSize+slack))
 	}
-	// No declared size (a streaming encoder, or a hostile peer). Try a
-	// modest buffer first; if the output does not fit, go straight to one
-	// buffer of the full limit, where the decoder's own limit stops it with
-	// no reallocation.
-	guess := min(limit, max(64<<10, 16*uint64(len(src))))
-	if guess < limit {
-		out, err := c.decodeInto(dst, src, int(guess))
-		if !errors.Is(err, zstd.ErrDecoderSizeExceeded) {
-			return out, err
-		}
+	// No declared size (a streaming encoder, or a hostile peer): measure it
+	// first by decoding into nothing, which costs the frame's window and no
+	// output buffer, then decode for real into a buffer of exactly that size.
+	// Twice the CPU on a path the reference encoder never takes.
+	n, err := c.measure(src)
+	if err != nil {
+		return dst, err
 	}
-	return c.decodeInto(dst, src, int(limit)+maxBlockSize+compressedBlockOverAlloc)
+	return c.decodeInto(dst, src, n+compressedBlockOverAlloc)
+}
+
+// measure returns the decompressed size of a zstd frame without keeping the
+// output, failing as soon as it passes the limit.
+func (c *Codec) measure(src []byte) (int, error) {
+	dec, err := zstd.NewReader(bytes.NewReader(src),
+		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxMemory(uint64(c.maxFrame)),
+		zstd.WithDecoderMaxWindow(uint64(c.window)),
+	)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrBadCompression, err)
+	}
+	// A streaming decoder keeps a window-sized history; this one is used once
+	// so that no pool pins it.
+	defer dec.Close()
+	n, err := io.Copy(io.Discard, io.LimitReader(dec, int64(c.maxFrame)+1))
+	switch {
+	case errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded):
+		return 0, fmt.Errorf("%w: limit %d: %w", ErrTooLarge, c.maxFrame, err)
+	case err != nil:
+		return 0, fmt.Errorf("%w: %w", ErrBadCompression, err)
+	case n > int64(c.maxFrame):
+		return 0, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, c.maxFrame)
+	}
+	return int(n), nil
 }
 
 const (
