@@ -245,7 +245,14 @@ type slot struct {
 func (sl *slot) run(s *session) {
 	c := sl.c
 	defer c.wg.Done()
+	// attempt counts consecutive failed dials, and connections that died
+	// before they had been up for BackoffBase. gRPC resets the backoff after
+	// any successful connection; here one that dies at once (a server that
+	// accepts and then closes) counts as a failure, or the client would
+	// re-dial it in a tight loop.
+	attempt := 0
 	for {
+		up := time.Now()
 		select {
 		case <-s.done:
 		case <-c.ctx.Done():
@@ -254,8 +261,11 @@ func (sl *slot) run(s *session) {
 		}
 		sl.lastErr.Store(&s.err)
 		sl.cur.Store(nil)
+		if time.Since(up) >= c.cfg.BackoffBase {
+			attempt = 0
+		}
 		c.cfg.Logger.Warn("qrpc connection lost, re-dialling", "addr", c.addr, "err", s.err)
-		for attempt := 0; ; attempt++ {
+		for ; ; attempt++ {
 			if attempt > 0 {
 				t := time.NewTimer(backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt-1))
 				select {
@@ -270,7 +280,8 @@ func (sl *slot) run(s *session) {
 				s = ns
 				sl.cur.Store(ns)
 				c.reconnects.Add(1)
-				c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempts", attempt+1)
+				c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempt", attempt+1)
+				attempt++
 				break
 			}
 			if c.ctx.Err() != nil {
@@ -324,13 +335,17 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 	if !s.pending.store(id, pc) {
 		return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
 	}
+	// The timer is armed only once the call is in the map: one that fired
+	// before would find nothing to take, and the call would never time out.
+	// A response that comes first may miss the timer and leave it to fire
+	// on an empty slot, which is harmless.
 	if !call.Deadline.IsZero() {
 		d := time.Until(call.Deadline)
-		pc.timer = time.AfterFunc(d, func() {
+		pc.timer.Store(time.AfterFunc(d, func() {
 			if pc := s.pending.take(id); pc != nil {
-				pc.done(nil, ErrTimeout)
+				pc.done(nil, fmt.Errorf("%w: no response within %v", ErrTimeout, d))
 			}
-		})
+		}))
 	}
 	req := Request{RequestId: id, Method: call.Method, Headers: call.Headers, Body: call.Body}
 	if err := s.send(frame.KindRequest, &req); err != nil {
@@ -388,7 +403,7 @@ func (s *session) fail(err error) {
 		s.dead.Store(true)
 		callErr := err
 		if !errors.Is(err, ErrClosed) {
-			callErr = fmt.Errorf("%w: %v", ErrConnLost, err)
+			callErr = fmt.Errorf("%w: %w", ErrConnLost, err)
 		}
 		s.pending.closeAll(func(pc *pendingCall) {
 			pc.stopTimer()
@@ -505,8 +520,9 @@ func (st *cstream) readLoop() {
 			s.fail(fmt.Errorf("%w: server sent a frame of kind %d", ErrProtocol, kind))
 			return
 		}
-		resp.Headers = resp.Headers[:0]
-		resp.Method, resp.Body, resp.Code, resp.RequestId = nil, nil, 0, 0
+		// Reset every field (unknown ones too, or they would pile up) but
+		// keep the headers' backing array.
+		resp = Response{Headers: resp.Headers[:0]}
 		// Unsafe: fields alias payload, which stays valid until Next is called
 		// again, i.e. for the whole of done().
 		if err := resp.UnmarshalVTUnsafe(payload); err != nil {
@@ -524,12 +540,12 @@ func (st *cstream) readLoop() {
 
 type pendingCall struct {
 	done  Done
-	timer *time.Timer
+	timer atomic.Pointer[time.Timer]
 }
 
 func (pc *pendingCall) stopTimer() {
-	if pc.timer != nil {
-		pc.timer.Stop()
+	if t := pc.timer.Load(); t != nil {
+		t.Stop()
 	}
 }
 

@@ -58,13 +58,19 @@ type Server struct {
 	mu     sync.Mutex
 	ln     *quic.Listener
 	tr     *quic.Transport
+	pc     net.PacketConn // closed by Shutdown when Listen opened it
 	conns  map[*quic.Conn]struct{}
 	closed bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine of the server
-	inwg   sync.WaitGroup // handlers in flight
+
+	// Handlers in flight, for a graceful Shutdown. Not a WaitGroup: handlers
+	// start while Shutdown waits, which WaitGroup forbids.
+	running  atomic.Int64
+	draining atomic.Bool
+	idle     chan struct{} // a token when running drops to 0 while draining
 }
 
 type handlerSet struct {
@@ -90,7 +96,7 @@ func NewServer(cfg *ServerConfig) *Server {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	s := &Server{cfg: c, codec: frame.New(c.MaxFrameSize), conns: map[*quic.Conn]struct{}{}}
+	s := &Server{cfg: c, codec: frame.New(c.MaxFrameSize), conns: map[*quic.Conn]struct{}{}, idle: make(chan struct{}, 1)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.handlers.Store(&handlerSet{unary: map[string]Handler{}, events: map[string]EventHandler{}})
 	return s
@@ -154,7 +160,8 @@ func ResetKeyFromCertificate(cert tls.Certificate) (*quic.StatelessResetKey, err
 }
 
 // Listen binds addr (UDP) and serves in the background; it returns the
-// bound address (useful with port 0).
+// bound address (useful with port 0). The server closes the socket on
+// Shutdown/Close, so the port can be bound again at once (a restart).
 func (s *Server) Listen(addr string, tlsConf *tls.Config) (net.Addr, error) {
 	udpAddr, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
@@ -164,11 +171,18 @@ func (s *Server) Listen(addr string, tlsConf *tls.Config) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	if err := s.start(pc, tlsConf); err != nil {
+	if err := s.start(pc, tlsConf, true); err != nil {
 		_ = pc.Close()
 		return nil, err
 	}
 	return pc.LocalAddr(), nil
+}
+
+// ServePacketConn serves on a socket the caller owns (socket activation, a
+// shared port, or a test that wants to pull the plug), in the background.
+// Shutdown/Close stop serving but leave pc open.
+func (s *Server) ServePacketConn(pc net.PacketConn, tlsConf *tls.Config) error {
+	return s.start(pc, tlsConf, false)
 }
 
 // ListenAndServe serves on addr until Close.
@@ -180,10 +194,21 @@ func (s *Server) ListenAndServe(addr string, tlsConf *tls.Config) error {
 	return nil
 }
 
-func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config) error {
+func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config, ownSocket bool) error {
+	if tlsConf == nil {
+		return fmt.Errorf("%w: server needs a TLS config", ErrBadConfig)
+	}
 	if len(tlsConf.NextProtos) == 0 {
 		tlsConf = tlsConf.Clone()
 		tlsConf.NextProtos = []string{ALPN}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if s.ln != nil {
+		return fmt.Errorf("%w: server is already listening", ErrBadConfig)
 	}
 	tr := &quic.Transport{Conn: pc, StatelessResetKey: s.cfg.StatelessResetKey}
 	ln, err := tr.Listen(tlsConf, &quic.Config{
@@ -197,14 +222,10 @@ func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		_ = ln.Close()
-		return ErrClosed
-	}
 	s.ln, s.tr = ln, tr
-	s.mu.Unlock()
+	if ownSocket {
+		s.pc = pc
+	}
 	s.wg.Add(1)
 	go s.acceptLoop(ln)
 	return nil
@@ -285,7 +306,7 @@ func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}
 		case <-s.ctx.Done():
 			return
 		}
-		s.inwg.Add(1)
+		s.running.Add(1)
 		if kind == frame.KindEvent {
 			go s.runEvent(conn, req, sem)
 		} else {
@@ -308,8 +329,18 @@ func isStatelessReset(err error) bool {
 	return errors.As(err, &sr)
 }
 
+func (s *Server) handlerDone(sem chan struct{}) {
+	<-sem
+	if s.running.Add(-1) == 0 && s.draining.Load() {
+		select {
+		case s.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (s *Server) runEvent(conn *quic.Conn, req *Request, sem chan struct{}) {
-	defer func() { <-sem; s.inwg.Done() }()
+	defer s.handlerDone(sem)
 	h := s.handlers.Load().events[string(req.Method)]
 	if h == nil {
 		s.cfg.Logger.Debug("qrpc event for unknown method dropped", "method", string(req.Method))
@@ -324,7 +355,7 @@ func (s *Server) runEvent(conn *quic.Conn, req *Request, sem chan struct{}) {
 }
 
 func (s *Server) runUnary(conn *quic.Conn, st *sstream, req *Request, sem chan struct{}) {
-	defer func() { <-sem; s.inwg.Done() }()
+	defer s.handlerDone(sem)
 	resp := &Response{}
 	h := s.handlers.Load().unary[string(req.Method)]
 	if h == nil {
@@ -369,18 +400,19 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
-	ln, tr := s.ln, s.tr
+	ln, tr, pc := s.ln, s.tr, s.pc
 	s.mu.Unlock()
 	if ln != nil {
 		_ = ln.Close()
 	}
-	idle := make(chan struct{})
-	go func() { s.inwg.Wait(); close(idle) }()
+	s.draining.Store(true)
 	var err error
-	select {
-	case <-idle:
-	case <-ctx.Done():
-		err = ctx.Err()
+	for s.running.Load() > 0 && err == nil {
+		select {
+		case <-s.idle:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
 	}
 	s.mu.Lock()
 	for c := range s.conns {
@@ -390,6 +422,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.cancel()
 	if tr != nil {
 		_ = tr.Close()
+	}
+	if pc != nil {
+		_ = pc.Close()
 	}
 	s.wg.Wait()
 	return err
