@@ -1,10 +1,128 @@
 # lua-resty-ffi-qrpc
-GO      ?= go
-PREFIX  ?= /usr/local
-BIN     := .bin
+#
+#   make               build libffi_qrpc.so
+#   make demo          install missing packages (root) or say which, build, start the demo, curl it
+#   make demo-stop     stop the demo
+#   make test          lint + every Go test (nginx integration, rockspec install) + race run of qrpc/
+#   make bench         the side-by-side benchmark (BENCH_QUICK=1 for a short run)
+#   make lint          gofmt, go vet, luacheck
+#   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
+#   make proto         regenerate qrpc/qrpcpb
+#   make clean
 
-.PHONY: all proto
-all: libffi_qrpc.so
+# A root shell on a fresh machine often lacks /usr/local/go/bin on PATH.
+ifeq ($(origin GO),undefined)
+GO := $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+endif
+GO_DIR := $(patsubst %/,%,$(dir $(shell command -v $(GO) 2>/dev/null)))
+ifneq ($(GO_DIR),)
+# Tests and scripts run `go` themselves (the nginx suite builds the library).
+export PATH := $(GO_DIR):$(PATH)
+GOFMT ?= $(GO_DIR)/gofmt
+endif
+GOFMT ?= gofmt
+export GO
+
+PREFIX      ?= /usr/local
+# Lua modules: LuaJIT's default package.path (and luarocks') searches
+# $(PREFIX)/share/lua/5.1. OpenResty: LUA_LIB_DIR=/usr/local/openresty/site/lualib.
+LUA_LIB_DIR ?= $(PREFIX)/share/lua/5.1
+# The Go runtime library. TODO(lead): match the Lua module's default search.
+LIB_DIR     ?= $(PREFIX)/lib
+INSTALL     ?= install
+LUACHECK    ?= luacheck
+
+BIN  := .bin
+LIB  := libffi_qrpc.so
+DEMO := demo/qrpc-demo
+
+GO_TEST_TIMEOUT ?= 20m
+GO_TEST_FLAGS   ?=
+
+# Everything the library is built from (make only rebuilds when one changes).
+LIB_SRC := go.mod go.sum $(shell find ffi qrpc internal -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' 2>/dev/null)
+DEMO_SRC := $(shell find demo/server -type f -name '*.go' ! -name '*_test.go' 2>/dev/null)
+
+.PHONY: all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench install uninstall proto clean help
+
+all: $(LIB)
+
+# Built in a temporary directory and renamed into place: a running nginx
+# that has the old library mapped keeps its inode instead of crashing on a
+# file truncated under it.
+$(LIB): $(LIB_SRC)
+	@mkdir -p $(BIN)
+	@tmp=$$(mktemp -d $(BIN)/build.XXXXXX) && \
+	  echo "$(GO) build -buildmode=c-shared -trimpath -o $@ ./ffi" && \
+	  $(GO) build -buildmode=c-shared -trimpath -o $$tmp/$(LIB) ./ffi && \
+	  mv -f $$tmp/$(LIB) $@; rc=$$?; rm -rf $$tmp; exit $$rc
+
+$(DEMO): $(DEMO_SRC) $(LIB_SRC)
+	$(GO) build -trimpath -o $@ ./demo/server
+
+# ---- demo --------------------------------------------------------------------
+
+demo-deps:
+	@demo/scripts/deps
+
+# Sequential on purpose: the packages must be there before anything builds.
+demo:
+	@demo/scripts/deps
+	@$(MAKE) --no-print-directory $(LIB) $(DEMO)
+	@demo/scripts/up
+
+demo-stop:
+	@demo/scripts/down
+
+# ---- tests -------------------------------------------------------------------
+
+# The library is built first so that a build error shows up as one, not as
+# a failing test.
+test: lint $(LIB) test-go test-race
+
+test-go: $(LIB)
+	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
+
+test-race:
+	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/...
+
+# Also part of test-go; this runs it alone.
+test-rockspec:
+	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) -v ./rockspec/
+
+lint:
+	@echo "gofmt -l ."; out=$$($(GOFMT) -l .); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(LUACHECK) --std ngx_lua --codes lua demo/lua
+	@for f in demo/scripts/* .ci/run; do bash -n "$$f" || exit 1; done
+
+# ---- benchmark -----------------------------------------------------------------
+
+# Side by side in one run (see bench/main.go): the Lua client vs. the plain
+# Go client, the IPC path vs. a unix socket, HTTP end to end. Needs wrk.
+bench: $(LIB)
+	$(GO) run ./bench $(BENCH_FLAGS)
+
+# ---- install -------------------------------------------------------------------
+
+# Files go in under a temporary name and are renamed: replacing the library
+# of a running nginx in place would crash its workers.
+install: $(LIB)
+	$(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi $(DESTDIR)$(LIB_DIR)
+	$(INSTALL) -m 644 lua/resty/ffi/qrpc.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua
+	@if [ -d lua/resty/ffi/qrpc ]; then \
+	  echo "$(INSTALL) -m 644 lua/resty/ffi/qrpc/*.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc/"; \
+	  $(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc && \
+	  $(INSTALL) -m 644 lua/resty/ffi/qrpc/*.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc/; \
+	fi
+	$(INSTALL) -m 755 $(LIB) $(DESTDIR)$(LIB_DIR)/.$(LIB).new
+	mv -f $(DESTDIR)$(LIB_DIR)/.$(LIB).new $(DESTDIR)$(LIB_DIR)/$(LIB)
+
+uninstall:
+	rm -f $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua $(DESTDIR)$(LIB_DIR)/$(LIB)
+	rm -rf $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc
+
+# ---- generated code ------------------------------------------------------------
 
 # Regenerates qrpc/qrpcpb from proto/qrpc.proto with the plugin versions pinned in go.mod.
 proto:
@@ -18,3 +136,11 @@ proto:
 	  --go-vtproto_out=. --go-vtproto_opt=module=github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc \
 	  --go-vtproto_opt=features=marshal+unmarshal+unmarshal_unsafe+size+equal+clone \
 	  proto/qrpc.proto
+
+clean:
+	@demo/scripts/down --quiet
+	rm -f $(LIB) libffi_qrpc.h $(DEMO)
+	rm -rf demo/run $(BIN)/build.* bench/out nginx/tmp
+
+help:
+	@sed -n '3,11p' Makefile

@@ -1,0 +1,352 @@
+// Package rockspec_test checks that the rockspec installs a working module:
+// `luarocks make` into a temporary tree, then a real nginx that loads the
+// module and the library from that tree (and only from there) makes a qrpc
+// call to a real server.
+package rockspec_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+const rockspec = "rockspec/lua-resty-ffi-qrpc-0.1.0-1.rockspec"
+
+func TestLuarocksMakeThenNginx(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the library and starts nginx")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	luarocks := lookPath(t, "luarocks", "install it: apt-get install luarocks")
+	nginx := lookPath(t, "nginx", "install nginx libnginx-mod-http-lua lua-resty-core")
+
+	// Workers drop to nobody when the test runs as root: everything they
+	// read (the tree) must be reachable, so the temp dirs are opened up.
+	dir := worldReadableTempDir(t)
+	tree := filepath.Join(dir, "tree")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, luarocks, "make", "--tree", tree, rockspec)
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("luarocks make: %v\n%s", err, out)
+	}
+	t.Logf("luarocks make:\n%s", out)
+
+	luaFile := filepath.Join(tree, "share", "lua", "5.1", "resty", "ffi", "qrpc.lua")
+	libFile := filepath.Join(tree, "lib", "lua", "5.1", "libffi_qrpc.so")
+	for _, f := range []string{luaFile, libFile} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("not installed by the rock: %v", err)
+		}
+	}
+	list, err := exec.Command(luarocks, "--tree", tree, "list", "--porcelain").CombinedOutput()
+	if err != nil || !bytes.Contains(list, []byte("lua-resty-ffi-qrpc\t0.1.0-1")) {
+		t.Fatalf("luarocks list does not show the rock (err %v):\n%s", err, list)
+	}
+
+	srv := startServer(t)
+	n := startNginx(t, nginx, dir, map[string]any{
+		"Tree": tree, "Lib": libFile, "Addr": srv.addr, "CA": string(srv.ca),
+	})
+
+	body := n.get(t, "/t")
+	want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\n", luaFile)
+	if body != want {
+		t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
+	}
+	// The event is one-way: wait for the server to count it.
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.events.Load() < 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := srv.events.Load(); got != 1 {
+		t.Fatalf("server counted %d notify events, want 1", got)
+	}
+	n.stop(t)
+	if bad := badLogLines(n.errorLog()); len(bad) > 0 {
+		t.Fatalf("error.log has problems:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+func lookPath(t *testing.T, name, hint string) string {
+	t.Helper()
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	// Debian keeps nginx in /usr/sbin, which a user's PATH may lack.
+	if p := "/usr/sbin/" + name; fileExists(p) {
+		return p
+	}
+	t.Fatalf("%s not found (%s)", name, hint)
+	return ""
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func worldReadableTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/" && d != "."; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+type server struct {
+	addr   string
+	ca     []byte
+	events atomic.Int64
+}
+
+func startServer(t *testing.T) *server {
+	t.Helper()
+	ca, err := certs.NewCA("rockspec test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pair.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{ca: ca.CertPEM}
+	srv := qrpc.NewServer(&qrpc.ServerConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv.Handle("greet", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		resp.Body = []byte("Hello " + string(req.Body) + "!")
+	})
+	srv.HandleEvent("notify", func(context.Context, *qrpc.Request) { s.events.Add(1) })
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	s.addr = a.String()
+	return s
+}
+
+// The module and the library come from the tree only: lua_package_path
+// starts with it, and the location reports which file `require` found.
+var confTmpl = template.Must(template.New("nginx.conf").Parse(`
+{{.Modules}}
+{{.User}}
+worker_processes 1;
+pid {{.Dir}}/nginx.pid;
+error_log {{.Dir}}/error.log info;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path {{.Dir}}/tmp/body;
+    proxy_temp_path       {{.Dir}}/tmp/proxy;
+    fastcgi_temp_path     {{.Dir}}/tmp/fastcgi;
+    uwsgi_temp_path       {{.Dir}}/tmp/uwsgi;
+    scgi_temp_path        {{.Dir}}/tmp/scgi;
+    lua_package_path "{{.Tree}}/share/lua/5.1/?.lua;;";
+
+    init_by_lua_block {
+        require "resty.ffi.qrpc"
+    }
+    init_worker_by_lua_block {
+        require("resty.ffi.qrpc").configure{ lib = "{{.Lib}}" }
+    }
+
+    server {
+        listen 127.0.0.1:{{.Port}};
+        location = /t {
+            content_by_lua_block {
+                local qrpc = require "resty.ffi.qrpc"
+                ngx.say("module=", package.searchpath("resty.ffi.qrpc", package.path))
+                local conn, err = qrpc.connect("{{.Addr}}", {
+                    server_name = "localhost",
+                    ca = [==[{{.CA}}]==],
+                    timeout = 5000,
+                })
+                if not conn then
+                    ngx.say("connect failed: ", err)
+                    return
+                end
+                local res, err = conn:unary("greet", "rock", { timeout = 5000 })
+                if not res then
+                    ngx.say("unary failed: ", err)
+                    return
+                end
+                ngx.say("greet=", res.code, " ", res.body)
+                ngx.say("event=", tostring((conn:event("notify", "x"))))
+            }
+        }
+    }
+}
+`))
+
+type nginxProc struct {
+	bin, dir, port string
+}
+
+func (n *nginxProc) args(extra ...string) []string {
+	return append([]string{"-p", n.dir + "/", "-c", filepath.Join(n.dir, "nginx.conf"), "-e", filepath.Join(n.dir, "error.log")}, extra...)
+}
+
+func startNginx(t *testing.T, bin, dir string, data map[string]any) *nginxProc {
+	t.Helper()
+	n := &nginxProc{bin: bin, dir: dir, port: freePort(t)}
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data["Dir"], data["Port"] = dir, n.port
+	data["Modules"] = loadModules(t, bin)
+	data["User"] = ""
+	if os.Geteuid() == 0 {
+		data["User"] = "user nobody;"
+	}
+	var conf bytes.Buffer
+	if err := confTmpl.Execute(&conf, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), conf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, n.args()...).CombinedOutput(); err != nil {
+		t.Fatalf("start nginx: %v\n%s\n%s", err, out, n.errorLog())
+	}
+	t.Cleanup(func() { n.stop(t) })
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+n.port, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return n
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("nginx does not listen on %s:\n%s", n.port, n.errorLog())
+	return nil
+}
+
+// loadModules returns the load_module lines a Debian-style nginx needs, or
+// nothing when ngx_lua is compiled in (OpenResty).
+func loadModules(t *testing.T, bin string) string {
+	t.Helper()
+	v, _ := exec.Command(bin, "-V").CombinedOutput()
+	if regexp.MustCompile(`(?i)openresty|lua-nginx-module|ngx_lua`).Match(v) {
+		return ""
+	}
+	dir := "/usr/lib/nginx/modules"
+	if m := regexp.MustCompile(`--modules-path=(\S+)`).FindSubmatch(v); m != nil {
+		dir = string(m[1])
+	}
+	var b strings.Builder
+	for _, m := range []string{"ndk_http_module", "ngx_http_lua_module"} {
+		p := filepath.Join(dir, m+".so")
+		if !fileExists(p) {
+			t.Fatalf("%s not found: install libnginx-mod-http-lua", p)
+		}
+		fmt.Fprintf(&b, "load_module %s;\n", p)
+	}
+	return b.String()
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+func (n *nginxProc) get(t *testing.T, path string) string {
+	t.Helper()
+	c := &http.Client{Timeout: 15 * time.Second}
+	resp, err := c.Get("http://127.0.0.1:" + n.port + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v\nerror.log:\n%s", path, err, n.errorLog())
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: HTTP %d\n%s\nerror.log:\n%s", path, resp.StatusCode, b, n.errorLog())
+	}
+	return string(b)
+}
+
+func (n *nginxProc) errorLog() string {
+	b, _ := os.ReadFile(filepath.Join(n.dir, "error.log"))
+	return string(b)
+}
+
+// stop quits nginx gracefully and waits for the master to go (10 s), so a
+// worker stuck in "shutting down" fails the test instead of leaking.
+func (n *nginxProc) stop(t *testing.T) {
+	t.Helper()
+	pidFile := filepath.Join(n.dir, "nginx.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return
+	}
+	var pid int
+	if _, err := fmt.Sscanf(string(b), "%d", &pid); err != nil || pid <= 0 {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGQUIT)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) != nil {
+			_ = os.Remove(pidFile)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The master leads its process group: this takes the workers too.
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = os.Remove(pidFile)
+	t.Errorf("nginx (pid %d) did not quit within 10 s; killed", pid)
+}
+
+// badLogLines returns error.log lines at error level or worse.
+func badLogLines(log string) []string {
+	var bad []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, lvl := range []string{"[error]", "[crit]", "[alert]", "[emerg]"} {
+			if strings.Contains(l, lvl) {
+				bad = append(bad, l)
+				break
+			}
+		}
+	}
+	return bad
+}
