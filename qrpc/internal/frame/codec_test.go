@@ -453,3 +453,15 @@ func TestLargeUncompressedFrameThroughReader(t *testing.T) {
 type iotestHalf struct{ r io.Reader }
 
 func (h iotestHalf) Read(p []byte) (int, error) { return h.r.Read(p[:min(len(p), 1000)]) }
+
+// Found by FuzzReader: a header followed by nothing came back as a wrapped
+// io.EOF, which callers take for a clean end of stream.
+func TestHeaderThenEOFIsNotCleanEnd(t *testing.T) {
+	c := New(0)
+	for _, l := range []uint32{2, 1 << 20} {
+		_, _, err := c.NewReader(bytes.NewReader(header(l, FlagRequest))).Next()
+		if errors.Is(err, io.EOF) || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("L=%d: %v, want io.ErrUnexpectedEOF and not io.EOF", l, err)
+		}
+	}
+}

@@ -287,7 +287,7 @@ func (fr *Reader) readPayload(n int) error {
 	if cap(fr.buf) >= n {
 		fr.buf = fr.buf[:n]
 		if _, err := io.ReadFull(fr.r, fr.buf); err != nil {
-			return fmt.Errorf("read frame payload: %w", err)
+			return fmt.Errorf("read frame payload: %w", noEOF(err))
 		}
 		return nil
 	}
@@ -304,10 +304,20 @@ func (fr *Reader) readPayload(n int) error {
 		m, err := io.ReadFull(fr.r, fr.buf[got:want])
 		got += m
 		if err != nil {
-			return fmt.Errorf("read frame payload (%d of %d bytes): %w", got, n, err)
+			return fmt.Errorf("read frame payload (%d of %d bytes): %w", got, n, noEOF(err))
 		}
 	}
 	return nil
+}
+
+// noEOF turns a clean EOF inside a frame into io.ErrUnexpectedEOF: callers
+// take io.EOF for the end of the stream between frames, and a frame cut
+// short after its header is not that.
+func noEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // shrink drops buffers that one unusually large frame left behind, so a
