@@ -1,0 +1,187 @@
+package main
+
+// The C side of the library that is not an export: malloc/free wrappers,
+// the qrpc.h layout check, and run-time resolution of lua-resty-ffi's
+// functions. This file includes qrpc.h; exports.go must not (see there).
+
+/*
+#cgo LDFLAGS: -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include "qrpc.h"
+
+// cgo's C.malloc aborts the process when malloc fails; inside nginx we
+// would rather report an error.
+static void *qrpc_malloc(size_t n) { return malloc(n ? n : 1); }
+
+static size_t qrpc_cmd_offset(int i) {
+	static const size_t o[] = {
+		offsetof(qrpc_cmd_t, version), offsetof(qrpc_cmd_t, op), offsetof(qrpc_cmd_t, conn),
+		offsetof(qrpc_cmd_t, call_id), offsetof(qrpc_cmd_t, timeout_ms), offsetof(qrpc_cmd_t, nhdrs),
+		offsetof(qrpc_cmd_t, method), offsetof(qrpc_cmd_t, method_len),
+		offsetof(qrpc_cmd_t, body), offsetof(qrpc_cmd_t, body_len),
+		offsetof(qrpc_cmd_t, hdrs), offsetof(qrpc_cmd_t, hdrs_len),
+		offsetof(qrpc_cmd_t, addr), offsetof(qrpc_cmd_t, addr_len),
+		offsetof(qrpc_cmd_t, server_name), offsetof(qrpc_cmd_t, server_name_len),
+		offsetof(qrpc_cmd_t, ca), offsetof(qrpc_cmd_t, ca_len),
+		offsetof(qrpc_cmd_t, cert), offsetof(qrpc_cmd_t, cert_len),
+		offsetof(qrpc_cmd_t, key), offsetof(qrpc_cmd_t, key_len),
+		offsetof(qrpc_cmd_t, pins), offsetof(qrpc_cmd_t, pins_len),
+		offsetof(qrpc_cmd_t, insecure), offsetof(qrpc_cmd_t, conns), offsetof(qrpc_cmd_t, streams),
+		offsetof(qrpc_cmd_t, idle_timeout_ms), offsetof(qrpc_cmd_t, max_frame_size),
+		offsetof(qrpc_cmd_t, reserved),
+	};
+	return i < (int)(sizeof o / sizeof o[0]) ? o[i] : (size_t)-1;
+}
+
+static size_t qrpc_completion_offset(int i) {
+	static const size_t o[] = {
+		offsetof(qrpc_completion_t, call_id), offsetof(qrpc_completion_t, handle),
+		offsetof(qrpc_completion_t, status), offsetof(qrpc_completion_t, code),
+		offsetof(qrpc_completion_t, data), offsetof(qrpc_completion_t, len),
+	};
+	return i < (int)(sizeof o / sizeof o[0]) ? o[i] : (size_t)-1;
+}
+
+static size_t qrpc_stats_offset(int i) {
+	static const size_t o[] = {
+		offsetof(qrpc_stats_t, inflight), offsetof(qrpc_stats_t, calls),
+		offsetof(qrpc_stats_t, events), offsetof(qrpc_stats_t, dropped),
+		offsetof(qrpc_stats_t, reconnects), offsetof(qrpc_stats_t, queued),
+	};
+	return i < (int)(sizeof o / sizeof o[0]) ? o[i] : (size_t)-1;
+}
+
+// lua-resty-ffi's functions, looked up at run time: linking against them
+// would make the library fail to load in an nginx without lua-resty-ffi.
+typedef void *(*qrpc_poll_fn)(void *);
+typedef char *(*qrpc_get_req_fn)(void *, int *);
+typedef void (*qrpc_respond_fn)(void *, int, char *, int);
+
+static qrpc_poll_fn qrpc_p_poll;
+static qrpc_get_req_fn qrpc_p_get_req;
+static qrpc_respond_fn qrpc_p_respond;
+
+// Returns NULL on success, else the name of the missing symbol.
+static const char *qrpc_resolve(void) {
+	qrpc_p_poll = (qrpc_poll_fn)dlsym(RTLD_DEFAULT, "ngx_http_lua_ffi_task_poll");
+	if (qrpc_p_poll == NULL) return "ngx_http_lua_ffi_task_poll";
+	qrpc_p_get_req = (qrpc_get_req_fn)dlsym(RTLD_DEFAULT, "ngx_http_lua_ffi_get_req");
+	if (qrpc_p_get_req == NULL) return "ngx_http_lua_ffi_get_req";
+	qrpc_p_respond = (qrpc_respond_fn)dlsym(RTLD_DEFAULT, "ngx_http_lua_ffi_respond");
+	if (qrpc_p_respond == NULL) return "ngx_http_lua_ffi_respond";
+	return NULL;
+}
+
+static void *qrpc_task_poll(void *tq) { return qrpc_p_poll(tq); }
+static char *qrpc_get_req(void *task, int *len) { return qrpc_p_get_req(task, len); }
+static void qrpc_respond(void *task, int rc, char *rsp, int len) { qrpc_p_respond(task, rc, rsp, len); }
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// cMalloc returns n bytes from malloc, or nil when malloc fails.
+func cMalloc(n int) unsafe.Pointer { return C.qrpc_malloc(C.size_t(n)) }
+
+// cFree frees what cMalloc returned (nil is fine).
+func cFree(p unsafe.Pointer) { C.free(p) }
+
+// cBuf views a malloc'd buffer as a byte slice.
+func cBuf(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
+
+// cMessage copies msg into a malloc'd, NUL-terminated buffer; n excludes the NUL.
+func cMessage(msg string) (p unsafe.Pointer, n int) {
+	p = cMalloc(len(msg) + 1)
+	if p == nil {
+		return nil, 0
+	}
+	b := cBuf(p, len(msg)+1)
+	copy(b, msg)
+	b[len(msg)] = 0
+	return p, len(msg)
+}
+
+// abiLayoutErr compares the Go mirrors in abi.go with the C compiler's view
+// of qrpc.h.
+func abiLayoutErr() error {
+	check := func(name string, goSize, cSize uintptr, goOff []uintptr, cOff func(int) uintptr) error {
+		if goSize != cSize {
+			return fmt.Errorf("%s: size %d in Go, %d in C", name, goSize, cSize)
+		}
+		for i, o := range goOff {
+			if c := cOff(i); c != o {
+				return fmt.Errorf("%s: field %d at offset %d in Go, %d in C", name, i, o, c)
+			}
+		}
+		if cOff(len(goOff)) != ^uintptr(0) {
+			return fmt.Errorf("%s: C has more fields than Go", name)
+		}
+		return nil
+	}
+	if err := check("qrpc_cmd_t", unsafe.Sizeof(cmdABI{}), C.sizeof_qrpc_cmd_t, cmdOffsets(),
+		func(i int) uintptr { return uintptr(C.qrpc_cmd_offset(C.int(i))) }); err != nil {
+		return err
+	}
+	if err := check("qrpc_completion_t", unsafe.Sizeof(completionABI{}), C.sizeof_qrpc_completion_t, completionOffsets(),
+		func(i int) uintptr { return uintptr(C.qrpc_completion_offset(C.int(i))) }); err != nil {
+		return err
+	}
+	return check("qrpc_stats_t", unsafe.Sizeof(statsABI{}), C.sizeof_qrpc_stats_t, statsOffsets(),
+		func(i int) uintptr { return uintptr(C.qrpc_stats_offset(C.int(i))) })
+}
+
+var (
+	layoutOnce sync.Once
+	layoutErr  error
+)
+
+// checkLayout runs abiLayoutErr once; every export refuses to work when it
+// failed.
+func checkLayout() error {
+	layoutOnce.Do(func() { layoutErr = abiLayoutErr() })
+	return layoutErr
+}
+
+var (
+	resolveMu  sync.Mutex
+	resolveErr error
+	resolved   bool
+)
+
+// resolveRestyFFI looks up lua-resty-ffi's functions in the process.
+func resolveRestyFFI() error {
+	resolveMu.Lock()
+	defer resolveMu.Unlock()
+	if resolved {
+		return resolveErr
+	}
+	if missing := C.qrpc_resolve(); missing != nil {
+		// Not cached: lua-resty-ffi may be loaded later.
+		return fmt.Errorf("lua-resty-ffi not found in this process (no symbol %s)", C.GoString(missing))
+	}
+	resolved = true
+	return nil
+}
+
+func taskPoll(tq unsafe.Pointer) unsafe.Pointer { return C.qrpc_task_poll(tq) }
+
+func taskReq(task unsafe.Pointer) (unsafe.Pointer, int) {
+	var n C.int
+	p := C.qrpc_get_req(task, &n)
+	return unsafe.Pointer(p), int(n)
+}
+
+func taskRespond(task unsafe.Pointer, rc int32, data unsafe.Pointer, n int) {
+	C.qrpc_respond(task, C.int(rc), (*C.char)(data), C.int(n))
+}
+
+// sizeofCmd is sizeof(qrpc_cmd_t), the exact length of a lua-resty-ffi request.
+const sizeofCmd = C.sizeof_qrpc_cmd_t

@@ -1,0 +1,17 @@
+// Command ffi is libffi_qrpc.so, the qrpc runtime that nginx workers load
+// into their process. Build it with
+//
+//	go build -buildmode=c-shared -o libffi_qrpc.so ./ffi
+//
+// qrpc.h is the C ABI. The library serves two hosts with one runtime (one
+// per process, i.e. per nginx worker): the built-in host (qrpc_init,
+// qrpc_submit, qrpc_drain, ... driven by lua/resty/ffi/qrpc.lua on stock
+// ngx_lua) and lua-resty-ffi (libffi_init).
+//
+// It never imports os/signal: in a c-shared library Go then installs
+// handlers only for the synchronous signals, SIGPIPE (forwarded to nginx's
+// SIG_IGN when raised outside Go code) and its preemption signal, so
+// nginx's own SIGCHLD/SIGHUP/... handlers stay in place.
+package main
+
+func main() {}
