@@ -414,6 +414,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			err = ctx.Err()
 		}
 	}
+	if err == nil {
+		s.linger(ctx)
+	}
 	s.mu.Lock()
 	for c := range s.conns {
 		_ = c.CloseWithError(0, "server closing")
@@ -428,6 +431,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.wg.Wait()
 	return err
+}
+
+// linger gives the last responses time to reach the clients: a QUIC peer
+// that receives CONNECTION_CLOSE drops stream data it has not read yet, and
+// quic-go cannot tell when what we wrote has been acknowledged. A few round
+// trips (at least 50 ms, at most 1 s) is the best effort.
+func (s *Server) linger(ctx context.Context) {
+	var rtt time.Duration
+	s.mu.Lock()
+	n := len(s.conns)
+	for c := range s.conns {
+		rtt = max(rtt, c.ConnectionStats().SmoothedRTT)
+	}
+	s.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	t := time.NewTimer(min(max(4*rtt, 50*time.Millisecond), time.Second))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // Close shuts down, giving running handlers up to 5 seconds.
