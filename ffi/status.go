@@ -31,26 +31,25 @@ func statusOf(err error) (int32, string) {
 	case errors.Is(err, qrpc.ErrUnavailable):
 		// Checked before DialError: "unavailable" wraps the last dial
 		// failure's text, and the call did not try to dial.
-		return errUnavail, prefixed("unavailable", err)
+		return errUnavail, prefixed("unavailable", qrpc.ErrUnavailable, err)
 	case errors.As(err, &de):
 		return errConnect, clip("connect: " + de.Reason)
 	case errors.Is(err, qrpc.ErrConnLost):
-		return errLost, prefixed("connection lost", err)
+		return errLost, prefixed("connection lost", qrpc.ErrConnLost, err)
 	case errors.Is(err, qrpc.ErrTooLarge):
-		return errTooBig, prefixed("too large", err)
+		return errTooBig, prefixed("too large", qrpc.ErrTooLarge, err)
 	case errors.Is(err, qrpc.ErrBadConfig):
-		return errBadArg, prefixed("bad config", err)
+		return errBadArg, prefixed("bad config", qrpc.ErrBadConfig, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return errTimeout, "timeout"
 	}
 	return errGeneric, clip(strings.TrimPrefix(err.Error(), "qrpc: "))
 }
 
-// prefixed renders err as "<kind>: <detail>", dropping the "qrpc: " and
-// kind prefixes the sentinel already put there.
-func prefixed(kind string, err error) string {
-	msg := strings.TrimPrefix(err.Error(), "qrpc: ")
-	msg = strings.TrimPrefix(msg, kind)
+// prefixed renders err as "<kind>: <detail>", dropping the sentinel's own
+// text ("qrpc: message too large") that wrapping put in front.
+func prefixed(kind string, sentinel, err error) string {
+	msg := strings.TrimPrefix(err.Error(), sentinel.Error())
 	msg = strings.TrimPrefix(msg, ": ")
 	if msg == "" {
 		return kind

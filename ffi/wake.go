@@ -24,9 +24,9 @@ const maxSunPath = 107
 // the dispatcher, then the one accepted connection that wake bytes go to.
 type wakeState struct {
 	mu   sync.Mutex
-	seq  int              // numbers the socket files of this process
+	seq  int               // numbers the socket files of this process
 	ln   *net.UnixListener // waiting for a dispatcher, or nil
-	path string           // ln's file
+	path string            // ln's file
 	conn atomic.Pointer[wakeConn]
 }
 

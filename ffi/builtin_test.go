@@ -1,0 +1,470 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// These tests drive the built-in host through its Go entry points (the
+// exports are thin wrappers around them) against a real qrpc server over
+// QUIC on 127.0.0.1, with the wake-up socket read like the Lua dispatcher
+// reads it. testhost/ covers the same paths from C.
+
+type testServer struct {
+	addr   string
+	caPEM  []byte
+	events atomic.Int64
+	srv    *qrpc.Server
+}
+
+func startServer(t *testing.T) *testServer {
+	t.Helper()
+	ca, err := certs.NewCA("ffi test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"127.0.0.1", "localhost"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pair.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{caPEM: ca.CertPEM, srv: qrpc.NewServer(nil)}
+	ts.srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		resp.Headers, resp.Body = req.Headers, req.Body
+	})
+	ts.srv.Handle("code", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		resp.Code, resp.Body = 7, []byte("seven")
+	})
+	// sleep waits for as many milliseconds as the body says.
+	ts.srv.Handle("sleep", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		ms, _ := strconv.Atoi(string(req.Body))
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+		case <-ctx.Done():
+		}
+		resp.Body = []byte("slept")
+	})
+	ts.srv.HandleEvent("ev", func(context.Context, *qrpc.Request) { ts.events.Add(1) })
+	a, err := ts.srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.addr = a.String()
+	t.Cleanup(func() { _ = ts.srv.Close() })
+	return ts
+}
+
+// dispatcher plays the Lua side of the built-in host.
+type dispatcher struct {
+	t    *testing.T
+	wake *net.UnixConn
+	got  map[uint64]completion
+	logs []string
+}
+
+func openBuiltin(t *testing.T) *dispatcher {
+	t.Helper()
+	if err := builtin.init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(builtin.shutdown)
+	dir := t.TempDir()
+	path, err := builtin.wake.open(dir, func() {
+		if builtin.queued() > 0 {
+			builtin.wake.signal()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(path, filepath.Join(dir, "qrpc-"+strconv.Itoa(os.Getpid())+"-")) {
+		t.Fatalf("socket path %q", path)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket file mode %v", fi.Mode())
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	// The file goes away once the dispatcher is in.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(path); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still exists after the dispatcher connected", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return &dispatcher{t: t, wake: c, got: map[uint64]completion{}}
+}
+
+// pump waits for a wake byte (or the timeout) and drains everything.
+// It returns how many wake bytes it read.
+func (d *dispatcher) pump(timeout time.Duration) int {
+	d.t.Helper()
+	_ = d.wake.SetReadDeadline(time.Now().Add(timeout))
+	buf := make([]byte, 64)
+	n, _ := d.wake.Read(buf)
+	out := make([]completionABI, 16)
+	for {
+		k := builtin.drain(out)
+		for _, c := range out[:k] {
+			cc := completion{callID: c.CallID, handle: c.Handle, status: c.Status, code: c.Code, data: c.Data, n: int(c.Len)}
+			if c.Status == statusLog {
+				d.logs = append(d.logs, strconv.Itoa(int(c.Code))+" "+string(cBuf(c.Data, int(c.Len))))
+				cc.free()
+				continue
+			}
+			if _, dup := d.got[c.CallID]; dup {
+				d.t.Errorf("second completion for call %d", c.CallID)
+			}
+			d.got[c.CallID] = cc
+		}
+		if k < len(out) {
+			return n
+		}
+	}
+}
+
+// wait returns the completion of id, pumping until it arrives.
+func (d *dispatcher) wait(id uint64, within time.Duration) completion {
+	d.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if c, ok := d.got[id]; ok {
+			delete(d.got, id)
+			d.t.Cleanup(func() { c.free() })
+			return c
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("no completion for call %d within %v", id, within)
+		}
+		d.pump(100 * time.Millisecond)
+	}
+}
+
+func (c completion) text() string { return string(cBuf(c.data, c.n)) }
+
+func connectCmd(id uint64, addr string, ca []byte) *cmdABI {
+	c := &cmdABI{Version: cmdVersion, Op: opConnect, CallID: id, TimeoutMS: 3000}
+	c.Addr, c.AddrLen = ptr([]byte(addr))
+	c.CA, c.CALen = ptr(ca)
+	return c
+}
+
+func (d *dispatcher) connect(id uint64, addr string, ca []byte) completion {
+	d.t.Helper()
+	if st, msg := builtin.submit(connectCmd(id, addr, ca)); st != statusPending {
+		d.t.Fatalf("connect: %d %s", st, msg)
+	}
+	return d.wait(id, 10*time.Second)
+}
+
+func TestBuiltinHost(t *testing.T) {
+	ts := startServer(t)
+	d := openBuiltin(t)
+
+	c := d.connect(1, ts.addr, ts.caPEM)
+	if c.status != statusOK || c.handle == 0 {
+		t.Fatalf("connect: status %d %q", c.status, c.text())
+	}
+	h := c.handle
+
+	// Unary with headers and a non-zero code is an answer.
+	cmd := unaryCmd(h, "echo", "hello", "x-id", "7")
+	cmd.CallID = 2
+	if st, msg := builtin.submit(cmd); st != statusPending {
+		t.Fatalf("unary: %d %s", st, msg)
+	}
+	r := d.wait(2, 5*time.Second)
+	code, hdrs, body := readResult(t, cBuf(r.data, r.n))
+	if r.status != statusOK || code != 0 || string(body) != "hello" || strings.Join(hdrs, "=") != "x-id=7" {
+		t.Fatalf("echo: status %d code %d headers %q body %q", r.status, code, hdrs, body)
+	}
+	cmd = unaryCmd(h, "code", "")
+	cmd.CallID = 3
+	builtin.submit(cmd)
+	r = d.wait(3, 5*time.Second)
+	if code, _, body := readResult(t, cBuf(r.data, r.n)); code != 7 || string(body) != "seven" {
+		t.Fatalf("code: %d %q", code, body)
+	}
+
+	// A burst of completions wakes the dispatcher once.
+	big := bytes.Repeat([]byte("b"), 100<<10)
+	for i := uint64(10); i < 20; i++ {
+		e := &cmdABI{Version: cmdVersion, Op: opEcho, CallID: i}
+		e.Body, e.BodyLen = ptr(big)
+		if st, _ := builtin.submit(e); st != statusPending {
+			t.Fatalf("echo op: %d", st)
+		}
+	}
+	if n := d.pump(2 * time.Second); n != 1 {
+		t.Fatalf("%d wake bytes for one burst, want 1", n)
+	}
+	for i := uint64(10); i < 20; i++ {
+		r := d.wait(i, time.Second)
+		if _, _, body := readResult(t, cBuf(r.data, r.n)); !bytes.Equal(body, big) {
+			t.Fatalf("echo %d: %d bytes", i, len(body))
+		}
+	}
+
+	// Events are synchronous and reach the server.
+	for i := 0; i < 5; i++ {
+		ev := unaryCmd(h, "ev", "e")
+		ev.Op, ev.CallID = opEvent, 0
+		if st, msg := builtin.submit(ev); st != statusOK {
+			t.Fatalf("event: %d %s", st, msg)
+		}
+	}
+	waitFor(t, func() bool { return ts.events.Load() == 5 }, "5 events at the server")
+
+	// Go enforces the deadline.
+	cmd = unaryCmd(h, "sleep", "2000")
+	cmd.CallID, cmd.TimeoutMS = 30, 100
+	start := time.Now()
+	builtin.submit(cmd)
+	r = d.wait(30, 5*time.Second)
+	if r.status != errTimeout || r.text() != "timeout" {
+		t.Fatalf("timeout: %d %q", r.status, r.text())
+	}
+	if el := time.Since(start); el < 90*time.Millisecond || el > 1500*time.Millisecond {
+		t.Fatalf("timed out after %v", el)
+	}
+
+	// A cancelled call produces no completion and leaves nothing in flight.
+	cmd = unaryCmd(h, "sleep", "300")
+	cmd.CallID = 31
+	builtin.submit(cmd)
+	if s, _ := builtin.stats(h); s.Inflight != 1 {
+		t.Fatalf("in flight before cancel: %d", s.Inflight)
+	}
+	cancel := &cmdABI{Version: cmdVersion, Op: opCancel, CallID: 31}
+	if st, _ := builtin.submit(cancel); st != statusOK {
+		t.Fatalf("cancel: %d", st)
+	}
+	time.Sleep(500 * time.Millisecond) // past the handler's answer
+	d.pump(50 * time.Millisecond)
+	if _, ok := d.got[31]; ok {
+		t.Fatal("completion for a cancelled call")
+	}
+	if builtin.calls.len() != 0 {
+		t.Fatalf("%d entries left in the call table", builtin.calls.len())
+	}
+
+	// A call_id in flight cannot be reused.
+	cmd = unaryCmd(h, "sleep", "200")
+	cmd.CallID = 32
+	builtin.submit(cmd)
+	if st, msg := builtin.submit(cmd); st != errBadArg || !strings.Contains(msg, "already in flight") {
+		t.Fatalf("duplicate call id: %d %q", st, msg)
+	}
+	d.wait(32, 5*time.Second)
+
+	// Stats, through the op and directly.
+	st := &cmdABI{Version: cmdVersion, Op: opStats, Conn: h, CallID: 40}
+	builtin.submit(st)
+	r = d.wait(40, time.Second)
+	_, _, sb := readResult(t, cBuf(r.data, r.n))
+	s := *(*statsABI)(unsafe.Pointer(&sb[0]))
+	if s.Inflight != 0 || s.Calls != 5 || s.Events != 5 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	// Close: pending calls complete with "closed", later ones fail at once.
+	cmd = unaryCmd(h, "sleep", "5000")
+	cmd.CallID = 50
+	builtin.submit(cmd)
+	cl := &cmdABI{Version: cmdVersion, Op: opClose, Conn: h}
+	if st, msg := builtin.submit(cl); st != statusOK {
+		t.Fatalf("close: %d %s", st, msg)
+	}
+	r = d.wait(50, 5*time.Second)
+	if r.status != errClosed || r.text() != "closed" {
+		t.Fatalf("pending call on a closed conn: %d %q", r.status, r.text())
+	}
+	cmd.CallID = 51
+	if st, msg := builtin.submit(cmd); st != errClosed || msg != "closed" {
+		t.Fatalf("unary on a closed conn: %d %q", st, msg)
+	}
+	if st, _ := builtin.submit(cl); st != errClosed {
+		t.Fatalf("second close: %d", st)
+	}
+	if s, _ := builtin.stats(0); s.Inflight != 0 || s.Queued != 0 {
+		t.Fatalf("runtime stats at the end: %+v", s)
+	}
+}
+
+func TestBuiltinConnectErrors(t *testing.T) {
+	ts := startServer(t)
+	d := openBuiltin(t)
+
+	other, err := certs.NewCA("another ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := d.connect(1, ts.addr, other.CertPEM)
+	if c.status != errConnect || c.text() != "connect: certificate signed by unknown authority" {
+		t.Fatalf("wrong CA: %d %q", c.status, c.text())
+	}
+	c = d.connect(2, ts.addr, []byte("not a pem"))
+	if c.status != errBadArg || !strings.HasPrefix(c.text(), "bad config: ") {
+		t.Fatalf("bad CA: %d %q", c.status, c.text())
+	}
+	// Nothing listens there: the handshake times out.
+	cmd := connectCmd(3, "127.0.0.1:1", ts.caPEM)
+	cmd.TimeoutMS = 300
+	builtin.submit(cmd)
+	c = d.wait(3, 5*time.Second)
+	if c.status != errConnect || !strings.HasPrefix(c.text(), "connect: ") {
+		t.Fatalf("nobody listening: %d %q", c.status, c.text())
+	}
+	if len(*rt.conns.Load()) != 0 {
+		t.Fatalf("failed dials left %d connections", len(*rt.conns.Load()))
+	}
+	// Unknown handle.
+	u := unaryCmd(12345, "echo", "")
+	if st, msg := builtin.submit(u); st != errClosed || msg != "closed" {
+		t.Fatalf("unknown handle: %d %q", st, msg)
+	}
+}
+
+func TestBuiltinClosedHost(t *testing.T) {
+	builtin.shutdown()
+	if st, msg := builtin.submit(unaryCmd(1, "x", "")); st != errClosed || !strings.Contains(msg, "qrpc_init") {
+		t.Fatalf("submit before init: %d %q", st, msg)
+	}
+	// Malformed commands are reported as such even then.
+	bad := unaryCmd(1, "x", "")
+	bad.Version = 9
+	if st, _ := builtin.submit(bad); st != errBadArg {
+		t.Fatalf("bad version: %d", st)
+	}
+}
+
+func TestShutdownCancelsAndCloses(t *testing.T) {
+	ts := startServer(t)
+	d := openBuiltin(t)
+	h := d.connect(1, ts.addr, ts.caPEM).handle
+	for i := uint64(2); i < 12; i++ {
+		cmd := unaryCmd(h, "sleep", "3000")
+		cmd.CallID = i
+		builtin.submit(cmd)
+	}
+	if s, _ := builtin.stats(0); s.Inflight != 10 {
+		t.Fatalf("in flight %d", s.Inflight)
+	}
+	builtin.shutdown()
+	if s, _ := builtin.stats(0); s.Inflight != 0 {
+		t.Fatalf("in flight after shutdown %d", s.Inflight)
+	}
+	waitFor(t, func() bool { return len(*rt.conns.Load()) == 0 }, "connections closed")
+	if builtin.queued() != 0 {
+		t.Fatal("completions queued after shutdown")
+	}
+	// The wake connection is closed: the dispatcher sees EOF.
+	_ = d.wake.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := d.wake.Read(make([]byte, 8)); err == nil {
+		t.Fatalf("read %d bytes after shutdown, want EOF", n)
+	}
+	// And init brings the host back.
+	if err := builtin.init(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := builtin.submit(unaryCmd(h, "echo", "")); st != errClosed {
+		t.Fatalf("old handle after restart: %d", st)
+	}
+}
+
+func TestLogsGoThroughTheQueue(t *testing.T) {
+	d := openBuiltin(t)
+	rt.logger.WithGroup("g").With("addr", "127.0.0.1:1").Warn("qrpc something happened", "err", "boom now")
+	d.pump(2 * time.Second)
+	if len(d.logs) != 1 || d.logs[0] != `5 qrpc: something happened g.addr=127.0.0.1:1 g.err="boom now"` {
+		t.Fatalf("logs %q", d.logs)
+	}
+	drops := builtin.logDrops.Load()
+	for i := 0; i < maxQueuedLogs+50; i++ {
+		rt.logger.Info("qrpc flood")
+	}
+	if got := builtin.logDrops.Load() - drops; got != 50 {
+		t.Fatalf("%d log lines dropped, want 50", got)
+	}
+	d.logs = nil
+	d.pump(2 * time.Second)
+	if len(d.logs) != maxQueuedLogs || d.logs[0] != "6 qrpc: flood" {
+		t.Fatalf("%d log lines drained (first %q)", len(d.logs), d.logs[:1])
+	}
+	// Below Info nothing is formatted.
+	rt.logger.Debug("qrpc quiet")
+	if builtin.queued() != 0 {
+		t.Fatal("a debug line was queued")
+	}
+}
+
+func TestWakeOpenRules(t *testing.T) {
+	if err := builtin.init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(builtin.shutdown)
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	if _, err := builtin.wake.open(long, func() {}); err == nil || !strings.Contains(err.Error(), "room for 107") {
+		t.Fatalf("long path: %v", err)
+	}
+	if _, err := builtin.wake.open(filepath.Join(t.TempDir(), "missing"), func() {}); err == nil {
+		t.Fatal("listen in a missing directory succeeded")
+	}
+	// A newer open replaces a listener nobody connected to, and removes its file.
+	dir := t.TempDir()
+	p1, err := builtin.wake.open(dir, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := builtin.wake.open(dir, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p1 == p2 {
+		t.Fatal("same path twice")
+	}
+	if _, err := os.Stat(p1); !os.IsNotExist(err) {
+		t.Fatalf("replaced socket file still there: %v", err)
+	}
+	builtin.wake.close()
+	if _, err := os.Stat(p2); !os.IsNotExist(err) {
+		t.Fatalf("socket file left after close: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
