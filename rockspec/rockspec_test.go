@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -68,26 +69,42 @@ func TestLuarocksMakeThenNginx(t *testing.T) {
 	}
 
 	srv := startServer(t)
-	n := startNginx(t, nginx, dir, map[string]any{
-		"Tree": tree, "Lib": libFile, "Addr": srv.addr, "CA": string(srv.ca),
-	})
-
-	body := n.get(t, "/t")
-	want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\n", luaFile)
-	if body != want {
-		t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
-	}
-	// The event is one-way: wait for the server to count it.
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.events.Load() < 1 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if got := srv.events.Load(); got != 1 {
-		t.Fatalf("server counted %d notify events, want 1", got)
-	}
-	n.stop(t)
-	if bad := badLogLines(n.errorLog()); len(bad) > 0 {
-		t.Fatalf("error.log has problems:\n%s", strings.Join(bad, "\n"))
+	// Two ways users point the module at the library: the lib option, and
+	// the default search, which looks through lua_package_cpath (where
+	// luarocks puts the .so).
+	for _, tc := range []struct {
+		name, cpath, configure string
+	}{
+		{"lib option", "", fmt.Sprintf("{ lib = %q }", libFile)},
+		{"lua_package_cpath", filepath.Join(tree, "lib", "lua", "5.1", "?.so") + ";;", "{}"},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			ndir := filepath.Join(dir, "nginx-"+strings.ReplaceAll(tc.name, " ", "_"))
+			if err := os.Mkdir(ndir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			before := srv.events.Load()
+			n := startNginx(t, nginx, ndir, map[string]any{
+				"Tree": tree, "CPath": tc.cpath, "Configure": tc.configure, "Addr": srv.addr, "CA": string(srv.ca),
+			})
+			body := n.get(t, "/t")
+			want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\nlib=%s\n", luaFile, libFile)
+			if body != want {
+				t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
+			}
+			// The event is one-way: wait for the server to count it.
+			deadline := time.Now().Add(5 * time.Second)
+			for srv.events.Load() < before+1 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if got := srv.events.Load() - before; got != 1 {
+				t.Fatalf("server counted %d notify events, want 1", got)
+			}
+			n.stop(t)
+			if bad := badLogLines(n.errorLog()); len(bad) > 0 {
+				t.Fatalf("error.log has problems:\n%s", strings.Join(bad, "\n"))
+			}
+		})
 	}
 }
 
@@ -172,12 +189,13 @@ http {
     uwsgi_temp_path       {{.Dir}}/tmp/uwsgi;
     scgi_temp_path        {{.Dir}}/tmp/scgi;
     lua_package_path "{{.Tree}}/share/lua/5.1/?.lua;;";
+    {{if .CPath}}lua_package_cpath "{{.CPath}}";{{end}}
 
     init_by_lua_block {
         require "resty.ffi.qrpc"
     }
     init_worker_by_lua_block {
-        require("resty.ffi.qrpc").configure{ lib = "{{.Lib}}" }
+        assert(require("resty.ffi.qrpc").configure{{.Configure}})
     }
 
     server {
@@ -202,6 +220,7 @@ http {
                 end
                 ngx.say("greet=", res.code, " ", res.body)
                 ngx.say("event=", tostring((conn:event("notify", "x"))))
+                ngx.say("lib=", qrpc.stats().lib)
             }
         }
     }
@@ -224,10 +243,7 @@ func startNginx(t *testing.T, bin, dir string, data map[string]any) *nginxProc {
 	}
 	data["Dir"], data["Port"] = dir, n.port
 	data["Modules"] = loadModules(t, bin)
-	data["User"] = ""
-	if os.Geteuid() == 0 {
-		data["User"] = "user nobody;"
-	}
+	data["User"] = workerUser(t)
 	var conf bytes.Buffer
 	if err := confTmpl.Execute(&conf, data); err != nil {
 		t.Fatal(err)
@@ -273,6 +289,28 @@ func loadModules(t *testing.T, bin string) string {
 		fmt.Fprintf(&b, "load_module %s;\n", p)
 	}
 	return b.String()
+}
+
+// workerUser names an unprivileged user and its group when nginx starts as
+// root (Debian has no group "nobody", so the group must be given).
+func workerUser(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	for _, name := range []string{"www-data", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		g, err := user.LookupGroupId(u.Gid)
+		if err != nil {
+			continue
+		}
+		return fmt.Sprintf("user %s %s;", u.Username, g.Name)
+	}
+	t.Fatal("no unprivileged user (www-data, nobody) for the nginx workers")
+	return ""
 }
 
 func freePort(t *testing.T) string {
