@@ -123,8 +123,15 @@ func (c *Client) Addr() string { return c.addr }
 func (c *Client) dial(ctx context.Context) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
-	conn, err := quic.DialAddr(ctx, c.addr, c.tlsConf, c.quicConf)
+	qc := c.quicConf.Clone()
+	confirmed := newConfirmSignal()
+	qc.TokenStore = confirmed
+	conn, err := quic.DialAddr(ctx, c.addr, c.tlsConf, qc)
 	if err != nil {
+		return nil, classifyDialError(c.addr, err)
+	}
+	if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
+		_ = conn.CloseWithError(0, "")
 		return nil, classifyDialError(c.addr, err)
 	}
 	s := &session{c: c, conn: conn, done: make(chan struct{})}
@@ -144,6 +151,48 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	}
 	return s, nil
 }
+
+// In TLS 1.3 the client's handshake is complete before the server has
+// checked the client's certificate: a server that requires one and gets
+// none (or a bad one) closes the connection a round trip after Dial has
+// returned. Waiting for that round trip turns it into a dial error instead
+// of a lost connection on the first call.
+//
+// quic-go servers (the reference's included) send NEW_TOKEN next to
+// HANDSHAKE_DONE, which the client sees through its TokenStore; for a
+// server that sends none, a few round trips of silence count as accepted.
+func awaitConfirmation(ctx context.Context, conn *quic.Conn, confirmed <-chan struct{}) error {
+	wait := min(max(4*conn.ConnectionStats().SmoothedRTT, 25*time.Millisecond), time.Second)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-confirmed:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-conn.Context().Done():
+	}
+	// The close may race the confirmation; report it if it is there.
+	select {
+	case <-conn.Context().Done():
+		return context.Cause(conn.Context())
+	default:
+		return nil
+	}
+}
+
+// confirmSignal is a quic.TokenStore that stores nothing and signals the
+// first NEW_TOKEN frame: the server has confirmed the handshake.
+type confirmSignal struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func newConfirmSignal() *confirmSignal { return &confirmSignal{ch: make(chan struct{})} }
+
+func (cs *confirmSignal) Pop(string) *quic.ClientToken { return nil }
+
+func (cs *confirmSignal) Put(string, *quic.ClientToken) { cs.once.Do(func() { close(cs.ch) }) }
 
 // Start sends a request without waiting for the answer (it never blocks on
 // the network: when flow control says wait, the frame is queued for a

@@ -220,7 +220,13 @@ func classifyDialError(addr string, err error) error {
 		// TLS alert 120: no_application_protocol.
 		reason = "no application protocol (ALPN qrpc refused)"
 	case errors.As(err, &tErr) && tErr.ErrorCode == quic.TransportErrorCode(0x100+116):
-		reason = "certificate required by server"
+		// Go's client sends no certificate when its own is not from a CA
+		// the server lists, so this is also "wrong CA".
+		reason = "client certificate required by server"
+	case errors.As(err, &tErr) && tErr.Remote && isCertAlert(tErr.ErrorCode):
+		// The server's alert about the certificate we sent (our own verdicts
+		// on its certificate are x509 errors, matched above).
+		reason = "client certificate rejected by server"
 	case errors.As(err, &tErr) && tErr.ErrorCode.IsCryptoError():
 		reason = "tls handshake failed"
 	case errors.As(err, &opErr) && opErr.Op == "dial":
@@ -231,4 +237,11 @@ func classifyDialError(addr string, err error) error {
 		reason = "timeout"
 	}
 	return &DialError{Addr: addr, Reason: reason, Err: err}
+}
+
+// isCertAlert reports TLS alerts about a certificate: bad_certificate (42)
+// through certificate_unknown (46), and unknown_ca (48).
+func isCertAlert(code quic.TransportErrorCode) bool {
+	alert := int(code) - 0x100
+	return (alert >= 42 && alert <= 46) || alert == 48
 }
