@@ -1,0 +1,287 @@
+package qrpc_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"io"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
+)
+
+// rawServer is a bare quic-go listener speaking ALPN qrpc with the env's
+// certificate; onConn runs for every connection it accepts.
+func rawServer(t *testing.T, e *env, onConn func(*quic.Conn)) string {
+	t.Helper()
+	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{e.cert}, NextProtos: []string{qrpc.ALPN},
+	}, &quic.Config{MaxIdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				onConn(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// answerEach reads each request on each stream of c and replies with the
+// bytes reply returns for it (written raw, no framing added).
+func answerEach(c *quic.Conn, reply func(req *qrpcpb.Request) []byte) {
+	codec := frame.New(0)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := c.AcceptStream(c.Context())
+		if err != nil {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := codec.NewReader(st)
+			for {
+				_, p, err := r.Next()
+				if err != nil {
+					return
+				}
+				var req qrpcpb.Request
+				if err := req.UnmarshalVT(p); err != nil {
+					return
+				}
+				if _, err := st.Write(reply(&req)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func hdr(l uint32, flag byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, l)
+	return append(b, flag)
+}
+
+// rleBomb is a zstd frame with no declared size whose RLE blocks expand 4
+// bytes to 128 KiB each: 32 KiB that decode to total bytes.
+func rleBomb(total int) []byte {
+	b := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, (17 - 10) << 3} // no content size, 128 KiB window
+	for total > 0 {
+		n := min(total, 128<<10)
+		total -= n
+		h := uint32(1<<1) | uint32(n)<<3
+		if total == 0 {
+			h |= 1
+		}
+		b = append(b, byte(h), byte(h>>8), byte(h>>16), 'A')
+	}
+	return b
+}
+
+// TestHostileServer: whatever a server sends back, the call ends with a
+// clear error, the client does not panic, and memory stays bounded.
+func TestHostileServer(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	resp := func(req *qrpcpb.Request, flag byte, payload []byte) []byte {
+		return append(hdr(uint32(len(payload)+1), flag), payload...)
+	}
+	cases := []struct {
+		name  string
+		reply func(req *qrpcpb.Request) []byte
+		want  string // in the error message
+	}{
+		{"oversized length prefix", func(*qrpcpb.Request) []byte {
+			// Promise 4 GiB and send 1 MiB of it.
+			return append(hdr(0xfffffff0, frame.FlagResponse), make([]byte, 1<<20)...)
+		}, "frame too large"},
+		{"unknown flag", func(req *qrpcpb.Request) []byte {
+			p, _ := (&qrpcpb.Response{RequestId: req.RequestId}).MarshalVT()
+			return resp(req, 9, p)
+		}, "unknown frame flag"},
+		{"garbage protobuf", func(req *qrpcpb.Request) []byte {
+			return resp(req, frame.FlagResponse, []byte{0x1a, 0xff, 0xff, 0xff, 0xff, 0x0f, 'x'})
+		}, "bad response"},
+		{"zstd bomb 32KB to 1GB", func(req *qrpcpb.Request) []byte {
+			return resp(req, frame.FlagResponseZstd, rleBomb(1<<30))
+		}, "decompressed payload too large"},
+		{"zstd declaring 1GB", func(req *qrpcpb.Request) []byte {
+			z := []byte{0x28, 0xb5, 0x2f, 0xfd, 0xc0, (17 - 10) << 3}
+			z = binary.LittleEndian.AppendUint64(z, 1<<30)
+			return resp(req, frame.FlagResponseZstd, append(z, rleBomb(1 << 20)[6:]...))
+		}, "decompressed payload too large"},
+		{"not zstd", func(req *qrpcpb.Request) []byte {
+			return resp(req, frame.FlagResponseZstd, []byte("this is not zstd"))
+		}, "bad zstd payload"},
+		{"request frame from the server", func(req *qrpcpb.Request) []byte {
+			p, _ := req.MarshalVT()
+			return resp(req, frame.FlagRequest, p)
+		}, "server sent a frame of kind"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := rawServer(t, e, func(c *quic.Conn) { answerEach(c, tc.reply) })
+			cfg := e.config(&qrpc.Config{Streams: 2, BackoffBase: 10 * time.Second})
+			c, err := qrpc.Dial(t.Context(), addr, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var callErr error
+			used := allocatedDuring(func() {
+				_, callErr = unary(c, 5*time.Second, "echo", []byte("hi"))
+			})
+			if !errors.Is(callErr, qrpc.ErrConnLost) || !errors.Is(callErr, qrpc.ErrProtocol) {
+				t.Fatalf("err %v, want ErrConnLost and ErrProtocol", callErr)
+			}
+			if !strings.Contains(callErr.Error(), tc.want) {
+				t.Fatalf("error %q does not say %q", callErr, tc.want)
+			}
+			if used > 16<<20 {
+				t.Fatalf("the call allocated %d MiB", used>>20)
+			}
+			t.Logf("%v; %.1f MiB allocated", callErr, float64(used)/(1<<20))
+		})
+	}
+}
+
+// allocatedDuring is the process's heap allocation while f runs (servers
+// included, so an upper bound for the client).
+func allocatedDuring(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestResponseForUnknownIDDropped: a response nobody waits for is dropped,
+// the call it was not for still times out, and the connection lives on.
+func TestResponseForUnknownIDDropped(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	addr := rawServer(t, e, func(c *quic.Conn) {
+		answerEach(c, func(req *qrpcpb.Request) []byte {
+			id := req.RequestId + 1000
+			if string(req.Body) == "right" {
+				id = req.RequestId
+			}
+			p, _ := (&qrpcpb.Response{RequestId: id, Body: req.Body}).MarshalVT()
+			return append(hdr(uint32(len(p)+1), frame.FlagResponse), p...)
+		})
+	})
+	c, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{Streams: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := unary(c, 200*time.Millisecond, "echo", []byte("wrong")); !errors.Is(err, qrpc.ErrTimeout) {
+		t.Fatalf("err %v, want ErrTimeout", err)
+	}
+	if resp, err := unary(c, 2*time.Second, "echo", []byte("right")); err != nil || string(resp.Body) != "right" {
+		t.Fatalf("after a stray response: %v", err)
+	}
+}
+
+// TestSilentServer: a server that completes the handshake, takes the
+// streams and then says nothing. The call's deadline fires and frees its slot.
+func TestSilentServer(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	addr := rawServer(t, e, func(c *quic.Conn) {
+		for {
+			st, err := c.AcceptStream(c.Context())
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, st) }() // reads, never answers
+		}
+	})
+	c, err := qrpc.Dial(t.Context(), addr, e.config(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	began := time.Now()
+	_, err = unary(c, 300*time.Millisecond, "echo", []byte("anyone?"))
+	if !errors.Is(err, qrpc.ErrTimeout) {
+		t.Fatalf("err %v, want ErrTimeout", err)
+	}
+	if d := time.Since(began); d < 250*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("deadline of 300ms fired after %v", d)
+	}
+	if n := c.Stats().InFlight; n != 0 {
+		t.Fatalf("InFlight %d after the timeout", n)
+	}
+	// Many calls, all timing out, leave nothing behind.
+	var wg sync.WaitGroup
+	var timeouts atomic.Int64
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := unary(c, 100*time.Millisecond, "echo", nil); errors.Is(err, qrpc.ErrTimeout) {
+				timeouts.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if timeouts.Load() != 200 || c.Stats().InFlight != 0 {
+		t.Fatalf("%d of 200 timed out; InFlight %d", timeouts.Load(), c.Stats().InFlight)
+	}
+}
+
+// TestFlappingServerBackoff: a server that accepts and drops every
+// connection at once must not be re-dialled in a tight loop.
+func TestFlappingServerBackoff(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	var accepted atomic.Int64
+	addr := rawServer(t, e, func(c *quic.Conn) {
+		accepted.Add(1)
+		time.Sleep(20 * time.Millisecond)
+		_ = c.CloseWithError(0, "go away")
+	})
+	c, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{Streams: 1, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	_ = c.Close()
+	// Dials at about 0, 0.02, 0.14, 0.32, 0.6, 1.0 s: a tight loop would
+	// make dozens.
+	if n := accepted.Load(); n < 3 || n > 12 {
+		t.Fatalf("%d connections in 1.5 s", n)
+	}
+	t.Logf("%d connections in 1.5 s", accepted.Load())
+}

@@ -1,0 +1,168 @@
+package qrpc_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// fastRedial keeps the restart tests short: re-dials after 50 ms, 80 ms, ...
+// capped at 200 ms, each given a second.
+func fastRedial() *qrpc.Config {
+	return &qrpc.Config{BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, DialTimeout: time.Second}
+}
+
+// failsFast makes a call with a generous deadline and checks that it fails
+// with one of the "no connection" errors long before that deadline.
+func failsFast(t *testing.T, c *qrpc.Client) error {
+	t.Helper()
+	began := time.Now()
+	_, err := unary(c, 3*time.Second, "echo", []byte("x"))
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, qrpc.ErrUnavailable) && !errors.Is(err, qrpc.ErrConnLost) {
+		t.Fatalf("call while the server is down: %v, want ErrUnavailable or ErrConnLost", err)
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Fatalf("call while the server is down took %v to fail", d)
+	}
+	return err
+}
+
+// recovers waits until calls succeed again, with nothing done by the caller.
+func recovers(t *testing.T, c *qrpc.Client) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := unary(c, time.Second, "echo", []byte("x"))
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery after the restart: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestServerRestartGraceful: the server shuts down (sending CONNECTION_CLOSE)
+// and a new one starts on the same port with the same certificate.
+func TestServerRestartGraceful(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	c := e.dial(t, fastRedial())
+	if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Down: calls fail at once, each time.
+	sawFailure := false
+	for i := 0; i < 5; i++ {
+		if err := failsFast(t, c); err != nil {
+			sawFailure = true
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	if !sawFailure {
+		t.Fatal("calls succeeded with the server down")
+	}
+	if err := failsFast(t, c); err == nil || !errors.Is(err, qrpc.ErrUnavailable) {
+		t.Fatalf("while re-dialling: %v, want ErrUnavailable", err)
+	}
+
+	srv2 := e.newServer()
+	if _, err := srv2.Listen(e.addr, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+		t.Fatalf("restart on the same port: %v", err)
+	}
+	t.Cleanup(func() { _ = srv2.Close() })
+	recovers(t, c)
+	if s := c.Stats(); s.Reconnects < 1 || s.InFlight != 0 {
+		t.Fatalf("stats after recovery: %+v", s)
+	}
+}
+
+// TestServerRestartKill: the old server vanishes without a word (its socket
+// closed under it, as when the process is killed). A new server with the
+// same stateless-reset key answers the client's next packet with a
+// stateless reset, so the client learns at once that its connection is
+// gone instead of waiting for its idle timeout.
+func TestServerRestartKill(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	_ = e.srv.Close() // this test runs its own, killable, server
+
+	for _, sameKey := range []bool{true, false} {
+		name := "same reset key"
+		if !sameKey {
+			name = "other reset key"
+		}
+		t.Run(name, func(t *testing.T) {
+			pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := pc.LocalAddr().String()
+			old := e.newServer()
+			if err := old.ServePacketConn(pc, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = old.Close() })
+			cfg := e.config(fastRedial())
+			c, err := qrpc.Dial(t.Context(), addr, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+
+			_ = pc.Close() // kill: no CONNECTION_CLOSE can leave
+			key := e.resetKey
+			if !sameKey {
+				key = new(quic.StatelessResetKey)
+				key[0] = 1
+			}
+			fresh := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quiet})
+			fresh.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
+			if _, err := fresh.Listen(addr, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+				t.Fatalf("restart on the same port: %v", err)
+			}
+			t.Cleanup(func() { _ = fresh.Close() })
+
+			began := time.Now()
+			_, err = unary(c, 700*time.Millisecond, "echo", []byte("x"))
+			if sameKey {
+				if !errors.Is(err, qrpc.ErrConnLost) {
+					t.Fatalf("first call after the kill: %v, want ErrConnLost (stateless reset)", err)
+				}
+				var sr *quic.StatelessResetError
+				if !errors.As(err, &sr) {
+					t.Fatalf("first call after the kill: %v, want a stateless reset as the cause", err)
+				}
+				if d := time.Since(began); d > 500*time.Millisecond {
+					t.Fatalf("the reset took %v", d)
+				}
+				recovers(t, c)
+				if c.Stats().Reconnects < 1 {
+					t.Fatal("no reconnect counted")
+				}
+				return
+			}
+			// Without the key the new server cannot reset the connection:
+			// the call waits out its deadline. This is why the key matters.
+			if !errors.Is(err, qrpc.ErrTimeout) {
+				t.Fatalf("with another reset key: %v, want the call to time out", err)
+			}
+		})
+	}
+}
