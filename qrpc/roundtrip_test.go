@@ -612,3 +612,68 @@ func TestServerShutdownWaitsForHandlers(t *testing.T) {
 	}
 	_ = pc.Close()
 }
+
+// TestStartRacesFailure: calls started while the connection dies (server
+// gone) or the client closes each finish exactly once; none is left hanging.
+func TestStartRacesFailure(t *testing.T) {
+	checkGoroutines(t)
+	for _, closeClient := range []bool{false, true} {
+		name := "connection lost"
+		if closeClient {
+			name = "client closed"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			c := e.dial(t, fastRedial())
+			var started, finished, twice atomic.Int64
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < 20000; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						var once atomic.Bool
+						_, err := c.Start(&qrpc.Call{Method: []byte("block")}, func(*qrpc.Response, error) {
+							if once.Swap(true) {
+								twice.Add(1)
+							}
+							finished.Add(1)
+						})
+						if err == nil {
+							started.Add(1)
+						}
+					}
+				}()
+			}
+			time.Sleep(20 * time.Millisecond)
+			if closeClient {
+				_ = c.Close()
+			} else {
+				// Handlers are blocked: a short grace, then the connections go.
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				_ = e.srv.Shutdown(ctx)
+				cancel()
+			}
+			time.Sleep(50 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+			if !closeClient {
+				_ = c.Close() // fails whatever a new connection has in flight
+			}
+			eventually(t, 5*time.Second, "every started call finished", func() bool { return finished.Load() == started.Load() })
+			if twice.Load() != 0 {
+				t.Fatalf("%d calls finished twice", twice.Load())
+			}
+			if started.Load() == 0 {
+				t.Fatal("no call started before the failure")
+			}
+			t.Logf("%d calls started, all finished", started.Load())
+		})
+	}
+}

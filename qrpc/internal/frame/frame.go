@@ -157,31 +157,26 @@ func (c *Codec) PutBuffer(b *[]byte) {
 	c.bufs.Put(b)
 }
 
-type marshaler interface {
-	SizeVT() int
-	MarshalToSizedBufferVT([]byte) (int, error)
-}
-
 // AppendRequest appends the frame of a request (or, with KindEvent, an
 // event) to dst and returns the extended slice.
 func (c *Codec) AppendRequest(dst []byte, k Kind, m *qrpcpb.Request) ([]byte, error) {
-	return c.appendFrame(dst, k, m)
+	// A method value, not an interface: m stays on the caller's stack.
+	return c.appendFrame(dst, k, m.SizeVT(), m.MarshalToSizedBufferVT)
 }
 
 // AppendResponse appends the frame of a response to dst.
 func (c *Codec) AppendResponse(dst []byte, m *qrpcpb.Response) ([]byte, error) {
-	return c.appendFrame(dst, KindResponse, m)
+	return c.appendFrame(dst, KindResponse, m.SizeVT(), m.MarshalToSizedBufferVT)
 }
 
-func (c *Codec) appendFrame(dst []byte, k Kind, m marshaler) ([]byte, error) {
-	size := m.SizeVT()
+func (c *Codec) appendFrame(dst []byte, k Kind, size int, marshal func([]byte) (int, error)) ([]byte, error) {
 	if size+1 > c.maxFrame {
 		return dst, fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLarge, size+1, c.maxFrame)
 	}
 	start := len(dst)
 	dst = grow(dst, HeaderSize+size)
 	payload := dst[start+HeaderSize : start+HeaderSize+size]
-	if _, err := m.MarshalToSizedBufferVT(payload); err != nil {
+	if _, err := marshal(payload); err != nil {
 		return dst[:start], fmt.Errorf("marshal: %w", err)
 	}
 	flag, zflag := k.flags()
