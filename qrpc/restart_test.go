@@ -127,7 +127,8 @@ func TestServerRestartKill(t *testing.T) {
 			}
 
 			_ = pc.Close() // kill: no CONNECTION_CLOSE can leave
-			key := e.resetKey
+			// The same key by default: derived from the same certificate.
+			var key *quic.StatelessResetKey
 			if !sameKey {
 				key = new(quic.StatelessResetKey)
 				key[0] = 1

@@ -43,7 +43,9 @@ type ServerConfig struct {
 	// StatelessResetKey lets a restarted server tell clients of the previous
 	// process that their connection is gone, so they re-dial at once instead
 	// of waiting for their idle timeout. Keep it secret and stable across
-	// restarts; ResetKeyFromCertificate derives one from the private key.
+	// restarts. Default: derived from the private key of the first
+	// certificate in the TLS config (ResetKeyFromCertificate), so a server
+	// restarted with the same certificate gets this for free.
 	StatelessResetKey *quic.StatelessResetKey
 	// Logger receives the server's log lines. Default: slog.Default().
 	Logger *slog.Logger
@@ -211,7 +213,16 @@ func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config, ownSocket bool) e
 	if s.ln != nil {
 		return fmt.Errorf("%w: server is already listening", ErrBadConfig)
 	}
-	tr := &quic.Transport{Conn: pc, StatelessResetKey: s.cfg.StatelessResetKey}
+	key := s.cfg.StatelessResetKey
+	if key == nil && len(tlsConf.Certificates) > 0 {
+		k, err := ResetKeyFromCertificate(tlsConf.Certificates[0])
+		if err != nil {
+			// A key that cannot be exported (an HSM signer): serve without.
+			s.cfg.Logger.Warn("qrpc: no stateless reset key; restarts will look like timeouts to clients", "err", err)
+		}
+		key = k
+	}
+	tr := &quic.Transport{Conn: pc, StatelessResetKey: key}
 	ln, err := tr.Listen(tlsConf, &quic.Config{
 		MaxIdleTimeout:             s.cfg.IdleTimeout,
 		MaxIncomingStreams:         int64(s.cfg.MaxStreams),
