@@ -148,6 +148,14 @@ void qrpc_shutdown(void);
 ]]
 end
 
+-- Used to keep nginx's process signals away from Go's threads (see
+-- load_library). pcall: another module may have declared them already.
+pcall(ffi.cdef, [[
+int sigemptyset(void *set);
+int sigaddset(void *set, int signum);
+int pthread_sigmask(int how, const void *set, void *oldset);
+]])
+
 local CMD_VERSION = 1
 
 local OP_CONNECT = 1
@@ -248,6 +256,8 @@ local disp_beat = 0
 local disp_fails = 0
 
 local conn_cache = {}   -- addr -> list of connection entries
+
+local ensure_dispatcher
 
 
 local function bad(n, msg)
@@ -517,10 +527,69 @@ local function init_runtime(l)
 end
 
 
+-- The asynchronous signals nginx handles (Linux numbers): SIGHUP, SIGINT,
+-- SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM, SIGCHLD, SIGWINCH, SIGIO.
+local NGX_SIGNALS = { 1, 2, 3, 10, 12, 14, 15, 17, 28, 29 }
+local SIG_BLOCK, SIG_SETMASK = 0, 2
+local SIGSET_BYTES = 128   -- glibc's sigset_t
+
+-- A process-directed signal goes to any thread that does not block it.
+-- Once Go's threads exist, nginx's SIGCHLD handler could run on one of them
+-- and reap the child of os.execute/io.popen first (system() then returns
+-- -1: golang/go#55066, openresty/openresty#1022), and SIGQUIT/SIGHUP would
+-- not interrupt the worker's epoll_wait. Go's runtime gives every thread it
+-- creates the signal mask of the thread that started it, which is the one
+-- that dlopen()s the library: so the worker blocks these signals around the
+-- load and restores its own mask afterwards.
+local function block_ngx_signals()
+    if ffi.os ~= "Linux" then
+        return nil
+    end
+    local ok, old = pcall(function()
+        local C = ffi.C
+        local set = ffi_new("uint8_t[?]", SIGSET_BYTES)
+        local prev = ffi_new("uint8_t[?]", SIGSET_BYTES)
+        C.sigemptyset(set)
+        for _, sig in ipairs(NGX_SIGNALS) do
+            C.sigaddset(set, sig)
+        end
+        if C.pthread_sigmask(SIG_BLOCK, set, prev) ~= 0 then
+            return nil
+        end
+        return prev
+    end)
+    if not ok then
+        ngx_log(ngx_WARN, "qrpc: cannot mask signals while loading Go: ", old)
+        return nil
+    end
+    return old
+end
+
+
+local function restore_signals(prev)
+    if prev then
+        ffi.C.pthread_sigmask(SIG_SETMASK, prev, nil)
+    end
+end
+
+
+local load_library_masked
+
 local function load_library()
     if get_phase() == "init" then
         return nil, ERR_INIT
     end
+    local prev = block_ngx_signals()
+    local ok, res, err = pcall(load_library_masked)
+    restore_signals(prev)
+    if not ok then
+        return nil, "qrpc: loading failed: " .. tostring(res)
+    end
+    return res, err
+end
+
+
+load_library_masked = function()
 
     local l, where = open_library()
     if not l then
@@ -565,12 +634,14 @@ local function load_library()
         return nil, err
     end
 
-    if want == "builtin" then
-        comps = ffi_new("qrpc_completion_t[?]", BATCH)
-    end
+    comps = ffi_new("qrpc_completion_t[?]", BATCH)
     lib, host, lib_where = l, want, where
     builtin = want == "builtin"
     ngx_log(ngx_NOTICE, "qrpc: loaded ", where, " (host ", want, ")")
+    if not builtin then
+        -- Go's log lines come through the completion queue with either host.
+        ensure_dispatcher()
+    end
     return true
 end
 
@@ -612,11 +683,12 @@ end
 local finish_connect  -- defined with the connection cache
 
 
+-- Go's log lines arrive as completions; they already start with "qrpc: ".
 local function log_go(level, msg)
     if level < 1 or level > 8 then
         level = ngx_NOTICE
     end
-    ngx_log(level, "qrpc: ", msg)
+    ngx_log(level, msg)
 end
 
 
@@ -654,17 +726,13 @@ local function complete(c)
     local op = w.op
     local val
     if status == QRPC_OK then
-        if op == OP_UNARY then
+        if op == OP_CONNECT then
+            val = c.handle
+        else
             val = decode_result(data, len)
             if not val then
                 status, val = QRPC_ERR, "qrpc: malformed result from the library"
             end
-        elseif op == OP_CONNECT then
-            val = c.handle
-        elseif data ~= nil then
-            val = ffi_string(data, len)
-        else
-            val = ""
         end
     else
         val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
@@ -802,8 +870,6 @@ local function supervise(gen)
     end
 end
 
-
-local ensure_dispatcher
 
 local function dispatcher(premature, gen)
     if premature and npend == 0 then
@@ -1662,9 +1728,15 @@ function _M._echo(body)
         cmd.body = body
         cmd.body_len = #body
         status, val = rf_call(cmd, body, nil, nil, DEFAULT_TIMEOUT_MS / 1000)
+        if status == QRPC_OK then
+            val = decode_result(ffi_cast(cstr_t, val), #val)
+            if not val then
+                status, val = QRPC_ERR, "qrpc: malformed result from the library"
+            end
+        end
     end
     if status == QRPC_OK then
-        return val
+        return val.body
     end
     return nil, val
 end

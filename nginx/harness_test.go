@@ -1,0 +1,770 @@
+package nginx
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/md5"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	_ "embed"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+//go:embed nginx.conf.tmpl
+var confTemplate string
+
+var confTmpl = template.Must(template.New("nginx.conf").Parse(confTemplate))
+
+// Set up once by TestMain.
+var (
+	skipReason string // non-empty: nginx is not installed here
+	nginxBin   string
+	repoRoot   string
+	luaDir     string // the repository's lua/ directory
+	libDir     string // holds libffi_qrpc.so
+	libPath    string
+
+	ca, otherCA   *certs.CA
+	serverPair    certs.Pair
+	clientPair    certs.Pair
+	serverTLSCert tls.Certificate
+	pinHex        string // SHA-256 of the server certificate's SPKI
+	pinB64        string
+	shared        *testServer
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	cleanup, err := setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nginx suite setup:", err)
+		return 1
+	}
+	defer cleanup()
+	return m.Run()
+}
+
+func setup() (func(), error) {
+	var err error
+	if repoRoot, err = filepath.Abs(".."); err != nil {
+		return nil, err
+	}
+	luaDir = filepath.Join(repoRoot, "lua")
+
+	if reason := findNginx(); reason != "" {
+		if os.Getenv("CI") == "true" {
+			return nil, fmt.Errorf("CI=true but %s", reason)
+		}
+		skipReason = reason
+		return func() {}, nil
+	}
+
+	var cleanups []func()
+	cleanup := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	fail := func(err error) (func(), error) { cleanup(); return nil, err }
+
+	if p := os.Getenv("QRPC_TEST_LIB"); p != "" {
+		libPath = p
+		libDir = filepath.Dir(p)
+	} else {
+		dir, err := os.MkdirTemp("", "qrpc-lib-")
+		if err != nil {
+			return fail(err)
+		}
+		cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+		// nginx workers run as nobody when the tests run as root.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return fail(err)
+		}
+		libDir, libPath = dir, filepath.Join(dir, "libffi_qrpc.so")
+		if err := buildLibrary(libPath); err != nil {
+			return fail(err)
+		}
+	}
+
+	if err := makeCerts(); err != nil {
+		return fail(err)
+	}
+	shared, err = newTestServer("127.0.0.1:0", nil)
+	if err != nil {
+		return fail(err)
+	}
+	cleanups = append(cleanups, func() { _ = shared.close() })
+	return cleanup, nil
+}
+
+// findNginx returns why the suite cannot run here, or "".
+func findNginx() string {
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/nginx"); serr != nil {
+			return "nginx is not installed (apt-get install nginx libnginx-mod-http-lua lua-resty-core)"
+		}
+		bin = "/usr/sbin/nginx"
+	}
+	nginxBin = bin
+	for _, f := range []string{
+		"/usr/lib/nginx/modules/ndk_http_module.so",
+		"/usr/lib/nginx/modules/ngx_http_lua_module.so",
+		"/usr/share/lua/5.1/resty/core.lua",
+	} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Sprintf("%s is missing (apt-get install libnginx-mod-http-lua lua-resty-core)", f)
+		}
+	}
+	return ""
+}
+
+func buildLibrary(out string) error {
+	goBin := os.Getenv("GO")
+	if goBin == "" {
+		var err error
+		if goBin, err = exec.LookPath("go"); err != nil {
+			goBin = "/usr/local/go/bin/go"
+		}
+	}
+	cmd := exec.Command(goBin, "build", "-buildmode=c-shared", "-o", out, "./ffi")
+	cmd.Dir = repoRoot
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building libffi_qrpc.so: %v\n%s", err, b)
+	}
+	return os.Chmod(out, 0o755)
+}
+
+func makeCerts() error {
+	var err error
+	if ca, err = certs.NewCA("qrpc test CA"); err != nil {
+		return err
+	}
+	if otherCA, err = certs.NewCA("some other CA"); err != nil {
+		return err
+	}
+	if serverPair, err = ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}}); err != nil {
+		return err
+	}
+	if clientPair, err = ca.Issue(certs.Options{Hosts: []string{"nginx-worker"}, Client: true}); err != nil {
+		return err
+	}
+	if serverTLSCert, err = serverPair.TLS(); err != nil {
+		return err
+	}
+	leaf, err := x509.ParseCertificate(serverTLSCert.Certificate[0])
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+	pinHex = hex.EncodeToString(sum[:])
+	pinB64 = base64.StdEncoding.EncodeToString(sum[:])
+	return nil
+}
+
+func requireNginx(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
+
+// ---- the qrpc server ---------------------------------------------------------
+
+// testServer is a qrpc server with the handlers the Lua snippets call. It
+// counts events per body and the connections that carried requests.
+type testServer struct {
+	clientCAs *x509.CertPool
+
+	mu     sync.Mutex
+	srv    *qrpc.Server
+	addr   string
+	events map[string]int
+	conns  map[context.Context]struct{}
+	slow   int // slow handlers running
+}
+
+func newTestServer(addr string, clientCAs *x509.CertPool) (*testServer, error) {
+	s := &testServer{clientCAs: clientCAs, events: map[string]int{}, conns: map[context.Context]struct{}{}}
+	if err := s.start(addr); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *testServer) start(addr string) error {
+	key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
+	if err != nil {
+		return err
+	}
+	srv := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key})
+	s.register(srv)
+	a, err := srv.Listen(addr, qrpc.ServerTLSConfig(serverTLSCert, s.clientCAs))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.srv, s.addr = srv, a.String()
+	s.mu.Unlock()
+	return nil
+}
+
+// restart stops the server and starts a new process-like instance on the
+// same port with the same certificate (and so the same reset key).
+func (s *testServer) restart(down time.Duration) error {
+	s.mu.Lock()
+	srv, addr := s.srv, s.addr
+	s.mu.Unlock()
+	_ = srv.Close()
+	time.Sleep(down)
+	var err error
+	for i := 0; i < 50; i++ { // the port may take a moment to be free again
+		if err = s.start(addr); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("restart on %s: %w", addr, err)
+}
+
+func (s *testServer) stop() {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	_ = srv.Close()
+}
+
+func (s *testServer) close() error {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	return srv.Close()
+}
+
+func (s *testServer) seen(ctx context.Context) {
+	s.mu.Lock()
+	s.conns[ctx] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *testServer) connCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+func (s *testServer) eventCount(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.events[key]
+}
+
+func (s *testServer) register(srv *qrpc.Server) {
+	srv.Handle("echo", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.seen(ctx)
+		resp.Body = append([]byte(nil), req.Body...)
+		for _, h := range req.Headers {
+			resp.Headers = append(resp.Headers, append([]byte(nil), h...))
+		}
+	})
+	srv.Handle("greet", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.seen(ctx)
+		resp.Body = []byte("hello, " + string(req.Body))
+		for _, h := range req.Headers {
+			resp.Headers = append(resp.Headers, append([]byte(nil), h...))
+		}
+		resp.Headers = append(resp.Headers, []byte("x-greeted"), []byte("yes"))
+	})
+	srv.Handle("fail", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.seen(ctx)
+		resp.Code = 7
+		resp.Body = []byte("failed on purpose")
+	})
+	// slow sleeps the number of milliseconds in the body.
+	srv.Handle("slow", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.seen(ctx)
+		ms, _ := strconv.Atoi(string(req.Body))
+		s.mu.Lock()
+		s.slow++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.slow--
+			s.mu.Unlock()
+		}()
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+		case <-ctx.Done():
+		}
+		resp.Body = []byte("slept " + string(req.Body))
+	})
+	// big answers with the number of bytes in the body, compressible (so
+	// the frame goes out zstd-compressed), and their MD5 in x-md5.
+	srv.Handle("big", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.seen(ctx)
+		n, _ := strconv.Atoi(string(req.Body))
+		var b bytes.Buffer
+		for i := 0; b.Len() < n; i++ {
+			fmt.Fprintf(&b, "line %07d of a compressible body\n", i)
+		}
+		resp.Body = b.Bytes()[:n]
+		resp.Headers = [][]byte{[]byte("x-md5"), []byte(md5hex(resp.Body))}
+	})
+	srv.HandleEvent("count", func(ctx context.Context, req *qrpc.Request) {
+		s.seen(ctx)
+		s.mu.Lock()
+		s.events[string(req.Body)]++
+		s.mu.Unlock()
+	})
+}
+
+// ---- nginx -----------------------------------------------------------------
+
+// ngxConf shapes one nginx instance.
+type ngxConf struct {
+	Workers  int    // default 2
+	LogLevel string // default notice
+	Main     string // main-level directives
+	HTTP     string // http-level directives
+	Server   string // locations
+	// InitByLua replaces the default init_by_lua code, which configures the
+	// library path and the socket directory.
+	InitByLua       string
+	InitWorkerByLua string
+	EnvNames        []string // env directives
+	ProcEnv         []string // K=V added to nginx's environment
+	// Server the qrpc server qtest.addr points at (default: shared).
+	QServer *testServer
+	// Extra are more string fields of the qtest module.
+	Extra map[string]string
+	// CopyLua runs a copy of the Lua module from the prefix, away from the
+	// repository, so that the library search cannot find a built tree.
+	CopyLua bool
+	// AllowErrors are regexps of [error] lines this test expects.
+	AllowErrors []string
+}
+
+type nginxProc struct {
+	t      *testing.T
+	dir    string
+	port   int
+	conf   string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	client *http.Client
+	allow  []*regexp.Regexp
+
+	stopOnce sync.Once
+}
+
+// startNginx writes the config of c into a fresh prefix directory and
+// starts nginx on a free port; the test's cleanup stops it and checks its
+// error log.
+func startNginx(t *testing.T, c ngxConf) *nginxProc {
+	t.Helper()
+	requireNginx(t)
+	if c.Workers == 0 {
+		c.Workers = 2
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "notice"
+	}
+	if c.QServer == nil {
+		c.QServer = shared
+	}
+	dir, err := os.MkdirTemp("", "qng-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := os.Getenv("QRPC_KEEP") != ""
+	t.Cleanup(func() {
+		if !keep {
+			_ = os.RemoveAll(dir)
+		} else {
+			t.Logf("kept %s", dir)
+		}
+	})
+	// Workers run as nobody when the suite runs as root: they must read the
+	// prefix and create the wake-up socket in run/.
+	for _, d := range []string{dir, filepath.Join(dir, "tmp"), filepath.Join(dir, "run")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "run"), os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+
+	lua := luaDir
+	if c.CopyLua {
+		lua = filepath.Join(dir, "lua")
+		src, err := os.ReadFile(filepath.Join(luaDir, "resty", "ffi", "qrpc.lua"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(lua, "resty", "ffi"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(lua, "resty", "ffi", "qrpc.lua"), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Chmod(filepath.Join(lua, "resty"), 0o755)
+		_ = os.Chmod(filepath.Join(lua, "resty", "ffi"), 0o755)
+	}
+
+	port := freePort(t)
+	init := c.InitByLua
+	if init == "" {
+		init = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ lib = %q, socket_dir = %q })",
+			libPath, filepath.Join(dir, "run"))
+	}
+	data := map[string]any{
+		"Dir": dir, "LuaDir": lua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
+		"EnvNames": c.EnvNames, "Main": c.Main, "HTTP": c.HTTP, "Server": c.Server,
+		"InitByLua": init, "InitWorkerByLua": c.InitWorkerByLua,
+	}
+	var conf bytes.Buffer
+	if err := confTmpl.Execute(&conf, data); err != nil {
+		t.Fatal(err)
+	}
+	confPath := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(confPath, conf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "qtest.lua"), []byte(qtestModule(t, c, dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	n := &nginxProc{
+		t: t, dir: dir, port: port, conf: confPath, exited: make(chan struct{}),
+		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}},
+	}
+	for _, re := range c.AllowErrors {
+		n.allow = append(n.allow, regexp.MustCompile(re))
+	}
+	n.cmd = exec.Command(nginxBin, "-p", dir+"/", "-c", confPath, "-e", filepath.Join(dir, "error.log"))
+	n.cmd.Env = append(os.Environ(), c.ProcEnv...)
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := os.Create(filepath.Join(dir, "stdout.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.cmd.Stdout, n.cmd.Stderr = out, out
+	if err := n.cmd.Start(); err != nil {
+		t.Fatalf("start nginx: %v", err)
+	}
+	go func() {
+		_ = n.cmd.Wait()
+		_ = out.Close()
+		close(n.exited)
+	}()
+	t.Cleanup(n.stop)
+
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		select {
+		case <-n.exited:
+			t.Fatalf("nginx exited at start:\n%s\n%s", n.readFile("stdout.log"), n.errorLog())
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond); err == nil {
+			_ = c.Close()
+			if len(n.workerPIDs()) >= 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx did not start listening on %s:\n%s", n.addr(), n.errorLog())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return n
+}
+
+// qtestModule renders the Lua module the snippets share: the qrpc server's
+// address and credentials, and connect helpers.
+func qtestModule(t *testing.T, c ngxConf, dir string) string {
+	var b strings.Builder
+	field := func(k, v string) { fmt.Fprintf(&b, "    %s = [==[%s]==],\n", k, v) }
+	b.WriteString("local qrpc = require \"resty.ffi.qrpc\"\nlocal _M = {\n")
+	field("addr", c.QServer.addr)
+	field("shared_addr", shared.addr)
+	field("ca", string(ca.CertPEM))
+	field("other_ca", string(otherCA.CertPEM))
+	field("cert", string(clientPair.CertPEM))
+	field("key", string(clientPair.KeyPEM))
+	field("pin_hex", pinHex)
+	field("pin_b64", pinB64)
+	field("lib", libPath)
+	field("dir", dir)
+	field("test", t.Name())
+	for k, v := range c.Extra {
+		field(k, v)
+	}
+	b.WriteString(`}
+
+-- opts: the default connect options (verify against the test CA), with
+-- extra fields merged in. A new table each time: the connection cache
+-- matches options by value.
+function _M.opts(extra)
+    local o = { ca = _M.ca, server_name = "localhost" }
+    if extra then
+        for k, v in pairs(extra) do
+            o[k] = v
+        end
+    end
+    return o
+end
+
+function _M.connect(extra, addr)
+    return qrpc.connect(addr or _M.addr, _M.opts(extra))
+end
+
+-- wait polls f() every 10 ms until it returns a true value or secs pass.
+function _M.wait(secs, f)
+    local deadline = ngx.now() + secs
+    while true do
+        local v = f()
+        if v or ngx.now() >= deadline then
+            return v
+        end
+        ngx.sleep(0.01)
+        ngx.update_time()
+    end
+end
+
+return _M
+`)
+	return b.String()
+}
+
+// Ports for nginx come from below Linux's ephemeral range (32768 and up),
+// where outgoing connections of this very test run cannot take them, and
+// from a counter, so that parallel tests never pick the same one.
+var (
+	portMu   sync.Mutex
+	nextPort = 20000 + os.Getpid()%10000
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	portMu.Lock()
+	defer portMu.Unlock()
+	for i := 0; i < 1000; i++ {
+		p := nextPort
+		nextPort++
+		if nextPort >= 32000 {
+			nextPort = 20000
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return p
+	}
+	t.Fatal("no free TCP port in 20000-32000")
+	return 0
+}
+
+func (n *nginxProc) addr() string { return fmt.Sprintf("127.0.0.1:%d", n.port) }
+
+func (n *nginxProc) url(path string) string { return "http://" + n.addr() + path }
+
+func (n *nginxProc) readFile(name string) string {
+	b, _ := os.ReadFile(filepath.Join(n.dir, name))
+	return string(b)
+}
+
+func (n *nginxProc) errorLog() string { return n.readFile("error.log") }
+
+func (n *nginxProc) masterPID() int { return n.cmd.Process.Pid }
+
+// workerPIDs lists the master's children (its worker processes).
+func (n *nginxProc) workerPIDs() []int {
+	return childPIDs(n.masterPID())
+}
+
+func childPIDs(ppid int) []int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", ppid, ppid))
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if p, err := strconv.Atoi(f); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func pidAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie has exited; its parent has not reaped it yet.
+	f := strings.Fields(string(b))
+	return len(f) > 2 && f[2] != "Z"
+}
+
+// do sends one request and returns status, body, headers.
+func (n *nginxProc) do(method, path, body string) (int, string, http.Header, error) {
+	req, err := http.NewRequest(method, n.url(path), strings.NewReader(body))
+	if err != nil {
+		return 0, "", nil, err
+	}
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header, err
+}
+
+// get fails the test on a transport error.
+func (n *nginxProc) get(path string) (int, string) {
+	n.t.Helper()
+	st, body, _, err := n.do("GET", path, "")
+	if err != nil {
+		n.t.Fatalf("GET %s: %v", path, err)
+	}
+	return st, body
+}
+
+// signal runs `nginx -s sig` against this instance.
+func (n *nginxProc) signal(sig string) {
+	n.t.Helper()
+	cmd := exec.Command(nginxBin, "-p", n.dir+"/", "-c", n.conf, "-e", filepath.Join(n.dir, "error.log"), "-s", sig)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		n.t.Fatalf("nginx -s %s: %v\n%s", sig, err, b)
+	}
+}
+
+// waitExit waits for the master to exit; false after d.
+func (n *nginxProc) waitExit(d time.Duration) bool {
+	select {
+	case <-n.exited:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// stop quits nginx gracefully (killing it after 10 s) and checks the error
+// log: no [alert], [crit] or [emerg], and no [error] the test did not allow.
+func (n *nginxProc) stop() {
+	n.stopOnce.Do(func() {
+		t := n.t
+		select {
+		case <-n.exited:
+		default:
+			_ = n.cmd.Process.Signal(syscall.SIGQUIT)
+			if !n.waitExit(10 * time.Second) {
+				t.Errorf("nginx did not quit within 10 s (workers %v)", n.workerPIDs())
+				_ = syscall.Kill(-n.masterPID(), syscall.SIGKILL)
+				n.waitExit(5 * time.Second)
+			}
+		}
+		n.checkLog()
+		if t.Failed() {
+			t.Logf("error.log of %s:\n%s", t.Name(), tail(n.errorLog(), 80))
+		}
+	})
+}
+
+var badLevel = regexp.MustCompile(`\[(alert|crit|emerg)\]`)
+
+func (n *nginxProc) checkLog() {
+	t := n.t
+	sc := bufio.NewScanner(strings.NewReader(n.errorLog()))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if badLevel.MatchString(line) {
+			t.Errorf("error.log: %s", line)
+			continue
+		}
+		if strings.Contains(line, "[error]") && !n.allowed(line) {
+			t.Errorf("unexpected error in error.log: %s", line)
+		}
+	}
+}
+
+func (n *nginxProc) allowed(line string) bool {
+	for _, re := range n.allow {
+		if re.MatchString(line) {
+			return true
+		}
+	}
+	return false
+}
+
+// logCount counts the error.log lines matching re.
+func (n *nginxProc) logCount(re string) int {
+	r := regexp.MustCompile(re)
+	c := 0
+	for _, l := range strings.Split(n.errorLog(), "\n") {
+		if r.MatchString(l) {
+			c++
+		}
+	}
+	return c
+}
+
+func tail(s string, lines int) string {
+	ls := strings.Split(s, "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// eventually polls f every 20 ms until it returns nil or d passes.
+func eventually(d time.Duration, f func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var errNotYet = errors.New("not yet")
+
+func md5hex(b []byte) string {
+	s := md5.Sum(b)
+	return hex.EncodeToString(s[:])
+}

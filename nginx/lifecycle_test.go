@@ -1,0 +1,433 @@
+package nginx
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const greetLoc = `
+        location = /t {
+            content_by_lua_block {
+                local qt = require "qtest"
+                local conn, err = qt.connect()
+                if not conn then ngx.status = 502 ngx.say("connect failed: ", err) return end
+                local res, err = conn:unary("greet", ngx.var.arg_n or "x", { timeout = 3000 })
+                if not res then ngx.status = 502 ngx.say("unary failed: ", err) return end
+                ngx.print(res.body)
+            }
+        }
+`
+
+func TestConcurrentRequests(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Server: greetLoc + loc("/threads", connectT+`
+                -- 100 light threads of one request, 10 calls each, all in flight together
+                local threads = {}
+                for i = 1, 100 do
+                    threads[i] = ngx.thread.spawn(function()
+                        for j = 1, 10 do
+                            local want = i .. "." .. j
+                            local res, err = conn:unary("echo", want)
+                            if not res or res.body ~= want then
+                                return false, tostring(err or res.body)
+                            end
+                        end
+                        return true
+                    end)
+                end
+                local good = 0
+                for i = 1, 100 do
+                    local ok, res, err = ngx.thread.wait(threads[i])
+                    if ok and res then good = good + 1 else ngx.say(i, ": ", err) end
+                end
+                ngx.say("good threads: ", good)`)})
+	for round := 0; round < 2; round++ {
+		const c = 200
+		var wg sync.WaitGroup
+		errs := make(chan string, c)
+		start := make(chan struct{})
+		for i := 0; i < c; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				<-start
+				st, body, _, err := n.do("GET", fmt.Sprintf("/t?n=%d", i), "")
+				if want := fmt.Sprintf("hello, %d", i); err != nil || st != 200 || body != want {
+					errs <- fmt.Sprintf("request %d: %d %q %v", i, st, body, err)
+				}
+			}(i)
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		failed := 0
+		for e := range errs {
+			if failed < 5 {
+				t.Error(e)
+			}
+			failed++
+		}
+		if failed > 0 {
+			t.Fatalf("round %d: %d of %d concurrent requests failed", round, failed, c)
+		}
+	}
+	if st, body := n.get("/threads"); st != 200 || body != "good threads: 100\n" {
+		t.Errorf("/threads: %d %q", st, body)
+	}
+}
+
+func TestConnectionReuse(t *testing.T) {
+	requireNginx(t)
+	t.Run("across requests", func(t *testing.T) {
+		t.Parallel()
+		srv, err := newTestServer("127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.close() })
+		n := startNginx(t, ngxConf{QServer: srv, Server: greetLoc})
+		for i := 0; i < 30; i++ {
+			if st, body := n.get("/t?n=seq"); st != 200 || body != "hello, seq" {
+				t.Fatalf("%d %q", st, body)
+			}
+		}
+		var wg sync.WaitGroup
+		var bad atomic.Int32
+		for i := 0; i < 30; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if st, body, _, err := n.do("GET", "/t?n=par", ""); err != nil || st != 200 || body != "hello, par" {
+					bad.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if bad.Load() > 0 {
+			t.Fatalf("%d parallel requests failed", bad.Load())
+		}
+		// At most one connection per worker carried those 60 calls.
+		if c := srv.connCount(); c < 1 || c > 2 {
+			t.Errorf("the server saw %d connections for 60 requests over 2 workers, want 1 or 2", c)
+		}
+		for i := 0; i < 6; i++ {
+			if _, body := n.get("/stats"); !strings.Contains(body, "connections=1 ") && !strings.Contains(body, "loaded=false") {
+				t.Errorf("/stats: %q", body)
+			}
+		}
+	})
+	t.Run("concurrent connects share one dial", func(t *testing.T) {
+		t.Parallel()
+		srv, err := newTestServer("127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.close() })
+		n := startNginx(t, ngxConf{QServer: srv, Workers: 1, Server: loc("/t", `
+                local qt = require "qtest"
+                local threads, conns = {}, {}
+                for i = 1, 20 do
+                    threads[i] = ngx.thread.spawn(function()
+                        local conn, err = qt.connect()
+                        if not conn then return nil, err end
+                        local res, err = conn:unary("echo", "x")
+                        return conn, res and res.body or err
+                    end)
+                end
+                local distinct, n = {}, 0
+                for i = 1, 20 do
+                    local ok, conn, body = ngx.thread.wait(threads[i])
+                    if conn and not distinct[conn] then distinct[conn] = true n = n + 1 end
+                    if body ~= "x" then ngx.say("thread ", i, ": ", body) end
+                end
+                ngx.say("distinct connection objects: ", n)`)})
+		if st, body := n.get("/t"); st != 200 || body != "distinct connection objects: 1\n" {
+			t.Fatalf("%d %q", st, body)
+		}
+		if c := srv.connCount(); c != 1 {
+			t.Errorf("the server saw %d connections, want 1", c)
+		}
+	})
+}
+
+func TestClientAbortFreesTheCall(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		Server: `
+        location = /slow {
+            lua_check_client_abort on;
+            content_by_lua_block {
+                local qt = require "qtest"
+                local conn = assert(qt.connect())
+                local res, err = conn:unary("slow", "4000", { timeout = 10000 })
+                ngx.say(res and res.body or err)
+            }
+        }
+`})
+	// A connection first, so that the aborted request's call is sent at once.
+	if _, body := n.get("/stats"); !strings.Contains(body, "inflight=0") {
+		t.Fatalf("/stats: %q", body)
+	}
+	c, err := net.Dial("tcp", n.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(c, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	inflight := regexp.MustCompile(`inflight=(\d+) waiting=(\d+)`)
+	stat := func() (string, string) {
+		_, body := n.get("/stats")
+		m := inflight.FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("/stats: %q", body)
+		}
+		return m[1], m[2]
+	}
+	if err := eventually(5*time.Second, func() error {
+		if f, w := stat(); f != "1" || w != "1" {
+			return fmt.Errorf("inflight=%s waiting=%s, want the slow call in flight", f, w)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	aborted := time.Now()
+	_ = c.Close()
+	// The slow handler answers after 4 s and the call's deadline is 10 s:
+	// only the abort can free it before.
+	if err := eventually(3*time.Second, func() error {
+		if f, w := stat(); f != "0" || w != "0" {
+			return fmt.Errorf("inflight=%s waiting=%s", f, w)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the aborted request's call was not freed: %v", err)
+	}
+	t.Logf("call freed %v after the client aborted", time.Since(aborted).Round(10*time.Millisecond))
+	if c := n.logCount(`no completion for call`); c > 0 {
+		t.Errorf("Lua's safety net fired %d times", c)
+	}
+}
+
+func TestServerRestartRecovers(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	srv, err := newTestServer("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.close() })
+	n := startNginx(t, ngxConf{QServer: srv, Workers: 1, Server: loc("/t", connectT+`
+                local res, err = conn:unary("echo", "up", { timeout = 1000 })
+                ngx.say(res and res.body or err, " reconnects=", conn:stats().reconnects)`)})
+	if st, body := n.get("/t"); st != 200 || body != "up reconnects=0\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+	if err := srv.restart(500 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	// The client re-dials with backoff (1 s, x1.6, jitter); nginx is not
+	// restarted and the Lua connection object stays the same.
+	var last string
+	start := time.Now()
+	err = eventually(15*time.Second, func() error {
+		_, last = n.get("/t")
+		if strings.HasPrefix(last, "up ") {
+			return nil
+		}
+		return errNotYet
+	})
+	if err != nil {
+		t.Fatalf("no recovery within 15 s after the server restarted; last answer %q", last)
+	}
+	t.Logf("recovered %v after the restart: %q", time.Since(start).Round(10*time.Millisecond), last)
+	if last == "up reconnects=0\n" {
+		t.Errorf("recovered without a reconnect counted: %q", last)
+	}
+}
+
+// loadLoop sends GET path from c goroutines until stop is closed; it returns
+// the number of successes and the failures.
+func loadLoop(n *nginxProc, path, want string, c int, stop <-chan struct{}) (func() (int, []string), *sync.WaitGroup) {
+	var mu sync.Mutex
+	var ok int
+	var fails []string
+	var wg sync.WaitGroup
+	for i := 0; i < c; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, body, _, err := n.do("GET", path, "")
+				mu.Lock()
+				if err != nil || st != 200 || body != want {
+					fails = append(fails, fmt.Sprintf("%s: %d %q %v", time.Now().Format("15:04:05.000"), st, body, err))
+				} else {
+					ok++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() (int, []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return ok, append([]string(nil), fails...)
+	}, &wg
+}
+
+func TestReloadUnderLoad(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Server: greetLoc})
+	const conc = 4
+	stop := make(chan struct{})
+	result, wg := loadLoop(n, "/t?n=load", "hello, load", conc, stop)
+	time.Sleep(time.Second)
+	old := n.workerPIDs()
+	before, _ := result()
+	n.signal("reload")
+	reloaded := time.Now()
+	// The old workers hold qrpc connections and a dispatcher: they must
+	// still leave promptly.
+	err := eventually(5*time.Second, func() error {
+		for _, p := range old {
+			if pidAlive(p) {
+				return fmt.Errorf("old worker %d still alive", p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("after reload: %v (Kong#6904-style hang)", err)
+	} else {
+		t.Logf("old workers gone %v after the reload", time.Since(reloaded).Round(10*time.Millisecond))
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	ok, fails := result()
+	t.Logf("%d requests before the reload, %d in all, %d failed", before, ok+len(fails), len(fails))
+	// Only requests in flight at the moment of the reload may fail.
+	if len(fails) > conc {
+		t.Errorf("%d requests failed (at most %d were in flight at the reload):\n%s", len(fails), conc, strings.Join(fails, "\n"))
+	}
+	if ok < 50 {
+		t.Errorf("only %d successful requests", ok)
+	}
+	newWorkers := n.workerPIDs()
+	if len(newWorkers) != 2 {
+		t.Errorf("workers after reload: %v", newWorkers)
+	}
+}
+
+func TestQuitWithCallsInFlight(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	srv, err := newTestServer("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.close() })
+	n := startNginx(t, ngxConf{QServer: srv, Server: loc("/slow", connectT+`
+                local res, err = conn:unary("slow", "1500", { timeout = 5000 })
+                ngx.say(res and res.body or err)`)})
+	const c = 6
+	var wg sync.WaitGroup
+	results := make(chan string, c)
+	for i := 0; i < c; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, body, _, err := n.do("GET", "/slow", "")
+			results <- fmt.Sprintf("%d %q %v", st, body, err)
+		}()
+	}
+	if err := eventually(5*time.Second, func() error {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if srv.slow != c {
+			return fmt.Errorf("%d slow calls running at the server", srv.slow)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	workers := n.workerPIDs()
+	quit := time.Now()
+	n.signal("quit")
+	if !n.waitExit(5 * time.Second) {
+		t.Fatalf("nginx -s quit with calls in flight: still running after 5 s (workers %v)", workers)
+	}
+	t.Logf("nginx quit %v after the signal", time.Since(quit).Round(10*time.Millisecond))
+	wg.Wait()
+	close(results)
+	for r := range results {
+		if r != `200 "slept 1500\n" <nil>` {
+			t.Errorf("request in flight at quit: %s", r)
+		}
+	}
+	for _, p := range workers {
+		if pidAlive(p) {
+			t.Errorf("worker %d still alive", p)
+		}
+	}
+}
+
+// TestJITHotLoop checks, as lua-resty-core's tests do, that unary's code
+// does not abort traces with NYI: a loop of calls runs under jit.v.
+func TestJITHotLoop(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                local v = require "jit.v"
+                local qt = require "qtest"
+                v.on(qt.dir .. "/run/jit.log")
+                local opts = { headers = { ["x-a"] = "1" }, timeout = 2000 }
+                local bad = 0
+                for i = 1, 300 do
+                    local res = conn:unary("echo", "jit", i % 2 == 0 and opts or nil)
+                    if not res or res.body ~= "jit" then bad = bad + 1 end
+                    conn:event("count", "jit")
+                end
+                v.off()
+                ngx.say("bad ", bad)`)})
+	if st, body := n.get("/t"); st != 200 || body != "bad 0\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+	sc := bufio.NewScanner(strings.NewReader(n.readFile("run/jit.log")))
+	var nyi []string
+	traces := 0
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.Contains(l, "qrpc.lua") {
+			continue
+		}
+		if strings.Contains(l, "[TRACE") && !strings.Contains(l, "abort") {
+			traces++
+		}
+		if strings.Contains(l, "NYI") {
+			nyi = append(nyi, l)
+		}
+	}
+	t.Logf("%d traces through qrpc.lua", traces)
+	if len(nyi) > 0 {
+		t.Errorf("NYI in qrpc.lua's traces:\n%s", strings.Join(nyi, "\n"))
+	}
+}
