@@ -1,0 +1,138 @@
+// Package demo_test runs the scripts behind `make demo` / `make demo-stop`
+// the way a user does, on random ports and in a temporary run directory
+// (so a demo the user has running is left alone). The up script checks
+// every curl answer and error.log itself and exits non-zero on a mismatch.
+package demo_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestDemoUpAndDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the library and starts nginx")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// nginx workers drop to www-data/nobody when the test runs as root:
+	// the library they load lives here, so the temp dirs are opened up.
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/" && d != "."; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lib := filepath.Join(dir, "libffi_qrpc.so")
+	bin := filepath.Join(dir, "qrpc-demo")
+	goBuild(t, root, "-buildmode=c-shared", "-o", lib, "./ffi")
+	goBuild(t, root, "-o", bin, "./demo/server")
+
+	env := append(os.Environ(),
+		"QRPC_DEMO_RUN="+filepath.Join(dir, "run"),
+		"QRPC_DEMO_BIN="+bin,
+		"QRPC_DEMO_LIB="+lib,
+		"QRPC_DEMO_HTTP=127.0.0.1:"+freePort(t, "tcp"),
+		"QRPC_DEMO_ADDR=127.0.0.1:"+freePort(t, "udp"),
+		"QRPC_DEMO_MTLS_ADDR=127.0.0.1:"+freePort(t, "udp"),
+	)
+	script := func(name string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(root, "demo", "scripts", name))
+		cmd.Dir = root
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	t.Cleanup(func() { _, _ = script("down") })
+
+	run := filepath.Join(dir, "run")
+	out, err := script("up")
+	if err != nil {
+		logs, _ := os.ReadFile(filepath.Join(run, "error.log"))
+		t.Fatalf("demo/scripts/up: %v\n%s\nerror.log:\n%s", err, out, logs)
+	}
+	for _, want := range []string{"Hello nginx!", "error: timeout", "Hello mTLS client!", `"notify":2`, "==> the demo is running"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+
+	pids := map[string]int{}
+	for _, f := range []string{"nginx.pid", "server.pid"} {
+		pids[f] = readPid(t, filepath.Join(run, f))
+	}
+	out, err = script("down")
+	if err != nil {
+		t.Fatalf("demo/scripts/down: %v\n%s", err, out)
+	}
+	for f, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("%s: process %d still alive after down", f, pid)
+		}
+		if _, err := os.Stat(filepath.Join(run, f)); err == nil {
+			t.Errorf("%s left behind", f)
+		}
+	}
+}
+
+func goBuild(t *testing.T, root string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"build", "-trimpath"}, args...)...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %v: %v\n%s", args, err, out)
+	}
+}
+
+func readPid(t *testing.T, file string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		t.Fatalf("%s: bad pid %q", file, b)
+	}
+	return pid
+}
+
+// freePort asks the kernel for a free port. Another process may take it
+// before the demo binds it; the demo then fails loudly, not silently.
+func freePort(t *testing.T, network string) string {
+	t.Helper()
+	var addr net.Addr
+	switch network {
+	case "tcp":
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr = l.Addr()
+		_ = l.Close()
+	case "udp":
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr = c.LocalAddr()
+		_ = c.Close()
+	default:
+		panic(fmt.Sprintf("network %q", network))
+	}
+	_, port, _ := net.SplitHostPort(addr.String())
+	return port
+}
