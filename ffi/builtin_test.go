@@ -84,7 +84,7 @@ func openBuiltin(t *testing.T) *dispatcher {
 	}
 	t.Cleanup(builtin.shutdown)
 	dir := t.TempDir()
-	path, err := builtin.wake.open(dir, func() {
+	path, err := builtin.wake.open(dir, 1024, func() {
 		if builtin.queued() > 0 {
 			builtin.wake.signal()
 		}
@@ -430,19 +430,19 @@ func TestWakeOpenRules(t *testing.T) {
 	}
 	t.Cleanup(builtin.shutdown)
 	long := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
-	if _, err := builtin.wake.open(long, func() {}); err == nil || !strings.Contains(err.Error(), "room for 107") {
+	if _, err := builtin.wake.open(long, 1024, func() {}); err == nil || !strings.Contains(err.Error(), "room for 107") {
 		t.Fatalf("long path: %v", err)
 	}
-	if _, err := builtin.wake.open(filepath.Join(t.TempDir(), "missing"), func() {}); err == nil {
+	if _, err := builtin.wake.open(filepath.Join(t.TempDir(), "missing"), 1024, func() {}); err == nil {
 		t.Fatal("listen in a missing directory succeeded")
 	}
 	// A newer open replaces a listener nobody connected to, and removes its file.
 	dir := t.TempDir()
-	p1, err := builtin.wake.open(dir, func() {})
+	p1, err := builtin.wake.open(dir, 1024, func() {})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := builtin.wake.open(dir, func() {})
+	p2, err := builtin.wake.open(dir, 1024, func() {})
 	if err != nil {
 		t.Fatal(err)
 	}

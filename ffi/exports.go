@@ -35,6 +35,7 @@ func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 //export qrpc_init
 func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
+	installSignalForwarders()
 	if err := builtin.init(); err != nil {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), err.Error())
 		return C.int(errGeneric)
@@ -56,17 +57,17 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 	if err != nil {
 		return fail(statusOf(err))
 	}
-	p, err := builtin.wake.open(string(d), func() {
+	room := int(min(uintptr(pathLen), 1<<20))
+	if path == nil {
+		room = 0
+	}
+	p, err := builtin.wake.open(string(d), room, func() {
 		if builtin.queued() > 0 {
 			builtin.wake.signal()
 		}
 	})
 	if err != nil {
-		return fail(errGeneric, err.Error())
-	}
-	if path == nil || uintptr(pathLen) < uintptr(len(p))+1 {
-		builtin.wake.close()
-		return fail(errBadArg, fmt.Sprintf("bad argument: path buffer of %d bytes, need %d", pathLen, len(p)+1))
+		return fail(statusOf(err))
 	}
 	errString(unsafe.Pointer(path), uintptr(pathLen), p)
 	return C.int(statusOK)
@@ -121,6 +122,7 @@ func qrpc_shutdown() {
 //export libffi_init
 func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
 	defer exportPanic(&rc, nil, 0)
+	installSignalForwarders()
 	var c string
 	if cfg != nil {
 		c = C.GoString(cfg) // copied: lua-resty-ffi frees cfg after the call

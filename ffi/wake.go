@@ -58,7 +58,9 @@ func (w *wakeState) signal() {
 // open creates a new socket file in dir and starts waiting for one
 // connection. It replaces a listener still waiting; the current connection
 // stays in use until the new one is accepted.
-func (w *wakeState) open(dir string, onConnect func()) (string, error) {
+// room is the caller's buffer for the path (NUL included); everything is
+// checked before the current listener is touched.
+func (w *wakeState) open(dir string, room int, onConnect func()) (string, error) {
 	if dir == "" {
 		return "", errors.New("wake socket: empty directory")
 	}
@@ -68,6 +70,9 @@ func (w *wakeState) open(dir string, onConnect func()) (string, error) {
 	path := filepath.Join(dir, fmt.Sprintf("qrpc-%d-%d.sock", os.Getpid(), w.seq))
 	if len(path) > maxSunPath {
 		return "", fmt.Errorf("wake socket: path %q is %d bytes, a unix socket path has room for %d", path, len(path), maxSunPath)
+	}
+	if len(path)+1 > room {
+		return "", fmt.Errorf("%w: path buffer of %d bytes, need %d", errBadCommand, room, len(path)+1)
 	}
 	// A file of that name can only be left over from a crashed process
 	// that had our pid; binding would fail on it.
