@@ -129,7 +129,15 @@ void qrpc_free(void *p);
  * socket. Safe to call more than once. */
 void qrpc_shutdown(void);
 
-/* lua-resty-ffi host: see design notes. cfg may be NULL. */
+/* lua-resty-ffi host: see design notes. cfg may be NULL, or space/comma
+ * separated key=value pairs (only log_level=debug|info|warn|error).
+ * Each task's request is exactly one qrpc_cmd_t (sizeof bytes); each task
+ * is answered exactly once:
+ *   rc 0, UNARY/ECHO/STATS: a result blob as in qrpc_completion_t;
+ *   rc 0, CONNECT: 8 bytes, the handle (native-endian uint64_t);
+ *   rc 0, EVENT/CLOSE/CANCEL: no data (CANCEL does nothing: the caller is
+ *         parked on its own task, and every UNARY has a deadline in Go);
+ *   rc < 0: the status, with the message as data. */
 int libffi_init(char *cfg, void *tq);
 
 #endif
