@@ -285,3 +285,81 @@ func TestFlappingServerBackoff(t *testing.T) {
 	}
 	t.Logf("%d connections in 1.5 s", accepted.Load())
 }
+
+// TestHostileClient: the server survives what a hostile client sends. A
+// frame it cannot parse closes that stream only; a well-framed garbage
+// message is skipped and the stream stays usable.
+func TestHostileClient(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	conn, err := quic.DialAddr(t.Context(), e.addr, &tls.Config{RootCAs: e.ca.Pool(), NextProtos: []string{qrpc.ALPN}, ServerName: "127.0.0.1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseWithError(0, "")
+	codec := frame.New(0)
+	echo := func(st *quic.Stream, id uint64) error {
+		b, err := codec.AppendRequest(nil, frame.KindRequest, &qrpcpb.Request{RequestId: id, Method: []byte("echo"), Body: []byte("ok")})
+		if err != nil {
+			return err
+		}
+		if _, err := st.Write(b); err != nil {
+			return err
+		}
+		_ = st.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, p, err := codec.NewReader(st).Next()
+		if err != nil {
+			return err
+		}
+		var resp qrpcpb.Response
+		if err := resp.UnmarshalVT(p); err != nil || resp.RequestId != id || string(resp.Body) != "ok" {
+			return errors.New("bad echo")
+		}
+		return nil
+	}
+	attacks := []struct {
+		name        string
+		send        []byte
+		streamLives bool
+	}{
+		{"oversized length prefix", append(hdr(0xfffffff0, frame.FlagRequest), make([]byte, 64<<10)...), false},
+		{"unknown flag", append(hdr(3, 0x42), 0x18, 0x01), false},
+		{"zstd bomb", append(hdr(uint32(len(rleBomb(1<<30))+1), frame.FlagRequestZstd), rleBomb(1<<30)...), false},
+		{"garbage protobuf", append(hdr(6, frame.FlagRequest), 0x1a, 0xff, 0xff, 0xff, 0x0f), true},
+		{"response frame from a client", append(hdr(3, frame.FlagResponse), 0x18, 0x01), true},
+	}
+	for i, a := range attacks {
+		t.Run(a.name, func(t *testing.T) {
+			st, err := conn.OpenStreamSync(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			used := allocatedDuring(func() {
+				// The server may reset the stream while we still write.
+				if _, err = st.Write(a.send); err == nil {
+					err = echo(st, uint64(i+1))
+				}
+			})
+			if a.streamLives && err != nil {
+				t.Fatalf("stream should survive: %v", err)
+			}
+			if !a.streamLives {
+				var se *quic.StreamError
+				if !errors.As(err, &se) {
+					t.Fatalf("stream should be reset by the server, got %v", err)
+				}
+			}
+			if used > 16<<20 {
+				t.Fatalf("%d MiB allocated", used>>20)
+			}
+			// The connection, and the server, carry on.
+			st2, err := conn.OpenStreamSync(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := echo(st2, 1000+uint64(i)); err != nil {
+				t.Fatalf("fresh stream after the attack: %v", err)
+			}
+		})
+	}
+}
