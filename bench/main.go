@@ -75,6 +75,11 @@ func run(p params, out string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// nginx workers run as an unprivileged user: they must read the config
+	// module and the library, and create their wake-up socket here.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		return err
+	}
 	root, err := repoRoot()
 	if err != nil {
 		return err
@@ -194,6 +199,10 @@ func repoRoot() (string, error) {
 func startUDSEcho(path string) (func(), error) {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o666); err != nil { // the workers' user connects
+		ln.Close()
 		return nil, err
 	}
 	var wg sync.WaitGroup
