@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -24,9 +25,10 @@ type builtinHost struct {
 	head int
 	logs int // QRPC_LOG entries in q
 
-	logDrops atomic.Uint64
-	calls    callTable
-	wake     wakeState
+	logDrops       atomic.Uint64
+	lastDropReport atomic.Int64 // unix nanoseconds
+	calls          callTable
+	wake           wakeState
 }
 
 var builtin = &builtinHost{}
@@ -79,7 +81,7 @@ func (b *builtinHost) pushLog(level uint32, line string) bool {
 	}
 	if b.logs >= maxQueuedLogs {
 		b.mu.Unlock()
-		b.logDrops.Add(1)
+		b.dropLog()
 		return true
 	}
 	b.logs++
@@ -89,7 +91,7 @@ func (b *builtinHost) pushLog(level uint32, line string) bool {
 		b.mu.Lock()
 		b.logs--
 		b.mu.Unlock()
-		b.logDrops.Add(1)
+		b.dropLog()
 		return true
 	}
 	c := completion{status: statusLog, code: level, data: p, n: n}
@@ -108,6 +110,19 @@ func (b *builtinHost) pushLog(level uint32, line string) bool {
 	}
 	return true
 }
+
+// dropLog counts a dropped line and says so on stderr, at most every
+// logDropReport: the queue is full of logs only when nobody drains it.
+func (b *builtinHost) dropLog() {
+	n := b.logDrops.Add(1)
+	now := time.Now().UnixNano()
+	last := b.lastDropReport.Load()
+	if now-last >= int64(logDropReport) && b.lastDropReport.CompareAndSwap(last, now) {
+		stderrLog(ngxLogWarn, fmt.Sprintf("qrpc: %d log lines dropped so far: the completion queue is not being drained", n))
+	}
+}
+
+const logDropReport = 10 * time.Second
 
 // drain moves up to len(out) completions into out.
 func (b *builtinHost) drain(out []completionABI) int {
@@ -150,6 +165,9 @@ func (b *builtinHost) submit(c *cmdABI) (int32, string) {
 	gen := b.current()
 	if gen == nil {
 		return errClosed, errNotInit.Error()
+	}
+	if testHook != nil {
+		testHook("submit")
 	}
 	switch cmd.op {
 	case opConnect:

@@ -29,7 +29,7 @@ type testServer struct {
 	srv    *qrpc.Server
 }
 
-func startServer(t *testing.T) *testServer {
+func startServer(t testing.TB) *testServer {
 	t.Helper()
 	ca, err := certs.NewCA("ffi test ca")
 	if err != nil {
@@ -71,13 +71,13 @@ func startServer(t *testing.T) *testServer {
 
 // dispatcher plays the Lua side of the built-in host.
 type dispatcher struct {
-	t    *testing.T
+	t    testing.TB
 	wake *net.UnixConn
 	got  map[uint64]completion
 	logs []string
 }
 
-func openBuiltin(t *testing.T) *dispatcher {
+func openBuiltin(t testing.TB) *dispatcher {
 	t.Helper()
 	if err := builtin.init(); err != nil {
 		t.Fatal(err)
@@ -466,5 +466,135 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The benchmarks compare one sequential unary call through the built-in
+// host (submit on this goroutine, completion by qrpc's reader, wake byte,
+// drain) with the same call made by the plain Go client. The dispatcher
+// here is a goroutine blocked on the socket, so both sides pay one wake-up
+// of a parked goroutine. Nothing is asserted; see the report.
+
+func BenchmarkUnaryBuiltin(b *testing.B) {
+	ts := startServer(b)
+	d := openBuiltin(b)
+	h := d.connect(1, ts.addr, ts.caPEM).handle
+	cmd := unaryCmd(h, "echo", "hello")
+	out := make([]completionABI, 16)
+	buf := make([]byte, 64)
+	_ = d.wake.SetReadDeadline(time.Time{})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		cmd.CallID = uint64(i + 100)
+		if st, msg := builtin.submit(cmd); st != statusPending {
+			b.Fatalf("submit: %d %s", st, msg)
+		}
+		for done := false; !done; {
+			n := builtin.drain(out)
+			for _, c := range out[:n] {
+				cFree(c.Data)
+				done = done || c.CallID == cmd.CallID
+			}
+			if !done {
+				if _, err := d.wake.Read(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkUnaryGoClient(b *testing.B) {
+	ts := startServer(b)
+	cl, err := qrpc.Dial(context.Background(), ts.addr, &qrpc.Config{CAPEM: ts.caPEM})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	body := []byte("hello")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := cl.Unary(ctx, "echo", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEchoBuiltin is the host's own cost: submit, blob, queue, drain,
+// with no network and no wake-up.
+func BenchmarkEchoBuiltin(b *testing.B) {
+	if err := builtin.init(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(builtin.shutdown)
+	cmd := &cmdABI{Version: cmdVersion, Op: opEcho}
+	cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), 512))
+	out := make([]completionABI, 1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		builtin.submit(cmd)
+		if builtin.drain(out) != 1 {
+			b.Fatal("nothing drained")
+		}
+		cFree(out[0].Data)
+	}
+}
+
+func TestPanicsBecomeErrors(t *testing.T) {
+	ts := startServer(t)
+	d := openBuiltin(t)
+	h := d.connect(1, ts.addr, ts.caPEM).handle
+	t.Cleanup(func() { testHook = nil })
+
+	// In the export, on the nginx thread: an error status, not a crash.
+	testHook = func(where string) {
+		if where == "submit" {
+			panic("injected in submit")
+		}
+	}
+	cmd := unaryCmd(h, "echo", "x")
+	cmd.CallID = 2
+	if rc := qrpc_submit(unsafe.Pointer(cmd), nil, 0); int(rc) != int(errGeneric) {
+		t.Fatalf("qrpc_submit after a panic returned %d", rc)
+	}
+
+	// On qrpc's reader goroutine, while completing: the call still
+	// completes, with "internal error".
+	testHook = func(where string) {
+		if where == "complete" {
+			panic("injected in complete")
+		}
+	}
+	cmd.CallID = 3
+	if st, msg := builtin.submit(cmd); st != statusPending {
+		t.Fatalf("submit: %d %s", st, msg)
+	}
+	r := d.wait(3, 5*time.Second)
+	if r.status != errGeneric || r.text() != "internal error" {
+		t.Fatalf("completion after a panic: %d %q", r.status, r.text())
+	}
+	testHook = nil
+	// The connection survived.
+	cmd.CallID = 4
+	builtin.submit(cmd)
+	if r := d.wait(4, 5*time.Second); r.status != statusOK {
+		t.Fatalf("after the panics: %d %q", r.status, r.text())
+	}
+	if s, _ := builtin.stats(0); s.Inflight != 0 {
+		t.Fatalf("%d in flight", s.Inflight)
+	}
+	// The panics were logged through the queue.
+	found := 0
+	for _, l := range d.logs {
+		if strings.HasPrefix(l, "4 qrpc: panic") {
+			found++
+		}
+	}
+	if found != 2 {
+		t.Fatalf("panic log lines: %q", d.logs)
 	}
 }

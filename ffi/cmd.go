@@ -74,27 +74,30 @@ func decodeCmd(c *cmdABI) (command, error) {
 	if c.TimeoutMS < 0 {
 		return cmd, badf("negative timeout %d ms", c.TimeoutMS)
 	}
+	// A closure rather than a table of field pointers: this runs for every
+	// call and must not allocate.
 	var err error
-	fields := []struct {
-		dst  *[]byte
-		p    unsafe.Pointer
-		n    uintptr
-		what string
-	}{
-		{&cmd.method, c.Method, c.MethodLen, "method"},
-		{&cmd.body, c.Body, c.BodyLen, "body"},
-		{&cmd.hdrs, c.Hdrs, c.HdrsLen, "headers"},
-		{&cmd.addr, c.Addr, c.AddrLen, "addr"},
-		{&cmd.serverName, c.ServerName, c.ServerNameLen, "server_name"},
-		{&cmd.ca, c.CA, c.CALen, "ca"},
-		{&cmd.cert, c.Cert, c.CertLen, "cert"},
-		{&cmd.key, c.Key, c.KeyLen, "key"},
-		{&cmd.pins, c.Pins, c.PinsLen, "pins"},
-	}
-	for _, f := range fields {
-		if *f.dst, err = cbytes(f.p, f.n, f.what); err != nil {
-			return cmd, err
+	view := func(p unsafe.Pointer, n uintptr, what string) []byte {
+		if err != nil {
+			return nil
 		}
+		var b []byte
+		b, err = cbytes(p, n, what)
+		return b
+	}
+	cmd.method = view(c.Method, c.MethodLen, "method")
+	cmd.body = view(c.Body, c.BodyLen, "body")
+	cmd.hdrs = view(c.Hdrs, c.HdrsLen, "headers")
+	if c.Op == opConnect {
+		cmd.addr = view(c.Addr, c.AddrLen, "addr")
+		cmd.serverName = view(c.ServerName, c.ServerNameLen, "server_name")
+		cmd.ca = view(c.CA, c.CALen, "ca")
+		cmd.cert = view(c.Cert, c.CertLen, "cert")
+		cmd.key = view(c.Key, c.KeyLen, "key")
+		cmd.pins = view(c.Pins, c.PinsLen, "pins")
+	}
+	if err != nil {
+		return cmd, err
 	}
 	if c.NHdrs > maxHeaders {
 		return cmd, badf("%d header entries, at most %d", c.NHdrs, maxHeaders)

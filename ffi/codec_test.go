@@ -185,7 +185,7 @@ func TestParseHeaders(t *testing.T) {
 }
 
 // readResult decodes a result blob the way the Lua side does.
-func readResult(t *testing.T, b []byte) (uint32, []string, []byte) {
+func readResult(t testing.TB, b []byte) (uint32, []string, []byte) {
 	t.Helper()
 	if len(b) < 8 {
 		t.Fatalf("blob of %d bytes", len(b))

@@ -33,7 +33,6 @@ type restyHost struct {
 	gen     *hostGen
 	pending sync.WaitGroup // tasks not yet answered
 	tasks   atomic.Uint64
-	stopped chan struct{}
 }
 
 // restyTask makes answering idempotent, so that the recover paths can
@@ -76,7 +75,7 @@ func restyInit(cfg string, tq unsafe.Pointer) (*restyHost, error) {
 	if err := applyConfig(cfg); err != nil {
 		return nil, err
 	}
-	h := &restyHost{tq: tq, cfg: cfg, gen: newGen(), stopped: make(chan struct{})}
+	h := &restyHost{tq: tq, cfg: cfg, gen: newGen()}
 	go h.run()
 	return h, nil
 }
@@ -101,7 +100,7 @@ func applyConfig(cfg string) error {
 }
 
 func (h *restyHost) run() {
-	defer close(h.stopped)
+	defer recoverLog("lua-resty-ffi poll loop")
 	// The poll call blocks its thread in a condition wait: keep it on one
 	// thread rather than have the scheduler spread it.
 	goruntime.LockOSThread()

@@ -237,10 +237,9 @@ func (r *runtimeState) startUnary(cmd *command, deliver func(completion)) (qrpc.
 	r.inflight.Add(1)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
 		defer recoverLog("complete")
-		out := buildOutcome(resp, err)
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
-		deliver(out)
+		deliver(buildOutcome(resp, err))
 	})
 	if err != nil {
 		c.inflight.Add(-1)
@@ -261,6 +260,9 @@ func buildOutcome(resp *qrpc.Response, err error) (out completion) {
 			out = errorCompletion(errGeneric, "internal error")
 		}
 	}()
+	if testHook != nil {
+		testHook("complete")
+	}
 	if err != nil {
 		return errCompletion(err)
 	}
@@ -358,6 +360,10 @@ func putHeaders(hp *[][]byte) {
 	*hp = (*hp)[:0]
 	hdrPool.Put(hp)
 }
+
+// testHook, nil outside tests, lets tests panic at chosen points to check
+// that the panic is recovered into an error.
+var testHook func(where string)
 
 // recoverLog is deferred at the top of every goroutine this package starts:
 // a panic there would otherwise take the nginx worker down.
