@@ -457,7 +457,7 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-// TestStartResponseValidOnlyInDone pins down the contract the FFI layer
+// TestStartDoneContract pins down the contract the FFI layer
 // relies on: done runs once per call, resp is readable inside it, and the
 // client reuses it afterwards (so done must copy).
 func TestStartDoneContract(t *testing.T) {
