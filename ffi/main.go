@@ -8,10 +8,12 @@
 // qrpc_submit, qrpc_drain, ... driven by lua/resty/ffi/qrpc.lua on stock
 // ngx_lua) and lua-resty-ffi (libffi_init).
 //
-// It never imports os/signal: in a c-shared library Go then installs
-// handlers only for the synchronous signals, SIGPIPE (forwarded to nginx's
-// SIG_IGN when raised outside Go code) and its preemption signal, so
-// nginx's own SIGCHLD/SIGHUP/... handlers stay in place.
+// It never imports os/signal, so Go installs handlers only for the
+// synchronous signals, SIGPIPE (which it forwards to nginx's SIG_IGN when
+// raised outside Go code) and its preemption signal. It does wrap nginx's
+// handlers of the asynchronous signals so that they run on the nginx
+// thread, as before Go's threads existed: see the forwarders in cgo.go
+// (QRPC_NO_SIGNAL_FORWARD=1 disables them).
 package main
 
 func main() {}

@@ -70,7 +70,6 @@ func startServer(t *testing.T, ca *certs.CA) *server {
 	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
 		resp.Headers, resp.Body = req.Headers, req.Body
 	})
-	srv.Handle("code", func(context.Context, *qrpc.Request, *qrpc.Response) {})
 	srv.Handle("code", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) {
 		resp.Code, resp.Body = 7, []byte("seven")
 	})
