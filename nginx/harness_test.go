@@ -627,6 +627,28 @@ func childPIDs(ppid int) []int {
 	return out
 }
 
+// procState describes what the threads of pid are doing (for a hang).
+func procState(pid int) string {
+	var b strings.Builder
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/comm", pid, task.Name()))
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, task.Name()))
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		st := ""
+		if f := strings.Fields(string(stat)); len(f) > 2 {
+			st = f[2]
+		}
+		fmt.Fprintf(&b, "\n  task %s %s state=%s wchan=%s", task.Name(), strings.TrimSpace(string(comm)), st, wchan)
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		fmt.Fprintf(&b, "\n  fd %s -> %s", fd.Name(), l)
+	}
+	return b.String()
+}
+
 func pidAlive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -686,12 +708,19 @@ func (n *nginxProc) waitExit(d time.Duration) bool {
 func (n *nginxProc) stop() {
 	n.stopOnce.Do(func() {
 		t := n.t
+		// A connection the HTTP client dialled but never used waits in
+		// nginx for its first request (client_header_timeout, 60 s) and
+		// keeps a quitting worker alive: close those first.
+		n.client.CloseIdleConnections()
 		select {
 		case <-n.exited:
 		default:
 			_ = n.cmd.Process.Signal(syscall.SIGQUIT)
 			if !n.waitExit(10 * time.Second) {
 				t.Errorf("nginx did not quit within 10 s (workers %v)", n.workerPIDs())
+				for _, pid := range n.workerPIDs() {
+					t.Logf("worker %d: %s", pid, procState(pid))
+				}
 				_ = syscall.Kill(-n.masterPID(), syscall.SIGKILL)
 				n.waitExit(5 * time.Second)
 			}

@@ -370,6 +370,7 @@ func TestQuitWithCallsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	workers := n.workerPIDs()
+	n.client.CloseIdleConnections() // see nginxProc.stop
 	quit := time.Now()
 	n.signal("quit")
 	if !n.waitExit(5 * time.Second) {

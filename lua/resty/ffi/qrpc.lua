@@ -55,6 +55,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ngx_NOTICE = ngx.NOTICE
+local ngx_INFO = ngx.INFO
 local get_phase = ngx.get_phase
 local worker_exiting = ngx.worker.exiting
 local timer_at = ngx.timer.at
@@ -831,6 +832,7 @@ local function supervise(gen)
     local ended = sema_new(0)
     local sock, reader
     local last_sweep = ngx_now()
+    local last_exit_log = 0
     while gen == disp_gen do
         if not reader then
             local err
@@ -849,8 +851,16 @@ local function supervise(gen)
         drain()
         disp_beat = ngx_now()
 
-        if worker_exiting() and npend == 0 then
-            break
+        if worker_exiting() then
+            if npend == 0 then
+                break
+            end
+            local now = ngx_now()
+            if now - last_exit_log >= 2 then
+                last_exit_log = now
+                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", npend,
+                        " call(s) in flight")
+            end
         end
         local ok = ended:wait(reader and POLL_S or math_max(POLL_S, 0.1 * disp_fails))
         if ok then
@@ -868,6 +878,7 @@ local function supervise(gen)
         thread_kill(reader)
         sock:close()
     end
+    ngx_log(ngx_INFO, "qrpc: dispatcher stopped")
 end
 
 
