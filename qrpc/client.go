@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -143,7 +144,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 			_ = conn.CloseWithError(0, "")
 			return nil, classifyDialError(c.addr, fmt.Errorf("open stream: %w", err))
 		}
-		s.streams = append(s.streams, &cstream{sess: s, s: st})
+		s.streams = append(s.streams, &cstream{sess: s, s: st, eof: make(chan struct{})})
 	}
 	for _, st := range s.streams {
 		c.wg.Add(1)
@@ -259,11 +260,40 @@ func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	if c.cfg.CloseLinger > 0 {
+		c.linger(c.cfg.CloseLinger)
+	}
 	c.cancel()
 	c.wg.Wait()
 	return nil
 }
 
+// linger closes the send side of every stream (after what is queued) and
+// waits, at most d, until the server closes its side of each: that is its
+// way of saying it has read everything, so events sent just before Close
+// are not lost. Calls still in flight may complete meanwhile.
+func (c *Client) linger(d time.Duration) {
+	var waits []chan struct{}
+	for _, sl := range c.slots {
+		s := sl.cur.Load()
+		if s == nil || s.dead.Load() {
+			continue
+		}
+		for _, st := range s.streams {
+			st.finish()
+			waits = append(waits, st.eof)
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-t.C:
+			return
+		}
+	}
+}
 func (c *Client) session() (*session, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
@@ -476,6 +506,21 @@ type cstream struct {
 	queue    []*[]byte // frames waiting for flow-control credit, in order
 	queued   int       // bytes in queue
 	flushing bool
+	closing  bool          // finish was called: no more writes
+	eof      chan struct{} // closed when the server has closed its side
+}
+
+// finish closes the send side once the queue is flushed.
+func (st *cstream) finish() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closing {
+		return
+	}
+	st.closing = true
+	if !st.flushing {
+		_ = st.s.Close()
+	}
 }
 
 // write sends one encoded frame, taking ownership of buf. The fast path
@@ -484,6 +529,11 @@ type cstream struct {
 func (st *cstream) write(buf *[]byte) error {
 	codec := st.sess.c.codec
 	st.mu.Lock()
+	if st.closing {
+		st.mu.Unlock()
+		codec.PutBuffer(buf)
+		return ErrClosed
+	}
 	if !st.flushing {
 		err := st.s.TryWriteAll(*buf)
 		if err == nil {
@@ -521,6 +571,9 @@ func (st *cstream) flush() {
 		st.mu.Lock()
 		if len(st.queue) == 0 {
 			st.flushing = false
+			if st.closing {
+				_ = st.s.Close()
+			}
 			st.mu.Unlock()
 			return
 		}
@@ -557,6 +610,15 @@ func (st *cstream) readLoop() {
 	for {
 		kind, payload, err := fr.Next()
 		if err != nil {
+			if errors.Is(err, io.EOF) {
+				st.mu.Lock()
+				closing := st.closing
+				st.mu.Unlock()
+				if closing { // the answer to finish(): all read
+					close(st.eof)
+					return
+				}
+			}
 			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||
 				errors.Is(err, frame.ErrTooLarge) || errors.Is(err, frame.ErrBadCompression) ||
 				errors.Is(err, frame.ErrBadLength) {

@@ -61,6 +61,12 @@ type Config struct {
 	// connection-backoff defaults: 1 s, ×1.6, ±20 % jitter, 120 s cap.
 	BackoffBase, BackoffMax time.Duration
 
+	// CloseLinger is how long Close waits for the server to confirm it has
+	// read everything sent (events included) before closing the
+	// connections (default 1 s; negative: do not wait). A qrpc server of
+	// this package confirms at once; others may make Close wait it out.
+	CloseLinger time.Duration
+
 	// Logger receives the client's own log lines (never request or response
 	// bodies). Default: slog.Default().
 	Logger *slog.Logger
@@ -97,6 +103,9 @@ func (c *Config) populate() (Config, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.CloseLinger == 0 {
+		cfg.CloseLinger = time.Second
 	}
 	switch {
 	case cfg.Conns < 1 || cfg.Conns > 64:

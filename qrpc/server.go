@@ -285,8 +285,9 @@ func (s *Server) serveConn(conn *quic.Conn) {
 }
 
 type sstream struct {
-	s  *quic.Stream
-	mu sync.Mutex // one writer at a time
+	s       *quic.Stream
+	mu      sync.Mutex     // one writer at a time
+	running sync.WaitGroup // handlers of this stream still to answer
 }
 
 func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}) {
@@ -296,6 +297,14 @@ func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}
 	for {
 		kind, payload, err := fr.Next()
 		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// The client closed its side (Client.Close): answer what is
+				// in flight, then close ours, which tells the client that
+				// everything it sent has been read.
+				st.running.Wait()
+				_ = qs.Close()
+				return
+			}
 			if !isEndOfStream(err) {
 				s.cfg.Logger.Warn("qrpc stream closed on bad input", "remote", conn.RemoteAddr().String(), "err", err)
 				qs.CancelRead(1)
@@ -324,7 +333,11 @@ func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}
 		if kind == frame.KindEvent {
 			go s.runEvent(conn, req, sem)
 		} else {
-			go s.runUnary(conn, st, req, sem)
+			st.running.Add(1)
+			go func() {
+				defer st.running.Done()
+				s.runUnary(conn, st, req, sem)
+			}()
 		}
 	}
 }
