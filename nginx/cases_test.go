@@ -757,3 +757,85 @@ func TestHostSelection(t *testing.T) {
 		},
 	})
 }
+
+func TestInitWorker(t *testing.T) {
+	runBlocks(t, []block{{
+		name: "init_worker loads the library and starts the dispatcher",
+		conf: ngxConf{InitWorkerByLua: `
+        local qrpc = require "resty.ffi.qrpc"
+        local ok, err = qrpc.init_worker()
+        if not ok then ngx.log(ngx.ERR, "init_worker: ", err) end`},
+		path:   "/stats",
+		bodyRe: `^pid=\d+ loaded=true host=builtin inflight=0 waiting=0 connections=0 dispatcher=true\n$`,
+		repeat: 4,
+	}})
+}
+
+// TestRestyFFIHost drives the lua-resty-ffi host of the Lua module: a
+// stand-in for lua-resty-ffi (testdata/fake_resty_ffi.*, same contract,
+// since the real one needs a rebuilt nginx) and everything else real.
+func TestRestyFFIHost(t *testing.T) {
+	requireNginx(t)
+	if shimPath == "" {
+		t.Skipf("lua-resty-ffi stand-in unavailable: %v", shimErr)
+	}
+	runBlocks(t, []block{{
+		name: "calls through the task queue",
+		conf: ngxConf{
+			InitByLua: `
+        local qt = require "qtest"
+        require("fake_resty_ffi").install(qt.shim)
+        assert(require("resty.ffi.qrpc").configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" })`,
+			Server: loc("/t", connectT+`
+                local fake = require "fake_resty_ffi"
+                ngx.say("host: ", qrpc.stats().host)
+                local res, err = conn:unary("greet", "ffi", { headers = { ["x-id"] = "9" } })
+                ngx.say(res.code, " ", res.body, " ", res.headers["x-id"], " ", res.headers["x-greeted"])
+                res = conn:unary("fail", "x")
+                ngx.say(res.code, " ", res.body)
+                local big = string.rep("0123456789abcdef", 6400)
+                res = conn:unary("echo", big, { timeout = 5000 })
+                ngx.say(#res.body, " ", res.body == big)
+                local t0 = ngx.now()
+                res, err = conn:unary("slow", "3000", { timeout = 200 })
+                ngx.update_time()
+                ngx.say(tostring(res), " ", err, " within 1s: ", ngx.now() - t0 < 1)
+                ngx.say("event: ", tostring(conn:event("count", "resty_ffi")))
+                ngx.say("echo: ", qrpc._echo("via the task queue"))
+                local threads = {}
+                for i = 1, 20 do
+                    threads[i] = ngx.thread.spawn(function()
+                        local r, e = conn:unary("echo", "t" .. i)
+                        return r and r.body or e
+                    end)
+                end
+                local good = 0
+                for i = 1, 20 do
+                    local _, body = ngx.thread.wait(threads[i])
+                    if body == "t" .. i then good = good + 1 end
+                end
+                ngx.say("threads: ", good)
+                local c2, cerr = qrpc.connect(qt.addr, { ca = qt.other_ca, server_name = "localhost" })
+                ngx.say(tostring(c2), " ", cerr)
+                local c3 = assert(qt.connect({ timeout = 2222 }))
+                ngx.say("close: ", tostring(c3:close()))
+                ngx.say(tostring(c3:unary("echo", "x")), " ", select(2, c3:unary("echo", "x")))
+                ngx.say("tasks answered once: ", fake.bad_answers == 0, " tasks: ", fake.tasks > 20)`)},
+		body: lines(
+			"host: resty_ffi",
+			"0 hello, ffi 9 yes",
+			"7 failed on purpose",
+			"102400 true",
+			"nil timeout within 1s: true",
+			"event: true",
+			"echo: via the task queue",
+			"threads: 20",
+			"nil connect: certificate signed by unknown authority",
+			"close: true",
+			"nil closed",
+			"tasks answered once: true tasks: true",
+		),
+		// Go's own log lines reach error.log with this host too.
+		logHas: []string{`qrpc: connect failed addr=127\.0\.0\.1:\d+ err=`},
+	}})
+}

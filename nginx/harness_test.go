@@ -45,6 +45,9 @@ var (
 	luaDir     string // the repository's lua/ directory
 	libDir     string // holds libffi_qrpc.so
 	libPath    string
+	testLua    string // nginx/testdata
+	shimPath   string // libfake_resty_ffi.so, "" when it could not be built
+	shimErr    error
 
 	ca, otherCA   *certs.CA
 	serverPair    certs.Pair
@@ -75,6 +78,7 @@ func setup() (func(), error) {
 		return nil, err
 	}
 	luaDir = filepath.Join(repoRoot, "lua")
+	testLua = filepath.Join(repoRoot, "nginx", "testdata")
 
 	if reason := findNginx(); reason != "" {
 		if os.Getenv("CI") == "true" {
@@ -109,6 +113,11 @@ func setup() (func(), error) {
 		if err := buildLibrary(libPath); err != nil {
 			return fail(err)
 		}
+	}
+
+	shimPath, shimErr = buildShim(filepath.Join(libDir, "libfake_resty_ffi.so"))
+	if shimErr != nil && os.Getenv("CI") == "true" {
+		return fail(shimErr)
 	}
 
 	if err := makeCerts(); err != nil {
@@ -158,6 +167,24 @@ func buildLibrary(out string) error {
 		return fmt.Errorf("building libffi_qrpc.so: %v\n%s", err, b)
 	}
 	return os.Chmod(out, 0o755)
+}
+
+// buildShim compiles testdata/fake_resty_ffi.c, the stand-in for
+// lua-resty-ffi's C side.
+func buildShim(out string) (string, error) {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "gcc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		return "", fmt.Errorf("no C compiler (%s) for testdata/fake_resty_ffi.c: %w", cc, err)
+	}
+	cmd := exec.Command(cc, "-O2", "-Wall", "-shared", "-fPIC", "-o", out,
+		filepath.Join(testLua, "fake_resty_ffi.c"), "-lpthread")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the lua-resty-ffi stand-in: %v\n%s", err, b)
+	}
+	return out, os.Chmod(out, 0o755)
 }
 
 func makeCerts() error {
@@ -447,7 +474,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 			libPath, filepath.Join(dir, "run"))
 	}
 	data := map[string]any{
-		"Dir": dir, "LuaDir": lua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
+		"Dir": dir, "LuaDir": lua, "TestLua": testLua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
 		"EnvNames": c.EnvNames, "Main": c.Main, "HTTP": c.HTTP, "Server": c.Server,
 		"InitByLua": init, "InitWorkerByLua": c.InitWorkerByLua,
 	}
@@ -524,6 +551,7 @@ func qtestModule(t *testing.T, c ngxConf, dir string) string {
 	field("pin_hex", pinHex)
 	field("pin_b64", pinB64)
 	field("lib", libPath)
+	field("shim", shimPath)
 	field("dir", dir)
 	field("test", t.Name())
 	for k, v := range c.Extra {

@@ -1708,6 +1708,21 @@ function _M.configure(opts)
 end
 
 
+-- qrpc.init_worker() -> true | nil, err. Optional, from init_worker_by_lua:
+-- loads the library and starts the dispatcher now rather than at the first
+-- call, so that a missing library shows at start-up.
+function _M.init_worker()
+    if get_phase() == "init" then
+        return nil, ERR_INIT
+    end
+    local ok, err = ensure_loaded()
+    if not ok then
+        return nil, err
+    end
+    return ensure_dispatcher()
+end
+
+
 -- qrpc._echo(body) -> body | nil, err: a round trip through the library and
 -- back with no network, for the IPC benchmark.
 function _M._echo(body)
