@@ -2,12 +2,15 @@ package nginx
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
 // block is one Test::Nginx-style case: a config snippet, a request, the
@@ -837,5 +840,58 @@ func TestRestyFFIHost(t *testing.T) {
 		),
 		// Go's own log lines reach error.log with this host too.
 		logHas: []string{`qrpc: connect failed addr=127\.0\.0\.1:\d+ err=`},
+	}})
+}
+
+func TestEventQueueFull(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	srv, err := newTestServerCfg("127.0.0.1:0", nil, qrpc.ServerConfig{MaxHandlers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.release(); _ = srv.close() })
+	n := startNginx(t, ngxConf{QServer: srv, Workers: 1, Server: loc("/t", `
+                local qt = require "qtest"
+                -- one stream, so that one stuck stream is the whole connection
+                local conn = assert(qt.connect({ streams = 1 }))
+                -- incompressible, so that zstd does not shrink it
+                local chunk = {}
+                for i = 1, 1024 * 1024 do chunk[i] = string.char(math.random(0, 255)) end
+                local body = table.concat(chunk)
+                local sent, refused
+                for i = 1, 200 do
+                    local ok, err = conn:event("block", body)
+                    if not ok then refused = err break end
+                    sent = i
+                end
+                ngx.say("refused: ", refused, " after ", sent and sent > 1, " dropped: ", conn:stats().dropped)`)})
+	st, body := n.get("/t")
+	if st != 200 || body != "refused: queue full after true dropped: 1\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+}
+
+func TestConnectFailures(t *testing.T) {
+	requireNginx(t)
+	// A UDP port nobody listens on.
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := pc.LocalAddr().String()
+	_ = pc.Close()
+	runBlocks(t, []block{{
+		name: "unreachable and malformed addresses",
+		conf: ngxConf{Extra: map[string]string{"dead": dead}, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local t0 = ngx.now()
+                local c, err = qrpc.connect(qt.dead, qt.opts({ timeout = 500 }))
+                ngx.update_time()
+                ngx.say(tostring(c), " [", err, "] bounded: ", ngx.now() - t0 < 2)
+                c, err = qrpc.connect("no-port-here", qt.opts())
+                ngx.say(tostring(c), " [", err, "]")`)},
+		bodyRe: `^nil \[connect: [^\]]+\] bounded: true\nnil \[bad argument #1: addr must be host:port \(got "no-port-here"\)\]\n$`,
 	}})
 }

@@ -227,6 +227,9 @@ func requireNginx(t *testing.T) {
 // counts events per body and the connections that carried requests.
 type testServer struct {
 	clientCAs *x509.CertPool
+	cfg       qrpc.ServerConfig
+	block     chan struct{} // the "block" event handler waits for it to close
+	unblock   sync.Once
 
 	mu     sync.Mutex
 	srv    *qrpc.Server
@@ -237,7 +240,13 @@ type testServer struct {
 }
 
 func newTestServer(addr string, clientCAs *x509.CertPool) (*testServer, error) {
-	s := &testServer{clientCAs: clientCAs, events: map[string]int{}, conns: map[context.Context]struct{}{}}
+	return newTestServerCfg(addr, clientCAs, qrpc.ServerConfig{})
+}
+
+// newTestServerCfg starts a server with cfg (its reset key is set here).
+func newTestServerCfg(addr string, clientCAs *x509.CertPool, cfg qrpc.ServerConfig) (*testServer, error) {
+	s := &testServer{clientCAs: clientCAs, cfg: cfg, events: map[string]int{}, conns: map[context.Context]struct{}{},
+		block: make(chan struct{})}
 	if err := s.start(addr); err != nil {
 		return nil, err
 	}
@@ -249,7 +258,9 @@ func (s *testServer) start(addr string) error {
 	if err != nil {
 		return err
 	}
-	srv := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key})
+	cfg := s.cfg
+	cfg.StatelessResetKey = key
+	srv := qrpc.NewServer(&cfg)
 	s.register(srv)
 	a, err := srv.Listen(addr, qrpc.ServerTLSConfig(serverTLSCert, s.clientCAs))
 	if err != nil {
@@ -278,6 +289,8 @@ func (s *testServer) restart(down time.Duration) error {
 	}
 	return fmt.Errorf("restart on %s: %w", addr, err)
 }
+
+func (s *testServer) release() { s.unblock.Do(func() { close(s.block) }) }
 
 func (s *testServer) stop() {
 	s.mu.Lock()
@@ -361,6 +374,14 @@ func (s *testServer) register(srv *qrpc.Server) {
 		}
 		resp.Body = b.Bytes()[:n]
 		resp.Headers = [][]byte{[]byte("x-md5"), []byte(md5hex(resp.Body))}
+	})
+	// block holds its handler until release: with MaxHandlers 1 the server
+	// stops reading, so the client's send queue fills.
+	srv.HandleEvent("block", func(ctx context.Context, req *qrpc.Request) {
+		select {
+		case <-s.block:
+		case <-ctx.Done():
+		}
 	})
 	srv.HandleEvent("count", func(ctx context.Context, req *qrpc.Request) {
 		s.seen(ctx)

@@ -432,3 +432,37 @@ func TestJITHotLoop(t *testing.T) {
 		t.Errorf("NYI in qrpc.lua's traces:\n%s", strings.Join(nyi, "\n"))
 	}
 }
+
+// TestCallAfterDispatcherStopped: a request still running when the worker
+// starts exiting makes its first call after the dispatcher has already
+// stopped (no call was waiting); the call must still complete.
+func TestCallAfterDispatcherStopped(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, LogLevel: "info", Server: loc("/late", connectT+`
+                ngx.sleep(1.5)
+                local res, err = conn:unary("echo", "late ok", { timeout = 2000 })
+                ngx.say(res and res.body or err, " exiting=", ngx.worker.exiting())`)})
+	done := make(chan string, 1)
+	go func() {
+		st, body, _, err := n.do("GET", "/late", "")
+		done <- fmt.Sprintf("%d %q %v", st, body, err)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	n.client.CloseIdleConnections()
+	n.signal("quit")
+	select {
+	case r := <-done:
+		if r != `200 "late ok exiting=true\n" <nil>` {
+			t.Errorf("request in flight at quit: %s", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not complete")
+	}
+	if !n.waitExit(5 * time.Second) {
+		t.Fatal("nginx did not exit")
+	}
+	if c := n.logCount(`qrpc: dispatcher stopped`); c < 1 {
+		t.Errorf("the dispatcher never stopped (%d)", c)
+	}
+}

@@ -1385,6 +1385,9 @@ function _M.connect(addr, opts)
         return bad(1, "addr must be a non-empty string host:port (got "
                       .. type(addr) .. ")")
     end
+    if not str_find(addr, ":%d+$") then
+        return bad(1, "addr must be host:port (got \"" .. addr .. "\")")
+    end
     if opts == nil then
         opts = EMPTY
     elseif type(opts) ~= "table" then
