@@ -466,3 +466,35 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 		t.Errorf("the dispatcher never stopped (%d)", c)
 	}
 }
+
+// TestDispatcherReopensItsSocket takes the wake-up socket away from the
+// dispatcher (another connection to a fresh qrpc_wake_open socket makes Go
+// drop the dispatcher's); the dispatcher notices, opens a new one, and
+// calls keep completing.
+func TestDispatcherReopensItsSocket(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                assert(conn:unary("echo", "before"))
+                local ffi = require "ffi"
+                local lib = ffi.load(qt.lib)
+                local path, errbuf = ffi.new("char[256]"), ffi.new("char[256]")
+                local dir = qt.dir .. "/run"
+                assert(lib.qrpc_wake_open(dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
+                local thief = ngx.socket.tcp()
+                assert(thief:connect("unix:" .. ffi.string(path)))
+                ngx.sleep(0.3)
+                local ok = 0
+                for i = 1, 20 do
+                    local res = conn:unary("echo", "after " .. i, { timeout = 3000 })
+                    if res and res.body == "after " .. i then ok = ok + 1 end
+                end
+                thief:close()
+                ngx.say("calls after the theft: ", ok, " dispatcher: ", qrpc.stats().dispatcher)`)})
+	if st, body := n.get("/t"); st != 200 || body != "calls after the theft: 20 dispatcher: true\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+	if n.logCount(`\[warn\].*qrpc: wake-up socket: closed`) == 0 {
+		t.Error("the dispatcher did not notice that its socket was taken")
+	}
+}

@@ -5,19 +5,58 @@
 -- hosts:
 --   "builtin"   stock ngx_lua only: qrpc_submit, a per-worker completion
 --               queue, a unix-socket wake-up read by one background light
---               thread (the dispatcher), and one ngx.semaphore per waiting call;
---   "resty_ffi" lua-resty-ffi's ngx.load_ffi runtime (rebuilt nginx).
+--               thread (the dispatcher), one ngx.semaphore per waiting call;
+--   "resty_ffi" lua-resty-ffi's ngx.load_ffi runtime (a rebuilt nginx):
+--               connect, unary and _echo go through its task queue; event,
+--               close and stats still call qrpc_submit/qrpc_stats directly
+--               (they never wait), and Go's log lines still come through
+--               the dispatcher.
 --
 --   local qrpc = require "resty.ffi.qrpc"
---   qrpc.configure{ host = "builtin", lib = "/path/libffi_qrpc.so", socket_dir = "/tmp" }
 --   local conn, err = qrpc.connect("127.0.0.1:8081", { ca = pem, timeout = 3000 })
---   local res, err = conn:unary("greet", body, { headers = { ["x-id"] = "7" }, timeout = 500 })
---   -- res.code, res.body, res.headers
+--   local res, err = conn:unary("greet", body, { headers = { ["x-id"] = "7" } })
+--   -- res.code (number), res.body (string), res.headers ({ name = value })
 --   local ok, err = conn:event("notify", body)
---   conn:close()
+--
+-- API
+--   qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
+--       Before the first call (any phase, init_by_lua included). Omitted
+--       fields take their defaults: host: "resty_ffi" when ngx.load_ffi
+--       exists and loads the library, else "builtin"; lib: searched (the
+--       Lua root of this file and its parent, PREFIX/lib for a
+--       PREFIX/share/lua/5.1 install, package.cpath, /usr/local/lib,
+--       /usr/local/openresty/lualib, then the dynamic linker's path);
+--       socket_dir: "/tmp" (where the worker creates its wake-up socket).
+--   qrpc.init_worker()            optional, in init_worker_by_lua: load now
+--   qrpc.connect(addr, opts?)     -> conn; yields while dialling. The same
+--       addr + opts in one worker return the same connection (concurrent
+--       callers share one dial); a ready one is returned in any phase,
+--       which is how log_by_lua and filters get one. opts:
+--         server_name  SNI and verified name (default: host part of addr)
+--         ca           PEM roots replacing the system's
+--         cert, key    PEM client certificate for mTLS (both or neither)
+--         pins         { sha256-of-SPKI, ... } as 64 hex digits or base64
+--                      ("sha256//" prefix allowed), checked after the chain
+--         insecure     true to skip verification (default false)
+--         conns        QUIC connections (default 1)
+--         streams      streams per connection (default 32)
+--         timeout      ms: dial timeout and default call timeout (5000)
+--         idle_timeout ms (Go's default 30000)
+--         max_frame_size bytes (default 16 MiB; larger bodies are refused)
+--   conn:unary(method, body?, opts?) -> res; yields (rewrite, access,
+--       content, timer, ssl_* phases). opts: headers ({ name = value },
+--       numbers allowed; duplicate names in a response: the last wins),
+--       timeout (ms, 0 = the connection's). Go enforces the deadline; Lua
+--       waits 1 s longer before giving up on its own.
+--   conn:event(method, body?, opts?) -> true; never yields, any worker
+--       phase. opts: headers.
+--   conn:close() -> true (also on a closed conn); conn:stats() -> { inflight,
+--       calls, events, dropped, reconnects, queued }; qrpc.stats() -> the
+--       worker's totals plus loaded, host, lib, waiting, dispatcher,
+--       connections.
 --
 -- Error rule. Nothing here throws because of what a caller passed in: every
--- function returns nil (false for nothing) plus an error string. Misuse gives
+-- function returns nil plus an error string. Misuse gives
 -- "bad argument #N: <what>", where N counts arguments as in a plain call with
 -- the connection as #1: conn:unary(method, body, opts) is unary(conn #1,
 -- method #2, body #3, opts #4); qrpc.connect(addr #1, opts #2). Failures at
@@ -32,9 +71,14 @@
 --   "qrpc: <what>"                 anything else (library not found, phase, ...)
 -- A response with a non-zero code is an answer, not an error.
 --
+-- A call whose light thread is killed, or whose request the client aborts
+-- (with lua_check_client_abort on), is cancelled in Go within about a
+-- second; otherwise the call's deadline frees it.
+--
 -- The library is never loaded in the nginx master: a Go runtime does not
 -- survive fork(). Requiring this module in init_by_lua loads nothing; it is
--- loaded on first use in a worker.
+-- loaded on first use in a worker. http subsystem only, one Lua VM per
+-- worker (the wake-up socket and the completion queue are per process).
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
@@ -447,6 +491,12 @@ local function candidates()
         add(dir .. "/../../" .. LIBNAME)       -- the Lua root (OpenResty lualib/)
         add(dir .. "/../../../" .. LIBNAME)    -- its parent (a source checkout)
         add(dir .. "/../../../lib/" .. LIBNAME)
+        -- make install / luarocks: PREFIX/share/lua/5.1 beside PREFIX/lib
+        local prefix = str_match(dir, "^(.*)/share/lua/5%.1/resty/ffi$")
+        if prefix then
+            add(prefix .. "/lib/" .. LIBNAME)
+            add(prefix .. "/lib/lua/5.1/" .. LIBNAME)
+        end
     end
     for tmpl in str_gmatch(package_cpath or "", "[^;]+") do
         if str_find(tmpl, "?", 1, true) then
