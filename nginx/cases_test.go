@@ -592,7 +592,7 @@ func TestLibrarySearch(t *testing.T) {
 	runBlocks(t, []block{
 		{
 			name: "not found names every place it looked",
-			conf: ngxConf{CopyLua: true, InitByLua: " ", Server: loc("/t", `
+			conf: ngxConf{InitByLua: " ", Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
                 assert(qrpc.configure{ lib = "/nonexistent/libffi_qrpc.so" })
@@ -610,7 +610,7 @@ func TestLibrarySearch(t *testing.T) {
 		{
 			name: "found through LD_LIBRARY_PATH",
 			conf: ngxConf{
-				CopyLua: true, EnvNames: []string{"LD_LIBRARY_PATH"}, ProcEnv: []string{"LD_LIBRARY_PATH=" + libDir},
+				EnvNames: []string{"LD_LIBRARY_PATH"}, ProcEnv: []string{"LD_LIBRARY_PATH=" + libDir},
 				InitByLua: " ",
 				Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"

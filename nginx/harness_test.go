@@ -96,23 +96,27 @@ func setup() (func(), error) {
 	}
 	fail := func(err error) (func(), error) { cleanup(); return nil, err }
 
+	dir, err := os.MkdirTemp("", "qrpc-lib-")
+	if err != nil {
+		return fail(err)
+	}
+	cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+	// nginx workers run as nobody when the tests run as root.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fail(err)
+	}
+	libDir, libPath = dir, filepath.Join(dir, "libffi_qrpc.so")
 	if p := os.Getenv("QRPC_TEST_LIB"); p != "" {
-		libPath = p
-		libDir = filepath.Dir(p)
-	} else {
-		dir, err := os.MkdirTemp("", "qrpc-lib-")
+		// A library built beforehand (make test): copied, for the workers.
+		b, err := os.ReadFile(p)
 		if err != nil {
 			return fail(err)
 		}
-		cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
-		// nginx workers run as nobody when the tests run as root.
-		if err := os.Chmod(dir, 0o755); err != nil {
+		if err := os.WriteFile(libPath, b, 0o755); err != nil {
 			return fail(err)
 		}
-		libDir, libPath = dir, filepath.Join(dir, "libffi_qrpc.so")
-		if err := buildLibrary(libPath); err != nil {
-			return fail(err)
-		}
+	} else if err := buildLibrary(libPath); err != nil {
+		return fail(err)
 	}
 
 	shimPath, shimErr = buildShim(filepath.Join(libDir, "libfake_resty_ffi.so"))
@@ -410,9 +414,6 @@ type ngxConf struct {
 	QServer *testServer
 	// Extra are more string fields of the qtest module.
 	Extra map[string]string
-	// CopyLua runs a copy of the Lua module from the prefix, away from the
-	// repository, so that the library search cannot find a built tree.
-	CopyLua bool
 	// AllowErrors are regexps of [error] lines this test expects.
 	AllowErrors []string
 }
@@ -471,21 +472,15 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 		t.Fatal(err)
 	}
 
-	lua := luaDir
-	if c.CopyLua {
-		lua = filepath.Join(dir, "lua")
-		src, err := os.ReadFile(filepath.Join(luaDir, "resty", "ffi", "qrpc.lua"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(lua, "resty", "ffi"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(lua, "resty", "ffi", "qrpc.lua"), src, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		_ = os.Chmod(filepath.Join(lua, "resty"), 0o755)
-		_ = os.Chmod(filepath.Join(lua, "resty", "ffi"), 0o755)
+	// The Lua code runs from copies in the prefix: workers run as nobody
+	// under root, and a checkout under /root is not readable by nobody.
+	// (This also keeps the library search away from a built checkout.)
+	lua := filepath.Join(dir, "lua")
+	if err := copyTree(luaDir, lua, ".lua"); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyTree(testLua, dir, ".lua"); err != nil {
+		t.Fatal(err)
 	}
 
 	port := freePort(t)
@@ -495,7 +490,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 			libPath, filepath.Join(dir, "run"))
 	}
 	data := map[string]any{
-		"Dir": dir, "LuaDir": lua, "TestLua": testLua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
+		"Dir": dir, "LuaDir": lua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
 		"EnvNames": c.EnvNames, "Main": c.Main, "HTTP": c.HTTP, "Server": c.Server,
 		"InitByLua": init, "InitWorkerByLua": c.InitWorkerByLua,
 	}
@@ -520,7 +515,8 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 	}
 	n.cmd = exec.Command(nginxBin, "-p", dir+"/", "-c", confPath, "-e", filepath.Join(dir, "error.log"))
 	n.cmd.Env = append(os.Environ(), c.ProcEnv...)
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// If the test binary dies, the master is told to quit (its workers follow).
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGQUIT}
 	out, err := os.Create(filepath.Join(dir, "stdout.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -622,6 +618,35 @@ var (
 	portMu   sync.Mutex
 	nextPort = 20000 + os.Getpid()%10000
 )
+
+// copyTree copies the files ending in ext under src into dst, readable by
+// everyone.
+func copyTree(src, dst, ext string) error {
+	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return err
+			}
+			return os.Chmod(target, 0o755)
+		}
+		if !strings.HasSuffix(p, ext) {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, 0o644)
+	})
+}
 
 func freePort(t *testing.T) int {
 	t.Helper()
