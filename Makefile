@@ -27,9 +27,9 @@ PREFIX      ?= /usr/local
 # Lua modules: LuaJIT's default package.path (and luarocks') searches
 # $(PREFIX)/share/lua/5.1. OpenResty: LUA_LIB_DIR=/usr/local/openresty/site/lualib.
 LUA_LIB_DIR ?= $(PREFIX)/share/lua/5.1
-# The Go runtime library. The module searches /usr/local/lib (the default
-# here), its own Lua root (so OpenResty: LIB_DIR=$(LUA_LIB_DIR)), package.cpath
-# and the dynamic linker; anywhere else needs configure{ lib = ... }.
+# The Go runtime library. The module searches PREFIX/lib when it sits in
+# PREFIX/share/lua/5.1, its own Lua root (so OpenResty: LIB_DIR=$(LUA_LIB_DIR)),
+# package.cpath and the dynamic linker; anywhere else needs configure{ lib = ... }.
 LIB_DIR     ?= $(PREFIX)/lib
 INSTALL     ?= install
 LUACHECK    ?= luacheck

@@ -1,7 +1,8 @@
-// Package rockspec_test checks that the rockspec installs a working module:
-// `luarocks make` into a temporary tree, then a real nginx that loads the
-// module and the library from that tree (and only from there) makes a qrpc
-// call to a real server.
+// Package rockspec_test checks that the rockspec and `make install` install
+// a working module: `luarocks make` into a temporary tree (or `make install`
+// under a temporary PREFIX), then a real nginx that loads the module and
+// the library from there (and only from there) makes a qrpc call to a real
+// server.
 package rockspec_test
 
 import (
@@ -69,42 +70,103 @@ func TestLuarocksMakeThenNginx(t *testing.T) {
 	}
 
 	srv := startServer(t)
-	// Two ways users point the module at the library: the lib option, and
-	// the default search, which looks through lua_package_cpath (where
-	// luarocks puts the .so).
+	luaRoot := filepath.Join(tree, "share", "lua", "5.1")
+	// The ways users point the module at the library: the lib option; a
+	// lua_package_cpath into the tree; nothing at all (the module looks
+	// beside its own tree).
 	for _, tc := range []struct {
 		name, cpath, configure string
 	}{
 		{"lib option", "", fmt.Sprintf("{ lib = %q }", libFile)},
 		{"lua_package_cpath", filepath.Join(tree, "lib", "lua", "5.1", "?.so") + ";;", "{}"},
+		{"default search", "", "{}"},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
-			ndir := filepath.Join(dir, "nginx-"+strings.ReplaceAll(tc.name, " ", "_"))
-			if err := os.Mkdir(ndir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			before := srv.events.Load()
-			n := startNginx(t, nginx, ndir, map[string]any{
-				"Tree": tree, "CPath": tc.cpath, "Configure": tc.configure, "Addr": srv.addr, "CA": string(srv.ca),
-			})
-			body := n.get(t, "/t")
-			want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\nlib=%s\n", luaFile, libFile)
-			if body != want {
-				t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
-			}
-			// The event is one-way: wait for the server to count it.
-			deadline := time.Now().Add(5 * time.Second)
-			for srv.events.Load() < before+1 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
-			if got := srv.events.Load() - before; got != 1 {
-				t.Fatalf("server counted %d notify events, want 1", got)
-			}
-			n.stop(t)
-			if bad := badLogLines(n.errorLog()); len(bad) > 0 {
-				t.Fatalf("error.log has problems:\n%s", strings.Join(bad, "\n"))
-			}
+			checkFromNginx(t, nginx, dir, srv, install{luaRoot: luaRoot, luaFile: luaFile, libFile: libFile, cpath: tc.cpath, configure: tc.configure})
 		})
+	}
+}
+
+// TestMakeInstallThenNginx checks `make install`'s layout the same way:
+// PREFIX/share/lua/5.1 + PREFIX/lib, found without any hint; and DESTDIR.
+func TestMakeInstallThenNginx(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the library and starts nginx")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nginx := lookPath(t, "nginx", "install nginx libnginx-mod-http-lua lua-resty-core")
+	dir := worldReadableTempDir(t)
+	prefix := filepath.Join(dir, "prefix")
+	stage := filepath.Join(dir, "stage")
+
+	makeInstall := func(args ...string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "make", append([]string{"--no-print-directory", "install"}, args...)...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("make install %v: %v\n%s", args, err, out)
+		}
+	}
+	makeInstall("PREFIX=" + prefix)
+	makeInstall("DESTDIR="+stage, "PREFIX=/opt/qrpc")
+
+	luaRoot := filepath.Join(prefix, "share", "lua", "5.1")
+	luaFile := filepath.Join(luaRoot, "resty", "ffi", "qrpc.lua")
+	libFile := filepath.Join(prefix, "lib", "libffi_qrpc.so")
+	for _, f := range []string{
+		luaFile, libFile,
+		filepath.Join(stage, "opt", "qrpc", "share", "lua", "5.1", "resty", "ffi", "qrpc.lua"),
+		filepath.Join(stage, "opt", "qrpc", "lib", "libffi_qrpc.so"),
+	} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("not installed: %v", err)
+		}
+	}
+	checkFromNginx(t, nginx, dir, startServer(t), install{luaRoot: luaRoot, luaFile: luaFile, libFile: libFile, configure: "{}"})
+}
+
+// install says where an installation put things and how nginx finds them.
+type install struct {
+	luaRoot, luaFile, libFile string
+	cpath, configure          string
+}
+
+// checkFromNginx starts an nginx whose module path is the installation's
+// only, makes a unary call and an event through it, and checks which files
+// were loaded.
+func checkFromNginx(t *testing.T, nginx, dir string, srv *server, in install) {
+	t.Helper()
+	ndir, err := os.MkdirTemp(dir, "nginx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(ndir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := srv.events.Load()
+	n := startNginx(t, nginx, ndir, map[string]any{
+		"LuaRoot": in.luaRoot, "CPath": in.cpath, "Configure": in.configure, "Addr": srv.addr, "CA": string(srv.ca),
+	})
+	body := n.get(t, "/t")
+	want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\nlib=%s\n", in.luaFile, in.libFile)
+	if body != want {
+		t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
+	}
+	// The event is one-way: wait for the server to count it.
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.events.Load() < before+1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := srv.events.Load() - before; got != 1 {
+		t.Fatalf("server counted %d notify events, want 1", got)
+	}
+	n.stop(t)
+	if bad := badLogLines(n.errorLog()); len(bad) > 0 {
+		t.Fatalf("error.log has problems:\n%s", strings.Join(bad, "\n"))
 	}
 }
 
@@ -188,7 +250,7 @@ http {
     fastcgi_temp_path     {{.Dir}}/tmp/fastcgi;
     uwsgi_temp_path       {{.Dir}}/tmp/uwsgi;
     scgi_temp_path        {{.Dir}}/tmp/scgi;
-    lua_package_path "{{.Tree}}/share/lua/5.1/?.lua;;";
+    lua_package_path "{{.LuaRoot}}/?.lua;;";
     {{if .CPath}}lua_package_cpath "{{.CPath}}";{{end}}
 
     init_by_lua_block {
