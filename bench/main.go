@@ -8,6 +8,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -15,10 +16,12 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -26,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/template"
 	"time"
 
@@ -43,11 +47,18 @@ type params struct {
 	memN    int
 	sizes   []int
 	unSizes []int
+	only    map[string]bool
+	hold    bool
 }
+
+func (p params) want(figure string) bool { return len(p.only) == 0 || p.only[figure] }
 
 func main() {
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "short run (under a minute)")
 	out := flag.String("out", "bench/results.md", "markdown output file")
+	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
+	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement); default all")
 	flag.Parse()
 	log.SetFlags(0)
 	p := params{quick: *quick, runs: 3, seqN: 100000, parN: 200000, conc: 100, wrkDur: "8s", memN: 1000000,
@@ -55,6 +66,19 @@ func main() {
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, conc: 100, wrkDur: "2s", memN: 20000,
 			sizes: []int{512, 102400}, unSizes: []int{100, 4096}}
+	}
+	if *serve != "" {
+		if err := serveEcho(*serve); err != nil {
+			log.Fatalf("bench server: %v", err)
+		}
+		return
+	}
+	p.hold = *hold
+	p.only = map[string]bool{}
+	for _, f := range strings.Split(*only, ",") {
+		if f != "" {
+			p.only[f] = true
+		}
 	}
 	if err := run(p, *out); err != nil {
 		log.Fatalf("bench: %v", err)
@@ -100,18 +124,15 @@ func run(p params, out string) error {
 	if err != nil {
 		return err
 	}
-	cert, err := pair.TLS()
+	// The server runs in its own process, as it would in production: a
+	// server sharing the Go client's process would spare that client the
+	// cross-process wake-ups that nginx pays, and flatter the baseline.
+	srvAddr, stopSrv, err := startServerProcess(dir, pair)
 	if err != nil {
 		return err
 	}
-	srv := qrpc.NewServer(nil)
-	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
-	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	e.qrpcAddr = a.String()
+	defer stopSrv()
+	e.qrpcAddr = srvAddr
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	e.client, err = qrpc.Dial(ctx, e.qrpcAddr, &qrpc.Config{CAPEM: ca.CertPEM, ServerName: "localhost"})
 	cancel()
@@ -149,21 +170,32 @@ func run(p params, out string) error {
 	}
 	defer e.nginx.stop()
 
+	if p.hold {
+		log.Printf("holding: nginx on 127.0.0.1:%d, prefix %s; GET /bench?kind=unary&n=100&size=100&c=1; Ctrl-C to end", e.nginx.port, dir)
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		<-sig
+		return nil
+	}
 	var t table
 	t.machine = machine()
-	if err := figureIPC(e, p, &t); err != nil {
+	if !p.want("ipc") {
+	} else if err := figureIPC(e, p, &t); err != nil {
 		return fmt.Errorf("ipc: %w", err)
 	}
-	if err := figureUnary(e, p, &t); err != nil {
+	if !p.want("unary") {
+	} else if err := figureUnary(e, p, &t); err != nil {
 		return fmt.Errorf("unary: %w", err)
 	}
-	if err := figureHTTP(e, p, &t); err != nil {
+	if !p.want("http") {
+	} else if err := figureHTTP(e, p, &t); err != nil {
 		return fmt.Errorf("http: %w", err)
 	}
-	if err := figureMemory(e, p, &t); err != nil {
+	if !p.want("memory") {
+	} else if err := figureMemory(e, p, &t); err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
-	if !p.quick {
+	if !p.quick && p.want("placement") {
 		if err := figurePlacement(e, p, &t); err != nil {
 			return fmt.Errorf("placement: %w", err)
 		}
@@ -190,6 +222,63 @@ func repoRoot() (string, error) {
 		}
 	}
 	return "", errors.New("go.mod not found above " + dir)
+}
+
+// ---- the qrpc server (a child process) ----
+
+func serveEcho(files string) error {
+	certFile, keyFile, ok := strings.Cut(files, ",")
+	if !ok {
+		return errors.New("-serve wants cert,key")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return err
+	}
+	srv := qrpc.NewServer(&qrpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)})
+	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("ADDR %s\n", a)
+	// The parent holds our stdin: its end (even a crash) stops us.
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return srv.Close()
+}
+
+func startServerProcess(dir string, pair certs.Pair) (string, func(), error) {
+	certFile, keyFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
+	if err := os.WriteFile(certFile, pair.CertPEM, 0o644); err != nil {
+		return "", nil, err
+	}
+	if err := os.WriteFile(keyFile, pair.KeyPEM, 0o600); err != nil {
+		return "", nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(self, "-serve", certFile+","+keyFile)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { stdin.Close(); _ = cmd.Wait() }
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ADDR ") {
+		stop()
+		return "", nil, fmt.Errorf("server process: %q: %v", line, err)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, "ADDR ")), stop, nil
 }
 
 // ---- servers used as baselines ----
@@ -727,7 +816,7 @@ func (t *table) markdown(p params) string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %.2f %s | %s |\n", r.name, r.subject, r.baseline, r.ratio, r.ratioLabel, target)
 	}
-	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client (same process as the server) making the same calls to the same server; HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream.\n")
+	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server (a separate process, like nginx); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream.\n")
 	for _, n := range t.notes {
 		fmt.Fprintf(&b, "\n%s\n", n)
 	}
