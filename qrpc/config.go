@@ -210,6 +210,7 @@ func classifyDialError(addr string, err error) error {
 		hs          *quic.HandshakeTimeoutError
 		tErr        *quic.TransportError
 		opErr       *net.OpError
+		dnsErr      *net.DNSError
 	)
 	msg := err.Error()
 	switch {
@@ -238,6 +239,8 @@ func classifyDialError(addr string, err error) error {
 		reason = "client certificate rejected by server"
 	case errors.As(err, &tErr) && tErr.ErrorCode.IsCryptoError():
 		reason = "tls handshake failed"
+	case errors.As(err, &dnsErr):
+		reason = "cannot resolve host"
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		reason = "cannot resolve or reach address"
 	case bytes.Contains([]byte(msg), []byte("connection refused")):

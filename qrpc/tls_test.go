@@ -244,3 +244,16 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("cert without key: %v", err)
 	}
 }
+
+// TestDialUnresolvable: a host name that does not resolve says so.
+func TestDialUnresolvable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, addr := range []string{"nohost.invalid:443", "256.1.1.1:5"} {
+		_, err := qrpc.Dial(ctx, addr, &qrpc.Config{DialTimeout: time.Second, Logger: quiet})
+		var de *qrpc.DialError
+		if !errors.As(err, &de) || de.Reason != "cannot resolve host" {
+			t.Errorf("%s: %v, want reason %q", addr, err, "cannot resolve host")
+		}
+	}
+}
