@@ -402,20 +402,25 @@ func TestLogsGoThroughTheQueue(t *testing.T) {
 	d := openBuiltin(t)
 	rt.logger.WithGroup("g").With("addr", "127.0.0.1:1").Warn("qrpc something happened", "err", "boom now")
 	d.pump(2 * time.Second)
-	if len(d.logs) != 1 || d.logs[0] != `5 qrpc: something happened g.addr=127.0.0.1:1 g.err="boom now"` {
-		t.Fatalf("logs %q", d.logs)
+	// Clients closed by earlier tests may still log ("connection lost"):
+	// look for our line among whatever else arrived.
+	if n := countLogs(d.logs, `5 qrpc: something happened g.addr=127.0.0.1:1 g.err="boom now"`); n != 1 {
+		t.Fatalf("our line arrived %d times; logs %q", n, d.logs)
 	}
 	drops := builtin.logDrops.Load()
 	for i := 0; i < maxQueuedLogs+50; i++ {
 		rt.logger.Info("qrpc flood")
 	}
-	if got := builtin.logDrops.Load() - drops; got != 50 {
-		t.Fatalf("%d log lines dropped, want 50", got)
-	}
+	got := builtin.logDrops.Load() - drops
 	d.logs = nil
 	d.pump(2 * time.Second)
-	if len(d.logs) != maxQueuedLogs || d.logs[0] != "6 qrpc: flood" {
-		t.Fatalf("%d log lines drained (first %q)", len(d.logs), d.logs[:1])
+	flood := countLogs(d.logs, "6 qrpc: flood")
+	// The queue was full, and every flood line was either queued or
+	// counted as dropped (a stray line may have taken a slot, or been
+	// dropped itself).
+	if len(d.logs) != maxQueuedLogs || got < 50 || flood+int(got) < maxQueuedLogs+50 || flood < maxQueuedLogs-5 {
+		t.Fatalf("%d lines drained (%d flood), %d dropped; want %d drained and 50 dropped",
+			len(d.logs), flood, got, maxQueuedLogs)
 	}
 	// Below Info nothing is formatted.
 	rt.logger.Debug("qrpc quiet")
@@ -597,4 +602,14 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	if found != 2 {
 		t.Fatalf("panic log lines: %q", d.logs)
 	}
+}
+
+func countLogs(logs []string, line string) int {
+	n := 0
+	for _, l := range logs {
+		if l == line {
+			n++
+		}
+	}
+	return n
 }
