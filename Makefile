@@ -97,7 +97,7 @@ test-rockspec:
 lint:
 	@echo "gofmt -l ."; out=$$($(GOFMT) -l .); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(LUACHECK) --codes lua demo/lua
+	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run; do bash -n "$$f" || exit 1; done
 
 # ---- benchmark -----------------------------------------------------------------

@@ -24,7 +24,7 @@ inside libffi_qrpc.so, loaded with LuaJIT FFI in each worker. Works on stock
 OpenResty or nginx + ngx_lua + lua-resty-core, and through lua-resty-ffi.
 ]],
    homepage = "https://github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc",
-   license = "MIT", -- TODO(lead): confirm the license
+   license = "MIT",
    labels = { "openresty", "nginx", "quic", "rpc", "ffi" },
 }
 
