@@ -45,7 +45,7 @@ GO_TEST_FLAGS   ?=
 LIB_SRC := go.mod go.sum $(shell find ffi qrpc internal -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' 2>/dev/null)
 DEMO_SRC := $(shell find demo/server -type f -name '*.go' ! -name '*_test.go' 2>/dev/null)
 
-.PHONY: all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench install uninstall proto clean help
+.PHONY: proto-check all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench install uninstall proto clean help
 
 all: $(LIB)
 
@@ -80,7 +80,7 @@ demo-stop:
 
 # The library is built first so that a build error shows up as one, not as
 # a failing test.
-test: lint $(LIB) test-go test-race
+test: lint proto-check $(LIB) test-go test-race
 
 test-go: $(LIB)
 	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
@@ -140,6 +140,10 @@ proto:
 	  --go-vtproto_out=. --go-vtproto_opt=module=github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc \
 	  --go-vtproto_opt=features=marshal+unmarshal+unmarshal_unsafe+size+equal+clone \
 	  proto/qrpc.proto
+
+# The committed generated code must be what `make proto` produces.
+proto-check: proto
+	@git diff --exit-code --stat -- qrpc/qrpcpb || { echo "qrpc/qrpcpb differs from 'make proto' output: commit the regenerated files"; exit 1; }
 
 clean:
 	@demo/scripts/down --quiet
