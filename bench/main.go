@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"text/template"
 	"time"
+	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -40,15 +41,20 @@ import (
 type params struct {
 	quick   bool
 	runs    int
-	seqN    int // sequential calls per run
-	parN    int // calls per concurrent run
+	seqN    int // sequential unary calls per run
+	parN    int // unary calls per concurrent run
+	ipcSeqN int // sequential IPC calls per run
+	ipcParN int // IPC calls per concurrent run
 	conc    int // light threads / goroutines
 	wrkDur  string
 	memN    int
 	sizes   []int
 	unSizes []int
+	placeN  int // sequential calls per run in the placement figure
 	only    map[string]bool
 	hold    bool
+
+	gomaxprocs, affinity string // of the main nginx
 }
 
 func (p params) want(figure string) bool { return len(p.only) == 0 || p.only[figure] }
@@ -59,13 +65,33 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
 	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement); default all")
+	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
+	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
+	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
+	gmp := flag.String("gomaxprocs", "", "GOMAXPROCS of the nginx worker (placement figure aside)")
+	aff := flag.String("affinity", "", "worker_cpu_affinity of the nginx worker, e.g. 01 (placement figure aside)")
+	client := flag.String("client", "", "internal: run the Go baseline client against this address")
+	clientCA := flag.String("ca", "", "internal: CA file for -client")
+	clientKind := flag.String("kind", "seq", "internal: -client loop, seq or par")
+	clientN := flag.Int("n", 1000, "internal: -client calls")
+	clientSize := flag.Int("size", 100, "internal: -client body size")
+	clientC := flag.Int("c", 1, "internal: -client goroutines")
 	flag.Parse()
 	log.SetFlags(0)
-	p := params{quick: *quick, runs: 3, seqN: 100000, parN: 200000, conc: 100, wrkDur: "8s", memN: 1000000,
-		sizes: []int{512, 4096, 10240, 102400}, unSizes: []int{100, 4096}}
+	// Full mode must finish in under 10 minutes on 2 vCPUs (issue 5); on
+	// such a machine a sequential unary call takes 0.3-0.5 ms and a unix
+	// socket echo of 100 KB 0.2 ms, hence these counts.
+	p := params{quick: *quick, runs: 3, seqN: 30000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
+		wrkDur: "5s", memN: 1000000, sizes: []int{512, 4096, 10240, 102400}, unSizes: []int{100, 4096}, placeN: 5000}
 	if p.quick {
-		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, conc: 100, wrkDur: "2s", memN: 20000,
-			sizes: []int{512, 102400}, unSizes: []int{100, 4096}}
+		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
+			wrkDur: "2s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096}, placeN: 3000}
+	}
+	if *client != "" {
+		if err := runClient(*client, *clientCA, *clientKind, *clientN, *clientSize, *clientC); err != nil {
+			log.Fatalf("bench client: %v", err)
+		}
+		return
 	}
 	if *serve != "" {
 		if err := serveEcho(*serve); err != nil {
@@ -74,6 +100,16 @@ func main() {
 		return
 	}
 	p.hold = *hold
+	if *runs > 0 {
+		p.runs = *runs
+	}
+	if *seqN > 0 {
+		p.seqN = *seqN
+	}
+	if *parN > 0 {
+		p.parN = *parN
+	}
+	p.gomaxprocs, p.affinity = *gmp, *aff
 	p.only = map[string]bool{}
 	for _, f := range strings.Split(*only, ",") {
 		if f != "" {
@@ -88,8 +124,9 @@ func main() {
 type env struct {
 	dir      string
 	lib      string
-	client   *qrpc.Client
+	caFile   string
 	qrpcAddr string
+	srvPID   int
 	nginx    *nginx
 }
 
@@ -127,19 +164,16 @@ func run(p params, out string) error {
 	// The server runs in its own process, as it would in production: a
 	// server sharing the Go client's process would spare that client the
 	// cross-process wake-ups that nginx pays, and flatter the baseline.
-	srvAddr, stopSrv, err := startServerProcess(dir, pair)
+	srvAddr, srvPID, stopSrv, err := startServerProcess(dir, pair)
 	if err != nil {
 		return err
 	}
 	defer stopSrv()
-	e.qrpcAddr = srvAddr
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	e.client, err = qrpc.Dial(ctx, e.qrpcAddr, &qrpc.Config{CAPEM: ca.CertPEM, ServerName: "localhost"})
-	cancel()
-	if err != nil {
+	e.qrpcAddr, e.srvPID = srvAddr, srvPID
+	e.caFile = filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(e.caFile, ca.CertPEM, 0o644); err != nil {
 		return err
 	}
-	defer e.client.Close()
 
 	udsPath := filepath.Join(dir, "echo.sock")
 	stopUDS, err := startUDSEcho(udsPath)
@@ -165,7 +199,7 @@ func run(p params, out string) error {
 		"Dir": dir, "LuaDir": filepath.Join(root, "lua"), "BenchLua": filepath.Join(root, "bench", "lua"),
 		"Lib": e.lib, "HTTPAddr": httpAddr,
 	}}
-	if err := e.nginx.start("", ""); err != nil {
+	if err := e.nginx.start(p.gomaxprocs, p.affinity); err != nil {
 		return err
 	}
 	defer e.nginx.stop()
@@ -195,7 +229,7 @@ func run(p params, out string) error {
 	} else if err := figureMemory(e, p, &t); err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
-	if !p.quick && p.want("placement") {
+	if (!p.quick && p.want("placement")) || p.only["placement"] {
 		if err := figurePlacement(e, p, &t); err != nil {
 			return fmt.Errorf("placement: %w", err)
 		}
@@ -247,38 +281,38 @@ func serveEcho(files string) error {
 	return srv.Close()
 }
 
-func startServerProcess(dir string, pair certs.Pair) (string, func(), error) {
+func startServerProcess(dir string, pair certs.Pair) (string, int, func(), error) {
 	certFile, keyFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
 	if err := os.WriteFile(certFile, pair.CertPEM, 0o644); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := os.WriteFile(keyFile, pair.KeyPEM, 0o600); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.Command(self, "-serve", certFile+","+keyFile)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop := func() { stdin.Close(); _ = cmd.Wait() }
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "ADDR ") {
 		stop()
-		return "", nil, fmt.Errorf("server process: %q: %v", line, err)
+		return "", 0, nil, fmt.Errorf("server process: %q: %v", line, err)
 	}
-	return strings.TrimSpace(strings.TrimPrefix(line, "ADDR ")), stop, nil
+	return strings.TrimSpace(strings.TrimPrefix(line, "ADDR ")), cmd.Process.Pid, stop, nil
 }
 
 // ---- servers used as baselines ----
@@ -450,16 +484,47 @@ func (n *nginx) lua(kind string, calls, size, c int) (time.Duration, error) {
 	return time.Duration(r.Secs * float64(time.Second)), nil
 }
 
-// ---- the Go baseline client ----
+// ---- the Go baseline client (a child process) ----
+
+// The baseline client runs in its own process, started with the same CPU
+// placement and GOMAXPROCS environment as the nginx worker it is compared
+// with, so that both sides pay the same cross-CPU wake-ups.
+
+// runClient is the child: dial, warm up, time the loop, print the seconds.
+func runClient(addr, caFile, kind string, calls, size, workers int) error {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	c, err := qrpc.Dial(ctx, addr, &qrpc.Config{CAPEM: ca, ServerName: "localhost"})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := goSeq(c, calls/10+1, size); err != nil {
+		return err
+	}
+	var d time.Duration
+	switch kind {
+	case "seq":
+		d, err = goSeq(c, calls, size)
+	case "par":
+		d, err = goPar(c, calls, size, workers)
+	default:
+		err = fmt.Errorf("unknown -kind %q", kind)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Printf("SECS %.9f\n", d.Seconds())
+	return nil
+}
 
 func goSeq(c *qrpc.Client, calls, size int) (time.Duration, error) {
 	body := make([]byte, size)
 	ctx := context.Background()
-	for i := 0; i < calls/10+1; i++ {
-		if _, err := c.Unary(ctx, "echo", body); err != nil {
-			return 0, err
-		}
-	}
 	start := time.Now()
 	for i := 0; i < calls; i++ {
 		resp, err := c.Unary(ctx, "echo", body)
@@ -496,6 +561,119 @@ func goPar(c *qrpc.Client, calls, size, workers int) (time.Duration, error) {
 	}
 	wg.Wait()
 	return time.Since(start), firstErr
+}
+
+// goClient runs the baseline client in a child process placed like pl.
+func (e *env) goClient(pl placement, kind string, calls, size, workers int) (time.Duration, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	args := []string{self, "-client", e.qrpcAddr, "-ca", e.caFile, "-kind", kind,
+		"-n", strconv.Itoa(calls), "-size", strconv.Itoa(size), "-c", strconv.Itoa(workers)}
+	if pl.pin {
+		// taskset before exec: every thread of the child, the Go runtime's
+		// first ones included, starts on these CPUs, and Go sizes its
+		// default GOMAXPROCS from them, as it does in the nginx worker.
+		args = append([]string{"taskset", "-c", "0"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = os.Environ()
+	if pl.gomaxprocs != "" {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+pl.gomaxprocs)
+	} else {
+		cmd.Env = withoutEnv(cmd.Env, "GOMAXPROCS")
+	}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("go client: %w", err)
+	}
+	var secs float64
+	if _, err := fmt.Sscanf(string(out), "SECS %g", &secs); err != nil {
+		return 0, fmt.Errorf("go client answered %q: %w", out, err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+func withoutEnv(env []string, name string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// ---- CPU placement ----
+
+// placement is where the client side runs: the nginx worker with the Go
+// threads it starts, and the baseline Go client. When the client side is
+// pinned to CPU 0, the servers (the qrpc server process and this harness,
+// which serves the HTTP and unix-socket baselines) are pinned to the other
+// CPUs, as a remote server would be.
+type placement struct {
+	name       string
+	gomaxprocs string // GOMAXPROCS in the environment; "" leaves the default
+	pin        bool   // client side on CPU 0, servers on the others
+}
+
+// workerMask is worker_cpu_affinity's bit mask for CPU 0.
+func (pl placement) workerMask() string {
+	if pl.pin {
+		return "01"
+	}
+	return ""
+}
+
+var unpinned = placement{name: "unpinned, default GOMAXPROCS"}
+
+// apply restarts nginx placed like pl and moves the servers.
+func (e *env) apply(pl placement) error {
+	e.nginx.stop()
+	servers := allCPUs()
+	if pl.pin {
+		servers = servers[1:]
+	}
+	for _, pid := range []int{e.srvPID, os.Getpid()} {
+		if err := setAffinity(pid, servers); err != nil {
+			return err
+		}
+	}
+	return e.nginx.start(pl.gomaxprocs, pl.workerMask())
+}
+
+func allCPUs() []int {
+	cpus := make([]int, runtime.NumCPU())
+	for i := range cpus {
+		cpus[i] = i
+	}
+	return cpus
+}
+
+// setAffinity pins every thread of pid to cpus. Threads started later
+// inherit the mask of the thread that starts them.
+func setAffinity(pid int, cpus []int) error {
+	var mask [16]uint64 // 1024 CPUs
+	for _, c := range cpus {
+		mask[c/64] |= 1 << (c % 64)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, uintptr(tid), unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask)))
+		if errno != 0 && errno != syscall.ESRCH { // ESRCH: the thread exited meanwhile
+			return fmt.Errorf("sched_setaffinity(%d): %w", tid, errno)
+		}
+	}
+	return nil
 }
 
 // ---- figures ----
@@ -559,12 +737,12 @@ func figureIPC(e *env, p params, t *table) error {
 	for _, size := range p.sizes {
 		log.Printf("ipc %s sequential", sizeName(size))
 		q, u, err := pair(p.runs,
-			func() (time.Duration, error) { return e.nginx.lua("ipc", p.seqN, size, 1) },
-			func() (time.Duration, error) { return e.nginx.lua("uds", p.seqN, size, 1) })
+			func() (time.Duration, error) { return e.nginx.lua("ipc", p.ipcSeqN, size, 1) },
+			func() (time.Duration, error) { return e.nginx.lua("uds", p.ipcSeqN, size, 1) })
 		if err != nil {
 			return err
 		}
-		r := row{section: "IPC alone (no network)", name: fmt.Sprintf("%s, %d sequential calls: time", sizeName(size), p.seqN),
+		r := row{section: "IPC alone (no network)", name: fmt.Sprintf("%s, %d sequential calls: time", sizeName(size), p.ipcSeqN),
 			subject: fmtDur(q), baseline: fmtDur(u), ratio: q.Seconds() / u.Seconds(), ratioLabel: "time ratio"}
 		switch size {
 		case 512:
@@ -575,13 +753,13 @@ func figureIPC(e *env, p params, t *table) error {
 		t.add(r)
 		log.Printf("ipc %s, %d light threads", sizeName(size), p.conc)
 		q, u, err = pair(p.runs,
-			func() (time.Duration, error) { return e.nginx.lua("ipc", p.parN, size, p.conc) },
-			func() (time.Duration, error) { return e.nginx.lua("uds", p.parN, size, p.conc) })
+			func() (time.Duration, error) { return e.nginx.lua("ipc", p.ipcParN, size, p.conc) },
+			func() (time.Duration, error) { return e.nginx.lua("uds", p.ipcParN, size, p.conc) })
 		if err != nil {
 			return err
 		}
 		t.add(row{section: "IPC alone (no network)", name: fmt.Sprintf("%s, %d light threads: throughput", sizeName(size), p.conc),
-			subject: fmtRate(p.parN, q), baseline: fmtRate(p.parN, u), ratio: u.Seconds() / q.Seconds(), ratioLabel: "throughput ratio"})
+			subject: fmtRate(p.ipcParN, q), baseline: fmtRate(p.ipcParN, u), ratio: u.Seconds() / q.Seconds(), ratioLabel: "throughput ratio"})
 	}
 	return nil
 }
@@ -591,7 +769,7 @@ func figureUnary(e *env, p params, t *table) error {
 		log.Printf("unary %s sequential", sizeName(size))
 		l, g, err := pair(p.runs,
 			func() (time.Duration, error) { return e.nginx.lua("unary", p.seqN, size, 1) },
-			func() (time.Duration, error) { return goSeq(e.client, p.seqN, size) })
+			func() (time.Duration, error) { return e.goClient(unpinned, "seq", p.seqN, size, 1) })
 		if err != nil {
 			return err
 		}
@@ -604,7 +782,7 @@ func figureUnary(e *env, p params, t *table) error {
 	log.Printf("unary 100 B, %d concurrent", p.conc)
 	l, g, err := pair(p.runs,
 		func() (time.Duration, error) { return e.nginx.lua("unary", p.parN, 100, p.conc) },
-		func() (time.Duration, error) { return goPar(e.client, p.parN, 100, p.conc) })
+		func() (time.Duration, error) { return e.goClient(unpinned, "par", p.parN, 100, p.conc) })
 	if err != nil {
 		return err
 	}
@@ -661,6 +839,11 @@ func wrk(port int, path, dur string) (wrkResult, error) {
 }
 
 func figureHTTP(e *env, p params, t *table) error {
+	return httpRows(e, p, t, "HTTP end to end (wrk -t2 -c50, 1 worker)", "")
+}
+
+// httpRows adds the wrk figures; prefix starts each row's name.
+func httpRows(e *env, p params, t *table, sec, prefix string) error {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		t.notes = append(t.notes, "HTTP end to end skipped: wrk not installed (apt-get install wrk).")
 		return nil
@@ -692,16 +875,15 @@ func figureHTTP(e *env, p params, t *table) error {
 	rps := func(r wrkResult) float64 { return r.rps }
 	p50 := func(r wrkResult) float64 { return r.p50.Seconds() * 1e3 }
 	p99 := func(r wrkResult) float64 { return r.p99.Seconds() * 1e3 }
-	sec := "HTTP end to end (wrk -t2 -c50, 1 worker)"
 	qr, pr := med(qs, rps), med(ps, rps)
-	t.add(row{section: sec, name: "requests/s: qrpc unary per request vs proxy_pass keepalive",
+	t.add(row{section: sec, name: prefix + "HTTP requests/s (wrk -t2 -c50): qrpc unary per request vs proxy_pass keepalive",
 		subject: fmt.Sprintf("%.0f req/s", qr), baseline: fmt.Sprintf("%.0f req/s", pr), ratio: qr / pr, ratioLabel: "throughput ratio",
 		hasTarget: true, target: "≥ 1.0", met: qr >= pr})
 	q50, p50v := med(qs, p50), med(ps, p50)
-	t.add(row{section: sec, name: "p50 latency", subject: fmt.Sprintf("%.2f ms", q50), baseline: fmt.Sprintf("%.2f ms", p50v),
+	t.add(row{section: sec, name: prefix + "HTTP p50 latency", subject: fmt.Sprintf("%.2f ms", q50), baseline: fmt.Sprintf("%.2f ms", p50v),
 		ratio: q50 / p50v, ratioLabel: "latency ratio", hasTarget: true, target: "≤ 1.0", met: q50 <= p50v})
 	q99, p99v := med(qs, p99), med(ps, p99)
-	t.add(row{section: sec, name: "p99 latency", subject: fmt.Sprintf("%.2f ms", q99), baseline: fmt.Sprintf("%.2f ms", p99v),
+	t.add(row{section: sec, name: prefix + "HTTP p99 latency", subject: fmt.Sprintf("%.2f ms", q99), baseline: fmt.Sprintf("%.2f ms", p99v),
 		ratio: q99 / p99v, ratioLabel: "latency ratio", hasTarget: true, target: "≤ 1.0", met: q99 <= p99v})
 	return nil
 }
@@ -749,33 +931,75 @@ func figureMemory(e *env, p params, t *table) error {
 }
 
 // figurePlacement restarts nginx with different GOMAXPROCS / CPU pinning
-// and measures sequential unary calls, to back the README's advice.
+// and compares sequential unary calls with the Go client placed the same
+// way, to back the README's advice; the pinned placements also get the
+// concurrent and HTTP figures (the unpinned default has them above).
 func figurePlacement(e *env, p params, t *table) error {
-	type setting struct{ name, gomaxprocs, affinity string }
-	settings := []setting{{"GOMAXPROCS=2 (default), no pinning", "", ""}, {"GOMAXPROCS=1, no pinning", "1", ""}, {"GOMAXPROCS=1, worker pinned to CPU 0", "1", "01"}, {"GOMAXPROCS=2, worker pinned to CPU 0", "", "01"}}
-	var base time.Duration
-	for i, s := range settings {
+	defer func() {
+		// back to the main figures' placement (-gomaxprocs, -affinity), servers unpinned
 		e.nginx.stop()
-		if err := e.nginx.start(s.gomaxprocs, s.affinity); err != nil {
+		if err := setAffinity(e.srvPID, allCPUs()); err != nil {
+			log.Printf("placement: %v", err)
+		}
+		if err := setAffinity(os.Getpid(), allCPUs()); err != nil {
+			log.Printf("placement: %v", err)
+		}
+		if err := e.nginx.start(p.gomaxprocs, p.affinity); err != nil {
+			log.Printf("placement: %v", err)
+		}
+	}()
+	if runtime.NumCPU() < 2 {
+		t.notes = append(t.notes, "CPU placement skipped: one CPU.")
+		return nil
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.notes = append(t.notes, "CPU placement skipped: taskset (util-linux) not installed.")
+		return nil
+	}
+	settings := []placement{
+		unpinned,
+		{name: "unpinned, GOMAXPROCS=1", gomaxprocs: "1"},
+		{name: "pinned to CPU 0, default GOMAXPROCS (1)", pin: true},
+		{name: "pinned to CPU 0, GOMAXPROCS=2", gomaxprocs: "2", pin: true},
+	}
+	const sec = "CPU placement (client side = nginx worker or Go client; pinned: servers and wrk on the other CPUs)"
+	for _, pl := range settings {
+		if err := e.apply(pl); err != nil {
 			return err
 		}
-		var ds []time.Duration
-		for r := 0; r < p.runs; r++ {
-			d, err := e.nginx.lua("unary", p.seqN/2, 100, 1)
-			if err != nil {
+		log.Printf("placement: %s", pl.name)
+		l, g, err := pair(p.runs,
+			func() (time.Duration, error) { return e.nginx.lua("unary", p.placeN, 100, 1) },
+			func() (time.Duration, error) { return e.goClient(pl, "seq", p.placeN, 100, 1) })
+		if err != nil {
+			return err
+		}
+		r := row{section: sec, name: fmt.Sprintf("%s: 100 B, %d sequential calls: time", pl.name, p.placeN),
+			subject: fmtDur(l), baseline: fmtDur(g), ratio: l.Seconds() / g.Seconds(), ratioLabel: "time ratio",
+			hasTarget: true, target: "≤ 1.10"}
+		r.met = r.ratio <= 1.10
+		t.add(r)
+		if !pl.pin {
+			continue
+		}
+		l, g, err = pair(p.runs,
+			func() (time.Duration, error) { return e.nginx.lua("unary", p.parN, 100, p.conc) },
+			func() (time.Duration, error) { return e.goClient(pl, "par", p.parN, 100, p.conc) })
+		if err != nil {
+			return err
+		}
+		r = row{section: sec, name: fmt.Sprintf("%s: 100 B, %d light threads vs %d goroutines: throughput", pl.name, p.conc, p.conc),
+			subject: fmtRate(p.parN, l), baseline: fmtRate(p.parN, g), ratio: g.Seconds() / l.Seconds(), ratioLabel: "throughput ratio",
+			hasTarget: true, target: "≥ 0.9"}
+		r.met = r.ratio >= 0.9
+		t.add(r)
+		if _, err := exec.LookPath("wrk"); err == nil {
+			if err := httpRows(e, p, t, sec, pl.name+": "); err != nil {
 				return err
 			}
-			ds = append(ds, d)
 		}
-		d := median(ds)
-		if i == 0 {
-			base = d
-		}
-		t.add(row{section: "CPU placement (100 B unary, sequential)", name: s.name, subject: fmtDur(d), baseline: fmtDur(base),
-			ratio: d.Seconds() / base.Seconds(), ratioLabel: "time vs default"})
 	}
-	e.nginx.stop()
-	return e.nginx.start("", "")
+	return nil
 }
 
 func machine() string {
@@ -816,7 +1040,7 @@ func (t *table) markdown(p params) string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %.2f %s | %s |\n", r.name, r.subject, r.baseline, r.ratio, r.ratioLabel, target)
 	}
-	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server (a separate process, like nginx); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream.\n")
+	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server, in its own process placed on the CPUs like the nginx worker (the server is a third process); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream.\n")
 	for _, n := range t.notes {
 		fmt.Fprintf(&b, "\n%s\n", n)
 	}
