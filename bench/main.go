@@ -213,27 +213,31 @@ func run(p params, out string) error {
 	}
 	var t table
 	t.machine = machine()
-	if !p.want("ipc") {
-	} else if err := figureIPC(e, p, &t); err != nil {
-		return fmt.Errorf("ipc: %w", err)
+	figures := []struct {
+		name string
+		run  func(*env, params, *table) error
+		on   bool
+	}{
+		{"ipc", figureIPC, p.want("ipc")},
+		{"unary", figureUnary, p.want("unary")},
+		{"http", figureHTTP, p.want("http")},
+		{"memory", figureMemory, p.want("memory")},
+		{"placement", figurePlacement, (!p.quick && p.want("placement")) || p.only["placement"]},
 	}
-	if !p.want("unary") {
-	} else if err := figureUnary(e, p, &t); err != nil {
-		return fmt.Errorf("unary: %w", err)
-	}
-	if !p.want("http") {
-	} else if err := figureHTTP(e, p, &t); err != nil {
-		return fmt.Errorf("http: %w", err)
-	}
-	if !p.want("memory") {
-	} else if err := figureMemory(e, p, &t); err != nil {
-		return fmt.Errorf("memory: %w", err)
-	}
-	if (!p.quick && p.want("placement")) || p.only["placement"] {
-		if err := figurePlacement(e, p, &t); err != nil {
-			return fmt.Errorf("placement: %w", err)
+	total := readCPUStat()
+	for _, f := range figures {
+		if !f.on {
+			continue
+		}
+		before := readCPUStat()
+		if err := f.run(e, p, &t); err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+		if st := readCPUStat().stealSince(before); st >= 0.05 {
+			t.notes = append(t.notes, fmt.Sprintf("The hypervisor took %.0f%% of the CPU time (steal) during the %s figures: they are less reliable than the others.", 100*st, f.name))
 		}
 	}
+	t.steal = readCPUStat().stealSince(total)
 	md := t.markdown(p)
 	fmt.Print(md)
 	if out != "" {
@@ -689,6 +693,7 @@ type row struct {
 
 type table struct {
 	machine string
+	steal   float64 // fraction of CPU time stolen by the hypervisor during the run
 	rows    []row
 	notes   []string
 }
@@ -1002,6 +1007,43 @@ func figurePlacement(e *env, p params, t *table) error {
 	return nil
 }
 
+// cpuStat is the first line of /proc/stat: CPU time by state, in ticks.
+type cpuStat []uint64
+
+func readCPUStat() cpuStat {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var st cpuStat
+	for _, f := range strings.Fields(line)[1:] {
+		v, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return nil
+		}
+		st = append(st, v)
+	}
+	return st
+}
+
+// stealSince is the fraction of CPU time stolen by the hypervisor since
+// an earlier reading (user, nice, system, idle, iowait, irq, softirq,
+// steal are the first eight fields), 0 when unknown.
+func (st cpuStat) stealSince(old cpuStat) float64 {
+	if len(st) < 8 || len(old) < 8 {
+		return 0
+	}
+	var total uint64
+	for i := 0; i < 8; i++ {
+		total += st[i] - old[i]
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(st[7]-old[7]) / float64(total)
+}
+
 func machine() string {
 	model := "unknown CPU"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
@@ -1022,7 +1064,7 @@ func (t *table) markdown(p params) string {
 	if p.quick {
 		mode = "quick (BENCH_QUICK=1)"
 	}
-	fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s).\n\n", t.machine, mode, p.runs)
+	fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s). CPU steal during the run: %.1f%%.\n\n", t.machine, mode, p.runs, 100*t.steal)
 	b.WriteString("| figure | lua-resty-ffi-qrpc | baseline | ratio | target |\n|---|---|---|---|---|\n")
 	section := ""
 	for _, r := range t.rows {
