@@ -494,6 +494,11 @@ func (n *nginx) lua(kind string, calls, size, c int) (time.Duration, error) {
 // placement and GOMAXPROCS environment as the nginx worker it is compared
 // with, so that both sides pay the same cross-CPU wake-ups.
 
+// warmupMax caps the warm-up calls before a timed loop (bench.lua has the
+// same cap): a sequential warm-up of a tenth of a large concurrent run
+// took longer than the run itself.
+const warmupMax = 2000
+
 // runClient is the child: dial, warm up, time the loop, print the seconds.
 func runClient(addr, caFile, kind string, calls, size, workers int) error {
 	ca, err := os.ReadFile(caFile)
@@ -507,7 +512,7 @@ func runClient(addr, caFile, kind string, calls, size, workers int) error {
 		return err
 	}
 	defer c.Close()
-	if _, err := goSeq(c, calls/10+1, size); err != nil {
+	if _, err := goSeq(c, min(calls/10+1, warmupMax), size); err != nil {
 		return err
 	}
 	var d time.Duration
