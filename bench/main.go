@@ -81,7 +81,7 @@ func main() {
 	// Full mode must finish in under 10 minutes on 2 vCPUs (issue 5); on
 	// such a machine a sequential unary call takes 0.3-0.5 ms and a unix
 	// socket echo of 100 KB 0.2 ms, hence these counts.
-	p := params{quick: *quick, runs: 3, seqN: 30000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
+	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
 		wrkDur: "5s", memN: 1000000, sizes: []int{512, 4096, 10240, 102400}, unSizes: []int{100, 4096}, placeN: 5000}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
