@@ -1542,8 +1542,10 @@ local function check_call(self, method, body, opts)
 end
 
 
-local function fill_ucmd(op, handle, id, method, body, nh, hlen, timeout)
-    local cmd = ucmd
+-- hdrs is hbuf (read by Go before qrpc_submit returns) or, for a call that
+-- crosses a yield with the lua-resty-ffi host, a string the caller anchors.
+local function fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
+                        timeout)
     cmd.version = CMD_VERSION
     cmd.op = op
     cmd.conn = handle
@@ -1555,11 +1557,25 @@ local function fill_ucmd(op, handle, id, method, body, nh, hlen, timeout)
     cmd.body = body
     cmd.body_len = #body
     if nh > 0 then
-        cmd.hdrs = hbuf
+        cmd.hdrs = hdrs
+        cmd.hdrs_len = hlen
     else
         cmd.hdrs = nil
+        cmd.hdrs_len = 0
     end
-    cmd.hdrs_len = hlen
+    return cmd
+end
+
+
+-- rf_decode turns a lua-resty-ffi host's OK result blob into a table.
+local function rf_decode(status, val)
+    if status == QRPC_OK then
+        val = decode_result(ffi_cast(cstr_t, val), #val)
+        if not val then
+            return QRPC_ERR, "qrpc: malformed result from the library"
+        end
+    end
+    return status, val
 end
 
 
@@ -1590,32 +1606,15 @@ function _M.unary(self, method, body, opts)
     local secs = timeout / 1000 + SAFETY_SLACK_S
     if builtin then
         local id = next_call_id()
-        fill_ucmd(OP_UNARY, self.handle, id, method, body, nh, hlen, timeout)
+        fill_cmd(ucmd, OP_UNARY, self.handle, id, method, body, nh, hbuf, hlen,
+                 timeout)
         status, val = builtin_wait(self.handle, OP_UNARY, id, secs)
     else
         -- hbuf is shared: this call keeps its own copy across the yield
         local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
-        local cmd = ffi_new(cmd_t)
-        cmd.version = CMD_VERSION
-        cmd.op = OP_UNARY
-        cmd.conn = self.handle
-        cmd.timeout_ms = timeout
-        cmd.nhdrs = nh
-        cmd.method = method
-        cmd.method_len = #method
-        cmd.body = body
-        cmd.body_len = #body
-        if hstr then
-            cmd.hdrs = hstr
-            cmd.hdrs_len = hlen
-        end
-        status, val = rf_call(cmd, method, body, hstr, secs)
-        if status == QRPC_OK then
-            val = decode_result(ffi_cast(cstr_t, val), #val)
-            if not val then
-                status, val = QRPC_ERR, "qrpc: malformed result from the library"
-            end
-        end
+        local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, self.handle, 0, method,
+                             body, nh, hstr, hlen, timeout)
+        status, val = rf_decode(rf_call(cmd, method, body, hstr, secs))
     end
 
     if status == QRPC_OK then
@@ -1641,7 +1640,7 @@ function _M.event(self, method, body, opts)
     if not body then
         return nil, nh
     end
-    fill_ucmd(OP_EVENT, self.handle, 0, method, body, nh, hlen, 0)
+    fill_cmd(ucmd, OP_EVENT, self.handle, 0, method, body, nh, hbuf, hlen, 0)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc == QRPC_OK then
         return true
@@ -1796,23 +1795,14 @@ function _M._echo(body)
     local status, val
     if builtin then
         local id = next_call_id()
-        fill_ucmd(OP_ECHO, 0, id, "", body, 0, 0, DEFAULT_TIMEOUT_MS)
+        fill_cmd(ucmd, OP_ECHO, 0, id, "", body, 0, nil, 0, DEFAULT_TIMEOUT_MS)
         status, val = builtin_wait(nil, OP_ECHO, id,
                                    DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S)
     else
-        local cmd = ffi_new(cmd_t)
-        cmd.version = CMD_VERSION
-        cmd.op = OP_ECHO
-        cmd.timeout_ms = DEFAULT_TIMEOUT_MS
-        cmd.body = body
-        cmd.body_len = #body
-        status, val = rf_call(cmd, body, nil, nil, DEFAULT_TIMEOUT_MS / 1000)
-        if status == QRPC_OK then
-            val = decode_result(ffi_cast(cstr_t, val), #val)
-            if not val then
-                status, val = QRPC_ERR, "qrpc: malformed result from the library"
-            end
-        end
+        local cmd = fill_cmd(ffi_new(cmd_t), OP_ECHO, 0, 0, "", body, 0, nil, 0,
+                             DEFAULT_TIMEOUT_MS)
+        status, val = rf_decode(rf_call(cmd, body, nil, nil,
+                                        DEFAULT_TIMEOUT_MS / 1000))
     end
     if status == QRPC_OK then
         return val.body
