@@ -65,6 +65,40 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
+// localHosts are the names a server on the loopback is reached by: the Go
+// client dials 127.0.0.1, and the Lua tests verify against "localhost".
+var localHosts = []string{"localhost", "127.0.0.1"}
+
+// IssueLocal signs a server certificate for localHosts and parses it for
+// crypto/tls. The PEM pair comes back too, for callers that hand it on or
+// pin its key.
+func (ca *CA) IssueLocal() (Pair, tls.Certificate, error) {
+	pair, err := ca.Issue(Options{Hosts: localHosts})
+	if err != nil {
+		return Pair{}, tls.Certificate{}, err
+	}
+	cert, err := pair.TLS()
+	if err != nil {
+		return Pair{}, tls.Certificate{}, fmt.Errorf("parse local server cert: %w", err)
+	}
+	return pair, cert, nil
+}
+
+// NewLocal makes a CA named name and a server certificate it signed for
+// localHosts: what every test with a real TLS server on 127.0.0.1 starts
+// with.
+func NewLocal(name string) (*CA, tls.Certificate, error) {
+	ca, err := NewCA(name)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	_, cert, err := ca.IssueLocal()
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	return ca, cert, nil
+}
+
 // Options shape a leaf certificate.
 type Options struct {
 	Hosts     []string // DNS names or IP addresses
