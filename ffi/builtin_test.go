@@ -8,66 +8,19 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
 // These tests drive the built-in host through its Go entry points (the
 // exports are thin wrappers around them) against a real qrpc server over
-// QUIC on 127.0.0.1, with the wake-up socket read like the Lua dispatcher
+// QUIC on 127.0.0.1 (internal/testsrv), with the wake-up socket read like the Lua dispatcher
 // reads it. testhost/ covers the same paths from C.
-
-type testServer struct {
-	addr   string
-	caPEM  []byte
-	events atomic.Int64
-	srv    *qrpc.Server
-}
-
-func startServer(t testing.TB) *testServer {
-	t.Helper()
-	ca, err := certs.NewCA("ffi test ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"127.0.0.1", "localhost"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := pair.TLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := &testServer{caPEM: ca.CertPEM, srv: qrpc.NewServer(nil)}
-	ts.srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		resp.Headers, resp.Body = req.Headers, req.Body
-	})
-	ts.srv.Handle("code", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		resp.Code, resp.Body = 7, []byte("seven")
-	})
-	// sleep waits for as many milliseconds as the body says.
-	ts.srv.Handle("sleep", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		ms, _ := strconv.Atoi(string(req.Body))
-		select {
-		case <-time.After(time.Duration(ms) * time.Millisecond):
-		case <-ctx.Done():
-		}
-		resp.Body = []byte("slept")
-	})
-	ts.srv.HandleEvent("ev", func(context.Context, *qrpc.Request) { ts.events.Add(1) })
-	a, err := ts.srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.addr = a.String()
-	t.Cleanup(func() { _ = ts.srv.Close() })
-	return ts
-}
 
 // dispatcher plays the Lua side of the built-in host.
 type dispatcher struct {
@@ -184,10 +137,10 @@ func (d *dispatcher) connect(id uint64, addr string, ca []byte) completion {
 }
 
 func TestBuiltinHost(t *testing.T) {
-	ts := startServer(t)
+	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
 
-	c := d.connect(1, ts.addr, ts.caPEM)
+	c := d.connect(1, ts.Addr, ts.CA.CertPEM)
 	if c.status != statusOK || c.handle == 0 {
 		t.Fatalf("connect: status %d %q", c.status, c.text())
 	}
@@ -239,7 +192,7 @@ func TestBuiltinHost(t *testing.T) {
 			t.Fatalf("event: %d %s", st, msg)
 		}
 	}
-	waitFor(t, func() bool { return ts.events.Load() == 5 }, "5 events at the server")
+	waitFor(t, func() bool { return ts.Events("ev") == 5 }, "5 events at the server")
 
 	// Go enforces the deadline.
 	cmd = unaryCmd(h, "sleep", "2000")
@@ -318,23 +271,23 @@ func TestBuiltinHost(t *testing.T) {
 }
 
 func TestBuiltinConnectErrors(t *testing.T) {
-	ts := startServer(t)
+	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
 
 	other, err := certs.NewCA("another ca")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := d.connect(1, ts.addr, other.CertPEM)
+	c := d.connect(1, ts.Addr, other.CertPEM)
 	if c.status != errConnect || c.text() != "connect: certificate signed by unknown authority" {
 		t.Fatalf("wrong CA: %d %q", c.status, c.text())
 	}
-	c = d.connect(2, ts.addr, []byte("not a pem"))
+	c = d.connect(2, ts.Addr, []byte("not a pem"))
 	if c.status != errBadArg || !strings.HasPrefix(c.text(), "bad config: ") {
 		t.Fatalf("bad CA: %d %q", c.status, c.text())
 	}
 	// Nothing listens there: the handshake times out.
-	cmd := connectCmd(3, "127.0.0.1:1", ts.caPEM)
+	cmd := connectCmd(3, "127.0.0.1:1", ts.CA.CertPEM)
 	cmd.TimeoutMS = 300
 	builtin.submit(cmd)
 	c = d.wait(3, 5*time.Second)
@@ -365,9 +318,9 @@ func TestBuiltinClosedHost(t *testing.T) {
 }
 
 func TestShutdownCancelsAndCloses(t *testing.T) {
-	ts := startServer(t)
+	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
-	h := d.connect(1, ts.addr, ts.caPEM).handle
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).handle
 	for i := uint64(2); i < 12; i++ {
 		cmd := unaryCmd(h, "sleep", "3000")
 		cmd.CallID = i
@@ -481,9 +434,9 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 // of a parked goroutine. Nothing is asserted; see the report.
 
 func BenchmarkUnaryBuiltin(b *testing.B) {
-	ts := startServer(b)
+	ts := testsrv.Start(b, testsrv.Options{})
 	d := openBuiltin(b)
-	h := d.connect(1, ts.addr, ts.caPEM).handle
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).handle
 	cmd := unaryCmd(h, "echo", "hello")
 	out := make([]completionABI, 16)
 	buf := make([]byte, 64)
@@ -511,8 +464,8 @@ func BenchmarkUnaryBuiltin(b *testing.B) {
 }
 
 func BenchmarkUnaryGoClient(b *testing.B) {
-	ts := startServer(b)
-	cl, err := qrpc.Dial(context.Background(), ts.addr, &qrpc.Config{CAPEM: ts.caPEM})
+	ts := testsrv.Start(b, testsrv.Options{})
+	cl, err := qrpc.Dial(context.Background(), ts.Addr, &qrpc.Config{CAPEM: ts.CA.CertPEM})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -550,9 +503,9 @@ func BenchmarkEchoBuiltin(b *testing.B) {
 }
 
 func TestPanicsBecomeErrors(t *testing.T) {
-	ts := startServer(t)
+	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
-	h := d.connect(1, ts.addr, ts.caPEM).handle
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).handle
 	t.Cleanup(func() { testHook = nil })
 
 	// In the export, on the nginx thread: an error status, not a crash.

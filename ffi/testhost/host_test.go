@@ -13,14 +13,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
 // build compiles the library and the two flavours of the host into dir.
@@ -50,68 +48,23 @@ func run(t *testing.T, cmd *exec.Cmd) {
 	}
 }
 
-type server struct {
-	addr   string
-	events atomic.Int64
-}
-
-func startServer(t *testing.T, ca *certs.CA) *server {
-	t.Helper()
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"127.0.0.1", "localhost"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := pair.TLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &server{}
-	srv := qrpc.NewServer(nil)
-	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		resp.Headers, resp.Body = req.Headers, req.Body
-	})
-	srv.Handle("code", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) {
-		resp.Code, resp.Body = 7, []byte("seven")
-	})
-	srv.Handle("sleep", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		ms, _ := strconv.Atoi(string(req.Body))
-		select {
-		case <-time.After(time.Duration(ms) * time.Millisecond):
-		case <-ctx.Done():
-		}
-		resp.Body = []byte("slept")
-	})
-	srv.HandleEvent("ev", func(context.Context, *qrpc.Request) { s.events.Add(1) })
-	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	s.addr = a.String()
-	return s
-}
-
 func TestCHost(t *testing.T) {
 	dir := t.TempDir()
 	lib, host, nosyms := build(t, dir)
 
-	ca, err := certs.NewCA("testhost ca")
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := testsrv.Start(t, testsrv.Options{})
 	other, err := certs.NewCA("some other ca")
 	if err != nil {
 		t.Fatal(err)
 	}
 	caFile := filepath.Join(dir, "ca.pem")
 	otherFile := filepath.Join(dir, "other.pem")
-	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
+	if err := os.WriteFile(caFile, srv.CA.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(otherFile, other.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startServer(t, ca)
 	sockDir := filepath.Join(dir, "sock")
 	if err := os.Mkdir(sockDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -119,7 +72,7 @@ func TestCHost(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, host, lib, srv.addr, caFile, otherFile, sockDir)
+	cmd := exec.CommandContext(ctx, host, lib, srv.Addr, caFile, otherFile, sockDir)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
@@ -141,7 +94,7 @@ func TestCHost(t *testing.T) {
 	if !strings.Contains(stderr.String(), "[notice]") || !strings.Contains(stderr.String(), "qrpc: lua-resty-ffi runtime stopped") {
 		t.Fatal("no stop notice from the lua-resty-ffi host on stderr")
 	}
-	if n := srv.events.Load(); n != 2 {
+	if n := srv.Events("ev"); n != 2 {
 		t.Fatalf("server got %d events, want 2 (one per host)", n)
 	}
 	if entries, _ := os.ReadDir(sockDir); len(entries) != 0 {
