@@ -40,15 +40,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	ca, err := certs.NewCA("test ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := pair.TLS()
+	ca, cert, err := certs.NewLocal("test ca")
 	if err != nil {
 		t.Fatal(err)
 	}
