@@ -50,7 +50,6 @@ var (
 	shimErr    error
 
 	ca, otherCA   *certs.CA
-	serverPair    certs.Pair
 	clientPair    certs.Pair
 	serverTLSCert tls.Certificate
 	pinHex        string // SHA-256 of the server certificate's SPKI
@@ -199,13 +198,10 @@ func makeCerts() error {
 	if otherCA, err = certs.NewCA("some other CA"); err != nil {
 		return err
 	}
-	if serverPair, err = ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}}); err != nil {
+	if serverTLSCert, err = ca.IssueLocal(); err != nil {
 		return err
 	}
 	if clientPair, err = ca.Issue(certs.Options{Hosts: []string{"nginx-worker"}, Client: true}); err != nil {
-		return err
-	}
-	if serverTLSCert, err = serverPair.TLS(); err != nil {
 		return err
 	}
 	leaf, err := x509.ParseCertificate(serverTLSCert.Certificate[0])

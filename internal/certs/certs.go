@@ -69,19 +69,18 @@ func (ca *CA) Pool() *x509.CertPool {
 // client dials 127.0.0.1, and the Lua tests verify against "localhost".
 var localHosts = []string{"localhost", "127.0.0.1"}
 
-// IssueLocal signs a server certificate for localHosts and parses it for
-// crypto/tls. The PEM pair comes back too, for callers that hand it on or
-// pin its key.
-func (ca *CA) IssueLocal() (Pair, tls.Certificate, error) {
+// IssueLocal signs a server certificate for localHosts, parsed for
+// crypto/tls (test servers need it in that form only).
+func (ca *CA) IssueLocal() (tls.Certificate, error) {
 	pair, err := ca.Issue(Options{Hosts: localHosts})
 	if err != nil {
-		return Pair{}, tls.Certificate{}, err
+		return tls.Certificate{}, err
 	}
 	cert, err := pair.TLS()
 	if err != nil {
-		return Pair{}, tls.Certificate{}, fmt.Errorf("parse local server cert: %w", err)
+		return tls.Certificate{}, fmt.Errorf("parse local server cert: %w", err)
 	}
-	return pair, cert, nil
+	return cert, nil
 }
 
 // NewLocal makes a CA named name and a server certificate it signed for
@@ -92,7 +91,7 @@ func NewLocal(name string) (*CA, tls.Certificate, error) {
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
-	_, cert, err := ca.IssueLocal()
+	cert, err := ca.IssueLocal()
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
