@@ -1,7 +1,6 @@
 package nginx
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/md5"
@@ -29,6 +28,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -136,12 +136,9 @@ func setup() (func(), error) {
 
 // findNginx returns why the suite cannot run here, or "".
 func findNginx() string {
-	bin, err := exec.LookPath("nginx")
+	bin, err := ngxtest.LookPath("nginx")
 	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/nginx"); serr != nil {
-			return "nginx is not installed (apt-get install nginx libnginx-mod-http-lua lua-resty-core)"
-		}
-		bin = "/usr/sbin/nginx"
+		return "nginx is not installed (apt-get install nginx libnginx-mod-http-lua lua-resty-core)"
 	}
 	nginxBin = bin
 	for _, f := range []string{
@@ -479,7 +476,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 		t.Fatal(err)
 	}
 
-	port := freePort(t)
+	port := ngxtest.FreePort(t)
 	init := c.InitByLua
 	if init == "" {
 		init = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ lib = %q, socket_dir = %q })",
@@ -607,14 +604,6 @@ return _M
 	return b.String()
 }
 
-// Ports for nginx come from below Linux's ephemeral range (32768 and up),
-// where outgoing connections of this very test run cannot take them, and
-// from a counter, so that parallel tests never pick the same one.
-var (
-	portMu   sync.Mutex
-	nextPort = 20000 + os.Getpid()%10000
-)
-
 // copyTree copies the files ending in ext under src into dst, readable by
 // everyone.
 func copyTree(src, dst, ext string) error {
@@ -642,27 +631,6 @@ func copyTree(src, dst, ext string) error {
 		}
 		return os.WriteFile(target, b, 0o644)
 	})
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	portMu.Lock()
-	defer portMu.Unlock()
-	for i := 0; i < 1000; i++ {
-		p := nextPort
-		nextPort++
-		if nextPort >= 32000 {
-			nextPort = 20000
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		return p
-	}
-	t.Fatal("no free TCP port in 20000-32000")
-	return 0
 }
 
 func (n *nginxProc) addr() string { return fmt.Sprintf("127.0.0.1:%d", n.port) }
@@ -802,21 +770,11 @@ func (n *nginxProc) stop() {
 	})
 }
 
-var badLevel = regexp.MustCompile(`\[(alert|crit|emerg)\]`)
-
+// checkLog fails the test on each line of error.log that ngxtest.Problems
+// reports: [alert], [crit], [emerg], or an [error] no AllowErrors matches.
 func (n *nginxProc) checkLog() {
-	t := n.t
-	sc := bufio.NewScanner(strings.NewReader(n.errorLog()))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if badLevel.MatchString(line) {
-			t.Errorf("error.log: %s", line)
-			continue
-		}
-		if strings.Contains(line, "[error]") && !n.allowed(line) {
-			t.Errorf("unexpected error in error.log: %s", line)
-		}
+	for _, line := range ngxtest.Problems(n.errorLog(), n.allowed) {
+		n.t.Errorf("unexpected line in error.log: %s", line)
 	}
 }
 

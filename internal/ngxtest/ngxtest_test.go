@@ -1,0 +1,52 @@
+package ngxtest
+
+import (
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestProblems(t *testing.T) {
+	log := strings.Join([]string{
+		`2024/01/01 00:00:00 [notice] 1#1: start worker processes`,
+		`2024/01/01 00:00:00 [warn] 2#2: *1 qrpc: connection lost`,
+		`2024/01/01 00:00:00 [error] 2#2: *1 qrpc: expected failure`,
+		`2024/01/01 00:00:00 [error] 2#2: *2 lua entry thread aborted`,
+		`2024/01/01 00:00:00 [crit] 2#2: *3 expected failure too`,
+		`2024/01/01 00:00:00 [alert] 1#1: worker process 2 exited on signal 11`,
+		`2024/01/01 00:00:00 [emerg] 1#1: unknown directive`,
+		``,
+	}, "\n")
+	lines := strings.Split(log, "\n")
+	expected := func(l string) bool { return strings.Contains(l, "expected failure") }
+	for _, tc := range []struct {
+		name    string
+		allowed func(string) bool
+		want    []string
+	}{
+		{"nothing allowed", nil, lines[2:7]},
+		// An allowed pattern excuses [error] lines only, never [crit].
+		{"expected errors allowed", expected, lines[3:7]},
+	} {
+		if got := Problems(log, tc.allowed); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: got\n%s\nwant\n%s", tc.name, strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+		}
+	}
+	if got := Problems("[notice] fine\n[warn] also fine", nil); got != nil {
+		t.Errorf("a clean log has problems: %q", got)
+	}
+}
+
+func TestFreePortIsFreeAndNotRepeated(t *testing.T) {
+	a, b := FreePort(t), FreePort(t)
+	if a == b || a < 20000 || a >= 32000 || b < 20000 || b >= 32000 {
+		t.Fatalf("ports %d and %d", a, b)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(a))
+	if err != nil {
+		t.Fatalf("port %d is not free: %v", a, err)
+	}
+	_ = l.Close()
+}
