@@ -18,15 +18,15 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"text/template"
 	"time"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
 const rockspec = "rockspec/lua-resty-ffi-qrpc-0.1.0-1.rockspec"
@@ -138,7 +138,7 @@ type install struct {
 // checkFromNginx starts an nginx whose module path is the installation's
 // only, makes a unary call and an event through it, and checks which files
 // were loaded.
-func checkFromNginx(t *testing.T, nginx, dir string, srv *server, in install) {
+func checkFromNginx(t *testing.T, nginx, dir string, srv *testsrv.Server, in install) {
 	t.Helper()
 	ndir, err := os.MkdirTemp(dir, "nginx-")
 	if err != nil {
@@ -147,9 +147,9 @@ func checkFromNginx(t *testing.T, nginx, dir string, srv *server, in install) {
 	if err := os.Chmod(ndir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	before := srv.events.Load()
+	before := srv.Events("notify")
 	n := startNginx(t, nginx, ndir, map[string]any{
-		"LuaRoot": in.luaRoot, "CPath": in.cpath, "Configure": in.configure, "Addr": srv.addr, "CA": string(srv.ca),
+		"LuaRoot": in.luaRoot, "CPath": in.cpath, "Configure": in.configure, "Addr": srv.Addr, "CA": string(srv.CA.CertPEM),
 	})
 	body := n.get(t, "/t")
 	want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\nlib=%s\n", in.luaFile, in.libFile)
@@ -158,29 +158,27 @@ func checkFromNginx(t *testing.T, nginx, dir string, srv *server, in install) {
 	}
 	// The event is one-way: wait for the server to count it.
 	deadline := time.Now().Add(5 * time.Second)
-	for srv.events.Load() < before+1 && time.Now().Before(deadline) {
+	for srv.Events("notify") < before+1 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := srv.events.Load() - before; got != 1 {
+	if got := srv.Events("notify") - before; got != 1 {
 		t.Fatalf("server counted %d notify events, want 1", got)
 	}
 	n.stop(t)
-	if bad := badLogLines(n.errorLog()); len(bad) > 0 {
+	if bad := ngxtest.Problems(n.errorLog(), nil); len(bad) > 0 {
 		t.Fatalf("error.log has problems:\n%s", strings.Join(bad, "\n"))
 	}
 }
 
+// lookPath fails rather than skips: these tests are the only check that
+// the install works, so a missing tool must not pass for a green run.
 func lookPath(t *testing.T, name, hint string) string {
 	t.Helper()
-	if p, err := exec.LookPath(name); err == nil {
-		return p
+	p, err := ngxtest.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s not found (%s)", name, hint)
 	}
-	// Debian keeps nginx in /usr/sbin, which a user's PATH may lack.
-	if p := "/usr/sbin/" + name; fileExists(p) {
-		return p
-	}
-	t.Fatalf("%s not found (%s)", name, hint)
-	return ""
+	return p
 }
 
 func fileExists(p string) bool {
@@ -199,39 +197,12 @@ func worldReadableTempDir(t *testing.T) string {
 	return dir
 }
 
-type server struct {
-	addr   string
-	ca     []byte
-	events atomic.Int64
-}
-
-func startServer(t *testing.T) *server {
+// startServer starts the qrpc server the nginx in these tests calls
+// (greet and the notify event, see testsrv), quiet: nothing here reads its
+// log.
+func startServer(t *testing.T) *testsrv.Server {
 	t.Helper()
-	ca, err := certs.NewCA("rockspec test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := pair.TLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &server{ca: ca.CertPEM}
-	srv := qrpc.NewServer(&qrpc.ServerConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	srv.Handle("greet", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		resp.Body = []byte("Hello " + string(req.Body) + "!")
-	})
-	srv.HandleEvent("notify", func(context.Context, *qrpc.Request) { s.events.Add(1) })
-	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	s.addr = a.String()
-	return s
+	return testsrv.Start(t, testsrv.Options{Logger: slog.New(slog.DiscardHandler)})
 }
 
 // The module and the library come from the tree only: lua_package_path
@@ -299,7 +270,7 @@ func (n *nginxProc) args(extra ...string) []string {
 
 func startNginx(t *testing.T, bin, dir string, data map[string]any) *nginxProc {
 	t.Helper()
-	n := &nginxProc{bin: bin, dir: dir, port: freePort(t)}
+	n := &nginxProc{bin: bin, dir: dir, port: strconv.Itoa(ngxtest.FreePort(t))}
 	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -375,17 +346,6 @@ func workerUser(t *testing.T) string {
 	return ""
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
-}
-
 func (n *nginxProc) get(t *testing.T, path string) string {
 	t.Helper()
 	c := &http.Client{Timeout: 15 * time.Second}
@@ -435,18 +395,4 @@ func (n *nginxProc) stop(t *testing.T) {
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	_ = os.Remove(pidFile)
 	t.Errorf("nginx (pid %d) did not quit within 10 s; killed", pid)
-}
-
-// badLogLines returns error.log lines at error level or worse.
-func badLogLines(log string) []string {
-	var bad []string
-	for _, l := range strings.Split(log, "\n") {
-		for _, lvl := range []string{"[error]", "[crit]", "[alert]", "[emerg]"} {
-			if strings.Contains(l, lvl) {
-				bad = append(bad, l)
-				break
-			}
-		}
-	}
-	return bad
 }
