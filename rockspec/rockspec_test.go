@@ -31,7 +31,12 @@ import (
 
 const rockspec = "rockspec/lua-resty-ffi-qrpc-0.1.0-1.rockspec"
 
-func TestLuarocksMakeThenNginx(t *testing.T) {
+// prepare is the start both tests share: the -short skip, the repository
+// root, nginx, and a temp dir. Workers drop to nobody when the test runs
+// as root: everything they read (the installed tree) must be reachable, so
+// the temp dir is opened up.
+func prepare(t *testing.T) (root, nginx, dir string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the library and starts nginx")
 	}
@@ -39,12 +44,13 @@ func TestLuarocksMakeThenNginx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	luarocks := lookPath(t, "luarocks", "install it: apt-get install luarocks")
-	nginx := lookPath(t, "nginx", "install nginx libnginx-mod-http-lua lua-resty-core")
+	nginx = lookPath(t, "nginx", "install nginx libnginx-mod-http-lua lua-resty-core")
+	return root, nginx, worldReadableTempDir(t)
+}
 
-	// Workers drop to nobody when the test runs as root: everything they
-	// read (the tree) must be reachable, so the temp dirs are opened up.
-	dir := worldReadableTempDir(t)
+func TestLuarocksMakeThenNginx(t *testing.T) {
+	root, nginx, dir := prepare(t)
+	luarocks := lookPath(t, "luarocks", "install it: apt-get install luarocks")
 	tree := filepath.Join(dir, "tree")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -90,15 +96,7 @@ func TestLuarocksMakeThenNginx(t *testing.T) {
 // TestMakeInstallThenNginx checks `make install`'s layout the same way:
 // PREFIX/share/lua/5.1 + PREFIX/lib, found without any hint; and DESTDIR.
 func TestMakeInstallThenNginx(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the library and starts nginx")
-	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nginx := lookPath(t, "nginx", "install nginx libnginx-mod-http-lua lua-resty-core")
-	dir := worldReadableTempDir(t)
+	root, nginx, dir := prepare(t)
 	prefix := filepath.Join(dir, "prefix")
 	stage := filepath.Join(dir, "stage")
 
