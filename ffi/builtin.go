@@ -20,10 +20,8 @@ const maxQueuedLogs = 1000
 // socket.
 type builtinHost struct {
 	mu   sync.Mutex
-	gen  *hostGen // nil when not initialised (or shut down)
-	q    []completion
-	head int
-	logs int // QRPC_LOG entries in q
+	gen  *hostGen    // nil when not initialised (or shut down)
+	ring *submitRing // with gen
 
 	logDrops       atomic.Uint64
 	lastDropReport atomic.Int64 // unix nanoseconds
@@ -42,10 +40,39 @@ func (b *builtinHost) init() error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gen == nil {
-		b.gen = newGen()
+	if b.gen != nil {
+		return nil
 	}
+	ring, err := openSubmitRing(b.runQueued)
+	if err != nil {
+		return err
+	}
+	b.gen, b.ring = newGen(), ring
 	return nil
+}
+
+// runQueued runs one command taken from the submit ring. Its errors become
+// completions, as qrpc_submit's would have been return values.
+func (b *builtinHost) runQueued(c *cmdABI) {
+	id, op := c.CallID, c.Op
+	defer func() {
+		if p := recover(); p != nil {
+			rt.logger.Error("qrpc panic in a queued command", "panic", fmt.Sprint(p))
+			if op != opCancel {
+				b.push(errCompletionID(id, errGeneric, fmt.Sprintf("internal error: %v", p)))
+			}
+		}
+	}()
+	status, msg := b.submit(c)
+	if status < 0 && op != opCancel {
+		b.push(errCompletionID(id, status, msg))
+	}
+}
+
+// errCompletionID is a failed command's completion.
+func errCompletionID(id uint64, status int32, msg string) completion {
+	p, n := cMessage(msg)
+	return completion{callID: id, status: status, data: p, n: n}
 }
 
 func (b *builtinHost) current() *hostGen {
@@ -63,9 +90,14 @@ func (b *builtinHost) push(c completion) {
 		c.free()
 		return
 	}
-	wasEmpty := b.head == len(b.q)
-	b.q = append(b.q, c)
+	wasEmpty, ok := cqPush(&completionABI{CallID: c.callID, Handle: c.handle, Status: c.status, Code: c.code, Data: c.data, Len: uintptr(c.n)})
 	b.mu.Unlock()
+	if !ok {
+		// Out of C memory: the caller's light thread times out instead.
+		c.free()
+		stderrLog(ngxLogErr, "qrpc: out of memory queueing a completion")
+		return
+	}
 	if wasEmpty {
 		b.wake.signal()
 	}
@@ -74,40 +106,19 @@ func (b *builtinHost) push(c completion) {
 // pushLog queues a log line; false when the host is not open (the caller
 // then writes the line to stderr).
 func (b *builtinHost) pushLog(level uint32, line string) bool {
-	b.mu.Lock()
-	if b.gen == nil {
-		b.mu.Unlock()
+	if b.current() == nil {
 		return false
 	}
-	if b.logs >= maxQueuedLogs {
-		b.mu.Unlock()
+	if _, logs := cqCounts(); logs >= maxQueuedLogs {
 		b.dropLog()
 		return true
 	}
-	b.logs++
-	b.mu.Unlock()
 	p, n := cMessage(line)
 	if p == nil {
-		b.mu.Lock()
-		b.logs--
-		b.mu.Unlock()
 		b.dropLog()
 		return true
 	}
-	c := completion{status: statusLog, code: level, data: p, n: n}
-	b.mu.Lock()
-	if b.gen == nil {
-		b.logs = 0
-		b.mu.Unlock()
-		c.free()
-		return true
-	}
-	wasEmpty := b.head == len(b.q)
-	b.q = append(b.q, c)
-	b.mu.Unlock()
-	if wasEmpty {
-		b.wake.signal()
-	}
+	b.push(completion{status: statusLog, code: level, data: p, n: n})
 	return true
 }
 
@@ -124,35 +135,13 @@ func (b *builtinHost) dropLog() {
 
 const logDropReport = 10 * time.Second
 
-// drain moves up to len(out) completions into out.
-func (b *builtinHost) drain(out []completionABI) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := min(len(out), len(b.q)-b.head)
-	for i := 0; i < n; i++ {
-		c := &b.q[b.head+i]
-		out[i] = completionABI{CallID: c.callID, Handle: c.handle, Status: c.status, Code: c.code, Data: c.data, Len: uintptr(c.n)}
-		if c.status == statusLog {
-			b.logs--
-		}
-		*c = completion{}
-	}
-	b.head += n
-	switch {
-	case b.head == len(b.q):
-		b.q, b.head = b.q[:0], 0
-	case b.head > 4096 && 2*b.head > len(b.q):
-		k := copy(b.q, b.q[b.head:])
-		clear(b.q[k:])
-		b.q, b.head = b.q[:k], 0
-	}
-	return n
-}
+// drain moves up to len(out) completions into out (qrpc_drain, for Go
+// callers).
+func (b *builtinHost) drain(out []completionABI) int { return cqDrain(out) }
 
 func (b *builtinHost) queued() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.q) - b.head
+	n, _ := cqCounts()
+	return n
 }
 
 // submit runs one command for qrpc_submit. It never blocks: CONNECT dials
@@ -241,13 +230,12 @@ func (b *builtinHost) stats(h uint64) (statsABI, error) {
 // connections are closed in the background, and the wake socket closed.
 func (b *builtinHost) shutdown() {
 	b.mu.Lock()
-	gen := b.gen
-	b.gen = nil
-	q := b.q[b.head:]
-	b.q, b.head, b.logs = nil, 0, 0
+	gen, ring := b.gen, b.ring
+	b.gen, b.ring = nil, nil
+	cqClear()
 	b.mu.Unlock()
-	for i := range q {
-		q[i].free()
+	if ring != nil {
+		ring.close()
 	}
 	if gen != nil {
 		gen.alive.Store(false)

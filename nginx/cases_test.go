@@ -126,6 +126,32 @@ func TestUnary(t *testing.T) {
 			repeat: 3,
 		},
 		{
+			// Calls queued together in the submit ring each keep their own
+			// headers (Lua reuses one header buffer) and body.
+			name: "concurrent calls keep their own headers and bodies",
+			conf: ngxConf{Server: loc("/t", connectT+`
+                local threads = {}
+                for i = 1, 300 do
+                    threads[i] = ngx.thread.spawn(function()
+                        local body = "body-" .. i .. string.rep("x", i * 7)
+                        local res, err = conn:unary("echo", body, { headers = { ["x-i"] = tostring(i) } })
+                        if not res then return "error " .. tostring(err) end
+                        if res.body ~= body or res.headers["x-i"] ~= tostring(i) then
+                            return "mismatch " .. i .. ": " .. tostring(res.headers["x-i"])
+                        end
+                        return "ok"
+                    end)
+                end
+                local bad = {}
+                for i = 1, #threads do
+                    local _, r = ngx.thread.wait(threads[i])
+                    if r ~= "ok" then bad[#bad + 1] = tostring(r) end
+                end
+                ngx.say(#bad, " bad ", table.concat(bad, ", ", 1, math.min(#bad, 3)))`)},
+			body:   "0 bad \n",
+			repeat: 3,
+		},
+		{
 			name: "no body no opts",
 			conf: ngxConf{Server: loc("/t", connectT+`
                 local res, err = conn:unary("echo")
