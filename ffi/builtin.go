@@ -20,8 +20,10 @@ const maxQueuedLogs = 1000
 // socket.
 type builtinHost struct {
 	mu   sync.Mutex
-	gen  *hostGen    // nil when not initialised (or shut down)
-	ring *submitRing // with gen
+	gen  *hostGen // nil when not initialised (or shut down)
+	q    []completion
+	head int
+	logs int // QRPC_LOG entries in q
 
 	logDrops       atomic.Uint64
 	lastDropReport atomic.Int64 // unix nanoseconds
@@ -40,39 +42,10 @@ func (b *builtinHost) init() error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.gen != nil {
-		return nil
+	if b.gen == nil {
+		b.gen = newGen()
 	}
-	ring, err := openSubmitRing(b.runQueued)
-	if err != nil {
-		return err
-	}
-	b.gen, b.ring = newGen(), ring
 	return nil
-}
-
-// runQueued runs one command taken from the submit ring. Its errors become
-// completions, as qrpc_submit's would have been return values.
-func (b *builtinHost) runQueued(c *cmdABI) {
-	id, op := c.CallID, c.Op
-	defer func() {
-		if p := recover(); p != nil {
-			rt.logger.Error("qrpc panic in a queued command", "panic", fmt.Sprint(p))
-			if op != opCancel {
-				b.push(errCompletionID(id, errGeneric, fmt.Sprintf("internal error: %v", p)))
-			}
-		}
-	}()
-	status, msg := b.submit(c)
-	if status < 0 && op != opCancel {
-		b.push(errCompletionID(id, status, msg))
-	}
-}
-
-// errCompletionID is a failed command's completion.
-func errCompletionID(id uint64, status int32, msg string) completion {
-	p, n := cMessage(msg)
-	return completion{callID: id, status: status, data: p, n: n}
 }
 
 func (b *builtinHost) current() *hostGen {
@@ -90,14 +63,9 @@ func (b *builtinHost) push(c completion) {
 		c.free()
 		return
 	}
-	wasEmpty, ok := cqPush(&completionABI{CallID: c.callID, Handle: c.handle, Status: c.status, Code: c.code, Data: c.data, Len: uintptr(c.n)})
+	wasEmpty := b.head == len(b.q)
+	b.q = append(b.q, c)
 	b.mu.Unlock()
-	if !ok {
-		// Out of C memory: the caller's light thread times out instead.
-		c.free()
-		stderrLog(ngxLogErr, "qrpc: out of memory queueing a completion")
-		return
-	}
 	if wasEmpty {
 		b.wake.signal()
 	}
@@ -106,19 +74,40 @@ func (b *builtinHost) push(c completion) {
 // pushLog queues a log line; false when the host is not open (the caller
 // then writes the line to stderr).
 func (b *builtinHost) pushLog(level uint32, line string) bool {
-	if b.current() == nil {
+	b.mu.Lock()
+	if b.gen == nil {
+		b.mu.Unlock()
 		return false
 	}
-	if _, logs := cqCounts(); logs >= maxQueuedLogs {
+	if b.logs >= maxQueuedLogs {
+		b.mu.Unlock()
 		b.dropLog()
 		return true
 	}
+	b.logs++
+	b.mu.Unlock()
 	p, n := cMessage(line)
 	if p == nil {
+		b.mu.Lock()
+		b.logs--
+		b.mu.Unlock()
 		b.dropLog()
 		return true
 	}
-	b.push(completion{status: statusLog, code: level, data: p, n: n})
+	c := completion{status: statusLog, code: level, data: p, n: n}
+	b.mu.Lock()
+	if b.gen == nil {
+		b.logs = 0
+		b.mu.Unlock()
+		c.free()
+		return true
+	}
+	wasEmpty := b.head == len(b.q)
+	b.q = append(b.q, c)
+	b.mu.Unlock()
+	if wasEmpty {
+		b.wake.signal()
+	}
 	return true
 }
 
@@ -135,13 +124,35 @@ func (b *builtinHost) dropLog() {
 
 const logDropReport = 10 * time.Second
 
-// drain moves up to len(out) completions into out (qrpc_drain, for Go
-// callers).
-func (b *builtinHost) drain(out []completionABI) int { return cqDrain(out) }
+// drain moves up to len(out) completions into out.
+func (b *builtinHost) drain(out []completionABI) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := min(len(out), len(b.q)-b.head)
+	for i := 0; i < n; i++ {
+		c := &b.q[b.head+i]
+		out[i] = completionABI{CallID: c.callID, Handle: c.handle, Status: c.status, Code: c.code, Data: c.data, Len: uintptr(c.n)}
+		if c.status == statusLog {
+			b.logs--
+		}
+		*c = completion{}
+	}
+	b.head += n
+	switch {
+	case b.head == len(b.q):
+		b.q, b.head = b.q[:0], 0
+	case b.head > 4096 && 2*b.head > len(b.q):
+		k := copy(b.q, b.q[b.head:])
+		clear(b.q[k:])
+		b.q, b.head = b.q[:k], 0
+	}
+	return n
+}
 
 func (b *builtinHost) queued() int {
-	n, _ := cqCounts()
-	return n
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.q) - b.head
 }
 
 // submit runs one command for qrpc_submit. It never blocks: CONNECT dials
@@ -230,12 +241,13 @@ func (b *builtinHost) stats(h uint64) (statsABI, error) {
 // connections are closed in the background, and the wake socket closed.
 func (b *builtinHost) shutdown() {
 	b.mu.Lock()
-	gen, ring := b.gen, b.ring
-	b.gen, b.ring = nil, nil
-	cqClear()
+	gen := b.gen
+	b.gen = nil
+	q := b.q[b.head:]
+	b.q, b.head, b.logs = nil, 0, 0
 	b.mu.Unlock()
-	if ring != nil {
-		ring.close()
+	for i := range q {
+		q[i].free()
 	}
 	if gen != nil {
 		gen.alive.Store(false)

@@ -98,6 +98,15 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	return C.int(statusOK)
 }
 
+//export qrpc_drain
+func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
+	defer exportPanic(nil, nil, 0) // n stays 0: a negative count would confuse the caller
+	if out == nil || maxN <= 0 {
+		return 0
+	}
+	return C.int(builtin.drain(unsafe.Slice((*completionABI)(out), int(maxN))))
+}
+
 //export qrpc_free
 func qrpc_free(p unsafe.Pointer) {
 	defer exportPanic(nil, nil, 0)

@@ -7,8 +7,7 @@
  *
  * Ownership, in one rule: every pointer passed INTO the library is borrowed
  * and only read while the command is being accepted (built-in host: until
- * qrpc_submit returns, or for the submit ring until qrpc_sq_consumed()
- * passes the command; lua-resty-ffi host: until the task is answered).
+ * qrpc_submit returns; lua-resty-ffi host: until the task is answered).
  * Every buffer passed OUT of the library (qrpc_completion_t.data, the
  * lua-resty-ffi response) comes from malloc and belongs to the receiver,
  * who frees it with free() / qrpc_free().
@@ -107,20 +106,6 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * Connections are not cached here: the Lua module reuses its handles. */
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
 
-/* The submit ring: the hot path for UNARY, CANCEL and ECHO. Plain C that
- * never enters the Go runtime (see queues.c for why). qrpc_sq_submit copies
- * *cmd into the ring and returns QRPC_PENDING, QRPC_ERR_FULL (the ring holds
- * QRPC_SQ_CAP commands Go has not taken yet) or QRPC_ERR_CLOSED; errors
- * found later arrive as completions with cmd->call_id (none for CANCEL).
- * Unlike qrpc_submit, the strings cmd points to must stay valid until
- * qrpc_sq_consumed() exceeds the command's sequence number: the number of
- * commands accepted before it, counted from qrpc_sq_submitted() read right
- * after qrpc_init. Both counters are exact integers below 2^53. */
-#define QRPC_SQ_CAP 4096
-int qrpc_sq_submit(const qrpc_cmd_t *cmd);
-double qrpc_sq_consumed(void);
-double qrpc_sq_submitted(void);
-
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {
     uint64_t inflight;   /* calls sent and not yet finished */
@@ -134,8 +119,7 @@ typedef struct {
 /* Fills out; returns QRPC_OK or QRPC_ERR_CLOSED for an unknown handle. */
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 
-/* Moves up to max finished commands into out; returns how many. Plain C,
- * like the submit ring. */
+/* Moves up to max finished commands into out; returns how many. */
 int qrpc_drain(qrpc_completion_t *out, int max);
 
 /* Frees a buffer the library handed out. */

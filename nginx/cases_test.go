@@ -126,8 +126,9 @@ func TestUnary(t *testing.T) {
 			repeat: 3,
 		},
 		{
-			// Calls queued together in the submit ring each keep their own
-			// headers (Lua reuses one header buffer) and body.
+			// Concurrent calls each keep their own headers and body: Lua
+			// reuses one header buffer for every call, so Go must be done
+			// with it when qrpc_submit returns.
 			name: "concurrent calls keep their own headers and bodies",
 			conf: ngxConf{Server: loc("/t", connectT+`
                 local threads = {}

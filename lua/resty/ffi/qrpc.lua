@@ -3,11 +3,9 @@
 -- The protocol runs in Go, in libffi_qrpc.so, inside the nginx worker. This
 -- module hands work to it through the C ABI in ffi/qrpc.h, with one of two
 -- hosts:
---   "builtin"   stock ngx_lua only: unary calls go through a submit ring
---               in C (qrpc_sq_submit), everything else through
---               qrpc_submit; a per-worker completion queue, a unix-socket
---               wake-up read by one background light thread (the
---               dispatcher), one ngx.semaphore per waiting call;
+--   "builtin"   stock ngx_lua only: qrpc_submit, a per-worker completion
+--               queue, a unix-socket wake-up read by one background light
+--               thread (the dispatcher), one ngx.semaphore per waiting call;
 --   "resty_ffi" lua-resty-ffi's ngx.load_ffi runtime (a rebuilt nginx):
 --               connect, unary and _echo go through its task queue; event,
 --               close and stats still call qrpc_submit/qrpc_stats directly
@@ -188,9 +186,6 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
-int qrpc_sq_submit(const qrpc_cmd_t *cmd);
-double qrpc_sq_consumed(void);
-double qrpc_sq_submitted(void);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_drain(qrpc_completion_t *out, int max);
 void qrpc_free(void *p);
@@ -286,8 +281,7 @@ local lib_where      -- where the library was found
 
 local errbuf = ffi_new(char_arr_t, ERRBUF_LEN)
 local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
--- Reused: qrpc_submit reads a command synchronously, never after it
--- returns, and qrpc_sq_submit copies it.
+-- Reused: qrpc_submit reads a command synchronously, never after it returns.
 local ucmd = ffi_new(cmd_t)
 local xcmd = ffi_new(cmd_t)
 local hbuf, hbuf_cap = nil, 0
@@ -516,8 +510,7 @@ end
 
 
 local symbols = {
-    "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_sq_submit",
-    "qrpc_sq_consumed", "qrpc_sq_submitted", "qrpc_stats", "qrpc_drain",
+    "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
     "qrpc_free", "qrpc_shutdown",
 }
 
@@ -576,25 +569,11 @@ local function open_library()
 end
 
 
--- The submit ring (built-in host): unary, cancel and _echo go through it,
--- so that the nginx thread never enters the Go runtime on the hot path.
--- Go reads the strings a command points to after qrpc_sq_submit returned:
--- they stay referenced in sq_keep until qrpc_sq_consumed() passes them.
-local SQ_CAP = 4096   -- QRPC_SQ_CAP
--- [(seq % SQ_CAP) * 3 + 1..3] = strings of command seq; only ever written:
--- holding them is the point.
-local sq_keep = {}  -- luacheck: ignore 241
-local sq_seq = 0      -- commands accepted so far
-local sq_released = 0 -- commands whose strings were let go
-
-
 local function init_runtime(l)
     local rc = l.qrpc_init(errbuf, ERRBUF_LEN)
     if rc ~= QRPC_OK then
         return nil, "qrpc: init: " .. submit_err(rc)
     end
-    sq_seq = l.qrpc_sq_submitted()
-    sq_released = sq_seq
     return true
 end
 
@@ -730,53 +709,12 @@ end
 -- Built-in host: completions, waiters and the dispatcher
 -------------------------------------------------------------------------
 
-local function sq_release()
-    local done = lib.qrpc_sq_consumed()
-    local r = sq_released
-    while r < done do
-        local k = (r % SQ_CAP) * 3
-        sq_keep[k + 1] = nil
-        sq_keep[k + 2] = nil
-        sq_keep[k + 3] = nil
-        r = r + 1
-    end
-    sq_released = r
-end
-
-
--- Queues cmd in the submit ring; a, b, c are the strings it points to.
--- Returns QRPC_PENDING, QRPC_ERR_FULL or QRPC_ERR_CLOSED.
-local function sq_submit(cmd, a, b, c)
-    local rc = lib.qrpc_sq_submit(cmd)
-    if rc == QRPC_PENDING then
-        local k = (sq_seq % SQ_CAP) * 3
-        sq_keep[k + 1] = a
-        sq_keep[k + 2] = b
-        sq_keep[k + 3] = c
-        sq_seq = sq_seq + 1
-        sq_release()
-    end
-    return rc
-end
-
-
--- Cancels go through the ring too, so that they reach Go after the call
--- they cancel; a full ring falls back to the synchronous path.
 local function cancel(handle, id)
     xcmd.version = CMD_VERSION
     xcmd.op = OP_CANCEL
     xcmd.conn = handle or 0
     xcmd.call_id = id
-    xcmd.nhdrs = 0
-    xcmd.method = nil
-    xcmd.method_len = 0
-    xcmd.body = nil
-    xcmd.body_len = 0
-    xcmd.hdrs = nil
-    xcmd.hdrs_len = 0
-    if sq_submit(xcmd) ~= QRPC_PENDING then
-        lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
-    end
+    lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
 end
 
 
@@ -867,7 +805,6 @@ end
 
 
 local function drain()
-    sq_release()
     local n = lib.qrpc_drain(comps, BATCH)
     while n > 0 do
         for i = 0, n - 1 do
@@ -1080,13 +1017,15 @@ local function wait_inline(w, id, secs)
 end
 
 
--- Submits ucmd (filled by the caller with op, conn, call_id = id, pointing
--- to the strings a, b, c) through the ring and waits for its completion.
--- Returns status, value.
-local function builtin_wait(handle, op, id, secs, a, b, c)
-    local rc = sq_submit(ucmd, a, b, c)
+-- Submits ucmd (filled by the caller with op, conn, call_id = id) and waits
+-- for its completion. Returns status, value.
+local function builtin_wait(handle, op, id, secs)
+    local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc ~= QRPC_PENDING then
-        return rc, status_err(rc)
+        if rc == QRPC_OK then
+            return QRPC_ERR, "qrpc: unexpected synchronous completion"
+        end
+        return rc, submit_err(rc)
     end
 
     local disp_ok = ensure_dispatcher()
@@ -1667,12 +1606,9 @@ function _M.unary(self, method, body, opts)
     local secs = timeout / 1000 + SAFETY_SLACK_S
     if builtin then
         local id = next_call_id()
-        -- hbuf is reused by the next call: Go reads the ring's copy later
-        local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
-        fill_cmd(ucmd, OP_UNARY, self.handle, id, method, body, nh, hstr, hlen,
+        fill_cmd(ucmd, OP_UNARY, self.handle, id, method, body, nh, hbuf, hlen,
                  timeout)
-        status, val = builtin_wait(self.handle, OP_UNARY, id, secs, method,
-                                   body, hstr)
+        status, val = builtin_wait(self.handle, OP_UNARY, id, secs)
     else
         -- hbuf is shared: this call keeps its own copy across the yield
         local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
@@ -1861,8 +1797,7 @@ function _M._echo(body)
         local id = next_call_id()
         fill_cmd(ucmd, OP_ECHO, 0, id, "", body, 0, nil, 0, DEFAULT_TIMEOUT_MS)
         status, val = builtin_wait(nil, OP_ECHO, id,
-                                   DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S,
-                                   body)
+                                   DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S)
     else
         local cmd = fill_cmd(ffi_new(cmd_t), OP_ECHO, 0, 0, "", body, 0, nil, 0,
                              DEFAULT_TIMEOUT_MS)
