@@ -236,6 +236,18 @@ type testServer struct {
 	slow   int // slow handlers running
 }
 
+// ownServer starts a qrpc server for one test only (tests that restart or
+// count connections must not share one), closed when the test ends.
+func ownServer(t *testing.T) *testServer {
+	t.Helper()
+	srv, err := newTestServer("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.close() })
+	return srv
+}
+
 func newTestServer(addr string, clientCAs *x509.CertPool) (*testServer, error) {
 	return newTestServerCfg(addr, clientCAs, qrpc.ServerConfig{})
 }

@@ -88,11 +88,7 @@ func TestConnectionReuse(t *testing.T) {
 	requireNginx(t)
 	t.Run("across requests", func(t *testing.T) {
 		t.Parallel()
-		srv, err := newTestServer("127.0.0.1:0", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = srv.close() })
+		srv := ownServer(t)
 		n := startNginx(t, ngxConf{QServer: srv, Server: greetLoc})
 		for i := 0; i < 30; i++ {
 			if st, body := n.get("/t?n=seq"); st != 200 || body != "hello, seq" {
@@ -126,11 +122,7 @@ func TestConnectionReuse(t *testing.T) {
 	})
 	t.Run("concurrent connects share one dial", func(t *testing.T) {
 		t.Parallel()
-		srv, err := newTestServer("127.0.0.1:0", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = srv.close() })
+		srv := ownServer(t)
 		n := startNginx(t, ngxConf{QServer: srv, Workers: 1, Server: loc("/t", `
                 local qt = require "qtest"
                 local threads, conns = {}, {}
@@ -223,11 +215,7 @@ func TestClientAbortFreesTheCall(t *testing.T) {
 func TestServerRestartRecovers(t *testing.T) {
 	requireNginx(t)
 	t.Parallel()
-	srv, err := newTestServer("127.0.0.1:0", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.close() })
+	srv := ownServer(t)
 	n := startNginx(t, ngxConf{QServer: srv, Workers: 1, Server: loc("/t", connectT+`
                 local res, err = conn:unary("echo", "up", { timeout = 1000 })
                 ngx.say(res and res.body or err, " reconnects=", conn:stats().reconnects)`)})
@@ -241,7 +229,7 @@ func TestServerRestartRecovers(t *testing.T) {
 	// restarted and the Lua connection object stays the same.
 	var last string
 	start := time.Now()
-	err = eventually(15*time.Second, func() error {
+	err := eventually(15*time.Second, func() error {
 		_, last = n.get("/t")
 		if strings.HasPrefix(last, "up ") {
 			return nil
@@ -340,11 +328,7 @@ func TestReloadUnderLoad(t *testing.T) {
 func TestQuitWithCallsInFlight(t *testing.T) {
 	requireNginx(t)
 	t.Parallel()
-	srv, err := newTestServer("127.0.0.1:0", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.close() })
+	srv := ownServer(t)
 	n := startNginx(t, ngxConf{QServer: srv, Server: loc("/slow", connectT+`
                 local res, err = conn:unary("slow", "1500", { timeout = 5000 })
                 ngx.say(res and res.body or err)`)})
