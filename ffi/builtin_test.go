@@ -19,8 +19,8 @@ import (
 
 // These tests drive the built-in host through its Go entry points (the
 // exports are thin wrappers around them) against a real qrpc server over
-// QUIC on 127.0.0.1 (internal/testsrv), with the wake-up socket read like the Lua dispatcher
-// reads it. testhost/ covers the same paths from C.
+// QUIC on 127.0.0.1 (internal/testsrv), with the wake-up socket read like
+// the Lua dispatcher reads it. testhost/ covers the same paths from C.
 
 // dispatcher plays the Lua side of the built-in host.
 type dispatcher struct {
