@@ -1,0 +1,275 @@
+package metrics
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// Registry holds the figures of one process (one nginx worker). Recording
+// is lock-free: atomics on counters that exist once a (method, server) has
+// been seen. Locks are taken only when a pool, server or method name is new
+// and when a snapshot is written.
+type Registry struct {
+	mu      sync.Mutex
+	pools   map[string]*Pool
+	order   []*Pool        // pools in creation order, for a stable snapshot
+	servers map[string]int // server labels handed out, capped at MaxServers
+}
+
+// New returns an empty registry.
+func New() *Registry {
+	return &Registry{pools: make(map[string]*Pool), servers: make(map[string]int)}
+}
+
+// Pool returns the Observer for the pool known by key, creating it on first
+// use. A pool closed and created again with the same key (the same
+// connect options) gets the same Observer back, so its counters carry on
+// and the registry does not grow with every re-creation.
+func (r *Registry) Pool(key string) *Pool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := r.pools[key]; p != nil {
+		return p
+	}
+	p := &Pool{r: r, peers: make(map[string]*Peer)}
+	empty := map[string]uint16{}
+	p.methods.Store(&empty)
+	r.pools[key] = p
+	r.order = append(r.order, p)
+	return p
+}
+
+// Peer makes the Registry itself an Observer: that of the pool with the
+// empty key.
+func (r *Registry) Peer(addr string) qrpc.PeerObserver { return r.Pool("").Peer(addr) }
+
+// serverLabel returns addr, or Other once MaxServers labels are in use.
+// Called with r.mu held.
+func (r *Registry) serverLabel(addr string) string {
+	if !utf8.ValidString(addr) {
+		addr = strings.ToValidUTF8(addr, "\uFFFD")
+	}
+	if _, ok := r.servers[addr]; ok {
+		return addr
+	}
+	if len(r.servers) >= MaxServers {
+		return Other
+	}
+	r.servers[addr] = len(r.servers)
+	return addr
+}
+
+// Pool is the qrpc.Observer of one pool: its own method-name table and the
+// servers it has reported.
+type Pool struct {
+	r *Registry
+
+	// methods maps a method name to its index in every Peer's series. The
+	// map is never modified once published: a new name is added to a copy
+	// (at most MaxMethods copies of at most MaxMethods entries), so a
+	// lookup needs no lock.
+	methods atomic.Pointer[map[string]uint16]
+	full    atomic.Bool // MaxMethods names are in: misses go to Other without the lock
+	mu      sync.Mutex  // serialises adding a name
+	names   []string    // label value by index; append-only, read under mu
+
+	peers map[string]*Peer // by address; guarded by r.mu
+	list  []*Peer          // guarded by r.mu
+}
+
+// otherIndex is the series slot of method="other".
+const otherIndex = MaxMethods
+
+// Peer returns the recorder of one server of this pool. Reporting the same
+// address again (a server that left the pool and came back) returns the
+// same recorder, so its counters never go back.
+func (p *Pool) Peer(addr string) qrpc.PeerObserver { return p.peer(addr) }
+
+func (p *Pool) peer(addr string) *Peer {
+	r := p.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pe := p.peers[addr]; pe != nil {
+		return pe
+	}
+	pe := &Peer{pool: p, server: r.serverLabel(addr)}
+	pe.state.Store(uint32(qrpc.PeerConnecting))
+	p.peers[addr] = pe
+	p.list = append(p.list, pe)
+	return pe
+}
+
+// method returns the series index of a method name. The map lookup with
+// string(name) as key does not allocate.
+func (p *Pool) method(name []byte) int {
+	if i, ok := (*p.methods.Load())[string(name)]; ok {
+		return int(i)
+	}
+	if p.full.Load() {
+		return otherIndex
+	}
+	return p.addMethod(name)
+}
+
+func (p *Pool) addMethod(name []byte) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := *p.methods.Load()
+	if i, ok := old[string(name)]; ok {
+		return int(i)
+	}
+	if len(old) >= MaxMethods {
+		p.full.Store(true)
+		return otherIndex
+	}
+	m := make(map[string]uint16, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	i := len(old)
+	m[string(name)] = uint16(i)
+	p.names = append(p.names, methodLabel(name))
+	p.methods.Store(&m)
+	return i
+}
+
+// methodLabel makes a method name fit as a label value: valid UTF-8, at
+// most maxLabelLen bytes. Two names that become the same label share its
+// series when rendered.
+func methodLabel(name []byte) string {
+	s := strings.ToValidUTF8(string(name), "\uFFFD")
+	if len(s) > maxLabelLen {
+		s = s[:maxLabelLen]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
+// methodName returns the label of index i.
+func (p *Pool) methodName(i int) string {
+	if i == otherIndex {
+		return Other
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.names[i]
+}
+
+// Peer records the events of one server of a pool. It implements
+// qrpc.PeerObserver.
+type Peer struct {
+	pool   *Pool
+	server string
+
+	series [MaxMethods + 1]atomic.Pointer[series] // by method index; Other last
+
+	inflight   atomic.Int64
+	state      atomic.Uint32
+	reconnects atomic.Uint64
+	ejections  atomic.Uint64
+	sent, recv atomic.Uint64
+}
+
+// series is what is counted per (method, server).
+type series struct {
+	calls   [numResults]atomic.Uint64
+	buckets [numBuckets]atomic.Uint64 // not cumulative; the last is +Inf
+	sumNs   atomic.Uint64
+	events  [2]atomic.Uint64 // sent, dropped
+}
+
+func (pe *Peer) seriesFor(method []byte) *series {
+	i := pe.pool.method(method)
+	if s := pe.series[i].Load(); s != nil {
+		return s
+	}
+	s := new(series)
+	if pe.series[i].CompareAndSwap(nil, s) {
+		return s
+	}
+	return pe.series[i].Load()
+}
+
+// CallDone counts one unary attempt and its duration.
+func (pe *Peer) CallDone(method []byte, code uint32, err error, elapsed time.Duration) {
+	s := pe.seriesFor(method)
+	res := resOK
+	switch {
+	case err != nil:
+		res = resultOf(err)
+	case code != 0:
+		res = resCode
+	}
+	s.calls[res].Add(1)
+	b := 0
+	for b < len(bucketBounds) && elapsed > bucketBounds[b] {
+		b++
+	}
+	s.buckets[b].Add(1)
+	if elapsed > 0 {
+		s.sumNs.Add(uint64(elapsed))
+	}
+}
+
+// resultOf maps an error to its result label through the error's first
+// word, the same word callers see.
+func resultOf(err error) int {
+	switch qrpc.ErrorWord(err) {
+	case qrpc.WordTimeout:
+		return resTimeout
+	case qrpc.WordUnavailable:
+		return resUnavailable
+	case qrpc.WordConnLost:
+		return resConnLost
+	case qrpc.WordClosed:
+		return resClosed
+	case qrpc.WordTooLarge:
+		return resTooLarge
+	case qrpc.WordQueueFull:
+		return resQueueFull
+	case qrpc.WordConnect:
+		return resConnect
+	}
+	return resOther
+}
+
+// EventDone counts a one-way event: sent, or dropped for any error.
+func (pe *Peer) EventDone(method []byte, err error) {
+	s := pe.seriesFor(method)
+	if err == nil {
+		s.events[0].Add(1)
+	} else {
+		s.events[1].Add(1)
+	}
+}
+
+// InflightAdd moves the in-flight gauge.
+func (pe *Peer) InflightAdd(delta int) { pe.inflight.Add(int64(delta)) }
+
+// StateChanged records the server's state for the connections gauge.
+func (pe *Peer) StateChanged(state qrpc.PeerState) { pe.state.Store(uint32(state)) }
+
+// Reconnected counts a re-established connection.
+func (pe *Peer) Reconnected() { pe.reconnects.Add(1) }
+
+// Ejected counts a health ejection.
+func (pe *Peer) Ejected() { pe.ejections.Add(1) }
+
+// BytesSent counts frame bytes sent.
+func (pe *Peer) BytesSent(n int) { pe.sent.Add(uint64(n)) }
+
+// BytesReceived counts frame bytes received.
+func (pe *Peer) BytesReceived(n int) { pe.recv.Add(uint64(n)) }
+
+var (
+	_ qrpc.Observer     = (*Registry)(nil)
+	_ qrpc.Observer     = (*Pool)(nil)
+	_ qrpc.PeerObserver = (*Peer)(nil)
+)

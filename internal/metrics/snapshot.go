@@ -1,0 +1,177 @@
+package metrics
+
+import (
+	"bytes"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// A snapshot is one worker's figures as text, one sample a line:
+//
+//	c <series> <value>    a counter (histogram buckets, _sum and _count too)
+//	g <series> <value>    a gauge
+//
+// where <series> is the sample exactly as the exposition prints it, label
+// values escaped, e.g. qrpc_client_calls_total{method="greet",server="10.0.0.1:8081",result="ok"}.
+// Values are cumulative since the worker started.
+//
+// Aggregation over workers in a lua_shared_dict (done in Lua, once a
+// second and at worker exit):
+//   - a counter's key is <series>; the worker adds value minus what it
+//     added last time with dict:incr(key, delta, 0) and remembers value
+//     only when incr succeeds, so a failed flush is retried, not lost;
+//   - a gauge's key is "g<pid> <series>", written with dict:set and an
+//     expiry a few flush intervals long and deleted at worker exit, so
+//     the gauges of a worker that is gone stop counting.
+//
+// Render takes lines "<key> <value>" (the dict's contents, or a snapshot:
+// a first word that does not start with "qrpc_" is a tag and is skipped),
+// sums samples with the same series and prints the exposition.
+
+// Snapshot returns this registry's figures in the snapshot format, sorted.
+func (r *Registry) Snapshot() []byte {
+	counters, gauges := r.collect()
+	var b bytes.Buffer
+	writeSorted(&b, "c ", counters)
+	writeSorted(&b, "g ", gauges)
+	return b.Bytes()
+}
+
+// Text returns this registry's figures in the Prometheus text format.
+func (r *Registry) Text() []byte {
+	out, err := Render(r.Snapshot())
+	if err != nil {
+		// A snapshot is made here, so its lines always parse.
+		panic("metrics: own snapshot does not render: " + err.Error())
+	}
+	return out
+}
+
+func writeSorted(b *bytes.Buffer, tag string, m map[string]float64) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteString(tag)
+		b.WriteString(k)
+		b.WriteByte(' ')
+		b.WriteString(formatValue(m[k]))
+		b.WriteByte('\n')
+	}
+}
+
+// collect sums every peer's figures by series. Peers of several pools (or
+// servers and methods cut to "other") can share a series.
+func (r *Registry) collect() (counters, gauges map[string]float64) {
+	counters = make(map[string]float64)
+	gauges = make(map[string]float64)
+	var sent, recv uint64
+	r.mu.Lock()
+	pools := slices.Clone(r.order)
+	var peers [][]*Peer
+	for _, p := range pools {
+		peers = append(peers, slices.Clone(p.list))
+	}
+	r.mu.Unlock()
+	for i, p := range pools {
+		for _, pe := range peers[i] {
+			srv := escape(pe.server)
+			for m := range pe.series {
+				s := pe.series[m].Load()
+				if s != nil {
+					addSeries(counters, escape(p.methodName(m)), srv, s)
+				}
+			}
+			gauges[nameInflight+`{server="`+srv+`"}`] += float64(pe.inflight.Load())
+			st := qrpc.PeerState(pe.state.Load())
+			for j, name := range stateLabels {
+				v := 0.0
+				if int(st) == j {
+					v = 1
+				}
+				gauges[nameConnections+`{server="`+srv+`",state="`+name+`"}`] += v
+			}
+			counters[nameReconnects+`{server="`+srv+`"}`] += float64(pe.reconnects.Load())
+			counters[nameEjections+`{server="`+srv+`"}`] += float64(pe.ejections.Load())
+			sent += pe.sent.Load()
+			recv += pe.recv.Load()
+		}
+	}
+	counters[nameBytes+`{direction="sent"}`] += float64(sent)
+	counters[nameBytes+`{direction="received"}`] += float64(recv)
+	return counters, gauges
+}
+
+// addSeries adds the samples of one (method, server). Calls and the
+// histogram appear once the method has had a call, events once it has
+// had an event; then every result is listed, zeros included, so that
+// rate() finds a series for each.
+func addSeries(m map[string]float64, method, server string, s *series) {
+	labels := `method="` + method + `",server="` + server + `"`
+	var calls [numResults]uint64
+	var nCalls uint64
+	for i := range calls {
+		calls[i] = s.calls[i].Load()
+		nCalls += calls[i]
+	}
+	// calls_total and the buckets are separate atomics: a snapshot taken
+	// while calls finish may see a call in one and not yet in the other.
+	// Both settle as soon as calls stop; a lock would cost every call.
+	var cum uint64
+	var cumBuckets [numBuckets]uint64
+	for i := range cumBuckets {
+		cum += s.buckets[i].Load()
+		cumBuckets[i] = cum
+	}
+	if nCalls > 0 || cum > 0 {
+		for i, n := range calls {
+			m[nameCalls+"{"+labels+`,result="`+results[i]+`"}`] += float64(n)
+		}
+		for i, n := range cumBuckets {
+			m[nameDuration+"_bucket{"+labels+`,le="`+bucketLabels[i]+`"}`] += float64(n)
+		}
+		m[nameDuration+"_sum{"+labels+"}"] += float64(s.sumNs.Load()) / 1e9
+		m[nameDuration+"_count{"+labels+"}"] += float64(cum)
+	}
+	sent, dropped := s.events[0].Load(), s.events[1].Load()
+	if sent > 0 || dropped > 0 {
+		m[nameEvents+"{"+labels+`,result="sent"}`] += float64(sent)
+		m[nameEvents+"{"+labels+`,result="dropped"}`] += float64(dropped)
+	}
+}
+
+// escape escapes a label value for the text format: backslash, double
+// quote and line feed.
+func escape(s string) string {
+	if !strings.ContainsAny(s, "\\\"\n") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\':
+			b.WriteString(`\\`)
+		case '"':
+			b.WriteString(`\"`)
+		case '\n':
+			b.WriteString(`\n`)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// formatValue prints whole numbers without exponent up to 2^53, others
+// in the shortest form that reads back the same.
+func formatValue(v float64) string {
+	if v == float64(int64(v)) && v < 1<<53 && v > -(1<<53) {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
