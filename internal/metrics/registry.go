@@ -178,11 +178,17 @@ type Peer struct {
 }
 
 // series is what is counted per (method, server).
+//
+// A successful call costs two atomic adds: its bucket in okBuckets and the
+// sum. The ok count is the sum of okBuckets, so it needs no counter of its
+// own and stays monotonic. Other results add to calls[result] and to
+// otherBuckets.
 type series struct {
-	calls   [numResults]atomic.Uint64
-	buckets [numBuckets]atomic.Uint64 // not cumulative; the last is +Inf
-	sumNs   atomic.Uint64
-	events  [2]atomic.Uint64 // sent, dropped
+	okBuckets    [numBuckets]atomic.Uint64 // not cumulative; the last is +Inf
+	otherBuckets [numBuckets]atomic.Uint64
+	calls        [numResults]atomic.Uint64 // calls[resOK] stays 0
+	sumNs        atomic.Uint64
+	events       [2]atomic.Uint64 // sent, dropped
 }
 
 func (pe *Peer) seriesFor(method []byte) *series {
@@ -200,19 +206,20 @@ func (pe *Peer) seriesFor(method []byte) *series {
 // CallDone counts one unary attempt and its duration.
 func (pe *Peer) CallDone(method []byte, code uint32, err error, elapsed time.Duration) {
 	s := pe.seriesFor(method)
-	res := resOK
-	switch {
-	case err != nil:
-		res = resultOf(err)
-	case code != 0:
-		res = resCode
-	}
-	s.calls[res].Add(1)
 	b := 0
 	for b < len(bucketBounds) && elapsed > bucketBounds[b] {
 		b++
 	}
-	s.buckets[b].Add(1)
+	switch {
+	case err != nil:
+		s.calls[resultOf(err)].Add(1)
+		s.otherBuckets[b].Add(1)
+	case code != 0:
+		s.calls[resCode].Add(1)
+		s.otherBuckets[b].Add(1)
+	default:
+		s.okBuckets[b].Add(1)
+	}
 	if elapsed > 0 {
 		s.sumNs.Add(uint64(elapsed))
 	}

@@ -113,20 +113,25 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 // rate() finds a series for each.
 func addSeries(m map[string]float64, method, server string, s *series) {
 	labels := `method="` + method + `",server="` + server + `"`
+	// calls_total of results other than ok and the buckets are separate
+	// atomics: a snapshot taken while calls finish may see such a call in
+	// one and not yet in the other. Both settle as soon as calls stop; a
+	// lock would cost every call. Every counter stays monotonic.
 	var calls [numResults]uint64
-	var nCalls uint64
-	for i := range calls {
-		calls[i] = s.calls[i].Load()
-		nCalls += calls[i]
-	}
-	// calls_total and the buckets are separate atomics: a snapshot taken
-	// while calls finish may see a call in one and not yet in the other.
-	// Both settle as soon as calls stop; a lock would cost every call.
 	var cum uint64
 	var cumBuckets [numBuckets]uint64
 	for i := range cumBuckets {
-		cum += s.buckets[i].Load()
+		ok := s.okBuckets[i].Load()
+		calls[resOK] += ok
+		cum += ok + s.otherBuckets[i].Load()
 		cumBuckets[i] = cum
+	}
+	var nCalls uint64
+	for i := range calls {
+		if i != resOK {
+			calls[i] = s.calls[i].Load()
+		}
+		nCalls += calls[i]
 	}
 	if nCalls > 0 || cum > 0 {
 		for i, n := range calls {
