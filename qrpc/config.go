@@ -201,7 +201,7 @@ func (c *Config) quicConfig() *quic.Config {
 // classifyDialError turns a quic-go/TLS failure into a short reason that
 // tells the kinds of failure apart.
 func classifyDialError(addr string, err error) error {
-	reason := "failed"
+	reason := ReasonDialFailed
 	var (
 		unknownAuth x509.UnknownAuthorityError
 		hostErr     x509.HostnameError
@@ -215,38 +215,38 @@ func classifyDialError(addr string, err error) error {
 	msg := err.Error()
 	switch {
 	case errors.As(err, &unknownAuth):
-		reason = "certificate signed by unknown authority"
+		reason = ReasonUnknownAuthority
 	case errors.As(err, &hostErr):
-		reason = "certificate is for another host"
+		reason = ReasonWrongHost
 	case errors.As(err, &certInvalid) && certInvalid.Reason == x509.Expired:
-		reason = "certificate expired or not yet valid"
+		reason = ReasonExpired
 	case errors.As(err, &certInvalid):
-		reason = "certificate invalid"
+		reason = ReasonCertInvalid
 	case errors.Is(err, errPinMismatch):
-		reason = "certificate pin mismatch"
+		reason = ReasonPinMismatch
 	case errors.As(err, &hs), errors.As(err, &idle):
-		reason = "timeout"
+		reason = ReasonTimeout
 	case errors.As(err, &tErr) && tErr.ErrorCode == quic.TransportErrorCode(0x100+120):
 		// TLS alert 120: no_application_protocol.
-		reason = "no application protocol (ALPN qrpc refused)"
+		reason = ReasonNoALPN
 	case errors.As(err, &tErr) && tErr.ErrorCode == quic.TransportErrorCode(0x100+116):
 		// Go's client sends no certificate when its own is not from a CA
 		// the server lists, so this is also "wrong CA".
-		reason = "client certificate required by server"
+		reason = ReasonClientCertNeeded
 	case errors.As(err, &tErr) && tErr.Remote && isCertAlert(tErr.ErrorCode):
 		// The server's alert about the certificate we sent (our own verdicts
 		// on its certificate are x509 errors, matched above).
-		reason = "client certificate rejected by server"
+		reason = ReasonClientCertBad
 	case errors.As(err, &tErr) && tErr.ErrorCode.IsCryptoError():
-		reason = "tls handshake failed"
+		reason = ReasonTLSFailed
 	case errors.As(err, &dnsErr):
-		reason = "cannot resolve host"
+		reason = ReasonNoHost
 	case errors.As(err, &opErr) && opErr.Op == "dial":
-		reason = "cannot resolve or reach address"
+		reason = ReasonUnreachable
 	case bytes.Contains([]byte(msg), []byte("connection refused")):
-		reason = "refused"
+		reason = ReasonRefused
 	case errors.Is(err, errContextDeadline):
-		reason = "timeout"
+		reason = ReasonTimeout
 	}
 	return &DialError{Addr: addr, Reason: reason, Err: err}
 }
