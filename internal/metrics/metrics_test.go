@@ -458,3 +458,61 @@ func BenchmarkRecordCallError(b *testing.B) {
 		pe.CallDone(m, 0, errTimeout, time.Second)
 	}
 }
+
+// TestSnapshotWhileRecording: snapshots taken while calls are recorded
+// (new methods and servers appearing too) never see a counter go down,
+// and the final one is exact.
+func TestSnapshotWhileRecording(t *testing.T) {
+	r := New()
+	p := r.Pool("")
+	const goroutines, each = 4, 3000
+	var wg sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pe := p.Peer("s:" + strconv.Itoa(g%2))
+			for i := 0; i < each; i++ {
+				var err error
+				if i%3 == 0 {
+					err = errLost
+				}
+				pe.CallDone([]byte("m"+strconv.Itoa(i%40)), 0, err, time.Duration(i)*time.Microsecond)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	prev := map[string]float64{}
+	check := func() {
+		for _, line := range strings.Split(strings.TrimSuffix(string(r.Snapshot()), "\n"), "\n") {
+			if !strings.HasPrefix(line, "c ") {
+				continue
+			}
+			sp := strings.LastIndexByte(line, ' ')
+			v, _ := strconv.ParseFloat(line[sp+1:], 64)
+			if v < prev[line[2:sp]] {
+				t.Fatalf("%s went down from %v to %v", line[2:sp], prev[line[2:sp]], v)
+			}
+			prev[line[2:sp]] = v
+		}
+	}
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		check()
+	}
+	check()
+	var calls float64
+	for k, v := range prev {
+		if strings.HasPrefix(k, "qrpc_client_calls_total{") {
+			calls += v
+		}
+	}
+	if calls != goroutines*each {
+		t.Fatalf("calls_total sums to %v, want %d", calls, goroutines*each)
+	}
+}
