@@ -61,6 +61,8 @@ const (
 // (which say why the last connection or dial failed), and of "too large".
 const (
 	ReasonReconnecting = "reconnecting"                   // no failure recorded yet
+	ReasonNoServer     = "no server up"                   // every server of a pool is ejected or connecting
+	ReasonNoStream     = "no stream in service"           // every stream of the connection is being replaced
 	ReasonFrameLimit   = "request exceeds max_frame_size" // the request's frame is over the limit
 )
 
@@ -109,7 +111,9 @@ func Reasons() []Reason {
 	for _, r := range dialReasons {
 		out = append(out, Reason{Word: WordConnect, Reason: r})
 	}
-	out = append(out, Reason{Word: WordUnavailable, Reason: ReasonReconnecting})
+	for _, r := range []string{ReasonReconnecting, ReasonNoServer, ReasonNoStream} {
+		out = append(out, Reason{Word: WordUnavailable, Reason: r})
+	}
 	for _, r := range dialReasons {
 		out = append(out, Reason{Word: WordUnavailable, Reason: r})
 	}
@@ -168,13 +172,14 @@ func Classify(err error) Reason {
 		return Reason{Word: word, Reason: ReasonDialFailed, Detail: err.Error()}
 	case WordUnavailable:
 		reason, detail := causeOf(err, ErrUnavailable)
-		if detail == reason {
-			detail = ""
+		if rest, ok := strings.CutPrefix(detail, reason); ok {
+			// "no server up (2 ejected, 0 connecting)": say the reason once.
+			detail = strings.TrimSuffix(strings.TrimPrefix(strings.TrimPrefix(rest, ": "), " ("), ")")
 		}
 		return Reason{Word: word, Reason: reason, Detail: detail}
 	case WordConnLost:
 		reason, detail := causeOf(err, ErrConnLost)
-		if reason == ReasonReconnecting || isDialReason(reason) {
+		if reason == ReasonReconnecting || reason == ReasonNoServer || reason == ReasonNoStream || isDialReason(reason) {
 			// A dial reason cannot end a live connection; only text
 			// matching could get here.
 			reason = ReasonLostOther
@@ -290,6 +295,10 @@ func reasonFromText(msg string) string {
 	switch {
 	case msg == ReasonReconnecting:
 		return ReasonReconnecting
+	case strings.HasPrefix(msg, ReasonNoServer):
+		return ReasonNoServer
+	case strings.HasPrefix(msg, ReasonNoStream):
+		return ReasonNoStream
 	case has("no recent network activity"):
 		return ReasonIdleTimeout
 	case has("received a stateless reset"):

@@ -256,6 +256,9 @@ func TestClassifyShapes(t *testing.T) {
 		{fmt.Errorf("%w: %w", qrpc.ErrUnavailable, dial), "unavailable: timeout (10.0.0.1:1: timeout: handshake did not complete in time)"},
 		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, dial), "unavailable: timeout (10.0.0.1:1: timeout: handshake did not complete in time)"},
 		{fmt.Errorf("%w: reconnecting", qrpc.ErrUnavailable), "unavailable: reconnecting"},
+		{fmt.Errorf("%w: no server up (2 ejected, 1 connecting)", qrpc.ErrUnavailable), "unavailable: no server up (2 ejected, 1 connecting)"},
+		{fmt.Errorf("%w: no stream in service", qrpc.ErrUnavailable), "unavailable: no stream in service"},
+		{fmt.Errorf("%w: stream: %v", qrpc.ErrConnLost, &quic.StreamError{StreamID: 8, ErrorCode: 1, Remote: true}), "connection lost: stream reset (stream: stream 8 canceled by remote with error code 1)"},
 		{fmt.Errorf("%w: %w", qrpc.ErrConnLost, &quic.IdleTimeoutError{}), "connection lost: idle timeout (timeout: no recent network activity)"},
 		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, &quic.IdleTimeoutError{}), "unavailable: idle timeout (timeout: no recent network activity)"},
 		{fmt.Errorf("%w: %w", qrpc.ErrConnLost, &quic.StatelessResetError{}), "connection lost: stateless reset (received a stateless reset)"},
@@ -337,7 +340,7 @@ func TestReasonsInREADME(t *testing.T) {
 		listed[r] = true
 	}
 	for r := range listed {
-		if r.Word == qrpc.WordUnavailable && r.Reason != qrpc.ReasonReconnecting {
+		if r.Word == qrpc.WordUnavailable && r.Reason != qrpc.ReasonReconnecting && r.Reason != qrpc.ReasonNoServer && r.Reason != qrpc.ReasonNoStream {
 			if !listed[qrpc.Reason{Word: qrpc.WordConnect, Reason: r.Reason}] && !listed[qrpc.Reason{Word: qrpc.WordConnLost, Reason: r.Reason}] {
 				t.Errorf("%q is neither a connect nor a connection lost reason", r.String())
 			}
