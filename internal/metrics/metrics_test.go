@@ -516,3 +516,23 @@ func TestSnapshotWhileRecording(t *testing.T) {
 		t.Fatalf("calls_total sums to %v, want %d", calls, goroutines*each)
 	}
 }
+
+func TestQuery(t *testing.T) {
+	r := New()
+	r.Pool("").Peer("s:1").CallDone([]byte("m"), 0, nil, time.Millisecond)
+	text, err := r.Query("", nil)
+	if err != nil || !bytes.Contains(text, []byte(`qrpc_client_calls_total{method="m",server="s:1",result="ok"} 1`+"\n")) {
+		t.Fatalf("text: %v\n%s", err, text)
+	}
+	snap, err := r.Query("snapshot", nil)
+	if err != nil || !bytes.Contains(snap, []byte(`c qrpc_client_calls_total{method="m",server="s:1",result="ok"} 1`+"\n")) {
+		t.Fatalf("snapshot: %v\n%s", err, snap)
+	}
+	out, err := r.Query("render", []byte(`qrpc_client_calls_total{method="m",server="s:1",result="ok"} 5`+"\n"))
+	if err != nil || !bytes.Contains(out, []byte(`qrpc_client_calls_total{method="m",server="s:1",result="ok"} 5`+"\n")) {
+		t.Fatalf("render: %v\n%s", err, out)
+	}
+	if _, err := r.Query("nope", nil); err == nil {
+		t.Fatal("unknown query accepted")
+	}
+}
