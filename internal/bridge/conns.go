@@ -20,7 +20,7 @@ func (r *Runtime) add(cl *qrpc.Client, addr string, owner *Gen) *conn {
 	if !owner.alive.Load() {
 		return nil
 	}
-	c := &conn{r: r, handle: r.lastHandle.Add(1), addr: addr, client: cl, owner: owner}
+	c := &conn{r: r, handle: r.lastHandle.Add(1), addr: addr, client: cl, owner: owner, peer: r.peerFor(addr)}
 	old := *r.conns.Load()
 	m := make(map[uint64]*conn, len(old)+1)
 	for k, v := range old {
@@ -60,6 +60,7 @@ func (r *Runtime) Conns() int { return len(*r.conns.Load()) }
 func (r *Runtime) closeClient(c *conn) {
 	defer r.RecoverLog("close")
 	_ = c.client.Close()
+	c.connClosed()
 	r.closedReconnects.Add(c.client.Stats().Reconnects)
 }
 

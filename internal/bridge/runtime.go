@@ -20,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/metrics"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -105,6 +106,9 @@ type conn struct {
 	calls    atomic.Uint64
 	events   atomic.Uint64
 	dropped  atomic.Uint64
+
+	peer           *metrics.Peer // see metrics.go
+	reconnectsSeen atomic.Uint64
 }
 
 // Runtime is the one runtime of a process (= nginx worker): the handle
@@ -124,12 +128,14 @@ type Runtime struct {
 
 	logLevel atomic.Int64
 	logger   *slog.Logger
+
+	metrics *metrics.Registry
 }
 
 // New makes a runtime that hands out memory from mem and sends its log
 // lines to sink (see LogSink).
 func New(mem Memory, sink LogSink) *Runtime {
-	r := &Runtime{mem: mem}
+	r := &Runtime{mem: mem, metrics: metrics.New()}
 	r.logLevel.Store(int64(slog.LevelInfo))
 	r.logger = slog.New(&logHandler{level: &r.logLevel, sink: sink})
 	m := map[uint64]*conn{}
@@ -269,15 +275,18 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout)}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
+	rec := c.callStarted(cmd.Method)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
 		defer r.RecoverLog("complete")
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
+		c.callDone(rec, resp, err)
 		deliver(r.outcome(resp, err))
 	})
 	if err != nil {
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
+		c.callDone(rec, nil, err)
 		return qrpc.Pending{}, nil, err
 	}
 	c.calls.Add(1)
@@ -309,6 +318,7 @@ func (c *conn) cancel(p qrpc.Pending) bool {
 	}
 	c.inflight.Add(-1)
 	c.r.inflight.Add(-1)
+	c.callCancelled()
 	return true
 }
 
@@ -326,6 +336,7 @@ func (r *Runtime) event(cmd *Command) error {
 		return err
 	}
 	err = c.client.Event(cmd.Method, hdrs, cmd.Body)
+	c.eventDone(cmd.Method, err)
 	switch {
 	case err == nil:
 		c.events.Add(1)

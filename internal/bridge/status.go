@@ -68,13 +68,13 @@ func StatusOf(err error) (int32, string) {
 	case errors.Is(err, qrpc.ErrUnavailable):
 		// Checked before DialError: "unavailable" wraps the last dial
 		// failure's text, and the call did not try to dial.
-		return ErrUnavail, prefixed("unavailable", qrpc.ErrUnavailable, err)
+		return ErrUnavail, reasonMessage(err)
 	case errors.As(err, &de):
-		return ErrConnect, Clip("connect: " + de.Reason)
+		return ErrConnect, reasonMessage(de)
 	case errors.Is(err, qrpc.ErrConnLost):
-		return ErrLost, prefixed("connection lost", qrpc.ErrConnLost, err)
+		return ErrLost, reasonMessage(err)
 	case errors.Is(err, qrpc.ErrTooLarge):
-		return ErrTooBig, prefixed("too large", qrpc.ErrTooLarge, err)
+		return ErrTooBig, reasonMessage(err)
 	case errors.Is(err, qrpc.ErrBadConfig):
 		return ErrBadArg, prefixed("bad config", qrpc.ErrBadConfig, err)
 	case errors.Is(err, context.DeadlineExceeded):

@@ -88,9 +88,11 @@ const otherIndex = MaxMethods
 // Peer returns the recorder of one server of this pool. Reporting the same
 // address again (a server that left the pool and came back) returns the
 // same recorder, so its counters never go back.
-func (p *Pool) Peer(addr string) qrpc.PeerObserver { return p.peer(addr) }
+func (p *Pool) Peer(addr string) qrpc.PeerObserver { return p.PeerOf(addr) }
 
-func (p *Pool) peer(addr string) *Peer {
+// PeerOf is Peer with the concrete type, for a caller that records with
+// Series handles.
+func (p *Pool) PeerOf(addr string) *Peer {
 	r := p.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -168,7 +170,7 @@ type Peer struct {
 	pool   *Pool
 	server string
 
-	series [MaxMethods + 1]atomic.Pointer[series] // by method index; Other last
+	series [MaxMethods + 1]atomic.Pointer[Series] // by method index; Other last
 
 	inflight   atomic.Int64
 	state      atomic.Uint32
@@ -177,13 +179,13 @@ type Peer struct {
 	sent, recv atomic.Uint64
 }
 
-// series is what is counted per (method, server).
+// Series is what is counted per (method, server).
 //
 // A successful call costs two atomic adds: its bucket in okBuckets and the
 // sum. The ok count is the sum of okBuckets, so it needs no counter of its
 // own and stays monotonic. Other results add to calls[result] and to
 // otherBuckets.
-type series struct {
+type Series struct {
 	okBuckets    [numBuckets]atomic.Uint64 // not cumulative; the last is +Inf
 	otherBuckets [numBuckets]atomic.Uint64
 	calls        [numResults]atomic.Uint64 // calls[resOK] stays 0
@@ -191,12 +193,16 @@ type series struct {
 	events       [2]atomic.Uint64 // sent, dropped
 }
 
-func (pe *Peer) seriesFor(method []byte) *series {
+// Series returns the recorder of one method of this server. A caller
+// that cannot keep the method name until the call ends (it lives in the
+// caller's memory) resolves it here when the call starts and records on
+// the Series when it ends.
+func (pe *Peer) Series(method []byte) *Series {
 	i := pe.pool.method(method)
 	if s := pe.series[i].Load(); s != nil {
 		return s
 	}
-	s := new(series)
+	s := new(Series)
 	if pe.series[i].CompareAndSwap(nil, s) {
 		return s
 	}
@@ -205,7 +211,11 @@ func (pe *Peer) seriesFor(method []byte) *series {
 
 // CallDone counts one unary attempt and its duration.
 func (pe *Peer) CallDone(method []byte, code uint32, err error, elapsed time.Duration) {
-	s := pe.seriesFor(method)
+	pe.Series(method).CallDone(code, err, elapsed)
+}
+
+// CallDone counts one unary attempt of this method and its duration.
+func (s *Series) CallDone(code uint32, err error, elapsed time.Duration) {
 	b := 0
 	for b < len(bucketBounds) && elapsed > bucketBounds[b] {
 		b++
@@ -248,8 +258,10 @@ func resultOf(err error) int {
 }
 
 // EventDone counts a one-way event: sent, or dropped for any error.
-func (pe *Peer) EventDone(method []byte, err error) {
-	s := pe.seriesFor(method)
+func (pe *Peer) EventDone(method []byte, err error) { pe.Series(method).EventDone(err) }
+
+// EventDone counts a one-way event of this method.
+func (s *Series) EventDone(err error) {
 	if err == nil {
 		s.events[0].Add(1)
 	} else {

@@ -111,7 +111,7 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 // histogram appear once the method has had a call, events once it has
 // had an event; then every result is listed, zeros included, so that
 // rate() finds a series for each.
-func addSeries(m map[string]float64, method, server string, s *series) {
+func addSeries(m map[string]float64, method, server string, s *Series) {
 	labels := `method="` + method + `",server="` + server + `"`
 	// calls_total of results other than ok and the buckets are separate
 	// atomics: a snapshot taken while calls finish may see such a call in

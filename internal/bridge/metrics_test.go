@@ -1,0 +1,113 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// TestMetricsRecording: calls, events, timeouts and a cancel over a real
+// connection show in the worker's metrics with exact counts.
+func TestMetricsRecording(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	r := New(newGoMemory(t), nil)
+	h := newTestHost(t, r, true)
+	conn := h.connect(1, ts)
+	id := uint64(10)
+	for i := 0; i < 4; i++ {
+		id++
+		h.submit(unary(conn, id, "echo", "x", 5000), StatusPending)
+		h.wait(id, 5*time.Second)
+	}
+	id++
+	h.submit(unary(conn, id, "code", "", 5000), StatusPending)
+	h.wait(id, 5*time.Second)
+	id++
+	h.submit(unary(conn, id, "sleep", "2000", 50), StatusPending)
+	h.wait(id, 5*time.Second)
+	id++
+	h.submit(unary(conn, id, "sleep", "300", 5000), StatusPending)
+	h.submit(Command{Op: OpCancel, CallID: id}, StatusOK)
+	for i := 0; i < 2; i++ {
+		ev := unary(conn, 0, "ev", "e", 0)
+		ev.Op = OpEvent
+		h.submit(ev, StatusOK)
+	}
+
+	out, err := r.MetricsQuery("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(out)
+	srv := `server="` + ts.Addr + `"`
+	for _, want := range []string{
+		`qrpc_client_calls_total{method="echo",` + srv + `,result="ok"} 4`,
+		`qrpc_client_calls_total{method="code",` + srv + `,result="code"} 1`,
+		`qrpc_client_calls_total{method="sleep",` + srv + `,result="timeout"} 1`,
+		`qrpc_client_calls_total{method="sleep",` + srv + `,result="ok"} 0`, // the cancelled one is not counted
+		`qrpc_client_call_duration_seconds_count{method="echo",` + srv + `} 4`,
+		`qrpc_client_events_total{method="ev",` + srv + `,result="sent"} 2`,
+		`qrpc_client_inflight{` + srv + `} 0`,
+		`qrpc_client_connections{` + srv + `,state="up"} 1`,
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("missing %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("metrics:\n%s", text)
+	}
+
+	// Closed: the connection leaves the "up" state.
+	h.submit(Command{Op: OpClose, Conn: conn}, StatusOK)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, _ = r.MetricsQuery("", nil)
+		if strings.Contains(string(out), `qrpc_client_connections{`+srv+`,state="up"} 0`+"\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still up after close:\n%s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := r.MetricsQuery("bogus", nil); err == nil {
+		t.Fatal("unknown metrics query accepted")
+	}
+}
+
+// TestReasonMessage: messages keep the word and the reason whole, put the
+// detail in parentheses and fit maxMsgLen.
+func TestReasonMessage(t *testing.T) {
+	long := strings.Repeat("z", 1000)
+	cases := []struct {
+		err  error
+		want string // exact, or a prefix when it ends in "("
+	}{
+		{&qrpc.DialError{Addr: "a:1", Reason: qrpc.ReasonTimeout, Err: errors.New("x")}, "connect: timeout"},
+		{fmt.Errorf("%w: %w", qrpc.ErrConnLost, &quic.ApplicationError{Remote: true, ErrorMessage: long}), "connection lost: closed by server (Application error 0x0 (remote): zzz"},
+		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, &quic.StatelessResetError{}), "unavailable: stateless reset (received a stateless reset)"},
+	}
+	for _, c := range cases {
+		got := reasonMessage(c.err)
+		if len(got) > maxMsgLen {
+			t.Errorf("%d bytes: %q", len(got), got)
+		}
+		if strings.HasSuffix(c.want, "zzz") {
+			if !strings.HasPrefix(got, c.want) || !strings.HasSuffix(got, "...)") {
+				t.Errorf("got %q, want %q...)", got, c.want)
+			}
+			continue
+		}
+		if got != c.want {
+			t.Errorf("got %q, want %q", got, c.want)
+		}
+	}
+}
