@@ -93,6 +93,7 @@ local loader = require "resty.ffi.qrpc.loader"
 local builtin = require "resty.ffi.qrpc.builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
+local propagate = require "resty.ffi.qrpc.propagate"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -130,6 +131,7 @@ local builtin_event = builtin.event
 local rf_call = resty_ffi.call
 local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
+local propagate_apply = propagate.apply
 
 local ERR_INIT = loader.ERR_INIT
 local DEFAULT_TIMEOUT_MS = cache.DEFAULT_TIMEOUT_MS
@@ -211,7 +213,7 @@ local known_opts = {
     server_name = "string", ca = "string", cert = "string", key = "string",
     pins = "table", insecure = "boolean", conns = "number",
     streams = "number", timeout = "number", idle_timeout = "number",
-    max_frame_size = "number",
+    max_frame_size = "number", propagate = "table",
 }
 
 
@@ -251,6 +253,12 @@ local function check_connect_opts(o)
     end
     if (o.cert == nil) ~= (o.key == nil) then
         return bad(2, "cert and key go together")
+    end
+    if o.propagate then
+        local ok, err = propagate.check(o.propagate)
+        if not ok then
+            return bad(2, err)
+        end
     end
     local pins = ""
     local list = o.pins
@@ -384,6 +392,7 @@ local function check_call(self, method, body, opts)
                       .. "is " .. self.max_frame .. ")")
     end
     local nh, hlen, timeout, hbuf = 0, 0, 0, nil
+    local h
     if opts ~= nil then
         if type(opts) ~= "table" then
             return bad(4, "opts must be a table (got " .. type(opts) .. ")")
@@ -396,15 +405,18 @@ local function check_call(self, method, body, opts)
                 return nil, err
             end
         end
-        local h = opts.headers
-        if h ~= nil then
-            if type(h) ~= "table" then
-                return bad(4, "headers must be a table (got " .. type(h) .. ")")
-            end
-            nh, hlen, hbuf = pack_headers(h, 4)
-            if not nh then
-                return nil, hlen
-            end
+        h = opts.headers
+        if h ~= nil and type(h) ~= "table" then
+            return bad(4, "headers must be a table (got " .. type(h) .. ")")
+        end
+    end
+    if self.propagate then
+        h = propagate_apply(self.propagate, h)
+    end
+    if h ~= nil then
+        nh, hlen, hbuf = pack_headers(h, 4)
+        if not nh then
+            return nil, hlen
         end
     end
     return body, nh, hlen, timeout, hbuf

@@ -9,6 +9,7 @@ local semaphore = require "ngx.semaphore"
 local cdef = require "resty.ffi.qrpc.cdef"
 local builtin = require "resty.ffi.qrpc.builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
+local propagate = require "resty.ffi.qrpc.propagate"
 
 local ffi_cast = ffi.cast
 local sema_new = semaphore.new
@@ -88,6 +89,7 @@ local function finish_connect(e, status, val)
                 addr = e.addr,
                 timeout = e.call_timeout,
                 max_frame = e.max_frame,
+                propagate = e.prop,
                 closed = false,
                 entry = e,
             }, conn_mt)
@@ -135,6 +137,7 @@ function _M.find(addr, o)
            and e.timeout == o.timeout and e.idle_timeout == o.idle_timeout
            and e.max_frame_size == o.max_frame_size
            and same_pins(e.pins, o.pins)
+           and same_pins(e.propagate, o.propagate)
         then
             return e
         end
@@ -166,6 +169,8 @@ function _M.start(addr, o, pins, use_builtin)
         timeout = o.timeout, idle_timeout = o.idle_timeout,
         max_frame_size = o.max_frame_size,
         pins = o.pins and { unpack(o.pins) },
+        propagate = o.propagate and { unpack(o.propagate) },
+        prop = o.propagate and propagate.check(o.propagate),
         call_timeout = (o.timeout and o.timeout > 0) and math_ceil(o.timeout)
                        or DEFAULT_TIMEOUT_MS,
         max_frame = o.max_frame_size or DEFAULT_MAX_FRAME,
