@@ -1,0 +1,264 @@
+package nginx
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// rawQUICServer accepts connections with the test certificate and hands
+// each stream's first request to onStream.
+func rawQUICServer(t *testing.T, onStream func(st *quic.Stream)) string {
+	t.Helper()
+	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
+	}, &quic.Config{MaxIdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			go func() {
+				for {
+					st, err := c.AcceptStream(c.Context())
+					if err != nil {
+						return
+					}
+					go func() {
+						var hdr [4]byte
+						if _, err := io.ReadFull(st, hdr[:]); err != nil {
+							return
+						}
+						l := int(hdr[0])<<24 | int(hdr[1])<<16 | int(hdr[2])<<8 | int(hdr[3])
+						if _, err := io.CopyN(io.Discard, st, int64(l)); err != nil {
+							return
+						}
+						onStream(st)
+					}()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = ln.Close()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// TestErrorReasonsThroughNginx: every reason path gives its documented
+// string to Lua.
+func TestErrorReasonsThroughNginx(t *testing.T) {
+	requireNginx(t)
+	dead := func() string {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		return pc.LocalAddr().String()
+	}()
+	reset := rawQUICServer(t, func(st *quic.Stream) { st.CancelWrite(7) })
+	eof := rawQUICServer(t, func(st *quic.Stream) { _ = st.Close() })
+	garbage := rawQUICServer(t, func(st *quic.Stream) { _, _ = st.Write([]byte{0, 0, 0, 1, 99}) })
+
+	// A server to shut down under a call in flight.
+	closing := ownServer(t)
+	// A server to kill (socket closed, no CONNECTION_CLOSE) and, for the
+	// reset, bring back with the same key.
+	killed := ownServer(t)
+
+	call := func(addr, opts, method, body, copts string) string {
+		return fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts(%s))
+                if not conn then ngx.say(err) return end
+                local res, err = conn:unary(%q, %q, %s)
+                ngx.say(res and ("code " .. res.code) or err)`, addr, opts, method, body, copts)
+	}
+	blocks := []block{
+		{name: "timeout", conf: ngxConf{Workers: 1, Server: loc("/t", call(shared.addr, "{}", "slow", "3000", "{ timeout = 100 }"))},
+			body: "timeout\n"},
+		{name: "connect timeout (nothing listening)", conf: ngxConf{Workers: 1, Server: loc("/t", call(dead, "{ timeout = 300 }", "echo", "x", "nil"))},
+			body: "connect: timeout\n"},
+		{name: "stream reset", conf: ngxConf{Workers: 1, Server: loc("/t", call(reset, "{ streams = 1 }", "echo", "x", "nil"))},
+			bodyRe: `^connection lost: stream reset \(.*\)\n$`},
+		{name: "stream closed", conf: ngxConf{Workers: 1, Server: loc("/t", call(eof, "{ streams = 1 }", "echo", "x", "nil"))},
+			bodyRe: `^connection lost: stream closed by server \(.*\)\n$`},
+		{name: "protocol error", conf: ngxConf{Workers: 1, Server: loc("/t", call(garbage, "{ streams = 1 }", "echo", "x", "nil"))},
+			bodyRe: `^connection lost: protocol error \(.*\)\n$`},
+		{name: "too large", conf: ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(qt.addr, qt.opts({ max_frame_size = 1024 })))
+                local res, err = conn:unary("echo", string.rep("b", 900), { headers = { ["x-big"] = string.rep("h", 300) } })
+                ngx.say(err)`)},
+			bodyRe: `^too large: request exceeds max_frame_size \(.*\)\n$`},
+		{name: "closed", conf: ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(qt.addr, qt.opts()))
+                assert(conn:close())
+                local res, err = conn:unary("echo", "x")
+                ngx.say(err)`)},
+			body: "closed\n"},
+		{name: "server closing, then unavailable", conf: ngxConf{Workers: 1, QServer: closing, Server: loc("/t", connectT+`
+                local res, err = conn:unary("slow", "10000", { timeout = 20000 })
+                ngx.say(err)
+                res, err = conn:unary("echo", "x")
+                ngx.say(err)`)},
+			bodyRe: `^connection lost: closed by server \(Application error 0x0 \(remote\): server closing\)\n` +
+				`unavailable: closed by server \(.*\)\n$`},
+	}
+	// The server-closing block needs the server shut down while its call
+	// is in flight: run it by hand.
+	last := blocks[len(blocks)-1]
+	blocks = blocks[:len(blocks)-1]
+	runBlocks(t, blocks)
+
+	t.Run(last.name, func(t *testing.T) {
+		n := startNginx(t, last.conf)
+		go func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				closing.mu.Lock()
+				slow := closing.slow
+				closing.mu.Unlock()
+				if slow > 0 {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			closing.mu.Lock()
+			s := closing.srv
+			closing.mu.Unlock()
+			_ = s.Shutdown(ctx)
+		}()
+		runBlock(t, n, last)
+	})
+
+	t.Run("idle timeout and stateless reset", func(t *testing.T) {
+		// The "killed" server is replaced by one on a socket the test can
+		// close under it (a kill: nothing is sent).
+		_ = killed.close()
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		victim := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
+		killed.register(victim)
+		if err := victim.ServePacketConn(pc, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
+			t.Fatal(err)
+		}
+		defer victim.Close()
+		addr := pc.LocalAddr().String()
+		n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"victim": addr}, Server: loc("/idle", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(qt.victim, qt.opts({ idle_timeout = 1000 })))
+                local res, err = conn:unary("slow", "20000", { timeout = 20000 })
+                ngx.say(err)`) + loc("/reset", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(qt.victim, qt.opts()))
+                local res, err = conn:unary("echo", "x")
+                if not res then ngx.say("first call: ", err) return end
+                ngx.shared.qtest:set("up", 1)
+                qt.wait(10, function() return ngx.shared.qtest:get("killed") end)
+                res, err = conn:unary("echo", "x", { timeout = 3000 })
+                ngx.say(err)`) + loc("/killed", `ngx.shared.qtest:set("killed", 1)`) +
+			loc("/up", `ngx.print(ngx.shared.qtest:get("up") or 0)`)})
+		// Idle timeout: kill the server while the call is in flight.
+		go func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				killed.mu.Lock()
+				slow := killed.slow
+				killed.mu.Unlock()
+				if slow > 0 {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			_ = pc.Close()
+		}()
+		if st, body := n.get("/idle"); st != 200 || !regexp.MustCompile(`^connection lost: idle timeout \(.*\)\n$`).MatchString(body) {
+			t.Fatalf("idle: %d %q", st, body)
+		}
+		_ = victim.Close()
+		// Stateless reset: a server on the same port with the same key,
+		// a connection to it, the server killed and replaced.
+		pc2, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		second := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
+		killed.register(second)
+		if err := second.ServePacketConn(pc2, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
+			t.Fatal(err)
+		}
+		defer second.Close()
+		type answer struct {
+			st   int
+			body string
+		}
+		ch := make(chan answer, 1)
+		go func() {
+			st, body, _, err := n.do("GET", "/reset", "")
+			if err != nil {
+				body = err.Error()
+			}
+			ch <- answer{st, body}
+		}()
+		// Wait until /reset's connection is up, then kill and replace.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, up := n.get("/up"); up == "1" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("/reset never connected")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_ = pc2.Close()
+		third := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
+		killed.register(third)
+		if _, err := third.Listen(addr, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
+			t.Fatal(err)
+		}
+		defer third.Close()
+		n.get("/killed")
+		a := <-ch
+		if a.st != 200 || !regexp.MustCompile(`^connection lost: stateless reset \(.*\)\n$`).MatchString(a.body) {
+			t.Fatalf("reset: %d %q", a.st, a.body)
+		}
+	})
+}
+
+var quietLog = slog.New(slog.DiscardHandler)
