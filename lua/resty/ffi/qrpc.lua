@@ -27,6 +27,10 @@
 --       PREFIX/share/lua/5.1 install, package.cpath, /usr/local/lib,
 --       /usr/local/openresty/lualib, then the dynamic linker's path);
 --       socket_dir: "/tmp" (where the worker creates its wake-up socket).
+--       metrics_dict: a lua_shared_dict where workers add up their
+--       metrics (Lua-side; may be set at any time, alone).
+--   qrpc.metrics()                -> Prometheus text (all workers with
+--       metrics_dict, else this worker)
 --   qrpc.init_worker()            optional, in init_worker_by_lua: load now
 --   qrpc.connect(addr, opts?)     -> conn; yields while dialling. The same
 --       addr + opts in one worker return the same connection (concurrent
@@ -43,6 +47,8 @@
 --         timeout      ms: dial timeout and default call timeout (5000)
 --         idle_timeout ms (Go's default 30000)
 --         max_frame_size bytes (default 16 MiB; larger bodies are refused)
+--         propagate    { "traceparent", ... }: request headers copied
+--                      into every call's headers unless set (not in timers)
 --   conn:unary(method, body?, opts?) -> res; yields (rewrite, access,
 --       content, timer, ssl_* phases). opts: headers ({ name = value },
 --       numbers allowed; duplicate names in a response: the last wins),
@@ -94,6 +100,7 @@ local builtin = require "resty.ffi.qrpc.builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local propagate = require "resty.ffi.qrpc.propagate"
+local metrics = require "resty.ffi.qrpc.metrics"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -174,6 +181,7 @@ local function ensure_loaded()
         resty_ffi.init(st.rt)
     end
     loaded, host, lib_where = true, st.host, st.where
+    metrics.init(st.lib)
     use_builtin = host == "builtin"
     if not use_builtin then
         -- Go's log lines come through the completion queue with either host.
@@ -551,8 +559,25 @@ function _M.configure(opts)
         return bad(1, "opts must be a table (got " .. type(opts) .. ")")
     end
     for k in pairs(opts) do
-        if k ~= "host" and k ~= "lib" and k ~= "socket_dir" then
+        if k ~= "host" and k ~= "lib" and k ~= "socket_dir"
+           and k ~= "metrics_dict"
+        then
             return bad(1, "unknown option '" .. tostring(k) .. "'")
+        end
+    end
+    -- metrics_dict is Lua's own: it may change at any time.
+    local md = opts.metrics_dict
+    if md ~= nil then
+        if type(md) ~= "string" or md == "" then
+            return bad(1, "metrics_dict must be the name of a lua_shared_dict")
+        end
+        local ok, err = metrics.set_dict(md)
+        if not ok then
+            return bad(1, err)
+        end
+        if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
+            -- only the dict: the other settings stay as they are
+            return true
         end
     end
     local h, l, d = opts.host, opts.lib, opts.socket_dir
@@ -578,6 +603,20 @@ function _M.configure(opts)
     end
     cfg_host, cfg_lib, cfg_socket_dir = h, l, d
     return true
+end
+
+
+-- qrpc.metrics() -> text | nil, err: the Prometheus text format: the sum
+-- over all workers with configure{ metrics_dict }, else this worker's.
+function _M.metrics()
+    if get_phase() == "init" then
+        return nil, ERR_INIT
+    end
+    local ok, err = ensure_loaded()
+    if not ok then
+        return nil, err
+    end
+    return metrics.text()
 end
 
 

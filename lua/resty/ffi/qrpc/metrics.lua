@@ -12,11 +12,20 @@
 -- a worker that is gone stops counting in the gauges (after GAUGE_TTL_S
 -- at most, if it died without exiting).
 
+local ffi = require "ffi"
+local cdef = require "resty.ffi.qrpc.cdef"
+
+local ffi_new = ffi.new
+local ffi_string = ffi.string
+
 local ngx = ngx
 local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local worker_pid = ngx.worker.pid
+local timer_every = ngx.timer.every
+local shared = ngx.shared
 local type = type
+local tostring = tostring
 local tonumber = tonumber
 local pairs = pairs
 local str_gmatch = string.gmatch
@@ -39,6 +48,31 @@ local ERROR_KEY = "qrpc_metrics_error"
 
 local last = {}        -- counter series -> value this worker has added
 local gauge_keys = {}  -- dict keys of this worker's gauges
+
+local lib              -- the loaded library, once init() ran
+local dict_name        -- configure{ metrics_dict }, or nil
+local flushing         -- the flush timer runs
+
+local ERRBUF_LEN = 512
+local qcmd = ffi_new(cdef.cmd_t)
+local out_p = ffi_new("char *[1]")
+local out_len = ffi_new("size_t[1]")
+local errbuf = ffi_new("char[?]", ERRBUF_LEN)
+
+
+-- query asks Go for this worker's metrics: what is "" (text format),
+-- "snapshot", or "render" with body (a dump). One synchronous call.
+local function query(what, body)
+    cdef.fill_cmd(qcmd, cdef.OP_METRICS, 0, 0, what, body or "", 0, nil, 0, 0)
+    local rc = lib.qrpc_query(qcmd, out_p, out_len, errbuf, ERRBUF_LEN)
+    if rc ~= cdef.QRPC_OK then
+        return nil, "qrpc: metrics: " .. ffi_string(errbuf)
+    end
+    local p = out_p[0]
+    local text = ffi_string(p, out_len[0])
+    lib.qrpc_free(p)
+    return text
+end
 
 -- flush adds a snapshot to dict. It returns true, or nil and an error
 -- (also logged and recorded in the dict) when the dict is full.
@@ -117,6 +151,79 @@ function _M.dump(dict)
     n = n + 1
     buf[n] = ""
     return tab_concat(buf, "\n")
+end
+
+-- flush_timer runs every FLUSH_S; at worker exit (premature) it flushes
+-- once more and removes this worker's gauges.
+local function flush_timer(premature)
+    local name = dict_name
+    local dict = name and shared[name]
+    if not dict then
+        return
+    end
+    local snap, err = query("snapshot")
+    if snap then
+        _M.flush(dict, name, snap)
+    else
+        ngx_log(ngx_ERR, err)
+    end
+    if premature then
+        _M.forget(dict)
+    end
+end
+
+
+local function start_flushing()
+    if flushing or not lib or not dict_name then
+        return true
+    end
+    local ok, err = timer_every(_M.FLUSH_S, flush_timer)
+    if not ok then
+        err = "qrpc: metrics: cannot start the flush timer: " .. tostring(err)
+        ngx_log(ngx_ERR, err)
+        return nil, err
+    end
+    flushing = true
+    return true
+end
+
+
+-- init is called when the library has loaded in this worker.
+function _M.init(l)
+    lib = l
+    return start_flushing()
+end
+
+
+-- set_dict checks and keeps configure{ metrics_dict = name }. It returns
+-- true, or nil and an error message (also logged) when there is no such
+-- lua_shared_dict.
+function _M.set_dict(name)
+    if not shared[name] then
+        local err = "metrics_dict: no lua_shared_dict named '" .. name .. "'"
+        ngx_log(ngx_ERR, "qrpc: ", err)
+        return nil, err
+    end
+    dict_name = name
+    return start_flushing()
+end
+
+
+-- text returns what qrpc.metrics() returns: the sum over workers from the
+-- dict, or this worker's figures without one.
+function _M.text()
+    if not dict_name then
+        return query("")
+    end
+    local dict = shared[dict_name]
+    if not dict then
+        return nil, "qrpc: metrics: no lua_shared_dict named '" .. dict_name .. "'"
+    end
+    local dump, err = _M.dump(dict)
+    if not dump then
+        return nil, err
+    end
+    return query("render", dump)
 end
 
 return _M
