@@ -158,6 +158,9 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 	if err := cmd.Check(); err != nil {
 		return StatusOf(err)
 	}
+	if cmd.Op > lastSubmitOp {
+		return ErrBadArg, fmt.Sprintf("bad command: op %d is a query: use qrpc_query", cmd.Op)
+	}
 	g, err := h.Gen()
 	if err != nil {
 		return ErrClosed, err.Error()
@@ -193,7 +196,7 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 		h.Complete(out)
 		return StatusPending, ""
 	}
-	return ErrBadArg, fmt.Sprintf("bad command: op %d is not for qrpc_submit", cmd.Op)
+	return ErrBadArg, fmt.Sprintf("bad command: unknown op %d", cmd.Op)
 }
 
 // connect dials on a goroutine (the handshake blocks) and completes with
