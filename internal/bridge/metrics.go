@@ -72,6 +72,17 @@ func (c *conn) connClosed() {
 	c.peer.StateChanged(qrpc.PeerRemoved)
 }
 
+func init() {
+	RegisterQuery(OpMetrics, func(r *Runtime, cmd *Command) ([]byte, error) {
+		out, err := r.MetricsQuery(string(cmd.Method), cmd.Body)
+		if err != nil {
+			// Unknown what, or a dump that does not parse: the caller's.
+			return nil, Badf("%v", err)
+		}
+		return out, nil
+	})
+}
+
 // MetricsQuery answers QRPC_OP_METRICS: what is "" (this worker's figures,
 // text format), "snapshot" (the same for a shared dict) or "render" (the
 // text format of body, the dict's contents). See metrics.Registry.Query.

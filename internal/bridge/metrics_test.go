@@ -111,3 +111,29 @@ func TestReasonMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsQueryOp: QRPC_OP_METRICS through the query registry.
+func TestMetricsQueryOp(t *testing.T) {
+	mem := newGoMemory(t)
+	r := New(mem, nil)
+	r.metrics.Pool("").PeerOf("s:1").CallDone([]byte("m"), 0, nil, time.Millisecond)
+	for _, tc := range []struct{ what, body, want string }{
+		{"", "", `qrpc_client_calls_total{method="m",server="s:1",result="ok"} 1` + "\n"},
+		{"snapshot", "", `c qrpc_client_calls_total{method="m",server="s:1",result="ok"} 1` + "\n"},
+		{"render", `qrpc_client_calls_total{method="x",server="s:2",result="ok"} 7` + "\n", `qrpc_client_calls_total{method="x",server="s:2",result="ok"} 7` + "\n"},
+	} {
+		c, msg := r.Query(&Command{Op: OpMetrics, Method: []byte(tc.what), Body: []byte(tc.body)})
+		if c.Status != StatusOK {
+			t.Fatalf("%q: %d %s", tc.what, c.Status, msg)
+		}
+		got := string(Bytes(c.Data, int(c.Len)))
+		mem.Free(c.Data)
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%q: no %q in\n%s", tc.what, tc.want, got)
+		}
+	}
+	c, msg := r.Query(&Command{Op: OpMetrics, Method: []byte("render"), Body: []byte("qrpc_client_calls_total{method=\"x 1\n")})
+	if c.Status != ErrBadArg || !strings.Contains(msg, "bad sample") {
+		t.Fatalf("bad dump: %d %q", c.Status, msg)
+	}
+}

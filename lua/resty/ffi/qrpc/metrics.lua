@@ -54,6 +54,7 @@ local dict_name        -- configure{ metrics_dict }, or nil
 local flushing         -- the flush timer runs
 
 local ERRBUF_LEN = 512
+local OP_METRICS = 9   -- QRPC_OP_METRICS in ffi/qrpc.h
 local qcmd = ffi_new(cdef.cmd_t)
 local out_p = ffi_new("char *[1]")
 local out_len = ffi_new("size_t[1]")
@@ -63,7 +64,7 @@ local errbuf = ffi_new("char[?]", ERRBUF_LEN)
 -- query asks Go for this worker's metrics: what is "" (text format),
 -- "snapshot", or "render" with body (a dump). One synchronous call.
 local function query(what, body)
-    cdef.fill_cmd(qcmd, cdef.OP_METRICS, 0, 0, what, body or "", 0, nil, 0, 0)
+    cdef.fill_cmd(qcmd, OP_METRICS, 0, 0, what, body or "", 0, nil, 0, 0)
     local rc = lib.qrpc_query(qcmd, out_p, out_len, errbuf, ERRBUF_LEN)
     if rc ~= cdef.QRPC_OK then
         return nil, "qrpc: metrics: " .. ffi_string(errbuf)
