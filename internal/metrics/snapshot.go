@@ -21,8 +21,9 @@ import (
 // Aggregation over workers in a lua_shared_dict (done in Lua, once a
 // second and at worker exit):
 //   - a counter's key is <series>; the worker adds value minus what it
-//     added last time with dict:incr(key, delta, 0) and remembers value
-//     only when incr succeeds, so a failed flush is retried, not lost;
+//     added last time (dict:incr, or dict:safe_add for a new key, so that
+//     nothing is evicted) and remembers value only when that succeeds,
+//     so a failed flush is retried, not lost;
 //   - a gauge's key is "g<pid> <series>", written with dict:set and an
 //     expiry a few flush intervals long and deleted at worker exit, so
 //     the gauges of a worker that is gone stop counting.

@@ -5,9 +5,9 @@
 -- A worker's snapshot (made in Go, internal/metrics) is one sample a line:
 --   c <series> <value>   a counter, cumulative since the worker started
 --   g <series> <value>   a gauge
--- Counters go into the dict as dict:incr(<series>, value - last added, 0);
--- what was added is remembered only when incr succeeds, so a failed flush
--- is made good by the next one. Gauges go in as "g<pid> <series>" with an
+-- Counters go into the dict as value - last added (incr, or safe_add for a
+-- new key: nothing is ever evicted); what was added is remembered only
+-- when that succeeds, so a failed flush is made good by the next one. Gauges go in as "g<pid> <series>" with an
 -- expiry of a few flush intervals, and are deleted when the worker exits:
 -- a worker that is gone stops counting in the gauges (after GAUGE_TTL_S
 -- at most, if it died without exiting).
@@ -40,11 +40,15 @@ local _M = { _VERSION = "0.1.0" }
 _M.FLUSH_S = 1
 local GAUGE_TTL_S = 5
 
--- Key of the error a worker met flushing (the dict is full): once set,
--- the dict's sums are incomplete and metrics() says so instead of
--- rendering wrong numbers. It does not start with "qrpc_client", so the
--- renderer skips it.
+-- The dict's health: a number, 0 while every flush has gone in whole,
+-- more once one did not (the dict was full). Created when the dict is
+-- configured and never evicted (nothing here evicts: new keys go in with
+-- safe_add/safe_set), so a missing marker also means trouble: the dict
+-- was full from the start, or flushed by someone else. metrics() then
+-- reports the error instead of rendering incomplete sums. The key does
+-- not start with "qrpc_client", so the renderer skips it.
 local ERROR_KEY = "qrpc_metrics_error"
+local failed_once      -- this worker has met a full dict
 
 local last = {}        -- counter series -> value this worker has added
 local gauge_keys = {}  -- dict keys of this worker's gauges
@@ -75,8 +79,50 @@ local function query(what, body)
     return text
 end
 
+-- add adds delta to a counter key without ever evicting anything: incr
+-- for a key that exists, safe_add for a new one.
+local function add(dict, key, delta)
+    local newval, err = dict:incr(key, delta)
+    if newval then
+        return true
+    end
+    if err ~= "not found" then
+        return nil, err
+    end
+    local ok
+    ok, err = dict:safe_add(key, delta)
+    if ok then
+        return true
+    end
+    if err == "exists" then -- another worker added it meanwhile
+        newval, err = dict:incr(key, delta)
+        return newval and true, err
+    end
+    return nil, err
+end
+
+local function full_msg(name, why)
+    return str_format("qrpc: metrics: lua_shared_dict '%s' is full (%s): "
+                      .. "its sums are incomplete; enlarge it", name, why)
+end
+
+-- mark makes sure the health marker exists (see ERROR_KEY); with failed,
+-- it records a failure in it.
+local function mark(dict, failed)
+    if failed then
+        failed_once = true
+        if dict:incr(ERROR_KEY, 1) then
+            return
+        end
+    end
+    if dict:get(ERROR_KEY) == nil then
+        dict:safe_add(ERROR_KEY, failed_once and 1 or 0)
+    end
+end
+
 -- flush adds a snapshot to dict. It returns true, or nil and an error
--- (also logged and recorded in the dict) when the dict is full.
+-- (also logged and recorded in the dict) when the dict is full. Counters
+-- that did not go in are retried by the next flush.
 function _M.flush(dict, name, snapshot)
     local prefix = "g" .. worker_pid() .. " "
     local failed
@@ -86,16 +132,11 @@ function _M.flush(dict, name, snapshot)
             if kind == "c" then
                 local delta = v - (last[series] or 0)
                 if delta ~= 0 then
-                    local newval, err, forcible = dict:incr(series, delta, 0)
-                    if not newval then
-                        failed = failed or err
-                    else
+                    local ok, err = add(dict, series, delta)
+                    if ok then
                         last[series] = v
-                        if forcible then
-                            -- incr made room by evicting other keys:
-                            -- some sums are gone for good.
-                            failed = failed or "evicted older entries"
-                        end
+                    else
+                        failed = failed or err
                     end
                 end
             else
@@ -109,13 +150,10 @@ function _M.flush(dict, name, snapshot)
             end
         end
     end
+    mark(dict, failed)
     if failed then
-        local msg = str_format("qrpc: metrics: lua_shared_dict '%s' is full (%s): "
-            .. "its sums are incomplete; enlarge it", name, failed)
+        local msg = full_msg(name, failed)
         ngx_log(ngx_ERR, msg)
-        -- set, not safe_set: recording the failure matters more than
-        -- what it may evict now.
-        dict:set(ERROR_KEY, msg)
         return nil, msg
     end
     return true
@@ -131,10 +169,17 @@ end
 
 -- dump returns the dict's contents as "key value" lines for the renderer,
 -- or nil and an error when a flush failed.
-function _M.dump(dict)
-    local failed = dict:get(ERROR_KEY)
-    if failed then
-        return nil, failed
+function _M.dump(dict, name)
+    local health = dict:get(ERROR_KEY)
+    if health == nil then
+        mark(dict)
+        health = dict:get(ERROR_KEY)
+    end
+    if health == nil then
+        return nil, full_msg(name, "no room for its marker")
+    end
+    if health ~= 0 then
+        return nil, full_msg(name, "see error.log")
     end
     local keys = dict:get_keys(0)
     local buf = {}
@@ -206,6 +251,7 @@ function _M.set_dict(name)
         return nil, err
     end
     dict_name = name
+    mark(shared[name])
     return start_flushing()
 end
 
@@ -220,7 +266,7 @@ function _M.text()
     if not dict then
         return nil, "qrpc: metrics: no lua_shared_dict named '" .. dict_name .. "'"
     end
-    local dump, err = _M.dump(dict)
+    local dump, err = _M.dump(dict, dict_name)
     if not dump then
         return nil, err
     end
