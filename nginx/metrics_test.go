@@ -154,19 +154,23 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 	}
 	promtoolCheck(t, body)
 
-	// Reload: new workers, no connections; counters stay, the old
-	// workers' gauges go when they exit.
+	// Reload: new workers, no connections; counters stay, and the old
+	// workers' gauges leave the dict when they exit (not when their 5 s
+	// expiry passes).
+	old := n.workerPIDs()
 	n.signal("reload")
 	deadline = time.Now().Add(20 * time.Second)
-	for {
-		got, body = scrape(t, n)
-		if got[`qrpc_client_connections{server="`+server+`",state="up"}`] == 0 {
-			break
+	for _, pid := range old {
+		for pidAlive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("old worker %d still running 20 s after a reload", pid)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("old workers' gauges still count 20 s after a reload:\n%s", body)
-		}
-		time.Sleep(200 * time.Millisecond)
+	}
+	got, body = scrape(t, n)
+	if v := got[`qrpc_client_connections{server="`+server+`",state="up"}`]; v != 0 {
+		t.Fatalf("the exited workers' connections still count (%v):\n%s", v, body)
 	}
 	if got[okKey] != float64(greet) {
 		t.Fatalf("after reload %s = %v, want %d", okKey, got[okKey], greet)
