@@ -19,6 +19,7 @@ const (
 	chBarW     = 320  // px of the value axis
 	chValueW   = 480  // px right of the axis for the value text
 	chMaxLabel = 105  // characters of a row name before it is cut
+	chClip     = 3.0  // axis limit, in multiples of the baseline or target
 	chPad      = 12.0 // px
 )
 
@@ -28,22 +29,6 @@ var (
 	chNone   = "#7f8c8d"
 	chTarget = "#1f3a93"
 )
-
-// sections groups the rows by section, in the order sections first appear.
-func (t *table) sections() [][]row {
-	var out [][]row
-	at := map[string]int{}
-	for _, r := range t.rows {
-		i, ok := at[r.section]
-		if !ok {
-			i = len(out)
-			at[r.section] = i
-			out = append(out, nil)
-		}
-		out[i] = append(out[i], r)
-	}
-	return out
-}
 
 func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
@@ -141,7 +126,16 @@ func (t *table) chartSection(b *strings.Builder, rows []row, lw, y float64) floa
 		}
 		ratios = ratios || strings.HasSuffix(r.ratioLabel, "ratio")
 	}
-	hi *= 1.1
+	// One outlier (a 13× row) would squeeze the others to slivers: the
+	// axis stops at chClip times the larger of 1 and the targets, and
+	// longer bars end in an arrow (their value is written beside them).
+	limit := chClip
+	for _, r := range rows {
+		if v, op := targetValue(r.target); op != "" {
+			limit = math.Max(limit, chClip*v)
+		}
+	}
+	hi = math.Min(hi, limit) * 1.1
 	x0 := chPad + lw
 	scale := chBarW / (hi - lo)
 	xOf := func(v float64) float64 { return x0 + (v-lo)*scale }
@@ -163,8 +157,11 @@ func (t *table) chartSection(b *strings.Builder, rows []row, lw, y float64) floa
 				colour = chMet
 			}
 		}
-		xa, xb := xOf(math.Min(0, r.ratio)), xOf(math.Max(0, r.ratio))
+		xa, xb := xOf(math.Min(0, r.ratio)), xOf(math.Min(math.Max(0, r.ratio), hi))
 		fmt.Fprintf(b, `<rect x="%.1f" y="%.0f" width="%.1f" height="%d" fill="%s"/>`+"\n", xa, ry+4, math.Max(xb-xa, 1), chRowH-8, colour)
+		if r.ratio > hi {
+			fmt.Fprintf(b, `<path d="M%.1f %.0f l8 %d l-8 %d z" fill="%s"/>`+"\n", xb, ry+4, (chRowH-8)/2, (chRowH-8)/2, colour)
+		}
 		if v, op := targetValue(r.target); op != "" {
 			fmt.Fprintf(b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="%s" stroke-width="3"/>`+"\n", xOf(v), ry+1, xOf(v), ry+chRowH-1, chTarget)
 		}

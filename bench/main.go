@@ -40,7 +40,8 @@ type params struct {
 	sizes     []int
 	unSizes   []int
 	rfSizes   []int // IPC echo sizes against lua-resty-ffi
-	placeN    int   // sequential calls per run in the placement and GOMAXPROCS figures
+	placeN    int   // sequential calls per run in the placement and lua-resty-ffi figures
+	gmpSeqN   int   // sequential calls per run in the GOMAXPROCS figure
 	only      map[string]bool
 	hold      bool
 
@@ -83,12 +84,12 @@ func main() {
 	// 13); on such a machine a sequential unary call takes 0.3-0.5 ms and
 	// a unix socket echo of 100 KB 0.2 ms, hence these counts.
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 100000, ipcParN: 50000, conc: 100,
-		wrkDur: "4s", gmpWrkDur: "2s", memN: 1000000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
-		rfSizes: []int{512, 4096, 102400}, placeN: 3000}
+		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
+		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
-			rfSizes: []int{512, 4096, 102400}, placeN: 1000}
+			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500}
 	}
 	switch {
 	case *client != "":

@@ -148,6 +148,31 @@ func tail(path string) string {
 	return string(b)
 }
 
+// warm sends n requests for path on n connections at once, so that with
+// several workers (reuseport) each is likely to get some.
+func (n *nginx) warm(path string, conns int) error {
+	errs := make(chan error, conns)
+	for i := 0; i < conns; i++ {
+		go func() {
+			// A client of its own: a new connection each.
+			c := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", n.port, path))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for i := 0; i < conns; i++ {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
 // measure is lua as a figure for pair.
 func (n *nginx) measure(kind string, calls, size, c int) func() (time.Duration, error) {
 	return func() (time.Duration, error) { return n.lua(kind, calls, size, c) }

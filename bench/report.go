@@ -31,6 +31,22 @@ type table struct {
 
 func (t *table) add(r row) { t.rows = append(t.rows, r) }
 
+// sections groups the rows by section, in the order sections first appear.
+func (t *table) sections() [][]row {
+	var out [][]row
+	at := map[string]int{}
+	for _, r := range t.rows {
+		i, ok := at[r.section]
+		if !ok {
+			i = len(out)
+			at[r.section] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], r)
+	}
+	return out
+}
+
 func (t *table) note(format string, args ...any) {
 	t.notes = append(t.notes, fmt.Sprintf(format, args...))
 }
@@ -103,6 +119,22 @@ func machine(nginxBin string) string {
 	return fmt.Sprintf("%d vCPU %s, %s, %s, %s", runtime.NumCPU(), model, runtime.Version(), strings.TrimSpace(string(nv)), time.Now().UTC().Format("2006-01-02"))
 }
 
+func (r row) markdown() string {
+	target := ""
+	if r.target != "" {
+		mark := "missed"
+		if r.met {
+			mark = "met"
+		}
+		target = fmt.Sprintf("%s (%s)", r.target, mark)
+	}
+	ratio := fmt.Sprintf("%.2f %s", r.ratio, r.ratioLabel)
+	if r.noRatio {
+		ratio = "—"
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |\n", r.name, r.subject, r.baseline, ratio, target)
+}
+
 func (t *table) markdown(p params) string {
 	var b strings.Builder
 	mode := "full"
@@ -111,27 +143,13 @@ func (t *table) markdown(p params) string {
 	}
 	fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s). CPU steal during the run: %.1f%%.\n\n", t.machine, mode, p.runs, 100*t.steal)
 	b.WriteString("| figure | lua-resty-ffi-qrpc | baseline | ratio | target |\n|---|---|---|---|---|\n")
-	section := ""
-	for _, r := range t.rows {
-		if r.section != section {
-			section = r.section
-			fmt.Fprintf(&b, "| **%s** | | | | |\n", section)
+	for _, rows := range t.sections() {
+		fmt.Fprintf(&b, "| **%s** | | | | |\n", rows[0].section)
+		for _, r := range rows {
+			b.WriteString(r.markdown())
 		}
-		target := ""
-		if r.target != "" {
-			mark := "missed"
-			if r.met {
-				mark = "met"
-			}
-			target = fmt.Sprintf("%s (%s)", r.target, mark)
-		}
-		ratio := fmt.Sprintf("%.2f %s", r.ratio, r.ratioLabel)
-		if r.noRatio {
-			ratio = "—"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.name, r.subject, r.baseline, ratio, target)
 	}
-	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server, in its own process placed on the CPUs like the nginx worker (the server is a third process); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream; sidecar = the same nginx doing proxy_pass (keepalive) to a Go HTTP/1.1 service that makes the same qrpc call with the Go client, to the same server; GOMAXPROCS = Go's default with the same number of workers; lua-resty-ffi = the same nginx binary (rebuilt for lua-resty-ffi) running lua-resty-ffi's own Go echo example, and this module with host = \"resty_ffi\".\n")
+	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server, in its own process placed on the CPUs like the nginx worker (the server is a third process); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream; sidecar = the same nginx doing proxy_pass (keepalive) to a Go HTTP/1.1 service that makes the same qrpc call with the Go client, to the same server (the sidecar runs with Go's default GOMAXPROCS; pinned, it shares CPU 0 with the nginx worker); GOMAXPROCS = Go's default with the same number of workers; lua-resty-ffi = the same nginx binary (rebuilt for lua-resty-ffi) running lua-resty-ffi's own Go echo example, and this module with host = \"resty_ffi\".\n")
 	for _, n := range t.notes {
 		fmt.Fprintf(&b, "\n%s\n", n)
 	}
