@@ -7,10 +7,11 @@
 --   g <series> <value>   a gauge
 -- Counters go into the dict as value - last added (incr, or safe_add for a
 -- new key: nothing is ever evicted); what was added is remembered only
--- when that succeeds, so a failed flush is made good by the next one. Gauges go in as "g<pid> <series>" with an
--- expiry of a few flush intervals, and are deleted when the worker exits:
--- a worker that is gone stops counting in the gauges (after GAUGE_TTL_S
--- at most, if it died without exiting).
+-- when that succeeds, so a failed flush is made good by the next one.
+-- Gauges go in as "g<pid> <series>" with an expiry of a few flush
+-- intervals, and are deleted when the worker exits: a worker that is gone
+-- stops counting in the gauges (after GAUGE_TTL_S at most, if it died
+-- without exiting).
 
 local ffi = require "ffi"
 local cdef = require "resty.ffi.qrpc.cdef"
