@@ -177,11 +177,26 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 	}
 }
 
-// TestMetricsWithoutDict: without metrics_dict, qrpc.metrics() is this
-// worker's figures; a dict that does not exist is a clear error.
-func TestMetricsWithoutDict(t *testing.T) {
+// TestMetricsConfig: without metrics_dict, qrpc.metrics() is this
+// worker's figures; the dict may be configured in init_by_lua; a dict that
+// does not exist, or is full, is a clear error.
+func TestMetricsConfig(t *testing.T) {
 	srv := ownServer(t)
 	runBlocks(t, []block{{
+		name: "dict configured in init_by_lua",
+		conf: ngxConf{Workers: 1, QServer: srv, HTTP: "    lua_shared_dict qrpc_metrics 1m;\n",
+			InitByLua: fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, metrics_dict = "qrpc_metrics" })`, libPath),
+			Server: loc("/t", connectT+`
+                for _ = 1, 2 do assert(conn:unary("greet", "x")) end
+                local text = qt.wait(5, function()
+                    local text = assert(qrpc.metrics())
+                    return text:find('qrpc_client_calls_total{method="greet",[^\n]*result="ok"} 2\n') and text
+                end)
+                local series = text and text:match('(qrpc_client_calls_total{method="greet",[^\n]*result="ok"}) %d+\n')
+                -- from the dict, not this worker's own figures
+                ngx.say(series, " ", ngx.shared.qrpc_metrics:get(series))`)},
+		bodyRe: `^qrpc_client_calls_total\{method="greet",server="127\.0\.0\.1:\d+",result="ok"\} 2\n$`,
+	}, {
 		name: "one worker's figures",
 		conf: ngxConf{Workers: 1, QServer: srv, Server: loc("/t", connectT+`
                 for _ = 1, 3 do assert(conn:unary("greet", "x")) end
