@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"sync"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/metrics"
@@ -25,9 +26,19 @@ type callRec struct {
 	began  time.Time
 }
 
+// Connections of the table to the same server (with different options)
+// share its recorder: it is up while one of them is open.
+var (
+	peerUseMu sync.Mutex
+	peerUse   = map[*metrics.Peer]int{}
+)
+
 // peerFor returns the recorder of a new connection's server.
 func (r *Runtime) peerFor(addr string) *metrics.Peer {
 	pe := r.metrics.Pool(addr).PeerOf(addr)
+	peerUseMu.Lock()
+	defer peerUseMu.Unlock()
+	peerUse[pe]++
 	pe.StateChanged(qrpc.PeerUp)
 	return pe
 }
@@ -69,7 +80,12 @@ func (c *conn) syncReconnects() {
 // connClosed records that a connection left the table.
 func (c *conn) connClosed() {
 	c.syncReconnects()
-	c.peer.StateChanged(qrpc.PeerRemoved)
+	peerUseMu.Lock()
+	defer peerUseMu.Unlock()
+	if peerUse[c.peer]--; peerUse[c.peer] <= 0 {
+		delete(peerUse, c.peer)
+		c.peer.StateChanged(qrpc.PeerRemoved)
+	}
 }
 
 func init() {

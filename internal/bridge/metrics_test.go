@@ -65,6 +65,14 @@ func TestMetricsRecording(t *testing.T) {
 		t.Logf("metrics:\n%s", text)
 	}
 
+	// Two connections to one server: up while either is open.
+	conn2 := h.connect(2, ts)
+	h.submit(Command{Op: OpClose, Conn: conn2}, StatusOK)
+	time.Sleep(200 * time.Millisecond) // the close runs on a goroutine
+	if out, _ := r.MetricsQuery("", nil); !strings.Contains(string(out), `qrpc_client_connections{`+srv+`,state="up"} 1`+"\n") {
+		t.Fatalf("one of two connections closed, the server is no longer up:\n%s", out)
+	}
+
 	// Closed: the connection leaves the "up" state.
 	h.submit(Command{Op: OpClose, Conn: conn}, StatusOK)
 	deadline := time.Now().Add(5 * time.Second)
