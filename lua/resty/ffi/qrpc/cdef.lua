@@ -244,13 +244,29 @@ local function put_str(buf, off, s)
 end
 
 
+local function pack_into(buf, h)
+    local off = 0
+    for k, v in pairs(h) do
+        if type(v) == "number" then
+            v = tostring(v)
+        end
+        off = put_str(buf, off, k)
+        off = put_str(buf, off, v)
+    end
+    return off
+end
+
+
 -- Packs a { name = value } table (a plain one: the caller has copied a
 -- table with a metatable) into [u32 len][bytes] entries. limit: the
 -- connection's max_frame_size. Returns the number of entries (names +
--- values), the length in bytes and the buffer, or nil and an error; the
--- size is checked before anything is written.
+-- values), the length in bytes and the buffer, or nil and an error. One
+-- pass writes into the small buffer while the block fits there; a bigger
+-- block is measured first, checked against limit and only then packed into
+-- a buffer of its own.
 function _M.pack_headers(h, argn, limit)
     local n, size = 0, 0
+    local small = true
     for k, v in pairs(h) do
         if type(k) ~= "string" then
             return bad(argn, "header names must be strings")
@@ -263,10 +279,15 @@ function _M.pack_headers(h, argn, limit)
                              .. tv .. ")")
         end
         n = n + 2
-        size = size + 8 + #k + #v
-    end
-    if n == 0 then
-        return 0, 0, nil
+        local need = size + 8 + #k + #v
+        if small then
+            if need <= HBUF_SMALL then
+                put_str(hbuf_small, put_str(hbuf_small, size, k), v)
+            else
+                small = false
+            end
+        end
+        size = need
     end
     if n > MAX_HDR_ENTRIES then
         return bad(argn, "too many headers (" .. n / 2 .. "; at most "
@@ -276,16 +297,11 @@ function _M.pack_headers(h, argn, limit)
         return nil, "too large: headers (" .. size .. " bytes; max_frame_size "
                     .. "is " .. limit .. ")"
     end
-    local buf = size <= HBUF_SMALL and hbuf_small or ffi_new(char_arr_t, size)
-    local off = 0
-    for k, v in pairs(h) do
-        if type(v) == "number" then
-            v = tostring(v)
-        end
-        off = put_str(buf, off, k)
-        off = put_str(buf, off, v)
+    if small then
+        return n, size, hbuf_small
     end
-    return n, off, buf
+    local buf = ffi_new(char_arr_t, size)
+    return n, pack_into(buf, h), buf
 end
 
 
