@@ -8,10 +8,11 @@ import (
 	"testing"
 )
 
-// TestOptionRanges: out-of-range, NaN and infinite options are refused in
+// TestArgumentChecks: out-of-range, NaN and infinite options are refused in
 // Lua with the range the option takes, before a command is built, so that
-// Go's "bad command: ..." never reaches a caller.
-func TestOptionRanges(t *testing.T) {
+// Go's "bad command: ..." never reaches a caller; arguments that would make
+// the library throw are refused too.
+func TestArgumentChecks(t *testing.T) {
 	runBlocks(t, []block{{
 		name: "connect, unary and event options",
 		conf: ngxConf{Server: loc("/t", connectT+`
@@ -79,14 +80,10 @@ func TestOptionRanges(t *testing.T) {
 			"true | nil",
 			"longest | nil",
 		),
-	}})
-}
-
-// TestThrowingArguments: arguments whose metamethods raise, and values of
-// the wrong kind (cdata, userdata), give "bad argument", never an error
-// thrown out of the library.
-func TestThrowingArguments(t *testing.T) {
-	runBlocks(t, []block{{
+	}, {
+		// Arguments whose metamethods raise, and values of the wrong kind
+		// (cdata, userdata), give "bad argument", never an error thrown out
+		// of the library.
 		name: "metamethods that raise",
 		conf: ngxConf{Server: loc("/t", connectT+`
                 local ffi = require "ffi"
