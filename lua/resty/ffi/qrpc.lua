@@ -38,11 +38,12 @@
 --         pins         { sha256-of-SPKI, ... } as 64 hex digits or base64
 --                      ("sha256//" prefix allowed), checked after the chain
 --         insecure     true to skip verification (default false)
---         conns        QUIC connections (default 1)
---         streams      streams per connection (default 32)
+--         conns        QUIC connections, 1..64 (default 1)
+--         streams      streams per connection, 1..1024 (default 32)
 --         timeout      ms: dial timeout and default call timeout (5000)
 --         idle_timeout ms (Go's default 30000)
---         max_frame_size bytes (default 16 MiB; larger bodies are refused)
+--         max_frame_size bytes, 64..1 GiB (default 16 MiB): the whole
+--                      request frame (body, method, headers) must fit
 --   conn:unary(method, body?, opts?) -> res; yields (rewrite, access,
 --       content, timer, ssl_* phases). opts: headers ({ name = value },
 --       numbers allowed; duplicate names in a response: the last wins),
