@@ -39,7 +39,7 @@ var confTmpl = template.Must(template.New("nginx.conf").Parse(confTemplate))
 
 // Set up once by TestMain.
 var (
-	skipReason string // non-empty: nginx is not installed here
+	skipReason string         // non-empty: nginx is not installed here
 	ng         *ngxtest.Nginx // the nginx under test (QRPC_NGINX) and what it needs
 	nginxBin   string
 	repoRoot   string
