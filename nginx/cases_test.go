@@ -892,6 +892,7 @@ func TestHostSelection(t *testing.T) {
 			conf: ngxConf{
 				InitByLua: `
         local qt = require "qtest"
+        ngx.load_ffi = nil -- an nginx with lua-resty-ffi has defined it
         assert(require("resty.ffi.qrpc").configure{ host = "resty_ffi", lib = qt.lib, socket_dir = qt.dir .. "/run" })`,
 				Server: loc("/t", `
                 local qt = require "qtest"
@@ -910,28 +911,15 @@ func TestInitWorker(t *testing.T) {
         local ok, err = qrpc.init_worker()
         if not ok then ngx.log(ngx.ERR, "init_worker: ", err) end`},
 		path:   "/stats",
-		bodyRe: `^pid=\d+ loaded=true host=builtin inflight=0 waiting=0 connections=0 dispatcher=true\n$`,
+		bodyRe: `^pid=\d+ loaded=true host=` + ng.Host() + ` inflight=0 waiting=0 connections=0 dispatcher=true\n$`,
 		repeat: 4,
 	}})
 }
 
-// TestRestyFFIHost drives the lua-resty-ffi host of the Lua module: a
-// stand-in for lua-resty-ffi (testdata/fake_resty_ffi.*, same contract,
-// since the real one needs a rebuilt nginx) and everything else real.
-func TestRestyFFIHost(t *testing.T) {
-	requireNginx(t)
-	if shimPath == "" {
-		t.Skipf("lua-resty-ffi stand-in unavailable: %v", shimErr)
-	}
-	runBlocks(t, []block{{
-		name: "calls through the task queue",
-		conf: ngxConf{
-			InitByLua: `
-        local qt = require "qtest"
-        require("fake_resty_ffi").install(qt.shim)
-        assert(require("resty.ffi.qrpc").configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" })`,
-			Server: loc("/t", connectT+`
-                local fake = require "fake_resty_ffi"
+// restyFFICalls is what TestRestyFFIHost runs through the lua-resty-ffi
+// host; fake adds the stand-in's own checks.
+func restyFFICalls(fake bool) string {
+	lua := connectT + `
                 ngx.say("host: ", qrpc.stats().host)
                 local res, err = conn:unary("greet", "ffi", { headers = { ["x-id"] = "9" } })
                 ngx.say(res.code, " ", res.body, " ", res.headers["x-id"], " ", res.headers["x-greeted"])
@@ -963,25 +951,65 @@ func TestRestyFFIHost(t *testing.T) {
                 ngx.say(tostring(c2), " ", cerr)
                 local c3 = assert(qt.connect({ timeout = 2222 }))
                 ngx.say("close: ", tostring(c3:close()))
-                ngx.say(tostring(c3:unary("echo", "x")), " ", select(2, c3:unary("echo", "x")))
-                ngx.say("tasks answered once: ", fake.bad_answers == 0, " tasks: ", fake.tasks > 20)`)},
-		body: lines(
-			"host: resty_ffi",
-			"0 hello, ffi 9 yes",
-			"7 failed on purpose",
-			"102400 true",
-			"nil timeout within 1s: true",
-			"event: true",
-			"echo: via the task queue",
-			"threads: 20",
-			"nil connect: certificate signed by unknown authority",
-			"close: true",
-			"nil closed",
-			"tasks answered once: true tasks: true",
-		),
-		// Go's own log lines reach error.log with this host too.
-		logHas: []string{`qrpc: connect failed addr=127\.0\.0\.1:\d+ err=`},
-	}})
+                ngx.say(tostring(c3:unary("echo", "x")), " ", select(2, c3:unary("echo", "x")))`
+	if fake {
+		lua += `
+                local fake = require "fake_resty_ffi"
+                ngx.say("tasks answered once: ", fake.bad_answers == 0, " tasks: ", fake.tasks > 20)`
+	}
+	return lua
+}
+
+var restyFFIWant = []string{
+	"host: resty_ffi",
+	"0 hello, ffi 9 yes",
+	"7 failed on purpose",
+	"102400 true",
+	"nil timeout within 1s: true",
+	"event: true",
+	"echo: via the task queue",
+	"threads: 20",
+	"nil connect: certificate signed by unknown authority",
+	"close: true",
+	"nil closed",
+}
+
+// TestRestyFFIHost drives the lua-resty-ffi host of the Lua module: on
+// every nginx through a stand-in for lua-resty-ffi (testdata/
+// fake_resty_ffi.*, same contract), and on the resty-ffi flavour through
+// the real one too (where every other test also runs on that host).
+func TestRestyFFIHost(t *testing.T) {
+	requireNginx(t)
+	var blocks []block
+	if shimPath != "" {
+		blocks = append(blocks, block{
+			name: "calls through the stand-in's task queue",
+			conf: ngxConf{
+				InitByLua: `
+        local qt = require "qtest"
+        require("fake_resty_ffi").install(qt.shim)
+        assert(require("resty.ffi.qrpc").configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" })`,
+				Server: loc("/t", restyFFICalls(true))},
+			body: lines(append(restyFFIWant, "tasks answered once: true tasks: true")...),
+			// Go's own log lines reach error.log with this host too.
+			logHas: []string{`qrpc: connect failed addr=127\.0\.0\.1:\d+ err=`},
+		})
+	} else {
+		t.Logf("lua-resty-ffi stand-in unavailable: %v", shimErr)
+	}
+	if ng.RestyFFILib != "" {
+		blocks = append(blocks, block{
+			name: "calls through real lua-resty-ffi",
+			// The default init_by_lua: require "resty_ffi", host = "resty_ffi".
+			conf:   ngxConf{Server: loc("/t", restyFFICalls(false))},
+			body:   lines(restyFFIWant...),
+			logHas: []string{`qrpc: connect failed addr=127\.0\.0\.1:\d+ err=`, `qrpc: loaded .* \(host resty_ffi\)`},
+		})
+	}
+	if len(blocks) == 0 {
+		t.Skip("neither the stand-in nor lua-resty-ffi")
+	}
+	runBlocks(t, blocks)
 }
 
 func TestEventQueueFull(t *testing.T) {
