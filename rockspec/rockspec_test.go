@@ -197,7 +197,6 @@ func lookPath(t *testing.T, name, hint string) string {
 	return p
 }
 
-
 func worldReadableTempDir(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
