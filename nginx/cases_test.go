@@ -255,25 +255,34 @@ func TestUnary(t *testing.T) {
 			body: "hello 100000\n",
 		},
 		{
-			name: "unary from a light thread killed while waiting is cancelled",
+			// The built-in host cancels the call in Go within about a
+			// second; lua-resty-ffi tells nobody, so on that host Go runs
+			// it until the server answers (README).
+			name: "unary from a light thread killed while waiting",
 			conf: ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                ngx.update_time()
+                local t0 = ngx.now()
                 local th = ngx.thread.spawn(function()
                     return conn:unary("slow", "5000", { timeout = 10000 })
                 end)
                 ngx.sleep(0.2)
-                ngx.say("in flight: ", conn:stats().inflight)
+                ngx.say("in flight: ", conn:stats().inflight, " waiting: ", qrpc.stats().waiting)
                 ngx.say("killed: ", ngx.thread.kill(th))
-                local t0 = ngx.now()
-                local s = qt.wait(4, function()
+                local s = qt.wait(8, function()
                     local s = conn:stats()
                     return s.inflight == 0 and s
                 end)
                 ngx.update_time()
-                ngx.say("inflight back to 0: ", s and s.inflight == 0, " before the deadline: ",
-                        ngx.now() - t0 < 4)
+                local ended = ngx.now() - t0
+                if qt.host == "resty_ffi" then
+                    ngx.say("inflight back to 0: ", s and s.inflight == 0, " cancelled: ", ended < 4.8)
+                else
+                    ngx.say("inflight back to 0: ", s and s.inflight == 0, " cancelled: ", ended < 4)
+                end
                 -- and the connection is still fine
                 ngx.say(conn:unary("echo", "still ok").body)`)},
-			body: lines("in flight: 1", "killed: 1", "inflight back to 0: true before the deadline: true", "still ok"),
+			body: lines("in flight: 1 waiting: 1", "killed: 1",
+				fmt.Sprintf("inflight back to 0: true cancelled: %t", ng.Host() != "resty_ffi"), "still ok"),
 		},
 	})
 }
