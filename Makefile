@@ -82,7 +82,7 @@ demo-stop:
 
 # The library is built first so that a build error shows up as one, not as
 # a failing test.
-test: lint proto-check $(LIB) test-go test-race
+test: test-deps lint proto-check $(LIB) test-go test-race
 
 test-go: $(LIB)
 	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
@@ -127,6 +127,15 @@ install: $(LIB)
 uninstall:
 	rm -f $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua $(DESTDIR)$(LIB_DIR)/$(LIB)
 	rm -rf $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc
+
+# ---- packages for make test ------------------------------------------------------
+
+.PHONY: test-deps
+
+# As `make demo` does: installs missing Debian packages as root, else prints
+# the apt-get line and stops; says what the (long) first run will do.
+test-deps:
+	@demo/scripts/deps --for test
 
 # ---- release: tarball and rocks -------------------------------------------------
 
