@@ -9,6 +9,8 @@
 #   make bench         the side-by-side benchmark (BENCH_QUICK=1 for a short run)
 #   make lint          gofmt, go vet, luacheck
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
+#   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
+#   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
 #   make proto         regenerate qrpc/qrpcpb
 #   make clean
 
@@ -82,7 +84,7 @@ demo-stop:
 
 # The library is built first so that a build error shows up as one, not as
 # a failing test.
-test: lint proto-check $(LIB) test-go test-race
+test: test-deps lint proto-check $(LIB) test-go test-race
 
 test-go: $(LIB)
 	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
@@ -151,6 +153,47 @@ uninstall:
 	rm -f $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua $(DESTDIR)$(LIB_DIR)/$(LIB)
 	rm -rf $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc
 
+# ---- packages for make test ------------------------------------------------------
+
+.PHONY: test-deps
+
+# As `make demo` does: installs missing Debian packages as root, else prints
+# the apt-get line and stops; says what the (long) first run will do.
+test-deps:
+	@demo/scripts/deps --for test
+
+# ---- release: tarball and rocks -------------------------------------------------
+
+ROCKSPEC ?= $(firstword $(wildcard rockspec/lua-resty-ffi-qrpc-*.rockspec))
+DIST_DIR ?= dist
+
+# A release tarball carries vendor/: build from it, never from the network
+# (an inherited -mod=mod would otherwise make go fetch modules).
+ifneq ($(wildcard vendor/modules.txt),)
+export GOFLAGS := -mod=vendor $(filter-out -mod=%,$(GOFLAGS))
+endif
+
+.PHONY: dist rocks clean-dist lint-rockspec
+
+# Always rebuilt: it is cheap next to a Go build, and a stale tarball is a
+# wrong release.
+dist:
+	@GO=$(GO) rockspec/scripts/dist $(ROCKSPEC) $(DIST_DIR)
+
+rocks: dist
+	@GO=$(GO) rockspec/scripts/rocks $(ROCKSPEC) $(DIST_DIR)
+
+clean-dist:
+	rm -rf $(DIST_DIR)
+
+clean: clean-dist
+
+lint: lint-rockspec
+
+lint-rockspec:
+	luarocks lint $(ROCKSPEC)
+	@for f in rockspec/scripts/*; do bash -n "$$f" || exit 1; done
+
 # ---- generated code ------------------------------------------------------------
 
 # Regenerates qrpc/qrpcpb from proto/qrpc.proto with the plugin versions pinned in go.mod.
@@ -176,4 +219,4 @@ clean:
 	rm -rf demo/run $(BIN)/build.* bench/out nginx/tmp
 
 help:
-	@sed -n '3,/^$$/p' Makefile
+	@sed -n '/^#   make/p' Makefile
