@@ -245,7 +245,7 @@ func (d *diagnoser) leafMessage(md protoreflect.MessageDescriptor, raw []byte, p
 	if err == nil {
 		return "", "", false
 	}
-	return path, "invalid " + string(md.FullName()) + ": " + cleanProtoError(err), true
+	return path, wellKnownWhat(md, raw, cleanProtoError(err)), true
 }
 
 // try unmarshals {key: raw} into a fresh md and reports protojson's error.
@@ -253,7 +253,9 @@ func (d *diagnoser) try(md protoreflect.MessageDescriptor, key string, raw []byt
 	qk, _ := json.Marshal(key)
 	doc := concat("{", qk, ":", raw, "}")
 	m := dynamicpb.NewMessage(md)
-	err := protojson.UnmarshalOptions{DiscardUnknown: true, Resolver: d.types}.Unmarshal(doc, m)
+	// With discard set protojson also drops unknown enum names: judge the
+	// piece as the whole was judged.
+	err := protojson.UnmarshalOptions{DiscardUnknown: d.discard, Resolver: d.types}.Unmarshal(doc, m)
 	if err == nil {
 		return "", true
 	}
@@ -318,7 +320,7 @@ func (d *diagnoser) what(fd protoreflect.FieldDescriptor, raw []byte, protoMsg s
 	case protoreflect.MessageKind, protoreflect.GroupKind:
 		name := string(fd.Message().FullName())
 		if isWellKnown(fd.Message()) {
-			return "invalid " + name + ": " + protoMsg
+			return wellKnownWhat(fd.Message(), raw, protoMsg)
 		}
 		return "expected object (" + name + "), got " + kind
 	}
@@ -466,4 +468,40 @@ func goodValue(fd protoreflect.FieldDescriptor) []byte {
 		return b
 	}
 	return []byte("0") // numbers and enums
+}
+
+// wellKnownWhat words a value protojson refused for a well-known type.
+func wellKnownWhat(md protoreflect.MessageDescriptor, raw []byte, protoMsg string) string {
+	kind := jsonKind(raw)
+	name := string(md.FullName())
+	switch md.Name() {
+	case "Timestamp":
+		if kind != "string" {
+			return "expected RFC 3339 string (" + name + "), got " + kind
+		}
+		return "invalid " + name + " " + shorten(string(raw)) + ` (RFC 3339, e.g. "2006-01-02T15:04:05.5Z", years 1 to 9999)`
+	case "Duration":
+		if kind != "string" {
+			return "expected duration string (" + name + "), got " + kind
+		}
+		return "invalid " + name + " " + shorten(string(raw)) + ` (seconds with an "s" suffix, e.g. "1.5s", at most 315576000000s)`
+	case "FieldMask":
+		if kind != "string" {
+			return "expected string (" + name + "), got " + kind
+		}
+	case "Struct", "Empty":
+		if kind != "object" {
+			return "expected object (" + name + "), got " + kind
+		}
+	case "ListValue":
+		if kind != "array" {
+			return "expected array (" + name + "), got " + kind
+		}
+	case "BoolValue", "Int32Value", "Int64Value", "UInt32Value", "UInt64Value",
+		"FloatValue", "DoubleValue", "StringValue", "BytesValue":
+		if v := md.Fields().ByName("value"); v != nil {
+			return (&diagnoser{}).what(v, raw, protoMsg)
+		}
+	}
+	return "invalid " + name + ": " + protoMsg
 }

@@ -157,27 +157,29 @@ func (r *Registry) LoadFile(path string, importPaths []string) error {
 				return p
 			}
 		}
+		if importName == name {
+			return path
+		}
 		return importName
 	}
 	// Files already registered (the well-known types among them) resolve
 	// to their registered descriptors, so that a message type is the same
 	// whichever file's load brought it in.
-	known := protocompile.ResolverFunc(func(p string) (protocompile.SearchResult, error) {
-		fd, err := cur.files.FindFileByPath(p)
-		if err != nil {
-			return protocompile.SearchResult{}, err
+	resolve := protocompile.ResolverFunc(func(p string) (protocompile.SearchResult, error) {
+		if fd, err := cur.files.FindFileByPath(p); err == nil {
+			return protocompile.SearchResult{Desc: fd}, nil
 		}
-		return protocompile.SearchResult{Desc: fd}, nil
+		return source.FindFileByPath(p)
 	})
 	comp := protocompile.Compiler{
-		Resolver:       protocompile.CompositeResolver{known, source},
+		Resolver:       resolve,
 		MaxParallelism: 1,
 		SourceInfoMode: protocompile.SourceInfoNone,
 	}
 	// The compiler has no work to cancel that matters here: files are local.
 	compiled, err := comp.Compile(context.Background(), name)
 	if err != nil {
-		return compileError(err, name, diskName)
+		return compileError(err, name, importPaths, diskName)
 	}
 
 	// Rebuild with protodesc against the registry: its descriptors are the
@@ -220,28 +222,32 @@ func importName(path string, importPaths []string) (string, []string, error) {
 			}
 		}
 	}
-	// ...or a file on disk that lies under one.
-	abs, err := filepath.Abs(path)
-	if err == nil {
-		for _, ip := range importPaths {
-			ipAbs, err := filepath.Abs(ip)
-			if err != nil {
-				continue
-			}
-			rel, err := filepath.Rel(ipAbs, abs)
-			if err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-				return filepath.ToSlash(rel), importPaths, nil
+	// ...or a file on disk that lies under one...
+	if _, err := os.Stat(path); err == nil {
+		if abs, err := filepath.Abs(path); err == nil {
+			for _, ip := range importPaths {
+				ipAbs, err := filepath.Abs(ip)
+				if err != nil {
+					continue
+				}
+				rel, err := filepath.Rel(ipAbs, abs)
+				if err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+					return filepath.ToSlash(rel), importPaths, nil
+				}
 			}
 		}
+		return "", nil, &BadProtoError{File: path, What: "file is not under any import path (" + strings.Join(importPaths, ", ") + ")"}
 	}
-	if _, err := os.Stat(path); err != nil {
-		return "", nil, &BadProtoError{File: path, What: "file not found in import paths " + strings.Join(importPaths, ", ")}
+	// ...or a name that is not on disk (any more): it may be loaded
+	// already, else compiling it says it is not found.
+	if !filepath.IsAbs(path) {
+		return filepath.ToSlash(filepath.Clean(path)), importPaths, nil
 	}
-	return "", nil, &BadProtoError{File: path, What: "file is not under any import path (" + strings.Join(importPaths, ", ") + ")"}
+	return "", nil, &BadProtoError{File: path, What: "file not found"}
 }
 
 // compileError shapes a protocompile error as a BadProtoError.
-func compileError(err error, name string, diskName func(string) string) error {
+func compileError(err error, name string, importPaths []string, diskName func(string) string) error {
 	var ewp reporter.ErrorWithPos
 	if errors.As(err, &ewp) {
 		pos := ewp.GetPosition()
@@ -249,7 +255,13 @@ func compileError(err error, name string, diskName func(string) string) error {
 		if file == "" {
 			file = name
 		}
-		return &BadProtoError{File: diskName(file), Line: pos.Line, Col: pos.Col, What: ewp.Unwrap().Error()}
+		what := ewp.Unwrap().Error()
+		if errors.Is(ewp.Unwrap(), fs.ErrNotExist) {
+			// Positioned at an import statement: say which import, not
+			// which of the candidate paths was tried last.
+			what = "import not found in import paths (" + strings.Join(importPaths, ", ") + ")"
+		}
+		return &BadProtoError{File: diskName(file), Line: pos.Line, Col: pos.Col, What: what}
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return &BadProtoError{File: diskName(name), What: "file not found"}

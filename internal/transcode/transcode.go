@@ -2,6 +2,8 @@ package transcode
 
 import (
 	"bytes"
+	"fmt"
+	"regexp"
 	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -93,7 +95,16 @@ func (m *Message) Encode(dst, js []byte, o EncodeOptions) ([]byte, error) {
 // Decode appends to dst the JSON form of pb, the protobuf encoding of a
 // message of this type. Fields pb has but the type does not know are left
 // out.
-func (m *Message) Decode(dst, pb []byte, o DecodeOptions) ([]byte, error) {
+func (m *Message) Decode(dst, pb []byte, o DecodeOptions) (out []byte, err error) {
+	// google.golang.org/protobuf v1.36 panics on some malformed map
+	// entries when it decodes into a dynamic message (a key with the wrong
+	// wire type: "cannot convert nil to map key"); the bytes come from the
+	// network, and a panic here would take the nginx worker down.
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = dst, &MessageError{Response: true, Message: m.Name(), What: fmt.Sprintf("cannot parse invalid wire-format data (%v)", p)}
+		}
+	}()
 	msg := m.typ.New().Interface()
 	types := m.reg.resolver()
 	if err := (proto.UnmarshalOptions{Resolver: types}).Unmarshal(pb, msg); err != nil {
@@ -101,7 +112,7 @@ func (m *Message) Decode(dst, pb []byte, o DecodeOptions) ([]byte, error) {
 	}
 	mo := protojson.MarshalOptions{UseProtoNames: o.ProtoNames, EmitUnpopulated: o.EmitDefaults, Resolver: types}
 	start := len(dst)
-	out, err := mo.MarshalAppend(dst, msg)
+	out, err = mo.MarshalAppend(dst, msg)
 	if err != nil {
 		// Valid wire data that has no JSON form: a Timestamp out of
 		// range, an Any whose type is unknown, invalid UTF-8 in a
@@ -134,6 +145,10 @@ func (r *Registry) Decode(name string, dst, pb []byte, o DecodeOptions) ([]byte,
 	}
 	return m.Decode(dst, pb, o)
 }
+
+// linePos is protojson's position in its input, " (line 1:7)" or
+// "(line 1:7): ".
+var linePos = regexp.MustCompile(`\s?\(line \d+:\d+\)(: )?`)
 
 // jsonSpacing tells whether protojson puts random spaces in single-line
 // output in this binary (it does in some builds, on purpose, so that
@@ -179,10 +194,5 @@ func compactJSON(b []byte) []byte {
 func cleanProtoError(err error) string {
 	s := strings.TrimPrefix(err.Error(), "proto: ")
 	s = strings.TrimPrefix(s, "proto:\u00a0") // some builds use a non-breaking space
-	if strings.HasPrefix(s, "(line ") {
-		if i := strings.Index(s, "): "); i >= 0 {
-			s = s[i+3:]
-		}
-	}
-	return s
+	return linePos.ReplaceAllString(s, "")
 }
