@@ -69,6 +69,8 @@ type Registry struct {
 	// messages caches *Message by full name. Entries stay valid across
 	// loads: a load may add files, never change or remove one.
 	messages sync.Map
+	// plans caches *plan by full name, for the fast paths.
+	plans sync.Map
 }
 
 // snapshot is one immutable state of the registry.
@@ -362,7 +364,7 @@ func (r *Registry) Message(name string) (*Message, error) {
 	if !ok {
 		return nil, &MessageError{Message: name, What: "not a message type"}
 	}
-	m := &Message{reg: r, desc: md, typ: dynamicpb.NewMessageType(md)}
+	m := &Message{reg: r, desc: md, typ: dynamicpb.NewMessageType(md), plan: r.planFor(md)}
 	actual, _ := r.messages.LoadOrStore(name, m)
 	return actual.(*Message), nil
 }

@@ -18,6 +18,7 @@ type Message struct {
 	reg  *Registry
 	desc protoreflect.MessageDescriptor
 	typ  protoreflect.MessageType
+	plan *plan
 }
 
 // Name is the message's full name.
@@ -95,7 +96,19 @@ func (m *Message) Encode(dst, js []byte, o EncodeOptions) ([]byte, error) {
 // Decode appends to dst the JSON form of pb, the protobuf encoding of a
 // message of this type. Fields pb has but the type does not know are left
 // out.
-func (m *Message) Decode(dst, pb []byte, o DecodeOptions) (out []byte, err error) {
+func (m *Message) Decode(dst, pb []byte, o DecodeOptions) ([]byte, error) {
+	if !o.EmitDefaults {
+		fd := fastDecoder{reg: m.reg, protoNames: o.ProtoNames}
+		if res, ok := fd.message(dst, m.plan, pb); ok {
+			return res, nil
+		}
+	}
+	return m.decodeSlow(dst, pb, o)
+}
+
+// decodeSlow is Decode by protojson and dynamicpb: for what the fast path
+// leaves alone, and for the errors.
+func (m *Message) decodeSlow(dst, pb []byte, o DecodeOptions) (out []byte, err error) {
 	// google.golang.org/protobuf v1.36 panics on some malformed map
 	// entries when it decodes into a dynamic message (a key with the wrong
 	// wire type: "cannot convert nil to map key"); the bytes come from the

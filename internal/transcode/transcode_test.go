@@ -283,3 +283,31 @@ func TestCompactJSON(t *testing.T) {
 		t.Fatalf("got %s", got)
 	}
 }
+
+// The fast decoder handles the demo messages itself (no fallback) and
+// writes what protojson writes.
+func TestFastDecodeMatchesProtojson(t *testing.T) {
+	r := demoRegistry(t)
+	msgs := []proto.Message{fullAllKinds(), profile(), &demopb.AllKinds{}, &demopb.AllKinds{Fl: float32(math.Copysign(0, -1)), Db: 1e-7, Ratios: []float64{1e21, -1e-300}}}
+	for _, gen := range msgs {
+		m := mustMessage(t, r, string(gen.ProtoReflect().Descriptor().FullName()))
+		pb, err := proto.Marshal(gen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, names := range []bool{false, true} {
+			fd := fastDecoder{reg: r, protoNames: names}
+			fast, ok := fd.message(nil, m.plan, pb)
+			if !ok {
+				t.Fatalf("%T: fast path gave up", gen)
+			}
+			slow, err := m.decodeSlow(nil, pb, DecodeOptions{ProtoNames: names})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(fast, slow) {
+				t.Fatalf("fast and protojson differ:\n fast %s\n slow %s", fast, slow)
+			}
+		}
+	}
+}
