@@ -131,3 +131,30 @@ func cpuTime() int64 {
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
+
+// The protojson + dynamicpb path the fast paths fall back to, for scale.
+func BenchmarkEncodeProfileProtojson(b *testing.B) {
+	m, js, _ := benchInputs(b)
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	for b.Loop() {
+		var err error
+		if buf, err = m.encodeSlow(buf[:0], js, EncodeOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeProfileProtojson(b *testing.B) {
+	m, _, pb := benchInputs(b)
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	for b.Loop() {
+		var err error
+		if buf, err = m.decodeSlow(buf[:0], pb, DecodeOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -51,6 +51,10 @@ type fieldPlan struct {
 	packed   bool
 	presence bool // written even when zero: oneof member or proto3 optional
 	oneof    int  // index among the real oneofs, or -1
+	// order is where the Go encoder (proto.Marshal, generated code and
+	// dynamicpb alike) writes the field: by number, members of real oneofs
+	// after the other fields, grouped by oneof.
+	order int64
 	// `"jsonName":` and `"proto_name":`, ready to append.
 	camelKey, protoKey []byte
 	msg                *plan // message kind, or the map's value type
@@ -101,13 +105,22 @@ func buildPlan(md protoreflect.MessageDescriptor, built map[protoreflect.FullNam
 			}
 			fp.oneof = n
 		}
+		fp.order = int64(fp.num)
+		if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() {
+			fp.order += (1 << 40) + int64(od.Index())<<30
+		}
 		if i > 0 && fd.Number() < fields.Get(i-1).Number() {
 			p.ordered = false
 		}
 		p.fields = append(p.fields, fp)
 		p.byNum[fp.num] = fp
-		p.byName[fd.JSONName()] = fp
-		p.byName[string(fd.Name())] = fp
+	}
+	// protojson looks a key up by JSON name first, then by .proto name.
+	for _, fp := range p.fields {
+		p.byName[string(fp.fd.Name())] = fp
+	}
+	for _, fp := range p.fields {
+		p.byName[fp.fd.JSONName()] = fp
 	}
 	p.oneofs = len(oneofIndex)
 	return p

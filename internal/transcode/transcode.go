@@ -78,6 +78,16 @@ func (e *MessageError) Error() string {
 // proto3 JSON mapping. Map entries are written in key order, so equal
 // input gives equal bytes.
 func (m *Message) Encode(dst, js []byte, o EncodeOptions) ([]byte, error) {
+	fe := fastEncoder{reg: m.reg, discard: o.DiscardUnknown, js: js}
+	if out, ok := fe.encode(dst, m.plan); ok {
+		return out, nil
+	}
+	return m.encodeSlow(dst, js, o)
+}
+
+// encodeSlow is Encode by protojson and dynamicpb: for what the fast path
+// leaves alone, and for the errors.
+func (m *Message) encodeSlow(dst, js []byte, o EncodeOptions) ([]byte, error) {
 	msg := m.typ.New().Interface()
 	types := m.reg.resolver()
 	uo := protojson.UnmarshalOptions{DiscardUnknown: o.DiscardUnknown, Resolver: types}
