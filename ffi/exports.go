@@ -100,6 +100,30 @@ func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int)
 	return C.int(status)
 }
 
+//export qrpc_query
+func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
+	if out == nil || outLen == nil {
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), "bad command: NULL out or out_len")
+		return C.int(bridge.ErrBadArg)
+	}
+	*out, *outLen = nil, 0
+	var c bridge.Command
+	var res bridge.Completion
+	var msg string
+	if err := decodeCmd((*cmdABI)(cmd), &c); err != nil {
+		res.Status, msg = bridge.StatusOf(err)
+	} else {
+		res, msg = rt.Query(&c)
+	}
+	if res.Status < 0 {
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
+	} else {
+		*out, *outLen = res.Data, C.size_t(res.Len)
+	}
+	return C.int(res.Status)
+}
+
 //export qrpc_stats
 func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	defer exportPanic(&rc, nil, 0)

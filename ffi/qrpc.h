@@ -27,6 +27,18 @@
 #define QRPC_OP_ECHO    6 /* IPC benchmark: completes with body, no network */
 #define QRPC_OP_STATS   7 /* counters of a connection: a result blob whose body is a qrpc_stats_t */
 
+/* Query ops: only for qrpc_query (synchronous, both hosts). An op this
+ * library does not implement fails with QRPC_ERR_BADARG "unsupported op N". */
+#define QRPC_OP_PEERS      8  /* conn -> the peers of that pool, text lines */
+#define QRPC_OP_METRICS    9  /* -> this worker's metrics snapshot */
+#define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes;
+                                 method = "file" | "descriptor_set";
+                                 opts = "import_path=...\n" lines */
+#define QRPC_OP_CONFIGURE  11 /* opts lines: max_connections=N, gomaxprocs=N, ... */
+
+/* qrpc_cmd_t.flags */
+#define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */
+
 /* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
  * the lua-resty-ffi rc. Negative values are errors; the message is in the
  * error buffer / the completion data / the response. */
@@ -43,7 +55,9 @@
 #define QRPC_ERR_TOOBIG  -8  /* "too large: ..." */
 #define QRPC_ERR_LOST    -9  /* "connection lost: ..." while in flight */
 
-/* One command, the same for both hosts. Unused fields are zero.
+/* One command, the same for both hosts. Unused fields are zero: a
+ * version 2 field set on an op that does not read it is refused
+ * (QRPC_ERR_BADARG), as are unknown flags and a non-zero reserved2.
  * Strings are (pointer, length); they need not be NUL-terminated.
  * hdrs is a packed block of alternating key, value entries, each
  * [uint32 length][bytes]; nhdrs counts entries (keys + values). */
@@ -69,10 +83,21 @@ typedef struct {
     int32_t     streams;
     int32_t     idle_timeout_ms;
     int32_t     max_frame_size;
-    int32_t     reserved;
+    int32_t     retries;     /* UNARY: extra attempts on other servers for calls that may
+                                have run (opt-in), 0..16; 0 = none */
+    /* version 2 */
+    const char *hash_key;    size_t hash_key_len;   /* UNARY/EVENT: key for balance = "hash" (<= 64 KiB) */
+    const char *req_type;    size_t req_type_len;   /* UNARY/EVENT: body is JSON for this protobuf
+                                                       message: encoded before sending (<= 1024) */
+    const char *resp_type;   size_t resp_type_len;  /* UNARY: the response body is decoded as this
+                                                       message, to JSON (<= 1024) */
+    uint32_t    flags;       /* QRPC_F_* */
+    uint32_t    reserved2;   /* 0 */
+    const char *opts;        size_t opts_len;       /* CONNECT: pool options; other ops: op-specific;
+                                                       "key=value\n" lines (<= 1 MiB) */
 } qrpc_cmd_t;
 
-#define QRPC_CMD_VERSION 1
+#define QRPC_CMD_VERSION 2
 
 /* A finished command (built-in host). data is malloc'd (free with
  * qrpc_free) or NULL; for QRPC_OK it is a result blob:
@@ -118,6 +143,12 @@ typedef struct {
 
 /* Fills out; returns QRPC_OK or QRPC_ERR_CLOSED for an unknown handle. */
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
+
+/* Runs a query op (QRPC_OP_PEERS and above) now, on the calling thread;
+ * any host may call it. On QRPC_OK, *out is a malloc'd blob of *out_len
+ * bytes (possibly 0; free it with qrpc_free) whose format is the op's.
+ * Otherwise *out is NULL and err holds the message (NUL-terminated). */
+int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 
 /* Moves up to max finished commands into out; returns how many. */
 int qrpc_drain(qrpc_completion_t *out, int max);

@@ -410,7 +410,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 	if id == 0 { // 0 marks events
 		id = s.nextID.Add(1)
 	}
-	pc := &pendingCall{done: done}
+	pc := &pendingCall{done: done, deadline: call.Deadline}
 	if !s.pending.store(id, pc) {
 		return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
 	}
@@ -645,13 +645,34 @@ func (st *cstream) readLoop() {
 			continue // cancelled or timed out: drop quietly
 		}
 		pc.stopTimer()
+		// Under load the deadline's timer can run late, after the response
+		// is read: a response past the deadline is still a timeout.
+		if !pc.deadline.IsZero() {
+			if late := timeNow().Sub(pc.deadline); late >= 0 {
+				pc.done(nil, fmt.Errorf("%w: response came %v after the deadline", ErrTimeout, late))
+				continue
+			}
+		}
 		pc.done(&resp, nil)
 	}
 }
 
 type pendingCall struct {
-	done  Done
-	timer atomic.Pointer[time.Timer]
+	done     Done
+	deadline time.Time // zero: none
+	timer    atomic.Pointer[time.Timer]
+}
+
+// clock, when set, replaces time.Now for the deadline check of responses:
+// tests move it past a deadline whose timer has not run, which makes the
+// late-response race deterministic.
+var clock atomic.Pointer[func() time.Time]
+
+func timeNow() time.Time {
+	if f := clock.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
 }
 
 func (pc *pendingCall) stopTimer() {

@@ -49,7 +49,13 @@ typedef struct {
     int32_t     streams;
     int32_t     idle_timeout_ms;
     int32_t     max_frame_size;
-    int32_t     reserved;
+    int32_t     retries;
+    const char *hash_key;    size_t hash_key_len;
+    const char *req_type;    size_t req_type_len;
+    const char *resp_type;   size_t resp_type_len;
+    uint32_t    flags;
+    uint32_t    reserved2;
+    const char *opts;        size_t opts_len;
 } qrpc_cmd_t;
 
 typedef struct {
@@ -75,13 +81,14 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
+int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_drain(qrpc_completion_t *out, int max);
 void qrpc_free(void *p);
 void qrpc_shutdown(void);
 ]]
 end
 
-local CMD_VERSION = 1
+local CMD_VERSION = 2
 
 local OP_CONNECT = 1
 local OP_UNARY = 2
