@@ -19,8 +19,6 @@ local cdef = require "resty.ffi.qrpc.cdef"
 local json = require "resty.ffi.qrpc.json"
 
 local ffi_new = ffi.new
-local ffi_string = ffi.string
-local ffi_cast = ffi.cast
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -42,12 +40,10 @@ local QRPC_OK = cdef.QRPC_OK
 local OP_PROTO_LOAD = 10
 local F_DISCARD_UNKNOWN = 1
 local F_PROTO_NAMES = 2
-local QRPC_BAD_RESPONSE = 3
 
 local _M = {
     F_DISCARD_UNKNOWN = F_DISCARD_UNKNOWN,
     F_PROTO_NAMES = F_PROTO_NAMES,
-    QRPC_BAD_RESPONSE = QRPC_BAD_RESPONSE,
     -- An empty list for a repeated field (a plain {} is an empty object).
     empty_array = json.empty_array,
 }
@@ -56,7 +52,6 @@ local lib               -- the loaded library (nil until then)
 local ensure_loaded     -- qrpc.lua's loader
 local records = {}      -- loads asked for, in order: { kind, arg, opts }
 local applied = 0       -- how many of records this worker has compiled
-local u32_ptr_t = ffi.typeof("const uint32_t *")
 
 
 -- init(loader): loader() loads the library and returns true | nil, err.
@@ -158,8 +153,11 @@ end
 
 
 function _M.load(path, opts)
-    if type(path) ~= "string" or path == "" then
-        return bad(1, "path must be a non-empty string (got " .. type(path) .. ")")
+    if type(path) ~= "string" then
+        return bad(1, "path must be a string (got " .. type(path) .. ")")
+    end
+    if path == "" then
+        return bad(1, "path must not be empty")
     end
     local lines = {}
     if opts ~= nil then
@@ -263,13 +261,10 @@ function _M.bind(conn, methods)
 end
 
 
--- The settings of one call, reused (calls do not overlap before the
--- command is filled).
-local call = {}
-
--- prepare(conn, method, body, opts) -> body (string), types | nil, err
--- types is nil for a plain call, else a table with req, resp, flags, json
--- (shared: read it before the next call starts).
+-- prepare(conn, method, body, opts) -> body, req, resp, flags, json
+-- The message types of a call (opts over connect's methods) and its body,
+-- a Lua table encoded to JSON (or a JSON string with json = true). Without
+-- types it returns body unchanged and nothing else. On error: false, err.
 function _M.prepare(conn, method, body, opts)
     local m = conn.methods and conn.methods[method]
     local req, resp, as_json, discard, names
@@ -292,49 +287,49 @@ function _M.prepare(conn, method, body, opts)
         names = opts.proto_names
     end
     if req == nil and resp == nil then
-        return body, nil
+        return body
     end
     local ok, err = check_type(req, 4, "request")
     if not ok then
-        return nil, err
+        return false, err
     end
     ok, err = check_type(resp, 4, "response")
     if not ok then
-        return nil, err
+        return false, err
     end
     if as_json ~= nil and type(as_json) ~= "boolean" then
-        return bad(4, "json must be a boolean")
+        return false, "bad argument #4: json must be a boolean"
     end
     if discard ~= nil and type(discard) ~= "boolean" then
-        return bad(4, "discard_unknown must be a boolean")
+        return false, "bad argument #4: discard_unknown must be a boolean"
     end
     if names ~= nil and type(names) ~= "boolean" then
-        return bad(4, "proto_names must be a boolean")
+        return false, "bad argument #4: proto_names must be a boolean"
     end
     if req then
         if as_json then
             if type(body) ~= "string" then
-                return bad(3, "body must be a JSON string with json = true (got "
-                              .. type(body) .. ")")
+                return false, "bad argument #3: body must be a JSON string with "
+                              .. "json = true (got " .. type(body) .. ")"
             end
         else
             if body == nil then
                 body = "{}"
             elseif type(body) ~= "table" then
-                return bad(3, "body must be a table for request " .. req
-                              .. " (got " .. type(body)
-                              .. "; pass json = true for a JSON string)")
+                return false, "bad argument #3: body must be a table for request "
+                              .. req .. " (got " .. type(body)
+                              .. "; pass json = true for a JSON string)"
             else
                 body, err = json.encode(body)
                 if not body then
-                    return bad(3, "body: " .. err)
+                    return false, "bad argument #3: body: " .. err
                 end
             end
         end
     end
     ok, err = ready()
     if not ok then
-        return nil, err
+        return false, err
     end
     local flags = 0
     if discard then
@@ -346,56 +341,24 @@ function _M.prepare(conn, method, body, opts)
     if names and resp then
         flags = flags + F_PROTO_NAMES
     end
-    call.req, call.resp, call.flags, call.json = req, resp, flags, as_json == true
-    return body, call
+    return body, req, resp, flags, as_json == true
 end
 
 
--- fill(cmd, types): sets the command's protobuf fields (clears them for
--- nil: commands are reused).
-function _M.fill(cmd, types)
-    if types then
-        local req, resp = types.req, types.resp
-        cmd.req_type = req
-        cmd.req_type_len = req and #req or 0
-        cmd.resp_type = resp
-        cmd.resp_type_len = resp and #resp or 0
-        cmd.flags = types.flags
-    else
-        cmd.req_type = nil
-        cmd.req_type_len = 0
-        cmd.resp_type = nil
-        cmd.resp_type_len = 0
-        cmd.flags = 0
+-- finish(res, resp, as_json) -> res | nil, err, res: res.body decoded to a
+-- table unless as_json (only for code 0: another code's body is the
+-- service's error text).
+function _M.finish(res, resp, as_json)
+    if as_json or res.code ~= 0 then
+        return res
     end
-end
-
-
--- finish(res, types) -> res | nil, err: res.body as a table unless json.
-function _M.finish(res, types)
-    if types.resp and not types.json then
-        local v, err = json.decode(res.body)
-        if v == nil then
-            return nil, "bad response: " .. types.resp .. ": " .. tostring(err), res
-        end
-        res.body = v
+    local v, err = json.decode(res.body)
+    if v == nil then
+        return nil, "bad response: " .. resp .. ": " .. tostring(err), res
     end
+    res.body = v
     return res
 end
 
-
--- bad_response(p, len) -> err, res: a QRPC_BAD_RESPONSE completion's data:
--- [u32 msg_len][msg][result blob].
-function _M.bad_response(p, len)
-    if p == nil or len < 4 then
-        return "bad response: malformed completion", nil
-    end
-    local n = ffi_cast(u32_ptr_t, p)[0]
-    if n > len - 4 then
-        return "bad response: malformed completion", nil
-    end
-    local msg = ffi_string(p + 4, n)
-    return msg, cdef.decode_result(p + 4 + n, len - 4 - n)
-end
 
 return _M
