@@ -5,7 +5,7 @@
 -- installs:
 --   resty/ffi/qrpc.lua    -> <tree>/share/lua/5.1/resty/ffi/qrpc.lua
 --   resty/ffi/qrpc/*.lua  -> <tree>/share/lua/5.1/resty/ffi/qrpc/ (cdef,
---                            loader, builtin, resty_ffi, cache)
+--                            loader, builtin, resty_ffi, cache, json, proto)
 --   libffi_qrpc.so        -> <tree>/lib/lua/5.1/libffi_qrpc.so
 -- Works offline from a checkout once the Go module cache holds the
 -- dependencies (`go mod download` while online).

@@ -50,6 +50,10 @@
 --       waits 1 s longer before giving up on its own.
 --   conn:event(method, body?, opts?) -> true; never yields, any worker
 --       phase. opts: headers.
+--   qrpc.proto.load(path, { import_paths }), qrpc.proto.load_descriptor_set(b)
+--       protobuf schemas; then unary/event take opts.request, .response,
+--       .json, .discard_unknown, .proto_names and connect takes methods =
+--       { Name = { request = ..., response = ... } } (resty/ffi/qrpc/proto.lua)
 --   conn:close() -> true (also on a closed conn); conn:stats() -> { inflight,
 --       calls, events, dropped, reconnects, queued }; qrpc.stats() -> the
 --       worker's totals plus loaded, host, lib, waiting, dispatcher,
@@ -84,7 +88,8 @@
 -- is under resty/ffi/qrpc/: cdef (the C declarations and the command and
 -- result codec), loader (finding and loading the library, signal
 -- masking), builtin (the built-in host and its dispatcher), resty_ffi (the
--- lua-resty-ffi host), cache (the worker's connection cache).
+-- lua-resty-ffi host), cache (the worker's connection cache), proto and
+-- json (protobuf messages).
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
