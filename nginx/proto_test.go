@@ -256,6 +256,60 @@ func TestProtobuf(t *testing.T) {
                 show(qrpc.proto.load_descriptor_set("\255\255"))
                 show(qrpc.proto.load(""))
                 ngx.say("init: ", package.loaded.init_missing)
+`) + loc("/jsonlib", `
+                local json = require "resty.ffi.qrpc.json"
+                local out = {}
+                local function enc(v, want)
+                    local got, err = json.encode(v)
+                    if got ~= want then out[#out + 1] = "encode: " .. tostring(got) .. " " .. tostring(err) .. " want " .. want end
+                end
+                enc(0.1, "0.1")
+                enc(0.1 + 0.2, "0.30000000000000004")
+                enc(2^53, "9007199254740992")
+                enc(-2147483648, "-2147483648")
+                enc(1e300, "1e+300")
+                enc(0/0, '"NaN"')
+                enc(-math.huge, '"-Infinity"')
+                enc({}, "{}")
+                enc(json.empty_array, "[]")
+                enc({ 1, "a", true }, '[1,"a",true]')
+                enc({ [2] = "x" }, '{"2":"x"}')    -- not 1..n: an object
+                enc({ a = ngx.null }, '{"a":null}')
+                enc("q\"\\\n\0\127é", '"q\\"\\\\\\n\\u0000\\u007fé"')
+                local cyc = {}
+                cyc.self = cyc
+                local _, err = json.encode(cyc)
+                if not err or not err:find("nested too deep", 1, true) then out[#out + 1] = "cycle: " .. tostring(err) end
+                -- the pure-Lua decoder agrees with the text protojson writes
+                local samples = {
+                    '{"i64":"-9223372036854775808","fl":"NaN","db":0.30000000000000004,"tags":["a",""],"o":{}}',
+                    '{"s":"\\u00e9\\ud83d\\ude00\\n\\"\\/","n":-1.5e-7,"l":[1,[2,[]],null,true,false]}',
+                    ' [ ] ', '"x"', '12', 'null',
+                }
+                for _, s in ipairs(samples) do
+                    local v, err = json.decode_lua(s)
+                    if v == nil then
+                        out[#out + 1] = "decode_lua " .. s .. ": " .. tostring(err)
+                    else
+                        local again = json.encode(v)
+                        local w = json.decode_lua(again)
+                        local d = require("pbt").diff(v, w, "v")
+                        if d then out[#out + 1] = "re-decode " .. s .. ": " .. d end
+                        if json.has_cjson then
+                            local c = require("cjson.safe").decode(s)
+                            d = require("pbt").diff(v, c, "v")
+                            if d and type(c) == "table" and next(c) ~= nil then
+                                out[#out + 1] = "vs cjson " .. s .. ": " .. d
+                            end
+                        end
+                    end
+                end
+                local v = json.decode_lua('{"s":"\\u00e9\\ud83d\\ude00"}')
+                if v.s ~= "é😀" then out[#out + 1] = "unicode: " .. v.s end
+                for _, bad in ipairs({ '{"a":}', '[1,', '{"a" 1}', '"\\x"', '{} x', '' }) do
+                    if json.decode_lua(bad) ~= nil then out[#out + 1] = "accepted " .. bad end
+                end
+                ngx.say(#out == 0 and "ok" or table.concat(out, "\n"))
 `) + loc("/set", `
                 local qrpc = require "resty.ffi.qrpc"
                 local f = assert(io.open(require("qtest").proto_dir .. "/greeter.protoset", "rb"))
@@ -335,7 +389,53 @@ func TestProtobuf(t *testing.T) {
 	if d := srv.requests.Load() - before; d != 1 {
 		t.Errorf("%d requests reached the server during the bad-input cases, want 1 (Garbage)", d)
 	}
+	if got := get("/jsonlib"); got != "ok\n" {
+		t.Errorf("json.lua:\n%s", got)
+	}
 	if got := get("/set"); got != "ok\n" {
 		t.Errorf("descriptor set: %s", got)
 	}
+}
+
+// The lua-resty-ffi host carries protobuf calls too (its task answers
+// carry QRPC_BAD_RESPONSE's data like any other).
+func TestProtobufRestyFFIHost(t *testing.T) {
+	requireNginx(t)
+	if shimPath == "" {
+		t.Skipf("lua-resty-ffi stand-in unavailable: %v", shimErr)
+	}
+	srv := startPBServer(t)
+	dir := protoDir(t)
+	runBlocks(t, []block{{
+		name: "protobuf through the task queue",
+		conf: ngxConf{
+			Extra: map[string]string{"pb_addr": srv.addr, "proto_dir": dir},
+			InitByLua: `
+        local qt = require "qtest"
+        require("fake_resty_ffi").install(qt.shim)
+        assert(require("resty.ffi.qrpc").configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" })
+        assert(require("resty.ffi.qrpc").proto.load(qt.proto_dir .. "/greeter.proto"))`,
+			Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qt.connect({ methods = {
+                    SayHello = { request = "demo.HelloRequest", response = "demo.HelloReply" } } }, qt.pb_addr))
+                ngx.say("host: ", qrpc.stats().host)
+                local res, err = conn:unary("SayHello", { name = "ffi" })
+                ngx.say(res and res.body.message or err)
+                res, err = conn:unary("SayHello", '{"name":"json"}', { json = true })
+                ngx.say(res and res.body or err)
+                ngx.say(select(2, conn:unary("SayHello", { nope = 1 })))
+                local raw
+                res, err, raw = conn:unary("Garbage", "", { response = "demo.HelloReply" })
+                ngx.say(tostring(res), " ", err, " ", raw and #raw.body)`),
+		},
+		body: lines(
+			"host: resty_ffi",
+			"Hello ffi!",
+			`{"message":"Hello json!"}`,
+			"bad message: demo.HelloRequest: nope: unknown field",
+			"nil bad response: demo.HelloReply: cannot parse invalid wire-format data 15",
+		),
+	}})
 }

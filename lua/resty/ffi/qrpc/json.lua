@@ -378,16 +378,10 @@ decode_value = function(s, i, depth)
 end
 
 
-function _M.decode(s)
+-- decode_lua is the decoder used without cjson (public for its tests).
+local function decode_lua(s)
     if type(s) ~= "string" then
         return nil, "JSON must be a string"
-    end
-    if cjson_decode then
-        local v, err = cjson_decode(s)
-        if v == nil then
-            return nil, err
-        end
-        return v
     end
     local v, i = decode_value(s, 1, 0)
     if v == nil then
@@ -395,6 +389,22 @@ function _M.decode(s)
     end
     if skip_ws(s, i) <= #s then
         return nil, "trailing characters at " .. i
+    end
+    return v
+end
+_M.decode_lua = decode_lua
+
+
+function _M.decode(s)
+    if not cjson_decode then
+        return decode_lua(s)
+    end
+    if type(s) ~= "string" then
+        return nil, "JSON must be a string"
+    end
+    local v, err = cjson_decode(s)
+    if v == nil then
+        return nil, err
     end
     return v
 end
