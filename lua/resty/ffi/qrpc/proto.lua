@@ -52,6 +52,9 @@ local lib               -- the loaded library (nil until then)
 local ensure_loaded     -- qrpc.lua's loader
 local records = {}      -- loads asked for, in order: { kind, arg, opts }
 local applied = 0       -- how many of records this worker has compiled
+-- What this worker has compiled, so that a load repeated on every request
+-- costs a table lookup (Go would also skip it, after a stat of the file).
+local done = {}
 
 
 -- init(loader): loader() loads the library and returns true | nil, err.
@@ -121,7 +124,9 @@ local function ready()
         applied = applied + 1
         local rec = records[applied]
         ok, err = query(rec)
-        if not ok then
+        if ok then
+            done[rec.kind .. "\0" .. rec.opts .. "\0" .. rec.arg] = true
+        else
             ngx_log(ngx_ERR, "qrpc: ", err, " (loaded in init_by_lua)")
         end
     end
@@ -137,6 +142,10 @@ local function load(kind, arg, opts)
         records[#records + 1] = rec
         return true
     end
+    local key = kind .. "\0" .. opts .. "\0" .. arg
+    if done[key] then
+        return true
+    end
     local ok, err = ready()
     if not ok then
         return nil, err
@@ -145,9 +154,7 @@ local function load(kind, arg, opts)
     if not ok then
         return nil, err
     end
-    -- Later loads in this worker skip it: it is compiled.
-    records[#records + 1] = rec
-    applied = #records
+    done[key] = true
     return true
 end
 
