@@ -20,11 +20,13 @@ local ngx = ngx
 local null = ngx.null
 local type = type
 local pairs = pairs
+local next = next
 local tostring = tostring
 local tonumber = tonumber
 local getmetatable = getmetatable
 local setmetatable = setmetatable
 local pcall = pcall
+local select = select
 local math_floor = math.floor
 local math_huge = math.huge
 local str_format = string.format
@@ -70,134 +72,152 @@ local function escape_char(c)
     return escapes[c] or str_format("\\u%04x", str_byte(c))
 end
 
-local function quote(s)
+-- The output goes into a string.buffer (LuaJIT 2.1's, in OpenResty and
+-- Debian's luajit2) or, without one, a list of pieces: either way no
+-- intermediate strings are made for quotes and separators.
+local ok_sbuf, sbuf = pcall(require, "string.buffer")
+local out_buf = ok_sbuf and sbuf.new(512) or nil
+
+local function list_buffer()
+    local t, n = {}, 0
+    local b = {}
+    function b.put(_, ...)
+        for i = 1, select("#", ...) do
+            n = n + 1
+            t[n] = select(i, ...)
+        end
+        return b
+    end
+    function b.get()
+        local s = tab_concat(t, "", 1, n)
+        t, n = {}, 0
+        return s
+    end
+    function b.reset()
+        t, n = {}, 0
+    end
+    return b
+end
+
+local function put_string(b, s)
     if str_find(s, '[%c"\\]') then
         s = str_gsub(s, '[%c"\\]', escape_char)
     end
-    return '"' .. s .. '"'
+    b:put('"', s, '"')
 end
 
-local function number(n)
+local function put_number(b, n)
     if n ~= n then
-        return '"NaN"'
+        b:put('"NaN"')
+    elseif n == math_huge then
+        b:put('"Infinity"')
+    elseif n == -math_huge then
+        b:put('"-Infinity"')
+    elseif math_floor(n) == n and n > -1e14 and n < 1e14 then
+        b:put(tostring(n))              -- %.14g: exact for these integers
+    elseif math_floor(n) == n and n > -1e15 and n < 1e15 then
+        b:put(str_format("%d", n))
+    else
+        -- the shortest of 15 and 17 digits that reads back the same double
+        local s = str_format("%.15g", n)
+        if tonumber(s) ~= n then
+            s = str_format("%.17g", n)
+        end
+        b:put(s)
     end
-    if n == math_huge then
-        return '"Infinity"'
-    end
-    if n == -math_huge then
-        return '"-Infinity"'
-    end
-    if math_floor(n) == n and n > -1e15 and n < 1e15 then
-        return str_format("%d", n)
-    end
-    local s = str_format("%.15g", n)
-    if tonumber(s) ~= n then
-        s = str_format("%.17g", n)
-    end
-    return s
 end
 
-local enc
+local put_value
 
--- buf: list of pieces; returns the new length or nil, err.
-local function enc_table(t, buf, n, depth)
+local function put_table(b, t, depth)
     if depth > MAX_DEPTH then
         return nil, "nested too deep (more than " .. MAX_DEPTH .. " levels, or a cycle)"
     end
-    local mt = getmetatable(t)
+    if next(t) == nil then
+        local mt = getmetatable(t)
+        if mt == array_mt or cjson_array_mts[mt] or t == cjson_empty_array then
+            b:put("[]")
+        else
+            b:put("{}")
+        end
+        return true
+    end
+    local ok, err
     local len = #t
     local count = 0
-    for _ in pairs(t) do
-        count = count + 1
-    end
-    if count == 0 then
-        n = n + 1
-        if mt == array_mt or cjson_array_mts[mt] or t == cjson_empty_array then
-            buf[n] = "[]"
-        else
-            buf[n] = "{}"
+    if len > 0 then
+        -- a list only if 1..len are all its keys
+        for _ in pairs(t) do
+            count = count + 1
         end
-        return n
     end
-    local err
     if len > 0 and count == len then
-        n = n + 1
-        buf[n] = "["
+        b:put("[")
         for i = 1, len do
             if i > 1 then
-                n = n + 1
-                buf[n] = ","
+                b:put(",")
             end
-            n, err = enc(t[i], buf, n, depth + 1, i)
-            if not n then
+            ok, err = put_value(b, t[i], depth + 1)
+            if not ok then
                 return nil, err
             end
         end
-        n = n + 1
-        buf[n] = "]"
-        return n
+        b:put("]")
+        return true
     end
-    n = n + 1
-    buf[n] = "{"
+    b:put("{")
     local first = true
     for k, v in pairs(t) do
         local tk = type(k)
-        local key
+        if not first then
+            b:put(",")
+        end
+        first = false
         if tk == "string" then
-            key = k
+            put_string(b, k)
         elseif tk == "number" and math_floor(k) == k and k > -1e15 and k < 1e15 then
-            key = str_format("%d", k)
+            b:put('"', str_format("%d", k), '"')
         else
             return nil, "table keys must be strings or integers (got "
                         .. (tk == "number" and tostring(k) or tk) .. ")"
         end
-        if not first then
-            n = n + 1
-            buf[n] = ","
-        end
-        first = false
-        n = n + 1
-        buf[n] = quote(key) .. ":"
-        n, err = enc(v, buf, n, depth + 1, key)
-        if not n then
+        b:put(":")
+        ok, err = put_value(b, v, depth + 1)
+        if not ok then
             return nil, err
         end
     end
-    n = n + 1
-    buf[n] = "}"
-    return n
+    b:put("}")
+    return true
 end
 
-enc = function(v, buf, n, depth, at)
+put_value = function(b, v, depth)
     local tv = type(v)
-    local s
     if tv == "string" then
-        s = quote(v)
+        put_string(b, v)
     elseif tv == "number" then
-        s = number(v)
-    elseif tv == "boolean" then
-        s = v and "true" or "false"
+        put_number(b, v)
     elseif tv == "table" then
-        return enc_table(v, buf, n, depth)
+        return put_table(b, v, depth)
+    elseif tv == "boolean" then
+        b:put(v and "true" or "false")
     elseif v == null then
-        s = "null"
+        b:put("null")
     else
         return nil, "cannot encode a " .. tv .. " value"
-            .. (at ~= nil and (" (at " .. tostring(at) .. ")") or "")
     end
-    n = n + 1
-    buf[n] = s
-    return n
+    return true
 end
 
 
 function _M.encode(v)
-    local buf = {}
-    local n, err = enc(v, buf, 0, 0)
-    if not n then
+    local b = out_buf or list_buffer()
+    local ok, err = put_value(b, v, 0)
+    if not ok then
+        b:reset()
         return nil, err
     end
-    return tab_concat(buf, "", 1, n)
+    return b:get()
 end
 
 
