@@ -262,6 +262,8 @@ func TestProtobuf(t *testing.T) {
                 local function enc(v, want)
                     local got, err = json.encode(v)
                     if got ~= want then out[#out + 1] = "encode: " .. tostring(got) .. " " .. tostring(err) .. " want " .. want end
+                    got, err = json.encode_list(v)
+                    if got ~= want then out[#out + 1] = "encode_list: " .. tostring(got) .. " " .. tostring(err) .. " want " .. want end
                 end
                 enc(0.1, "0.1")
                 enc(0.1 + 0.2, "0.30000000000000004")

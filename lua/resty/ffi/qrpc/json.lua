@@ -210,14 +210,24 @@ put_value = function(b, v, depth)
 end
 
 
-function _M.encode(v)
-    local b = out_buf or list_buffer()
+local function encode_into(b, v)
     local ok, err = put_value(b, v, 0)
     if not ok then
         b:reset()
         return nil, err
     end
     return b:get()
+end
+
+
+function _M.encode(v)
+    return encode_into(out_buf or list_buffer(), v)
+end
+
+
+-- encode_list is encode without string.buffer (public for its tests).
+function _M.encode_list(v)
+    return encode_into(list_buffer(), v)
 end
 
 
