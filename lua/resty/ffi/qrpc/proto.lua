@@ -17,6 +17,7 @@
 local ffi = require "ffi"
 local cdef = require "resty.ffi.qrpc.cdef"
 local json = require "resty.ffi.qrpc.json"
+local json_encode = json.encode
 
 local ffi_new = ffi.new
 
@@ -28,6 +29,7 @@ local ngx_prefix = ngx.config.prefix
 
 local type = type
 local pairs = pairs
+local pcall = pcall
 local tostring = tostring
 local io_open = io.open
 local str_sub = string.sub
@@ -233,14 +235,17 @@ end
 
 -- bind(conn, methods): connect's methods option. Entries are merged into
 -- the connection's (connections are shared by equal options).
-function _M.bind(conn, methods)
-    if conn.methods_src == methods then
-        return true
-    end
+local function bind(conn, methods)
     if type(methods) ~= "table" then
         return bad(2, "methods must be a table { Method = { request = ..., response = ... } }")
     end
-    local own = conn.methods or {}
+    -- a new table: a failed check leaves the connection's as it was
+    local own = {}
+    if conn.methods then
+        for k, v in pairs(conn.methods) do
+            own[k] = v
+        end
+    end
     for name, m in pairs(methods) do
         if type(name) ~= "string" or type(m) ~= "table" then
             return bad(2, "methods must map method names to { request = ..., response = ... }")
@@ -265,6 +270,18 @@ function _M.bind(conn, methods)
     conn.methods = own
     conn.methods_src = methods
     return true
+end
+
+function _M.bind(conn, methods)
+    if conn.methods_src == methods then
+        return true
+    end
+    -- pcall: the tables and their metamethods are the caller's
+    local ok, res, err = pcall(bind, conn, methods)
+    if not ok then
+        return bad(2, "methods raised an error: " .. tostring(res))
+    end
+    return res, err
 end
 
 
@@ -327,10 +344,16 @@ function _M.prepare(conn, method, body, opts)
                               .. req .. " (got " .. type(body)
                               .. "; pass json = true for a JSON string)"
             else
-                body, err = json.encode(body)
-                if not body then
-                    return false, "bad argument #3: body: " .. err
+                -- pcall: the table's metamethods are the caller's
+                local enc_ok, js, enc_err = pcall(json_encode, body)
+                if not enc_ok then
+                    return false, "bad argument #3: body raised an error: "
+                                  .. tostring(js)
                 end
+                if not js then
+                    return false, "bad argument #3: body: " .. enc_err
+                end
+                body = js
             end
         end
     end
