@@ -251,6 +251,9 @@ func TestProtobuf(t *testing.T) {
                 show(conn:event("Hello", { nope = 1 }, { request = "demo.HelloRequest" }))
                 show(conn:unary("Garbage", "", { response = "demo.HelloReply" }))
                 show(conn:unary("SayHello", {}, { request = 5 }))
+                show(conn:unary("SayHello", {}, setmetatable({}, { __index = function(_, k) error("boom " .. k) end })))
+                show(qrpc.connect(require("qtest").pb_addr, require("qtest").opts({
+                    methods = { SayHello = setmetatable({}, { __index = function() error("bang") end }) } })))
                 show(qrpc.proto.load(require("qtest").proto_dir .. "/broken.proto"))
                 show(qrpc.proto.load(require("qtest").proto_dir .. "/nothere.proto"))
                 show(qrpc.proto.load_descriptor_set("\255\255"))
@@ -371,6 +374,8 @@ func TestProtobuf(t *testing.T) {
 		"bad message: demo.HelloRequest: nope: unknown field",
 		"bad response: demo.HelloReply: cannot parse invalid wire-format data | raw: /wAgbm90IHByb3RvYnVm",
 		`bad argument #4: request must be a message name like "pkg.Msg"`,
+		"bad argument #4: opts raised an error: ",
+		"bad argument #2: methods raised an error: ",
 		"bad proto: " + dir + "/broken.proto:5:1: syntax error: expecting ';'",
 		"bad proto: " + dir + "/nothere.proto: file not found",
 		"bad proto: descriptor set: ",

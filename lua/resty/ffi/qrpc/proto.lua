@@ -265,7 +265,9 @@ local function bind(conn, methods)
         if not ok then
             return nil, err
         end
-        own[name] = m
+        -- a plain copy: calls read it without the caller's metamethods
+        own[name] = { request = m.request, response = m.response, json = m.json,
+                      discard_unknown = m.discard_unknown }
     end
     conn.methods = own
     conn.methods_src = methods
