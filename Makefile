@@ -130,7 +130,8 @@ uninstall:
 
 # Regenerates qrpc/qrpcpb from proto/qrpc.proto, and the demo's Go code and
 # descriptor set (read by the Lua tests) from demo/proto/greeter.proto, with the
-# plugin versions pinned in go.mod.
+# plugin versions pinned in go.mod. Needs protoc and, for greeter.proto's
+# well-known imports, its include files (Debian: protobuf-compiler, libprotobuf-dev).
 proto:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
