@@ -4,6 +4,8 @@
 #   make demo          install missing packages (root) or say which, build, start the demo, curl it
 #   make demo-stop     stop the demo
 #   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/
+#                      against the nginx installed here (QRPC_NGINX=debian|openresty|resty-ffi|/path picks another)
+#   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark (BENCH_QUICK=1 for a short run)
 #   make lint          gofmt, go vet, luacheck
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
@@ -100,6 +102,29 @@ lint:
 	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run; do bash -n "$$f" || exit 1; done
 
+# ---- nginx flavours --------------------------------------------------------------
+
+# The nginx, rockspec and demo suites run against the nginx QRPC_NGINX names
+# (internal/ngxtest): unset, the one installed here. These two targets build
+# an OpenResty-equivalent nginx, or Debian's nginx with real lua-resty-ffi,
+# with the scripts in ../shared/thirdparty (THIRDPARTY=...), into
+# QRPC_BUILD_DIR (default .build/; the scripts skip the build when its stamp
+# matches), then run those suites on it.
+THIRDPARTY     ?= $(abspath ../shared/thirdparty)
+QRPC_BUILD_DIR ?= $(CURDIR)/.build
+FLAVOUR_SUITES := ./internal/ngxtest/ ./nginx/ ./rockspec/ ./demo/
+
+.PHONY: test-openresty test-resty-ffi nginx-openresty nginx-resty-ffi
+
+nginx-openresty nginx-resty-ffi: nginx-%:
+	@test -x $(THIRDPARTY)/build-$*.sh || { echo "$(THIRDPARTY)/build-$*.sh not found: set THIRDPARTY=/path/to/shared/thirdparty"; exit 1; }
+	@echo "==> nginx flavour $*: $(QRPC_BUILD_DIR)/$* (a first build takes minutes)"
+	@$(THIRDPARTY)/build-$*.sh $(QRPC_BUILD_DIR)/$*
+
+test-openresty test-resty-ffi: test-%: nginx-% $(LIB)
+	QRPC_NGINX=$* QRPC_BUILD_DIR=$(QRPC_BUILD_DIR) QRPC_TEST_LIB=$(CURDIR)/$(LIB) \
+	  $(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) $(FLAVOUR_SUITES)
+
 # ---- benchmark -----------------------------------------------------------------
 
 # Side by side in one run (see bench/main.go): the Lua client vs. the plain
@@ -159,4 +184,4 @@ clean:
 	rm -rf demo/run $(BIN)/build.* bench/out nginx/tmp
 
 help:
-	@sed -n '3,11p' Makefile
+	@sed -n '3,/^$$/p' Makefile

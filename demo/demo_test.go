@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 )
 
 func TestDemoUpAndDown(t *testing.T) {
@@ -34,12 +36,20 @@ func TestDemoUpAndDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The nginx QRPC_NGINX names, as in the other suites; the script gets
+	// its path and derives what it needs from the binary itself.
+	ng, err := ngxtest.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("nginx: %s", ng)
 	lib := filepath.Join(dir, "libffi_qrpc.so")
 	bin := filepath.Join(dir, "qrpc-demo")
 	goBuild(t, root, "-buildmode=c-shared", "-o", lib, "./ffi")
 	goBuild(t, root, "-o", bin, "./demo/server")
 
-	env := append(os.Environ(),
+	env := append(ng.Environ(nil),
+		ngxtest.EnvNginx+"="+ng.Bin,
 		"QRPC_DEMO_RUN="+filepath.Join(dir, "run"),
 		"QRPC_DEMO_BIN="+bin,
 		"QRPC_DEMO_LIB="+lib,
@@ -70,6 +80,12 @@ func TestDemoUpAndDown(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+
+	// Every worker that loaded the library did so on this nginx's host.
+	logs, _ := os.ReadFile(filepath.Join(run, "error.log"))
+	if want := "(host " + ng.Host() + ")"; !strings.Contains(string(logs), want) {
+		t.Errorf("error.log has no %q:\n%s", want, logs)
 	}
 
 	pids := map[string]int{}
