@@ -269,13 +269,26 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	if cmd.TimeoutMS > 0 {
 		timeout = time.Duration(cmd.TimeoutMS) * time.Millisecond
 	}
-	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout)}
+	rt, err := responseTypeOf(cmd)
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	body, release, err := requestBody(cmd)
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	defer release()
+	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout)}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
 		defer r.RecoverLog("complete")
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
+		if rt != nil {
+			deliver(r.decodedOutcome(rt, resp, err))
+			return
+		}
 		deliver(r.outcome(resp, err))
 	})
 	if err != nil {
@@ -369,7 +382,12 @@ func (r *Runtime) event(cmd *Command) error {
 	if err != nil {
 		return err
 	}
-	err = c.client.Event(cmd.Method, hdrs, cmd.Body)
+	body, release, err := requestBody(cmd)
+	if err != nil {
+		return err
+	}
+	defer release()
+	err = c.client.Event(cmd.Method, hdrs, body)
 	switch {
 	case err == nil:
 		c.events.Add(1)
