@@ -8,7 +8,7 @@ import (
 func TestCheckVersion2Fields(t *testing.T) {
 	event := func() Command { c := unaryCommand(); c.Op = OpEvent; return c }
 	runCheckCases(t, []checkCase{
-		{"unknown flag", unaryCommand, func(c *Command) { c.Flags = 6 }, "unknown flags 0x6"},
+		{"unknown flag", unaryCommand, func(c *Command) { c.Flags = 6 }, "unknown flags 0x4"},
 		{"negative retries", unaryCommand, func(c *Command) { c.Retries = -1 }, "retries must be 0..16, got -1"},
 		{"too many retries", unaryCommand, func(c *Command) { c.Retries = 17 }, "retries must be 0..16, got 17"},
 		{"retries on an event", event, func(c *Command) { c.Retries = 1 }, "retries: only for UNARY"},
@@ -23,9 +23,6 @@ func TestCheckVersion2Fields(t *testing.T) {
 		// ignore them.
 		{"retries not yet", unaryCommand, func(c *Command) { c.Retries = 2 }, "retries: not supported by this library yet"},
 		{"hash_key not yet", event, func(c *Command) { c.HashKey = []byte("k") }, "hash_key: not supported by this library yet"},
-		{"req_type not yet", unaryCommand, func(c *Command) { c.ReqType = []byte("a.B") }, "req_type: not supported by this library yet"},
-		{"resp_type not yet", unaryCommand, func(c *Command) { c.RespType = []byte("a.B") }, "resp_type: not supported by this library yet"},
-		{"flags not yet", unaryCommand, func(c *Command) { c.Flags = FlagDiscardUnknown }, "flags: not supported by this library yet"},
 		{"connect opts not yet", connectCommand, func(c *Command) { c.Opts = []byte("addr=127.0.0.1:1\n") }, "opts: not supported by this library yet"},
 	})
 	// A query op's opts are its own business.

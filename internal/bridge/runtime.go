@@ -275,7 +275,16 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	if cmd.TimeoutMS > 0 {
 		timeout = time.Duration(cmd.TimeoutMS) * time.Millisecond
 	}
-	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout)}
+	rt, err := responseTypeOf(cmd)
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	body, release, err := requestBody(cmd)
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	defer release()
+	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout)}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
 	rec := c.callStarted(cmd.Method)
@@ -284,6 +293,10 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
 		c.callDone(rec, resp, err)
+		if rt != nil {
+			deliver(r.decodedOutcome(rt, resp, err))
+			return
+		}
 		deliver(r.outcome(resp, err))
 	})
 	if err != nil {
@@ -379,7 +392,12 @@ func (r *Runtime) event(cmd *Command) error {
 	if err != nil {
 		return err
 	}
-	err = c.client.Event(cmd.Method, hdrs, cmd.Body)
+	body, release, err := requestBody(cmd)
+	if err != nil {
+		return err
+	}
+	defer release()
+	err = c.client.Event(cmd.Method, hdrs, body)
 	c.eventDone(cmd.Method, err)
 	switch {
 	case err == nil:

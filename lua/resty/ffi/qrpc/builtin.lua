@@ -45,6 +45,7 @@ local OP_CANCEL = cdef.OP_CANCEL
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_PENDING = cdef.QRPC_PENDING
 local QRPC_LOG = cdef.QRPC_LOG
+local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
 local QRPC_ERR = cdef.QRPC_ERR
 local QRPC_ERR_TIMEOUT = cdef.QRPC_ERR_TIMEOUT
 local cmd_t = cdef.cmd_t
@@ -54,6 +55,7 @@ local ERRBUF_LEN = cdef.ERRBUF_LEN
 local status_err = cdef.status_err
 local submit_err = cdef.submit_err
 local decode_result = cdef.decode_result
+local decode_bad_response = cdef.decode_bad_response
 local fill_cmd = cdef.fill_cmd
 
 -- How much longer than Go's deadline Lua waits before it gives up on its
@@ -100,6 +102,10 @@ local pool = {}         -- idle waiters
 local npool = 0
 local last_id = 0
 local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
+
+-- Calls of the lua-resty-ffi host in flight (see hold): they wait in
+-- lua-resty-ffi, not here, but the dispatcher must outlive them too.
+local others = function() return 0 end
 
 local disp_gen = 0      -- generation of the live dispatcher; 0: none
 local disp_seq = 0
@@ -169,8 +175,9 @@ _M.close_handle = close_handle
 
 
 -- Sends an event; returns the library's status and, on failure, the error.
-function _M.event(handle, method, body, nh, hdrs, hlen)
-    fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0)
+function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags)
+    fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
+             req_type, nil, flags)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc == QRPC_OK then
         return rc
@@ -252,6 +259,8 @@ local function complete(c)
                 status, val = QRPC_ERR, "qrpc: malformed result from the library"
             end
         end
+    elseif status == QRPC_BAD_RESPONSE then
+        val = decode_bad_response(data, len)
     else
         val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
     end
@@ -376,13 +385,14 @@ local function supervise(gen)
         disp_beat = ngx_now()
 
         if worker_exiting() then
-            if npend == 0 then
+            local n = npend + others()
+            if n == 0 then
                 break
             end
             local now = ngx_now()
             if now - last_exit_log >= 2 then
                 last_exit_log = now
-                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", npend,
+                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", n,
                         " call(s) in flight")
             end
         end
@@ -407,7 +417,7 @@ end
 
 
 local function dispatcher(premature, gen)
-    if premature and npend == 0 then
+    if premature and npend + others() == 0 then
         if gen == disp_gen then
             disp_gen = 0
         end
@@ -420,7 +430,7 @@ local function dispatcher(premature, gen)
     if not ok then
         ngx_log(ngx_ERR, "qrpc: dispatcher died: ", err)
     end
-    if npend > 0 and not worker_exiting() then
+    if npend + others() > 0 and not worker_exiting() then
         ensure_dispatcher()
     end
 end
@@ -449,9 +459,19 @@ end
 _M.ensure_dispatcher = ensure_dispatcher
 
 
--- Coroutines waiting for a completion, and whether the dispatcher runs.
+-- Coroutines waiting for a completion (of either host), and whether the
+-- dispatcher runs.
 function _M.waiting()
-    return npend, disp_gen ~= 0
+    return npend + others(), disp_gen ~= 0
+end
+
+
+-- The lua-resty-ffi host's calls wait in lua-resty-ffi, which arms no
+-- nginx timer: an exiting worker (nginx -s reload / quit) would not wait
+-- for them and would cut their requests. f() counts them; the dispatcher
+-- (whose waits are timers) keeps running while it is not 0.
+function _M.hold(f)
+    others = f
 end
 
 
@@ -512,9 +532,11 @@ end
 
 -- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
 -- Returns status, value (a result table, or an error string).
-function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs)
+function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
+                 req_type, resp_type, flags)
     local id = next_call_id()
-    fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout)
+    fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
+             req_type, resp_type, flags)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc ~= QRPC_PENDING then
         if rc == QRPC_OK then
