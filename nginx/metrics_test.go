@@ -148,8 +148,8 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 		`qrpc_client_call_duration_seconds_count{method="fail",server="` + server + `"}`: float64(fail),
 	}
 	for k, v := range checks {
-		if got[k] != v {
-			t.Errorf("%s = %v, want %v", k, got[k], v)
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %v (listed: %v), want %v", k, g, ok, v)
 		}
 	}
 	promtoolCheck(t, body)

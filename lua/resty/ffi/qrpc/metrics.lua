@@ -131,8 +131,11 @@ function _M.flush(dict, name, snapshot)
         local v = tonumber(val)
         if v then
             if kind == "c" then
-                local delta = v - (last[series] or 0)
-                if delta ~= 0 then
+                local before = last[series]
+                local delta = v - (before or 0)
+                -- a new series goes in even at 0, so that every result
+                -- is listed, as in a single worker's figures
+                if delta ~= 0 or before == nil then
                     local ok, err = add(dict, series, delta)
                     if ok then
                         last[series] = v
