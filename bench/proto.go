@@ -106,26 +106,31 @@ func writeProfileFiles(dir string) (jsonScript, pbScript string, err error) {
 	return jsonScript, pbScript, nil
 }
 
-// protoRun is one answer of GET /bench/proto: wall and CPU seconds (the
-// worker process, all its threads) of the calls in each mode.
+// protoMode is the calls of one mode in a protoRun, in seconds: wall
+// time, CPU time of the worker process (all its threads) and of its nginx
+// thread alone (Lua, the module, and the Go code its cgo calls run).
+type protoMode struct {
+	Secs      float64 `json:"secs"`
+	CPU       float64 `json:"cpu"`
+	ThreadCPU float64 `json:"thread_cpu"`
+}
+
+// protoRun is one answer of GET /bench/proto.
 type protoRun struct {
-	Calls  int `json:"calls"`
-	Errors int `json:"errors"`
-	Table  struct {
-		Secs float64 `json:"secs"`
-		CPU  float64 `json:"cpu"`
-	} `json:"table"`
-	Bytes struct {
-		Secs float64 `json:"secs"`
-		CPU  float64 `json:"cpu"`
-	} `json:"bytes"`
+	Calls  int       `json:"calls"`
+	Errors int       `json:"errors"`
+	Table  protoMode `json:"table"`
+	Bytes  protoMode `json:"bytes"`
 }
 
 // Per call, in µs, for medianBy.
-func (r protoRun) tableUS() float64    { return r.Table.Secs / float64(r.Calls) * 1e6 }
-func (r protoRun) bytesUS() float64    { return r.Bytes.Secs / float64(r.Calls) * 1e6 }
-func (r protoRun) tableCPUUS() float64 { return r.Table.CPU / float64(r.Calls) * 1e6 }
-func (r protoRun) bytesCPUUS() float64 { return r.Bytes.CPU / float64(r.Calls) * 1e6 }
+func (r protoRun) us(s float64) float64   { return s / float64(r.Calls) * 1e6 }
+func (r protoRun) tableUS() float64       { return r.us(r.Table.Secs) }
+func (r protoRun) bytesUS() float64       { return r.us(r.Bytes.Secs) }
+func (r protoRun) tableCPUUS() float64    { return r.us(r.Table.CPU) }
+func (r protoRun) bytesCPUUS() float64    { return r.us(r.Bytes.CPU) }
+func (r protoRun) tableThreadUS() float64 { return r.us(r.Table.ThreadCPU) }
+func (r protoRun) bytesThreadUS() float64 { return r.us(r.Bytes.ThreadCPU) }
 
 func (n *nginx) protoRun(calls int) (protoRun, error) {
 	var r protoRun
@@ -173,8 +178,11 @@ func figureProto(e *env, p params, t *table) error {
 		subject: fmtUS(tw), baseline: fmtUS(bw), ratio: tw / bw, ratioLabel: "time ratio"})
 	tc, bc := medianBy(runs, protoRun.tableCPUUS), medianBy(runs, protoRun.bytesCPUUS)
 	t.add(cpuRow(secProto, "worker CPU per call (all its threads, Go's included)", tc, bc))
+	th, bh := medianBy(runs, protoRun.tableThreadUS), medianBy(runs, protoRun.bytesThreadUS)
+	t.add(cpuRow(secProto, "nginx thread CPU per call (Lua, the module, Go inside its cgo calls)", th, bh))
 	t.add(addedRow("table in/out: time added per call", values(runs, protoRun.tableUS), values(runs, protoRun.bytesUS)))
 	t.add(addedRow("table in/out: worker CPU added per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(addedRow("table in/out: nginx thread CPU added per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.bytesThreadUS)))
 
 	if !haveWrk(t) {
 		return nil
