@@ -113,8 +113,10 @@ function _M.run()
     local warm_errs = table_loop(conn, st, WARMUP) + bytes_loop(conn, st, WARMUP)
     if warm_errs > 0 then
         -- say why once, rather than count failures
-        local _, e = conn:unary("echo", st.tbl, TABLE_OPTS)
-        ngx.log(ngx.ERR, "bench_proto warm-up: ", warm_errs, " failed calls; ", tostring(e))
+        local res, e = conn:unary("echo", st.tbl, TABLE_OPTS)
+        ngx.log(ngx.ERR, "bench_proto warm-up: ", warm_errs, " failed calls; a table call: ",
+                res and ("code " .. tostring(res.code) .. ", body a " .. type(res.body))
+                    or tostring(e))
     end
 
     local loops = { table_loop, bytes_loop }
