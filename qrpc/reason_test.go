@@ -117,8 +117,13 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if !strings.Contains(qrpc.ErrorString(err), "server closing") {
 			t.Fatalf("%q: the detail should carry the server's message", qrpc.ErrorString(err))
 		}
-		// The next call is not sent: the client re-dials in 5 s.
-		_, err = unary(c, time.Second, "echo", nil)
+		// The next calls are not sent: the client re-dials in 5 s. Right
+		// after the loss the slot may not have recorded why yet
+		// ("unavailable: reconnecting"); then it says why.
+		eventually(t, 5*time.Second, "unavailable with the cause", func() bool {
+			_, err = unary(c, time.Second, "echo", nil)
+			return qrpc.ErrorString(err) != "unavailable: reconnecting"
+		})
 		checkReason(t, err, "unavailable: closed by server")
 	})
 
