@@ -257,30 +257,44 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 }
 
 // awaitOne waits until a server is up, or every server has failed a dial.
+// Once one is up it gives the others a little longer (twice the time the
+// first took, at least 100 ms) so that the first calls are spread, without
+// making a pool with a dead server slow to connect.
 func (p *Pool) awaitOne(ctx context.Context) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
+	began := time.Now()
+	var graceEnd time.Time
 	for {
 		var firstErr error
-		failed := 0
+		failed, up := 0, 0
 		set := p.set.Load()
 		for _, pr := range set.peers {
 			if pr.c.up() {
-				return nil
-			}
-			if e := pr.c.lastDialErr(); e != nil {
+				up++
+			} else if e := pr.c.lastDialErr(); e != nil {
 				failed++
 				if firstErr == nil {
 					firstErr = e
 				}
 			}
 		}
-		if failed == len(set.peers) {
+		switch {
+		case up+failed == len(set.peers) && up > 0:
+			return nil
+		case failed == len(set.peers):
 			return firstErr
+		case up > 0 && graceEnd.IsZero():
+			graceEnd = time.Now().Add(max(100*time.Millisecond, 2*time.Since(began)))
+		case up > 0 && time.Now().After(graceEnd):
+			return nil
 		}
 		select {
 		case <-t.C:
 		case <-ctx.Done():
+			if up > 0 {
+				return nil
+			}
 			return fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
 		}
 	}
@@ -513,6 +527,7 @@ type poolCall struct {
 	cur       Pending
 	curPeer   *peer
 	curTrial  bool
+	curBegan  time.Time
 	cancelled bool
 	finished  bool
 }
@@ -533,7 +548,7 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 			pc.attemptDone(pr, trial, began, resp, err)
 		})
 		if err == nil {
-			pc.cur, pc.curPeer, pc.curTrial = pend, pr, trial
+			pc.cur, pc.curPeer, pc.curTrial, pc.curBegan = pend, pr, trial, began
 			return nil
 		}
 		pr.endCall()
@@ -548,15 +563,20 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 	}
 }
 
-func (pc *poolCall) attemptDone(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+// account ends an attempt: counters, observer, the server's health.
+func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
 	pr.endCall()
 	var code uint32
 	if resp != nil {
 		code = resp.Code
 	}
 	pr.obs.CallDone(pc.method, code, err, time.Since(began))
+	pc.pool.outcome(pr, trial, err)
+}
+
+func (pc *poolCall) attemptDone(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+	pc.account(pr, trial, began, resp, err)
 	p := pc.pool
-	p.outcome(pr, trial, err)
 	pc.mu.Lock()
 	if err != nil && pc.retries > 0 && !pc.cancelled && transportFailure(err) &&
 		(pc.deadline.IsZero() || time.Until(pc.deadline) > 0) && !p.closed.Load() {
@@ -579,16 +599,19 @@ func (pc *poolCall) cancel() bool {
 		return false
 	}
 	pc.cancelled = true
-	cur, pr, trial := pc.cur, pc.curPeer, pc.curTrial
+	cur, pr, trial, began := pc.cur, pc.curPeer, pc.curTrial, pc.curBegan
 	pc.mu.Unlock()
 	if !cur.Cancel() {
 		return false // done runs (or ran), and will not retry
 	}
-	pr.endCall()
-	if trial {
-		// No verdict: the next pick may try the server again.
-		pr.trial.Store(false)
+	// A caller that gives up at the call's deadline (Unary's context
+	// usually beats the client's own timer) saw a timeout: the server's
+	// health must count it as one.
+	var err error = context.Canceled
+	if !pc.deadline.IsZero() && !time.Now().Before(pc.deadline) {
+		err = fmt.Errorf("%w: no response within the deadline", ErrTimeout)
 	}
+	pc.account(pr, trial, began, nil, err)
 	pc.mu.Lock()
 	pc.finished = true
 	pc.mu.Unlock()

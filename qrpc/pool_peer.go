@@ -232,6 +232,7 @@ func (p *Pool) outcome(pr *peer, trial bool, err error) {
 		return
 	}
 	if !transportFailure(err) {
+		// Cancelled, closed, too large: no verdict on the server.
 		if trial {
 			pr.trial.Store(false) // no verdict
 		}
