@@ -157,9 +157,9 @@ func (p *Pool) pick(key []byte, ex *exclude, relax bool) (*peer, bool) {
 func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
 	var now int64
 	n := uint32(len(peers))
-	start := p.rr.Add(1)
 	switch {
 	case p.cfg.Balance == LeastInflight:
+		start := p.rr.Add(1)
 		// A claimed trial may fail (another call took it): then look again,
 		// at most n times.
 		for range n {
@@ -208,6 +208,7 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
 		}
 		return nil, false
 	}
+	start := p.rr.Add(1)
 	for i := uint32(0); i < n; i++ {
 		pr := peers[(start+i)%n]
 		if ex != nil && ex.has(pr) {
