@@ -175,8 +175,9 @@ func newClient(addr string, conf Config, tlsConf *tls.Config, obs PeerObserver, 
 	return c
 }
 
-// dialBackground returns a client whose connections are dialled (and
-// re-dialled) by its slot goroutines: a pool adds servers that may be down.
+// dialBackground returns a client whose connections will be dialled (and
+// re-dialled) by its slot goroutines, started by startSlots: a pool adds
+// servers that may be down.
 func dialBackground(addr string, conf Config, obs PeerObserver, onState func()) (*Client, error) {
 	tlsConf, err := conf.tlsConfig(addr)
 	if err != nil {
@@ -187,11 +188,14 @@ func dialBackground(addr string, conf Config, obs PeerObserver, onState func()) 
 		sl := &slot{c: c}
 		c.slots = append(c.slots, sl)
 	}
+	return c, nil
+}
+
+func (c *Client) startSlots() {
 	for _, sl := range c.slots {
 		c.wg.Add(1)
 		go sl.run(nil)
 	}
-	return c, nil
 }
 
 // up reports whether some connection is live (without allocating).
@@ -476,6 +480,7 @@ type session struct {
 	rr          atomic.Uint32
 	nextID      atomic.Uint64
 	maxAnswered atomic.Uint64 // highest request id answered, any stream
+	suspects    atomic.Int32  // streams with a stuckSince set
 	pending     pendingMap
 
 	dead     atomic.Bool
@@ -668,7 +673,11 @@ type cstream struct {
 	retired      atomic.Bool
 	inflight     atomic.Int64
 	lastAnswered atomic.Uint64
-	cancelOnce   sync.Once
+	// stuckSince is the id of a call of this stream that timed out with no
+	// answer on the stream since: the stream is suspect until it answers
+	// something, and stuck once another stream answers a later call.
+	stuckSince atomic.Uint64
+	cancelOnce sync.Once
 
 	mu       sync.Mutex
 	queue    []*[]byte // frames waiting for flow-control credit, in order
@@ -795,10 +804,13 @@ func (st *cstream) flush() {
 // calls fail (they may have run), the stream is cancelled both ways and a
 // new one takes its place. The connection and its other streams go on.
 func (st *cstream) broken(cause error) {
+	s := st.sess
+	if since := st.stuckSince.Swap(0); since != 0 {
+		s.suspects.Add(-1)
+	}
 	if !st.retired.CompareAndSwap(false, true) {
 		return
 	}
-	s := st.sess
 	s.c.cfg.Logger.Info("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
 	err := fmt.Errorf("%w: stream: %v", ErrConnLost, cause)
 	s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
@@ -810,17 +822,55 @@ func (st *cstream) broken(cause error) {
 	s.replace(st)
 }
 
-// checkStuck runs when call id on this stream timed out. If the stream has
-// answered nothing sent at or after id while another stream of the same
-// connection has (the connection is alive and the server answers), the
-// server has stopped reading this stream without closing it, as the
-// reference server does after an unknown method: it is retired and
-// replaced. Its other calls keep their own deadlines, and the stream is
-// cancelled when the last of them ends.
+// checkStuck runs when call id on this stream timed out. A stream that
+// has answered nothing sent at or after id becomes suspect; it is stuck
+// when another stream of the same connection answers a call sent after id
+// (the connection is alive and the server answers, but not here), which
+// may be now or later (see answered). That is the reference server's
+// unknown-method case: it stops reading a stream without closing it.
 func (st *cstream) checkStuck(id uint64) {
 	s := st.sess
-	if st.retired.Load() || st.lastAnswered.Load() >= id || s.maxAnswered.Load() <= id || s.dead.Load() {
+	if st.retired.Load() || st.lastAnswered.Load() >= id || s.dead.Load() {
 		return
+	}
+	if !st.stuckSince.CompareAndSwap(0, id) {
+		return // already suspect since an earlier call
+	}
+	s.suspects.Add(1)
+	if s.maxAnswered.Load() > id {
+		st.stuck()
+	}
+}
+
+// answered runs for every response, on the stream that got it: the
+// stream is alive; a suspect stream whose timed-out call is older than
+// this answer is stuck.
+func (st *cstream) answered(id uint64) {
+	s := st.sess
+	atomicMax(&st.lastAnswered, id)
+	atomicMax(&s.maxAnswered, id)
+	if s.suspects.Load() == 0 {
+		return
+	}
+	if since := st.stuckSince.Load(); since != 0 && since <= id && st.stuckSince.CompareAndSwap(since, 0) {
+		s.suspects.Add(-1)
+	}
+	for i := range s.streams {
+		if o := s.streams[i].Load(); o != nil && o != st {
+			if since := o.stuckSince.Load(); since != 0 && since < id {
+				o.stuck()
+			}
+		}
+	}
+}
+
+// stuck retires a stream that stopped answering and replaces it. Its
+// other calls keep their own deadlines; the stream is cancelled when the
+// last of them ends.
+func (st *cstream) stuck() {
+	s := st.sess
+	if since := st.stuckSince.Swap(0); since != 0 {
+		s.suspects.Add(-1)
 	}
 	if !st.retired.CompareAndSwap(false, true) {
 		return
@@ -927,8 +977,7 @@ func (st *cstream) readLoop() {
 			s.fail(fmt.Errorf("%w: bad response: %v", ErrProtocol, err))
 			return
 		}
-		atomicMax(&st.lastAnswered, resp.RequestId)
-		atomicMax(&s.maxAnswered, resp.RequestId)
+		st.answered(resp.RequestId)
 		pc := s.take(resp.RequestId)
 		if pc == nil {
 			continue // cancelled or timed out: drop quietly

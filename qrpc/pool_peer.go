@@ -208,19 +208,33 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
 		}
 		return nil, false
 	}
-	start := p.rr.Add(1)
-	for i := uint32(0); i < n; i++ {
-		pr := peers[(start+i)%n]
-		if ex != nil && ex.has(pr) {
-			continue
+	// Each probe takes a turn of its own: a server that is skipped uses up
+	// its turns instead of handing them to its neighbour, which would get
+	// twice its share.
+	var i uint32
+	for range n {
+		i = p.rr.Add(1)
+		if pr, trial := rrTake(peers[i%n], ex, &now); pr != nil {
+			return pr, trial
 		}
-		ok, trial := pr.eligible(&now)
-		if !ok || (trial && !pr.trial.CompareAndSwap(false, true)) {
-			continue
+	}
+	for k := uint32(1); k < n; k++ {
+		if pr, trial := rrTake(peers[(i+k)%n], ex, &now); pr != nil {
+			return pr, trial
 		}
-		return pr, trial
 	}
 	return nil, false
+}
+
+func rrTake(pr *peer, ex *exclude, now *int64) (*peer, bool) {
+	if ex != nil && ex.has(pr) {
+		return nil, false
+	}
+	ok, trial := pr.eligible(now)
+	if !ok || (trial && !pr.trial.CompareAndSwap(false, true)) {
+		return nil, false
+	}
+	return pr, trial
 }
 
 // outcome updates a server's health after a call (or a check).

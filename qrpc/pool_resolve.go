@@ -107,12 +107,12 @@ func (p *Pool) addSync(ctx context.Context, addr string) error {
 		return err
 	}
 	c := newClient(addr, conf, tlsConf, pr.obs, pr.refresh)
+	pr.c = c // before connect starts the goroutines that read it
 	if err := c.connect(ctx); err != nil {
 		pr.removed.Store(true)
 		pr.refresh()
 		return err
 	}
-	pr.c = c
 	p.mu.Lock()
 	p.peers[addr] = pr
 	p.publish()
@@ -147,6 +147,7 @@ func (p *Pool) apply(want []string) {
 			continue
 		}
 		pr.c = c
+		c.startSlots()
 		p.peers[a] = pr
 		p.log.Info("qrpc server added", "addr", a)
 		changed = true
