@@ -3,8 +3,10 @@ package qrpc_test
 import (
 	"context"
 	"crypto/tls"
+	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -272,4 +274,41 @@ func load(workers int, stop <-chan struct{}, call func() error, f func(err error
 		}()
 	}
 	return &wg
+}
+
+// logCapture is a slog.Handler that keeps messages with their "addr".
+type logCapture struct {
+	mu    sync.Mutex
+	lines []string // "message|addr"
+}
+
+func (l *logCapture) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logCapture) Handle(_ context.Context, r slog.Record) error {
+	addr := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "addr" {
+			addr = a.Value.String()
+		}
+		return true
+	})
+	l.mu.Lock()
+	l.lines = append(l.lines, r.Message+"|"+addr)
+	l.mu.Unlock()
+	return nil
+}
+func (l *logCapture) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logCapture) WithGroup(string) slog.Handler      { return l }
+
+// count counts lines with message msg (and addr, unless empty).
+func (l *logCapture) count(msg, addr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		m, a, _ := strings.Cut(s, "|")
+		if m == msg && (addr == "" || a == addr) {
+			n++
+		}
+	}
+	return n
 }

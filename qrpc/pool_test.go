@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -69,7 +70,8 @@ func TestPoolRoundRobinSpread(t *testing.T) {
 // TestPoolEvents: events are spread too, and all arrive.
 func TestPoolEvents(t *testing.T) {
 	f := newFleet(t)
-	p := f.dial(t, f.start(3), nil)
+	rec := newRecorder()
+	p := f.dial(t, f.start(3), &qrpc.PoolConfig{Observer: rec})
 	for i := 0; i < 300; i++ {
 		if err := p.Event([]byte("tick"), nil, []byte("x")); err != nil {
 			t.Fatal(err)
@@ -79,8 +81,8 @@ func TestPoolEvents(t *testing.T) {
 		return f.srvs[0].evts.Load()+f.srvs[1].evts.Load()+f.srvs[2].evts.Load() == 300
 	})
 	for _, m := range f.srvs {
-		if n := m.evts.Load(); n < 50 {
-			t.Errorf("server %s got %d of 300 events", m.addr, n)
+		if n := m.evts.Load(); n < 50 || rec.get(m.addr).events.Load() != n {
+			t.Errorf("server %s got %d of 300 events, observer saw %d", m.addr, n, rec.get(m.addr).events.Load())
 		}
 	}
 }
@@ -178,8 +180,9 @@ func TestPoolServerKilled(t *testing.T) {
 	addrs := f.start(3)
 	rec := newRecorder()
 	const deadline = 1500 * time.Millisecond
+	logs := &logCapture{}
 	p := f.dial(t, addrs, &qrpc.PoolConfig{
-		Config:   qrpc.Config{IdleTimeout: 2 * time.Second},
+		Config:   qrpc.Config{IdleTimeout: 2 * time.Second, Logger: slog.New(logs)},
 		Eject:    time.Second,
 		Observer: rec,
 	})
@@ -260,6 +263,14 @@ func TestPoolServerKilled(t *testing.T) {
 		return in.State == qrpc.PeerUp && victim.hits.Load() > 10
 	})
 	t.Logf("back %v after the restart", time.Since(restartedAt))
+	for _, msg := range []string{"qrpc server ejected", "qrpc server back"} {
+		if n := logs.count(msg, victim.addr); n < 1 {
+			t.Errorf("no %q line for the victim in the log", msg)
+		}
+	}
+	if n := logs.count("qrpc server ejected", ""); n > 5 {
+		t.Errorf("%d ejection lines: one per state change, not per call", n)
+	}
 	close(stop)
 	wg.Wait()
 	mu.Lock()
@@ -333,6 +344,47 @@ func TestPoolFailoverNeverSent(t *testing.T) {
 	}
 	if h0, h1 := f.srvs[0].hits.Load(), f.srvs[1].hits.Load(); h0+h1 != 300 || h0 < 100 || h1 < 100 {
 		t.Fatalf("hits %d, %d", h0, h1)
+	}
+
+	// A server that shuts down under load (answering what it has, then
+	// closing the connection): calls that find its connection closed were
+	// never sent and go to the other server; the few in flight when the
+	// connection closed may have run, and take their one retry. None fails.
+	var failed atomic.Int64
+	var last atomic.Pointer[error]
+	stop := make(chan struct{})
+	wg := load(20, stop, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who"), Retries: 1})
+		return err
+	}, func(err error, _ time.Time) {
+		if err != nil {
+			failed.Add(1)
+			last.Store(&err)
+		}
+	})
+	time.Sleep(200 * time.Millisecond)
+	m := f.srvs[0]
+	m.mu.Lock()
+	srv := m.srv
+	m.mu.Unlock()
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the closed server is seen down", func() bool {
+		in, _ := peerState(p, addrs[0])
+		return in.State != qrpc.PeerUp
+	})
+	h1 := f.srvs[1].hits.Load()
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d calls failed when a server shut down; last: %v", n, *last.Load())
+	}
+	if f.srvs[1].hits.Load() <= h1 {
+		t.Fatal("the remaining server took no calls")
 	}
 }
 
