@@ -3,7 +3,7 @@
 #   make               build libffi_qrpc.so
 #   make demo          install missing packages (root) or say which, build, start the demo, curl it
 #   make demo-stop     stop the demo
-#   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/ and ffi/
+#   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/
 #   make bench         the side-by-side benchmark (BENCH_QUICK=1 for a short run)
 #   make lint          gofmt, go vet, luacheck
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
@@ -88,7 +88,7 @@ test-go: $(LIB)
 # The protocol and the runtime under the race detector (the nginx suite
 # cannot be: the library runs inside nginx there).
 test-race:
-	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/...
+	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/...
 
 # Also part of test-go; this runs it alone.
 test-rockspec:

@@ -1,42 +1,14 @@
 package main
 
-import "unsafe"
+import (
+	"unsafe"
 
-// Go mirrors of the C types in qrpc.h. They let the decoding and encoding
-// logic live in plain Go files (unit-testable: _test.go files cannot use
-// cgo). cgo.go checks at start-up that every size and offset equals the C
-// compiler's, so a drift between this file and qrpc.h disables the library
-// instead of corrupting memory.
-
-// Operation codes (qrpc_cmd_t.op).
-const (
-	opConnect = 1
-	opUnary   = 2
-	opEvent   = 3
-	opClose   = 4
-	opCancel  = 5
-	opEcho    = 6
-	opStats   = 7
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
-// Status codes.
-const (
-	statusOK      int32 = 0
-	statusPending int32 = 1
-	statusLog     int32 = 2
-	errGeneric    int32 = -1
-	errTimeout    int32 = -2
-	errClosed     int32 = -3
-	errFull       int32 = -4
-	errBadArg     int32 = -5
-	errConnect    int32 = -6
-	errUnavail    int32 = -7
-	errTooBig     int32 = -8
-	errLost       int32 = -9
-)
-
-// cmdVersion is QRPC_CMD_VERSION.
-const cmdVersion = 1
+// Go mirrors of the C types in qrpc.h. cgo.go checks at start-up that
+// every size, offset and constant equals the C compiler's, so a drift
+// between Go and qrpc.h disables the library instead of corrupting memory.
 
 // cmdABI is qrpc_cmd_t.
 type cmdABI struct {
@@ -72,24 +44,51 @@ type cmdABI struct {
 	Reserved      int32
 }
 
-// completionABI is qrpc_completion_t.
-type completionABI struct {
-	CallID uint64
-	Handle uint64
-	Status int32
-	Code   uint32
-	Data   unsafe.Pointer
-	Len    uintptr
-}
+// completionABI is qrpc_completion_t: the runtime's Completion is laid out
+// as it, so that qrpc_drain fills the caller's array without converting.
+type completionABI = bridge.Completion
 
-// statsABI is qrpc_stats_t.
-type statsABI struct {
-	Inflight   uint64
-	Calls      uint64
-	Events     uint64
-	Dropped    uint64
-	Reconnects uint64
-	Queued     uint64
+// statsABI is qrpc_stats_t: the runtime's Stats, for the same reason (the
+// STATS op's blob body is one).
+type statsABI = bridge.Stats
+
+// decodeCmd views a qrpc_cmd_t as a bridge.Command without copying, after
+// checking that every (pointer, length) pair can be real; Runtime.Submit
+// checks the rest.
+func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
+	if c == nil {
+		return bridge.Badf("NULL command")
+	}
+	if c.Version != bridge.CmdVersion {
+		return bridge.Badf("version %d, this library speaks %d", c.Version, bridge.CmdVersion)
+	}
+	*cmd = bridge.Command{Op: c.Op, Conn: c.Conn, CallID: c.CallID, TimeoutMS: c.TimeoutMS, NHdrs: c.NHdrs}
+	// A closure rather than a table of field pointers: this runs for every
+	// call and must not allocate.
+	var err error
+	view := func(p unsafe.Pointer, n uintptr, what string) []byte {
+		if err != nil {
+			return nil
+		}
+		var b []byte
+		b, err = bridge.View(p, n, what)
+		return b
+	}
+	cmd.Method = view(c.Method, c.MethodLen, "method")
+	cmd.Body = view(c.Body, c.BodyLen, "body")
+	cmd.Hdrs = view(c.Hdrs, c.HdrsLen, "headers")
+	if c.Op == bridge.OpConnect {
+		cmd.Addr = view(c.Addr, c.AddrLen, "addr")
+		cmd.ServerName = view(c.ServerName, c.ServerNameLen, "server_name")
+		cmd.CA = view(c.CA, c.CALen, "ca")
+		cmd.Cert = view(c.Cert, c.CertLen, "cert")
+		cmd.Key = view(c.Key, c.KeyLen, "key")
+		cmd.Pins = view(c.Pins, c.PinsLen, "pins")
+		cmd.Insecure = c.Insecure != 0
+		cmd.Conns, cmd.Streams = c.Conns, c.Streams
+		cmd.IdleTimeoutMS, cmd.MaxFrameSize = c.IdleTimeoutMS, c.MaxFrameSize
+	}
+	return err
 }
 
 // cmdOffsets lists the offsets of cmdABI's fields in declaration order, for

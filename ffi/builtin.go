@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
 // maxQueuedLogs bounds the log lines waiting in the completion queue: with
@@ -15,19 +17,20 @@ import (
 const maxQueuedLogs = 1000
 
 // builtinHost is the host for stock nginx + ngx_lua: Lua submits through
-// qrpc_submit, completions wait in a queue, and the first completion
-// after the queue was empty writes one byte to the dispatcher's unix
-// socket.
+// qrpc_submit, completions wait in a queue that qrpc_drain empties, and
+// the first completion after the queue was empty writes one byte to the
+// dispatcher's unix socket. It is the runtime's bridge.Host for every
+// command qrpc_submit passes on.
 type builtinHost struct {
 	mu   sync.Mutex
-	gen  *hostGen // nil when not initialised (or shut down)
-	q    []completion
+	gen  *bridge.Gen // nil when not initialised (or shut down)
+	q    []bridge.Completion
 	head int
-	logs int // QRPC_LOG entries in q
+	logs int // StatusLog entries in q
 
 	logDrops       atomic.Uint64
 	lastDropReport atomic.Int64 // unix nanoseconds
-	calls          callTable
+	calls          bridge.Calls
 	wake           wakeState
 }
 
@@ -43,25 +46,44 @@ func (b *builtinHost) init() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gen == nil {
-		b.gen = newGen()
+		b.gen = bridge.NewGen()
 	}
 	return nil
 }
 
-func (b *builtinHost) current() *hostGen {
+// Gen, Calls, Queued and Complete make the host a bridge.Host.
+func (b *builtinHost) Gen() (*bridge.Gen, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.gen
+	if b.gen == nil {
+		return nil, errNotInit
+	}
+	return b.gen, nil
 }
 
-// push queues a completion and wakes the dispatcher when the queue was
-// empty. Called from qrpc's goroutines and from the nginx thread.
-func (b *builtinHost) push(c completion) {
+func (b *builtinHost) Calls() *bridge.Calls { return &b.calls }
+
+func (b *builtinHost) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.q) - b.head
+}
+
+// Complete queues a completion (the host is closed: frees it).
+func (b *builtinHost) Complete(c bridge.Completion) {
+	if !b.enqueue(c) {
+		rt.Free(&c)
+	}
+}
+
+// enqueue appends c and wakes the dispatcher when the queue was empty;
+// false when the host is closed. Called from qrpc's goroutines and from
+// the nginx thread.
+func (b *builtinHost) enqueue(c bridge.Completion) bool {
 	b.mu.Lock()
 	if b.gen == nil {
 		b.mu.Unlock()
-		c.free()
-		return
+		return false
 	}
 	wasEmpty := b.head == len(b.q)
 	b.q = append(b.q, c)
@@ -69,10 +91,11 @@ func (b *builtinHost) push(c completion) {
 	if wasEmpty {
 		b.wake.signal()
 	}
+	return true
 }
 
-// pushLog queues a log line; false when the host is not open (the caller
-// then writes the line to stderr).
+// pushLog queues a log line (the runtime's LogSink); false when the host
+// is not open (the line then goes to stderr).
 func (b *builtinHost) pushLog(level uint32, line string) bool {
 	b.mu.Lock()
 	if b.gen == nil {
@@ -84,29 +107,19 @@ func (b *builtinHost) pushLog(level uint32, line string) bool {
 		b.dropLog()
 		return true
 	}
-	b.logs++
+	b.logs++ // the slot is taken before formatting: the bound holds under concurrency
 	b.mu.Unlock()
-	p, n := cMessage(line)
-	if p == nil {
+	c := rt.Message(bridge.StatusLog, line, 0)
+	if c.Data == nil {
 		b.mu.Lock()
 		b.logs--
 		b.mu.Unlock()
 		b.dropLog()
 		return true
 	}
-	c := completion{status: statusLog, code: level, data: p, n: n}
-	b.mu.Lock()
-	if b.gen == nil {
-		b.logs = 0
-		b.mu.Unlock()
-		c.free()
-		return true
-	}
-	wasEmpty := b.head == len(b.q)
-	b.q = append(b.q, c)
-	b.mu.Unlock()
-	if wasEmpty {
-		b.wake.signal()
+	c.Code = level
+	if !b.enqueue(c) {
+		rt.Free(&c) // shut down meanwhile; shutdown reset the log count
 	}
 	return true
 }
@@ -118,7 +131,7 @@ func (b *builtinHost) dropLog() {
 	now := time.Now().UnixNano()
 	last := b.lastDropReport.Load()
 	if now-last >= int64(logDropReport) && b.lastDropReport.CompareAndSwap(last, now) {
-		stderrLog(ngxLogWarn, fmt.Sprintf("qrpc: %d log lines dropped so far: the completion queue is not being drained", n))
+		bridge.StderrLog(bridge.NgxLogWarn, fmt.Sprintf("qrpc: %d log lines dropped so far: the completion queue is not being drained", n))
 	}
 }
 
@@ -131,11 +144,11 @@ func (b *builtinHost) drain(out []completionABI) int {
 	n := min(len(out), len(b.q)-b.head)
 	for i := 0; i < n; i++ {
 		c := &b.q[b.head+i]
-		out[i] = completionABI{CallID: c.callID, Handle: c.handle, Status: c.status, Code: c.code, Data: c.data, Len: uintptr(c.n)}
-		if c.status == statusLog {
+		out[i] = *c
+		if c.Status == bridge.StatusLog {
 			b.logs--
 		}
-		*c = completion{}
+		*c = bridge.Completion{}
 	}
 	b.head += n
 	switch {
@@ -149,93 +162,6 @@ func (b *builtinHost) drain(out []completionABI) int {
 	return n
 }
 
-func (b *builtinHost) queued() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.q) - b.head
-}
-
-// submit runs one command for qrpc_submit. It never blocks: CONNECT dials
-// on a goroutine, UNARY is encoded and queued on the calling thread.
-func (b *builtinHost) submit(c *cmdABI) (int32, string) {
-	cmd, err := decodeCmd(c)
-	if err != nil {
-		return statusOf(err)
-	}
-	gen := b.current()
-	if gen == nil {
-		return errClosed, errNotInit.Error()
-	}
-	if testHook != nil {
-		testHook("submit")
-	}
-	switch cmd.op {
-	case opConnect:
-		addr, cfg := connectConfig(&cmd, rt.logger)
-		callID := cmd.callID
-		go func() {
-			defer recoverLog("connect")
-			var out completion
-			if cn, err := rt.dial(gen, addr, cfg); err != nil {
-				out = errCompletion(err)
-			} else {
-				out = completion{status: statusOK, handle: cn.handle}
-			}
-			out.callID = callID
-			b.push(out)
-		}()
-		return statusPending, ""
-	case opUnary:
-		return b.unary(&cmd)
-	case opEvent:
-		return statusOf(rt.event(&cmd))
-	case opClose:
-		return statusOf(rt.closeConn(cmd.conn))
-	case opCancel:
-		b.calls.cancel(cmd.callID)
-		return statusOK, ""
-	case opEcho:
-		out := resultCompletion(0, nil, cmd.body)
-		out.callID = cmd.callID
-		b.push(out)
-		return statusPending, ""
-	case opStats:
-		s, err := rt.stats(cmd.conn, b.queued())
-		if err != nil {
-			return statusOf(err)
-		}
-		out := statsCompletion(s)
-		out.callID = cmd.callID
-		b.push(out)
-		return statusPending, ""
-	}
-	return errBadArg, fmt.Sprintf("bad command: unknown op %d", cmd.op)
-}
-
-func (b *builtinHost) unary(cmd *command) (int32, string) {
-	id := cmd.callID
-	e := &callEntry{}
-	if !b.calls.insert(id, e) {
-		return errBadArg, fmt.Sprintf("bad command: call_id %d is already in flight", id)
-	}
-	p, c, err := rt.startUnary(cmd, func(out completion) {
-		b.calls.remove(id, e)
-		out.callID = id
-		b.push(out)
-	})
-	if err != nil {
-		b.calls.remove(id, e)
-		return statusOf(err)
-	}
-	b.calls.started(id, e, p, c)
-	return statusPending, ""
-}
-
-// stats fills qrpc_stats for the built-in host.
-func (b *builtinHost) stats(h uint64) (statsABI, error) {
-	return rt.stats(h, b.queued())
-}
-
 // shutdown fails nothing into the void: pending calls are cancelled (no
 // completion will be produced), queued completions are freed, the host's
 // connections are closed in the background, and the wake socket closed.
@@ -247,17 +173,10 @@ func (b *builtinHost) shutdown() {
 	b.q, b.head, b.logs = nil, 0, 0
 	b.mu.Unlock()
 	for i := range q {
-		q[i].free()
+		rt.Free(&q[i])
 	}
 	if gen != nil {
-		gen.alive.Store(false)
-		gen.cancel()
-	}
-	b.calls.cancelAll()
-	if gen != nil {
-		for _, c := range rt.remove(0, gen) {
-			go rt.closeClient(c)
-		}
+		rt.EndGen(gen, &b.calls, false)
 	}
 	b.wake.close()
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -26,7 +27,7 @@ import (
 type dispatcher struct {
 	t    testing.TB
 	wake *net.UnixConn
-	got  map[uint64]completion
+	got  map[uint64]bridge.Completion
 	logs []string
 }
 
@@ -38,7 +39,7 @@ func openBuiltin(t testing.TB) *dispatcher {
 	t.Cleanup(builtin.shutdown)
 	dir := t.TempDir()
 	path, err := builtin.wake.open(dir, 1024, func() {
-		if builtin.queued() > 0 {
+		if builtin.Queued() > 0 {
 			builtin.wake.signal()
 		}
 	})
@@ -71,7 +72,7 @@ func openBuiltin(t testing.TB) *dispatcher {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return &dispatcher{t: t, wake: c, got: map[uint64]completion{}}
+	return &dispatcher{t: t, wake: c, got: map[uint64]bridge.Completion{}}
 }
 
 // pump waits for a wake byte (or the timeout) and drains everything.
@@ -85,16 +86,15 @@ func (d *dispatcher) pump(timeout time.Duration) int {
 	for {
 		k := builtin.drain(out)
 		for _, c := range out[:k] {
-			cc := completion{callID: c.CallID, handle: c.Handle, status: c.Status, code: c.Code, data: c.Data, n: int(c.Len)}
-			if c.Status == statusLog {
-				d.logs = append(d.logs, strconv.Itoa(int(c.Code))+" "+string(cBuf(c.Data, int(c.Len))))
-				cc.free()
+			if c.Status == bridge.StatusLog {
+				d.logs = append(d.logs, strconv.Itoa(int(c.Code))+" "+text(c))
+				rt.Free(&c)
 				continue
 			}
 			if _, dup := d.got[c.CallID]; dup {
 				d.t.Errorf("second completion for call %d", c.CallID)
 			}
-			d.got[c.CallID] = cc
+			d.got[c.CallID] = c
 		}
 		if k < len(out) {
 			return n
@@ -103,13 +103,13 @@ func (d *dispatcher) pump(timeout time.Duration) int {
 }
 
 // wait returns the completion of id, pumping until it arrives.
-func (d *dispatcher) wait(id uint64, within time.Duration) completion {
+func (d *dispatcher) wait(id uint64, within time.Duration) bridge.Completion {
 	d.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
 		if c, ok := d.got[id]; ok {
 			delete(d.got, id)
-			d.t.Cleanup(func() { c.free() })
+			d.t.Cleanup(func() { rt.Free(&c) })
 			return c
 		}
 		if time.Now().After(deadline) {
@@ -119,18 +119,42 @@ func (d *dispatcher) wait(id uint64, within time.Duration) completion {
 	}
 }
 
-func (c completion) text() string { return string(cBuf(c.data, c.n)) }
+// readResult decodes a completion's result blob, headers as strings.
+func readResult(t testing.TB, c bridge.Completion) (uint32, []string, []byte) {
+	t.Helper()
+	code, hdrs, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []string
+	for _, h := range hdrs {
+		hs = append(hs, string(h))
+	}
+	return code, hs, body
+}
+
+// text is a completion's data as a string.
+func text(c bridge.Completion) string { return string(bridge.Bytes(c.Data, int(c.Len))) }
+
+// submit runs a command as qrpc_submit does.
+func submit(c *cmdABI) (int32, string) {
+	var cmd bridge.Command
+	if err := decodeCmd(c, &cmd); err != nil {
+		return bridge.StatusOf(err)
+	}
+	return rt.Submit(builtin, &cmd)
+}
 
 func connectCmd(id uint64, addr string, ca []byte) *cmdABI {
-	c := &cmdABI{Version: cmdVersion, Op: opConnect, CallID: id, TimeoutMS: 3000}
+	c := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, CallID: id, TimeoutMS: 3000}
 	c.Addr, c.AddrLen = ptr([]byte(addr))
 	c.CA, c.CALen = ptr(ca)
 	return c
 }
 
-func (d *dispatcher) connect(id uint64, addr string, ca []byte) completion {
+func (d *dispatcher) connect(id uint64, addr string, ca []byte) bridge.Completion {
 	d.t.Helper()
-	if st, msg := builtin.submit(connectCmd(id, addr, ca)); st != statusPending {
+	if st, msg := submit(connectCmd(id, addr, ca)); st != bridge.StatusPending {
 		d.t.Fatalf("connect: %d %s", st, msg)
 	}
 	return d.wait(id, 10*time.Second)
@@ -141,36 +165,36 @@ func TestBuiltinHost(t *testing.T) {
 	d := openBuiltin(t)
 
 	c := d.connect(1, ts.Addr, ts.CA.CertPEM)
-	if c.status != statusOK || c.handle == 0 {
-		t.Fatalf("connect: status %d %q", c.status, c.text())
+	if c.Status != bridge.StatusOK || c.Handle == 0 {
+		t.Fatalf("connect: status %d %q", c.Status, text(c))
 	}
-	h := c.handle
+	h := c.Handle
 
 	// Unary with headers and a non-zero code is an answer.
 	cmd := unaryCmd(h, "echo", "hello", "x-id", "7")
 	cmd.CallID = 2
-	if st, msg := builtin.submit(cmd); st != statusPending {
+	if st, msg := submit(cmd); st != bridge.StatusPending {
 		t.Fatalf("unary: %d %s", st, msg)
 	}
 	r := d.wait(2, 5*time.Second)
-	code, hdrs, body := readResult(t, cBuf(r.data, r.n))
-	if r.status != statusOK || code != 0 || string(body) != "hello" || strings.Join(hdrs, "=") != "x-id=7" {
-		t.Fatalf("echo: status %d code %d headers %q body %q", r.status, code, hdrs, body)
+	code, hdrs, body := readResult(t, r)
+	if r.Status != bridge.StatusOK || code != 0 || string(body) != "hello" || strings.Join(hdrs, "=") != "x-id=7" {
+		t.Fatalf("echo: status %d code %d headers %q body %q", r.Status, code, hdrs, body)
 	}
 	cmd = unaryCmd(h, "code", "")
 	cmd.CallID = 3
-	builtin.submit(cmd)
+	submit(cmd)
 	r = d.wait(3, 5*time.Second)
-	if code, _, body := readResult(t, cBuf(r.data, r.n)); code != 7 || string(body) != "seven" {
+	if code, _, body := readResult(t, r); code != 7 || string(body) != "seven" {
 		t.Fatalf("code: %d %q", code, body)
 	}
 
 	// A burst of completions wakes the dispatcher once.
 	big := bytes.Repeat([]byte("b"), 100<<10)
 	for i := uint64(10); i < 20; i++ {
-		e := &cmdABI{Version: cmdVersion, Op: opEcho, CallID: i}
+		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: i}
 		e.Body, e.BodyLen = ptr(big)
-		if st, _ := builtin.submit(e); st != statusPending {
+		if st, _ := submit(e); st != bridge.StatusPending {
 			t.Fatalf("echo op: %d", st)
 		}
 	}
@@ -179,7 +203,7 @@ func TestBuiltinHost(t *testing.T) {
 	}
 	for i := uint64(10); i < 20; i++ {
 		r := d.wait(i, time.Second)
-		if _, _, body := readResult(t, cBuf(r.data, r.n)); !bytes.Equal(body, big) {
+		if _, _, body := readResult(t, r); !bytes.Equal(body, big) {
 			t.Fatalf("echo %d: %d bytes", i, len(body))
 		}
 	}
@@ -187,8 +211,8 @@ func TestBuiltinHost(t *testing.T) {
 	// Events are synchronous and reach the server.
 	for i := 0; i < 5; i++ {
 		ev := unaryCmd(h, "ev", "e")
-		ev.Op, ev.CallID = opEvent, 0
-		if st, msg := builtin.submit(ev); st != statusOK {
+		ev.Op, ev.CallID = bridge.OpEvent, 0
+		if st, msg := submit(ev); st != bridge.StatusOK {
 			t.Fatalf("event: %d %s", st, msg)
 		}
 	}
@@ -198,10 +222,10 @@ func TestBuiltinHost(t *testing.T) {
 	cmd = unaryCmd(h, "sleep", "2000")
 	cmd.CallID, cmd.TimeoutMS = 30, 100
 	start := time.Now()
-	builtin.submit(cmd)
+	submit(cmd)
 	r = d.wait(30, 5*time.Second)
-	if r.status != errTimeout || r.text() != "timeout" {
-		t.Fatalf("timeout: %d %q", r.status, r.text())
+	if r.Status != bridge.ErrTimeout || text(r) != "timeout" {
+		t.Fatalf("timeout: %d %q", r.Status, text(r))
 	}
 	if el := time.Since(start); el < 90*time.Millisecond || el > 1500*time.Millisecond {
 		t.Fatalf("timed out after %v", el)
@@ -210,12 +234,12 @@ func TestBuiltinHost(t *testing.T) {
 	// A cancelled call produces no completion and leaves nothing in flight.
 	cmd = unaryCmd(h, "sleep", "300")
 	cmd.CallID = 31
-	builtin.submit(cmd)
-	if s, _ := builtin.stats(h); s.Inflight != 1 {
+	submit(cmd)
+	if s, _ := rt.Stats(h, builtin.Queued()); s.Inflight != 1 {
 		t.Fatalf("in flight before cancel: %d", s.Inflight)
 	}
-	cancel := &cmdABI{Version: cmdVersion, Op: opCancel, CallID: 31}
-	if st, _ := builtin.submit(cancel); st != statusOK {
+	cancel := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 31}
+	if st, _ := submit(cancel); st != bridge.StatusOK {
 		t.Fatalf("cancel: %d", st)
 	}
 	time.Sleep(500 * time.Millisecond) // past the handler's answer
@@ -223,24 +247,24 @@ func TestBuiltinHost(t *testing.T) {
 	if _, ok := d.got[31]; ok {
 		t.Fatal("completion for a cancelled call")
 	}
-	if builtin.calls.len() != 0 {
-		t.Fatalf("%d entries left in the call table", builtin.calls.len())
+	if builtin.calls.Len() != 0 {
+		t.Fatalf("%d entries left in the call table", builtin.calls.Len())
 	}
 
 	// A call_id in flight cannot be reused.
 	cmd = unaryCmd(h, "sleep", "200")
 	cmd.CallID = 32
-	builtin.submit(cmd)
-	if st, msg := builtin.submit(cmd); st != errBadArg || !strings.Contains(msg, "already in flight") {
+	submit(cmd)
+	if st, msg := submit(cmd); st != bridge.ErrBadArg || !strings.Contains(msg, "already in flight") {
 		t.Fatalf("duplicate call id: %d %q", st, msg)
 	}
 	d.wait(32, 5*time.Second)
 
 	// Stats, through the op and directly.
-	st := &cmdABI{Version: cmdVersion, Op: opStats, Conn: h, CallID: 40}
-	builtin.submit(st)
+	st := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, Conn: h, CallID: 40}
+	submit(st)
 	r = d.wait(40, time.Second)
-	_, _, sb := readResult(t, cBuf(r.data, r.n))
+	_, _, sb := readResult(t, r)
 	s := *(*statsABI)(unsafe.Pointer(&sb[0]))
 	if s.Inflight != 0 || s.Calls != 5 || s.Events != 5 {
 		t.Fatalf("stats %+v", s)
@@ -249,23 +273,23 @@ func TestBuiltinHost(t *testing.T) {
 	// Close: pending calls complete with "closed", later ones fail at once.
 	cmd = unaryCmd(h, "sleep", "5000")
 	cmd.CallID = 50
-	builtin.submit(cmd)
-	cl := &cmdABI{Version: cmdVersion, Op: opClose, Conn: h}
-	if st, msg := builtin.submit(cl); st != statusOK {
+	submit(cmd)
+	cl := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: h}
+	if st, msg := submit(cl); st != bridge.StatusOK {
 		t.Fatalf("close: %d %s", st, msg)
 	}
 	r = d.wait(50, 5*time.Second)
-	if r.status != errClosed || r.text() != "closed" {
-		t.Fatalf("pending call on a closed conn: %d %q", r.status, r.text())
+	if r.Status != bridge.ErrClosed || text(r) != "closed" {
+		t.Fatalf("pending call on a closed conn: %d %q", r.Status, text(r))
 	}
 	cmd.CallID = 51
-	if st, msg := builtin.submit(cmd); st != errClosed || msg != "closed" {
+	if st, msg := submit(cmd); st != bridge.ErrClosed || msg != "closed" {
 		t.Fatalf("unary on a closed conn: %d %q", st, msg)
 	}
-	if st, _ := builtin.submit(cl); st != errClosed {
+	if st, _ := submit(cl); st != bridge.ErrClosed {
 		t.Fatalf("second close: %d", st)
 	}
-	if s, _ := builtin.stats(0); s.Inflight != 0 || s.Queued != 0 {
+	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 0 || s.Queued != 0 {
 		t.Fatalf("runtime stats at the end: %+v", s)
 	}
 }
@@ -279,40 +303,40 @@ func TestBuiltinConnectErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := d.connect(1, ts.Addr, other.CertPEM)
-	if c.status != errConnect || c.text() != "connect: certificate signed by unknown authority" {
-		t.Fatalf("wrong CA: %d %q", c.status, c.text())
+	if c.Status != bridge.ErrConnect || text(c) != "connect: certificate signed by unknown authority" {
+		t.Fatalf("wrong CA: %d %q", c.Status, text(c))
 	}
 	c = d.connect(2, ts.Addr, []byte("not a pem"))
-	if c.status != errBadArg || !strings.HasPrefix(c.text(), "bad config: ") {
-		t.Fatalf("bad CA: %d %q", c.status, c.text())
+	if c.Status != bridge.ErrBadArg || !strings.HasPrefix(text(c), "bad config: ") {
+		t.Fatalf("bad CA: %d %q", c.Status, text(c))
 	}
 	// Nothing listens there: the handshake times out.
 	cmd := connectCmd(3, "127.0.0.1:1", ts.CA.CertPEM)
 	cmd.TimeoutMS = 300
-	builtin.submit(cmd)
+	submit(cmd)
 	c = d.wait(3, 5*time.Second)
-	if c.status != errConnect || !strings.HasPrefix(c.text(), "connect: ") {
-		t.Fatalf("nobody listening: %d %q", c.status, c.text())
+	if c.Status != bridge.ErrConnect || !strings.HasPrefix(text(c), "connect: ") {
+		t.Fatalf("nobody listening: %d %q", c.Status, text(c))
 	}
-	if len(*rt.conns.Load()) != 0 {
-		t.Fatalf("failed dials left %d connections", len(*rt.conns.Load()))
+	if rt.Conns() != 0 {
+		t.Fatalf("failed dials left %d connections", rt.Conns())
 	}
 	// Unknown handle.
 	u := unaryCmd(12345, "echo", "")
-	if st, msg := builtin.submit(u); st != errClosed || msg != "closed" {
+	if st, msg := submit(u); st != bridge.ErrClosed || msg != "closed" {
 		t.Fatalf("unknown handle: %d %q", st, msg)
 	}
 }
 
 func TestBuiltinClosedHost(t *testing.T) {
 	builtin.shutdown()
-	if st, msg := builtin.submit(unaryCmd(1, "x", "")); st != errClosed || !strings.Contains(msg, "qrpc_init") {
+	if st, msg := submit(unaryCmd(1, "x", "")); st != bridge.ErrClosed || !strings.Contains(msg, "qrpc_init") {
 		t.Fatalf("submit before init: %d %q", st, msg)
 	}
 	// Malformed commands are reported as such even then.
 	bad := unaryCmd(1, "x", "")
 	bad.Version = 9
-	if st, _ := builtin.submit(bad); st != errBadArg {
+	if st, _ := submit(bad); st != bridge.ErrBadArg {
 		t.Fatalf("bad version: %d", st)
 	}
 }
@@ -320,21 +344,21 @@ func TestBuiltinClosedHost(t *testing.T) {
 func TestShutdownCancelsAndCloses(t *testing.T) {
 	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
-	h := d.connect(1, ts.Addr, ts.CA.CertPEM).handle
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 	for i := uint64(2); i < 12; i++ {
 		cmd := unaryCmd(h, "sleep", "3000")
 		cmd.CallID = i
-		builtin.submit(cmd)
+		submit(cmd)
 	}
-	if s, _ := builtin.stats(0); s.Inflight != 10 {
+	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 10 {
 		t.Fatalf("in flight %d", s.Inflight)
 	}
 	builtin.shutdown()
-	if s, _ := builtin.stats(0); s.Inflight != 0 {
+	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 0 {
 		t.Fatalf("in flight after shutdown %d", s.Inflight)
 	}
-	waitFor(t, func() bool { return len(*rt.conns.Load()) == 0 }, "connections closed")
-	if builtin.queued() != 0 {
+	waitFor(t, func() bool { return rt.Conns() == 0 }, "connections closed")
+	if builtin.Queued() != 0 {
 		t.Fatal("completions queued after shutdown")
 	}
 	// The wake connection is closed: the dispatcher sees EOF.
@@ -346,14 +370,14 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 	if err := builtin.init(); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := builtin.submit(unaryCmd(h, "echo", "")); st != errClosed {
+	if st, _ := submit(unaryCmd(h, "echo", "")); st != bridge.ErrClosed {
 		t.Fatalf("old handle after restart: %d", st)
 	}
 }
 
 func TestLogsGoThroughTheQueue(t *testing.T) {
 	d := openBuiltin(t)
-	rt.logger.WithGroup("g").With("addr", "127.0.0.1:1").Warn("qrpc something happened", "err", "boom now")
+	rt.Logger().WithGroup("g").With("addr", "127.0.0.1:1").Warn("qrpc something happened", "err", "boom now")
 	d.pump(2 * time.Second)
 	// Clients closed by earlier tests may still log ("connection lost"):
 	// look for our line among whatever else arrived.
@@ -362,7 +386,7 @@ func TestLogsGoThroughTheQueue(t *testing.T) {
 	}
 	drops := builtin.logDrops.Load()
 	for i := 0; i < maxQueuedLogs+50; i++ {
-		rt.logger.Info("qrpc flood")
+		rt.Logger().Info("qrpc flood")
 	}
 	got := builtin.logDrops.Load() - drops
 	d.logs = nil
@@ -376,8 +400,8 @@ func TestLogsGoThroughTheQueue(t *testing.T) {
 			len(d.logs), flood, got, maxQueuedLogs)
 	}
 	// Below Info nothing is formatted.
-	rt.logger.Debug("qrpc quiet")
-	if builtin.queued() != 0 {
+	rt.Logger().Debug("qrpc quiet")
+	if builtin.Queued() != 0 {
 		t.Fatal("a debug line was queued")
 	}
 }
@@ -436,7 +460,7 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 func BenchmarkUnaryBuiltin(b *testing.B) {
 	ts := testsrv.Start(b, testsrv.Options{})
 	d := openBuiltin(b)
-	h := d.connect(1, ts.Addr, ts.CA.CertPEM).handle
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 	cmd := unaryCmd(h, "echo", "hello")
 	out := make([]completionABI, 16)
 	buf := make([]byte, 64)
@@ -445,13 +469,13 @@ func BenchmarkUnaryBuiltin(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		cmd.CallID = uint64(i + 100)
-		if st, msg := builtin.submit(cmd); st != statusPending {
+		if st, msg := submit(cmd); st != bridge.StatusPending {
 			b.Fatalf("submit: %d %s", st, msg)
 		}
 		for done := false; !done; {
 			n := builtin.drain(out)
 			for _, c := range out[:n] {
-				cFree(c.Data)
+				cMemory{}.Free(c.Data)
 				done = done || c.CallID == cmd.CallID
 			}
 			if !done {
@@ -488,61 +512,61 @@ func BenchmarkEchoBuiltin(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(builtin.shutdown)
-	cmd := &cmdABI{Version: cmdVersion, Op: opEcho}
+	cmd := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
 	cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), 512))
 	out := make([]completionABI, 1)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		builtin.submit(cmd)
+		submit(cmd)
 		if builtin.drain(out) != 1 {
 			b.Fatal("nothing drained")
 		}
-		cFree(out[0].Data)
+		cMemory{}.Free(out[0].Data)
 	}
 }
 
 func TestPanicsBecomeErrors(t *testing.T) {
 	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
-	h := d.connect(1, ts.Addr, ts.CA.CertPEM).handle
-	t.Cleanup(func() { testHook = nil })
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
+	t.Cleanup(func() { bridge.SetTestHook(nil) })
 
 	// In the export, on the nginx thread: an error status, not a crash.
-	testHook = func(where string) {
+	bridge.SetTestHook(func(where string) {
 		if where == "submit" {
 			panic("injected in submit")
 		}
-	}
+	})
 	cmd := unaryCmd(h, "echo", "x")
 	cmd.CallID = 2
-	if rc := qrpc_submit(unsafe.Pointer(cmd), nil, 0); int(rc) != int(errGeneric) {
+	if rc := qrpc_submit(unsafe.Pointer(cmd), nil, 0); int(rc) != int(bridge.ErrGeneric) {
 		t.Fatalf("qrpc_submit after a panic returned %d", rc)
 	}
 
 	// On qrpc's reader goroutine, while completing: the call still
 	// completes, with "internal error".
-	testHook = func(where string) {
+	bridge.SetTestHook(func(where string) {
 		if where == "complete" {
 			panic("injected in complete")
 		}
-	}
+	})
 	cmd.CallID = 3
-	if st, msg := builtin.submit(cmd); st != statusPending {
+	if st, msg := submit(cmd); st != bridge.StatusPending {
 		t.Fatalf("submit: %d %s", st, msg)
 	}
 	r := d.wait(3, 5*time.Second)
-	if r.status != errGeneric || r.text() != "internal error" {
-		t.Fatalf("completion after a panic: %d %q", r.status, r.text())
+	if r.Status != bridge.ErrGeneric || text(r) != "internal error" {
+		t.Fatalf("completion after a panic: %d %q", r.Status, text(r))
 	}
-	testHook = nil
+	bridge.SetTestHook(nil)
 	// The connection survived.
 	cmd.CallID = 4
-	builtin.submit(cmd)
-	if r := d.wait(4, 5*time.Second); r.status != statusOK {
-		t.Fatalf("after the panics: %d %q", r.status, r.text())
+	submit(cmd)
+	if r := d.wait(4, 5*time.Second); r.Status != bridge.StatusOK {
+		t.Fatalf("after the panics: %d %q", r.Status, text(r))
 	}
-	if s, _ := builtin.stats(0); s.Inflight != 0 {
+	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 0 {
 		t.Fatalf("%d in flight", s.Inflight)
 	}
 	// The panics were logged through the queue.

@@ -1,7 +1,7 @@
 package main
 
-// The C side of the library that is not an export: malloc/free wrappers,
-// the qrpc.h layout check, run-time resolution of lua-resty-ffi's
+// The C side of the library that is not an export: malloc/free for the
+// runtime, the qrpc.h layout check, run-time resolution of lua-resty-ffi's
 // functions, and the signal forwarders. This file includes qrpc.h;
 // exports.go must not (see there).
 
@@ -40,6 +40,20 @@ static size_t qrpc_cmd_offset(int i) {
 		offsetof(qrpc_cmd_t, reserved),
 	};
 	return i < (int)(sizeof o / sizeof o[0]) ? o[i] : (size_t)-1;
+}
+
+// The constants of qrpc.h that the runtime mirrors, in constNames' order.
+// Returns 0 past the end.
+static int qrpc_const(int i, long long *v) {
+	static const long long c[] = {
+		QRPC_CMD_VERSION,
+		QRPC_OP_CONNECT, QRPC_OP_UNARY, QRPC_OP_EVENT, QRPC_OP_CLOSE, QRPC_OP_CANCEL, QRPC_OP_ECHO, QRPC_OP_STATS,
+		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
+		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
+	};
+	if (i < 0 || i >= (int)(sizeof c / sizeof c[0])) return 0;
+	if (v != NULL) *v = c[i];
+	return 1;
 }
 
 static size_t qrpc_completion_offset(int i) {
@@ -183,34 +197,43 @@ import "C"
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
-// cMalloc returns n bytes from malloc, or nil when malloc fails.
-func cMalloc(n int) unsafe.Pointer { return C.qrpc_malloc(C.size_t(n)) }
+// cMemory is the runtime's Memory: C's malloc, so that Lua (or
+// lua-resty-ffi) frees what it receives with free().
+type cMemory struct{}
 
-// cFree frees what cMalloc returned (nil is fine).
-func cFree(p unsafe.Pointer) { C.free(p) }
+func (cMemory) Alloc(n int) unsafe.Pointer { return C.qrpc_malloc(C.size_t(n)) }
+func (cMemory) Free(p unsafe.Pointer)      { C.free(p) }
 
-// cBuf views a malloc'd buffer as a byte slice.
-func cBuf(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
+const constNames = `QRPC_CMD_VERSION
+	QRPC_OP_CONNECT QRPC_OP_UNARY QRPC_OP_EVENT QRPC_OP_CLOSE QRPC_OP_CANCEL QRPC_OP_ECHO QRPC_OP_STATS
+	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
+	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST`
 
-// cMessage copies msg into a malloc'd, NUL-terminated buffer; n excludes the NUL.
-func cMessage(msg string) (p unsafe.Pointer, n int) {
-	p = cMalloc(len(msg) + 1)
-	if p == nil {
-		return nil, 0
-	}
-	b := cBuf(p, len(msg)+1)
-	copy(b, msg)
-	b[len(msg)] = 0
-	return p, len(msg)
-}
-
-// abiLayoutErr compares the Go mirrors in abi.go with the C compiler's view
-// of qrpc.h.
+// abiLayoutErr compares the Go mirrors in abi.go and the runtime's
+// constants with the C compiler's view of qrpc.h.
 func abiLayoutErr() error {
+	names := strings.Fields(constNames)
+	goVals := []int64{bridge.CmdVersion,
+		bridge.OpConnect, bridge.OpUnary, bridge.OpEvent, bridge.OpClose, bridge.OpCancel, bridge.OpEcho, bridge.OpStats,
+		int64(bridge.StatusOK), int64(bridge.StatusPending), int64(bridge.StatusLog), int64(bridge.ErrGeneric),
+		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),
+		int64(bridge.ErrConnect), int64(bridge.ErrUnavail), int64(bridge.ErrTooBig), int64(bridge.ErrLost)}
+	if len(names) != len(goVals) || C.qrpc_const(C.int(len(goVals)), nil) != 0 {
+		return fmt.Errorf("the constant lists of cgo.go differ in length")
+	}
+	for i, g := range goVals {
+		var v C.longlong
+		if C.qrpc_const(C.int(i), &v) == 0 || int64(v) != g {
+			return fmt.Errorf("%s is %d in C, %d in Go", names[i], v, g)
+		}
+	}
 	check := func(name string, goSize, cSize uintptr, goOff []uintptr, cOff func(int) uintptr) error {
 		if goSize != cSize {
 			return fmt.Errorf("%s: size %d in Go, %d in C", name, goSize, cSize)

@@ -1,7 +1,8 @@
 package main
 
-// The exported C functions, declared in qrpc.h. They are thin: recover,
-// convert C types, call the Go-typed host code.
+// The exported C functions, declared in qrpc.h. Each one recovers, decodes
+// its C arguments, calls the runtime (internal/bridge) or a host adapter,
+// and encodes the answer.
 //
 // This file must not include qrpc.h: cgo re-declares every export from its
 // Go signature (e.g. "int qrpc_submit(void *cmd, ...)"), and C rejects the
@@ -17,17 +18,29 @@ import "C"
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
+
+// rt is the one runtime of the process (= nginx worker), shared by both
+// hosts. Its log lines go through the built-in host's queue when it is
+// open.
+// (Set in init: the sink refers back to rt.)
+var rt *bridge.Runtime
+
+func init() {
+	rt = bridge.New(cMemory{}, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
+}
 
 // exportPanic turns a panic in an export into an error status; it must be
 // deferred directly by the export.
 func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 	if p := recover(); p != nil {
 		msg := fmt.Sprintf("internal error: %v", p)
-		rt.logger.Error("qrpc panic in an export", "panic", fmt.Sprint(p))
-		errString(errBuf, uintptr(errLen), clip(msg))
+		rt.Logger().Error("qrpc panic in an export", "panic", fmt.Sprint(p))
+		errString(errBuf, uintptr(errLen), bridge.Clip(msg))
 		if rc != nil {
-			*rc = C.int(errGeneric)
+			*rc = C.int(bridge.ErrGeneric)
 		}
 	}
 }
@@ -38,9 +51,9 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 	installSignalForwarders()
 	if err := builtin.init(); err != nil {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), err.Error())
-		return C.int(errGeneric)
+		return C.int(bridge.ErrGeneric)
 	}
-	return C.int(statusOK)
+	return C.int(bridge.StatusOK)
 }
 
 //export qrpc_wake_open
@@ -50,33 +63,37 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
 		return C.int(status)
 	}
-	if builtin.current() == nil {
-		return fail(errClosed, errNotInit.Error())
+	if _, err := builtin.Gen(); err != nil {
+		return fail(bridge.ErrClosed, err.Error())
 	}
-	d, err := cbytes(unsafe.Pointer(dir), uintptr(dirLen), "dir")
+	d, err := bridge.View(unsafe.Pointer(dir), uintptr(dirLen), "dir")
 	if err != nil {
-		return fail(statusOf(err))
+		return fail(bridge.StatusOf(err))
 	}
 	room := int(min(uintptr(pathLen), 1<<20))
 	if path == nil {
 		room = 0
 	}
 	p, err := builtin.wake.open(string(d), room, func() {
-		if builtin.queued() > 0 {
+		if builtin.Queued() > 0 {
 			builtin.wake.signal()
 		}
 	})
 	if err != nil {
-		return fail(statusOf(err))
+		return fail(bridge.StatusOf(err))
 	}
 	errString(unsafe.Pointer(path), uintptr(pathLen), p)
-	return C.int(statusOK)
+	return C.int(bridge.StatusOK)
 }
 
 //export qrpc_submit
 func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int) {
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
-	status, msg := builtin.submit((*cmdABI)(cmd))
+	var c bridge.Command
+	status, msg := bridge.StatusOf(decodeCmd((*cmdABI)(cmd), &c))
+	if status == bridge.StatusOK {
+		status, msg = rt.Submit(builtin, &c)
+	}
 	if status < 0 {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
 	}
@@ -87,15 +104,15 @@ func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int)
 func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	defer exportPanic(&rc, nil, 0)
 	if out == nil {
-		return C.int(errBadArg)
+		return C.int(bridge.ErrBadArg)
 	}
-	s, err := builtin.stats(uint64(conn))
+	s, err := rt.Stats(uint64(conn), builtin.Queued())
 	if err != nil {
-		st, _ := statusOf(err)
+		st, _ := bridge.StatusOf(err)
 		return C.int(st)
 	}
 	*(*statsABI)(out) = s
-	return C.int(statusOK)
+	return C.int(bridge.StatusOK)
 }
 
 //export qrpc_drain
@@ -110,7 +127,7 @@ func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
 //export qrpc_free
 func qrpc_free(p unsafe.Pointer) {
 	defer exportPanic(nil, nil, 0)
-	cFree(p)
+	cMemory{}.Free(p)
 }
 
 //export qrpc_shutdown
@@ -128,8 +145,8 @@ func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
 		c = C.GoString(cfg) // copied: lua-resty-ffi frees cfg after the call
 	}
 	if _, err := restyInit(c, tq); err != nil {
-		stderrLog(ngxLogErr, "qrpc: libffi_init failed: "+err.Error())
-		return C.int(errGeneric)
+		bridge.StderrLog(bridge.NgxLogErr, "qrpc: libffi_init failed: "+err.Error())
+		return C.int(bridge.ErrGeneric)
 	}
-	return C.int(statusOK)
+	return C.int(bridge.StatusOK)
 }

@@ -3,13 +3,13 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
-	"log/slog"
 	goruntime "runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
 // restyStopWait bounds how long a lua-resty-ffi host, told to stop, waits
@@ -30,13 +30,14 @@ const restyStopWait = 10 * time.Second
 type restyHost struct {
 	tq      unsafe.Pointer
 	cfg     string
-	gen     *hostGen
+	gen     *bridge.Gen
 	pending sync.WaitGroup // tasks not yet answered
 	tasks   atomic.Uint64
 }
 
-// restyTask makes answering idempotent, so that the recover paths can
-// always try to answer without risking a second ngx_http_lua_ffi_respond.
+// restyTask is one task, and the bridge.Host of its command. Answering is
+// idempotent, so that the recover paths can always try to answer without
+// risking a second ngx_http_lua_ffi_respond.
 type restyTask struct {
 	h        *restyHost
 	task     unsafe.Pointer
@@ -45,21 +46,39 @@ type restyTask struct {
 
 func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
 	if !t.answered.CompareAndSwap(false, true) {
-		cFree(data)
+		cMemory{}.Free(data)
 		return
 	}
 	taskRespond(t.task, rc, data, n)
 	t.h.pending.Done()
 }
 
-func (t *restyTask) complete(c completion) { t.answer(c.status, c.data, c.n) }
-
 func (t *restyTask) fail(status int32, msg string) {
-	p, n := cMessage(msg)
-	t.answer(status, p, n)
+	c := rt.Message(status, msg, 0)
+	t.answer(status, c.Data, int(c.Len))
 }
 
-func (t *restyTask) failErr(err error) { t.fail(statusOf(err)) }
+func (t *restyTask) Gen() (*bridge.Gen, error) { return t.h.gen, nil }
+
+// Calls is nil: CANCEL does nothing here (see restyHost).
+func (t *restyTask) Calls() *bridge.Calls { return nil }
+
+func (t *restyTask) Queued() int { return 0 }
+
+// Complete answers the task; a new connection's handle is encoded as 8
+// bytes.
+func (t *restyTask) Complete(c bridge.Completion) {
+	if c.Status == bridge.StatusOK && c.Handle != 0 {
+		p := cMemory{}.Alloc(8)
+		if p == nil {
+			t.fail(bridge.ErrGeneric, "out of memory")
+			return
+		}
+		binary.NativeEndian.PutUint64(bridge.Bytes(p, 8), c.Handle)
+		c.Data, c.Len = p, 8
+	}
+	t.answer(c.Status, c.Data, int(c.Len))
+}
 
 // restyInit starts a host. cfg is copied by the caller.
 func restyInit(cfg string, tq unsafe.Pointer) (*restyHost, error) {
@@ -72,35 +91,16 @@ func restyInit(cfg string, tq unsafe.Pointer) (*restyHost, error) {
 	if err := resolveRestyFFI(); err != nil {
 		return nil, err
 	}
-	if err := applyConfig(cfg); err != nil {
+	if err := rt.ApplyHostConfig(cfg); err != nil {
 		return nil, err
 	}
-	h := &restyHost{tq: tq, cfg: cfg, gen: newGen()}
+	h := &restyHost{tq: tq, cfg: cfg, gen: bridge.NewGen()}
 	go h.run()
 	return h, nil
 }
 
-// applyConfig reads libffi_init's cfg: space- or comma-separated
-// key=value pairs. Only log_level (debug|info|warn|error) exists.
-func applyConfig(cfg string) error {
-	for _, kv := range strings.FieldsFunc(cfg, func(r rune) bool { return r == ' ' || r == ',' }) {
-		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "log_level":
-			var l slog.Level
-			if err := l.UnmarshalText([]byte(v)); err != nil {
-				return fmt.Errorf("cfg: log_level: %w", err)
-			}
-			minLogLevel.Store(int64(l))
-		default:
-			return fmt.Errorf("cfg: unknown key %q (known: log_level)", k)
-		}
-	}
-	return nil
-}
-
 func (h *restyHost) run() {
-	defer recoverLog("lua-resty-ffi poll loop")
+	defer rt.RecoverLog("lua-resty-ffi poll loop")
 	// The poll call blocks its thread in a condition wait: keep it on one
 	// thread rather than have the scheduler spread it.
 	goruntime.LockOSThread()
@@ -116,77 +116,33 @@ func (h *restyHost) run() {
 	h.stop()
 }
 
+// handle decodes a task's command and runs it; synchronous results are
+// answered here, the others by Complete.
 func (h *restyHost) handle(task unsafe.Pointer) {
 	t := &restyTask{h: h, task: task}
 	h.pending.Add(1)
 	defer func() {
 		if p := recover(); p != nil {
-			rt.logger.Error("qrpc panic while handling a task", "panic", fmt.Sprint(p))
-			t.fail(errGeneric, "internal error")
+			rt.Logger().Error("qrpc panic while handling a task", "panic", fmt.Sprint(p))
+			t.fail(bridge.ErrGeneric, "internal error")
 		}
 	}()
 	req, n := taskReq(task)
 	if req == nil || n != sizeofCmd {
-		t.fail(errBadArg, fmt.Sprintf("bad command: request is %d bytes, want sizeof(qrpc_cmd_t) = %d", n, sizeofCmd))
+		t.fail(bridge.ErrBadArg, fmt.Sprintf("bad command: request is %d bytes, want sizeof(qrpc_cmd_t) = %d", n, sizeofCmd))
 		return
 	}
-	cmd, err := decodeCmd((*cmdABI)(req))
-	if err != nil {
-		t.failErr(err)
+	var cmd bridge.Command
+	if err := decodeCmd((*cmdABI)(req), &cmd); err != nil {
+		t.fail(bridge.StatusOf(err))
 		return
 	}
-	switch cmd.op {
-	case opConnect:
-		addr, cfg := connectConfig(&cmd, rt.logger)
-		go func() {
-			defer func() {
-				if p := recover(); p != nil {
-					rt.logger.Error("qrpc panic while connecting", "panic", fmt.Sprint(p))
-					t.fail(errGeneric, "internal error")
-				}
-			}()
-			c, err := rt.dial(h.gen, addr, cfg)
-			if err != nil {
-				t.failErr(err)
-				return
-			}
-			p := cMalloc(8)
-			if p == nil {
-				t.fail(errGeneric, "out of memory")
-				return
-			}
-			binary.NativeEndian.PutUint64(cBuf(p, 8), c.handle)
-			t.answer(statusOK, p, 8)
-		}()
-	case opUnary:
-		if _, _, err := rt.startUnary(&cmd, t.complete); err != nil {
-			t.failErr(err)
-		}
-	case opEvent:
-		if err := rt.event(&cmd); err != nil {
-			t.failErr(err)
-		} else {
-			t.answer(statusOK, nil, 0)
-		}
-	case opClose:
-		if err := rt.closeConn(cmd.conn); err != nil {
-			t.failErr(err)
-		} else {
-			t.answer(statusOK, nil, 0)
-		}
-	case opCancel:
-		t.answer(statusOK, nil, 0)
-	case opEcho:
-		t.complete(resultCompletion(0, nil, cmd.body))
-	case opStats:
-		s, err := rt.stats(cmd.conn, 0)
-		if err != nil {
-			t.failErr(err)
-			return
-		}
-		t.complete(statsCompletion(s))
+	switch st, msg := rt.Submit(t, &cmd); st {
+	case bridge.StatusPending:
+	case bridge.StatusOK:
+		t.answer(bridge.StatusOK, nil, 0)
 	default:
-		t.fail(errBadArg, fmt.Sprintf("bad command: unknown op %d", cmd.op))
+		t.fail(st, msg)
 	}
 }
 
@@ -194,12 +150,8 @@ func (h *restyHost) handle(task unsafe.Pointer) {
 // closed (their pending calls answer "closed"), then it waits, bounded, for
 // the remaining answers.
 func (h *restyHost) stop() {
-	defer recoverLog("lua-resty-ffi stop")
-	h.gen.alive.Store(false)
-	h.gen.cancel()
-	for _, c := range rt.remove(0, h.gen) {
-		rt.closeClient(c) // synchronous: we are on our own goroutine
-	}
+	defer rt.RecoverLog("lua-resty-ffi stop")
+	rt.EndGen(h.gen, nil, true) // waiting is fine: we are on our own goroutine
 	done := make(chan struct{})
 	go func() {
 		h.pending.Wait()
@@ -209,8 +161,8 @@ func (h *restyHost) stop() {
 	defer t.Stop()
 	select {
 	case <-done:
-		rt.logger.Info("qrpc lua-resty-ffi runtime stopped", "tasks", h.tasks.Load())
+		rt.Logger().Info("qrpc lua-resty-ffi runtime stopped", "tasks", h.tasks.Load())
 	case <-t.C:
-		rt.logger.Warn("qrpc lua-resty-ffi runtime stopped with tasks still in flight", "tasks", h.tasks.Load(), "waited", restyStopWait)
+		rt.Logger().Warn("qrpc lua-resty-ffi runtime stopped with tasks still in flight", "tasks", h.tasks.Load(), "waited", restyStopWait)
 	}
 }

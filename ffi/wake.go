@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
 // acceptTimeout bounds how long a wake socket waits for its dispatcher:
@@ -72,7 +74,7 @@ func (w *wakeState) open(dir string, room int, onConnect func()) (string, error)
 		return "", fmt.Errorf("wake socket: path %q is %d bytes, a unix socket path has room for %d", path, len(path), maxSunPath)
 	}
 	if len(path)+1 > room {
-		return "", fmt.Errorf("%w: path buffer of %d bytes, need %d", errBadCommand, room, len(path)+1)
+		return "", fmt.Errorf("%w: path buffer of %d bytes, need %d", bridge.ErrBadCommand, room, len(path)+1)
 	}
 	// A file of that name can only be left over from a crashed process
 	// that had our pid; binding would fail on it.
@@ -107,7 +109,7 @@ func (w *wakeState) dropListenerLocked() {
 }
 
 func (w *wakeState) accept(ln *net.UnixListener, path string, onConnect func()) {
-	defer recoverLog("wake accept")
+	defer rt.RecoverLog("wake accept")
 	_ = ln.SetDeadline(time.Now().Add(acceptTimeout))
 	for {
 		c, err := ln.AcceptUnix()
@@ -119,12 +121,12 @@ func (w *wakeState) accept(ln *net.UnixListener, path string, onConnect func()) 
 			}
 			w.mu.Unlock()
 			if mine {
-				rt.logger.Warn("qrpc wake socket: no dispatcher connected", "path", path, "err", err)
+				rt.Logger().Warn("qrpc wake socket: no dispatcher connected", "path", path, "err", err)
 			}
 			return
 		}
 		if pid, err := peerPID(c); err != nil || pid != os.Getpid() {
-			rt.logger.Warn("qrpc wake socket: refused a connection from another process", "path", path, "pid", pid)
+			rt.Logger().Warn("qrpc wake socket: refused a connection from another process", "path", path, "pid", pid)
 			_ = c.Close()
 			continue
 		}

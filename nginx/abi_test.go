@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// TestLuaCdefMatchesHeader compares the ffi.cdef of lua/resty/ffi/qrpc.lua
-// with ffi/qrpc.h: the same structs field by field, the same prototypes,
-// the same constant values. A drift there is silent memory corruption.
+// TestLuaCdefMatchesHeader compares the ffi.cdef of
+// lua/resty/ffi/qrpc/cdef.lua with ffi/qrpc.h: the same structs field by
+// field, the same prototypes, the same constant values. A drift there is silent memory corruption.
 func TestLuaCdefMatchesHeader(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -20,7 +20,7 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	luaSrc, err := os.ReadFile(filepath.Join(root, "lua", "resty", "ffi", "qrpc.lua"))
+	luaSrc, err := os.ReadFile(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "cdef.lua"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,16 +34,16 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 	for name, fields := range hs {
 		lf, ok := ls[name]
 		if !ok {
-			t.Errorf("qrpc.lua does not declare %s", name)
+			t.Errorf("cdef.lua does not declare %s", name)
 			continue
 		}
 		if strings.Join(fields, "; ") != strings.Join(lf, "; ") {
-			t.Errorf("%s differs:\nqrpc.h:   %s\nqrpc.lua: %s", name, strings.Join(fields, "; "), strings.Join(lf, "; "))
+			t.Errorf("%s differs:\nqrpc.h:   %s\ncdef.lua: %s", name, strings.Join(fields, "; "), strings.Join(lf, "; "))
 		}
 	}
 	for name := range ls {
 		if _, ok := hs[name]; !ok {
-			t.Errorf("qrpc.lua declares %s, which qrpc.h does not have", name)
+			t.Errorf("cdef.lua declares %s, which qrpc.h does not have", name)
 		}
 	}
 
@@ -53,14 +53,14 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 			continue // lua-resty-ffi declares and calls it, not this module
 		}
 		if lp, ok := lfn[name]; !ok {
-			t.Errorf("qrpc.lua does not declare %s", name)
+			t.Errorf("cdef.lua does not declare %s", name)
 		} else if lp != proto {
-			t.Errorf("%s differs:\nqrpc.h:   %s\nqrpc.lua: %s", name, proto, lp)
+			t.Errorf("%s differs:\nqrpc.h:   %s\ncdef.lua: %s", name, proto, lp)
 		}
 	}
 	for name := range lfn {
 		if _, ok := hf[name]; !ok {
-			t.Errorf("qrpc.lua declares %s, which qrpc.h does not have", name)
+			t.Errorf("cdef.lua declares %s, which qrpc.h does not have", name)
 		}
 	}
 
@@ -79,14 +79,14 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 		v, ok := defs[name]
 		switch {
 		case !ok:
-			t.Errorf("qrpc.lua's %s = %s: no %s in qrpc.h", m[1], m[2], name)
+			t.Errorf("cdef.lua's %s = %s: no %s in qrpc.h", m[1], m[2], name)
 		case v != m[2]:
-			t.Errorf("qrpc.lua's %s = %s, qrpc.h's %s = %s", m[1], m[2], name, v)
+			t.Errorf("cdef.lua's %s = %s, qrpc.h's %s = %s", m[1], m[2], name, v)
 		}
 		n++
 	}
 	if n < 10 {
-		t.Errorf("only %d constants found in qrpc.lua", n)
+		t.Errorf("only %d constants found in cdef.lua", n)
 	}
 }
 
@@ -102,12 +102,12 @@ func luaCdef(t *testing.T, src string) string {
 	t.Helper()
 	i := strings.Index(src, "ffi.cdef[[\ntypedef struct")
 	if i < 0 {
-		t.Fatal("qrpc.lua: no ffi.cdef[[ typedef struct ... block")
+		t.Fatal("cdef.lua: no ffi.cdef[[ typedef struct ... block")
 	}
 	rest := src[i+len("ffi.cdef[["):]
 	j := strings.Index(rest, "]]")
 	if j < 0 {
-		t.Fatal("qrpc.lua: unterminated cdef")
+		t.Fatal("cdef.lua: unterminated cdef")
 	}
 	return stripC(rest[:j])
 }

@@ -3,8 +3,10 @@
 -- Builds libffi_qrpc.so with the Go toolchain (Go 1.26+, `go` on PATH or
 -- at /usr/local/go/bin/go, or GO=/path/to/go) through the Makefile, then
 -- installs:
---   resty/ffi/qrpc.lua  -> <tree>/share/lua/5.1/resty/ffi/qrpc.lua
---   libffi_qrpc.so      -> <tree>/lib/lua/5.1/libffi_qrpc.so
+--   resty/ffi/qrpc.lua    -> <tree>/share/lua/5.1/resty/ffi/qrpc.lua
+--   resty/ffi/qrpc/*.lua  -> <tree>/share/lua/5.1/resty/ffi/qrpc/ (cdef,
+--                            loader, builtin, resty_ffi, cache)
+--   libffi_qrpc.so        -> <tree>/lib/lua/5.1/libffi_qrpc.so
 -- Works offline from a checkout once the Go module cache holds the
 -- dependencies (`go mod download` while online).
 rockspec_format = "3.0"

@@ -65,7 +65,7 @@ func TestLuarocksMakeThenNginx(t *testing.T) {
 
 	luaFile := filepath.Join(tree, "share", "lua", "5.1", "resty", "ffi", "qrpc.lua")
 	libFile := filepath.Join(tree, "lib", "lua", "5.1", "libffi_qrpc.so")
-	for _, f := range []string{luaFile, libFile} {
+	for _, f := range append(luaModules(t, root, filepath.Join(tree, "share", "lua", "5.1")), libFile) {
 		if _, err := os.Stat(f); err != nil {
 			t.Fatalf("not installed by the rock: %v", err)
 		}
@@ -115,16 +115,29 @@ func TestMakeInstallThenNginx(t *testing.T) {
 	luaRoot := filepath.Join(prefix, "share", "lua", "5.1")
 	luaFile := filepath.Join(luaRoot, "resty", "ffi", "qrpc.lua")
 	libFile := filepath.Join(prefix, "lib", "libffi_qrpc.so")
-	for _, f := range []string{
-		luaFile, libFile,
-		filepath.Join(stage, "opt", "qrpc", "share", "lua", "5.1", "resty", "ffi", "qrpc.lua"),
-		filepath.Join(stage, "opt", "qrpc", "lib", "libffi_qrpc.so"),
-	} {
+	want := append(luaModules(t, root, luaRoot), libFile, filepath.Join(stage, "opt", "qrpc", "lib", "libffi_qrpc.so"))
+	want = append(want, luaModules(t, root, filepath.Join(stage, "opt", "qrpc", "share", "lua", "5.1"))...)
+	for _, f := range want {
 		if _, err := os.Stat(f); err != nil {
 			t.Fatalf("not installed: %v", err)
 		}
 	}
 	checkFromNginx(t, nginx, dir, startServer(t), install{luaRoot: luaRoot, luaFile: luaFile, libFile: libFile, configure: "{}"})
+}
+
+// luaModules lists where every Lua file of the checkout's module family
+// (resty/ffi/qrpc.lua and resty/ffi/qrpc/*.lua) must be under luaRoot.
+func luaModules(t *testing.T, root, luaRoot string) []string {
+	t.Helper()
+	subs, err := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "*.lua"))
+	if err != nil || len(subs) == 0 {
+		t.Fatalf("no lua/resty/ffi/qrpc/*.lua in the checkout (%v)", err)
+	}
+	out := []string{filepath.Join(luaRoot, "resty", "ffi", "qrpc.lua")}
+	for _, s := range subs {
+		out = append(out, filepath.Join(luaRoot, "resty", "ffi", "qrpc", filepath.Base(s)))
+	}
+	return out
 }
 
 // install says where an installation put things and how nginx finds them.

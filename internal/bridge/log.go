@@ -1,4 +1,4 @@
-package main
+package bridge
 
 import (
 	"context"
@@ -13,12 +13,17 @@ import (
 
 // nginx log levels (NGX_LOG_*).
 const (
-	ngxLogErr    = 4
-	ngxLogWarn   = 5
-	ngxLogNotice = 6
-	ngxLogInfo   = 7
-	ngxLogDebug  = 8
+	NgxLogErr    = 4
+	NgxLogWarn   = 5
+	NgxLogNotice = 6
+	NgxLogInfo   = 7
+	NgxLogDebug  = 8
 )
+
+// LogSink takes one formatted line at an nginx level; false when it
+// cannot (the built-in host is not open), then the line goes to stderr,
+// which nginx points at its error log. It must not block on the network.
+type LogSink func(level uint32, line string) bool
 
 // ngxLevel maps slog levels to nginx's. slog's Info becomes NOTICE: nginx's
 // own "info" is per-client-connection chatter that operators rarely enable,
@@ -27,50 +32,44 @@ const (
 func ngxLevel(l slog.Level) uint32 {
 	switch {
 	case l >= slog.LevelError:
-		return ngxLogErr
+		return NgxLogErr
 	case l >= slog.LevelWarn:
-		return ngxLogWarn
+		return NgxLogWarn
 	case l >= slog.LevelInfo:
-		return ngxLogNotice
+		return NgxLogNotice
 	case l > slog.LevelDebug:
-		return ngxLogInfo
+		return NgxLogInfo
 	}
-	return ngxLogDebug
+	return NgxLogDebug
 }
 
 func ngxLevelName(l uint32) string {
 	switch l {
-	case ngxLogErr:
+	case NgxLogErr:
 		return "error"
-	case ngxLogWarn:
+	case NgxLogWarn:
 		return "warn"
-	case ngxLogNotice:
+	case NgxLogNotice:
 		return "notice"
-	case ngxLogInfo:
+	case NgxLogInfo:
 		return "info"
 	}
 	return "debug"
 }
 
-// minLogLevel filters what the handler formats at all (libffi_init's cfg
-// can lower it with log_level=debug).
-var minLogLevel atomic.Int64
-
-func init() { minLogLevel.Store(int64(slog.LevelInfo)) }
-
 // logHandler formats records as one line, "qrpc: msg key=value ...", and
-// sends it to nginx: through the completion queue when the built-in host
-// is open (the dispatcher ngx.log()s it), else to stderr, which nginx
-// points at its error log. Callers never pass request or response bodies.
+// sends it to nginx through the sink (the built-in host's completion
+// queue, whose dispatcher ngx.log()s it) or else stderr. Callers never
+// pass request or response bodies.
 type logHandler struct {
+	level *atomic.Int64 // the lowest level formatted at all (Runtime.SetLogLevel)
+	sink  LogSink
 	attrs string // pre-formatted WithAttrs
 	group string // dotted prefix for keys
 }
 
-func newLogHandler() *logHandler { return &logHandler{} }
-
 func (h *logHandler) Enabled(_ context.Context, l slog.Level) bool {
-	return int64(l) >= minLogLevel.Load()
+	return int64(l) >= h.level.Load()
 }
 
 func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
@@ -82,7 +81,7 @@ func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
 		appendAttr(&sb, h.group, a)
 		return true
 	})
-	emitLog(ngxLevel(r.Level), sb.String())
+	h.emit(ngxLevel(r.Level), sb.String())
 	return nil
 }
 
@@ -92,14 +91,14 @@ func (h *logHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	for _, a := range as {
 		appendAttr(&sb, h.group, a)
 	}
-	return &logHandler{attrs: sb.String(), group: h.group}
+	return &logHandler{level: h.level, sink: h.sink, attrs: sb.String(), group: h.group}
 }
 
 func (h *logHandler) WithGroup(name string) slog.Handler {
 	if name == "" {
 		return h
 	}
-	return &logHandler{attrs: h.attrs, group: h.group + name + "."}
+	return &logHandler{level: h.level, sink: h.sink, attrs: h.attrs, group: h.group + name + "."}
 }
 
 func appendAttr(sb *strings.Builder, group string, a slog.Attr) {
@@ -128,19 +127,38 @@ func appendAttr(sb *strings.Builder, group string, a slog.Attr) {
 	sb.WriteString(v)
 }
 
-// emitLog routes one line; it never blocks on the network.
-func emitLog(level uint32, line string) {
+// emit routes one line; it never blocks on the network.
+func (h *logHandler) emit(level uint32, line string) {
 	line = strings.ReplaceAll(line, "\n", " ")
-	if builtin.pushLog(level, line) {
+	if h.sink != nil && h.sink(level, line) {
 		return
 	}
-	stderrLog(level, line)
+	StderrLog(level, line)
 }
 
-// stderrLog writes a line shaped like nginx's own, in one write(2) so that
+// StderrLog writes a line shaped like nginx's own, in one write(2) so that
 // lines from several threads do not interleave.
-func stderrLog(level uint32, line string) {
+func StderrLog(level uint32, line string) {
 	msg := fmt.Sprintf("%s [%s] %d#0: %s\n", time.Now().Format("2006/01/02 15:04:05"),
 		ngxLevelName(level), os.Getpid(), line)
 	_, _ = os.Stderr.WriteString(msg)
+}
+
+// ApplyHostConfig reads libffi_init's cfg: space- or comma-separated
+// key=value pairs. Only log_level (debug|info|warn|error) exists.
+func (r *Runtime) ApplyHostConfig(cfg string) error {
+	for _, kv := range strings.FieldsFunc(cfg, func(r rune) bool { return r == ' ' || r == ',' }) {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "log_level":
+			var l slog.Level
+			if err := l.UnmarshalText([]byte(v)); err != nil {
+				return fmt.Errorf("cfg: log_level: %w", err)
+			}
+			r.SetLogLevel(l)
+		default:
+			return fmt.Errorf("cfg: unknown key %q (known: log_level)", k)
+		}
+	}
+	return nil
 }

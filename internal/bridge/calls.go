@@ -1,4 +1,4 @@
-package main
+package bridge
 
 import (
 	"sync"
@@ -6,11 +6,12 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
-// callTable maps the built-in host's call ids to started calls, so that
-// CANCEL can forget one (the client aborted the HTTP request). Entries go
-// away when the call completes. Sharded because completions remove entries
-// from qrpc's reader goroutines while the nginx thread inserts.
-type callTable struct {
+// Calls maps a host's call ids to started calls, so that CANCEL can forget
+// one (the client aborted the HTTP request). Entries go away when the call
+// completes. Sharded because completions remove entries from qrpc's
+// reader goroutines while the nginx thread inserts. The zero value is
+// ready to use.
+type Calls struct {
 	shards [callShards]callShard
 }
 
@@ -29,12 +30,12 @@ type callEntry struct {
 	cancelled bool // CANCEL came before started
 }
 
-func (t *callTable) shard(id uint64) *callShard {
+func (t *Calls) shard(id uint64) *callShard {
 	return &t.shards[id%callShards]
 }
 
 // insert adds a new entry; false when id is already in flight.
-func (t *callTable) insert(id uint64, e *callEntry) bool {
+func (t *Calls) insert(id uint64, e *callEntry) bool {
 	sh := t.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -50,7 +51,7 @@ func (t *callTable) insert(id uint64, e *callEntry) bool {
 
 // remove deletes id if it still maps to e (a completion racing a reuse of
 // the id must not delete the newer entry).
-func (t *callTable) remove(id uint64, e *callEntry) {
+func (t *Calls) remove(id uint64, e *callEntry) {
 	sh := t.shard(id)
 	sh.mu.Lock()
 	if sh.m[id] == e {
@@ -62,20 +63,20 @@ func (t *callTable) remove(id uint64, e *callEntry) {
 // started records the Pending of a call once Start returned. A CANCEL that
 // arrived in between (possible only with a caller outside the nginx
 // thread) is applied now.
-func (t *callTable) started(id uint64, e *callEntry, p qrpc.Pending, c *conn) {
+func (t *Calls) started(id uint64, e *callEntry, p qrpc.Pending, c *conn) {
 	sh := t.shard(id)
 	sh.mu.Lock()
 	e.p, e.c, e.started = p, c, true
 	cancel := e.cancelled
 	sh.mu.Unlock()
 	if cancel {
-		rt.cancelCall(p, c)
+		c.cancel(p)
 	}
 }
 
 // cancel forgets id. It reports whether the call was stopped before its
 // completion was produced (then no completion will come).
-func (t *callTable) cancel(id uint64) bool {
+func (t *Calls) cancel(id uint64) bool {
 	sh := t.shard(id)
 	sh.mu.Lock()
 	e := sh.m[id]
@@ -91,11 +92,11 @@ func (t *callTable) cancel(id uint64) bool {
 	}
 	p, c := e.p, e.c
 	sh.mu.Unlock()
-	return rt.cancelCall(p, c)
+	return c.cancel(p)
 }
 
 // cancelAll cancels every call; it returns how many were stopped.
-func (t *callTable) cancelAll() int {
+func (t *Calls) cancelAll() int {
 	n := 0
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -109,7 +110,7 @@ func (t *callTable) cancelAll() int {
 		}
 		sh.mu.Unlock()
 		for _, e := range m {
-			if e.started && rt.cancelCall(e.p, e.c) {
+			if e.started && e.c.cancel(e.p) {
 				n++
 			}
 		}
@@ -117,8 +118,8 @@ func (t *callTable) cancelAll() int {
 	return n
 }
 
-// len counts entries (tests and shutdown checks).
-func (t *callTable) len() int {
+// Len counts entries.
+func (t *Calls) Len() int {
 	n := 0
 	for i := range t.shards {
 		sh := &t.shards[i]

@@ -1,0 +1,409 @@
+// Package bridge is the runtime behind libffi_qrpc.so, without cgo: the
+// connection table, the semantics of every command, the mapping of errors
+// to statuses, the result blobs and the log lines. ffi/ (package main, the
+// only cgo) decodes the C structs into Commands, hands them to a Runtime
+// with a Host that delivers completions its own way (the built-in host's
+// queue, or lua-resty-ffi's task answers), and encodes what comes back.
+//
+// Memory handed to C comes from the Memory the Runtime was made with (C's
+// malloc in the library, Go memory in tests); a response is copied into it
+// once, straight from the frame qrpc read.
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// defaultCallTimeout is the deadline of a UNARY whose timeout_ms is 0. Go
+// enforces every call's deadline because lua-resty-ffi's yield has no
+// timeout of its own: without one a lost response would park the Lua
+// coroutine forever.
+const defaultCallTimeout = 60 * time.Second
+
+// Memory is where completions' data lives: it belongs to the receiver once
+// handed out.
+type Memory interface {
+	// Alloc returns n bytes (n may be 0), or nil when memory is exhausted.
+	Alloc(n int) unsafe.Pointer
+	Free(p unsafe.Pointer)
+}
+
+// Completion is a finished command on its way to a host. Its layout is
+// qrpc_completion_t's (ffi/ checks it), so the built-in host's drain
+// writes the caller's array directly. Data comes from the Runtime's Memory
+// and belongs to whoever holds the value.
+type Completion struct {
+	CallID uint64
+	Handle uint64 // CONNECT: the new connection
+	Status int32
+	Code   uint32 // StatusLog: the nginx log level
+	Data   unsafe.Pointer
+	Len    uintptr
+}
+
+// Stats are a connection's or the runtime's counters, laid out as
+// qrpc_stats_t (ffi/ checks it): the STATS op's blob body is this struct.
+type Stats struct {
+	Inflight   uint64 // calls sent and not yet finished
+	Calls      uint64 // unary calls started
+	Events     uint64 // events sent
+	Dropped    uint64 // events refused ("queue full")
+	Reconnects uint64 // connections re-established
+	Queued     uint64 // completions waiting in the host
+}
+
+// Host is what a command needs from the host that submitted it.
+type Host interface {
+	// Gen is the host's current lifetime, or an error saying why it is
+	// not open.
+	Gen() (*Gen, error)
+	// Calls is the table CANCEL looks call ids up in; nil when the host's
+	// calls cannot be cancelled.
+	Calls() *Calls
+	// Queued is how many completions wait in the host, for STATS.
+	Queued() int
+	// Complete receives the outcome of a command that Submit answered
+	// StatusPending: exactly once, on any goroutine.
+	Complete(Completion)
+}
+
+// Gen is one lifetime of a host (the built-in host between qrpc_init and
+// qrpc_shutdown, or one libffi_init). Connections belong to the lifetime
+// that dialled them and are closed with it.
+type Gen struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	alive  atomic.Bool
+}
+
+// NewGen starts a lifetime.
+func NewGen() *Gen {
+	g := &Gen{}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.alive.Store(true)
+	return g
+}
+
+// conn is one entry of the handle table.
+type conn struct {
+	r      *Runtime
+	handle uint64
+	addr   string
+	client *qrpc.Client
+	owner  *Gen
+
+	inflight atomic.Int64
+	calls    atomic.Uint64
+	events   atomic.Uint64
+	dropped  atomic.Uint64
+}
+
+// Runtime is the one runtime of a process (= nginx worker): the handle
+// table and the counters, shared by both hosts.
+type Runtime struct {
+	mem Memory
+
+	connMu     sync.Mutex                       // serialises writers of conns
+	conns      atomic.Pointer[map[uint64]*conn] // copy-on-write: lookups take no lock
+	lastHandle atomic.Uint64                    // handles are never reused
+
+	inflight         atomic.Int64
+	calls            atomic.Uint64
+	events           atomic.Uint64
+	dropped          atomic.Uint64
+	closedReconnects atomic.Uint64 // reconnects of connections since closed
+
+	logLevel atomic.Int64
+	logger   *slog.Logger
+}
+
+// New makes a runtime that hands out memory from mem and sends its log
+// lines to sink (see LogSink).
+func New(mem Memory, sink LogSink) *Runtime {
+	r := &Runtime{mem: mem}
+	r.logLevel.Store(int64(slog.LevelInfo))
+	r.logger = slog.New(&logHandler{level: &r.logLevel, sink: sink})
+	m := map[uint64]*conn{}
+	r.conns.Store(&m)
+	return r
+}
+
+// Logger is the runtime's logger; its lines reach nginx's error log.
+func (r *Runtime) Logger() *slog.Logger { return r.logger }
+
+// SetLogLevel sets the lowest level that is formatted at all.
+func (r *Runtime) SetLogLevel(l slog.Level) { r.logLevel.Store(int64(l)) }
+
+// Submit runs one command for a host. It never blocks: CONNECT dials on a
+// goroutine, UNARY is encoded and queued on the calling thread. It returns
+// StatusOK when the command is done (EVENT, CLOSE, CANCEL), StatusPending
+// when h.Complete will be called once with the outcome, or an error status
+// and message (then h.Complete is not called).
+func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
+	if err := cmd.Check(); err != nil {
+		return StatusOf(err)
+	}
+	g, err := h.Gen()
+	if err != nil {
+		return ErrClosed, err.Error()
+	}
+	hook("submit")
+	switch cmd.Op {
+	case OpConnect:
+		r.connect(h, g, cmd)
+		return StatusPending, ""
+	case OpUnary:
+		return r.unary(h, cmd)
+	case OpEvent:
+		return StatusOf(r.event(cmd))
+	case OpClose:
+		return StatusOf(r.closeConn(cmd.Conn))
+	case OpCancel:
+		if calls := h.Calls(); calls != nil {
+			calls.cancel(cmd.CallID)
+		}
+		return StatusOK, ""
+	case OpEcho:
+		out := r.Result(0, nil, cmd.Body)
+		out.CallID = cmd.CallID
+		h.Complete(out)
+		return StatusPending, ""
+	case OpStats:
+		s, err := r.Stats(cmd.Conn, h.Queued())
+		if err != nil {
+			return StatusOf(err)
+		}
+		out := r.statsResult(s)
+		out.CallID = cmd.CallID
+		h.Complete(out)
+		return StatusPending, ""
+	}
+	return ErrBadArg, fmt.Sprintf("bad command: op %d is not for qrpc_submit", cmd.Op)
+}
+
+// connect dials on a goroutine (the handshake blocks) and completes with
+// the new handle.
+func (r *Runtime) connect(h Host, g *Gen, cmd *Command) {
+	addr, cfg := connectConfig(cmd, r.logger)
+	id := cmd.CallID
+	go func() {
+		completed := false
+		defer func() {
+			if p := recover(); p != nil {
+				r.logger.Error("qrpc panic while connecting", "panic", fmt.Sprint(p))
+				if !completed {
+					h.Complete(r.Message(ErrGeneric, "internal error", id))
+				}
+			}
+		}()
+		var out Completion
+		if c, err := r.dial(g, addr, cfg); err != nil {
+			out = r.errCompletion(err)
+		} else {
+			out = Completion{Status: StatusOK, Handle: c.handle}
+		}
+		out.CallID = id
+		completed = true
+		h.Complete(out)
+	}()
+}
+
+// unary starts a call on the calling thread: qrpc.Client.Start encodes and
+// queues the frame without blocking and without a goroutine hop. The
+// outcome reaches h.Complete exactly once, on the goroutine that read the
+// response (or timed the call out), unless CANCEL stops the call first.
+func (r *Runtime) unary(h Host, cmd *Command) (int32, string) {
+	id := cmd.CallID
+	calls := h.Calls()
+	var e *callEntry
+	if calls != nil {
+		e = &callEntry{}
+		if !calls.insert(id, e) {
+			return ErrBadArg, fmt.Sprintf("bad command: call_id %d is already in flight", id)
+		}
+	}
+	p, c, err := r.startUnary(cmd, func(out Completion) {
+		if e != nil {
+			calls.remove(id, e)
+		}
+		out.CallID = id
+		h.Complete(out)
+	})
+	if err != nil {
+		if e != nil {
+			calls.remove(id, e)
+		}
+		return StatusOf(err)
+	}
+	if e != nil {
+		calls.started(id, e, p, c)
+	}
+	return StatusPending, ""
+}
+
+func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pending, *conn, error) {
+	c := r.lookup(cmd.Conn)
+	if c == nil {
+		return qrpc.Pending{}, nil, qrpc.ErrClosed
+	}
+	hp := hdrPool.Get().(*[][]byte)
+	defer putHeaders(hp)
+	hdrs, err := ParseHeaders(cmd.Hdrs, cmd.NHdrs, (*hp)[:0])
+	*hp = hdrs
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	timeout := defaultCallTimeout
+	if cmd.TimeoutMS > 0 {
+		timeout = time.Duration(cmd.TimeoutMS) * time.Millisecond
+	}
+	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout)}
+	c.inflight.Add(1)
+	r.inflight.Add(1)
+	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
+		defer r.RecoverLog("complete")
+		c.inflight.Add(-1)
+		r.inflight.Add(-1)
+		deliver(r.outcome(resp, err))
+	})
+	if err != nil {
+		c.inflight.Add(-1)
+		r.inflight.Add(-1)
+		return qrpc.Pending{}, nil, err
+	}
+	c.calls.Add(1)
+	r.calls.Add(1)
+	return p, c, nil
+}
+
+// outcome turns a response into its completion. It runs on qrpc's
+// goroutines, where a panic would kill the process: recover into an error.
+func (r *Runtime) outcome(resp *qrpc.Response, err error) (out Completion) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.logger.Error("qrpc panic while completing a call", "panic", fmt.Sprint(p))
+			out = r.Message(ErrGeneric, "internal error", 0)
+		}
+	}()
+	hook("complete")
+	if err != nil {
+		return r.errCompletion(err)
+	}
+	return r.Result(resp.Code, resp.Headers, resp.Body)
+}
+
+// cancel forgets a started call; its callback will not run if it returns
+// true.
+func (c *conn) cancel(p qrpc.Pending) bool {
+	if !p.Cancel() {
+		return false
+	}
+	c.inflight.Add(-1)
+	c.r.inflight.Add(-1)
+	return true
+}
+
+// event sends a one-way event; it never waits.
+func (r *Runtime) event(cmd *Command) error {
+	c := r.lookup(cmd.Conn)
+	if c == nil {
+		return qrpc.ErrClosed
+	}
+	hp := hdrPool.Get().(*[][]byte)
+	defer putHeaders(hp)
+	hdrs, err := ParseHeaders(cmd.Hdrs, cmd.NHdrs, (*hp)[:0])
+	*hp = hdrs
+	if err != nil {
+		return err
+	}
+	err = c.client.Event(cmd.Method, hdrs, cmd.Body)
+	switch {
+	case err == nil:
+		c.events.Add(1)
+		r.events.Add(1)
+	case errors.Is(err, qrpc.ErrQueueFull):
+		c.dropped.Add(1)
+		r.dropped.Add(1)
+	}
+	return err
+}
+
+// Stats returns the counters of one connection, or with h == 0 of the
+// whole runtime; queued is the host's completion queue length.
+func (r *Runtime) Stats(h uint64, queued int) (Stats, error) {
+	s := Stats{Queued: uint64(queued)}
+	if h != 0 {
+		c := r.lookup(h)
+		if c == nil {
+			return s, qrpc.ErrClosed
+		}
+		s.Inflight = uint64(max(c.inflight.Load(), 0))
+		s.Calls, s.Events, s.Dropped = c.calls.Load(), c.events.Load(), c.dropped.Load()
+		s.Reconnects = c.client.Stats().Reconnects
+		return s, nil
+	}
+	s.Inflight = uint64(max(r.inflight.Load(), 0))
+	s.Calls, s.Events, s.Dropped = r.calls.Load(), r.events.Load(), r.dropped.Load()
+	s.Reconnects = r.closedReconnects.Load()
+	for _, c := range *r.conns.Load() {
+		s.Reconnects += c.client.Stats().Reconnects
+	}
+	return s, nil
+}
+
+// statsResult wraps stats in a result blob whose body is a qrpc_stats_t.
+func (r *Runtime) statsResult(s Stats) Completion {
+	body := unsafe.Slice((*byte)(unsafe.Pointer(&s)), unsafe.Sizeof(s))
+	return r.Result(0, nil, body)
+}
+
+// hdrPool recycles the [][]byte that views a command's header block.
+// qrpc.Client.Start copies headers before returning, so the slice is free
+// again right after.
+var hdrPool = sync.Pool{New: func() any { s := make([][]byte, 0, 16); return &s }}
+
+func putHeaders(hp *[][]byte) {
+	if cap(*hp) > 1024 {
+		return
+	}
+	clear(*hp) // drop the views of C memory
+	*hp = (*hp)[:0]
+	hdrPool.Put(hp)
+}
+
+// testHook, nil outside tests, lets tests panic at chosen points to check
+// that the panic is recovered into an error.
+var testHook atomic.Pointer[func(where string)]
+
+// SetTestHook installs (nil: removes) a function that runs at named
+// points ("submit", "complete"). For tests only.
+func SetTestHook(f func(where string)) {
+	if f == nil {
+		testHook.Store(nil)
+		return
+	}
+	testHook.Store(&f)
+}
+
+func hook(where string) {
+	if f := testHook.Load(); f != nil {
+		(*f)(where)
+	}
+}
+
+// RecoverLog is deferred at the top of every goroutine that runs inside
+// nginx: a panic there would otherwise take the worker down.
+func (r *Runtime) RecoverLog(where string) {
+	if p := recover(); p != nil {
+		r.logger.Error("qrpc panic recovered", "where", where, "panic", fmt.Sprint(p))
+	}
+}

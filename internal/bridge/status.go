@@ -1,0 +1,103 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// Operation codes (qrpc_cmd_t.op). ffi/ checks at start-up that they equal
+// qrpc.h's QRPC_OP_*.
+const (
+	OpConnect = 1
+	OpUnary   = 2
+	OpEvent   = 3
+	OpClose   = 4
+	OpCancel  = 5
+	OpEcho    = 6
+	OpStats   = 7
+
+	lastSubmitOp = OpStats
+)
+
+// Status codes (QRPC_OK, QRPC_ERR_*): the value of every export and
+// completion. Negative values are errors.
+const (
+	StatusOK      int32 = iota // done
+	StatusPending              // accepted: a completion will follow
+	StatusLog                  // a completion carrying a log line
+)
+
+const (
+	ErrGeneric int32 = -(iota + 1) // anything else; the message says what
+	ErrTimeout                     // "timeout"
+	ErrClosed                      // "closed": connection or host closed
+	ErrFull                        // "queue full"
+	ErrBadArg                      // malformed command or configuration
+	ErrConnect                     // "connect: <reason>"
+	ErrUnavail                     // "unavailable: <reason>" (re-dialling)
+	ErrTooBig                      // "too large: ..."
+	ErrLost                        // "connection lost: ..." while in flight
+)
+
+// CmdVersion is QRPC_CMD_VERSION, the layout of qrpc_cmd_t this runtime reads.
+const CmdVersion = 1
+
+// maxMsgLen bounds error messages handed to Lua: they end up in logs and
+// HTTP answers, and a wrapped quic-go error can be long.
+const maxMsgLen = 256
+
+// StatusOf maps an error to a status code and the short message Lua sees.
+// Messages never contain request or response bodies: qrpc's errors carry
+// addresses and reasons only, and nothing here adds payload.
+func StatusOf(err error) (int32, string) {
+	var de *qrpc.DialError
+	switch {
+	case err == nil:
+		return StatusOK, ""
+	case errors.Is(err, ErrBadCommand):
+		return ErrBadArg, Clip(err.Error())
+	case errors.Is(err, qrpc.ErrTimeout):
+		return ErrTimeout, "timeout"
+	case errors.Is(err, qrpc.ErrClosed), errors.Is(err, context.Canceled):
+		return ErrClosed, "closed"
+	case errors.Is(err, qrpc.ErrQueueFull):
+		return ErrFull, "queue full"
+	case errors.Is(err, qrpc.ErrUnavailable):
+		// Checked before DialError: "unavailable" wraps the last dial
+		// failure's text, and the call did not try to dial.
+		return ErrUnavail, prefixed("unavailable", qrpc.ErrUnavailable, err)
+	case errors.As(err, &de):
+		return ErrConnect, Clip("connect: " + de.Reason)
+	case errors.Is(err, qrpc.ErrConnLost):
+		return ErrLost, prefixed("connection lost", qrpc.ErrConnLost, err)
+	case errors.Is(err, qrpc.ErrTooLarge):
+		return ErrTooBig, prefixed("too large", qrpc.ErrTooLarge, err)
+	case errors.Is(err, qrpc.ErrBadConfig):
+		return ErrBadArg, prefixed("bad config", qrpc.ErrBadConfig, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return ErrTimeout, "timeout"
+	}
+	return ErrGeneric, Clip(strings.TrimPrefix(err.Error(), "qrpc: "))
+}
+
+// prefixed renders err as "<kind>: <detail>", dropping the sentinel's own
+// text ("qrpc: message too large") that wrapping put in front.
+func prefixed(kind string, sentinel, err error) string {
+	msg := strings.TrimPrefix(err.Error(), sentinel.Error())
+	msg = strings.TrimPrefix(msg, ": ")
+	if msg == "" {
+		return kind
+	}
+	return Clip(kind + ": " + msg)
+}
+
+// Clip shortens a message to what a host passes on.
+func Clip(s string) string {
+	if len(s) <= maxMsgLen {
+		return s
+	}
+	return s[:maxMsgLen-3] + "..."
+}

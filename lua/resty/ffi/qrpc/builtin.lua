@@ -1,0 +1,566 @@
+-- resty.ffi.qrpc.builtin: the built-in host, on stock ngx_lua. Commands go
+-- in through qrpc_submit on the nginx thread; results come back on a
+-- per-worker completion queue, announced by a byte on a unix socket that
+-- one background light thread (the dispatcher) reads, drains and turns
+-- into ngx.semaphore posts for the waiting calls.
+--
+-- The lua-resty-ffi host uses parts of it too: the direct calls that never
+-- wait (event, close, cancel, stats) and the dispatcher, through which Go's
+-- log lines arrive with either host.
+
+local ffi = require "ffi"
+local semaphore = require "ngx.semaphore"
+local cdef = require "resty.ffi.qrpc.cdef"
+
+local ffi_new = ffi.new
+local ffi_string = ffi.string
+local sema_new = semaphore.new
+
+local ngx = ngx
+local ngx_log = ngx.log
+local ngx_ERR = ngx.ERR
+local ngx_WARN = ngx.WARN
+local ngx_NOTICE = ngx.NOTICE
+local ngx_INFO = ngx.INFO
+local worker_exiting = ngx.worker.exiting
+local timer_at = ngx.timer.at
+local ngx_now = ngx.now
+local ngx_sleep = ngx.sleep
+local socket_tcp = ngx.socket.tcp
+local thread_spawn = ngx.thread.spawn
+local thread_kill = ngx.thread.kill
+
+local tostring = tostring
+local tonumber = tonumber
+local pairs = pairs
+local pcall = pcall
+local math_max = math.max
+
+local CMD_VERSION = cdef.CMD_VERSION
+local OP_CONNECT = cdef.OP_CONNECT
+local OP_EVENT = cdef.OP_EVENT
+local OP_CLOSE = cdef.OP_CLOSE
+local OP_CANCEL = cdef.OP_CANCEL
+local QRPC_OK = cdef.QRPC_OK
+local QRPC_PENDING = cdef.QRPC_PENDING
+local QRPC_LOG = cdef.QRPC_LOG
+local QRPC_ERR = cdef.QRPC_ERR
+local QRPC_ERR_TIMEOUT = cdef.QRPC_ERR_TIMEOUT
+local cmd_t = cdef.cmd_t
+local char_arr_t = cdef.char_arr_t
+local errbuf = cdef.errbuf
+local ERRBUF_LEN = cdef.ERRBUF_LEN
+local status_err = cdef.status_err
+local submit_err = cdef.submit_err
+local decode_result = cdef.decode_result
+local fill_cmd = cdef.fill_cmd
+
+-- How much longer than Go's deadline Lua waits before it gives up on its
+-- own; Go enforces deadlines, this only guards against a lost completion.
+local SAFETY_SLACK_S = 1
+local BATCH = 64
+local PATHBUF_LEN = 256
+-- The dispatcher wakes this often to notice a worker exit (nginx -s
+-- reload/quit), lost wake-ups and abandoned calls.
+local POLL_S = 0.5
+local SWEEP_EVERY_S = 1
+local STALE_S = 5
+-- The reader blocks on the wake-up socket with the longest timeout ngx_lua
+-- accepts: a read timeout logs an [error] line, so it must almost never fire.
+local READ_TIMEOUT_MS = 2147483647
+
+
+local _M = {
+    SAFETY_SLACK_S = SAFETY_SLACK_S,
+    SWEEP_EVERY_S = SWEEP_EVERY_S,
+}
+
+
+local lib               -- the loaded library; nil until init()
+local socket_dir = "/tmp"
+local comps             -- qrpc_completion_t[BATCH]
+
+local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
+-- Reused: qrpc_submit reads a command synchronously, never after it returns.
+local ucmd = ffi_new(cmd_t)
+local xcmd = ffi_new(cmd_t)
+local stats_buf = ffi_new("qrpc_stats_t")
+
+local pend = {}         -- call id -> waiter of a call in flight
+local npend = 0
+local pool = {}         -- idle waiters
+local npool = 0
+local last_id = 0
+local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
+
+local disp_gen = 0      -- generation of the live dispatcher; 0: none
+local disp_seq = 0
+local disp_beat = 0
+local disp_fails = 0
+
+local ensure_dispatcher
+
+
+-- Called once the library is loaded, before any other function here.
+function _M.init(l, dir)
+    lib = l
+    socket_dir = dir
+    comps = ffi_new("qrpc_completion_t[?]", BATCH)
+end
+
+
+-------------------------------------------------------------------------
+-- Direct calls (both hosts): synchronous, on the nginx thread
+-------------------------------------------------------------------------
+
+local function cancel(handle, id)
+    xcmd.version = CMD_VERSION
+    xcmd.op = OP_CANCEL
+    xcmd.conn = handle or 0
+    xcmd.call_id = id
+    lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
+end
+
+
+local function close_handle(handle)
+    xcmd.version = CMD_VERSION
+    xcmd.op = OP_CLOSE
+    xcmd.conn = handle
+    xcmd.call_id = 0
+    local rc = lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return nil, submit_err(rc)
+    end
+    return true
+end
+_M.close_handle = close_handle
+
+
+-- Sends an event; returns the library's status and, on failure, the error.
+function _M.event(handle, method, body, nh, hdrs, hlen)
+    fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0)
+    local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
+    if rc == QRPC_OK then
+        return rc
+    end
+    return rc, submit_err(rc)
+end
+
+
+-- Counters of a connection (handle 0: the whole runtime of this worker).
+function _M.stats(handle)
+    local rc = lib.qrpc_stats(handle, stats_buf)
+    if rc ~= QRPC_OK then
+        return nil, status_err(rc)
+    end
+    local s = stats_buf
+    return {
+        inflight = tonumber(s.inflight),
+        calls = tonumber(s.calls),
+        events = tonumber(s.events),
+        dropped = tonumber(s.dropped),
+        reconnects = tonumber(s.reconnects),
+        queued = tonumber(s.queued),
+    }
+end
+
+
+-------------------------------------------------------------------------
+-- Completions
+-------------------------------------------------------------------------
+
+-- Go's log lines arrive as completions; they already start with "qrpc: ".
+local function log_go(level, msg)
+    if level < 1 or level > 8 then
+        level = ngx_NOTICE
+    end
+    ngx_log(level, msg)
+end
+
+
+local function complete(c)
+    local status = c.status
+    local data = c.data
+    local len = tonumber(c.len)
+
+    if status == QRPC_LOG then
+        if data ~= nil then
+            log_go(c.code, ffi_string(data, len))
+            lib.qrpc_free(data)
+        end
+        return
+    end
+
+    local id = tonumber(c.call_id)
+    local w = pend[id]
+    if w == nil then
+        -- Nobody waits any more (timed out in Lua, killed, cancelled).
+        if orphan_connects[id] then
+            orphan_connects[id] = nil
+            if status == QRPC_OK then
+                close_handle(c.handle)
+            end
+        end
+        if data ~= nil then
+            lib.qrpc_free(data)
+        end
+        return
+    end
+    pend[id] = nil
+    npend = npend - 1
+
+    local op = w.op
+    local val
+    if status == QRPC_OK then
+        if op == OP_CONNECT then
+            val = c.handle
+        else
+            val = decode_result(data, len)
+            if not val then
+                status, val = QRPC_ERR, "qrpc: malformed result from the library"
+            end
+        end
+    else
+        val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
+    end
+    if data ~= nil then
+        lib.qrpc_free(data)
+    end
+
+    if op == OP_CONNECT then
+        w.done(w.entry, status, val)
+        return
+    end
+    w.status = status
+    w.val = val
+    if not w.inline then
+        w.sema:post(1)
+    end
+end
+
+
+local function drain()
+    local n = lib.qrpc_drain(comps, BATCH)
+    while n > 0 do
+        for i = 0, n - 1 do
+            complete(comps[i])
+        end
+        if n < BATCH then
+            break
+        end
+        n = lib.qrpc_drain(comps, BATCH)
+    end
+end
+_M.drain = drain
+
+
+-------------------------------------------------------------------------
+-- The dispatcher
+-------------------------------------------------------------------------
+
+-- A call whose waiter is gone (its light thread was killed, or the client
+-- aborted the request with lua_check_client_abort on) is cancelled here, so
+-- Go forgets it without waiting for its deadline. A waiting semaphore has a
+-- negative count; nginx's cleanup of a killed waiter brings it back to 0.
+-- Past its deadline (plus slack), any waiter is dropped.
+local function sweep(now)
+    for id, w in pairs(pend) do
+        if w.op ~= OP_CONNECT and w.status == nil
+           and ((not w.inline and w.sema:count() >= 0)
+                or now > w.deadline + SAFETY_SLACK_S)
+        then
+            pend[id] = nil
+            npend = npend - 1
+            w.id = nil
+            cancel(w.handle, id)
+        end
+    end
+end
+
+
+local function open_wake()
+    local dir = socket_dir
+    local rc = lib.qrpc_wake_open(dir, #dir, pathbuf, PATHBUF_LEN, errbuf,
+                                  ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return nil, "qrpc_wake_open(" .. dir .. "): " .. submit_err(rc)
+    end
+    local path = ffi_string(pathbuf)
+    local sock = socket_tcp()
+    sock:settimeouts(2000, 2000, READ_TIMEOUT_MS)
+    local ok, err = sock:connect("unix:" .. path)
+    if not ok then
+        return nil, "connect unix:" .. path .. ": " .. tostring(err)
+    end
+    return sock
+end
+
+
+local function read_wake(sock, ended)
+    while true do
+        local data, err = sock:receiveany(256)
+        if not data then
+            if not worker_exiting() then
+                ngx_log(ngx_WARN, "qrpc: wake-up socket: ", err)
+            end
+            sock:close()
+            ended:post(1)
+            return
+        end
+        drain()
+    end
+end
+
+
+-- The dispatcher: one per worker, in a timer. A reader light thread blocks
+-- on the wake-up socket (draining on each byte); this thread wakes every
+-- POLL_S to notice the worker exiting, to drain anyway (a lost wake-up costs
+-- at most POLL_S) and to sweep abandoned calls. It stops once the worker
+-- exits and no call waits: a light thread that lingers keeps an old worker
+-- "shutting down" forever (Kong#6904).
+local function supervise(gen)
+    local ended = sema_new(0)
+    local sock, reader
+    local last_sweep = ngx_now()
+    local last_exit_log = 0
+    while gen == disp_gen do
+        if not reader then
+            local err
+            sock, err = open_wake()
+            if sock then
+                reader = thread_spawn(read_wake, sock, ended)
+                disp_fails = 0
+            else
+                disp_fails = disp_fails + 1
+                if disp_fails <= 3 or disp_fails % 100 == 0 then
+                    ngx_log(ngx_ERR, "qrpc: dispatcher: ", err)
+                end
+            end
+        end
+        -- completions queued before the socket was connected wake nobody
+        drain()
+        disp_beat = ngx_now()
+
+        if worker_exiting() then
+            if npend == 0 then
+                break
+            end
+            local now = ngx_now()
+            if now - last_exit_log >= 2 then
+                last_exit_log = now
+                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", npend,
+                        " call(s) in flight")
+            end
+        end
+        local ok = ended:wait(reader and POLL_S or math_max(POLL_S, 0.1 * disp_fails))
+        if ok then
+            reader, sock = nil, nil
+        end
+        drain()
+        local now = ngx_now()
+        disp_beat = now
+        if now - last_sweep >= SWEEP_EVERY_S then
+            last_sweep = now
+            sweep(now)
+        end
+    end
+    if reader then
+        thread_kill(reader)
+        sock:close()
+    end
+    ngx_log(ngx_INFO, "qrpc: dispatcher stopped")
+end
+
+
+local function dispatcher(premature, gen)
+    if premature and npend == 0 then
+        if gen == disp_gen then
+            disp_gen = 0
+        end
+        return
+    end
+    local ok, err = pcall(supervise, gen)
+    if gen == disp_gen then
+        disp_gen = 0
+    end
+    if not ok then
+        ngx_log(ngx_ERR, "qrpc: dispatcher died: ", err)
+    end
+    if npend > 0 and not worker_exiting() then
+        ensure_dispatcher()
+    end
+end
+
+
+-- Starts the dispatcher unless a live one runs; true, or nil and the
+-- error of ngx.timer.at (the worker is exiting, too many timers).
+ensure_dispatcher = function()
+    if disp_gen ~= 0 then
+        if ngx_now() - disp_beat < STALE_S then
+            return true
+        end
+        ngx_log(ngx_WARN, "qrpc: dispatcher silent for ", STALE_S,
+                " s; starting another")
+    end
+    local gen = disp_seq + 1
+    local ok, err = timer_at(0, dispatcher, gen)
+    if not ok then
+        return nil, err
+    end
+    disp_seq = gen
+    disp_gen = gen
+    disp_beat = ngx_now()
+    return true
+end
+_M.ensure_dispatcher = ensure_dispatcher
+
+
+-- Coroutines waiting for a completion, and whether the dispatcher runs.
+function _M.waiting()
+    return npend, disp_gen ~= 0
+end
+
+
+-------------------------------------------------------------------------
+-- Waiting for a call
+-------------------------------------------------------------------------
+
+local function get_waiter()
+    local w
+    if npool > 0 then
+        w = pool[npool]
+        pool[npool] = nil
+        npool = npool - 1
+    else
+        w = { sema = sema_new(0) }
+    end
+    return w
+end
+
+
+local function put_waiter(w)
+    w.id = nil
+    w.status = nil
+    w.val = nil
+    w.handle = nil
+    w.inline = nil
+    npool = npool + 1
+    pool[npool] = w
+end
+
+
+-- Without a dispatcher (a zero-delay timer refused while the worker exits),
+-- the caller polls the completion queue itself.
+local function wait_inline(w, id, secs)
+    local deadline = ngx_now() + secs
+    local pause = 0.001
+    while true do
+        drain()
+        if w.status ~= nil or w.id ~= id then
+            return true
+        end
+        if ngx_now() >= deadline then
+            return nil, "timeout"
+        end
+        ngx_sleep(pause)
+        if pause < 0.05 then
+            pause = pause * 2
+        end
+    end
+end
+
+
+local function next_call_id()
+    last_id = last_id + 1
+    return last_id
+end
+
+
+-- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
+-- Returns status, value (a result table, or an error string).
+function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs)
+    local id = next_call_id()
+    fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout)
+    local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_PENDING then
+        if rc == QRPC_OK then
+            return QRPC_ERR, "qrpc: unexpected synchronous completion"
+        end
+        return rc, submit_err(rc)
+    end
+
+    local disp_ok = ensure_dispatcher()
+
+    local w = get_waiter()
+    w.id = id
+    w.op = op
+    w.handle = handle
+    w.deadline = ngx_now() + secs
+    pend[id] = w
+    npend = npend + 1
+
+    local ok, err
+    if disp_ok then
+        ok, err = w.sema:wait(secs)
+    else
+        w.inline = true
+        ok, err = wait_inline(w, id, secs)
+    end
+
+    if w.id ~= id then
+        -- swept as abandoned while its own timeout was waking it up
+        return QRPC_ERR_TIMEOUT, "timeout"
+    end
+    local status = w.status
+    if status == nil then
+        -- Go never answered in time (it enforces the deadline itself), or
+        -- the wait failed: forget the call.
+        pend[id] = nil
+        npend = npend - 1
+        cancel(handle, id)
+        put_waiter(w)
+        if err == "timeout" or ok then
+            ngx_log(ngx_WARN, "qrpc: no completion for call ", id, " within ",
+                    secs, " s; cancelled")
+            return QRPC_ERR_TIMEOUT, "timeout"
+        end
+        return QRPC_ERR, "qrpc: wait: " .. tostring(err)
+    end
+    local val = w.val
+    put_waiter(w)
+    return status, val
+end
+
+
+-- Submits a CONNECT command for connection cache entry e; its completion
+-- calls done(e, status, handle | err). Returns the call id, or nil, status,
+-- err when the library refused it at once. inline: no dispatcher runs, the
+-- waiters must poll with drain().
+function _M.connect(cmd, e, done)
+    local id = next_call_id()
+    cmd.call_id = id
+    local rc = lib.qrpc_submit(cmd, errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_PENDING then
+        if rc == QRPC_OK then
+            return nil, QRPC_ERR, "qrpc: unexpected synchronous connect"
+        end
+        return nil, rc, submit_err(rc)
+    end
+    local disp_ok = ensure_dispatcher()
+    pend[id] = { op = OP_CONNECT, entry = e, id = id, done = done }
+    npend = npend + 1
+    return id, not disp_ok
+end
+
+
+-- A CONNECT whose waiters gave up: its late success is closed.
+function _M.abandon_connect(id)
+    if pend[id] then
+        pend[id] = nil
+        npend = npend - 1
+        orphan_connects[id] = true
+    end
+end
+
+
+return _M

@@ -1,0 +1,255 @@
+-- resty.ffi.qrpc.cache: the worker's connection cache. One entry per addr +
+-- option values; it is "connecting" (callers wait on its semaphore, one of
+-- them carries the dial), "ready" (holds the connection object) or
+-- "failed". A closed connection leaves the cache, so the next connect with
+-- the same addr + options dials again.
+
+local ffi = require "ffi"
+local semaphore = require "ngx.semaphore"
+local cdef = require "resty.ffi.qrpc.cdef"
+local builtin = require "resty.ffi.qrpc.builtin"
+local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
+
+local ffi_cast = ffi.cast
+local sema_new = semaphore.new
+
+local ngx_now = ngx.now
+local ngx_sleep = ngx.sleep
+
+local type = type
+local pairs = pairs
+local setmetatable = setmetatable
+local math_ceil = math.ceil
+local tab_remove = table.remove
+local unpack = unpack
+
+local QRPC_OK = cdef.QRPC_OK
+local QRPC_ERR = cdef.QRPC_ERR
+local u64_ptr_t = cdef.u64_ptr_t
+local cstr_t = cdef.cstr_t
+local connect_cmd = cdef.connect_cmd
+local close_handle = builtin.close_handle
+local drain = builtin.drain
+local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
+
+local DEFAULT_TIMEOUT_MS = 5000       -- dial timeout and call timeout
+local DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+
+local _M = {
+    DEFAULT_TIMEOUT_MS = DEFAULT_TIMEOUT_MS,
+}
+
+
+local conn_cache = {}   -- addr -> list of connection entries
+local conn_mt           -- metatable of connection objects (the public API)
+
+
+-- mt: the metatable connection objects get.
+function _M.init(mt)
+    conn_mt = mt
+end
+
+
+local function cache_remove(e)
+    local list = conn_cache[e.addr]
+    if not list then
+        return
+    end
+    for i = #list, 1, -1 do
+        if list[i] == e then
+            tab_remove(list, i)
+        end
+    end
+    if #list == 0 then
+        conn_cache[e.addr] = nil
+    end
+end
+_M.remove = cache_remove
+
+
+-- Marks a connection object closed and forgets its entry.
+function _M.mark_closed(conn)
+    if not conn.closed then
+        conn.closed = true
+        cache_remove(conn.entry)
+    end
+end
+
+
+local function finish_connect(e, status, val)
+    if status == QRPC_OK then
+        if e.stale then
+            close_handle(val)
+            e.state, e.err = "failed", "closed"
+        else
+            e.conn = setmetatable({
+                handle = val,
+                addr = e.addr,
+                timeout = e.call_timeout,
+                max_frame = e.max_frame,
+                closed = false,
+                entry = e,
+            }, conn_mt)
+            e.state = "ready"
+        end
+    else
+        e.state, e.err = "failed", val
+        cache_remove(e)
+    end
+    local n = e.nwait
+    if n > 0 then
+        e.sema:post(n)
+    end
+end
+
+
+local function same_pins(a, b)
+    if a == b then
+        return true
+    end
+    if type(a) ~= "table" or type(b) ~= "table" or #a ~= #b then
+        return false
+    end
+    for i = 1, #a do
+        if a[i] ~= b[i] then
+            return false
+        end
+    end
+    return true
+end
+
+
+-- The entry of addr whose options equal o's, or nil.
+function _M.find(addr, o)
+    local list = conn_cache[addr]
+    if not list then
+        return nil
+    end
+    for i = 1, #list do
+        local e = list[i]
+        if e.server_name == o.server_name and e.ca == o.ca
+           and e.cert == o.cert and e.key == o.key
+           and e.insecure == (o.insecure == true)
+           and e.conns == o.conns and e.streams == o.streams
+           and e.timeout == o.timeout and e.idle_timeout == o.idle_timeout
+           and e.max_frame_size == o.max_frame_size
+           and same_pins(e.pins, o.pins)
+        then
+            return e
+        end
+    end
+end
+
+
+-- Number of cached entries (any state).
+function _M.count()
+    local n = 0
+    for _, list in pairs(conn_cache) do
+        n = n + #list
+    end
+    return n
+end
+
+
+-- Adds an entry for addr + checked options o (pins: raw digests) and
+-- starts dialling with the given host. With the lua-resty-ffi host this
+-- light thread carries the task until the dial ends.
+function _M.start(addr, o, pins, use_builtin)
+    local e = {
+        addr = addr,
+        state = "connecting",
+        sema = sema_new(0),
+        nwait = 0,
+        server_name = o.server_name, ca = o.ca, cert = o.cert, key = o.key,
+        insecure = o.insecure == true, conns = o.conns, streams = o.streams,
+        timeout = o.timeout, idle_timeout = o.idle_timeout,
+        max_frame_size = o.max_frame_size,
+        pins = o.pins and { unpack(o.pins) },
+        call_timeout = (o.timeout and o.timeout > 0) and math_ceil(o.timeout)
+                       or DEFAULT_TIMEOUT_MS,
+        max_frame = o.max_frame_size or DEFAULT_MAX_FRAME,
+    }
+    local dial_ms = (o.timeout and o.timeout > 0) and o.timeout
+                    or DEFAULT_TIMEOUT_MS
+    e.wait_s = dial_ms / 1000 * (o.conns or 1) + SAFETY_SLACK_S
+    e.deadline = ngx_now() + e.wait_s
+
+    local list = conn_cache[addr]
+    if not list then
+        list = {}
+        conn_cache[addr] = list
+    end
+    list[#list + 1] = e
+
+    local cmd = connect_cmd(addr, o, pins)
+
+    if use_builtin then
+        local id, inline_or_status, err = builtin.connect(cmd, e, finish_connect)
+        if not id then
+            finish_connect(e, inline_or_status, err)
+            return e
+        end
+        e.id = id
+        if inline_or_status then
+            e.inline = true
+        end
+        return e
+    end
+
+    -- lua-resty-ffi: this light thread carries the task; others wait on e.
+    local status, val = resty_ffi.call(cmd, e, addr, pins, e.wait_s)
+    if status == QRPC_OK then
+        if type(val) == "string" and #val == 8 then
+            val = ffi_cast(u64_ptr_t, ffi_cast(cstr_t, val))[0]
+        else
+            status, val = QRPC_ERR, "qrpc: malformed connect response"
+        end
+    end
+    finish_connect(e, status, val)
+    return e
+end
+
+
+-- Waits for entry e to leave "connecting"; returns its connection or nil,
+-- err. Gives up at e.deadline: a later success is then closed.
+function _M.wait(e)
+    if e.state == "connecting" then
+        e.nwait = e.nwait + 1
+        local left = e.deadline - ngx_now()
+        if e.inline then
+            -- no dispatcher (worker exiting): poll like a call without one
+            local pause = 0.001
+            while e.state == "connecting" and ngx_now() < e.deadline do
+                drain()
+                if e.state ~= "connecting" then
+                    break
+                end
+                ngx_sleep(pause)
+                if pause < 0.05 then
+                    pause = pause * 2
+                end
+            end
+        elseif left > 0 then
+            e.sema:wait(left)
+        end
+        e.nwait = e.nwait - 1
+    end
+    if e.state == "ready" then
+        return e.conn
+    end
+    if e.state == "failed" then
+        return nil, e.err
+    end
+    -- Go never answered: give up on this attempt; a late success is closed.
+    e.stale = true
+    e.state, e.err = "failed", "connect: timeout"
+    cache_remove(e)
+    if e.id then
+        builtin.abandon_connect(e.id)
+    end
+    return nil, e.err
+end
+
+
+return _M

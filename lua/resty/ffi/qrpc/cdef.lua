@@ -1,0 +1,342 @@
+-- resty.ffi.qrpc.cdef: the C ABI of libffi_qrpc.so as LuaJIT sees it, and
+-- the codec on both sides of it: building a qrpc_cmd_t, packing headers,
+-- decoding result blobs, turning status codes into error strings.
+--
+-- The declarations must match ffi/qrpc.h field for field (nginx/abi_test.go
+-- compares the two, constants included). Nothing here touches the library
+-- itself: loading it is resty.ffi.qrpc.loader's job.
+
+local ffi = require "ffi"
+local base = require "resty.core.base"
+
+local ffi_new = ffi.new
+local ffi_string = ffi.string
+local ffi_cast = ffi.cast
+local ffi_copy = ffi.copy
+local ffi_sizeof = ffi.sizeof
+local ffi_typeof = ffi.typeof
+local new_tab = base.new_tab
+
+local type = type
+local tostring = tostring
+local pairs = pairs
+local pcall = pcall
+local math_max = math.max
+local math_ceil = math.ceil
+
+
+-- Keep in sync with ffi/qrpc.h (nginx/abi_test.go compares them).
+if not pcall(ffi_typeof, "qrpc_cmd_t") then
+ffi.cdef[[
+typedef struct {
+    uint32_t    version;
+    uint32_t    op;
+    uint64_t    conn;
+    uint64_t    call_id;
+    int32_t     timeout_ms;
+    uint32_t    nhdrs;
+    const char *method;  size_t method_len;
+    const char *body;    size_t body_len;
+    const char *hdrs;    size_t hdrs_len;
+    const char *addr;        size_t addr_len;
+    const char *server_name; size_t server_name_len;
+    const char *ca;          size_t ca_len;
+    const char *cert;        size_t cert_len;
+    const char *key;         size_t key_len;
+    const char *pins;        size_t pins_len;
+    int32_t     insecure;
+    int32_t     conns;
+    int32_t     streams;
+    int32_t     idle_timeout_ms;
+    int32_t     max_frame_size;
+    int32_t     reserved;
+} qrpc_cmd_t;
+
+typedef struct {
+    uint64_t call_id;
+    uint64_t handle;
+    int32_t  status;
+    uint32_t code;
+    char    *data;
+    size_t   len;
+} qrpc_completion_t;
+
+typedef struct {
+    uint64_t inflight;
+    uint64_t calls;
+    uint64_t events;
+    uint64_t dropped;
+    uint64_t reconnects;
+    uint64_t queued;
+} qrpc_stats_t;
+
+int qrpc_init(char *err, size_t err_len);
+int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
+                   char *err, size_t err_len);
+int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
+int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
+int qrpc_drain(qrpc_completion_t *out, int max);
+void qrpc_free(void *p);
+void qrpc_shutdown(void);
+]]
+end
+
+local CMD_VERSION = 1
+
+local OP_CONNECT = 1
+local OP_UNARY = 2
+local OP_EVENT = 3
+local OP_CLOSE = 4
+local OP_CANCEL = 5
+local OP_ECHO = 6
+
+local QRPC_OK = 0
+local QRPC_PENDING = 1
+local QRPC_LOG = 2
+local QRPC_ERR = -1
+local QRPC_ERR_TIMEOUT = -2
+local QRPC_ERR_CLOSED = -3
+local QRPC_ERR_FULL = -4
+
+local status_names = {
+    [-1] = "qrpc: error",
+    [-2] = "timeout",
+    [-3] = "closed",
+    [-4] = "queue full",
+    [-5] = "qrpc: malformed command",
+    [-6] = "connect: failed",
+    [-7] = "unavailable",
+    [-8] = "too large",
+    [-9] = "connection lost",
+}
+
+local ERRBUF_LEN = 512
+
+local cmd_t = ffi_typeof("qrpc_cmd_t")
+local u32_ptr_t = ffi_typeof("const uint32_t *")
+local u32_wptr_t = ffi_typeof("uint32_t *")
+local char_arr_t = ffi_typeof("char[?]")
+
+
+local _M = {
+    CMD_VERSION = CMD_VERSION,
+    OP_CONNECT = OP_CONNECT,
+    OP_UNARY = OP_UNARY,
+    OP_EVENT = OP_EVENT,
+    OP_CLOSE = OP_CLOSE,
+    OP_CANCEL = OP_CANCEL,
+    OP_ECHO = OP_ECHO,
+    QRPC_OK = QRPC_OK,
+    QRPC_PENDING = QRPC_PENDING,
+    QRPC_LOG = QRPC_LOG,
+    QRPC_ERR = QRPC_ERR,
+    QRPC_ERR_TIMEOUT = QRPC_ERR_TIMEOUT,
+    QRPC_ERR_CLOSED = QRPC_ERR_CLOSED,
+    QRPC_ERR_FULL = QRPC_ERR_FULL,
+
+    cmd_t = cmd_t,
+    CMD_SIZE = ffi_sizeof(cmd_t),
+    char_arr_t = char_arr_t,
+    u64_ptr_t = ffi_typeof("const uint64_t *"),
+    cstr_t = ffi_typeof("const char *"),
+
+    -- The library writes its error messages here (qrpc_init, qrpc_submit,
+    -- qrpc_wake_open); read right after the call, on the nginx thread.
+    ERRBUF_LEN = ERRBUF_LEN,
+    errbuf = ffi_new(char_arr_t, ERRBUF_LEN),
+}
+local errbuf = _M.errbuf
+
+
+function _M.bad(n, msg)
+    return nil, "bad argument #" .. n .. ": " .. msg
+end
+local bad = _M.bad
+
+
+local function status_err(status, msg)
+    if status == QRPC_ERR_TIMEOUT or status == QRPC_ERR_CLOSED
+       or status == QRPC_ERR_FULL
+    then
+        return status_names[status]
+    end
+    if msg and msg ~= "" then
+        return msg
+    end
+    return status_names[status] or ("qrpc: status " .. tostring(status))
+end
+_M.status_err = status_err
+
+
+-- The error string of a failed synchronous call (its message is in errbuf).
+function _M.submit_err(rc)
+    return status_err(rc, ffi_string(errbuf))
+end
+
+
+-- [u32 len][bytes] entries, native-endian; unaligned 32-bit access is fine
+-- on the platforms LuaJIT and Go share (x86-64, arm64).
+local function read_u32(p, off)
+    return ffi_cast(u32_ptr_t, p + off)[0]
+end
+
+
+local function decode_headers(p, n)
+    local hdrs = new_tab(0, 4)
+    local off = 0
+    while off < n do
+        if n - off < 8 then
+            return nil
+        end
+        local klen = read_u32(p, off)
+        if klen > n - off - 8 then
+            return nil
+        end
+        local k = ffi_string(p + off + 4, klen)
+        off = off + 4 + klen
+        local vlen = read_u32(p, off)
+        if vlen > n - off - 4 then
+            return nil
+        end
+        hdrs[k] = ffi_string(p + off + 4, vlen)
+        off = off + 4 + vlen
+    end
+    return hdrs
+end
+
+
+-- A result blob: [u32 code][u32 hdrs_len][hdrs][body].
+function _M.decode_result(p, len)
+    if p == nil or len < 8 then
+        return nil
+    end
+    local code = read_u32(p, 0)
+    local hlen = read_u32(p, 4)
+    if hlen > len - 8 then
+        return nil
+    end
+    local hdrs = decode_headers(p + 8, hlen)
+    if not hdrs then
+        return nil
+    end
+    return {
+        code = code,
+        headers = hdrs,
+        body = ffi_string(p + 8 + hlen, len - 8 - hlen),
+    }
+end
+
+
+-- Headers are packed into one shared buffer: Go reads it before
+-- qrpc_submit returns, and a call that keeps headers across a yield copies
+-- them out first.
+local hbuf, hbuf_cap = nil, 0
+
+local function hbuf_grow(need, used)
+    local cap = math_max(hbuf_cap * 2, 1024)
+    while cap < need do
+        cap = cap * 2
+    end
+    local nb = ffi_new(char_arr_t, cap)
+    if used > 0 then
+        ffi_copy(nb, hbuf, used)
+    end
+    hbuf, hbuf_cap = nb, cap
+end
+
+
+local function put_str(off, s)
+    local n = #s
+    local need = off + 4 + n
+    if need > hbuf_cap then
+        hbuf_grow(need, off)
+    end
+    ffi_cast(u32_wptr_t, hbuf + off)[0] = n
+    ffi_copy(hbuf + off + 4, s, n)
+    return need
+end
+
+
+-- Packs a { name = value } table; returns the number of entries (names +
+-- values), the length in bytes and the buffer, or nil and an error.
+function _M.pack_headers(h, argn)
+    local n, off = 0, 0
+    for k, v in pairs(h) do
+        if type(k) ~= "string" then
+            return bad(argn, "header names must be strings")
+        end
+        local tv = type(v)
+        if tv == "number" then
+            v = tostring(v)
+        elseif tv ~= "string" then
+            return bad(argn, "header '" .. k .. "' must be a string (got "
+                             .. tv .. ")")
+        end
+        off = put_str(off, k)
+        off = put_str(off, v)
+        n = n + 2
+    end
+    return n, off, hbuf
+end
+
+
+-- hdrs is the packed buffer (read by Go before qrpc_submit returns) or, for
+-- a call that crosses a yield with the lua-resty-ffi host, a string the
+-- caller anchors.
+function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
+                     timeout)
+    cmd.version = CMD_VERSION
+    cmd.op = op
+    cmd.conn = handle
+    cmd.call_id = id
+    cmd.timeout_ms = timeout
+    cmd.nhdrs = nh
+    cmd.method = method
+    cmd.method_len = #method
+    cmd.body = body
+    cmd.body_len = #body
+    if nh > 0 then
+        cmd.hdrs = hdrs
+        cmd.hdrs_len = hlen
+    else
+        cmd.hdrs = nil
+        cmd.hdrs_len = 0
+    end
+    return cmd
+end
+
+
+local function set_str(cmd, field, s)
+    if s then
+        cmd[field] = s
+        cmd[field .. "_len"] = #s
+    end
+end
+
+
+-- A CONNECT command for addr and checked options o (pins: the raw digests,
+-- concatenated). Its strings point into o's: the caller keeps o alive until
+-- the library has read them.
+function _M.connect_cmd(addr, o, pins)
+    local cmd = ffi_new(cmd_t)
+    cmd.version = CMD_VERSION
+    cmd.op = OP_CONNECT
+    cmd.timeout_ms = o.timeout and math_ceil(o.timeout) or 0
+    set_str(cmd, "addr", addr)
+    set_str(cmd, "server_name", o.server_name)
+    set_str(cmd, "ca", o.ca)
+    set_str(cmd, "cert", o.cert)
+    set_str(cmd, "key", o.key)
+    if pins ~= "" then
+        set_str(cmd, "pins", pins)
+    end
+    cmd.insecure = o.insecure and 1 or 0
+    cmd.conns = o.conns or 0
+    cmd.streams = o.streams or 0
+    cmd.idle_timeout_ms = o.idle_timeout and math_ceil(o.idle_timeout) or 0
+    cmd.max_frame_size = o.max_frame_size or 0
+    return cmd
+end
+
+
+return _M

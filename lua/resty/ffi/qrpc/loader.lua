@@ -1,0 +1,292 @@
+-- resty.ffi.qrpc.loader: finding libffi_qrpc.so, loading it into a worker
+-- with nginx's signals masked, choosing the host ("builtin" or
+-- "resty_ffi") and starting the Go runtime (qrpc_init).
+--
+-- Never in the master: a Go runtime does not survive fork(), so load()
+-- refuses the init phase. It keeps no state: the caller records what it
+-- returns.
+
+local ffi = require "ffi"
+local cdef = require "resty.ffi.qrpc.cdef"
+
+local ffi_new = ffi.new
+local ffi_load = ffi.load
+
+local ngx = ngx
+local ngx_log = ngx.log
+local ngx_WARN = ngx.WARN
+local ngx_NOTICE = ngx.NOTICE
+local get_phase = ngx.get_phase
+
+local type = type
+local tostring = tostring
+local ipairs = ipairs
+local pcall = pcall
+local rawget = rawget
+local io_open = io.open
+local str_byte = string.byte
+local str_sub = string.sub
+local str_match = string.match
+local str_gmatch = string.gmatch
+local str_gsub = string.gsub
+local str_find = string.find
+local tab_concat = table.concat
+local debug_getinfo = debug.getinfo
+local package_cpath = package.cpath
+
+local QRPC_OK = cdef.QRPC_OK
+local errbuf = cdef.errbuf
+local ERRBUF_LEN = cdef.ERRBUF_LEN
+local submit_err = cdef.submit_err
+
+-- Used to keep nginx's process signals away from Go's threads (see
+-- load). pcall: another module may have declared them already.
+pcall(ffi.cdef, [[
+int sigemptyset(void *set);
+int sigaddset(void *set, int signum);
+int pthread_sigmask(int how, const void *set, void *oldset);
+]])
+
+
+local LIBNAME = "libffi_qrpc.so"
+
+local _M = {
+    LIBNAME = LIBNAME,
+    ERR_INIT = "qrpc: not available in the init phase (the Go runtime "
+               .. "must load in workers: call it from a worker phase)",
+}
+
+
+-- The directory of this file: <Lua root>/resty/ffi/qrpc.
+local function module_dir()
+    local info = debug_getinfo(1, "S")
+    local src = info and info.source
+    if type(src) == "string" and str_byte(src, 1) == 64 then -- "@path"
+        return str_match(str_sub(src, 2), "^(.*)/[^/]*$") or "."
+    end
+end
+
+
+local function clean_path(p)
+    local n
+    repeat
+        p, n = str_gsub(p, "/[^/]+/%.%./", "/", 1)
+    until n == 0
+    return p
+end
+
+
+local function candidates()
+    local list, seen = {}, {}
+    local function add(p)
+        p = clean_path(p)
+        if not seen[p] then
+            seen[p] = true
+            list[#list + 1] = p
+        end
+    end
+    local dir = module_dir()
+    if dir then
+        add(dir .. "/../../../" .. LIBNAME)       -- the Lua root (OpenResty lualib/)
+        add(dir .. "/../../../../" .. LIBNAME)    -- its parent (a source checkout)
+        add(dir .. "/../../../../lib/" .. LIBNAME)
+        -- make install / luarocks: PREFIX/share/lua/5.1 beside PREFIX/lib
+        local prefix = str_match(dir, "^(.*)/share/lua/5%.1/resty/ffi/qrpc$")
+        if prefix then
+            add(prefix .. "/lib/" .. LIBNAME)
+            add(prefix .. "/lib/lua/5.1/" .. LIBNAME)
+        end
+    end
+    for tmpl in str_gmatch(package_cpath or "", "[^;]+") do
+        if str_find(tmpl, "?", 1, true) then
+            add((str_gsub(tmpl, "%?", "libffi_qrpc")))
+        end
+    end
+    add("/usr/local/lib/" .. LIBNAME)
+    add("/usr/local/openresty/lualib/" .. LIBNAME)
+    return list
+end
+
+
+local symbols = {
+    "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
+    "qrpc_free", "qrpc_shutdown",
+}
+
+local function check_symbols(l)
+    for _, name in ipairs(symbols) do
+        local _ = l[name]
+    end
+end
+
+
+local function try_load(path)
+    local ok, l = pcall(ffi_load, path)
+    if not ok then
+        return nil, tostring(l)
+    end
+    local sok, err = pcall(check_symbols, l)
+    if not sok then
+        return nil, "not a usable " .. LIBNAME .. " (" .. tostring(err) .. ")"
+    end
+    return l
+end
+
+
+local function open_library(cfg_lib)
+    if cfg_lib then
+        local l, err = try_load(cfg_lib)
+        if not l then
+            return nil, "qrpc: cannot load " .. cfg_lib .. ": " .. err
+        end
+        return l, cfg_lib
+    end
+    local tried = {}
+    for _, path in ipairs(candidates()) do
+        local f = io_open(path, "rb")
+        if f then
+            f:close()
+            local l, err = try_load(path)
+            if l then
+                return l, path
+            end
+            tried[#tried + 1] = path .. " (" .. err .. ")"
+        else
+            tried[#tried + 1] = path
+        end
+    end
+    -- "ffi_qrpc" goes to the dynamic linker: LD_LIBRARY_PATH, ld.so.cache, ...
+    local l, err = try_load("ffi_qrpc")
+    if l then
+        return l, "ffi_qrpc"
+    end
+    tried[#tried + 1] = "the dynamic linker's path (LD_LIBRARY_PATH, "
+                        .. "/etc/ld.so.cache, /lib, /usr/lib: " .. err .. ")"
+    return nil, "qrpc: " .. LIBNAME .. " not found; looked in: "
+                .. tab_concat(tried, ", ")
+                .. "; set qrpc.configure{ lib = \"/path/to/" .. LIBNAME .. "\" }"
+end
+
+
+local function init_runtime(l)
+    local rc = l.qrpc_init(errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return nil, "qrpc: init: " .. submit_err(rc)
+    end
+    return true
+end
+
+
+-- The asynchronous signals nginx handles (Linux numbers): SIGHUP, SIGINT,
+-- SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM, SIGCHLD, SIGWINCH, SIGIO.
+local NGX_SIGNALS = { 1, 2, 3, 10, 12, 14, 15, 17, 28, 29 }
+local SIG_BLOCK, SIG_SETMASK = 0, 2
+local SIGSET_BYTES = 128   -- glibc's sigset_t
+
+-- A process-directed signal goes to any thread that does not block it.
+-- Once Go's threads exist, nginx's SIGCHLD handler could run on one of them
+-- and reap the child of os.execute/io.popen first (system() then returns
+-- -1: golang/go#55066, openresty/openresty#1022), and SIGQUIT/SIGHUP would
+-- not interrupt the worker's epoll_wait. Go's runtime gives every thread it
+-- creates the signal mask of the thread that started it, which is the one
+-- that dlopen()s the library: so the worker blocks these signals around the
+-- load and restores its own mask afterwards.
+local function block_ngx_signals()
+    if ffi.os ~= "Linux" then
+        return nil
+    end
+    local ok, old = pcall(function()
+        local C = ffi.C
+        local set = ffi_new("uint8_t[?]", SIGSET_BYTES)
+        local prev = ffi_new("uint8_t[?]", SIGSET_BYTES)
+        C.sigemptyset(set)
+        for _, sig in ipairs(NGX_SIGNALS) do
+            C.sigaddset(set, sig)
+        end
+        if C.pthread_sigmask(SIG_BLOCK, set, prev) ~= 0 then
+            return nil
+        end
+        return prev
+    end)
+    if not ok then
+        ngx_log(ngx_WARN, "qrpc: cannot mask signals while loading Go: ", old)
+        return nil
+    end
+    return old
+end
+
+
+local function restore_signals(prev)
+    if prev then
+        ffi.C.pthread_sigmask(SIG_SETMASK, prev, nil)
+    end
+end
+
+
+local function load_masked(cfg_host, cfg_lib)
+    local l, where = open_library(cfg_lib)
+    if not l then
+        return nil, where
+    end
+
+    local want = cfg_host
+    local rt
+    local load_ffi = rawget(ngx, "load_ffi")
+    if want == nil then
+        want = type(load_ffi) == "function" and "resty_ffi" or "builtin"
+    end
+
+    if want == "resty_ffi" then
+        local err
+        if type(load_ffi) ~= "function" then
+            err = "ngx.load_ffi is missing (lua-resty-ffi is not loaded)"
+        else
+            -- lua-resty-ffi dlopen()s the same file: one Go runtime per process.
+            local ok, r, rc = pcall(load_ffi, where, nil)
+            if ok and r then
+                rt = r
+            else
+                err = ok and ("libffi_init failed: " .. tostring(rc))
+                      or tostring(r)
+            end
+        end
+        if err then
+            if cfg_host == "resty_ffi" then
+                return nil, "qrpc: host resty_ffi: " .. err
+            end
+            ngx_log(ngx_NOTICE, "qrpc: lua-resty-ffi unusable (", err,
+                    "); using the built-in host")
+            want = "builtin"
+            rt = nil
+        end
+    end
+
+    -- Both hosts need the synchronous entry points (event, close, cancel,
+    -- stats), which run on the nginx thread through qrpc_submit.
+    local ok, err = init_runtime(l)
+    if not ok then
+        return nil, err
+    end
+    ngx_log(ngx_NOTICE, "qrpc: loaded ", where, " (host ", want, ")")
+    return { lib = l, host = want, where = where, rt = rt }
+end
+
+
+-- load(cfg_host, cfg_lib) -> { lib, host, where, rt } | nil, err.
+-- cfg_host: "builtin", "resty_ffi" or nil (resty_ffi when ngx.load_ffi
+-- exists and loads the library); cfg_lib: a path, or nil to search.
+function _M.load(cfg_host, cfg_lib)
+    if get_phase() == "init" then
+        return nil, _M.ERR_INIT
+    end
+    local prev = block_ngx_signals()
+    local ok, res, err = pcall(load_masked, cfg_host, cfg_lib)
+    restore_signals(prev)
+    if not ok then
+        return nil, "qrpc: loading failed: " .. tostring(res)
+    end
+    return res, err
+end
+
+
+return _M

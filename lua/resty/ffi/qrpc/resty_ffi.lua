@@ -1,0 +1,94 @@
+-- resty.ffi.qrpc.resty_ffi: the lua-resty-ffi host (a rebuilt nginx with
+-- ngx.load_ffi). connect, unary and _echo go to Go as lua-resty-ffi tasks:
+-- the calling light thread yields in rt:call until Go answers. The other
+-- operations never wait and use the built-in host's direct calls.
+
+local ffi = require "ffi"
+local cdef = require "resty.ffi.qrpc.cdef"
+local builtin = require "resty.ffi.qrpc.builtin"
+
+local ffi_string = ffi.string
+local ffi_cast = ffi.cast
+
+local ngx_now = ngx.now
+
+local type = type
+local tostring = tostring
+local pairs = pairs
+
+local QRPC_OK = cdef.QRPC_OK
+local QRPC_ERR = cdef.QRPC_ERR
+local CMD_SIZE = cdef.CMD_SIZE
+local cstr_t = cdef.cstr_t
+local status_err = cdef.status_err
+local decode_result = cdef.decode_result
+
+local SWEEP_EVERY_S = builtin.SWEEP_EVERY_S
+local PIN_GRACE_S = 60
+
+
+local _M = {}
+
+
+local rt                -- the runtime ngx.load_ffi returned
+
+-- Called once the library is loaded with this host.
+function _M.init(r)
+    rt = r
+end
+
+
+-- The command points into Lua strings; Go may read them until the task is
+-- answered, even if the calling light thread is killed meanwhile. They stay
+-- referenced here until the call returns or, for abandoned calls, well past
+-- the deadline Go enforces.
+local pinned = {}
+local pin_seq = 0
+local last_pin_sweep = 0
+
+local function pin(cmd, a, b, c, secs)
+    local now = ngx_now()
+    if now - last_pin_sweep >= SWEEP_EVERY_S then
+        last_pin_sweep = now
+        for k, v in pairs(pinned) do
+            if v[5] < now then
+                pinned[k] = nil
+            end
+        end
+    end
+    pin_seq = pin_seq + 1
+    pinned[pin_seq] = { cmd, a, b, c, now + secs + PIN_GRACE_S }
+    return pin_seq
+end
+
+
+-- Sends cmd as a lua-resty-ffi task; a, b, c are the Lua values its
+-- pointers lead into. Returns status, response string | error.
+function _M.call(cmd, a, b, c, secs)
+    local key = pin(cmd, a, b, c, secs)
+    local ok, x, y = rt:call(ffi_string(cmd, CMD_SIZE))
+    pinned[key] = nil
+    if ok then
+        return QRPC_OK, x
+    end
+    if type(x) == "number" then
+        return x, status_err(x, y)
+    end
+    -- lua-resty-ffi's own refusal ("post failed, queue full", ...)
+    return QRPC_ERR, "qrpc: lua-resty-ffi: " .. tostring(x)
+end
+
+
+-- Turns an OK result blob into a table.
+function _M.decode(status, val)
+    if status == QRPC_OK then
+        val = decode_result(ffi_cast(cstr_t, val), #val)
+        if not val then
+            return QRPC_ERR, "qrpc: malformed result from the library"
+        end
+    end
+    return status, val
+end
+
+
+return _M
