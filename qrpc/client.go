@@ -811,7 +811,7 @@ func (st *cstream) broken(cause error) {
 	if !st.retired.CompareAndSwap(false, true) {
 		return
 	}
-	s.c.cfg.Logger.Info("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
+	s.c.cfg.Logger.Debug("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
 	err := fmt.Errorf("%w: stream: %v", ErrConnLost, cause)
 	s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
 		pc.stopTimer()
@@ -875,7 +875,7 @@ func (st *cstream) stuck() {
 	if !st.retired.CompareAndSwap(false, true) {
 		return
 	}
-	s.c.cfg.Logger.Info("qrpc stream stopped answering, replacing it", "addr", s.c.addr)
+	s.c.cfg.Logger.Debug("qrpc stream stopped answering, replacing it", "addr", s.c.addr)
 	if st.inflight.Load() <= 0 {
 		st.cancel()
 	}

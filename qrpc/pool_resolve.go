@@ -109,8 +109,10 @@ func (p *Pool) addSync(ctx context.Context, addr string) error {
 	c := newClient(addr, conf, tlsConf, pr.obs, pr.refresh)
 	pr.c = c // before connect starts the goroutines that read it
 	if err := c.connect(ctx); err != nil {
+		// Never joined: the observer hears of its end, the log does not
+		// (the caller reports the dial error).
 		pr.removed.Store(true)
-		pr.refresh()
+		pr.obs.StateChanged(PeerRemoved)
 		return err
 	}
 	p.mu.Lock()

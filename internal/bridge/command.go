@@ -43,6 +43,12 @@ type Command struct {
 	Insecure                              bool
 	Conns, Streams                        int32
 	IdleTimeoutMS, MaxFrameSize           int32
+
+	// Version 2. Retries, HashKey: UNARY/EVENT (a pool's server choice
+	// and failover); Opts: CONNECT's pool options ("key=value\n").
+	Retries int32
+	HashKey []byte
+	Opts    []byte
 }
 
 // View returns the n bytes at p without copying, after checking that the
@@ -69,6 +75,9 @@ func (c *Command) Check() error {
 	if c.TimeoutMS < 0 {
 		return Badf("negative timeout %d ms", c.TimeoutMS)
 	}
+	if c.Retries < 0 {
+		return Badf("negative retries %d", c.Retries)
+	}
 	if c.NHdrs > maxHeaders {
 		return Badf("%d header entries, at most %d", c.NHdrs, maxHeaders)
 	}
@@ -89,7 +98,7 @@ func (c *Command) Check() error {
 		}
 	case OpConnect:
 		switch {
-		case len(c.Addr) == 0:
+		case len(c.Addr) == 0 && len(c.Opts) == 0:
 			return Badf("empty address")
 		case len(c.Pins)%32 != 0:
 			return Badf("pins: %d bytes is not a multiple of 32 (raw SHA-256 digests)", len(c.Pins))

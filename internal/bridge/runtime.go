@@ -98,7 +98,7 @@ type conn struct {
 	r      *Runtime
 	handle uint64
 	addr   string
-	client *qrpc.Client
+	client *qrpc.Pool
 	owner  *Gen
 
 	inflight atomic.Int64
@@ -159,8 +159,7 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 	hook("submit")
 	switch cmd.Op {
 	case OpConnect:
-		r.connect(h, g, cmd)
-		return StatusPending, ""
+		return r.connect(h, g, cmd)
 	case OpUnary:
 		return r.unary(h, cmd)
 	case OpEvent:
@@ -192,8 +191,11 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 
 // connect dials on a goroutine (the handshake blocks) and completes with
 // the new handle.
-func (r *Runtime) connect(h Host, g *Gen, cmd *Command) {
-	addr, cfg := connectConfig(cmd, r.logger)
+func (r *Runtime) connect(h Host, g *Gen, cmd *Command) (int32, string) {
+	addr, cfg, err := connectConfig(cmd, r.logger)
+	if err != nil {
+		return StatusOf(err)
+	}
 	id := cmd.CallID
 	go func() {
 		completed := false
@@ -215,6 +217,7 @@ func (r *Runtime) connect(h Host, g *Gen, cmd *Command) {
 		completed = true
 		h.Complete(out)
 	}()
+	return StatusPending, ""
 }
 
 // unary starts a call on the calling thread: qrpc.Client.Start encodes and
@@ -266,7 +269,8 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	if cmd.TimeoutMS > 0 {
 		timeout = time.Duration(cmd.TimeoutMS) * time.Millisecond
 	}
-	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout)}
+	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout),
+		HashKey: cmd.HashKey, Retries: callRetries(cmd.Retries)}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
@@ -325,7 +329,7 @@ func (r *Runtime) event(cmd *Command) error {
 	if err != nil {
 		return err
 	}
-	err = c.client.Event(cmd.Method, hdrs, cmd.Body)
+	err = c.client.SendEvent(&qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, HashKey: cmd.HashKey})
 	switch {
 	case err == nil:
 		c.events.Add(1)
