@@ -41,7 +41,18 @@ type cmdABI struct {
 	Streams       int32
 	IdleTimeoutMS int32
 	MaxFrameSize  int32
-	Reserved      int32
+	Retries       int32
+	// Version 2.
+	HashKey     unsafe.Pointer
+	HashKeyLen  uintptr
+	ReqType     unsafe.Pointer
+	ReqTypeLen  uintptr
+	RespType    unsafe.Pointer
+	RespTypeLen uintptr
+	Flags       uint32
+	Reserved2   uint32
+	Opts        unsafe.Pointer
+	OptsLen     uintptr
 }
 
 // completionABI is qrpc_completion_t: the runtime's Completion is laid out
@@ -77,6 +88,9 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 	cmd.Method = view(c.Method, c.MethodLen, "method")
 	cmd.Body = view(c.Body, c.BodyLen, "body")
 	cmd.Hdrs = view(c.Hdrs, c.HdrsLen, "headers")
+	cmd.Retries = c.Retries
+	cmd.HashKey = view(c.HashKey, c.HashKeyLen, "hash_key")
+	cmd.Opts = view(c.Opts, c.OptsLen, "opts")
 	if c.Op == bridge.OpConnect {
 		cmd.Addr = view(c.Addr, c.AddrLen, "addr")
 		cmd.ServerName = view(c.ServerName, c.ServerNameLen, "server_name")
@@ -108,7 +122,12 @@ func cmdOffsets() []uintptr {
 		unsafe.Offsetof(c.Key), unsafe.Offsetof(c.KeyLen),
 		unsafe.Offsetof(c.Pins), unsafe.Offsetof(c.PinsLen),
 		unsafe.Offsetof(c.Insecure), unsafe.Offsetof(c.Conns), unsafe.Offsetof(c.Streams),
-		unsafe.Offsetof(c.IdleTimeoutMS), unsafe.Offsetof(c.MaxFrameSize), unsafe.Offsetof(c.Reserved),
+		unsafe.Offsetof(c.IdleTimeoutMS), unsafe.Offsetof(c.MaxFrameSize), unsafe.Offsetof(c.Retries),
+		unsafe.Offsetof(c.HashKey), unsafe.Offsetof(c.HashKeyLen),
+		unsafe.Offsetof(c.ReqType), unsafe.Offsetof(c.ReqTypeLen),
+		unsafe.Offsetof(c.RespType), unsafe.Offsetof(c.RespTypeLen),
+		unsafe.Offsetof(c.Flags), unsafe.Offsetof(c.Reserved2),
+		unsafe.Offsetof(c.Opts), unsafe.Offsetof(c.OptsLen),
 	}
 }
 

@@ -37,7 +37,12 @@ static size_t qrpc_cmd_offset(int i) {
 		offsetof(qrpc_cmd_t, pins), offsetof(qrpc_cmd_t, pins_len),
 		offsetof(qrpc_cmd_t, insecure), offsetof(qrpc_cmd_t, conns), offsetof(qrpc_cmd_t, streams),
 		offsetof(qrpc_cmd_t, idle_timeout_ms), offsetof(qrpc_cmd_t, max_frame_size),
-		offsetof(qrpc_cmd_t, reserved),
+		offsetof(qrpc_cmd_t, retries),
+		offsetof(qrpc_cmd_t, hash_key), offsetof(qrpc_cmd_t, hash_key_len),
+		offsetof(qrpc_cmd_t, req_type), offsetof(qrpc_cmd_t, req_type_len),
+		offsetof(qrpc_cmd_t, resp_type), offsetof(qrpc_cmd_t, resp_type_len),
+		offsetof(qrpc_cmd_t, flags), offsetof(qrpc_cmd_t, reserved2),
+		offsetof(qrpc_cmd_t, opts), offsetof(qrpc_cmd_t, opts_len),
 	};
 	return i < (int)(sizeof o / sizeof o[0]) ? o[i] : (size_t)-1;
 }
@@ -48,6 +53,7 @@ static int qrpc_const(int i, long long *v) {
 	static const long long c[] = {
 		QRPC_CMD_VERSION,
 		QRPC_OP_CONNECT, QRPC_OP_UNARY, QRPC_OP_EVENT, QRPC_OP_CLOSE, QRPC_OP_CANCEL, QRPC_OP_ECHO, QRPC_OP_STATS,
+		QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE,
 		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
 		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
 	};
@@ -213,6 +219,7 @@ func (cMemory) Free(p unsafe.Pointer)      { C.free(p) }
 
 const constNames = `QRPC_CMD_VERSION
 	QRPC_OP_CONNECT QRPC_OP_UNARY QRPC_OP_EVENT QRPC_OP_CLOSE QRPC_OP_CANCEL QRPC_OP_ECHO QRPC_OP_STATS
+	QRPC_OP_PEERS QRPC_OP_METRICS QRPC_OP_PROTO_LOAD QRPC_OP_CONFIGURE
 	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
 	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST`
 
@@ -222,6 +229,7 @@ func abiLayoutErr() error {
 	names := strings.Fields(constNames)
 	goVals := []int64{bridge.CmdVersion,
 		bridge.OpConnect, bridge.OpUnary, bridge.OpEvent, bridge.OpClose, bridge.OpCancel, bridge.OpEcho, bridge.OpStats,
+		bridge.OpPeers, bridge.OpMetrics, bridge.OpProtoLoad, bridge.OpConfigure,
 		int64(bridge.StatusOK), int64(bridge.StatusPending), int64(bridge.StatusLog), int64(bridge.ErrGeneric),
 		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),
 		int64(bridge.ErrConnect), int64(bridge.ErrUnavail), int64(bridge.ErrTooBig), int64(bridge.ErrLost)}

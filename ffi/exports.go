@@ -100,6 +100,34 @@ func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int)
 	return C.int(status)
 }
 
+//export qrpc_query
+func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
+	fail := func(err error) C.int {
+		status, msg := bridge.StatusOf(err)
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
+		return C.int(status)
+	}
+	if out == nil || outLen == nil {
+		return fail(bridge.Badf("NULL out or out_len"))
+	}
+	var c bridge.Command
+	if err := decodeCmd((*cmdABI)(cmd), &c); err != nil {
+		return fail(err)
+	}
+	b, err := rt.Query(&c)
+	if err != nil {
+		return fail(err)
+	}
+	p := cMemory{}.Alloc(len(b))
+	if p == nil {
+		return fail(fmt.Errorf("out of memory (%d bytes)", len(b)))
+	}
+	copy(unsafe.Slice((*byte)(p), max(len(b), 1)), b)
+	*out, *outLen = p, C.size_t(len(b))
+	return C.int(bridge.StatusOK)
+}
+
 //export qrpc_stats
 func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	defer exportPanic(&rc, nil, 0)

@@ -26,6 +26,11 @@
 #define QRPC_OP_CANCEL  5 /* forget call_id (built-in host); synchronous */
 #define QRPC_OP_ECHO    6 /* IPC benchmark: completes with body, no network */
 #define QRPC_OP_STATS   7 /* counters of a connection: a result blob whose body is a qrpc_stats_t */
+/* Ops of qrpc_query (version 2), answered on the calling thread: */
+#define QRPC_OP_PEERS      8  /* conn handle -> peers of that pool, text lines; conn 0 -> "connections=N" */
+#define QRPC_OP_METRICS    9  /* -> this worker's metrics snapshot */
+#define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes; method = "file"|"descriptor_set" */
+#define QRPC_OP_CONFIGURE  11 /* opts lines: max_connections=N, gomaxprocs=N, ... */
 
 /* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
  * the lua-resty-ffi rc. Negative values are errors; the message is in the
@@ -69,10 +74,18 @@ typedef struct {
     int32_t     streams;
     int32_t     idle_timeout_ms;
     int32_t     max_frame_size;
-    int32_t     reserved;
+    int32_t     retries;     /* UNARY: extra attempts on other servers for calls that may have run (opt-in); 0 = none */
+    /* version 2 */
+    const char *hash_key;  size_t hash_key_len;   /* UNARY/EVENT: key for balance = "hash" */
+    const char *req_type;  size_t req_type_len;   /* UNARY/EVENT: body is JSON for this protobuf message: encode before sending */
+    const char *resp_type; size_t resp_type_len;  /* UNARY: decode the response body as this message, to JSON */
+    uint32_t    flags;       /* QRPC_F_DISCARD_UNKNOWN = 1 (ignore unknown JSON fields) */
+    uint32_t    reserved2;
+    const char *opts;      size_t opts_len;       /* CONNECT: pool options; other ops: op-specific; "key=value\n" lines */
 } qrpc_cmd_t;
 
-#define QRPC_CMD_VERSION 1
+#define QRPC_CMD_VERSION 2
+#define QRPC_F_DISCARD_UNKNOWN 1
 
 /* A finished command (built-in host). data is malloc'd (free with
  * qrpc_free) or NULL; for QRPC_OK it is a result blob:
@@ -105,6 +118,11 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * cmd->call_id will follow), or an error status with err filled.
  * Connections are not cached here: the Lua module reuses its handles. */
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
+
+/* Runs a query op (QRPC_OP_PEERS ...) now, on the calling thread, for
+ * both hosts. On QRPC_OK *out is a malloc'd blob of *out_len bytes (free
+ * with qrpc_free); otherwise an error status with err filled. */
+int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {

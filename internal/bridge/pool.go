@@ -144,6 +144,15 @@ func (r *Runtime) Peers(h uint64) ([]byte, error) {
 	return []byte(b.String()), nil
 }
 
+func init() {
+	RegisterQuery(OpPeers, func(r *Runtime, cmd *Command) ([]byte, error) {
+		if cmd.Conn == 0 {
+			return fmt.Appendf(nil, "connections=%d\n", r.QUICConns()), nil
+		}
+		return r.Peers(cmd.Conn)
+	})
+}
+
 // QUICConns counts the live QUIC connections of every pool in the table,
 // for qrpc.stats().connections.
 func (r *Runtime) QUICConns() int {

@@ -20,6 +20,12 @@ const (
 	OpStats   = 7
 
 	lastSubmitOp = OpStats
+
+	// Ops of qrpc_query (version 2).
+	OpPeers     = 8
+	OpMetrics   = 9
+	OpProtoLoad = 10
+	OpConfigure = 11
 )
 
 // Status codes (QRPC_OK, QRPC_ERR_*): the value of every export and
@@ -43,7 +49,7 @@ const (
 )
 
 // CmdVersion is QRPC_CMD_VERSION, the layout of qrpc_cmd_t this runtime reads.
-const CmdVersion = 1
+const CmdVersion = 2
 
 // maxMsgLen bounds error messages handed to Lua: they end up in logs and
 // HTTP answers, and a wrapped quic-go error can be long.

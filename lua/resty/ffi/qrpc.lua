@@ -93,6 +93,7 @@ local loader = require "resty.ffi.qrpc.loader"
 local builtin = require "resty.ffi.qrpc.builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
+local pool = require "resty.ffi.qrpc.pool"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -130,6 +131,8 @@ local builtin_event = builtin.event
 local rf_call = resty_ffi.call
 local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
+local call_opts = pool.call_opts
+local pool_keys = pool.keys
 
 local ERR_INIT = loader.ERR_INIT
 local DEFAULT_TIMEOUT_MS = cache.DEFAULT_TIMEOUT_MS
@@ -153,6 +156,9 @@ cache.init(mt)
 
 -- Configuration (read at load time) and the loaded state of this worker.
 local cfg_host, cfg_lib, cfg_socket_dir = nil, nil, "/tmp"
+-- QUIC connections a worker may hold (every pool's servers × conns);
+-- beyond it connect closes the least recently used idle pools.
+local max_connections = 256
 local loaded            -- true once the library is loaded
 local host              -- "builtin" or "resty_ffi", once loaded
 local use_builtin       -- host == "builtin"
@@ -242,10 +248,10 @@ end
 local function check_connect_opts(o)
     for k, v in pairs(o) do
         local want = known_opts[k]
-        if not want then
+        if not want and not pool_keys[k] then
             return bad(2, "unknown option '" .. tostring(k) .. "'")
         end
-        if type(v) ~= want then
+        if want and type(v) ~= want then
             return bad(2, k .. " must be a " .. want .. " (got " .. type(v) .. ")")
         end
     end
@@ -300,25 +306,24 @@ local EMPTY = {}
 -- asynchronously), except that a ready cached connection is returned in any
 -- phase, so log_by_lua and filters can reuse what content_by_lua connected.
 function _M.connect(addr, opts)
-    if type(addr) ~= "string" or addr == "" then
-        return bad(1, "addr must be a non-empty string host:port (got "
-                      .. type(addr) .. ")")
-    end
-    if not str_find(addr, ":%d+$") then
-        return bad(1, "addr must be host:port (got \"" .. addr .. "\")")
-    end
     if opts == nil then
         opts = EMPTY
     elseif type(opts) ~= "table" then
         return bad(2, "opts must be a table (got " .. type(opts) .. ")")
     end
+    -- addr: "host:port" or a list of them (a pool); pool options checked
+    local spec, serr = pool.check(addr, opts)
+    if not spec then
+        return nil, serr
+    end
+    addr = spec.addr
 
     local phase = get_phase()
     if phase == "init" then
         return nil, ERR_INIT
     end
 
-    local e = cache.find(addr, opts)
+    local e = cache.find(addr, opts, spec)
     if e then
         if e.state == "ready" then
             if not e.conn.closed then
@@ -349,7 +354,12 @@ function _M.connect(addr, opts)
         if not ok then
             return nil, err
         end
-        e = cache.start(addr, opts, pins, use_builtin)
+        ok, err = cache.make_room(spec.naddrs * (opts.conns or 1),
+                                  max_connections, builtin.stats)
+        if not ok then
+            return nil, err
+        end
+        e = cache.start(addr, opts, pins, use_builtin, spec)
     end
     return cache.wait(e)
 end
@@ -427,6 +437,10 @@ function _M.unary(self, method, body, opts)
     if timeout == 0 then
         timeout = self.timeout
     end
+    local hash_key, retries = call_opts(self, opts, 4)
+    if not hash_key then
+        return nil, retries
+    end
 
     local phase = get_phase()
     if not yieldable[phase] then
@@ -438,13 +452,14 @@ function _M.unary(self, method, body, opts)
     local secs = timeout / 1000 + SAFETY_SLACK_S
     if use_builtin then
         status, val = builtin_call(OP_UNARY, self.handle, method, body, nh,
-                                   hbuf, hlen, timeout, secs)
+                                   hbuf, hlen, timeout, secs, hash_key,
+                                   retries)
     else
         -- the header buffer is shared: this call keeps its own copy across
         -- the yield
         local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
         local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, self.handle, 0, method,
-                             body, nh, hstr, hlen, timeout)
+                             body, nh, hstr, hlen, timeout, hash_key, retries)
         status, val = rf_decode(rf_call(cmd, method, body, hstr, secs))
     end
 
@@ -471,8 +486,14 @@ function _M.event(self, method, body, opts)
     if not body then
         return nil, nh
     end
+    local hash_key
+    hash_key, err = call_opts(self, opts, 4)
+    if not hash_key then
+        return nil, err
+    end
     local rc
-    rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen)
+    rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen,
+                            hash_key)
     if rc == QRPC_OK then
         return true
     end
@@ -517,7 +538,13 @@ function _M.stats(self)
         s.host = host
         s.lib = lib_where
         s.waiting, s.dispatcher = builtin.waiting()
-        s.connections = cache.count()
+        s.connections = 0
+        if loaded then
+            -- real QUIC connections, every pool's servers counted
+            s.connections = pool.parse_connections(
+                                builtin.query(cdef.OP_PEERS, 0))
+        end
+        s.pools = cache.count()
         return s
     end
     local ok, err = check_conn(self)
@@ -525,6 +552,25 @@ function _M.stats(self)
         return nil, err
     end
     return builtin.stats(self.handle)
+end
+
+
+-- conn:peers() -> { { addr, state = "up"|"ejected"|"connecting"|"draining",
+-- inflight, calls, failures, ejected_until (ms since the epoch, 0) }, ... }
+function _M.peers(self)
+    local ok, err = check_conn(self)
+    if not ok then
+        return nil, err
+    end
+    local text
+    text, err = builtin.query(cdef.OP_PEERS, self.handle)
+    if not text then
+        if err == "closed" then
+            mark_closed(self)
+        end
+        return nil, err
+    end
+    return pool.parse_peers(text)
 end
 
 
@@ -539,8 +585,23 @@ function _M.configure(opts)
         return bad(1, "opts must be a table (got " .. type(opts) .. ")")
     end
     for k in pairs(opts) do
-        if k ~= "host" and k ~= "lib" and k ~= "socket_dir" then
+        if k ~= "host" and k ~= "lib" and k ~= "socket_dir"
+           and k ~= "max_connections"
+        then
             return bad(1, "unknown option '" .. tostring(k) .. "'")
+        end
+    end
+    local mc = opts.max_connections
+    if mc ~= nil then
+        if type(mc) ~= "number" or mc < 1 or mc > 65536
+           or math_floor(mc) ~= mc
+        then
+            return bad(1, "max_connections must be an integer 1..65536")
+        end
+        -- any time: it applies to the next connect that dials
+        max_connections = mc
+        if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
+            return true
         end
     end
     local h, l, d = opts.host, opts.lib, opts.socket_dir

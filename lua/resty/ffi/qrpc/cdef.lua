@@ -49,7 +49,13 @@ typedef struct {
     int32_t     streams;
     int32_t     idle_timeout_ms;
     int32_t     max_frame_size;
-    int32_t     reserved;
+    int32_t     retries;
+    const char *hash_key;  size_t hash_key_len;
+    const char *req_type;  size_t req_type_len;
+    const char *resp_type; size_t resp_type_len;
+    uint32_t    flags;
+    uint32_t    reserved2;
+    const char *opts;      size_t opts_len;
 } qrpc_cmd_t;
 
 typedef struct {
@@ -74,6 +80,7 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
+int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_drain(qrpc_completion_t *out, int max);
 void qrpc_free(void *p);
@@ -81,7 +88,7 @@ void qrpc_shutdown(void);
 ]]
 end
 
-local CMD_VERSION = 1
+local CMD_VERSION = 2
 
 local OP_CONNECT = 1
 local OP_UNARY = 2
@@ -89,6 +96,7 @@ local OP_EVENT = 3
 local OP_CLOSE = 4
 local OP_CANCEL = 5
 local OP_ECHO = 6
+local OP_PEERS = 8
 
 local QRPC_OK = 0
 local QRPC_PENDING = 1
@@ -126,6 +134,7 @@ local _M = {
     OP_CLOSE = OP_CLOSE,
     OP_CANCEL = OP_CANCEL,
     OP_ECHO = OP_ECHO,
+    OP_PEERS = OP_PEERS,
     QRPC_OK = QRPC_OK,
     QRPC_PENDING = QRPC_PENDING,
     QRPC_LOG = QRPC_LOG,
@@ -282,9 +291,10 @@ end
 
 -- hdrs is the packed buffer (read by Go before qrpc_submit returns) or, for
 -- a call that crosses a yield with the lua-resty-ffi host, a string the
--- caller anchors.
+-- caller anchors (as hash_key: a pool's server choice; retries: extra
+-- attempts on another server, 0 = none).
 function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
-                     timeout)
+                     timeout, hash_key, retries)
     cmd.version = CMD_VERSION
     cmd.op = op
     cmd.conn = handle
@@ -302,6 +312,14 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
         cmd.hdrs = nil
         cmd.hdrs_len = 0
     end
+    if hash_key then
+        cmd.hash_key = hash_key
+        cmd.hash_key_len = #hash_key
+    else
+        cmd.hash_key = nil
+        cmd.hash_key_len = 0
+    end
+    cmd.retries = retries or 0
     return cmd
 end
 
@@ -335,6 +353,16 @@ function _M.connect_cmd(addr, o, pins)
     cmd.streams = o.streams or 0
     cmd.idle_timeout_ms = o.idle_timeout and math_ceil(o.idle_timeout) or 0
     cmd.max_frame_size = o.max_frame_size or 0
+    return cmd
+end
+
+
+-- Sets CONNECT's opts lines (pools); the caller keeps s alive as above.
+function _M.set_opts(cmd, s)
+    if s and s ~= "" then
+        cmd.opts = s
+        cmd.opts_len = #s
+    end
     return cmd
 end
 
