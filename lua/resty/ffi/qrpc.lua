@@ -437,9 +437,10 @@ function _M.unary(self, method, body, opts)
     if timeout == 0 then
         timeout = self.timeout
     end
-    local hash_key, retries = call_opts(self, opts, 4)
-    if not hash_key then
-        return nil, retries
+    local hash_key, retries
+    ok, hash_key, retries = call_opts(self, opts, 4)
+    if not ok then
+        return nil, hash_key
     end
 
     local phase = get_phase()
@@ -487,9 +488,9 @@ function _M.event(self, method, body, opts)
         return nil, nh
     end
     local hash_key
-    hash_key, err = call_opts(self, opts, 4)
-    if not hash_key then
-        return nil, err
+    ok, hash_key = call_opts(self, opts, 4)
+    if not ok then
+        return nil, hash_key
     end
     local rc
     rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen,

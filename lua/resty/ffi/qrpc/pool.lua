@@ -225,8 +225,9 @@ function _M.check(addrs, opts)
         tab_sort(sorted)
         spec.addr, spec.naddrs, spec.list = tab_concat(sorted, ","), n, sorted
     else
-        return bad(1, "addr must be a string host:port or a list of them "
-                      .. "(got " .. type(addrs) .. ")")
+        -- (a list is also accepted: see README, "Several servers")
+        return bad(1, "addr must be a non-empty string host:port (got "
+                      .. type(addrs) .. ")")
     end
     local ok, err = pool_spec(opts, spec)
     if not ok then
@@ -244,7 +245,7 @@ end
 
 
 -- Per-call options: hash_key and retries (default: the connection's).
--- Returns hash_key (or nil), retries, or nil, err.
+-- Returns true, hash_key (or nil), retries; or nil, err.
 function _M.call_opts(conn, opts, argn)
     local key, retries = nil, conn.retries or 0
     if opts ~= nil then
@@ -269,7 +270,7 @@ function _M.call_opts(conn, opts, argn)
         return bad(argn, "hash_key is required: the connection balances by "
                          .. "\"hash\"")
     end
-    return key or false, retries
+    return true, key, retries
 end
 
 
