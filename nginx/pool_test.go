@@ -353,3 +353,112 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestPoolLua: the Lua surface of pools without killing anything: bad
+// input, the normalised cache key, hash keys, peers(), max_connections.
+func TestPoolLua(t *testing.T) {
+	requireNginx(t)
+	a, b := ownServer(t), ownServer(t)
+	extra := map[string]string{"s1": a.addr, "s2": b.addr}
+	runBlocks(t, []block{{
+		name: "bad input is nil, bad argument",
+		conf: ngxConf{Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function p(...)
+                    local r = { ... }
+                    ngx.say(tostring(r[1]), " | ", tostring(r[2]))
+                end
+                p(qrpc.connect({}, qt.opts()))
+                p(qrpc.connect({ qt.s1, 5 }, qt.opts()))
+                p(qrpc.connect({ qt.s1, qt.s1 }, qt.opts()))
+                p(qrpc.connect({ qt.s1, "nohost" }, qt.opts()))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "random" })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { failures = -1 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { eject = "10s" } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { fails = 3 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ check = { interval = 100 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = -1 })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ resolver = "dns" })))
+                p(qrpc.configure({ max_connections = 0 }))
+                local conn = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))
+                p(conn:unary("echo", "x"))
+                p(conn:unary("echo", "x", { hash_key = {} }))
+                p(conn:unary("echo", "x", { hash_key = "k", retries = 1.5 }))
+                p(conn:event("count", "x"))`)},
+		body: lines(
+			`nil | bad argument #1: addrs must not be empty`,
+			`nil | bad argument #1: addrs[2] must be a non-empty string host:port (got number)`,
+			`nil | bad argument #1: duplicate address "`+a.addr+`"`,
+			`nil | bad argument #1: addrs[2] must be host:port (got "nohost")`,
+			`nil | bad argument #2: balance must be "round_robin", "least_inflight" or "hash" (got random)`,
+			`nil | bad argument #2: health.failures must be a positive integer`,
+			`nil | bad argument #2: health.eject must be a number of milliseconds >= 0`,
+			`nil | bad argument #2: unknown health option 'fails'`,
+			`nil | bad argument #2: check.method must be a method name`,
+			`nil | bad argument #2: retries must be a non-negative integer`,
+			`nil | bad argument #2: resolver must be a string host:port`,
+			`nil | bad argument #1: max_connections must be an integer 1..65536`,
+			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
+			`nil | bad argument #4: hash_key must be a string (got table)`,
+			`nil | bad argument #4: retries must be a non-negative integer`,
+			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
+		),
+	}, {
+		name: "defaults written out and address order give the same pool; a hash key keeps its server",
+		conf: ngxConf{Workers: 1, Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local c1 = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts()))
+                local c2 = assert(qrpc.connect({ qt.s2, qt.s1 }, qt.opts({
+                    timeout = 5000, conns = 1, streams = 32, balance = "round_robin",
+                    health = { failures = 3, eject = 10000 }, retries = 0, resolve = 0 })))
+                local c3 = assert(qrpc.connect(qt.s1, qt.opts()))
+                local c4 = assert(qrpc.connect(qt.s1, qt.opts({ timeout = 5000, idle_timeout = 30000 })))
+                local h = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))
+                ngx.say(c1 == c2, " ", c3 == c4, " ", c1 ~= c3, " ", h ~= c1)
+                for i = 1, 20 do
+                    assert(h:unary("echo", "x", { hash_key = "user-7" }))
+                end
+                for i = 1, 10 do
+                    assert(c1:unary("echo", "x"))
+                end
+                local calls = {}
+                for _, p in ipairs(h:peers()) do
+                    calls[#calls + 1] = p.calls
+                end
+                table.sort(calls)
+                ngx.say("hash: ", table.concat(calls, ","))
+                calls = {}
+                for _, p in ipairs(c1:peers()) do
+                    calls[#calls + 1] = p.state .. "=" .. p.calls
+                end
+                ngx.say("round robin: ", table.concat(calls, ","))
+                ngx.say("connections: ", qrpc.stats().connections)`)},
+		body: lines("true true true true", "hash: 0,20", "round robin: up=5,up=5", "connections: 5"),
+	}, {
+		name: "max_connections closes the least recently used idle pool, refuses when all are busy",
+		conf: ngxConf{Workers: 1, Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.configure({ max_connections = 2 }))
+                local c1 = assert(qrpc.connect(qt.s1, qt.opts()))
+                local c2 = assert(qrpc.connect(qt.s2, qt.opts()))
+                local c3 = assert(qrpc.connect(qt.s1, qt.opts({ streams = 4 })))
+                -- c1 was the least recently used idle pool: closed for c3
+                ngx.say(select(2, c1:unary("echo", "x")), " ", c2:unary("echo", "x").body,
+                        " ", c3:unary("echo", "y").body, " ", qrpc.stats().connections)
+                -- both pools busy: no room for a third
+                local t1 = ngx.thread.spawn(function() return c2:unary("slow", "500") end)
+                local t2 = ngx.thread.spawn(function() return c3:unary("slow", "500") end)
+                ngx.sleep(0.1)
+                ngx.say(select(2, qrpc.connect(qt.s2, qt.opts({ streams = 8 }))))
+                ngx.thread.wait(t1)
+                ngx.thread.wait(t2)
+                local c4 = assert(qrpc.connect(qt.s2, qt.opts({ streams = 8 })))
+                ngx.say(c4:unary("echo", "z").body, " ", qrpc.stats().connections)`)},
+		body: lines("closed x y 2",
+			"qrpc: too many connections (2); every pool has calls in flight: raise qrpc.configure{ max_connections = n } or connect to fewer distinct servers/options",
+			"z 2"),
+	}})
+}
