@@ -71,13 +71,6 @@ func TestRuntimePool(t *testing.T) {
 		t.Fatalf("connect: %d %q", c.Status, text(c))
 	}
 	conn := c.Handle
-	for i := range 30 {
-		id := uint64(10 + i)
-		h.submit(unary(conn, id, "echo", "x", 5000), StatusPending)
-		if code, _, body := result(t, h.wait(id, 5*time.Second)); code != 0 || string(body) != "x" {
-			t.Fatalf("echo: %d %q", code, body)
-		}
-	}
 	peers := func() map[string]string {
 		out, err := r.Peers(conn)
 		if err != nil {
@@ -89,6 +82,29 @@ func TestRuntimePool(t *testing.T) {
 			m[strings.TrimPrefix(f[0], "addr=")] = strings.Join(f[1:], " ")
 		}
 		return m
+	}
+	// Connect returns once one server is up (the others get a short
+	// grace): wait for all three, so that round-robin is exact.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		up := 0
+		for _, v := range peers() {
+			if strings.HasPrefix(v, "state=up ") {
+				up++
+			}
+		}
+		if up == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("peers %v", peers())
+		}
+	}
+	for i := range 30 {
+		id := uint64(10 + i)
+		h.submit(unary(conn, id, "echo", "x", 5000), StatusPending)
+		if code, _, body := result(t, h.wait(id, 5*time.Second)); code != 0 || string(body) != "x" {
+			t.Fatalf("echo: %d %q", code, body)
+		}
 	}
 	p := peers()
 	for _, ts := range srvs {
