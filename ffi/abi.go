@@ -73,7 +73,11 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 	if c.Version != bridge.CmdVersion {
 		return bridge.Badf("version %d, this library speaks %d", c.Version, bridge.CmdVersion)
 	}
-	*cmd = bridge.Command{Op: c.Op, Conn: c.Conn, CallID: c.CallID, TimeoutMS: c.TimeoutMS, NHdrs: c.NHdrs}
+	if c.Reserved2 != 0 {
+		return bridge.Badf("reserved2 must be 0, got %d", c.Reserved2)
+	}
+	*cmd = bridge.Command{Op: c.Op, Conn: c.Conn, CallID: c.CallID, TimeoutMS: c.TimeoutMS, NHdrs: c.NHdrs,
+		Retries: c.Retries, Flags: c.Flags}
 	// A closure rather than a table of field pointers: this runs for every
 	// call and must not allocate.
 	var err error
@@ -88,8 +92,9 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 	cmd.Method = view(c.Method, c.MethodLen, "method")
 	cmd.Body = view(c.Body, c.BodyLen, "body")
 	cmd.Hdrs = view(c.Hdrs, c.HdrsLen, "headers")
-	cmd.Retries = c.Retries
 	cmd.HashKey = view(c.HashKey, c.HashKeyLen, "hash_key")
+	cmd.ReqType = view(c.ReqType, c.ReqTypeLen, "req_type")
+	cmd.RespType = view(c.RespType, c.RespTypeLen, "resp_type")
 	cmd.Opts = view(c.Opts, c.OptsLen, "opts")
 	if c.Op == bridge.OpConnect {
 		cmd.Addr = view(c.Addr, c.AddrLen, "addr")
@@ -126,8 +131,7 @@ func cmdOffsets() []uintptr {
 		unsafe.Offsetof(c.HashKey), unsafe.Offsetof(c.HashKeyLen),
 		unsafe.Offsetof(c.ReqType), unsafe.Offsetof(c.ReqTypeLen),
 		unsafe.Offsetof(c.RespType), unsafe.Offsetof(c.RespTypeLen),
-		unsafe.Offsetof(c.Flags), unsafe.Offsetof(c.Reserved2),
-		unsafe.Offsetof(c.Opts), unsafe.Offsetof(c.OptsLen),
+		unsafe.Offsetof(c.Flags), unsafe.Offsetof(c.Reserved2), unsafe.Offsetof(c.Opts), unsafe.Offsetof(c.OptsLen),
 	}
 }
 

@@ -66,6 +66,9 @@ func TestDecodeCmd(t *testing.T) {
 		{"null with length", func(c *cmdABI) { c.Body, c.BodyLen = nil, 5 }, "body: NULL pointer with length 5"},
 		{"huge length", func(c *cmdABI) { c.BodyLen = 1 << 40 }, "body: length"},
 		{"null method", func(c *cmdABI) { c.Method = nil }, "method: NULL pointer"},
+		{"reserved2", func(c *cmdABI) { c.Reserved2 = 1 }, "reserved2 must be 0, got 1"},
+		{"null opts", func(c *cmdABI) { c.OptsLen = 3 }, "opts: NULL pointer with length 3"},
+		{"null hash key", func(c *cmdABI) { c.HashKeyLen = 3 }, "hash_key: NULL pointer with length 3"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +82,23 @@ func TestDecodeCmd(t *testing.T) {
 	}
 	if err := decodeCmd(nil, &cmd); err == nil {
 		t.Fatal("NULL command accepted")
+	}
+}
+
+func TestDecodeVersion2(t *testing.T) {
+	c := unaryCmd(3, "greet", "{}")
+	c.Retries, c.Flags = 2, bridge.FlagDiscardUnknown
+	c.HashKey, c.HashKeyLen = ptr([]byte("user-42"))
+	c.ReqType, c.ReqTypeLen = ptr([]byte("pkg.Req"))
+	c.RespType, c.RespTypeLen = ptr([]byte("pkg.Resp"))
+	c.Opts, c.OptsLen = ptr([]byte("k=v\n"))
+	var cmd bridge.Command
+	if err := decodeCmd(c, &cmd); err != nil {
+		t.Fatal(err)
+	}
+	if cmd.Retries != 2 || cmd.Flags != bridge.FlagDiscardUnknown || string(cmd.HashKey) != "user-42" ||
+		string(cmd.ReqType) != "pkg.Req" || string(cmd.RespType) != "pkg.Resp" || string(cmd.Opts) != "k=v\n" {
+		t.Fatalf("decoded %+v", cmd)
 	}
 }
 

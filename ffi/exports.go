@@ -103,29 +103,25 @@ func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int)
 //export qrpc_query
 func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
-	fail := func(err error) C.int {
-		status, msg := bridge.StatusOf(err)
-		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
-		return C.int(status)
-	}
 	if out == nil || outLen == nil {
-		return fail(bridge.Badf("NULL out or out_len"))
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), "bad command: NULL out or out_len")
+		return C.int(bridge.ErrBadArg)
 	}
+	*out, *outLen = nil, 0
 	var c bridge.Command
+	var res bridge.Completion
+	var msg string
 	if err := decodeCmd((*cmdABI)(cmd), &c); err != nil {
-		return fail(err)
+		res.Status, msg = bridge.StatusOf(err)
+	} else {
+		res, msg = rt.Query(&c)
 	}
-	b, err := rt.Query(&c)
-	if err != nil {
-		return fail(err)
+	if res.Status < 0 {
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
+	} else {
+		*out, *outLen = res.Data, C.size_t(res.Len)
 	}
-	p := cMemory{}.Alloc(len(b))
-	if p == nil {
-		return fail(fmt.Errorf("out of memory (%d bytes)", len(b)))
-	}
-	copy(unsafe.Slice((*byte)(p), max(len(b), 1)), b)
-	*out, *outLen = p, C.size_t(len(b))
-	return C.int(bridge.StatusOK)
+	return C.int(res.Status)
 }
 
 //export qrpc_stats

@@ -1,7 +1,7 @@
 /*
  * libffi_qrpc.so: the C ABI between Lua (LuaJIT FFI) and the Go runtime.
  *
- * This header is the contract. lua/resty/ffi/qrpc.lua declares the same
+ * This header is the contract. lua/resty/ffi/qrpc/cdef.lua declares the same
  * types and functions in ffi.cdef (keep them in sync: a test compares them).
  * All integers are native-endian (the library and nginx share a process).
  *
@@ -26,11 +26,18 @@
 #define QRPC_OP_CANCEL  5 /* forget call_id (built-in host); synchronous */
 #define QRPC_OP_ECHO    6 /* IPC benchmark: completes with body, no network */
 #define QRPC_OP_STATS   7 /* counters of a connection: a result blob whose body is a qrpc_stats_t */
-/* Ops of qrpc_query (version 2), answered on the calling thread: */
-#define QRPC_OP_PEERS      8  /* conn handle -> peers of that pool, text lines; conn 0 -> "connections=N" */
+
+/* Query ops: only for qrpc_query (synchronous, both hosts). An op this
+ * library does not implement fails with QRPC_ERR_BADARG "unsupported op N". */
+#define QRPC_OP_PEERS      8  /* conn -> the peers of that pool, text lines */
 #define QRPC_OP_METRICS    9  /* -> this worker's metrics snapshot */
-#define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes; method = "file"|"descriptor_set" */
+#define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes;
+                                 method = "file" | "descriptor_set";
+                                 opts = "import_path=...\n" lines */
 #define QRPC_OP_CONFIGURE  11 /* opts lines: max_connections=N, gomaxprocs=N, ... */
+
+/* qrpc_cmd_t.flags */
+#define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */
 
 /* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
  * the lua-resty-ffi rc. Negative values are errors; the message is in the
@@ -48,7 +55,9 @@
 #define QRPC_ERR_TOOBIG  -8  /* "too large: ..." */
 #define QRPC_ERR_LOST    -9  /* "connection lost: ..." while in flight */
 
-/* One command, the same for both hosts. Unused fields are zero.
+/* One command, the same for both hosts. Unused fields are zero: a
+ * version 2 field set on an op that does not read it is refused
+ * (QRPC_ERR_BADARG), as are unknown flags and a non-zero reserved2.
  * Strings are (pointer, length); they need not be NUL-terminated.
  * hdrs is a packed block of alternating key, value entries, each
  * [uint32 length][bytes]; nhdrs counts entries (keys + values). */
@@ -74,18 +83,21 @@ typedef struct {
     int32_t     streams;
     int32_t     idle_timeout_ms;
     int32_t     max_frame_size;
-    int32_t     retries;     /* UNARY: extra attempts on other servers for calls that may have run (opt-in); 0 = none */
+    int32_t     retries;     /* UNARY: extra attempts on other servers for calls that may
+                                have run (opt-in), 0..16; 0 = none */
     /* version 2 */
-    const char *hash_key;  size_t hash_key_len;   /* UNARY/EVENT: key for balance = "hash" */
-    const char *req_type;  size_t req_type_len;   /* UNARY/EVENT: body is JSON for this protobuf message: encode before sending */
-    const char *resp_type; size_t resp_type_len;  /* UNARY: decode the response body as this message, to JSON */
-    uint32_t    flags;       /* QRPC_F_DISCARD_UNKNOWN = 1 (ignore unknown JSON fields) */
-    uint32_t    reserved2;
-    const char *opts;      size_t opts_len;       /* CONNECT: pool options; other ops: op-specific; "key=value\n" lines */
+    const char *hash_key;    size_t hash_key_len;   /* UNARY/EVENT: key for balance = "hash" (<= 64 KiB) */
+    const char *req_type;    size_t req_type_len;   /* UNARY/EVENT: body is JSON for this protobuf
+                                                       message: encoded before sending (<= 1024) */
+    const char *resp_type;   size_t resp_type_len;  /* UNARY: the response body is decoded as this
+                                                       message, to JSON (<= 1024) */
+    uint32_t    flags;       /* QRPC_F_* */
+    uint32_t    reserved2;   /* 0 */
+    const char *opts;        size_t opts_len;       /* CONNECT: pool options; other ops: op-specific;
+                                                       "key=value\n" lines (<= 1 MiB) */
 } qrpc_cmd_t;
 
 #define QRPC_CMD_VERSION 2
-#define QRPC_F_DISCARD_UNKNOWN 1
 
 /* A finished command (built-in host). data is malloc'd (free with
  * qrpc_free) or NULL; for QRPC_OK it is a result blob:
@@ -119,11 +131,6 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * Connections are not cached here: the Lua module reuses its handles. */
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
 
-/* Runs a query op (QRPC_OP_PEERS ...) now, on the calling thread, for
- * both hosts. On QRPC_OK *out is a malloc'd blob of *out_len bytes (free
- * with qrpc_free); otherwise an error status with err filled. */
-int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
-
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {
     uint64_t inflight;   /* calls sent and not yet finished */
@@ -136,6 +143,12 @@ typedef struct {
 
 /* Fills out; returns QRPC_OK or QRPC_ERR_CLOSED for an unknown handle. */
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
+
+/* Runs a query op (QRPC_OP_PEERS and above) now, on the calling thread;
+ * any host may call it. On QRPC_OK, *out is a malloc'd blob of *out_len
+ * bytes (possibly 0; free it with qrpc_free) whose format is the op's.
+ * Otherwise *out is NULL and err holds the message (NUL-terminated). */
+int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 
 /* Moves up to max finished commands into out; returns how many. */
 int qrpc_drain(qrpc_completion_t *out, int max);

@@ -521,7 +521,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 		if st == nil {
 			break
 		}
-		pc := &pendingCall{done: done, st: st}
+		pc := &pendingCall{done: done, st: st, deadline: call.Deadline}
 		st.inflight.Add(1)
 		if !s.pending.store(id, pc) {
 			st.callDone()
@@ -983,6 +983,14 @@ func (st *cstream) readLoop() {
 			continue // cancelled or timed out: drop quietly
 		}
 		pc.stopTimer()
+		// Under load the deadline's timer can run late, after the response
+		// is read: a response past the deadline is still a timeout.
+		if !pc.deadline.IsZero() {
+			if late := timeNow().Sub(pc.deadline); late >= 0 {
+				pc.done(nil, fmt.Errorf("%w: response came %v after the deadline", ErrTimeout, late))
+				continue
+			}
+		}
 		pc.done(&resp, nil)
 	}
 }
@@ -997,9 +1005,22 @@ func atomicMax(a *atomic.Uint64, v uint64) {
 }
 
 type pendingCall struct {
-	done  Done
-	st    *cstream // the stream the request went on
-	timer atomic.Pointer[time.Timer]
+	done     Done
+	st       *cstream  // the stream the request went on
+	deadline time.Time // zero: none
+	timer    atomic.Pointer[time.Timer]
+}
+
+// clock, when set, replaces time.Now for the deadline check of responses:
+// tests move it past a deadline whose timer has not run, which makes the
+// late-response race deterministic.
+var clock atomic.Pointer[func() time.Time]
+
+func timeNow() time.Time {
+	if f := clock.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
 }
 
 func (pc *pendingCall) stopTimer() {

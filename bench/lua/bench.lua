@@ -48,6 +48,18 @@ local function ipc_loop(_, n, body)
     return errs
 end
 
+-- lua-resty-ffi's own Go echo example (libffi_go_echo.so)
+local function rfecho_loop(demo, n, body)
+    local errs = 0
+    for _ = 1, n do
+        local ok, res = demo:echo(body)
+        if not ok or #res ~= #body then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
 local function uds_loop(path, n, body)
     local sock = tcp()
     local ok, err = sock:connect("unix:" .. path)
@@ -92,6 +104,15 @@ function _M.run()
         loop, target = qrpc_loop, conn
     elseif kind == "ipc" then
         loop = ipc_loop
+    elseif kind == "rfecho" then
+        local load_ffi = rawget(ngx, "load_ffi")
+        local demo = load_ffi and load_ffi("ffi_go_echo")
+        if not demo then
+            ngx.status = 500
+            ngx.say("lua-resty-ffi's ffi_go_echo did not load")
+            return
+        end
+        loop, target = rfecho_loop, demo
     elseif kind == "uds" then
         loop, target = uds_loop, cfg.uds
     else

@@ -294,6 +294,7 @@ static __typeof__(qrpc_init) *p_init;
 static __typeof__(qrpc_wake_open) *p_wake_open;
 static __typeof__(qrpc_submit) *p_submit;
 static __typeof__(qrpc_stats) *p_stats;
+static __typeof__(qrpc_query) *p_query;
 static __typeof__(qrpc_drain) *p_drain;
 static __typeof__(qrpc_free) *p_free;
 static __typeof__(qrpc_shutdown) *p_shutdown;
@@ -313,6 +314,7 @@ static void load(const char *path) {
     p_wake_open = sym("qrpc_wake_open");
     p_submit = sym("qrpc_submit");
     p_stats = sym("qrpc_stats");
+    p_query = sym("qrpc_query");
     p_drain = sym("qrpc_drain");
     p_free = sym("qrpc_free");
     p_shutdown = sym("qrpc_shutdown");
@@ -585,6 +587,12 @@ static void resty_host(const char *addr, const char *ca, size_t ca_len, const ch
     t = post_cmd(tq, &uc);
     n = wait_answer(t, 5000);
     CHECK(n == 1 && t->rc == QRPC_ERR_BADARG, "resty: bad version -> rc %d \"%s\"", t->rc, rsp_text(t));
+    uc = unary_cmd(h, 0, "echo", "", 0);
+    uc.op = QRPC_OP_METRICS;
+    t = post_cmd(tq, &uc);
+    n = wait_answer(t, 5000);
+    CHECK(n == 1 && t->rc == QRPC_ERR_BADARG && strcmp(rsp_text(t), "bad command: op 9 is a query: use qrpc_query") == 0,
+          "resty: a query op as a task -> rc %d \"%s\"", t->rc, rsp_text(t));
     uc = unary_cmd(h, 0, "echo", "", 0);
     uc.op = 42;
     t = post_cmd(tq, &uc);
@@ -881,6 +889,82 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     close(wake_fd);
 }
 
+/* ---------------------------------------------------------------------
+ * qrpc_query: synchronous, host-independent
+ * ------------------------------------------------------------------- */
+
+/* Runs one query; returns rc, with out/out_len and err as the library left them. */
+static int query(const qrpc_cmd_t *q, char **out, size_t *out_len, char *err, size_t err_len) {
+    *out = (char *)q; /* junk: the library must reset it */
+    *out_len = 12345;
+    err[0] = 0;
+    return p_query(q, out, out_len, err, err_len);
+}
+
+static void query_checks(void) {
+    char err[256], *out;
+    size_t out_len;
+    qrpc_cmd_t q;
+    memset(&q, 0, sizeof q);
+    q.version = QRPC_CMD_VERSION;
+
+    /* The ops are declared; until a feature registers one, it says so. */
+    static const unsigned ops[] = { QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "unsupported op %u", ops[i]);
+        q.op = ops[i];
+        q.conn = 1;
+        int rc = query(&q, &out, &out_len, err, sizeof err);
+        CHECK(rc == QRPC_ERR_BADARG && out == NULL && out_len == 0 && strcmp(err, want) == 0,
+              "query: op %u -> %d \"%s\", out %p", ops[i], rc, err, (void *)out);
+    }
+
+    /* The error paths: every one answers BADARG with a reason, out NULL. */
+    struct { const char *what; uint32_t version, op, reserved2; const char *want; } bad[] = {
+        { "an op of qrpc_submit", QRPC_CMD_VERSION, QRPC_OP_UNARY, 0, "bad command: op 2 is not a query: use qrpc_submit" },
+        { "an unknown op", QRPC_CMD_VERSION, 42, 0, "bad command: unknown op 42" },
+        { "version 1", 1, QRPC_OP_METRICS, 0, "bad command: version 1, this library speaks 2" },
+        { "reserved2 set", QRPC_CMD_VERSION, QRPC_OP_METRICS, 7, "bad command: reserved2 must be 0, got 7" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&q, 0, sizeof q);
+        q.version = bad[i].version;
+        q.op = bad[i].op;
+        q.reserved2 = bad[i].reserved2;
+        if (q.op == QRPC_OP_UNARY) {
+            q.conn = 1;
+            q.method = "m";
+            q.method_len = 1;
+        }
+        int rc = query(&q, &out, &out_len, err, sizeof err);
+        CHECK(rc == QRPC_ERR_BADARG && out == NULL && out_len == 0 && strcmp(err, bad[i].want) == 0,
+              "query: %s -> %d \"%s\"", bad[i].what, rc, err);
+    }
+    int rc = query(NULL, &out, &out_len, err, sizeof err);
+    CHECK(rc == QRPC_ERR_BADARG && out == NULL && strcmp(err, "bad command: NULL command") == 0,
+          "query: NULL command -> %d \"%s\"", rc, err);
+    q.reserved2 = 0;
+    q.op = QRPC_OP_METRICS;
+    rc = p_query(&q, NULL, NULL, err, sizeof err);
+    CHECK(rc == QRPC_ERR_BADARG && strstr(err, "NULL out"), "query: NULL out -> %d \"%s\"", rc, err);
+    rc = p_query(&q, &out, &out_len, NULL, 0);
+    CHECK(rc == QRPC_ERR_BADARG && out == NULL, "query: no error buffer is fine (%d)", rc);
+
+    /* A version 2 field on an op that does not read it is refused. */
+    qrpc_cmd_t ev = unary_cmd(1, 0, "ev", "", 0);
+    ev.op = QRPC_OP_EVENT;
+    ev.resp_type = "pkg.Resp";
+    ev.resp_type_len = 8;
+    rc = p_submit(&ev, err, sizeof err);
+    CHECK(rc == QRPC_ERR_BADARG && strcmp(err, "bad command: resp_type: only for UNARY") == 0,
+          "submit: resp_type on an EVENT -> %d \"%s\"", rc, err);
+    q.op = QRPC_OP_METRICS;
+    rc = p_submit(&q, err, sizeof err);
+    CHECK(rc == QRPC_ERR_BADARG && strcmp(err, "bad command: op 9 is a query: use qrpc_query") == 0,
+          "submit: a query op -> %d \"%s\"", rc, err);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     main_thread = pthread_self();
@@ -931,6 +1015,7 @@ int main(int argc, char **argv) {
     check_process_signal("after dlopen", 30);
 
     resty_host(argv[2], ca, ca_len, other, other_len);
+    query_checks();
     builtin_host(argv[2], ca, ca_len, argv[5]);
 
     check_dispositions("after the hosts ran");

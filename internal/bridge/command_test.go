@@ -24,13 +24,36 @@ func connectCommand() Command {
 		Pins: bytes.Repeat([]byte{0xab}, 64)}
 }
 
+// checkCase is a command that Check must refuse: base() with mod applied.
+type checkCase struct {
+	name string
+	base func() Command
+	mod  func(c *Command)
+	want string // in the error
+}
+
+func runCheckCases(t *testing.T, cases []checkCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.base()
+			if err := c.Check(); err != nil {
+				t.Fatalf("the base command fails: %v", err)
+			}
+			tc.mod(&c)
+			err := c.Check()
+			if err == nil || !errors.Is(err, ErrBadCommand) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a bad command error containing %q", err, tc.want)
+			}
+			if st, _ := StatusOf(err); st != ErrBadArg {
+				t.Fatalf("status %d, want %d", st, ErrBadArg)
+			}
+		})
+	}
+}
+
 func TestCheck(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		base func() Command
-		mod  func(c *Command)
-		want string
-	}{
+	runCheckCases(t, []checkCase{
 		{"op zero", unaryCommand, func(c *Command) { c.Op = 0 }, "unknown op 0"},
 		{"op too big", unaryCommand, func(c *Command) { c.Op = 99 }, "unknown op 99"},
 		{"odd headers", unaryCommand, func(c *Command) { c.NHdrs = 3 }, "odd number of header entries"},
@@ -47,22 +70,7 @@ func TestCheck(t *testing.T) {
 		{"idle", connectCommand, func(c *Command) { c.IdleTimeoutMS = -5 }, "negative idle timeout"},
 		{"frame", connectCommand, func(c *Command) { c.MaxFrameSize = 10 }, "max frame size"},
 		{"cert without key", connectCommand, func(c *Command) { c.Cert = []byte("x") }, "cert and key go together"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := tc.base()
-			if err := c.Check(); err != nil {
-				t.Fatalf("the base command fails: %v", err)
-			}
-			tc.mod(&c)
-			err := c.Check()
-			if err == nil || !errors.Is(err, ErrBadCommand) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want a bad command error containing %q", err, tc.want)
-			}
-			if st, _ := StatusOf(err); st != ErrBadArg {
-				t.Fatalf("status %d, want %d", st, ErrBadArg)
-			}
-		})
-	}
+	})
 }
 
 func TestView(t *testing.T) {

@@ -137,4 +137,15 @@ func TestRuntimePool(t *testing.T) {
 	if _, err := r.Peers(999); err == nil {
 		t.Fatal("peers of an unknown handle")
 	}
+	// Through qrpc_query's path: conn 0 is the worker's QUIC connections.
+	out, msg := r.Query(&Command{Op: OpPeers})
+	if out.Status != StatusOK || text(out) != "connections=3\n" {
+		t.Fatalf("PEERS 0: %d %q %q", out.Status, text(out), msg)
+	}
+	r.Free(&out)
+	out, _ = r.Query(&Command{Op: OpPeers, Conn: conn})
+	if out.Status != StatusOK || strings.Count(text(out), "state=up") != 3 {
+		t.Fatalf("PEERS: %d %q", out.Status, text(out))
+	}
+	r.Free(&out)
 }

@@ -11,22 +11,29 @@ import (
 // Operation codes (qrpc_cmd_t.op). ffi/ checks at start-up that they equal
 // qrpc.h's QRPC_OP_*.
 const (
-	OpConnect = 1
-	OpUnary   = 2
-	OpEvent   = 3
-	OpClose   = 4
-	OpCancel  = 5
-	OpEcho    = 6
-	OpStats   = 7
+	OpConnect = iota + 1 // dial; completes with a connection handle
+	OpUnary              // request/response; completes with a result blob
+	OpEvent              // one-way; done at once
+	OpClose              // close a connection; done at once
+	OpCancel             // forget call_id; done at once
+	OpEcho               // completes with the body, no network (IPC benchmark)
+	OpStats              // completes with a qrpc_stats_t in a result blob
 
+	// Query ops (qrpc_query): answered synchronously by a registered
+	// QueryFunc.
+	OpPeers     // conn -> the peers of that pool
+	OpMetrics   // this worker's metrics
+	OpProtoLoad // load protobuf definitions
+	OpConfigure // runtime settings
+
+	// lastSubmitOp is the highest op of qrpc_submit and lua-resty-ffi.
 	lastSubmitOp = OpStats
-
-	// Ops of qrpc_query (version 2).
-	OpPeers     = 8
-	OpMetrics   = 9
-	OpProtoLoad = 10
-	OpConfigure = 11
+	lastOp       = OpConfigure
 )
+
+// FlagDiscardUnknown is QRPC_F_DISCARD_UNKNOWN: req_type's JSON may carry
+// fields the message does not have.
+const FlagDiscardUnknown = 1
 
 // Status codes (QRPC_OK, QRPC_ERR_*): the value of every export and
 // completion. Negative values are errors.

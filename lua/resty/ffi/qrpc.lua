@@ -38,11 +38,12 @@
 --         pins         { sha256-of-SPKI, ... } as 64 hex digits or base64
 --                      ("sha256//" prefix allowed), checked after the chain
 --         insecure     true to skip verification (default false)
---         conns        QUIC connections (default 1)
---         streams      streams per connection (default 32)
+--         conns        QUIC connections, 1..64 (default 1)
+--         streams      streams per connection, 1..1024 (default 32)
 --         timeout      ms: dial timeout and default call timeout (5000)
 --         idle_timeout ms (Go's default 30000)
---         max_frame_size bytes (default 16 MiB; larger bodies are refused)
+--         max_frame_size bytes, 64..1 GiB (default 16 MiB): the whole
+--                      request frame (body, method, headers) must fit
 --   conn:unary(method, body?, opts?) -> res; yields (rewrite, access,
 --       content, timer, ssl_* phases). opts: headers ({ name = value },
 --       numbers allowed; duplicate names in a response: the last wins),
@@ -100,6 +101,8 @@ local ffi_string = ffi.string
 local new_tab = base.new_tab
 
 local ngx = ngx
+local ngx_log = ngx.log
+local ngx_ERR = ngx.ERR
 local get_phase = ngx.get_phase
 local ngx_now = ngx.now
 local decode_base64 = ngx.decode_base64
@@ -110,12 +113,15 @@ local tonumber = tonumber
 local pairs = pairs
 local ipairs = ipairs
 local getmetatable = getmetatable
+local pcall = pcall
+local str_byte = string.byte
 local str_sub = string.sub
 local str_gsub = string.gsub
 local str_find = string.find
 local str_char = string.char
 local math_floor = math.floor
 local math_ceil = math.ceil
+local math_huge = math.huge
 local tab_concat = table.concat
 
 local OP_UNARY = cdef.OP_UNARY
@@ -131,7 +137,7 @@ local builtin_event = builtin.event
 local rf_call = resty_ffi.call
 local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
-local call_opts = pool.call_opts
+local pool_call_opts = pool.call_opts
 local pool_keys = pool.keys
 
 local ERR_INIT = loader.ERR_INIT
@@ -160,6 +166,7 @@ local cfg_host, cfg_lib, cfg_socket_dir = nil, nil, "/tmp"
 -- beyond it connect closes the least recently used idle pools.
 local max_connections = 256
 local loaded            -- true once the library is loaded
+local load_err          -- loaded, but the built-in host cannot run (socket_dir)
 local host              -- "builtin" or "resty_ffi", once loaded
 local use_builtin       -- host == "builtin"
 local lib_where         -- where the library was found
@@ -167,18 +174,31 @@ local lib_where         -- where the library was found
 
 local function ensure_loaded()
     if loaded then
+        if load_err then
+            return nil, load_err
+        end
         return true
     end
     local st, err = loader.load(cfg_host, cfg_lib)
     if not st then
         return nil, err
     end
-    builtin.init(st.lib, cfg_socket_dir)
+    local wake_ok, wake_err = builtin.init(st.lib, cfg_socket_dir)
     if st.rt then
         resty_ffi.init(st.rt)
     end
     loaded, host, lib_where = true, st.host, st.where
     use_builtin = host == "builtin"
+    if not wake_ok then
+        -- Logged once: every later call returns the same error at once.
+        -- The lua-resty-ffi host only loses its prompt log lines (the
+        -- dispatcher still polls for them).
+        ngx_log(ngx_ERR, wake_err)
+        if use_builtin then
+            load_err = wake_err
+            return nil, wake_err
+        end
+    end
     if not use_builtin then
         -- Go's log lines come through the completion queue with either host.
         builtin.ensure_dispatcher()
@@ -187,29 +207,108 @@ local function ensure_loaded()
 end
 
 
--- Checks a timeout in ms; returns it as an integer (0: default).
+-------------------------------------------------------------------------
+-- Argument checks
+-------------------------------------------------------------------------
+
+-- Numbers that no option takes: the word for them, or nil.
+local function odd_number(v)
+    if v ~= v then
+        return "NaN"
+    end
+    if v == math_huge then
+        return "inf"
+    end
+    if v == -math_huge then
+        return "-inf"
+    end
+end
+
+
+-- Checks a time in ms (0..MAX_MS); returns it rounded up to an integer.
 local function check_ms(v, argn, name)
-    if type(v) ~= "number" or v ~= v then
+    if type(v) ~= "number" then
         return bad(argn, name .. " must be a number of milliseconds (got "
                          .. type(v) .. ")")
     end
-    if v < 0 then
-        return bad(argn, name .. " must not be negative")
+    local odd = odd_number(v)
+    if odd then
+        return bad(argn, name .. " must be a number of milliseconds, not " .. odd)
     end
-    if v > MAX_MS then
-        return bad(argn, name .. " is too large (max " .. MAX_MS .. " ms)")
+    if v < 0 or v > MAX_MS then
+        return bad(argn, name .. " must be 0.." .. MAX_MS .. " ms (got "
+                         .. tostring(v) .. ")")
     end
     return math_ceil(v)
 end
 
 
-local function check_count(v, argn, name)
-    if type(v) ~= "number" or v ~= v or v < 1 or v > MAX_MS
-       or math_floor(v) ~= v
-    then
-        return bad(argn, name .. " must be a positive integer")
+-- Integer options of connect and their ranges (as Go's qrpc.Config checks
+-- them: a Go error would reach the caller as "bad config: ...").
+local counts = {
+    { "conns", 1, 64 },
+    { "streams", 1, 1024 },
+    { "max_frame_size", 64, 1073741824 },
+}
+local ms_opts = { "timeout", "idle_timeout" }
+
+local function check_count(v, argn, name, lo, hi)
+    if type(v) ~= "number" then
+        return bad(argn, name .. " must be a number (got " .. type(v) .. ")")
+    end
+    local odd = odd_number(v)
+    if odd then
+        return bad(argn, name .. " must be a number, not " .. odd)
+    end
+    if math_floor(v) ~= v then
+        return bad(argn, name .. " must be an integer " .. lo .. ".." .. hi
+                         .. " (got " .. tostring(v) .. ")")
+    end
+    if v < lo or v > hi then
+        return bad(argn, name .. " must be " .. lo .. ".." .. hi .. " (got "
+                         .. tostring(v) .. ")")
     end
     return v
+end
+
+
+-- What an error raised by a caller's metamethod says, without calling
+-- anything of the caller's again (its __tostring could raise too).
+local function raised(argn, what, e)
+    return bad(argn, what .. " raised an error: "
+                     .. (type(e) == "string" and e or "(a " .. type(e) .. ")"))
+end
+
+
+-- A plain copy of a table with a metatable, read through its metamethods
+-- (__pairs, and __index for the names in keys): run under pcall, so that
+-- a metamethod that raises becomes "bad argument", and the checks below
+-- only ever read plain tables.
+local function copy_table(t, keys)
+    local c = {}
+    for k, v in pairs(t) do
+        c[k] = v
+    end
+    if keys then
+        for k in pairs(keys) do
+            if c[k] == nil then
+                c[k] = t[k]
+            end
+        end
+    end
+    return c
+end
+
+
+local function plain(t, keys, argn, what)
+    if getmetatable(t) == nil then
+        return t
+    end
+    local ok, c = pcall(copy_table, t, keys)
+    if not ok then
+        return raised(argn, what, c)
+    end
+    return c
 end
 
 
@@ -219,6 +318,15 @@ local known_opts = {
     streams = "number", timeout = "number", idle_timeout = "number",
     max_frame_size = "number",
 }
+
+-- every connect option name, the pool's included (for plain copies)
+local connect_keys = {}
+for k in pairs(known_opts) do
+    connect_keys[k] = true
+end
+for k in pairs(pool_keys) do
+    connect_keys[k] = true
+end
 
 
 -- A pin is the SHA-256 of the server certificate's SubjectPublicKeyInfo,
@@ -244,12 +352,16 @@ local function decode_pin(s)
 end
 
 
--- Full validation, run when no cached connection matched.
+-- Full validation, run when no cached connection matched. o is plain (see
+-- plain_connect_opts); returns the raw pins, concatenated.
 local function check_connect_opts(o)
     for k, v in pairs(o) do
+        if type(k) ~= "string" then
+            return bad(2, "option names must be strings (got " .. type(k) .. ")")
+        end
         local want = known_opts[k]
         if not want and not pool_keys[k] then
-            return bad(2, "unknown option '" .. tostring(k) .. "'")
+            return bad(2, "unknown option '" .. k .. "'")
         end
         if want and type(v) ~= want then
             return bad(2, k .. " must be a " .. want .. " (got " .. type(v) .. ")")
@@ -279,7 +391,7 @@ local function check_connect_opts(o)
         end
         pins = tab_concat(raw)
     end
-    for _, k in ipairs({ "timeout", "idle_timeout" }) do
+    for _, k in ipairs(ms_opts) do
         if o[k] ~= nil then
             local _, err = check_ms(o[k], 2, k)
             if err then
@@ -287,15 +399,41 @@ local function check_connect_opts(o)
             end
         end
     end
-    for _, k in ipairs({ "conns", "streams", "max_frame_size" }) do
+    for _, c in ipairs(counts) do
+        local k = c[1]
         if o[k] ~= nil then
-            local _, err = check_count(o[k], 2, k)
+            local _, err = check_count(o[k], 2, k, c[2], c[3])
             if err then
                 return nil, err
             end
         end
     end
     return pins
+end
+
+
+-- connect's opts as a plain table (itself when it is one, with a plain
+-- pins list or none), or nil, "bad argument #2: ...".
+local function plain_connect_opts(opts)
+    local o, err = plain(opts, connect_keys, 2, "opts")
+    if not o then
+        return nil, err
+    end
+    local p = o.pins
+    if p ~= nil and getmetatable(p) ~= nil then
+        if type(p) ~= "table" then
+            return o    -- check_connect_opts says what is wrong
+        end
+        p, err = plain(p, nil, 2, "pins")
+        if not p then
+            return nil, err
+        end
+        if o == opts then
+            o = copy_table(opts)
+        end
+        o.pins = p
+    end
+    return o
 end
 
 
@@ -306,10 +444,29 @@ local EMPTY = {}
 -- asynchronously), except that a ready cached connection is returned in any
 -- phase, so log_by_lua and filters can reuse what content_by_lua connected.
 function _M.connect(addr, opts)
+    -- addr is "host:port" or a list of them (a pool: resty.ffi.qrpc.pool
+    -- checks the list and the pool options)
+    if type(addr) ~= "table" and (type(addr) ~= "string" or addr == "") then
+        return bad(1, "addr must be a non-empty string host:port (got "
+                      .. type(addr) .. ")")
+    end
+    if type(addr) == "string" and not str_find(addr, ":%d+$") then
+        return bad(1, "addr must be host:port (got \"" .. addr .. "\")")
+    end
+    if type(addr) == "string" and str_byte(addr, 1) == 58 then -- ":"
+        return bad(1, "addr must be host:port, the host is empty (got \""
+                      .. addr .. "\")")
+    end
     if opts == nil then
         opts = EMPTY
     elseif type(opts) ~= "table" then
         return bad(2, "opts must be a table (got " .. type(opts) .. ")")
+    else
+        local err
+        opts, err = plain_connect_opts(opts)
+        if not opts then
+            return nil, err
+        end
     end
     -- addr: "host:port" or a list of them (a pool); pool options checked
     local spec, serr = pool.check(addr, opts)
@@ -377,30 +534,44 @@ local function check_conn(self)
 end
 
 
+local call_opts = { timeout = true, headers = true, hash_key = true,
+                    retries = true }
+
 -- Checks method, body, opts of unary/event; packs headers.
 -- Returns body, nhdrs, hdrs_len, timeout (0: none given), hdrs buffer, or
--- nil, err.
+-- nil, err. Plain tables are read directly (no pcall, no copy: the hot
+-- path); tables with a metatable are copied under pcall first.
 local function check_call(self, method, body, opts)
     if type(method) ~= "string" then
         return bad(2, "method must be a string (got " .. type(method) .. ")")
+    end
+    if method == "" then
+        return bad(2, "method must not be empty")
     end
     if body == nil then
         body = ""
     elseif type(body) ~= "string" then
         return bad(3, "body must be a string (got " .. type(body) .. ")")
     end
-    if #body > self.max_frame then
+    local max_frame = self.max_frame
+    if #body > max_frame then
         return bad(3, "body too large (" .. #body .. " bytes; max_frame_size "
-                      .. "is " .. self.max_frame .. ")")
+                      .. "is " .. max_frame .. ")")
     end
     local nh, hlen, timeout, hbuf = 0, 0, 0, nil
     if opts ~= nil then
         if type(opts) ~= "table" then
             return bad(4, "opts must be a table (got " .. type(opts) .. ")")
         end
+        local err
+        if getmetatable(opts) ~= nil then
+            opts, err = plain(opts, call_opts, 4, "opts")
+            if not opts then
+                return nil, err
+            end
+        end
         local t = opts.timeout
         if t ~= nil then
-            local err
             timeout, err = check_ms(t, 4, "timeout")
             if not timeout then
                 return nil, err
@@ -411,7 +582,13 @@ local function check_call(self, method, body, opts)
             if type(h) ~= "table" then
                 return bad(4, "headers must be a table (got " .. type(h) .. ")")
             end
-            nh, hlen, hbuf = pack_headers(h, 4)
+            if getmetatable(h) ~= nil then
+                h, err = plain(h, nil, 4, "headers")
+                if not h then
+                    return nil, err
+                end
+            end
+            nh, hlen, hbuf = pack_headers(h, 4, max_frame)
             if not nh then
                 return nil, hlen
             end
@@ -438,7 +615,7 @@ function _M.unary(self, method, body, opts)
         timeout = self.timeout
     end
     local hash_key, retries
-    ok, hash_key, retries = call_opts(self, opts, 4)
+    ok, hash_key, retries = pool_call_opts(self, opts, 4)
     if not ok then
         return nil, hash_key
     end
@@ -488,7 +665,7 @@ function _M.event(self, method, body, opts)
         return nil, nh
     end
     local hash_key
-    ok, hash_key = call_opts(self, opts, 4)
+    ok, hash_key = pool_call_opts(self, opts, 4)
     if not ok then
         return nil, hash_key
     end
@@ -575,6 +752,9 @@ function _M.peers(self)
 end
 
 
+local configure_opts = { host = true, lib = true, socket_dir = true,
+                         max_connections = true }
+
 -- qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
 -- Omitted fields take their defaults: host chosen at load (lua-resty-ffi
 -- when ngx.load_ffi exists and loads the library, else built-in); lib
@@ -585,11 +765,17 @@ function _M.configure(opts)
     if type(opts) ~= "table" then
         return bad(1, "opts must be a table (got " .. type(opts) .. ")")
     end
+    local err
+    opts, err = plain(opts, configure_opts, 1, "opts")
+    if not opts then
+        return nil, err
+    end
     for k in pairs(opts) do
-        if k ~= "host" and k ~= "lib" and k ~= "socket_dir"
-           and k ~= "max_connections"
-        then
-            return bad(1, "unknown option '" .. tostring(k) .. "'")
+        if type(k) ~= "string" then
+            return bad(1, "option names must be strings (got " .. type(k) .. ")")
+        end
+        if not configure_opts[k] then
+            return bad(1, "unknown option '" .. k .. "'")
         end
     end
     local mc = opts.max_connections

@@ -35,6 +35,7 @@ local tonumber = tonumber
 local pairs = pairs
 local pcall = pcall
 local math_max = math.max
+local str_match = string.match
 
 local CMD_VERSION = cdef.CMD_VERSION
 local OP_CONNECT = cdef.OP_CONNECT
@@ -58,6 +59,10 @@ local fill_cmd = cdef.fill_cmd
 -- How much longer than Go's deadline Lua waits before it gives up on its
 -- own; Go enforces deadlines, this only guards against a lost completion.
 local SAFETY_SLACK_S = 1
+-- ngx.semaphore waits take an int of milliseconds: a longer wait (a
+-- timeout near the 2^31-1 ms maximum, plus slack) would overflow it and
+-- end at once.
+local MAX_WAIT_S = 2147483
 local BATCH = 64
 local PATHBUF_LEN = 256
 -- The dispatcher wakes this often to notice a worker exit (nginx -s
@@ -72,6 +77,7 @@ local READ_TIMEOUT_MS = 2147483647
 
 local _M = {
     SAFETY_SLACK_S = SAFETY_SLACK_S,
+    MAX_WAIT_S = MAX_WAIT_S,
     SWEEP_EVERY_S = SWEEP_EVERY_S,
 }
 
@@ -79,6 +85,8 @@ local _M = {
 local lib               -- the loaded library; nil until init()
 local socket_dir = "/tmp"
 local comps             -- qrpc_completion_t[BATCH]
+local wake_path         -- a wake-up socket opened by init(), for the dispatcher
+local wake_broken       -- init() could not open one: do not try again
 
 local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
 -- Reused: qrpc_submit reads a command synchronously, never after it returns.
@@ -101,11 +109,35 @@ local disp_fails = 0
 local ensure_dispatcher
 
 
+local function wake_listen()
+    local dir = socket_dir
+    local rc = lib.qrpc_wake_open(dir, #dir, pathbuf, PATHBUF_LEN, errbuf,
+                                  ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return nil, submit_err(rc)
+    end
+    return ffi_string(pathbuf)
+end
+
+
 -- Called once the library is loaded, before any other function here.
+-- Opens the first wake-up socket now, so that an unusable socket_dir fails
+-- the call that loads the library at once, rather than leaving every call
+-- to wait for the dispatcher's slow poll. Returns true, or nil and
+-- "qrpc: socket_dir <dir>: <reason>" (the library stays usable for the
+-- direct calls; the dispatcher then only polls).
 function _M.init(l, dir)
     lib = l
     socket_dir = dir
     comps = ffi_new("qrpc_completion_t[?]", BATCH)
+    local path, err = wake_listen()
+    if not path then
+        wake_broken = true
+        return nil, "qrpc: socket_dir " .. dir .. ": "
+                    .. (str_match(err, "^wake socket: (.*)$") or err)
+    end
+    wake_path = path
+    return true
 end
 
 
@@ -298,13 +330,15 @@ end
 
 
 local function open_wake()
-    local dir = socket_dir
-    local rc = lib.qrpc_wake_open(dir, #dir, pathbuf, PATHBUF_LEN, errbuf,
-                                  ERRBUF_LEN)
-    if rc ~= QRPC_OK then
-        return nil, "qrpc_wake_open(" .. dir .. "): " .. submit_err(rc)
+    local path = wake_path
+    wake_path = nil
+    if not path then
+        local err
+        path, err = wake_listen()
+        if not path then
+            return nil, "qrpc_wake_open(" .. socket_dir .. "): " .. err
+        end
     end
-    local path = ffi_string(pathbuf)
     local sock = socket_tcp()
     sock:settimeouts(2000, 2000, READ_TIMEOUT_MS)
     local ok, err = sock:connect("unix:" .. path)
@@ -343,7 +377,7 @@ local function supervise(gen)
     local last_sweep = ngx_now()
     local last_exit_log = 0
     while gen == disp_gen do
-        if not reader then
+        if not reader and not wake_broken then
             local err
             sock, err = open_wake()
             if sock then
@@ -522,7 +556,7 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
 
     local ok, err
     if disp_ok then
-        ok, err = w.sema:wait(secs)
+        ok, err = w.sema:wait(secs < MAX_WAIT_S and secs or MAX_WAIT_S)
     else
         w.inline = true
         ok, err = wait_inline(w, id, secs)

@@ -20,6 +20,7 @@ local type = type
 local pairs = pairs
 local setmetatable = setmetatable
 local math_ceil = math.ceil
+local math_min = math.min
 local tab_remove = table.remove
 local tab_sort = table.sort
 local unpack = unpack
@@ -314,7 +315,7 @@ function _M.wait(e)
                 end
             end
         elseif left > 0 then
-            e.sema:wait(left)
+            e.sema:wait(math_min(left, builtin.MAX_WAIT_S))
         end
         e.nwait = e.nwait - 1
     end

@@ -21,7 +21,6 @@ local type = type
 local tostring = tostring
 local pairs = pairs
 local pcall = pcall
-local math_max = math.max
 local math_ceil = math.ceil
 
 
@@ -50,12 +49,12 @@ typedef struct {
     int32_t     idle_timeout_ms;
     int32_t     max_frame_size;
     int32_t     retries;
-    const char *hash_key;  size_t hash_key_len;
-    const char *req_type;  size_t req_type_len;
-    const char *resp_type; size_t resp_type_len;
+    const char *hash_key;    size_t hash_key_len;
+    const char *req_type;    size_t req_type_len;
+    const char *resp_type;   size_t resp_type_len;
     uint32_t    flags;
     uint32_t    reserved2;
-    const char *opts;      size_t opts_len;
+    const char *opts;        size_t opts_len;
 } qrpc_cmd_t;
 
 typedef struct {
@@ -80,8 +79,8 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
-int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
+int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_drain(qrpc_completion_t *out, int max);
 void qrpc_free(void *p);
 void qrpc_shutdown(void);
@@ -236,40 +235,47 @@ function _M.decode_result(p, len)
 end
 
 
--- Headers are packed into one shared buffer: Go reads it before
+-- Headers are packed into a small shared buffer: Go reads it before
 -- qrpc_submit returns, and a call that keeps headers across a yield copies
--- them out first.
-local hbuf, hbuf_cap = nil, 0
+-- them out first. Bigger blocks get a buffer of their own, which the GC
+-- takes back after the call: a shared buffer grown for one huge header
+-- would stay that big in the worker for good.
+local HBUF_SMALL = 4096
+local hbuf_small = ffi_new(char_arr_t, HBUF_SMALL)
+-- ffi/cmd.go refuses more entries (names + values) than this.
+local MAX_HDR_ENTRIES = 65536
 
-local function hbuf_grow(need, used)
-    local cap = math_max(hbuf_cap * 2, 1024)
-    while cap < need do
-        cap = cap * 2
-    end
-    local nb = ffi_new(char_arr_t, cap)
-    if used > 0 then
-        ffi_copy(nb, hbuf, used)
-    end
-    hbuf, hbuf_cap = nb, cap
-end
-
-
-local function put_str(off, s)
+local function put_str(buf, off, s)
     local n = #s
-    local need = off + 4 + n
-    if need > hbuf_cap then
-        hbuf_grow(need, off)
-    end
-    ffi_cast(u32_wptr_t, hbuf + off)[0] = n
-    ffi_copy(hbuf + off + 4, s, n)
-    return need
+    ffi_cast(u32_wptr_t, buf + off)[0] = n
+    ffi_copy(buf + off + 4, s, n)
+    return off + 4 + n
 end
 
 
--- Packs a { name = value } table; returns the number of entries (names +
--- values), the length in bytes and the buffer, or nil and an error.
-function _M.pack_headers(h, argn)
-    local n, off = 0, 0
+local function pack_into(buf, h)
+    local off = 0
+    for k, v in pairs(h) do
+        if type(v) == "number" then
+            v = tostring(v)
+        end
+        off = put_str(buf, off, k)
+        off = put_str(buf, off, v)
+    end
+    return off
+end
+
+
+-- Packs a { name = value } table (a plain one: the caller has copied a
+-- table with a metatable) into [u32 len][bytes] entries. limit: the
+-- connection's max_frame_size. Returns the number of entries (names +
+-- values), the length in bytes and the buffer, or nil and an error. One
+-- pass writes into the small buffer while the block fits there; a bigger
+-- block is measured first, checked against limit and only then packed into
+-- a buffer of its own.
+function _M.pack_headers(h, argn, limit)
+    local n, size = 0, 0
+    local small = true
     for k, v in pairs(h) do
         if type(k) ~= "string" then
             return bad(argn, "header names must be strings")
@@ -281,11 +287,30 @@ function _M.pack_headers(h, argn)
             return bad(argn, "header '" .. k .. "' must be a string (got "
                              .. tv .. ")")
         end
-        off = put_str(off, k)
-        off = put_str(off, v)
         n = n + 2
+        local need = size + 8 + #k + #v
+        if small then
+            if need <= HBUF_SMALL then
+                put_str(hbuf_small, put_str(hbuf_small, size, k), v)
+            else
+                small = false
+            end
+        end
+        size = need
     end
-    return n, off, hbuf
+    if n > MAX_HDR_ENTRIES then
+        return bad(argn, "too many headers (" .. n / 2 .. "; at most "
+                         .. MAX_HDR_ENTRIES / 2 .. ")")
+    end
+    if size > limit then
+        return nil, "too large: headers (" .. size .. " bytes; max_frame_size "
+                    .. "is " .. limit .. ")"
+    end
+    if small then
+        return n, size, hbuf_small
+    end
+    local buf = ffi_new(char_arr_t, size)
+    return n, pack_into(buf, h), buf
 end
 
 

@@ -15,6 +15,7 @@ local tonumber = tonumber
 local math_floor = math.floor
 local math_ceil = math.ceil
 local str_find = string.find
+local str_byte = string.byte
 local str_match = string.match
 local str_gmatch = string.gmatch
 local tab_concat = table.concat
@@ -54,6 +55,10 @@ local function check_addr(a, what)
     end
     if not str_find(a, ":%d+$") then
         return bad(1, what .. " must be host:port (got \"" .. a .. "\")")
+    end
+    if str_byte(a, 1) == 58 then -- ":"
+        return bad(1, what .. " must be host:port, the host is empty (got \""
+                      .. a .. "\")")
     end
     return true
 end

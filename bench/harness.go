@@ -1,0 +1,235 @@
+package main
+
+// The harness every section shares: child processes, CPU time and steal
+// from /proc, medians, CPU placement (nginx.go and wrk.go are the rest).
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("go.mod not found above " + dir)
+}
+
+// freePort is a loopback TCP port free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ---- child processes ----
+
+// child is this binary run in one of its internal modes (a server or the
+// sidecar), which prints "ADDR host:port" once it listens and exits when
+// its stdin closes: the harness's end, even a crash, stops it.
+type child struct {
+	addr  string
+	pid   int
+	stdin io.Closer
+	cmd   *exec.Cmd
+}
+
+func startChild(args ...string) (*child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, args...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", args[0], err)
+	}
+	c := &child{pid: cmd.Process.Pid, stdin: stdin, cmd: cmd}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ADDR ") {
+		c.stop()
+		return nil, fmt.Errorf("%s process: %q: %v", args[0], line, err)
+	}
+	c.addr = strings.TrimSpace(strings.TrimPrefix(line, "ADDR "))
+	return c, nil
+}
+
+func (c *child) stop() { c.stdin.Close(); _ = c.cmd.Wait() }
+
+// untilStdinCloses is the internal modes' lifetime: see child.
+func untilStdinCloses(addr string) {
+	fmt.Printf("ADDR %s\n", addr)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+func withoutEnv(env []string, name string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// ---- CPU time from /proc ----
+
+// procCPU is the user+system CPU time of every thread of the pids so far.
+func procCPU(pids ...int) (time.Duration, error) {
+	var sum time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, err
+		}
+		// The command name, field 2, may hold spaces: count from its ')'.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			return 0, fmt.Errorf("/proc/%d/stat: short line", pid)
+		}
+		utime, err1 := strconv.ParseInt(f[11], 10, 64)
+		stime, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
+		}
+		// USER_HZ is 100 on every Linux architecture Go supports for this.
+		sum += time.Duration(utime+stime) * 10 * time.Millisecond
+	}
+	return sum, nil
+}
+
+// cpuStat is the first line of /proc/stat: CPU time by state, in ticks.
+type cpuStat []uint64
+
+func readCPUStat() cpuStat {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var st cpuStat
+	for _, f := range strings.Fields(line)[1:] {
+		v, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return nil
+		}
+		st = append(st, v)
+	}
+	return st
+}
+
+// stealSince is the fraction of CPU time stolen by the hypervisor since
+// an earlier reading (user, nice, system, idle, iowait, irq, softirq,
+// steal are the first eight fields), 0 when unknown.
+func (st cpuStat) stealSince(old cpuStat) float64 {
+	if len(st) < 8 || len(old) < 8 {
+		return 0
+	}
+	var total uint64
+	for i := 0; i < 8; i++ {
+		total += st[i] - old[i]
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(st[7]-old[7]) / float64(total)
+}
+
+// ---- medians ----
+
+func median(xs []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), xs...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func medianBy[T any](xs []T, f func(T) float64) float64 {
+	v := make([]float64, len(xs))
+	for i, x := range xs {
+		v[i] = f(x)
+	}
+	sort.Float64s(v)
+	return v[len(v)/2]
+}
+
+// pair measures subject and baseline alternately runs times.
+func pair(runs int, subject, baseline func() (time.Duration, error)) (time.Duration, time.Duration, error) {
+	var a, b []time.Duration
+	for i := 0; i < runs; i++ {
+		x, err := subject()
+		if err != nil {
+			return 0, 0, err
+		}
+		y, err := baseline()
+		if err != nil {
+			return 0, 0, err
+		}
+		a, b = append(a, x), append(b, y)
+	}
+	return median(a), median(b), nil
+}
+
+// ---- CPU placement ----
+
+func allCPUs() []int {
+	cpus := make([]int, runtime.NumCPU())
+	for i := range cpus {
+		cpus[i] = i
+	}
+	return cpus
+}
+
+// setAffinity pins every thread of pid to cpus. Threads started later
+// inherit the mask of the thread that starts them.
+func setAffinity(pid int, cpus []int) error {
+	var mask [16]uint64 // 1024 CPUs
+	for _, c := range cpus {
+		mask[c/64] |= 1 << (c % 64)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, uintptr(tid), unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask)))
+		if errno != 0 && errno != syscall.ESRCH { // ESRCH: the thread exited meanwhile
+			return fmt.Errorf("sched_setaffinity(%d): %w", tid, errno)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package main
+
+// lua-resty-ffi baseline: with an nginx built for lua-resty-ffi (-resty-nginx
+// or QRPC_NGINX), the IPC echo of this module's built-in host against
+// lua-resty-ffi's own Go echo example, and unary calls through
+// host = "resty_ffi" against the built-in host. Both sides run in the same
+// nginx binary: one instance per host, started side by side, measured
+// alternately.
+
+import (
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+const secResty = "lua-resty-ffi baseline (the same nginx binary, rebuilt for lua-resty-ffi; 1 worker each)"
+
+// restyLibDir is PREFIX/lib of a build-resty-ffi.sh PREFIX, or why bin
+// cannot serve as lua-resty-ffi's nginx.
+func restyLibDir(bin string) (string, string) {
+	if bin == "" {
+		return "", "no nginx built for lua-resty-ffi given (-resty-nginx PATH or QRPC_NGINX=PATH; build one with thirdparty/build-resty-ffi.sh PREFIX, then PATH = PREFIX/sbin/nginx)"
+	}
+	if _, err := exec.LookPath(bin); err != nil {
+		return "", fmt.Sprintf("%s: %v", bin, err)
+	}
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return "", err.Error()
+	}
+	lib := filepath.Join(filepath.Dir(filepath.Dir(abs)), "lib")
+	for _, f := range []string{"libresty_ffi.so", "resty_ffi.lua", "libffi_go_echo.so"} {
+		if _, err := os.Stat(filepath.Join(lib, f)); err != nil {
+			return "", fmt.Sprintf("%s is not a build for lua-resty-ffi: no %s in %s", bin, f, lib)
+		}
+	}
+	return lib, ""
+}
+
+func figureRestyFFI(e *env, p params, t *table) error {
+	lib, why := restyLibDir(p.restyNginx)
+	if why != "" {
+		t.note("lua-resty-ffi baseline skipped: %s.", why)
+		log.Printf("restyffi: skipped: %s", why)
+		return nil
+	}
+	builtin, err := e.newNginx(p.restyNginx, filepath.Join(e.dir, "rf-builtin"), "builtin", lib)
+	if err != nil {
+		return err
+	}
+	resty, err := e.newNginx(p.restyNginx, filepath.Join(e.dir, "rf-resty"), "resty_ffi", lib)
+	if err != nil {
+		return err
+	}
+	for _, n := range []*nginx{builtin, resty} {
+		if err := n.start(p.main); err != nil {
+			return err
+		}
+		defer n.stop()
+	}
+	// The host that carries the calls, as the library reports it: a
+	// figure under a wrong label would be worse than none.
+	for _, c := range []struct {
+		n    *nginx
+		host string
+	}{{builtin, "builtin"}, {resty, "resty_ffi"}} {
+		got, err := c.n.get("/host")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(got) != c.host {
+			return fmt.Errorf("nginx %s runs host %q, want %q", c.n.dir, got, c.host)
+		}
+	}
+	for _, size := range p.rfSizes {
+		calls := p.ipcParN
+		if size > 64<<10 {
+			calls /= 5 // 100 KB echoes: what keeps the full run under ten minutes
+		}
+		log.Printf("restyffi: echo %s, %d light threads", sizeName(size), p.conc)
+		q, r, err := pair(p.runs,
+			builtin.measure("ipc", calls, size, p.conc),
+			builtin.measure("rfecho", calls, size, p.conc))
+		if err != nil {
+			return err
+		}
+		t.add(rateRow(secResty, fmt.Sprintf("IPC echo %s, %d light threads: built-in host vs lua-resty-ffi's Go echo example: throughput", sizeName(size), p.conc), calls, q, r).withTarget("≥ 2"))
+	}
+	log.Printf("restyffi: unary sequential")
+	q, r, err := pair(p.runs,
+		builtin.measure("unary", p.placeN, 100, 1),
+		resty.measure("unary", p.placeN, 100, 1))
+	if err != nil {
+		return err
+	}
+	t.add(timeRow(secResty, fmt.Sprintf("unary 100 B, %d sequential calls: host builtin vs resty_ffi: time", p.placeN), q, r))
+	log.Printf("restyffi: unary, %d light threads", p.conc)
+	q, r, err = pair(p.runs,
+		builtin.measure("unary", p.parN, 100, p.conc),
+		resty.measure("unary", p.parN, 100, p.conc))
+	if err != nil {
+		return err
+	}
+	t.add(rateRow(secResty, fmt.Sprintf("unary 100 B, %d light threads: host builtin vs resty_ffi: throughput", p.conc), p.parN, q, r))
+	return nil
+}
