@@ -462,3 +462,45 @@ func TestPoolLua(t *testing.T) {
 			"z 2"),
 	}})
 }
+
+// TestPoolConnectionCap: 1,000 distinct option tables in one worker with
+// max_connections = 64 hold at most 64 QUIC connections (the least
+// recently used idle pools are closed), and the worker's memory stays
+// bounded.
+func TestPoolConnectionCap(t *testing.T) {
+	requireNginx(t)
+	runBlocks(t, []block{{
+		name: "1000 option tables, 64 connections",
+		conf: ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.configure({ max_connections = 64 }))
+                local function rss()
+                    local f = io.open("/proc/self/status")
+                    local kb = f:read("*a"):match("VmRSS:%s*(%d+)")
+                    f:close()
+                    return tonumber(kb)
+                end
+                local most, failed = 0, 0
+                local marks = {}
+                for i = 1, 1000 do
+                    local c = qrpc.connect(qt.addr, qt.opts({ timeout = 3000 + i }))
+                    if not c or not c:unary("echo", "x") then
+                        failed = failed + 1
+                    end
+                    local n = qrpc.stats().connections
+                    if n > most then most = n end
+                    if i % 250 == 0 then marks[#marks + 1] = rss() end
+                end
+                ngx.say("failed=", failed, " most=", most, " pools=", qrpc.stats().pools)
+                -- bounded: after the first 250 pools (the cap reached, the
+                -- Go heap grown to its working size) the last 500 add
+                -- little
+                local late = marks[4] - marks[2]
+                ngx.say("last 500 connects grew the worker under 24 MB: ", late < 24576)
+                ngx.log(ngx.NOTICE, "rss at 250/500/750/1000 connects: ",
+                        table.concat(marks, " "), " kB")`)},
+		body:   lines("failed=0 most=64 pools=64", "last 500 connects grew the worker under 24 MB: true"),
+		logHas: []string{`rss at 250/500/750/1000 connects`},
+	}})
+}

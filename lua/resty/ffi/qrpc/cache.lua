@@ -130,11 +130,16 @@ end
 local DEFAULT_IDLE_MS = 30000
 local DEFAULT_STREAMS = 32
 
+-- Only nil and 0 mean the default: anything else (a bad value included,
+-- which must then miss the cache and be reported) stays as it is.
 local function norm_ms(v, default)
-    if v and v > 0 then
+    if v == nil or v == 0 then
+        return default
+    end
+    if type(v) == "number" and v > 0 then
         return math_ceil(v)
     end
-    return default
+    return v
 end
 
 
