@@ -340,6 +340,35 @@ func TestPoolThreeServers(t *testing.T) {
 		}
 		return true
 	})
+	t.Logf("peers after the recovery: %v", peers())
+
+	// SIGSTOP: a frozen server is found by its timeouts and ejected; once
+	// it runs again (SIGCONT) it comes back through a trial call.
+	frozen := srvs[0]
+	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Its calls time out (that is how it is found): it is ejected, or,
+	// when the idle timeout (2 s here) ends its connection first, it is
+	// "connecting" (re-dials to it fail). Either way it takes no calls.
+	waitFor(t, 30*time.Second, "the frozen server is taken out", func() bool {
+		n.get("/call")
+		st := stateOf(frozen.addr)
+		return st == "ejected" || st == "connecting"
+	})
+	t.Logf("frozen server: %s", peers()[frozen.addr])
+	for range 30 { // ejected: no call goes to it
+		if st, body := n.get("/call"); st != 200 {
+			t.Fatalf("a call failed with the frozen server ejected: %s", body)
+		}
+	}
+	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the thawed server is back", func() bool {
+		n.get("/call")
+		return stateOf(frozen.addr) == "up"
+	})
 	t.Logf("peers at the end: %v", peers())
 }
 
