@@ -4,9 +4,13 @@
 #   make demo          install missing packages (root) or say which, build, start the demo, curl it
 #   make demo-stop     stop the demo
 #   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/
+#                      against the nginx installed here (QRPC_NGINX=debian|openresty|resty-ffi|/path picks another)
+#   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark (BENCH_QUICK=1 for a short run)
 #   make lint          gofmt, go vet, luacheck
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
+#   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
+#   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
 #   make proto         regenerate qrpc/qrpcpb
 #   make clean
 
@@ -80,7 +84,7 @@ demo-stop:
 
 # The library is built first so that a build error shows up as one, not as
 # a failing test.
-test: lint proto-check $(LIB) test-go test-race
+test: test-deps lint proto-check $(LIB) test-go test-race
 
 test-go: $(LIB)
 	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
@@ -99,6 +103,29 @@ lint:
 	$(GO) vet ./...
 	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run; do bash -n "$$f" || exit 1; done
+
+# ---- nginx flavours --------------------------------------------------------------
+
+# The nginx, rockspec and demo suites run against the nginx QRPC_NGINX names
+# (internal/ngxtest): unset, the one installed here. These two targets build
+# an OpenResty-equivalent nginx, or Debian's nginx with real lua-resty-ffi,
+# with the scripts in ../shared/thirdparty (THIRDPARTY=...), into
+# QRPC_BUILD_DIR (default .build/; the scripts skip the build when its stamp
+# matches), then run those suites on it.
+THIRDPARTY     ?= $(abspath ../shared/thirdparty)
+QRPC_BUILD_DIR ?= $(CURDIR)/.build
+FLAVOUR_SUITES := ./internal/ngxtest/ ./nginx/ ./rockspec/ ./demo/
+
+.PHONY: test-openresty test-resty-ffi nginx-openresty nginx-resty-ffi
+
+nginx-openresty nginx-resty-ffi: nginx-%:
+	@test -x $(THIRDPARTY)/build-$*.sh || { echo "$(THIRDPARTY)/build-$*.sh not found: set THIRDPARTY=/path/to/shared/thirdparty"; exit 1; }
+	@echo "==> nginx flavour $*: $(QRPC_BUILD_DIR)/$* (a first build takes minutes)"
+	@$(THIRDPARTY)/build-$*.sh $(QRPC_BUILD_DIR)/$*
+
+test-openresty test-resty-ffi: test-%: nginx-% $(LIB)
+	QRPC_NGINX=$* QRPC_BUILD_DIR=$(QRPC_BUILD_DIR) QRPC_TEST_LIB=$(CURDIR)/$(LIB) \
+	  $(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) $(FLAVOUR_SUITES)
 
 # ---- benchmark -----------------------------------------------------------------
 
@@ -126,6 +153,47 @@ uninstall:
 	rm -f $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua $(DESTDIR)$(LIB_DIR)/$(LIB)
 	rm -rf $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc
 
+# ---- packages for make test ------------------------------------------------------
+
+.PHONY: test-deps
+
+# As `make demo` does: installs missing Debian packages as root, else prints
+# the apt-get line and stops; says what the (long) first run will do.
+test-deps:
+	@demo/scripts/deps --for test
+
+# ---- release: tarball and rocks -------------------------------------------------
+
+ROCKSPEC ?= $(firstword $(wildcard rockspec/lua-resty-ffi-qrpc-*.rockspec))
+DIST_DIR ?= dist
+
+# A release tarball carries vendor/: build from it, never from the network
+# (an inherited -mod=mod would otherwise make go fetch modules).
+ifneq ($(wildcard vendor/modules.txt),)
+export GOFLAGS := -mod=vendor $(filter-out -mod=%,$(GOFLAGS))
+endif
+
+.PHONY: dist rocks clean-dist lint-rockspec
+
+# Always rebuilt: it is cheap next to a Go build, and a stale tarball is a
+# wrong release.
+dist:
+	@GO=$(GO) rockspec/scripts/dist $(ROCKSPEC) $(DIST_DIR)
+
+rocks: dist
+	@GO=$(GO) rockspec/scripts/rocks $(ROCKSPEC) $(DIST_DIR)
+
+clean-dist:
+	rm -rf $(DIST_DIR)
+
+clean: clean-dist
+
+lint: lint-rockspec
+
+lint-rockspec:
+	luarocks lint $(ROCKSPEC)
+	@for f in rockspec/scripts/*; do bash -n "$$f" || exit 1; done
+
 # ---- generated code ------------------------------------------------------------
 
 # Regenerates qrpc/qrpcpb from proto/qrpc.proto with the plugin versions pinned in go.mod.
@@ -151,4 +219,4 @@ clean:
 	rm -rf demo/run $(BIN)/build.* bench/out nginx/tmp
 
 help:
-	@sed -n '3,11p' Makefile
+	@sed -n '/^#   make/p' Makefile

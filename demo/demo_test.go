@@ -11,11 +11,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 )
 
 func TestDemoUpAndDown(t *testing.T) {
@@ -34,25 +38,67 @@ func TestDemoUpAndDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The nginx QRPC_NGINX names, as in the other suites; the script gets
+	// its path and derives what it needs from the binary itself.
+	ng, err := ngxtest.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("nginx: %s", ng)
 	lib := filepath.Join(dir, "libffi_qrpc.so")
 	bin := filepath.Join(dir, "qrpc-demo")
 	goBuild(t, root, "-buildmode=c-shared", "-o", lib, "./ffi")
 	goBuild(t, root, "-o", bin, "./demo/server")
 
-	env := append(os.Environ(),
-		"QRPC_DEMO_RUN="+filepath.Join(dir, "run"),
-		"QRPC_DEMO_BIN="+bin,
-		"QRPC_DEMO_LIB="+lib,
-		"QRPC_DEMO_HTTP=127.0.0.1:"+freePort(t, "tcp"),
-		"QRPC_DEMO_ADDR=127.0.0.1:"+freePort(t, "udp"),
-		"QRPC_DEMO_MTLS_ADDR=127.0.0.1:"+freePort(t, "udp"),
-	)
+	base := []string{
+		"QRPC_DEMO_RUN=" + filepath.Join(dir, "run"),
+		"QRPC_DEMO_BIN=" + bin,
+		"QRPC_DEMO_LIB=" + lib,
+		"QRPC_DEMO_HTTP=127.0.0.1:" + freePort(t, "tcp"),
+		"QRPC_DEMO_ADDR=127.0.0.1:" + freePort(t, "udp"),
+		"QRPC_DEMO_MTLS_ADDR=127.0.0.1:" + freePort(t, "udp"),
+	}
+	// The nginx the suites run (QRPC_NGINX), with the environment its
+	// flavour needs (lua-resty-ffi: LD_LIBRARY_PATH).
+	env := ng.Environ(nil)
+	out := upAndDown(t, ng, root, dir, withEnv(env, append(base, ngxtest.EnvNginx+"="+ng.Bin)...))
+	m := regexp.MustCompile(`==> starting nginx \((/\S+), http://`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("up does not say which nginx it started:\n%s", out)
+	}
+	nginx := m[1]
+
+	// The same binary by path, in the variable and in the older NGINX,
+	// which nginx itself reads (inherited sockets): given a path there,
+	// an nginx that inherits it logs "invalid socket number" and stays in
+	// the foreground, so up would never return.
+	for _, tc := range []struct{ name, kv string }{
+		{"QRPC_NGINX_path", "QRPC_NGINX=" + nginx},
+		{"legacy_NGINX_path", "NGINX=" + nginx},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := upAndDown(t, ng, root, dir, withEnv(withoutEnv(env, "QRPC_NGINX", "NGINX"), append(base, tc.kv)...))
+			if !strings.Contains(out, "==> starting nginx ("+nginx+",") {
+				t.Errorf("up with %s did not start %s:\n%s", tc.kv, nginx, out)
+			}
+		})
+	}
+}
+
+// upAndDown runs demo/scripts/up and down with env as a user runs `make
+// demo` and `make demo-stop`, checks the tour's output and that down
+// stops both processes, and returns up's output.
+func upAndDown(t *testing.T, ng *ngxtest.Nginx, root, dir string, env []string) string {
+	t.Helper()
 	script := func(name string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, filepath.Join(root, "demo", "scripts", name))
 		cmd.Dir = root
 		cmd.Env = env
+		// An nginx left in the foreground keeps the output pipe open
+		// after the script is killed: stop waiting for it.
+		cmd.WaitDelay = 5 * time.Second
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
@@ -70,13 +116,19 @@ func TestDemoUpAndDown(t *testing.T) {
 		}
 	}
 
+	// Every worker that loaded the library did so on this nginx's host.
+	logs, _ := os.ReadFile(filepath.Join(run, "error.log"))
+	if want := "(host " + ng.Host() + ")"; !strings.Contains(string(logs), want) {
+		t.Errorf("error.log has no %q:\n%s", want, logs)
+	}
+
 	pids := map[string]int{}
 	for _, f := range []string{"nginx.pid", "server.pid"} {
 		pids[f] = readPid(t, filepath.Join(run, f))
 	}
-	out, err = script("down")
+	downOut, err := script("down")
 	if err != nil {
-		t.Fatalf("demo/scripts/down: %v\n%s", err, out)
+		t.Fatalf("demo/scripts/down: %v\n%s", err, downOut)
 	}
 	for f, pid := range pids {
 		if syscall.Kill(pid, 0) == nil {
@@ -86,6 +138,27 @@ func TestDemoUpAndDown(t *testing.T) {
 			t.Errorf("%s left behind", f)
 		}
 	}
+	return out
+}
+
+// withEnv returns env with the K=V pairs set (replacing earlier values).
+func withEnv(env []string, kvs ...string) []string {
+	for _, kv := range kvs {
+		k, _, _ := strings.Cut(kv, "=")
+		env = append(withoutEnv(env, k), kv)
+	}
+	return env
+}
+
+func withoutEnv(env []string, keys ...string) []string {
+	var out []string
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(keys, k) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 func goBuild(t *testing.T, root string, args ...string) {

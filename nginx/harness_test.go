@@ -39,7 +39,8 @@ var confTmpl = template.Must(template.New("nginx.conf").Parse(confTemplate))
 
 // Set up once by TestMain.
 var (
-	skipReason string // non-empty: nginx is not installed here
+	skipReason string         // non-empty: nginx is not installed here
+	ng         *ngxtest.Nginx // the nginx under test (QRPC_NGINX) and what it needs
 	nginxBin   string
 	repoRoot   string
 	luaDir     string // the repository's lua/ directory
@@ -80,7 +81,7 @@ func setup() (func(), error) {
 	testLua = filepath.Join(repoRoot, "nginx", "testdata")
 
 	if reason := findNginx(); reason != "" {
-		if os.Getenv("CI") == "true" {
+		if os.Getenv("CI") == "true" || os.Getenv(ngxtest.EnvNginx) != "" {
 			return nil, fmt.Errorf("CI=true but %s", reason)
 		}
 		skipReason = reason
@@ -134,22 +135,16 @@ func setup() (func(), error) {
 	return cleanup, nil
 }
 
-// findNginx returns why the suite cannot run here, or "".
+// findNginx returns why the suite cannot run here, or "". The nginx is
+// the one QRPC_NGINX names (see ngxtest.Find); naming one that is not
+// there fails the suite rather than skipping it.
 func findNginx() string {
-	bin, err := ngxtest.LookPath("nginx")
+	n, err := ngxtest.Find()
 	if err != nil {
-		return "nginx is not installed (apt-get install nginx libnginx-mod-http-lua lua-resty-core)"
+		return err.Error()
 	}
-	nginxBin = bin
-	for _, f := range []string{
-		"/usr/lib/nginx/modules/ndk_http_module.so",
-		"/usr/lib/nginx/modules/ngx_http_lua_module.so",
-		"/usr/share/lua/5.1/resty/core.lua",
-	} {
-		if _, err := os.Stat(f); err != nil {
-			return fmt.Sprintf("%s is missing (apt-get install libnginx-mod-http-lua lua-resty-core)", f)
-		}
-	}
+	ng, nginxBin = n, n.Bin
+	fmt.Fprintln(os.Stderr, "nginx suite: running against", n)
 	return ""
 }
 
@@ -491,13 +486,22 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 	port := ngxtest.FreePort(t)
 	init := c.InitByLua
 	if init == "" {
-		init = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ lib = %q, socket_dir = %q })",
-			libPath, filepath.Join(dir, "run"))
+		// The flavour's host: with lua-resty-ffi there, every call of the
+		// suite goes through it.
+		init = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ host = %q, lib = %q, socket_dir = %q })",
+			ng.Host(), libPath, filepath.Join(dir, "run"))
+	}
+	var envNames []string
+	for _, e := range c.EnvNames {
+		if e != "LD_LIBRARY_PATH" || ng.RestyFFILib == "" { // MainConf has it then
+			envNames = append(envNames, e)
+		}
 	}
 	data := map[string]any{
 		"Dir": dir, "LuaDir": lua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
-		"EnvNames": c.EnvNames, "Main": c.Main, "HTTP": c.HTTP, "Server": c.Server,
+		"EnvNames": envNames, "Main": c.Main, "HTTP": c.HTTP, "Server": c.Server,
 		"InitByLua": init, "InitWorkerByLua": c.InitWorkerByLua,
+		"NginxMain": ng.MainConf(), "LuaPath": ng.PackagePath(dir+"/?.lua", lua+"/?.lua"), "HostInit": ng.InitLua(),
 	}
 	var conf bytes.Buffer
 	if err := confTmpl.Execute(&conf, data); err != nil {
@@ -519,7 +523,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 		n.allow = append(n.allow, regexp.MustCompile(re))
 	}
 	n.cmd = exec.Command(nginxBin, "-p", dir+"/", "-c", confPath, "-e", filepath.Join(dir, "error.log"))
-	n.cmd.Env = append(os.Environ(), c.ProcEnv...)
+	n.cmd.Env = ng.Environ(nil, c.ProcEnv...)
 	// If the test binary dies, the master is told to quit (its workers follow).
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGQUIT}
 	out, err := os.Create(filepath.Join(dir, "stdout.log"))
@@ -576,6 +580,10 @@ func qtestModule(t *testing.T, c ngxConf, dir string) string {
 	field("shim", shimPath)
 	field("dir", dir)
 	field("test", t.Name())
+	// What this nginx is (ngxtest.Nginx): snippets adapt to it.
+	field("flavour", ng.Flavour)
+	field("host", ng.Host())
+	b.WriteString(fmt.Sprintf("    pipe = %t,\n    lua52_exec = %t,\n", ng.Pipe, ng.Lua52Exec))
 	for k, v := range c.Extra {
 		field(k, v)
 	}
@@ -737,7 +745,7 @@ func (n *nginxProc) get(path string) (int, string) {
 // signal runs `nginx -s sig` against this instance.
 func (n *nginxProc) signal(sig string) {
 	n.t.Helper()
-	cmd := exec.Command(nginxBin, "-p", n.dir+"/", "-c", n.conf, "-e", filepath.Join(n.dir, "error.log"), "-s", sig)
+	cmd := ng.Command("-p", n.dir+"/", "-c", n.conf, "-e", filepath.Join(n.dir, "error.log"), "-s", sig)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		n.t.Fatalf("nginx -s %s: %v\n%s", sig, err, b)
 	}

@@ -175,6 +175,7 @@ func TestClientAbortFreesTheCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sent := time.Now()
 	if _, err := fmt.Fprintf(c, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -197,6 +198,37 @@ func TestClientAbortFreesTheCall(t *testing.T) {
 	}
 	aborted := time.Now()
 	_ = c.Close()
+	if ng.Host() == "resty_ffi" {
+		// lua-resty-ffi tells nobody that the request went away (README):
+		// Go runs the call until the server answers (4 s after the call
+		// was sent), and waiting counts it until its deadline (10 s + 1 s).
+		if err := eventually(10*time.Second, func() error {
+			if f, _ := stat(); f != "0" {
+				return fmt.Errorf("inflight=%s", f)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("the aborted request's call did not end when the server answered: %v", err)
+		}
+		ended := time.Since(aborted)
+		if d := time.Since(sent); d < 3900*time.Millisecond {
+			t.Errorf("the call ended %v after it was sent, before the server answered: was it cancelled after all? update the README", d)
+		}
+		if _, w := stat(); w != "1" {
+			t.Errorf("waiting=%s once Go answered, want 1 until the deadline", w)
+		}
+		if err := eventually(12*time.Second-time.Since(sent), func() error {
+			if _, w := stat(); w != "0" {
+				return fmt.Errorf("waiting=%s", w)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("waiting did not drop by the call's deadline: %v", err)
+		}
+		t.Logf("lua-resty-ffi host: the call ended %v after the client aborted, waiting dropped %v after",
+			ended.Round(10*time.Millisecond), time.Since(aborted).Round(10*time.Millisecond))
+		return
+	}
 	// The slow handler answers after 4 s and the call's deadline is 10 s:
 	// only the abort can free it before.
 	if err := eventually(3*time.Second, func() error {
@@ -326,53 +358,73 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 }
 
-func TestQuitWithCallsInFlight(t *testing.T) {
+// TestCallsInFlightFinish: calls waiting for a slow server when nginx is
+// told to quit or reload all complete, on every host (lua-resty-ffi's
+// waits arm no timer: the library must keep the old worker alive), and the
+// old workers then leave.
+func TestCallsInFlightFinish(t *testing.T) {
 	requireNginx(t)
-	t.Parallel()
-	srv := ownServer(t)
-	n := startNginx(t, ngxConf{QServer: srv, Server: loc("/slow", connectT+`
+	for _, sig := range []string{"quit", "reload"} {
+		t.Run(sig, func(t *testing.T) {
+			t.Parallel()
+			srv := ownServer(t)
+			n := startNginx(t, ngxConf{QServer: srv, Server: loc("/slow", connectT+`
                 local res, err = conn:unary("slow", "1500", { timeout = 5000 })
-                ngx.say(res and res.body or err)`)})
-	const c = 6
-	var wg sync.WaitGroup
-	results := make(chan string, c)
-	for i := 0; i < c; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st, body, _, err := n.do("GET", "/slow", "")
-			results <- fmt.Sprintf("%d %q %v", st, body, err)
-		}()
-	}
-	if err := eventually(5*time.Second, func() error {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		if srv.slow != c {
-			return fmt.Errorf("%d slow calls running at the server", srv.slow)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	workers := n.workerPIDs()
-	n.client.CloseIdleConnections() // see nginxProc.stop
-	quit := time.Now()
-	n.signal("quit")
-	if !n.waitExit(5 * time.Second) {
-		t.Fatalf("nginx -s quit with calls in flight: still running after 5 s (workers %v)", workers)
-	}
-	t.Logf("nginx quit %v after the signal", time.Since(quit).Round(10*time.Millisecond))
-	wg.Wait()
-	close(results)
-	for r := range results {
-		if r != `200 "slept 1500\n" <nil>` {
-			t.Errorf("request in flight at quit: %s", r)
-		}
-	}
-	for _, p := range workers {
-		if pidAlive(p) {
-			t.Errorf("worker %d still alive", p)
-		}
+                ngx.say(res and res.body or err, " ", qrpc.stats().host)`)})
+			const c = 6
+			var wg sync.WaitGroup
+			results := make(chan string, c)
+			for i := 0; i < c; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					st, body, _, err := n.do("GET", "/slow", "")
+					results <- fmt.Sprintf("%d %q %v", st, body, err)
+				}()
+			}
+			if err := eventually(5*time.Second, func() error {
+				srv.mu.Lock()
+				defer srv.mu.Unlock()
+				if srv.slow != c {
+					return fmt.Errorf("%d slow calls running at the server", srv.slow)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			workers := n.workerPIDs()
+			n.client.CloseIdleConnections() // see nginxProc.stop
+			start := time.Now()
+			n.signal(sig)
+			if sig == "quit" {
+				if !n.waitExit(5 * time.Second) {
+					t.Fatalf("nginx -s quit with calls in flight: still running after 5 s (workers %v)", workers)
+				}
+			} else if err := eventually(5*time.Second, func() error {
+				for _, p := range workers {
+					if pidAlive(p) {
+						return fmt.Errorf("old worker %d still alive", p)
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("nginx -s reload with calls in flight: %v", err)
+			}
+			t.Logf("old workers gone %v after -s %s", time.Since(start).Round(10*time.Millisecond), sig)
+			wg.Wait()
+			close(results)
+			want := fmt.Sprintf(`200 "slept 1500 %s\n" <nil>`, ng.Host())
+			for r := range results {
+				if r != want {
+					t.Errorf("request in flight at %s: %s, want %s", sig, r, want)
+				}
+			}
+			for _, p := range workers {
+				if pidAlive(p) {
+					t.Errorf("worker %d still alive", p)
+				}
+			}
+		})
 	}
 }
 

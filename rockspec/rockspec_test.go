@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,7 +34,7 @@ const rockspec = "rockspec/lua-resty-ffi-qrpc-0.1.0-1.rockspec"
 // root, nginx, and a temp dir. Workers drop to nobody when the test runs
 // as root: everything they read (the installed tree) must be reachable, so
 // the temp dir is opened up.
-func prepare(t *testing.T) (root, nginx, dir string) {
+func prepare(t *testing.T) (root string, nginx *ngxtest.Nginx, dir string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the library and starts nginx")
@@ -44,7 +43,13 @@ func prepare(t *testing.T) (root, nginx, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nginx = lookPath(t, "nginx", "install nginx libnginx-mod-http-lua lua-resty-core")
+	// The nginx QRPC_NGINX names, as in the nginx suite; a missing one
+	// fails: these tests are the only check that the install works.
+	nginx, err = ngxtest.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("nginx: %s", nginx)
 	return root, nginx, worldReadableTempDir(t)
 }
 
@@ -149,7 +154,7 @@ type install struct {
 // checkFromNginx starts an nginx whose module path is the installation's
 // only, makes a unary call and an event through it, and checks which files
 // were loaded.
-func checkFromNginx(t *testing.T, nginx, dir string, srv *testsrv.Server, in install) {
+func checkFromNginx(t *testing.T, nginx *ngxtest.Nginx, dir string, srv *testsrv.Server, in install) {
 	t.Helper()
 	ndir, err := os.MkdirTemp(dir, "nginx-")
 	if err != nil {
@@ -160,10 +165,10 @@ func checkFromNginx(t *testing.T, nginx, dir string, srv *testsrv.Server, in ins
 	}
 	before := srv.Events("notify")
 	n := startNginx(t, nginx, ndir, map[string]any{
-		"LuaRoot": in.luaRoot, "CPath": in.cpath, "Configure": in.configure, "Addr": srv.Addr, "CA": string(srv.CA.CertPEM),
+		"LuaPath": nginx.PackagePath(in.luaRoot + "/?.lua"), "CPath": in.cpath, "Configure": in.configure, "Addr": srv.Addr, "CA": string(srv.CA.CertPEM),
 	})
 	body := n.get(t, "/t")
-	want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\nlib=%s\n", in.luaFile, in.libFile)
+	want := fmt.Sprintf("module=%s\ngreet=0 Hello rock!\nevent=true\nlib=%s\nhost=%s\n", in.luaFile, in.libFile, nginx.Host())
 	if body != want {
 		t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
 	}
@@ -192,11 +197,6 @@ func lookPath(t *testing.T, name, hint string) string {
 	return p
 }
 
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
 func worldReadableTempDir(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -219,7 +219,7 @@ func startServer(t *testing.T) *testsrv.Server {
 // The module and the library come from the tree only: lua_package_path
 // starts with it, and the location reports which file `require` found.
 var confTmpl = template.Must(template.New("nginx.conf").Parse(`
-{{.Modules}}
+{{.Main}}
 {{.User}}
 worker_processes 1;
 pid {{.Dir}}/nginx.pid;
@@ -232,10 +232,11 @@ http {
     fastcgi_temp_path     {{.Dir}}/tmp/fastcgi;
     uwsgi_temp_path       {{.Dir}}/tmp/uwsgi;
     scgi_temp_path        {{.Dir}}/tmp/scgi;
-    lua_package_path "{{.LuaRoot}}/?.lua;;";
+    lua_package_path "{{.LuaPath}}";
     {{if .CPath}}lua_package_cpath "{{.CPath}}";{{end}}
 
     init_by_lua_block {
+        {{.HostInit}}
         require "resty.ffi.qrpc"
     }
     init_worker_by_lua_block {
@@ -265,6 +266,7 @@ http {
                 ngx.say("greet=", res.code, " ", res.body)
                 ngx.say("event=", tostring((conn:event("notify", "x"))))
                 ngx.say("lib=", qrpc.stats().lib)
+                ngx.say("host=", qrpc.stats().host)
             }
         }
     }
@@ -272,21 +274,22 @@ http {
 `))
 
 type nginxProc struct {
-	bin, dir, port string
+	ng        *ngxtest.Nginx
+	dir, port string
 }
 
 func (n *nginxProc) args(extra ...string) []string {
 	return append([]string{"-p", n.dir + "/", "-c", filepath.Join(n.dir, "nginx.conf"), "-e", filepath.Join(n.dir, "error.log")}, extra...)
 }
 
-func startNginx(t *testing.T, bin, dir string, data map[string]any) *nginxProc {
+func startNginx(t *testing.T, ng *ngxtest.Nginx, dir string, data map[string]any) *nginxProc {
 	t.Helper()
-	n := &nginxProc{bin: bin, dir: dir, port: strconv.Itoa(ngxtest.FreePort(t))}
+	n := &nginxProc{ng: ng, dir: dir, port: strconv.Itoa(ngxtest.FreePort(t))}
 	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	data["Dir"], data["Port"] = dir, n.port
-	data["Modules"] = loadModules(t, bin)
+	data["Main"], data["HostInit"] = ng.MainConf(), ng.InitLua()
 	data["User"] = workerUser(t)
 	var conf bytes.Buffer
 	if err := confTmpl.Execute(&conf, data); err != nil {
@@ -295,7 +298,7 @@ func startNginx(t *testing.T, bin, dir string, data map[string]any) *nginxProc {
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), conf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(bin, n.args()...).CombinedOutput(); err != nil {
+	if out, err := ng.Command(n.args()...).CombinedOutput(); err != nil {
 		t.Fatalf("start nginx: %v\n%s\n%s", err, out, n.errorLog())
 	}
 	t.Cleanup(func() { n.stop(t) })
@@ -310,29 +313,6 @@ func startNginx(t *testing.T, bin, dir string, data map[string]any) *nginxProc {
 	}
 	t.Fatalf("nginx does not listen on %s:\n%s", n.port, n.errorLog())
 	return nil
-}
-
-// loadModules returns the load_module lines a Debian-style nginx needs, or
-// nothing when ngx_lua is compiled in (OpenResty).
-func loadModules(t *testing.T, bin string) string {
-	t.Helper()
-	v, _ := exec.Command(bin, "-V").CombinedOutput()
-	if regexp.MustCompile(`(?i)openresty|lua-nginx-module|ngx_lua`).Match(v) {
-		return ""
-	}
-	dir := "/usr/lib/nginx/modules"
-	if m := regexp.MustCompile(`--modules-path=(\S+)`).FindSubmatch(v); m != nil {
-		dir = string(m[1])
-	}
-	var b strings.Builder
-	for _, m := range []string{"ndk_http_module", "ngx_http_lua_module"} {
-		p := filepath.Join(dir, m+".so")
-		if !fileExists(p) {
-			t.Fatalf("%s not found: install libnginx-mod-http-lua", p)
-		}
-		fmt.Fprintf(&b, "load_module %s;\n", p)
-	}
-	return b.String()
 }
 
 // workerUser names an unprivileged user and its group when nginx starts as

@@ -74,7 +74,9 @@
 --
 -- A call whose light thread is killed, or whose request the client aborts
 -- (with lua_check_client_abort on), is cancelled in Go within about a
--- second; otherwise the call's deadline frees it.
+-- second on the built-in host; otherwise, and always on the lua-resty-ffi
+-- host (which tells nobody of an aborted task), the server's answer or the
+-- call's deadline frees it.
 --
 -- The library is never loaded in the nginx master: a Go runtime does not
 -- survive fork(). Requiring this module in init_by_lua loads nothing; it is

@@ -101,6 +101,10 @@ local npool = 0
 local last_id = 0
 local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
 
+-- Calls of the lua-resty-ffi host in flight (see hold): they wait in
+-- lua-resty-ffi, not here, but the dispatcher must outlive them too.
+local others = function() return 0 end
+
 local disp_gen = 0      -- generation of the live dispatcher; 0: none
 local disp_seq = 0
 local disp_beat = 0
@@ -395,13 +399,14 @@ local function supervise(gen)
         disp_beat = ngx_now()
 
         if worker_exiting() then
-            if npend == 0 then
+            local n = npend + others()
+            if n == 0 then
                 break
             end
             local now = ngx_now()
             if now - last_exit_log >= 2 then
                 last_exit_log = now
-                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", npend,
+                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", n,
                         " call(s) in flight")
             end
         end
@@ -426,7 +431,7 @@ end
 
 
 local function dispatcher(premature, gen)
-    if premature and npend == 0 then
+    if premature and npend + others() == 0 then
         if gen == disp_gen then
             disp_gen = 0
         end
@@ -439,7 +444,7 @@ local function dispatcher(premature, gen)
     if not ok then
         ngx_log(ngx_ERR, "qrpc: dispatcher died: ", err)
     end
-    if npend > 0 and not worker_exiting() then
+    if npend + others() > 0 and not worker_exiting() then
         ensure_dispatcher()
     end
 end
@@ -468,9 +473,19 @@ end
 _M.ensure_dispatcher = ensure_dispatcher
 
 
--- Coroutines waiting for a completion, and whether the dispatcher runs.
+-- Coroutines waiting for a completion (of either host), and whether the
+-- dispatcher runs.
 function _M.waiting()
-    return npend, disp_gen ~= 0
+    return npend + others(), disp_gen ~= 0
+end
+
+
+-- The lua-resty-ffi host's calls wait in lua-resty-ffi, which arms no
+-- nginx timer: an exiting worker (nginx -s reload / quit) would not wait
+-- for them and would cut their requests. f() counts them; the dispatcher
+-- (whose waits are timers) keeps running while it is not 0.
+function _M.hold(f)
+    others = f
 end
 
 

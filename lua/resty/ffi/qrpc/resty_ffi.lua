@@ -11,10 +11,14 @@ local ffi_string = ffi.string
 local ffi_cast = ffi.cast
 
 local ngx_now = ngx.now
+local ngx_sleep = ngx.sleep
+local thread_spawn = ngx.thread.spawn
+local thread_kill = ngx.thread.kill
 
 local type = type
 local tostring = tostring
 local pairs = pairs
+local pcall = pcall
 
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_ERR = cdef.QRPC_ERR
@@ -25,16 +29,20 @@ local decode_result = cdef.decode_result
 
 local SWEEP_EVERY_S = builtin.SWEEP_EVERY_S
 local PIN_GRACE_S = 60
+-- How often a keeper light thread (see call) looks whether its call is done.
+local KEEP_POLL_S = 0.05
 
 
 local _M = {}
 
 
 local rt                -- the runtime ngx.load_ffi returned
+local waiting
 
 -- Called once the library is loaded with this host.
 function _M.init(r)
     rt = r
+    builtin.hold(waiting)
 end
 
 
@@ -42,6 +50,8 @@ end
 -- answered, even if the calling light thread is killed meanwhile. They stay
 -- referenced here until the call returns or, for abandoned calls, well past
 -- the deadline Go enforces.
+-- pinned[key] = { cmd, a, b, c, deadline, expiry }: by its deadline (secs,
+-- Go's deadline plus slack) the call has been answered.
 local pinned = {}
 local pin_seq = 0
 local last_pin_sweep = 0
@@ -51,23 +61,65 @@ local function pin(cmd, a, b, c, secs)
     if now - last_pin_sweep >= SWEEP_EVERY_S then
         last_pin_sweep = now
         for k, v in pairs(pinned) do
-            if v[5] < now then
+            if v[6] < now then
                 pinned[k] = nil
             end
         end
     end
     pin_seq = pin_seq + 1
-    pinned[pin_seq] = { cmd, a, b, c, now + secs + PIN_GRACE_S }
+    local deadline = now + secs
+    pinned[pin_seq] = { cmd, a, b, c, deadline, deadline + PIN_GRACE_S }
     return pin_seq
+end
+
+
+-- Calls whose coroutine waits in lua-resty-ffi. A coroutine that was killed
+-- (ngx.thread.kill, a client abort) never comes back to unpin its call and
+-- lua-resty-ffi tells nobody: such a call counts until its deadline.
+waiting = function()
+    local now = ngx_now()
+    local n = 0
+    for _, v in pairs(pinned) do
+        if v[5] >= now then
+            n = n + 1
+        end
+    end
+    return n
+end
+_M.waiting = waiting
+
+
+-- Keeps the worker alive while call key is pinned (see call).
+local function keep(key)
+    local v = pinned[key]
+    while v and pinned[key] == v and ngx_now() < v[5] do
+        ngx_sleep(KEEP_POLL_S)
+    end
 end
 
 
 -- Sends cmd as a lua-resty-ffi task; a, b, c are the Lua values its
 -- pointers lead into. Returns status, response string | error.
+--
+-- While the coroutine waits in lua-resty-ffi, something must keep an nginx
+-- timer pending, or an exiting worker (reload, quit) leaves at once and
+-- cuts the request. The dispatcher does (builtin.hold); once the worker
+-- exits and the dispatcher has stopped, ngx.timer.at is refused, so a light
+-- thread of the caller's own sleeps until the call returns.
 function _M.call(cmd, a, b, c, secs)
     local key = pin(cmd, a, b, c, secs)
+    local keeper
+    if not builtin.ensure_dispatcher() then
+        local ok, th = pcall(thread_spawn, keep, key)
+        if ok then
+            keeper = th
+        end
+    end
     local ok, x, y = rt:call(ffi_string(cmd, CMD_SIZE))
     pinned[key] = nil
+    if keeper then
+        thread_kill(keeper)
+    end
     if ok then
         return QRPC_OK, x
     end
