@@ -560,6 +560,9 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 		}
 		pc.ex.add(pr)
 		lastErr = err
+		// A retry may go back to a server it tried (when no other can take
+		// it), but not to one that just refused it: that would loop.
+		retry = false
 	}
 }
 

@@ -1,6 +1,7 @@
 package qrpc
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -114,3 +115,30 @@ func TestEjectionDoubles(t *testing.T) {
 func slogDiscard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func errTimeoutForTest() error { return fmt.Errorf("%w: test", ErrTimeout) }
+
+// TestRetryAttemptEnds: a retry whose only servers refuse the call at once
+// (their connections are down) ends with an error instead of going round
+// the same servers for ever.
+func TestRetryAttemptEnds(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		p := benchPool(t, n, RoundRobin)
+		for _, pr := range p.set.Load().peers {
+			pr.c.slots[0].cur.Store(nil) // connection down: Start refuses
+		}
+		pc := &poolCall{pool: p, done: func(*Response, error) {}}
+		done := make(chan error, 1)
+		go func() {
+			pc.mu.Lock()
+			defer pc.mu.Unlock()
+			done <- pc.attempt(&Call{Method: []byte("m")}, true)
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("%d servers: %v, want ErrUnavailable", n, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d servers: the retry never ended", n)
+		}
+	}
+}
