@@ -624,6 +624,11 @@ func (p Pending) Cancel() bool {
 		return false
 	}
 	pc.stopTimer()
+	// A caller giving up at the deadline (Unary's context fires with the
+	// timer) is a timeout: the stream may be stuck.
+	if !pc.deadline.IsZero() && !timeNow().Before(pc.deadline) {
+		pc.st.checkStuck(p.id)
+	}
 	return true
 }
 
