@@ -744,7 +744,14 @@ func (st *cstream) write(buf *[]byte) error {
 				return errStreamGone
 			}
 			codec.PutBuffer(buf)
-			s.fail(fmt.Errorf("write: %w", err))
+			// Not on this goroutine: failing the session calls done of the
+			// calls in flight, and the caller of Start (a Pool) may hold a
+			// lock that done takes.
+			s.c.wg.Add(1)
+			go func() {
+				defer s.c.wg.Done()
+				s.fail(fmt.Errorf("write: %w", err))
+			}()
 			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
 		}
 	}
@@ -818,11 +825,18 @@ func (st *cstream) broken(cause error) {
 	}
 	s.c.cfg.Logger.Debug("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
 	err := fmt.Errorf("%w: stream: %v", ErrConnLost, cause)
-	s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
-		pc.stopTimer()
-		st.inflight.Add(-1)
-		pc.done(nil, err)
-	})
+	// The calls fail on a goroutine of their own: broken may run inside
+	// Start (a write that found the stream reset), whose caller may hold a
+	// lock that done takes.
+	s.c.wg.Add(1)
+	go func() {
+		defer s.c.wg.Done()
+		s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
+			pc.stopTimer()
+			st.inflight.Add(-1)
+			pc.done(nil, err)
+		})
+	}()
 	st.cancel()
 	s.replace(st)
 }
