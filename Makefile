@@ -11,7 +11,7 @@
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
 #   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
 #   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
-#   make proto         regenerate qrpc/qrpcpb
+#   make proto         regenerate qrpc/qrpcpb, demo/proto/demopb and demo/proto/greeter.protoset
 #   make clean
 
 # A root shell on a fresh machine often lacks /usr/local/go/bin on PATH.
@@ -196,7 +196,10 @@ lint-rockspec:
 
 # ---- generated code ------------------------------------------------------------
 
-# Regenerates qrpc/qrpcpb from proto/qrpc.proto with the plugin versions pinned in go.mod.
+# Regenerates qrpc/qrpcpb from proto/qrpc.proto, and the demo's Go code and
+# descriptor set (read by the Lua tests) from demo/proto/greeter.proto, with the
+# plugin versions pinned in go.mod. Needs protoc and, for greeter.proto's
+# well-known imports, its include files (Debian: protobuf-compiler, libprotobuf-dev).
 proto:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
@@ -208,10 +211,15 @@ proto:
 	  --go-vtproto_out=. --go-vtproto_opt=module=github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc \
 	  --go-vtproto_opt=features=marshal+unmarshal+unmarshal_unsafe+size+equal+clone \
 	  proto/qrpc.proto
+	protoc -I demo/proto \
+	  --plugin=protoc-gen-go=$(BIN)/protoc-gen-go \
+	  --go_out=. --go_opt=module=github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc \
+	  demo/proto/greeter.proto
+	protoc -I demo/proto --include_imports -o demo/proto/greeter.protoset demo/proto/greeter.proto
 
 # The committed generated code must be what `make proto` produces.
 proto-check: proto
-	@git diff --exit-code --stat -- qrpc/qrpcpb || { echo "qrpc/qrpcpb differs from 'make proto' output: commit the regenerated files"; exit 1; }
+	@git diff --exit-code --stat -- qrpc/qrpcpb demo/proto || { echo "qrpc/qrpcpb or demo/proto differs from 'make proto' output: commit the regenerated files"; exit 1; }
 
 clean:
 	@demo/scripts/down --quiet

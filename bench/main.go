@@ -5,7 +5,7 @@
 // several runs; nothing here passes or fails on time.
 //
 // One file per section (ipc, unary, http with the sidecar, memory,
-// placement, gomaxprocs, restyffi), sharing harness.go; the report is
+// placement, gomaxprocs, restyffi, proto), sharing harness.go; the report is
 // report.go and chart.go; the processes the figures call are servers.go
 // and goclient.go.
 package main
@@ -39,9 +39,11 @@ type params struct {
 	memN      int
 	sizes     []int
 	unSizes   []int
-	rfSizes   []int // IPC echo sizes against lua-resty-ffi
-	placeN    int   // sequential calls per run in the placement and lua-resty-ffi figures
-	gmpSeqN   int   // sequential calls per run in the GOMAXPROCS figure
+	rfSizes   []int  // IPC echo sizes against lua-resty-ffi
+	placeN    int    // sequential calls per run in the placement and lua-resty-ffi figures
+	gmpSeqN   int    // sequential calls per run in the GOMAXPROCS figure
+	pbSeqN    int    // sequential calls per mode per run in the protobuf figure
+	pbWrkDur  string // wrk duration of each protobuf gateway location
 	only      map[string]bool
 	hold      bool
 
@@ -65,7 +67,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -85,11 +87,11 @@ func main() {
 	// a unix socket echo of 100 KB 0.2 ms, hence these counts.
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 100000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
-		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000}
+		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 4000, pbWrkDur: "2s"}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
-			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500}
+			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s"}
 	}
 	switch {
 	case *client != "":
@@ -158,7 +160,8 @@ func (e *env) newNginx(bin, dir, host, restyLib string) (*nginx, error) {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		return nil, err
 	}
-	cfgLua := fmt.Sprintf("return { addr = %q, ca = [[\n%s]], uds = %q }\n", e.qrpcAddr, e.caPEM, e.udsPath)
+	cfgLua := fmt.Sprintf("return { addr = %q, ca = [[\n%s]], uds = %q, proto = %q }\n", e.qrpcAddr, e.caPEM, e.udsPath,
+		filepath.Join(e.root, "demo", "proto", "greeter.proto"))
 	if err := os.WriteFile(filepath.Join(dir, "bench_config.lua"), []byte(cfgLua), 0o644); err != nil {
 		return nil, err
 	}
@@ -267,6 +270,7 @@ func run(p params, out, svg string) error {
 		{"placement", figurePlacement, p.want("placement", true)},
 		{"gomaxprocs", figureGOMAXPROCS, p.want("gomaxprocs", true)},
 		{"restyffi", figureRestyFFI, p.want("restyffi", false)},
+		{"proto", figureProto, p.want("proto", false)},
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {

@@ -38,6 +38,11 @@ var (
 // wrk runs one load (wrk -t2 -c50) and measures the CPU time each group
 // of processes in watch spends meanwhile.
 func wrk(port int, path, dur string, watch ...[]int) (wrkResult, error) {
+	return wrkScript(port, path, dur, "", watch...)
+}
+
+// wrkScript is wrk with a wrk Lua script (-s) when script is not "".
+func wrkScript(port int, path, dur, script string, watch ...[]int) (wrkResult, error) {
 	var r wrkResult
 	before := make([]time.Duration, len(watch))
 	for i, pids := range watch {
@@ -46,7 +51,11 @@ func wrk(port int, path, dur string, watch ...[]int) (wrkResult, error) {
 			return r, err
 		}
 	}
-	out, err := exec.Command("wrk", "-t", "2", "-c", "50", "-d", dur, "--latency", fmt.Sprintf("http://127.0.0.1:%d%s", port, path)).CombinedOutput()
+	args := []string{"-t", "2", "-c", "50", "-d", dur, "--latency"}
+	if script != "" {
+		args = append(args, "-s", script)
+	}
+	out, err := exec.Command("wrk", append(args, fmt.Sprintf("http://127.0.0.1:%d%s", port, path))...).CombinedOutput()
 	if err != nil {
 		return wrkResult{}, fmt.Errorf("wrk: %v: %s", err, out)
 	}

@@ -110,7 +110,9 @@ func upAndDown(t *testing.T, ng *ngxtest.Nginx, root, dir string, env []string) 
 		logs, _ := os.ReadFile(filepath.Join(run, "error.log"))
 		t.Fatalf("demo/scripts/up: %v\n%s\nerror.log:\n%s", err, out, logs)
 	}
-	for _, want := range []string{"Hello nginx!", "error: timeout", "Hello mTLS client!", `"notify":2`, "==> the demo is running"} {
+	for _, want := range []string{"Hello nginx!", "error: timeout", "Hello mTLS client!", `"notify":2`,
+		`{"message":"Hello pb!"}`, `{"message":"Hello json!"}`, "bad message: demo.HelloRequest: nmae: unknown field",
+		"==> the demo is running"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -38,6 +38,7 @@
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */
+#define QRPC_F_PROTO_NAMES     2 /* resp_type: JSON field names as in the .proto (user_name), not lowerCamelCase */
 
 /* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
  * the lua-resty-ffi rc. Negative values are errors; the message is in the
@@ -45,6 +46,8 @@
 #define QRPC_OK           0
 #define QRPC_PENDING      1  /* qrpc_submit: accepted, a completion will follow */
 #define QRPC_LOG          2  /* completion carrying a log line (code = level) */
+#define QRPC_BAD_RESPONSE 3  /* UNARY with resp_type: the answer did not decode as that message;
+                                data = [uint32 msg_len][msg][result blob with the raw body] */
 #define QRPC_ERR         -1  /* anything else; read the message */
 #define QRPC_ERR_TIMEOUT -2  /* "timeout" */
 #define QRPC_ERR_CLOSED  -3  /* "closed": connection or runtime closed */

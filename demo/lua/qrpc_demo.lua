@@ -1,12 +1,14 @@
 -- Helpers of the demo nginx.conf: the certificates and addresses, read
 -- once in the master, and small functions that turn results into HTTP.
 local qrpc = require "resty.ffi.qrpc"
+local json = require "resty.ffi.qrpc.json"
 
 local io_open = io.open
 local ngx_say = ngx.say
 local ngx_print = ngx.print
 local ngx_req = ngx.req
 local concat = table.concat
+local str_find = string.find
 local sort = table.sort
 local tostring = tostring
 local pairs = pairs
@@ -39,7 +41,18 @@ function _M.init(opts)
     conf.mtls_addr = opts.mtls_addr
     -- The options tables are built once: connect() caches connections by
     -- address + options, so every request finds the same connection.
-    conf.opts = { ca = ca, server_name = "localhost", timeout = 3000 }
+    conf.opts = {
+        ca = ca, server_name = "localhost", timeout = 3000,
+        -- Message types of the protobuf methods: calls then need only the
+        -- method name (they are not part of the connection's identity).
+        methods = {
+            SayHello = { request = "demo.HelloRequest", response = "demo.HelloReply" },
+            EchoAllKinds = { request = "demo.AllKinds", response = "demo.AllKinds" },
+        },
+    }
+    if opts.proto then
+        assert(qrpc.proto.load(opts.proto))
+    end
     conf.mtls_opts = { ca = ca, cert = cert, key = key, server_name = "localhost", timeout = 3000 }
 end
 
@@ -51,11 +64,29 @@ function _M.mtls_conn()
     return qrpc.connect(conf.mtls_addr, conf.mtls_opts)
 end
 
--- fail answers an error string from the library: 504 for a timeout, 502
--- for everything else (the upstream is the qrpc server).
+-- fail answers an error string from the library: 504 for a timeout, 400
+-- for a request that does not match its protobuf message, 502 for
+-- everything else (the upstream is the qrpc server).
 function _M.fail(err)
-    ngx.status = err == "timeout" and 504 or 502
+    if err == "timeout" then
+        ngx.status = 504
+    elseif str_find(err, "bad message: ", 1, true) == 1
+           or str_find(err, "bad argument", 1, true) == 1
+    then
+        ngx.status = 400
+    else
+        ngx.status = 502
+    end
     ngx_say("error: ", err)
+end
+
+-- reply_table shows a response whose body was decoded into a Lua table.
+function _M.reply_table(res)
+    if res.code ~= 0 then
+        return _M.reply(res)
+    end
+    ngx.header["Content-Type"] = "application/json"
+    ngx_say(json.encode(res.body))
 end
 
 -- reply shows a qrpc response: the body for code 0, "code N: body" with

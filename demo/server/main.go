@@ -16,6 +16,8 @@
 //	fail    body = code (optional)  -> non-zero code (default 1) and a message
 //	stats                           -> {"notify":N,"calls":M}
 //	notify  (event)                 -> counted
+//	SayHello      demo.HelloRequest -> demo.HelloReply{message: "Hello <name>!"}
+//	EchoAllKinds  demo.AllKinds     -> the same message (demo/proto/greeter.proto)
 package main
 
 import (
@@ -193,6 +195,7 @@ func (d *demo) register(s *qrpc.Server) {
 	s.Handle("fail", d.fail)
 	s.Handle("stats", d.stats)
 	s.HandleEvent("notify", func(context.Context, *qrpc.Request) { d.notify.Add(1) })
+	d.registerProto(s)
 }
 
 func (d *demo) greet(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {

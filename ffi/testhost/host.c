@@ -923,7 +923,7 @@ static void query_checks(void) {
           "query: PEERS of an unknown handle -> %d \"%s\"", prc, err);
 
     /* The ops are declared; until a feature registers one, it says so. */
-    static const unsigned ops[] = { QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE };
+    static const unsigned ops[] = { QRPC_OP_METRICS, QRPC_OP_CONFIGURE }; /* PEERS: pools; PROTO_LOAD: protobuf */
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         char want[32];
         snprintf(want, sizeof want, "unsupported op %u", ops[i]);

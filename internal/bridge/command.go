@@ -128,8 +128,8 @@ func (c *Command) Check() error {
 func (c *Command) checkV2() error {
 	unaryOrEvent := c.Op == OpUnary || c.Op == OpEvent
 	switch {
-	case c.Flags&^FlagDiscardUnknown != 0:
-		return Badf("unknown flags 0x%x", c.Flags&^FlagDiscardUnknown)
+	case c.Flags&^(FlagDiscardUnknown|FlagProtoNames) != 0:
+		return Badf("unknown flags 0x%x", c.Flags&^(FlagDiscardUnknown|FlagProtoNames))
 	case c.Retries < 0 || c.Retries > maxRetries:
 		return Badf("retries must be 0..%d, got %d", maxRetries, c.Retries)
 	case c.Retries != 0 && c.Op != OpUnary:
@@ -157,12 +157,6 @@ func (c *Command) checkV2() error {
 // to have encoded. Each feature removes its line when it reads its field.
 func unsupported(c *Command) error {
 	switch {
-	case len(c.ReqType) != 0:
-		return Badf("req_type: not supported by this library yet")
-	case len(c.RespType) != 0:
-		return Badf("resp_type: not supported by this library yet")
-	case c.Flags != 0:
-		return Badf("flags: not supported by this library yet")
 	case len(c.Opts) != 0 && c.Op <= lastSubmitOp && c.Op != OpConnect:
 		return Badf("opts: not supported by this library yet")
 	}

@@ -8,7 +8,7 @@ import (
 func TestCheckVersion2Fields(t *testing.T) {
 	event := func() Command { c := unaryCommand(); c.Op = OpEvent; return c }
 	runCheckCases(t, []checkCase{
-		{"unknown flag", unaryCommand, func(c *Command) { c.Flags = 6 }, "unknown flags 0x6"},
+		{"unknown flag", unaryCommand, func(c *Command) { c.Flags = 6 }, "unknown flags 0x4"},
 		{"negative retries", unaryCommand, func(c *Command) { c.Retries = -1 }, "retries must be 0..16, got -1"},
 		{"too many retries", unaryCommand, func(c *Command) { c.Retries = 17 }, "retries must be 0..16, got 17"},
 		{"retries on an event", event, func(c *Command) { c.Retries = 1 }, "retries: only for UNARY"},
@@ -21,9 +21,6 @@ func TestCheckVersion2Fields(t *testing.T) {
 		{"long opts", connectCommand, func(c *Command) { c.Opts = make([]byte, maxOpts+1) }, "opts: 1048577 bytes"},
 		// Features that have not landed refuse their fields rather than
 		// ignore them.
-		{"req_type not yet", unaryCommand, func(c *Command) { c.ReqType = []byte("a.B") }, "req_type: not supported by this library yet"},
-		{"resp_type not yet", unaryCommand, func(c *Command) { c.RespType = []byte("a.B") }, "resp_type: not supported by this library yet"},
-		{"flags not yet", unaryCommand, func(c *Command) { c.Flags = FlagDiscardUnknown }, "flags: not supported by this library yet"},
 	})
 	// A query op's opts are its own business.
 	q := Command{Op: OpConfigure, Opts: []byte("gomaxprocs=1\n")}
@@ -36,8 +33,8 @@ func TestQuery(t *testing.T) {
 	r := New(newGoMemory(t), nil)
 	h := newTestHost(t, r, true)
 
-	// Ops no feature has registered yet (pools registered PEERS).
-	for _, op := range []uint32{OpMetrics, OpProtoLoad, OpConfigure} {
+	// Ops no feature has registered yet (pools: PEERS, protobuf: PROTO_LOAD).
+	for _, op := range []uint32{OpMetrics, OpConfigure} {
 		if out, msg := r.Query(&Command{Op: op}); out.Status != ErrBadArg || out.Data != nil || msg != fmt.Sprintf("unsupported op %d", op) {
 			t.Errorf("op %d: %d %q", op, out.Status, msg)
 		}

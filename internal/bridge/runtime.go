@@ -272,7 +272,16 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	if cmd.TimeoutMS > 0 {
 		timeout = time.Duration(cmd.TimeoutMS) * time.Millisecond
 	}
-	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, Deadline: time.Now().Add(timeout),
+	rt, err := responseTypeOf(cmd)
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	body, release, err := requestBody(cmd)
+	if err != nil {
+		return qrpc.Pending{}, nil, err
+	}
+	defer release()
+	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout),
 		HashKey: cmd.HashKey, Retries: callRetries(cmd.Retries)}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
@@ -280,6 +289,10 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 		defer r.RecoverLog("complete")
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
+		if rt != nil {
+			deliver(r.decodedOutcome(rt, resp, err))
+			return
+		}
 		deliver(r.outcome(resp, err))
 	})
 	if err != nil {
@@ -373,7 +386,12 @@ func (r *Runtime) event(cmd *Command) error {
 	if err != nil {
 		return err
 	}
-	err = c.client.SendEvent(&qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: cmd.Body, HashKey: cmd.HashKey})
+	body, release, err := requestBody(cmd)
+	if err != nil {
+		return err
+	}
+	defer release()
+	err = c.client.SendEvent(&qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, HashKey: cmd.HashKey})
 	switch {
 	case err == nil:
 		c.events.Add(1)

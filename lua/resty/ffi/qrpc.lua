@@ -51,6 +51,10 @@
 --       waits 1 s longer before giving up on its own.
 --   conn:event(method, body?, opts?) -> true; never yields, any worker
 --       phase. opts: headers.
+--   qrpc.proto.load(path, { import_paths }), qrpc.proto.load_descriptor_set(b)
+--       protobuf schemas; then unary/event take opts.request, .response,
+--       .json, .discard_unknown, .proto_names and connect takes methods =
+--       { Name = { request = ..., response = ... } } (resty/ffi/qrpc/proto.lua)
 --   conn:close() -> true (also on a closed conn); conn:stats() -> { inflight,
 --       calls, events, dropped, reconnects, queued }; qrpc.stats() -> the
 --       worker's totals plus loaded, host, lib, waiting, dispatcher,
@@ -87,7 +91,8 @@
 -- is under resty/ffi/qrpc/: cdef (the C declarations and the command and
 -- result codec), loader (finding and loading the library, signal
 -- masking), builtin (the built-in host and its dispatcher), resty_ffi (the
--- lua-resty-ffi host), cache (the worker's connection cache).
+-- lua-resty-ffi host), cache (the worker's connection cache), proto and
+-- json (protobuf messages).
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
@@ -97,6 +102,7 @@ local builtin = require "resty.ffi.qrpc.builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local pool = require "resty.ffi.qrpc.pool"
+local proto = require "resty.ffi.qrpc.proto"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -130,6 +136,9 @@ local OP_UNARY = cdef.OP_UNARY
 local OP_ECHO = cdef.OP_ECHO
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_ERR_CLOSED = cdef.QRPC_ERR_CLOSED
+local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
+local proto_prepare = proto.prepare
+local proto_finish = proto.finish
 local cmd_t = cdef.cmd_t
 local bad = cdef.bad
 local pack_headers = cdef.pack_headers
@@ -157,7 +166,7 @@ local yieldable = {
 }
 
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.1.0", proto = proto }
 local mt = { __index = _M }
 cache.init(mt)
 
@@ -186,6 +195,7 @@ local function ensure_loaded()
         return nil, err
     end
     local wake_ok, wake_err = builtin.init(st.lib, cfg_socket_dir)
+    proto.attach(st.lib)
     if st.rt then
         resty_ffi.init(st.rt)
     end
@@ -207,6 +217,7 @@ local function ensure_loaded()
     end
     return true
 end
+proto.init(ensure_loaded)
 
 
 -------------------------------------------------------------------------
@@ -318,7 +329,7 @@ local known_opts = {
     server_name = "string", ca = "string", cert = "string", key = "string",
     pins = "table", insecure = "boolean", conns = "number",
     streams = "number", timeout = "number", idle_timeout = "number",
-    max_frame_size = "number",
+    max_frame_size = "number", methods = "table",
 }
 
 -- every connect option name, the pool's included (for plain copies)
@@ -445,7 +456,7 @@ local EMPTY = {}
 -- none; concurrent callers share one dial. Yields (the dial completes
 -- asynchronously), except that a ready cached connection is returned in any
 -- phase, so log_by_lua and filters can reuse what content_by_lua connected.
-function _M.connect(addr, opts)
+local function connect(addr, opts)
     -- addr is "host:port" or a list of them (a pool: resty.ffi.qrpc.pool
     -- checks the list and the pool options)
     if type(addr) ~= "table" and (type(addr) ~= "string" or addr == "") then
@@ -524,6 +535,19 @@ function _M.connect(addr, opts)
 end
 
 
+function _M.connect(addr, opts)
+    local conn, err = connect(addr, opts)
+    if conn and opts ~= nil and opts.methods ~= nil then
+        -- message types per method name (resty.ffi.qrpc.proto)
+        local ok, berr = proto.bind(conn, opts.methods)
+        if not ok then
+            return nil, berr
+        end
+    end
+    return conn, err
+end
+
+
 local function check_conn(self)
     if getmetatable(self) ~= mt or self.handle == nil then
         return bad(1, "a connection is expected (use conn:method(...), "
@@ -536,8 +560,14 @@ local function check_conn(self)
 end
 
 
-local call_opts = { timeout = true, headers = true, hash_key = true,
-                    retries = true }
+local call_opts = {
+    timeout = true, headers = true,
+    -- resty.ffi.qrpc.proto
+    request = true, response = true, json = true, discard_unknown = true,
+    proto_names = true,
+    -- resty.ffi.qrpc.pool
+    hash_key = true, retries = true,
+}
 
 -- Checks method, body, opts of unary/event; packs headers.
 -- Returns body, nhdrs, hdrs_len, timeout (0: none given), hdrs buffer, or
@@ -608,6 +638,19 @@ function _M.unary(self, method, body, opts)
     if not ok then
         return nil, err
     end
+    local req, resp, flags, as_json
+    if type(method) == "string" then
+        if type(opts) == "table" and getmetatable(opts) ~= nil then
+            opts, err = plain(opts, call_opts, 4, "opts")
+            if not opts then
+                return nil, err
+            end
+        end
+        body, req, resp, flags, as_json = proto_prepare(self, method, body, opts)
+        if body == false then
+            return nil, req
+        end
+    end
     local nh, hlen, timeout, hbuf
     body, nh, hlen, timeout, hbuf = check_call(self, method, body, opts)
     if not body then
@@ -632,19 +675,28 @@ function _M.unary(self, method, body, opts)
     local secs = timeout / 1000 + SAFETY_SLACK_S
     if use_builtin then
         status, val = builtin_call(OP_UNARY, self.handle, method, body, nh,
-                                   hbuf, hlen, timeout, secs, hash_key,
-                                   retries)
+                                   hbuf, hlen, timeout, secs, req, resp, flags,
+                                   hash_key, retries)
     else
         -- the header buffer is shared: this call keeps its own copy across
         -- the yield
         local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
         local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, self.handle, 0, method,
-                             body, nh, hstr, hlen, timeout, hash_key, retries)
-        status, val = rf_decode(rf_call(cmd, method, body, hstr, secs))
+                             body, nh, hstr, hlen, timeout, req, resp, flags,
+                             hash_key, retries)
+        status, val = rf_decode(rf_call(cmd, method, body,
+                                        req and { hstr, req, resp } or hstr, secs))
     end
 
     if status == QRPC_OK then
+        if resp then
+            return proto_finish(val, resp, as_json)
+        end
         return val
+    end
+    if status == QRPC_BAD_RESPONSE then
+        -- the answer came but is not a resp: the reason, and res as it came
+        return nil, val.err, val.res
     end
     if status == QRPC_ERR_CLOSED then
         mark_closed(self)
@@ -661,7 +713,20 @@ function _M.event(self, method, body, opts)
     if not ok then
         return nil, err
     end
-    local nh, hlen, hbuf, _
+    local req, flags, _
+    if type(method) == "string" then
+        if type(opts) == "table" and getmetatable(opts) ~= nil then
+            opts, err = plain(opts, call_opts, 4, "opts")
+            if not opts then
+                return nil, err
+            end
+        end
+        body, req, _, flags = proto_prepare(self, method, body, opts)
+        if body == false then
+            return nil, req
+        end
+    end
+    local nh, hlen, hbuf
     body, nh, hlen, _, hbuf = check_call(self, method, body, opts)
     if not body then
         return nil, nh
@@ -672,7 +737,7 @@ function _M.event(self, method, body, opts)
         return nil, hash_key
     end
     local rc
-    rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen,
+    rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen, req, flags,
                             hash_key)
     if rc == QRPC_OK then
         return true

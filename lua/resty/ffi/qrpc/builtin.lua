@@ -45,6 +45,7 @@ local OP_CANCEL = cdef.OP_CANCEL
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_PENDING = cdef.QRPC_PENDING
 local QRPC_LOG = cdef.QRPC_LOG
+local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
 local QRPC_ERR = cdef.QRPC_ERR
 local QRPC_ERR_TIMEOUT = cdef.QRPC_ERR_TIMEOUT
 local cmd_t = cdef.cmd_t
@@ -54,6 +55,7 @@ local ERRBUF_LEN = cdef.ERRBUF_LEN
 local status_err = cdef.status_err
 local submit_err = cdef.submit_err
 local decode_result = cdef.decode_result
+local decode_bad_response = cdef.decode_bad_response
 local fill_cmd = cdef.fill_cmd
 
 -- How much longer than Go's deadline Lua waits before it gives up on its
@@ -173,9 +175,10 @@ _M.close_handle = close_handle
 
 
 -- Sends an event; returns the library's status and, on failure, the error.
-function _M.event(handle, method, body, nh, hdrs, hlen, hash_key)
+function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
+                  hash_key)
     fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
-             hash_key)
+             req_type, nil, flags, hash_key)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc == QRPC_OK then
         return rc
@@ -275,6 +278,8 @@ local function complete(c)
                 status, val = QRPC_ERR, "qrpc: malformed result from the library"
             end
         end
+    elseif status == QRPC_BAD_RESPONSE then
+        val = decode_bad_response(data, len)
     else
         val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
     end
@@ -547,10 +552,10 @@ end
 -- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
 -- Returns status, value (a result table, or an error string).
 function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
-                 hash_key, retries)
+                 req_type, resp_type, flags, hash_key, retries)
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
-             hash_key, retries)
+             req_type, resp_type, flags, hash_key, retries)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc ~= QRPC_PENDING then
         if rc == QRPC_OK then

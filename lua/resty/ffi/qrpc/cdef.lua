@@ -100,6 +100,7 @@ local OP_PEERS = 8
 local QRPC_OK = 0
 local QRPC_PENDING = 1
 local QRPC_LOG = 2
+local QRPC_BAD_RESPONSE = 3
 local QRPC_ERR = -1
 local QRPC_ERR_TIMEOUT = -2
 local QRPC_ERR_CLOSED = -3
@@ -137,6 +138,7 @@ local _M = {
     QRPC_OK = QRPC_OK,
     QRPC_PENDING = QRPC_PENDING,
     QRPC_LOG = QRPC_LOG,
+    QRPC_BAD_RESPONSE = QRPC_BAD_RESPONSE,
     QRPC_ERR = QRPC_ERR,
     QRPC_ERR_TIMEOUT = QRPC_ERR_TIMEOUT,
     QRPC_ERR_CLOSED = QRPC_ERR_CLOSED,
@@ -235,6 +237,23 @@ function _M.decode_result(p, len)
 end
 
 
+-- A QRPC_BAD_RESPONSE completion's data, [u32 msg_len][msg][result blob]:
+-- returns { err = msg, res = result table } (res nil if malformed).
+function _M.decode_bad_response(p, len)
+    if p == nil or len < 4 then
+        return { err = "bad response: malformed completion" }
+    end
+    local n = read_u32(p, 0)
+    if n > len - 4 then
+        return { err = "bad response: malformed completion" }
+    end
+    return {
+        err = ffi_string(p + 4, n),
+        res = _M.decode_result(p + 4 + n, len - 4 - n),
+    }
+end
+
+
 -- Headers are packed into a small shared buffer: Go reads it before
 -- qrpc_submit returns, and a call that keeps headers across a yield copies
 -- them out first. Bigger blocks get a buffer of their own, which the GC
@@ -319,7 +338,7 @@ end
 -- caller anchors (as hash_key: a pool's server choice; retries: extra
 -- attempts on another server, 0 = none).
 function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
-                     timeout, hash_key, retries)
+                     timeout, req_type, resp_type, flags, hash_key, retries)
     cmd.version = CMD_VERSION
     cmd.op = op
     cmd.conn = handle
@@ -337,6 +356,13 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
         cmd.hdrs = nil
         cmd.hdrs_len = 0
     end
+    -- protobuf message types (resty.ffi.qrpc.proto); cleared when absent:
+    -- commands are reused
+    cmd.req_type = req_type
+    cmd.req_type_len = req_type and #req_type or 0
+    cmd.resp_type = resp_type
+    cmd.resp_type_len = resp_type and #resp_type or 0
+    cmd.flags = flags or 0
     if hash_key then
         cmd.hash_key = hash_key
         cmd.hash_key_len = #hash_key

@@ -21,11 +21,13 @@ local pairs = pairs
 local pcall = pcall
 
 local QRPC_OK = cdef.QRPC_OK
+local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
 local QRPC_ERR = cdef.QRPC_ERR
 local CMD_SIZE = cdef.CMD_SIZE
 local cstr_t = cdef.cstr_t
 local status_err = cdef.status_err
 local decode_result = cdef.decode_result
+local decode_bad_response = cdef.decode_bad_response
 
 local SWEEP_EVERY_S = builtin.SWEEP_EVERY_S
 local PIN_GRACE_S = 60
@@ -133,6 +135,9 @@ end
 
 -- Turns an OK result blob into a table.
 function _M.decode(status, val)
+    if status == QRPC_BAD_RESPONSE then
+        return status, decode_bad_response(ffi_cast(cstr_t, val), #val)
+    end
     if status == QRPC_OK then
         val = decode_result(ffi_cast(cstr_t, val), #val)
         if not val then

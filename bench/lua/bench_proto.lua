@@ -1,0 +1,187 @@
+-- Protobuf transcoding benchmarks (bench/proto.go): the same echo call
+-- with demo.Profile as a Lua table (opts.request/opts.response) or as raw
+-- protobuf bytes, and the JSON gateway locations wrk loads.
+--
+-- The message comes from bench_profile.lua, written by the harness from one
+-- Go value: its proto3 JSON (decoded here into the Lua table) and its
+-- protobuf encoding, so both modes carry the same message.
+local ffi = require "ffi"
+local qrpc = require "resty.ffi.qrpc"
+local json = require "resty.ffi.qrpc.json"
+local cfg = require "bench_config"
+
+local ngx = ngx
+local type = type
+local tonumber = tonumber
+local floor = math.floor
+local min = math.min
+local tostring = tostring
+local ffi_new = ffi.new
+local C = ffi.C
+
+local _M = {}
+
+-- clock_gettime under a name of our own: another module may have declared
+-- the libc one with its own struct timespec.
+ffi.cdef [[
+typedef struct { long sec; long nsec; } qrpc_bench_ts_t;
+int qrpc_bench_clock_gettime(int clk, qrpc_bench_ts_t *tp) __asm__("clock_gettime");
+]]
+
+local CLOCK_MONOTONIC = 1
+-- all threads of the worker process, Go's included
+local CLOCK_PROCESS_CPUTIME_ID = 2
+-- the nginx thread alone: Lua, the module, and Go run inside its cgo calls
+local CLOCK_THREAD_CPUTIME_ID = 3
+local ts = ffi_new("qrpc_bench_ts_t")
+
+local function clock(id)
+    C.qrpc_bench_clock_gettime(id, ts)
+    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
+end
+
+local CONN_OPTS = { ca = cfg.ca, server_name = "localhost" }
+local TABLE_OPTS = { request = "demo.Profile", response = "demo.Profile" }
+local JSON_OPTS = { request = "demo.Profile", response = "demo.Profile", json = true }
+local BLOCK = 50 -- calls of one mode before switching to the other
+local WARMUP = 200
+
+local state -- { tbl = Lua table, pb = bytes }, once per worker
+
+local function setup()
+    if state then
+        return state
+    end
+    local ok, err = qrpc.proto.load(cfg.proto)
+    if not ok then
+        return nil, err
+    end
+    local data = require "bench_profile"
+    local tbl
+    tbl, err = json.decode(data.json)
+    if not tbl then
+        return nil, "bench_profile.json: " .. tostring(err)
+    end
+    state = { tbl = tbl, pb = data.pb }
+    return state
+end
+
+local function table_loop(conn, st, n)
+    local errs = 0
+    local want = st.tbl.name
+    for _ = 1, n do
+        local res = conn:unary("echo", st.tbl, TABLE_OPTS)
+        if not res or res.code ~= 0 or type(res.body) ~= "table" or res.body.name ~= want then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+local function bytes_loop(conn, st, n)
+    local errs = 0
+    local pb = st.pb
+    for _ = 1, n do
+        local res = conn:unary("echo", pb)
+        if not res or res.code ~= 0 or #res.body ~= #pb then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+-- GET /bench/proto?n=N: N sequential calls in each mode, from this light
+-- thread, in alternating blocks (the order flipped every round) so that
+-- the machine's load, which drifts on a shared host, weighs on both alike.
+-- Answers wall and CPU seconds (the worker process, and its nginx thread)
+-- of each mode.
+function _M.run()
+    local n = tonumber(ngx.var.arg_n) or 1000
+    local st, err = setup()
+    if not st then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    local conn
+    conn, err = qrpc.connect(cfg.addr, CONN_OPTS)
+    if not conn then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    local warm_errs = table_loop(conn, st, WARMUP) + bytes_loop(conn, st, WARMUP)
+    if warm_errs > 0 then
+        -- say why once, rather than count failures
+        local res, e = conn:unary("echo", st.tbl, TABLE_OPTS)
+        ngx.log(ngx.ERR, "bench_proto warm-up: ", warm_errs, " failed calls; a table call: ",
+                res and ("code " .. tostring(res.code) .. ", body a " .. type(res.body))
+                    or tostring(e))
+    end
+
+    local loops = { table_loop, bytes_loop }
+    local secs, cpu, tcpu, errs = { 0, 0 }, { 0, 0 }, { 0, 0 }, { 0, 0 }
+    local done, round = 0, 0
+    while done < n do
+        local b = min(BLOCK, n - done)
+        for k = 1, 2 do
+            local m = (round % 2 == 0) and k or 3 - k
+            local t0, c0 = clock(CLOCK_MONOTONIC), clock(CLOCK_PROCESS_CPUTIME_ID)
+            local h0 = clock(CLOCK_THREAD_CPUTIME_ID)
+            errs[m] = errs[m] + loops[m](conn, st, b)
+            tcpu[m] = tcpu[m] + clock(CLOCK_THREAD_CPUTIME_ID) - h0
+            secs[m] = secs[m] + clock(CLOCK_MONOTONIC) - t0
+            cpu[m] = cpu[m] + clock(CLOCK_PROCESS_CPUTIME_ID) - c0
+        end
+        done, round = done + b, round + 1
+    end
+    ngx.say('{"calls":', floor(done), ',"errors":', errs[1] + errs[2],
+            ',"table":{"secs":', secs[1], ',"cpu":', cpu[1], ',"thread_cpu":', tcpu[1],
+            '},"bytes":{"secs":', secs[2], ',"cpu":', cpu[2], ',"thread_cpu":', tcpu[2], '}}')
+end
+
+-- POST /gw/proto/json (JSON body, JSON answer: the gateway) and
+-- POST /gw/proto/raw (protobuf body, protobuf answer: its baseline): one
+-- echo call per request, connected as /e2e/qrpc does.
+function _M.gateway(as_json)
+    local _, err = setup()
+    if err then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if not body then
+        ngx.status = 400
+        ngx.say("no body (or not in memory)")
+        return
+    end
+    local conn
+    conn, err = qrpc.connect(cfg.addr, CONN_OPTS)
+    if not conn then
+        ngx.status = 502
+        ngx.say(err)
+        return
+    end
+    local res
+    if as_json then
+        res, err = conn:unary("echo", body, JSON_OPTS)
+    else
+        res, err = conn:unary("echo", body)
+    end
+    if not res then
+        ngx.status = err:find("bad message: ", 1, true) == 1 and 400 or 502
+        ngx.say(err)
+        return
+    end
+    if res.code ~= 0 then
+        ngx.status = 502
+        ngx.say("code ", res.code)
+        return
+    end
+    ngx.header["Content-Type"] = as_json and "application/json" or "application/x-protobuf"
+    ngx.print(res.body)
+end
+
+return _M

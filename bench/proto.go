@@ -1,0 +1,228 @@
+package main
+
+// Protobuf transcoding (issue 11): what a ten-field message (demo.Profile)
+// costs as a Lua table in and out (opts.request/opts.response) over the
+// same echo call carrying its protobuf bytes, sequential calls from one
+// light thread (bench/lua/bench_proto.lua); and the JSON gateway (JSON in,
+// protobuf over qrpc, JSON out) under wrk against the same location
+// passing protobuf bytes through. The server is the bench's own echo: it
+// returns the request's bytes, so both modes cost the server the same.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
+)
+
+const (
+	secProto      = "Protobuf: demo.Profile (10 fields) as a Lua table in and out vs raw protobuf bytes (sequential calls, 1 light thread)"
+	secProtoGW    = "Protobuf: JSON gateway (JSON → protobuf → qrpc → JSON) vs raw protobuf bytes in and out (wrk -t2 -c50, 1 worker)"
+	secProtoAdded = "Protobuf: cost transcoding adds per call, demo.Profile (target ≤ 10 µs)"
+	protoTarget   = "≤ 10"
+)
+
+// benchProfile is the message of the section: the values of
+// internal/transcode's Profile benchmarks, so that their figures and these
+// describe the same message.
+func benchProfile() *demopb.Profile {
+	return &demopb.Profile{
+		Id: 1234567890123, Name: "Ada Lovelace", Email: "ada@example.com", Age: 36, Active: true,
+		Score: 98.25, Tags: []string{"math", "engines", "poetry"}, Color: demopb.Color_COLOR_GREEN,
+		Avatar:  []byte("\x89PNG\r\n\x1a\n0123456789abcdef"),
+		Created: timestamppb.New(time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)),
+	}
+}
+
+// profileData is the message in both forms: compact proto3 JSON (what the
+// gateway is sent, and what Lua decodes into its table) and protobuf.
+func profileData() (js, pb []byte, err error) {
+	m := benchProfile()
+	raw, err := protojson.Marshal(m)
+	if err != nil {
+		return nil, nil, fmt.Errorf("profile to JSON: %w", err)
+	}
+	// protojson varies its whitespace on purpose; the body wrk sends
+	// should not.
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return nil, nil, fmt.Errorf("compact profile JSON: %w", err)
+	}
+	if pb, err = proto.Marshal(m); err != nil {
+		return nil, nil, fmt.Errorf("profile to protobuf: %w", err)
+	}
+	return b.Bytes(), pb, nil
+}
+
+// luaQuote is s as a Lua string literal that both LuaJIT and wrk's Lua
+// read back byte for byte: printable ASCII as is, the rest as \ddd.
+func luaQuote(s []byte) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, c := range s {
+		if c >= 0x20 && c < 0x7f && c != '"' && c != '\\' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "\\%03d", c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// writeProfileFiles writes the Lua module bench_profile.lua (read by
+// bench_proto.lua) and the two wrk scripts posting the message, and
+// returns the scripts' paths.
+func writeProfileFiles(dir string) (jsonScript, pbScript string, err error) {
+	js, pb, err := profileData()
+	if err != nil {
+		return "", "", err
+	}
+	mod := fmt.Sprintf("-- written by bench/proto.go\nreturn { json = %s, pb = %s }\n", luaQuote(js), luaQuote(pb))
+	if err := os.WriteFile(filepath.Join(dir, "bench_profile.lua"), []byte(mod), 0o644); err != nil {
+		return "", "", err
+	}
+	script := func(name, ctype string, body []byte) (string, error) {
+		p := filepath.Join(dir, name)
+		s := fmt.Sprintf("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = %q\nwrk.body = %s\n", ctype, luaQuote(body))
+		return p, os.WriteFile(p, []byte(s), 0o644)
+	}
+	if jsonScript, err = script("wrk_profile_json.lua", "application/json", js); err != nil {
+		return "", "", err
+	}
+	if pbScript, err = script("wrk_profile_pb.lua", "application/x-protobuf", pb); err != nil {
+		return "", "", err
+	}
+	return jsonScript, pbScript, nil
+}
+
+// protoMode is the calls of one mode in a protoRun, in seconds: wall
+// time, CPU time of the worker process (all its threads) and of its nginx
+// thread alone (Lua, the module, and the Go code its cgo calls run).
+type protoMode struct {
+	Secs      float64 `json:"secs"`
+	CPU       float64 `json:"cpu"`
+	ThreadCPU float64 `json:"thread_cpu"`
+}
+
+// protoRun is one answer of GET /bench/proto.
+type protoRun struct {
+	Calls  int       `json:"calls"`
+	Errors int       `json:"errors"`
+	Table  protoMode `json:"table"`
+	Bytes  protoMode `json:"bytes"`
+}
+
+// Per call, in µs, for medianBy.
+func (r protoRun) us(s float64) float64   { return s / float64(r.Calls) * 1e6 }
+func (r protoRun) tableUS() float64       { return r.us(r.Table.Secs) }
+func (r protoRun) bytesUS() float64       { return r.us(r.Bytes.Secs) }
+func (r protoRun) tableCPUUS() float64    { return r.us(r.Table.CPU) }
+func (r protoRun) bytesCPUUS() float64    { return r.us(r.Bytes.CPU) }
+func (r protoRun) tableThreadUS() float64 { return r.us(r.Table.ThreadCPU) }
+func (r protoRun) bytesThreadUS() float64 { return r.us(r.Bytes.ThreadCPU) }
+
+func (n *nginx) protoRun(calls int) (protoRun, error) {
+	var r protoRun
+	body, err := n.get(fmt.Sprintf("/bench/proto?n=%d", calls))
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return r, fmt.Errorf("bad /bench/proto answer %q: %w", body, err)
+	}
+	if r.Errors > 0 || r.Calls == 0 {
+		return r, fmt.Errorf("/bench/proto: %d of %d calls failed; error.log:\n%s", r.Errors, 2*r.Calls, tail(filepath.Join(n.dir, "error.log")))
+	}
+	return r, nil
+}
+
+// addedRow is a cost transcoding adds per call: the median over runs of
+// the paired difference subject − baseline, in µs, against the target.
+func addedRow(name string, subject, baseline []float64) row {
+	d := make([]float64, len(subject))
+	for i := range subject {
+		d[i] = subject[i] - baseline[i]
+	}
+	added := medianBy(d, func(v float64) float64 { return v })
+	return row{section: secProtoAdded, name: name, subject: fmtUS(added), baseline: "—",
+		ratio: added, ratioLabel: "µs added"}.withTarget(protoTarget)
+}
+
+func figureProto(e *env, p params, t *table) error {
+	jsonScript, pbScript, err := writeProfileFiles(e.dir)
+	if err != nil {
+		return err
+	}
+	var runs []protoRun
+	for i := 0; i < p.runs; i++ {
+		log.Printf("proto: %d sequential calls per mode, run %d", p.pbSeqN, i+1)
+		r, err := e.nginx.protoRun(p.pbSeqN)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	}
+	tw, bw := medianBy(runs, protoRun.tableUS), medianBy(runs, protoRun.bytesUS)
+	t.add(row{section: secProto, name: fmt.Sprintf("%d calls each, interleaved: time per call", p.pbSeqN),
+		subject: fmtUS(tw), baseline: fmtUS(bw), ratio: tw / bw, ratioLabel: "time ratio"})
+	tc, bc := medianBy(runs, protoRun.tableCPUUS), medianBy(runs, protoRun.bytesCPUUS)
+	t.add(cpuRow(secProto, "worker CPU per call (all its threads, Go's included)", tc, bc))
+	th, bh := medianBy(runs, protoRun.tableThreadUS), medianBy(runs, protoRun.bytesThreadUS)
+	t.add(cpuRow(secProto, "nginx thread CPU per call (Lua, the module, Go inside its cgo calls)", th, bh))
+	t.add(addedRow("table in/out: time added per call", values(runs, protoRun.tableUS), values(runs, protoRun.bytesUS)))
+	t.add(addedRow("table in/out: worker CPU added per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(addedRow("table in/out: nginx thread CPU added per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.bytesThreadUS)))
+
+	if !haveWrk(t) {
+		return nil
+	}
+	worker, err := e.nginx.workers()
+	if err != nil {
+		return err
+	}
+	var js, pbs []wrkResult
+	for i := 0; i < p.runs; i++ {
+		log.Printf("proto: JSON gateway, run %d", i+1)
+		j, err := wrkScript(e.nginx.port, "/gw/proto/json", p.pbWrkDur, jsonScript, worker)
+		if err != nil {
+			return err
+		}
+		b, err := wrkScript(e.nginx.port, "/gw/proto/raw", p.pbWrkDur, pbScript, worker)
+		if err != nil {
+			return err
+		}
+		if j.non2xx > 0 || b.non2xx > 0 {
+			return fmt.Errorf("non-2xx answers: JSON %d, raw %d; error.log:\n%s", j.non2xx, b.non2xx, tail(filepath.Join(e.dir, "error.log")))
+		}
+		js, pbs = append(js, j), append(pbs, b)
+	}
+	jr, br := medianBy(js, rps), medianBy(pbs, rps)
+	t.add(row{section: secProtoGW, name: "requests/s", subject: fmt.Sprintf("%.0f req/s", jr), baseline: fmt.Sprintf("%.0f req/s", br),
+		ratio: jr / br, ratioLabel: "throughput ratio"})
+	j99, b99 := medianBy(js, p99ms), medianBy(pbs, p99ms)
+	t.add(row{section: secProtoGW, name: "p99 latency", subject: fmtMS(j99), baseline: fmtMS(b99), ratio: j99 / b99, ratioLabel: "latency ratio"})
+	jc, bcpu := medianBy(js, cpuUS(0)), medianBy(pbs, cpuUS(0))
+	t.add(cpuRow(secProtoGW, "CPU per request, nginx worker (all its threads, Go's included)", jc, bcpu))
+	t.add(addedRow("JSON gateway: worker CPU added per request", values(js, cpuUS(0)), values(pbs, cpuUS(0))))
+	return nil
+}
+
+// values is f of each run, in order (addedRow pairs them by run).
+func values[T any](runs []T, f func(T) float64) []float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	return v
+}

@@ -1,0 +1,203 @@
+package bridge
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/transcode"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// Protobuf messages from JSON (issue 11): QRPC_OP_PROTO_LOAD fills the
+// worker's schema registry; UNARY and EVENT with req_type send the JSON
+// body encoded as that message, and UNARY with resp_type answers with the
+// response body decoded to JSON.
+
+// FlagProtoNames is QRPC_F_PROTO_NAMES: resp_type's JSON names fields as
+// the .proto file does (user_name) rather than in lowerCamelCase
+// (userName). The Lua module sets it for Lua tables.
+const FlagProtoNames = 2
+
+// StatusBadResponse is QRPC_BAD_RESPONSE: a UNARY with resp_type whose
+// answer did not decode. It is not an error of the call (the server
+// answered), so Lua gets both the reason and the raw answer: the data is
+// [u32 msg_len][msg][result blob with the undecoded body].
+const StatusBadResponse = 3
+
+// schemas is the process's (= nginx worker's) registry: loads add to it,
+// every connection's calls read it.
+var schemas = transcode.NewRegistry()
+
+func init() {
+	RegisterQuery(OpProtoLoad, protoLoad)
+}
+
+// protoLoad answers QRPC_OP_PROTO_LOAD: method "file" (body: the path) or
+// "descriptor_set" (body: the bytes); opts: "import_path=DIR" lines.
+func protoLoad(_ *Runtime, cmd *Command) ([]byte, error) {
+	var importPaths []string
+	for _, line := range strings.Split(string(cmd.Opts), "\n") {
+		if line == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok || k != "import_path" || v == "" {
+			return nil, Badf("proto load: unknown option line %q (want import_path=DIR)", line)
+		}
+		importPaths = append(importPaths, v)
+	}
+	switch string(cmd.Method) {
+	case "file":
+		if len(cmd.Body) == 0 {
+			return nil, Badf("proto load: empty path")
+		}
+		return nil, schemas.LoadFile(string(cmd.Body), importPaths)
+	case "descriptor_set":
+		if len(importPaths) > 0 {
+			return nil, Badf("proto load: import_path is for files, not descriptor sets")
+		}
+		return nil, schemas.LoadDescriptorSet(cmd.Body)
+	}
+	return nil, Badf("proto load: method must be \"file\" or \"descriptor_set\", got %q", cmd.Method)
+}
+
+// messageCache maps type names to messages without converting the name to
+// a string on every call (a map index with string(b) does not allocate).
+var messageCache struct {
+	sync.RWMutex
+	m map[string]*transcode.Message
+}
+
+func message(name []byte) (*transcode.Message, error) {
+	messageCache.RLock()
+	m := messageCache.m[string(name)]
+	messageCache.RUnlock()
+	if m != nil {
+		return m, nil
+	}
+	m, err := schemas.Message(string(name))
+	if err != nil {
+		return nil, err
+	}
+	messageCache.Lock()
+	if messageCache.m == nil {
+		messageCache.m = map[string]*transcode.Message{}
+	}
+	messageCache.m[string(name)] = m
+	messageCache.Unlock()
+	return m, nil
+}
+
+// bodyPool recycles the buffers encoded request bodies are built in: the
+// frame is encoded (copied) before Start or Event returns.
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+func noRelease() {}
+
+// requestBody is the body to send for cmd: cmd.Body itself, or with
+// req_type its protobuf encoding, in a pooled buffer that release returns.
+// A body that does not match the message is refused here, before
+// anything is sent.
+func requestBody(cmd *Command) (body []byte, release func(), err error) {
+	if len(cmd.ReqType) == 0 {
+		return cmd.Body, noRelease, nil
+	}
+	m, err := message(cmd.ReqType)
+	if err != nil {
+		return nil, noRelease, err
+	}
+	bp := bodyPool.Get().(*[]byte)
+	out, err := m.Encode((*bp)[:0], cmd.Body, transcode.EncodeOptions{DiscardUnknown: cmd.Flags&FlagDiscardUnknown != 0})
+	if err != nil {
+		bodyPool.Put(bp)
+		return nil, noRelease, err
+	}
+	*bp = out
+	return out, func() {
+		if cap(*bp) <= 64<<10 {
+			*bp = (*bp)[:0]
+			bodyPool.Put(bp)
+		}
+	}, nil
+}
+
+// responseType resolves resp_type on the submit path, so that an unknown
+// name fails the call before it is sent. nil: no decoding.
+type responseType struct {
+	m    *transcode.Message
+	opts transcode.DecodeOptions
+}
+
+func responseTypeOf(cmd *Command) (*responseType, error) {
+	if len(cmd.RespType) == 0 {
+		return nil, nil
+	}
+	m, err := message(cmd.RespType)
+	if err != nil {
+		if me, ok := err.(*transcode.MessageError); ok {
+			me.Response = true
+		}
+		return nil, err
+	}
+	return &responseType{m: m, opts: transcode.DecodeOptions{ProtoNames: cmd.Flags&FlagProtoNames != 0}}, nil
+}
+
+// decodedOutcome is outcome for a call with resp_type. A non-zero code is
+// the application's error, whose body is not the reply message: it is
+// passed on as it came.
+func (r *Runtime) decodedOutcome(rt *responseType, resp *qrpc.Response, err error) (out Completion) {
+	if err != nil || resp.Code != 0 {
+		return r.outcome(resp, err)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.logger.Error("qrpc panic while decoding a response", "panic", fmt.Sprint(p))
+			out = r.Message(ErrGeneric, "internal error", 0)
+		}
+	}()
+	bp := bodyPool.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= 64<<10 {
+			*bp = (*bp)[:0]
+			bodyPool.Put(bp)
+		}
+	}()
+	js, derr := rt.m.Decode((*bp)[:0], resp.Body, rt.opts)
+	if derr != nil {
+		return r.badResponse(derr.Error(), resp)
+	}
+	*bp = js
+	return r.Result(resp.Code, resp.Headers, js)
+}
+
+// badResponse is the StatusBadResponse completion: the reason, then the
+// answer as it came.
+func (r *Runtime) badResponse(msg string, resp *qrpc.Response) Completion {
+	msg = Clip(msg)
+	n := 4 + len(msg) + ResultSize(resp.Headers, resp.Body)
+	p := r.mem.Alloc(n)
+	if p == nil {
+		return r.Message(ErrGeneric, "out of memory", 0)
+	}
+	b := Bytes(p, n)
+	binary.NativeEndian.PutUint32(b, uint32(len(msg)))
+	copy(b[4:], msg)
+	WriteResult(b[4+len(msg):], resp.Code, resp.Headers, resp.Body)
+	return Completion{Status: StatusBadResponse, Data: p, Len: uintptr(n)}
+}
+
+// ParseBadResponse splits a StatusBadResponse completion's data.
+func ParseBadResponse(b []byte) (msg string, code uint32, hdrs [][]byte, body []byte, err error) {
+	if len(b) < 4 {
+		return "", 0, nil, nil, fmt.Errorf("bad response data of %d bytes", len(b))
+	}
+	n := binary.NativeEndian.Uint32(b)
+	if uint64(n) > uint64(len(b)-4) {
+		return "", 0, nil, nil, fmt.Errorf("bad response message of %d bytes in %d", n, len(b))
+	}
+	msg = string(b[4 : 4+n])
+	code, hdrs, body, err = ParseResult(b[4+n:])
+	return msg, code, hdrs, body, err
+}

@@ -1,0 +1,162 @@
+package bridge
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+)
+
+const greeterProto = "../../demo/proto/greeter.proto"
+
+func protoLoadCmd(method, body, opts string) *Command {
+	return &Command{Op: OpProtoLoad, Method: []byte(method), Body: []byte(body), Opts: []byte(opts)}
+}
+
+func TestProtoLoadQuery(t *testing.T) {
+	r := New(newGoMemory(t), nil)
+	cases := []struct {
+		name   string
+		cmd    *Command
+		status int32
+		msg    string // prefix
+	}{
+		{"file", protoLoadCmd("file", greeterProto, ""), StatusOK, ""},
+		{"same file again", protoLoadCmd("file", greeterProto, ""), StatusOK, ""},
+		{"by import name", protoLoadCmd("file", "greeter.proto", "import_path=../../demo/proto\n"), StatusOK, ""},
+		{"missing", protoLoadCmd("file", "/nonexistent/x.proto", ""), ErrGeneric, "bad proto: /nonexistent/x.proto: file not found"},
+		{"garbage set", protoLoadCmd("descriptor_set", "\xff\xff", ""), ErrGeneric, "bad proto: descriptor set: "},
+		{"bad method", protoLoadCmd("url", "x", ""), ErrBadArg, `bad command: proto load: method must be "file" or "descriptor_set", got "url"`},
+		{"bad option", protoLoadCmd("file", greeterProto, "include=/x\n"), ErrBadArg, `bad command: proto load: unknown option line "include=/x"`},
+		{"import path on a set", protoLoadCmd("descriptor_set", "x", "import_path=/x\n"), ErrBadArg, "bad command: proto load: import_path is for files"},
+		{"empty path", protoLoadCmd("file", "", ""), ErrBadArg, "bad command: proto load: empty path"},
+	}
+	for _, c := range cases {
+		out, msg := r.Query(c.cmd)
+		if out.Status != c.status || !strings.HasPrefix(msg, c.msg) {
+			t.Errorf("%s: %d %q, want %d %q", c.name, out.Status, msg, c.status, c.msg)
+		}
+		r.Free(&out)
+	}
+	if _, err := schemas.Message("demo.AllKinds"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func loadGreeter(t *testing.T, r *Runtime) {
+	t.Helper()
+	out, msg := r.Query(protoLoadCmd("file", greeterProto, ""))
+	if out.Status != StatusOK {
+		t.Fatalf("load: %q", msg)
+	}
+	r.Free(&out)
+}
+
+func protoUnary(conn, id uint64, method, body, req, resp string, flags uint32) Command {
+	c := unary(conn, id, method, body, 5000)
+	c.ReqType, c.RespType, c.Flags = []byte(req), []byte(resp), flags
+	return c
+}
+
+// Requests are encoded before they are sent, responses decoded when they
+// arrive, through a real qrpc server that echoes bytes.
+func TestProtoCalls(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	r := New(newGoMemory(t), nil)
+	loadGreeter(t, r)
+	h := newTestHost(t, r, true)
+	conn := h.connect(1, ts)
+
+	// JSON -> protobuf on the wire (the echo shows what was sent).
+	h.submit(protoUnary(conn, 2, "echo", `{"name":"x"}`, "demo.HelloRequest", "", 0), StatusPending)
+	_, _, body := result(t, h.wait(2, 5*time.Second))
+	var req demopb.HelloRequest
+	if err := proto.Unmarshal(body, &req); err != nil || req.Name != "x" {
+		t.Fatalf("sent %x (%v)", body, err)
+	}
+
+	// Both ways; field names as in the .proto with the flag.
+	in := `{"i64":"-5","byId":{"7":{"id":"s"}},"choiceText":"c"}`
+	h.submit(protoUnary(conn, 3, "echo", in, "demo.AllKinds", "demo.AllKinds", 0), StatusPending)
+	if _, _, body := result(t, h.wait(3, 5*time.Second)); string(body) != in {
+		t.Fatalf("round trip: %s", body)
+	}
+	h.submit(protoUnary(conn, 4, "echo", in, "demo.AllKinds", "demo.AllKinds", FlagProtoNames), StatusPending)
+	if _, _, body := result(t, h.wait(4, 5*time.Second)); string(body) != `{"i64":"-5","by_id":{"7":{"id":"s"}},"choice_text":"c"}` {
+		t.Fatalf("proto names: %s", body)
+	}
+
+	// Unknown fields: refused, or dropped with the flag.
+	h.submit(protoUnary(conn, 5, "echo", `{"name":"x","extra":1}`, "demo.HelloRequest", "demo.HelloRequest", FlagDiscardUnknown), StatusPending)
+	if _, _, body := result(t, h.wait(5, 5*time.Second)); string(body) != `{"name":"x"}` {
+		t.Fatalf("discard unknown: %s", body)
+	}
+
+	// Bad requests fail at submit and send nothing.
+	before, _ := r.Stats(conn, 0)
+	for _, c := range []struct {
+		cmd Command
+		msg string
+	}{
+		{protoUnary(conn, 6, "echo", `{"name":"x","extra":1}`, "demo.HelloRequest", "", 0), "bad message: demo.HelloRequest: extra: unknown field"},
+		{protoUnary(conn, 7, "echo", `{"name":5}`, "demo.HelloRequest", "", 0), "bad message: demo.HelloRequest: name: expected string, got number 5"},
+		{protoUnary(conn, 8, "echo", `{"name":`, "demo.HelloRequest", "", 0), "bad message: demo.HelloRequest: invalid JSON at offset 8: unexpected end of JSON input"},
+		{protoUnary(conn, 9, "echo", `{}`, "demo.Nope", "", 0), "bad message: demo.Nope: unknown message type"},
+		{protoUnary(conn, 10, "echo", `{}`, "demo.HelloRequest", "demo.Nope", 0), "bad response: demo.Nope: unknown message type"},
+	} {
+		if msg := h.submit(c.cmd, ErrGeneric); msg != c.msg {
+			t.Errorf("got %q, want %q", msg, c.msg)
+		}
+	}
+	if after, _ := r.Stats(conn, 0); after.Calls != before.Calls {
+		t.Fatalf("bad requests were sent: %d calls before, %d after", before.Calls, after.Calls)
+	}
+
+	// A response that is not the declared message: the reason and the
+	// answer as it came.
+	h.submit(protoUnary(conn, 11, "echo", "\xff", "", "demo.HelloReply", 0), StatusPending)
+	c := h.wait(11, 5*time.Second)
+	if c.Status != StatusBadResponse {
+		t.Fatalf("bad response: status %d %q", c.Status, text(c))
+	}
+	msg, code, _, raw, err := ParseBadResponse(Bytes(c.Data, int(c.Len)))
+	if err != nil || code != 0 || string(raw) != "\xff" || msg != "bad response: demo.HelloReply: cannot parse invalid wire-format data" {
+		t.Fatalf("bad response: %q %d %q %v", msg, code, raw, err)
+	}
+
+	// A non-zero code's body is the service's, not the message: as it came.
+	h.submit(protoUnary(conn, 12, "code", "{}", "demo.HelloRequest", "demo.HelloReply", 0), StatusPending)
+	if code, _, body := result(t, h.wait(12, 5*time.Second)); code != 7 || string(body) != "seven" {
+		t.Fatalf("code 7: %d %q", code, body)
+	}
+}
+
+// Events: encoded before sending; a bad one is refused and not sent.
+func TestProtoEvent(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	r := New(newGoMemory(t), nil)
+	loadGreeter(t, r)
+	h := newTestHost(t, r, true)
+	conn := h.connect(1, ts)
+
+	ev := func(body string) Command {
+		return Command{Op: OpEvent, Conn: conn, Method: []byte("ev"), Body: []byte(body), ReqType: []byte("demo.HelloRequest")}
+	}
+	if msg := h.submit(ev(`{"nope":1}`), ErrGeneric); msg != "bad message: demo.HelloRequest: nope: unknown field" {
+		t.Fatalf("bad event: %q", msg)
+	}
+	h.submit(ev(`{"name":"e"}`), StatusOK)
+	deadline := time.Now().Add(5 * time.Second)
+	for ts.Events("ev") < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Only the good one arrived (a late bad one would make this 2).
+	time.Sleep(100 * time.Millisecond)
+	if n := ts.Events("ev"); n != 1 {
+		t.Fatalf("server saw %d events, want 1", n)
+	}
+}

@@ -1,0 +1,657 @@
+package transcode
+
+import (
+	"encoding/base64"
+	"math"
+	"math/bits"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// fastDecoder writes the proto3 JSON form of wire data straight from the
+// bytes. ok == false means "let protojson do it": malformed input, or
+// input this decoder does not handle; protojson then gives the answer or
+// the error.
+type fastDecoder struct {
+	reg        *Registry
+	protoNames bool
+}
+
+// entry is one field occurrence in a message's wire data.
+type entry struct {
+	f   *fieldPlan
+	wt  protowire.Type
+	v   uint64 // varint and fixed values
+	b   []byte // length-delimited values
+	pos int    // order of appearance
+}
+
+func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
+	switch p.wkt {
+	case wktTimestamp, wktDuration:
+		return d.timeValue(out, p, b)
+	case wktWrapper:
+		return d.wrapper(out, p, b)
+	case wktOther:
+		return d.viaProtojson(out, p.md, b)
+	}
+	var stack [24]entry
+	es := stack[:0]
+	var lastOneof [8]int // entry pos of the winning member, per oneof
+	if p.oneofs > len(lastOneof) {
+		return out, false
+	}
+	for pos := 0; len(b) > 0; pos++ {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 || num > protowire.MaxValidNumber {
+			return out, false
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, wt, b)
+		if m < 0 {
+			return out, false
+		}
+		val := b[:m]
+		b = b[m:]
+		f := p.byNum[num]
+		if f == nil {
+			continue // unknown: protojson leaves it out too
+		}
+		e := entry{f: f, wt: wt, pos: pos}
+		want := wireType(f.kind)
+		if f.isMap {
+			want = protowire.BytesType
+		}
+		switch {
+		case wt == want:
+		case wt == protowire.BytesType && f.list && want != protowire.BytesType:
+			// packed
+		default:
+			continue // wrong wire type: an unknown field, as the generated code sees it
+		}
+		switch wt {
+		case protowire.VarintType:
+			e.v, _ = protowire.ConsumeVarint(val)
+		case protowire.Fixed32Type:
+			v, _ := protowire.ConsumeFixed32(val)
+			e.v = uint64(v)
+		case protowire.Fixed64Type:
+			e.v, _ = protowire.ConsumeFixed64(val)
+		case protowire.BytesType:
+			e.b, _ = protowire.ConsumeBytes(val)
+		}
+		if f.oneof >= 0 {
+			lastOneof[f.oneof] = pos + 1
+		}
+		es = append(es, e)
+	}
+	// protojson writes fields in declaration order; the wire has them in
+	// any order.
+	if !slices.IsSortedFunc(es, func(a, b entry) int { return a.f.idx - b.f.idx }) {
+		slices.SortStableFunc(es, func(a, b entry) int { return a.f.idx - b.f.idx })
+	}
+
+	out = append(out, '{')
+	first := true
+	var ok bool
+	for i := 0; i < len(es); {
+		f := es[i].f
+		j := i + 1
+		for j < len(es) && es[j].f == f {
+			j++
+		}
+		group := es[i:j]
+		i = j
+		if f.oneof >= 0 {
+			// Only the member set last counts; a message member set
+			// twice would be merged, which protojson does for us.
+			win := lastOneof[f.oneof] - 1
+			last := -1
+			n := 0
+			for k := range group {
+				if group[k].pos > last {
+					last = group[k].pos
+				}
+				n++
+			}
+			if last != win {
+				continue
+			}
+			if f.kind == protoreflect.MessageKind && n > 1 {
+				return out, false
+			}
+		}
+		start := len(out)
+		if !first {
+			out = append(out, ',')
+		}
+		if d.protoNames {
+			out = append(out, f.protoKey...)
+		} else {
+			out = append(out, f.camelKey...)
+		}
+		var wrote bool
+		switch {
+		case f.isMap:
+			out, wrote, ok = d.mapValue(out, f, group)
+		case f.list:
+			out, wrote, ok = d.list(out, f, group)
+		case f.kind == protoreflect.MessageKind:
+			if len(group) > 1 {
+				return out, false
+			}
+			out, ok = d.message(out, f.msg, group[0].b)
+			wrote = true
+		default:
+			e := group[len(group)-1] // the last one wins
+			if !f.presence && isZeroScalar(f.kind, e) {
+				out = out[:start]
+				continue
+			}
+			out, ok = d.scalar(out, f, e)
+			wrote = true
+		}
+		if !ok {
+			return out, false
+		}
+		if !wrote {
+			out = out[:start]
+			continue
+		}
+		first = false
+	}
+	return append(out, '}'), true
+}
+
+func isZeroScalar(k protoreflect.Kind, e entry) bool {
+	switch k {
+	case protoreflect.StringKind, protoreflect.BytesKind:
+		return len(e.b) == 0
+	case protoreflect.FloatKind, protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int32Kind, protoreflect.Uint32Kind, protoreflect.EnumKind:
+		// 32-bit values: the generated code keeps the low 32 bits of a
+		// longer varint.
+		return uint32(e.v) == 0
+	case protoreflect.Sint32Kind:
+		return signedValue(k, e.v) == 0
+	}
+	return e.v == 0
+}
+
+func (d *fastDecoder) list(out []byte, f *fieldPlan, group []entry) ([]byte, bool, bool) {
+	out = append(out, '[')
+	n := 0
+	var ok bool
+	one := func(e entry) {
+		if n > 0 {
+			out = append(out, ',')
+		}
+		n++
+		if f.kind == protoreflect.MessageKind {
+			out, ok = d.message(out, f.msg, e.b)
+		} else {
+			out, ok = d.scalar(out, f, e)
+		}
+	}
+	for _, e := range group {
+		if e.wt == protowire.BytesType && wireType(f.kind) != protowire.BytesType {
+			// packed: a run of values without tags
+			b := e.b
+			for len(b) > 0 {
+				var m int
+				v := entry{wt: wireType(f.kind)}
+				switch v.wt {
+				case protowire.VarintType:
+					v.v, m = protowire.ConsumeVarint(b)
+				case protowire.Fixed32Type:
+					var x uint32
+					x, m = protowire.ConsumeFixed32(b)
+					v.v = uint64(x)
+				case protowire.Fixed64Type:
+					v.v, m = protowire.ConsumeFixed64(b)
+				}
+				if m < 0 {
+					return out, false, false
+				}
+				b = b[m:]
+				if one(v); !ok {
+					return out, false, false
+				}
+			}
+			continue
+		}
+		if one(e); !ok {
+			return out, false, false
+		}
+	}
+	if n == 0 {
+		return out, false, true
+	}
+	return append(out, ']'), true, true
+}
+
+type mapItem struct {
+	key     entry
+	val     entry
+	hasVal  bool
+	keyText []byte // the key as a JSON string
+}
+
+func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte, bool, bool) {
+	items := make([]mapItem, 0, len(group))
+	for _, g := range group {
+		it := mapItem{key: entry{wt: wireType(f.mapKey.kind)}, val: entry{wt: wireType(f.mapVal.kind)}}
+		b := g.b
+		vals := 0
+		for len(b) > 0 {
+			num, wt, n := protowire.ConsumeTag(b)
+			if n < 0 || num > protowire.MaxValidNumber {
+				return out, false, false
+			}
+			b = b[n:]
+			m := protowire.ConsumeFieldValue(num, wt, b)
+			if m < 0 {
+				return out, false, false
+			}
+			val := b[:m]
+			b = b[m:]
+			var target *entry
+			var fp *fieldPlan
+			switch num {
+			case 1:
+				target, fp = &it.key, f.mapKey
+			case 2:
+				target, fp = &it.val, f.mapVal
+			default:
+				continue
+			}
+			if wt != wireType(fp.kind) {
+				continue
+			}
+			switch wt {
+			case protowire.VarintType:
+				target.v, _ = protowire.ConsumeVarint(val)
+			case protowire.Fixed32Type:
+				v, _ := protowire.ConsumeFixed32(val)
+				target.v = uint64(v)
+			case protowire.Fixed64Type:
+				target.v, _ = protowire.ConsumeFixed64(val)
+			case protowire.BytesType:
+				target.b, _ = protowire.ConsumeBytes(val)
+			}
+			if num == 2 {
+				it.hasVal = true
+				vals++
+			}
+		}
+		if vals > 1 && f.mapVal.kind == protoreflect.MessageKind {
+			return out, false, false // merged: protojson's job
+		}
+		var ok bool
+		switch f.mapKey.kind {
+		case protoreflect.StringKind:
+			if !utf8.Valid(it.key.b) {
+				return out, false, false
+			}
+			it.keyText, ok = appendJSONString(nil, it.key.b)
+		default:
+			var num []byte
+			num, ok = d.scalar(nil, f.mapKey, it.key)
+			if len(num) > 0 && num[0] == '"' {
+				it.keyText = num
+			} else {
+				it.keyText = append(append([]byte{'"'}, num...), '"')
+			}
+		}
+		if !ok {
+			return out, false, false
+		}
+		items = append(items, it)
+	}
+	// The last entry for a key wins; protojson writes keys in order.
+	slices.SortStableFunc(items, func(a, b mapItem) int { return compareMapKeys(f.mapKey.kind, a.key, b.key) })
+	out = append(out, '{')
+	n := 0
+	for i, it := range items {
+		if i+1 < len(items) && compareMapKeys(f.mapKey.kind, it.key, items[i+1].key) == 0 {
+			continue
+		}
+		if n > 0 {
+			out = append(out, ',')
+		}
+		n++
+		out = append(out, it.keyText...)
+		out = append(out, ':')
+		var ok bool
+		switch {
+		case f.mapVal.kind == protoreflect.MessageKind:
+			out, ok = d.message(out, f.mapVal.msg, it.val.b)
+		default:
+			out, ok = d.scalar(out, f.mapVal, it.val)
+		}
+		if !ok {
+			return out, false, false
+		}
+	}
+	if n == 0 {
+		return out, false, true
+	}
+	return append(out, '}'), true, true
+}
+
+func compareMapKeys(k protoreflect.Kind, a, b entry) int {
+	switch k {
+	case protoreflect.StringKind:
+		return bytesCompare(a.b, b.b)
+	case protoreflect.BoolKind:
+		return cmpU(boolU(a.v), boolU(b.v))
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		x, y := signedValue(k, a.v), signedValue(k, b.v)
+		switch {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		}
+		return 0
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return cmpU(uint64(uint32(a.v)), uint64(uint32(b.v)))
+	}
+	return cmpU(a.v, b.v)
+}
+
+func boolU(v uint64) uint64 {
+	if v != 0 {
+		return 1
+	}
+	return 0
+}
+
+func cmpU(x, y uint64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+func bytesCompare(a, b []byte) int {
+	return slices.Compare(a, b)
+}
+
+// signedValue is the value of a signed integer field as the generated code
+// reads it from the wire.
+func signedValue(k protoreflect.Kind, v uint64) int64 {
+	switch k {
+	case protoreflect.Int32Kind, protoreflect.EnumKind:
+		return int64(int32(v))
+	case protoreflect.Sint32Kind:
+		return int64(int32(protowire.DecodeZigZag(v & math.MaxUint32)))
+	case protoreflect.Sfixed32Kind:
+		return int64(int32(uint32(v)))
+	case protoreflect.Sint64Kind:
+		return protowire.DecodeZigZag(v)
+	}
+	return int64(v) // int64, sfixed64
+}
+
+// scalar appends the JSON form of one scalar or enum value.
+func (d *fastDecoder) scalar(out []byte, f *fieldPlan, e entry) ([]byte, bool) {
+	switch f.kind {
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		return strconv.AppendInt(out, signedValue(f.kind, e.v), 10), true
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		out = append(out, '"')
+		out = strconv.AppendInt(out, signedValue(f.kind, e.v), 10)
+		return append(out, '"'), true
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return strconv.AppendUint(out, uint64(uint32(e.v)), 10), true
+	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		out = append(out, '"')
+		out = strconv.AppendUint(out, e.v, 10)
+		return append(out, '"'), true
+	case protoreflect.BoolKind:
+		if e.v != 0 {
+			return append(out, "true"...), true
+		}
+		return append(out, "false"...), true
+	case protoreflect.FloatKind:
+		return appendFloat(out, float64(math.Float32frombits(uint32(e.v))), 32), true
+	case protoreflect.DoubleKind:
+		return appendFloat(out, math.Float64frombits(e.v), 64), true
+	case protoreflect.StringKind:
+		if !utf8.Valid(e.b) {
+			return out, false
+		}
+		return appendJSONString(out, e.b)
+	case protoreflect.BytesKind:
+		out = append(out, '"')
+		out = base64.StdEncoding.AppendEncode(out, e.b)
+		return append(out, '"'), true
+	case protoreflect.EnumKind:
+		if f.nullValue {
+			return append(out, "null"...), true
+		}
+		n := protoreflect.EnumNumber(int32(e.v))
+		if ev := f.fd.Enum().Values().ByNumber(n); ev != nil {
+			out = append(out, '"')
+			out = append(out, ev.Name()...)
+			return append(out, '"'), true
+		}
+		return strconv.AppendInt(out, int64(n), 10), true
+	}
+	return out, false
+}
+
+// appendFloat writes a float as protojson does.
+func appendFloat(out []byte, n float64, bitSize int) []byte {
+	switch {
+	case math.IsNaN(n):
+		return append(out, `"NaN"`...)
+	case math.IsInf(n, 1):
+		return append(out, `"Infinity"`...)
+	case math.IsInf(n, -1):
+		return append(out, `"-Infinity"`...)
+	}
+	format := byte('f')
+	if abs := math.Abs(n); abs != 0 {
+		if bitSize == 64 && (abs < 1e-6 || abs >= 1e21) ||
+			bitSize == 32 && (float32(abs) < 1e-6 || float32(abs) >= 1e21) {
+			format = 'e'
+		}
+	}
+	out = strconv.AppendFloat(out, n, format, -1, bitSize)
+	if format == 'e' {
+		// e-09 -> e-9, as encoding/json and protojson write it
+		n := len(out)
+		if n >= 4 && out[n-4] == 'e' && out[n-3] == '-' && out[n-2] == '0' {
+			out[n-2] = out[n-1]
+			out = out[:n-1]
+		}
+	}
+	return out
+}
+
+// appendJSONString quotes valid UTF-8 as protojson does.
+func appendJSONString(out, s []byte) ([]byte, bool) {
+	out = append(out, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= ' ' && c != '"' && c != '\\' {
+			if c < utf8.RuneSelf {
+				out = append(out, c)
+				i++
+				continue
+			}
+			r, n := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				return out, false
+			}
+			out = append(out, s[i:i+n]...)
+			i += n
+			continue
+		}
+		out = append(out, '\\')
+		switch c {
+		case '"', '\\':
+			out = append(out, c)
+		case '\b':
+			out = append(out, 'b')
+		case '\f':
+			out = append(out, 'f')
+		case '\n':
+			out = append(out, 'n')
+		case '\r':
+			out = append(out, 'r')
+		case '\t':
+			out = append(out, 't')
+		default:
+			out = append(out, 'u')
+			out = append(out, "0000"[1+(bits.Len32(uint32(c))-1)/4:]...)
+			out = strconv.AppendUint(out, uint64(c), 16)
+		}
+		i++
+	}
+	return append(out, '"'), true
+}
+
+// Limits of protojson's Timestamp and Duration.
+const (
+	minTimestampSeconds = -62135596800 // 0001-01-01T00:00:00Z
+	maxTimestampSeconds = 253402300799 // 9999-12-31T23:59:59Z
+	maxDurationSeconds  = 315576000000
+	maxNanos            = 999999999
+)
+
+func (d *fastDecoder) timeValue(out []byte, p *plan, b []byte) ([]byte, bool) {
+	var secs, nanos int64
+	for len(b) > 0 {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 || num > protowire.MaxValidNumber {
+			return out, false
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, wt, b)
+		if m < 0 {
+			return out, false
+		}
+		if wt == protowire.VarintType && (num == 1 || num == 2) {
+			v, _ := protowire.ConsumeVarint(b[:m])
+			if num == 1 {
+				secs = int64(v)
+			} else {
+				nanos = int64(int32(v))
+			}
+		}
+		b = b[m:]
+	}
+	if p.wkt == wktTimestamp {
+		if secs < minTimestampSeconds || secs > maxTimestampSeconds || nanos < 0 || nanos > maxNanos {
+			return out, false
+		}
+		out = append(out, '"')
+		start := len(out)
+		out = time.Unix(secs, nanos).UTC().AppendFormat(out, "2006-01-02T15:04:05.000000000")
+		out = trimNanos(out, start)
+		return append(out, 'Z', '"'), true
+	}
+	if secs < -maxDurationSeconds || secs > maxDurationSeconds || nanos < -maxNanos || nanos > maxNanos ||
+		(secs > 0 && nanos < 0) || (secs < 0 && nanos > 0) {
+		return out, false
+	}
+	out = append(out, '"')
+	start := len(out)
+	if secs < 0 || nanos < 0 {
+		out = append(out, '-')
+		secs, nanos = -secs, -nanos
+	}
+	out = strconv.AppendInt(out, secs, 10)
+	out = append(out, '.')
+	frac := strconv.AppendInt(make([]byte, 0, 9), nanos, 10)
+	for i := len(frac); i < 9; i++ {
+		out = append(out, '0')
+	}
+	out = append(out, frac...)
+	out = trimNanos(out, start)
+	return append(out, 's', '"'), true
+}
+
+// trimNanos drops trailing zero groups of a ".000000000" fraction: 0, 3, 6
+// or 9 digits remain, as protojson writes them.
+func trimNanos(out []byte, start int) []byte {
+	for i := 0; i < 2; i++ {
+		if n := len(out); n-start >= 3 && string(out[n-3:]) == "000" {
+			out = out[:n-3]
+		}
+	}
+	if n := len(out); n-start >= 4 && string(out[n-4:]) == ".000" {
+		out = out[:n-4]
+	}
+	return out
+}
+
+func (d *fastDecoder) wrapper(out []byte, p *plan, b []byte) ([]byte, bool) {
+	f := p.byNum[1]
+	e := entry{wt: wireType(f.kind)}
+	for len(b) > 0 {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 || num > protowire.MaxValidNumber {
+			return out, false
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, wt, b)
+		if m < 0 {
+			return out, false
+		}
+		if num == 1 && wt == e.wt {
+			switch wt {
+			case protowire.VarintType:
+				e.v, _ = protowire.ConsumeVarint(b[:m])
+			case protowire.Fixed32Type:
+				v, _ := protowire.ConsumeFixed32(b[:m])
+				e.v = uint64(v)
+			case protowire.Fixed64Type:
+				e.v, _ = protowire.ConsumeFixed64(b[:m])
+			case protowire.BytesType:
+				e.b, _ = protowire.ConsumeBytes(b[:m])
+			}
+		}
+		b = b[m:]
+	}
+	return d.scalar(out, f, e)
+}
+
+// viaProtojson decodes one value of a type the fast path leaves to
+// protojson (Struct, Any, ...).
+func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor, b []byte) (res []byte, ok bool) {
+	defer func() {
+		if recover() != nil { // see Message.Decode
+			res, ok = out, false
+		}
+	}()
+	types := d.reg.resolver()
+	msg := dynamicpb.NewMessage(md)
+	if err := (proto.UnmarshalOptions{Resolver: types}).Unmarshal(b, msg); err != nil {
+		return out, false
+	}
+	start := len(out)
+	out, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, Resolver: types}.MarshalAppend(out, msg)
+	if err != nil {
+		return out[:start], false
+	}
+	if jsonSpacing {
+		out = append(out[:start], compactJSON(out[start:])...)
+	}
+	return out, true
+}

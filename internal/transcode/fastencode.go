@@ -1,0 +1,894 @@
+package transcode
+
+import (
+	"cmp"
+	"encoding/base64"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// fastEncoder writes the protobuf encoding of proto3 JSON straight from the
+// text, in the bytes proto.MarshalOptions{Deterministic: true} gives
+// (fields by number, map entries by key). ok == false means "let protojson
+// do it": invalid or unusual input (see plan), which protojson then either
+// accepts or explains.
+type fastEncoder struct {
+	reg     *Registry
+	discard bool
+	js      []byte
+	i       int
+	depth   int
+	tmp     []byte // reordering
+}
+
+// maxFastDepth bounds the fast path's recursion; deeper input goes to
+// protojson, which has its own limit.
+const maxFastDepth = 64
+
+// segment is one field's bytes in the output, to put fields in the
+// order the Go encoder uses when the JSON had them in another.
+type segment struct {
+	order      int64
+	start, end int
+}
+
+func (e *fastEncoder) ws() {
+	for e.i < len(e.js) {
+		switch e.js[e.i] {
+		case ' ', '\t', '\n', '\r':
+			e.i++
+		default:
+			return
+		}
+	}
+}
+
+func (e *fastEncoder) peek() byte {
+	e.ws()
+	if e.i < len(e.js) {
+		return e.js[e.i]
+	}
+	return 0
+}
+
+func (e *fastEncoder) consume(c byte) bool {
+	if e.peek() == c {
+		e.i++
+		return true
+	}
+	return false
+}
+
+// encode encodes a whole top-level JSON object of type p.
+func (e *fastEncoder) encode(out []byte, p *plan) ([]byte, bool) {
+	if p.wkt != wktNone {
+		return out, false
+	}
+	out, ok := e.message(out, p)
+	if !ok {
+		return out, false
+	}
+	e.ws()
+	return out, e.i == len(e.js)
+}
+
+// message encodes the object at e.i as the fields of p.
+func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
+	if !e.consume('{') || e.depth >= maxFastDepth {
+		return out, false
+	}
+	e.depth++
+	defer func() { e.depth-- }()
+	base := len(out)
+	var segStack [16]segment
+	segs := segStack[:0]
+	var seen, seenOneof uint64
+	if len(p.fields) > 64 || p.oneofs > 64 {
+		return out, false
+	}
+	sorted := true
+	if !e.consume('}') {
+		for {
+			key, ok := e.str()
+			if !ok || !e.consume(':') {
+				return out, false
+			}
+			f := p.byName[string(key)]
+			if f == nil {
+				if !e.discard || (len(key) > 0 && key[0] == '[') || !e.skip(0) {
+					return out, false
+				}
+			} else {
+				if seen&(1<<f.idx) != 0 {
+					return out, false
+				}
+				seen |= 1 << f.idx
+				if f.oneof >= 0 {
+					if seenOneof&(1<<f.oneof) != 0 {
+						return out, false
+					}
+					seenOneof |= 1 << f.oneof
+				}
+				start := len(out)
+				if out, ok = e.field(out, f); !ok {
+					return out, false
+				}
+				if len(out) > start {
+					if n := len(segs); n > 0 && segs[n-1].order > f.order {
+						sorted = false
+					}
+					segs = append(segs, segment{order: f.order, start: start, end: len(out)})
+				}
+			}
+			if e.consume(',') {
+				continue
+			}
+			if e.consume('}') {
+				break
+			}
+			return out, false
+		}
+	}
+	if !sorted {
+		slices.SortFunc(segs, func(a, b segment) int { return cmp.Compare(a.order, b.order) })
+		out = e.reorder(out, base, segs)
+	}
+	return out, true
+}
+
+// reorder rewrites out[base:] as its segments in the order given.
+func (e *fastEncoder) reorder(out []byte, base int, segs []segment) []byte {
+	e.tmp = append(e.tmp[:0], out[base:]...)
+	out = out[:base]
+	for _, s := range segs {
+		out = append(out, e.tmp[s.start-base:s.end-base]...)
+	}
+	return out
+}
+
+func (e *fastEncoder) field(out []byte, f *fieldPlan) ([]byte, bool) {
+	switch {
+	case e.peek() == 'n':
+		return out, false // null: protojson's rules for it have exceptions
+	case f.isMap:
+		return e.mapField(out, f)
+	case f.list:
+		return e.listField(out, f)
+	case f.kind == protoreflect.MessageKind:
+		out = protowire.AppendTag(out, f.num, protowire.BytesType)
+		return e.nested(out, f.msg)
+	}
+	start := len(out)
+	out = protowire.AppendTag(out, f.num, wireType(f.kind))
+	out, zero, ok := e.scalar(out, f)
+	if !ok {
+		return out, false
+	}
+	if zero && !f.presence {
+		out = out[:start] // proto3: a zero value is not written
+	}
+	return out, true
+}
+
+// nested appends a length-prefixed message of type p.
+func (e *fastEncoder) nested(out []byte, p *plan) ([]byte, bool) {
+	lenPos := len(out)
+	out = append(out, 0)
+	var ok bool
+	switch p.wkt {
+	case wktNone:
+		out, ok = e.message(out, p)
+	case wktTimestamp, wktDuration:
+		out, ok = e.timeValue(out, p)
+	case wktWrapper:
+		f := p.byNum[1]
+		start := len(out)
+		out = protowire.AppendTag(out, 1, wireType(f.kind))
+		var zero bool
+		out, zero, ok = e.scalar(out, f)
+		if zero {
+			out = out[:start]
+		}
+	default:
+		out, ok = e.viaProtojson(out, p.md)
+	}
+	if !ok {
+		return out, false
+	}
+	return finishLen(out, lenPos), true
+}
+
+// finishLen writes the length of out[lenPos+1:] at lenPos, where one byte
+// was reserved, moving the contents when the length needs more.
+func finishLen(out []byte, lenPos int) []byte {
+	n := len(out) - lenPos - 1
+	if n < 0x80 {
+		out[lenPos] = byte(n)
+		return out
+	}
+	k := protowire.SizeVarint(uint64(n))
+	out = append(out, make([]byte, k-1)...)
+	copy(out[lenPos+k:], out[lenPos+1:lenPos+1+n])
+	protowire.AppendVarint(out[lenPos:lenPos], uint64(n))
+	return out
+}
+
+func (e *fastEncoder) listField(out []byte, f *fieldPlan) ([]byte, bool) {
+	if !e.consume('[') {
+		return out, false
+	}
+	if e.consume(']') {
+		return out, true
+	}
+	packed := f.packed
+	lenPos := 0
+	if packed {
+		out = protowire.AppendTag(out, f.num, protowire.BytesType)
+		lenPos = len(out)
+		out = append(out, 0)
+	}
+	for {
+		if e.peek() == 'n' {
+			return out, false
+		}
+		var ok bool
+		switch {
+		case packed:
+			out, _, ok = e.scalar(out, f)
+		case f.kind == protoreflect.MessageKind:
+			out = protowire.AppendTag(out, f.num, protowire.BytesType)
+			out, ok = e.nested(out, f.msg)
+		default:
+			out = protowire.AppendTag(out, f.num, wireType(f.kind))
+			out, _, ok = e.scalar(out, f)
+		}
+		if !ok {
+			return out, false
+		}
+		if e.consume(',') {
+			continue
+		}
+		if e.consume(']') {
+			break
+		}
+		return out, false
+	}
+	if packed {
+		out = finishLen(out, lenPos)
+	}
+	return out, true
+}
+
+type mapEntry struct {
+	key        entry
+	start, end int
+}
+
+func (e *fastEncoder) mapField(out []byte, f *fieldPlan) ([]byte, bool) {
+	if !e.consume('{') {
+		return out, false
+	}
+	base := len(out)
+	var entStack [8]mapEntry
+	ents := entStack[:0]
+	if !e.consume('}') {
+		for {
+			key, ok := e.str()
+			if !ok || !e.consume(':') || e.peek() == 'n' {
+				return out, false
+			}
+			start := len(out)
+			out = protowire.AppendTag(out, f.num, protowire.BytesType)
+			lenPos := len(out)
+			out = append(out, 0)
+			k, ok := e.mapKey(f.mapKey, key)
+			if !ok {
+				return out, false
+			}
+			out = appendKey(out, f.mapKey, k)
+			if f.mapVal.kind == protoreflect.MessageKind {
+				out = protowire.AppendTag(out, 2, protowire.BytesType)
+				out, ok = e.nested(out, f.mapVal.msg)
+			} else {
+				out = protowire.AppendTag(out, 2, wireType(f.mapVal.kind))
+				out, _, ok = e.scalar(out, f.mapVal)
+			}
+			if !ok {
+				return out, false
+			}
+			out = finishLen(out, lenPos)
+			ents = append(ents, mapEntry{key: k, start: start, end: len(out)})
+			if e.consume(',') {
+				continue
+			}
+			if e.consume('}') {
+				break
+			}
+			return out, false
+		}
+	}
+	kind := f.mapKey.kind
+	byKey := func(a, b mapEntry) int { return compareMapKeys(kind, a.key, b.key) }
+	if !slices.IsSortedFunc(ents, byKey) {
+		slices.SortStableFunc(ents, byKey)
+		segs := make([]segment, len(ents))
+		for i, m := range ents {
+			segs[i] = segment{start: m.start, end: m.end}
+		}
+		out = e.reorder(out, base, segs)
+	}
+	for i := 1; i < len(ents); i++ {
+		if byKey(ents[i-1], ents[i]) == 0 {
+			return out, false // a key twice: protojson refuses it
+		}
+	}
+	return out, true
+}
+
+// mapKey parses a JSON object key as a map key of kind f.kind.
+func (e *fastEncoder) mapKey(f *fieldPlan, key []byte) (entry, bool) {
+	switch f.kind {
+	case protoreflect.StringKind:
+		return entry{b: key}, true
+	case protoreflect.BoolKind:
+		switch string(key) {
+		case "true":
+			return entry{v: 1}, true
+		case "false":
+			return entry{v: 0}, true
+		}
+		return entry{}, false
+	}
+	if !isPlainInt(key) {
+		return entry{}, false
+	}
+	return intEntry(f.kind, string(key))
+}
+
+func appendKey(out []byte, f *fieldPlan, k entry) []byte {
+	out = protowire.AppendTag(out, 1, wireType(f.kind))
+	if f.kind == protoreflect.StringKind {
+		return protowire.AppendBytes(out, k.b)
+	}
+	return appendWire(out, f.kind, k.v)
+}
+
+// appendWire appends a value already in its wire form (e.v of an entry).
+func appendWire(out []byte, k protoreflect.Kind, v uint64) []byte {
+	switch wireType(k) {
+	case protowire.Fixed32Type:
+		return protowire.AppendFixed32(out, uint32(v))
+	case protowire.Fixed64Type:
+		return protowire.AppendFixed64(out, v)
+	}
+	return protowire.AppendVarint(out, v)
+}
+
+// intEntry parses s (plain digits) as kind k, in wire form, with the
+// value's sign kept for ordering map keys.
+func intEntry(k protoreflect.Kind, s string) (entry, bool) {
+	switch k {
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		n, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			return entry{}, false
+		}
+		switch k {
+		case protoreflect.Sint32Kind:
+			return entry{v: protowire.EncodeZigZag(n)}, true
+		case protoreflect.Sfixed32Kind:
+			return entry{v: uint64(uint32(int32(n)))}, true
+		}
+		return entry{v: uint64(n)}, true
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return entry{}, false
+		}
+		if k == protoreflect.Sint64Kind {
+			return entry{v: protowire.EncodeZigZag(n)}, true
+		}
+		return entry{v: uint64(n)}, true
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		n, err := strconv.ParseUint(s, 10, 32)
+		return entry{v: n}, err == nil
+	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		n, err := strconv.ParseUint(s, 10, 64)
+		return entry{v: n}, err == nil
+	}
+	return entry{}, false
+}
+
+// isPlainInt: -?(0|[1-9][0-9]*), the integers every path agrees on.
+func isPlainInt(s []byte) bool {
+	if len(s) > 0 && s[0] == '-' {
+		s = s[1:]
+	}
+	if len(s) == 0 || (s[0] == '0' && len(s) > 1) {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// scalar appends the value at e.i as kind f.kind (without tag) and tells
+// whether it is the zero value.
+func (e *fastEncoder) scalar(out []byte, f *fieldPlan) ([]byte, bool, bool) {
+	c := e.peek()
+	switch f.kind {
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind,
+		protoreflect.Uint32Kind, protoreflect.Fixed32Kind,
+		protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		var tok []byte
+		var ok bool
+		if c == '"' {
+			tok, ok = e.str()
+		} else {
+			tok, ok = e.number()
+		}
+		if !ok || !isPlainInt(tok) {
+			return out, false, false
+		}
+		en, ok := intEntry(f.kind, string(tok))
+		if !ok {
+			return out, false, false
+		}
+		return appendWire(out, f.kind, en.v), en.v == 0, true
+	case protoreflect.FloatKind, protoreflect.DoubleKind:
+		bitSize := 64
+		if f.kind == protoreflect.FloatKind {
+			bitSize = 32
+		}
+		var x float64
+		if c == '"' {
+			s, ok := e.str()
+			if !ok {
+				return out, false, false
+			}
+			switch string(s) {
+			case "NaN":
+				x = math.NaN()
+			case "Infinity":
+				x = math.Inf(1)
+			case "-Infinity":
+				x = math.Inf(-1)
+			default:
+				return out, false, false
+			}
+		} else {
+			tok, ok := e.number()
+			if !ok {
+				return out, false, false
+			}
+			if x, ok = parseFloat(tok, bitSize); !ok {
+				return out, false, false
+			}
+		}
+		if bitSize == 32 {
+			bits := math.Float32bits(float32(x))
+			return protowire.AppendFixed32(out, bits), bits == 0, true
+		}
+		bits := math.Float64bits(x)
+		return protowire.AppendFixed64(out, bits), bits == 0, true
+	case protoreflect.BoolKind:
+		switch {
+		case e.lit("true"):
+			return append(out, 1), false, true
+		case e.lit("false"):
+			return append(out, 0), true, true
+		}
+		return out, false, false
+	case protoreflect.StringKind:
+		s, ok := e.str()
+		if !ok {
+			return out, false, false
+		}
+		return protowire.AppendBytes(out, s), len(s) == 0, true
+	case protoreflect.BytesKind:
+		s, ok := e.str()
+		if !ok {
+			return out, false, false
+		}
+		enc := base64.StdEncoding
+		if strings.ContainsAny(string(s), "-_") {
+			enc = base64.URLEncoding
+		}
+		if len(s)%4 != 0 {
+			enc = enc.WithPadding(base64.NoPadding)
+		}
+		n := enc.DecodedLen(len(s))
+		out = protowire.AppendVarint(out, uint64(n)) // rewritten below
+		lenPos := len(out) - protowire.SizeVarint(uint64(n))
+		dataPos := len(out)
+		out = slices.Grow(out, n)[:dataPos+n]
+		m, err := enc.Decode(out[dataPos:], s)
+		if err != nil {
+			return out, false, false
+		}
+		out = out[:dataPos+m]
+		if m != n {
+			out = finishLenAt(out, lenPos, dataPos)
+		}
+		return out, m == 0, true
+	case protoreflect.EnumKind:
+		if f.nullValue {
+			return out, false, false
+		}
+		if c == '"' {
+			s, ok := e.str()
+			if !ok {
+				return out, false, false
+			}
+			ev := f.fd.Enum().Values().ByName(protoreflect.Name(s))
+			if ev == nil {
+				return out, false, false
+			}
+			v := uint64(int64(ev.Number()))
+			return protowire.AppendVarint(out, v), v == 0, true
+		}
+		tok, ok := e.number()
+		if !ok || !isPlainInt(tok) {
+			return out, false, false
+		}
+		n, err := strconv.ParseInt(string(tok), 10, 32)
+		if err != nil {
+			return out, false, false
+		}
+		return protowire.AppendVarint(out, uint64(n)), n == 0, true
+	}
+	return out, false, false
+}
+
+// finishLenAt rewrites the varint at lenPos (ending at dataPos) as the
+// length of out[dataPos:].
+func finishLenAt(out []byte, lenPos, dataPos int) []byte {
+	n := len(out) - dataPos
+	k := protowire.SizeVarint(uint64(n))
+	if k == dataPos-lenPos {
+		protowire.AppendVarint(out[lenPos:lenPos], uint64(n))
+		return out
+	}
+	data := append([]byte(nil), out[dataPos:]...)
+	out = protowire.AppendVarint(out[:lenPos], uint64(n))
+	return append(out, data...)
+}
+
+func parseFloat(tok []byte, bitSize int) (float64, bool) {
+	x, err := strconv.ParseFloat(string(tok), bitSize)
+	return x, err == nil
+}
+
+func (e *fastEncoder) lit(s string) bool {
+	e.ws()
+	if strings.HasPrefix(string(e.js[e.i:]), s) {
+		e.i += len(s)
+		return true
+	}
+	return false
+}
+
+// number scans a JSON number token.
+func (e *fastEncoder) number() ([]byte, bool) {
+	e.ws()
+	start := e.i
+	js := e.js
+	i := e.i
+	if i < len(js) && js[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(js) && js[i] == '0':
+		i++
+	case i < len(js) && js[i] >= '1' && js[i] <= '9':
+		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
+			i++
+		}
+	default:
+		return nil, false
+	}
+	if i < len(js) && js[i] == '.' {
+		i++
+		d := i
+		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return nil, false
+		}
+	}
+	if i < len(js) && (js[i] == 'e' || js[i] == 'E') {
+		i++
+		if i < len(js) && (js[i] == '+' || js[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return nil, false
+		}
+	}
+	e.i = i
+	return js[start:i], true
+}
+
+// str scans a JSON string and returns its value: a slice of the input when
+// it has no escapes, else of e.tmp-independent fresh memory. Invalid UTF-8
+// and lone surrogates are left to protojson.
+func (e *fastEncoder) str() ([]byte, bool) {
+	if e.peek() != '"' {
+		return nil, false
+	}
+	js := e.js
+	i := e.i + 1
+	start := i
+	for i < len(js) {
+		c := js[i]
+		switch {
+		case c == '"':
+			e.i = i + 1
+			s := js[start:i]
+			return s, utf8.Valid(s)
+		case c == '\\':
+			return e.strEscaped(start)
+		case c < ' ':
+			return nil, false
+		}
+		i++
+	}
+	return nil, false
+}
+
+func (e *fastEncoder) strEscaped(start int) ([]byte, bool) {
+	js := e.js
+	var out []byte
+	i := start
+	for i < len(js) {
+		c := js[i]
+		switch {
+		case c == '"':
+			e.i = i + 1
+			return out, utf8.Valid(out)
+		case c < ' ':
+			return nil, false
+		case c != '\\':
+			out = append(out, c)
+			i++
+			continue
+		}
+		if i+1 >= len(js) {
+			return nil, false
+		}
+		i += 2
+		switch js[i-1] {
+		case '"', '\\', '/':
+			out = append(out, js[i-1])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := hex4(js, i)
+			if !ok {
+				return nil, false
+			}
+			i += 4
+			if utf16.IsSurrogate(r) {
+				if i+6 > len(js) || js[i] != '\\' || js[i+1] != 'u' {
+					return nil, false
+				}
+				r2, ok := hex4(js, i+2)
+				if !ok {
+					return nil, false
+				}
+				r = utf16.DecodeRune(r, r2)
+				if r == utf8.RuneError {
+					return nil, false
+				}
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+func hex4(js []byte, i int) (rune, bool) {
+	if i+4 > len(js) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(js[i:i+4]), 16, 16)
+	return rune(n), err == nil
+}
+
+// skip passes over one JSON value (an unknown field's, with discard),
+// checking it is valid JSON as protojson would.
+func (e *fastEncoder) skip(depth int) bool {
+	if depth > 64 {
+		return false
+	}
+	switch e.peek() {
+	case '{':
+		e.i++
+		if e.consume('}') {
+			return true
+		}
+		for {
+			if _, ok := e.str(); !ok || !e.consume(':') || !e.skip(depth+1) {
+				return false
+			}
+			if e.consume(',') {
+				continue
+			}
+			return e.consume('}')
+		}
+	case '[':
+		e.i++
+		if e.consume(']') {
+			return true
+		}
+		for {
+			if !e.skip(depth + 1) {
+				return false
+			}
+			if e.consume(',') {
+				continue
+			}
+			return e.consume(']')
+		}
+	case '"':
+		_, ok := e.str()
+		return ok
+	case 't':
+		return e.lit("true")
+	case 'f':
+		return e.lit("false")
+	case 'n':
+		return e.lit("null")
+	}
+	_, ok := e.number()
+	return ok
+}
+
+func (e *fastEncoder) timeValue(out []byte, p *plan) ([]byte, bool) {
+	s, ok := e.str()
+	if !ok {
+		return out, false
+	}
+	var secs int64
+	var nanos int32
+	if p.wkt == wktTimestamp {
+		secs, nanos, ok = parseTimestamp(string(s))
+	} else {
+		secs, nanos, ok = parseDuration(string(s))
+	}
+	if !ok {
+		return out, false
+	}
+	if secs != 0 {
+		out = protowire.AppendTag(out, 1, protowire.VarintType)
+		out = protowire.AppendVarint(out, uint64(secs))
+	}
+	if nanos != 0 {
+		out = protowire.AppendTag(out, 2, protowire.VarintType)
+		out = protowire.AppendVarint(out, uint64(int64(nanos)))
+	}
+	return out, true
+}
+
+// parseTimestamp accepts the common form only, "2006-01-02T15:04:05Z"
+// with up to nine fraction digits and Z or an offset, as protojson reads
+// it; anything else goes to protojson.
+func parseTimestamp(s string) (int64, int32, bool) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return 0, 0, false
+	}
+	// protojson's extra rules: at most nine fraction digits, and a
+	// lowercase t or z is refused.
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		j := i + 1
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if j-i-1 > 9 {
+			return 0, 0, false
+		}
+	}
+	if strings.ContainsAny(s, "tz") {
+		return 0, 0, false
+	}
+	secs := t.Unix()
+	if secs < minTimestampSeconds || secs > maxTimestampSeconds {
+		return 0, 0, false
+	}
+	return secs, int32(t.Nanosecond()), true
+}
+
+// parseDuration accepts [-]digits[.1-9 digits]s; protojson handles the
+// rest ("+1s", ".5s", "1.s").
+func parseDuration(s string) (int64, int32, bool) {
+	if len(s) < 2 || s[len(s)-1] != 's' {
+		return 0, 0, false
+	}
+	s = s[:len(s)-1]
+	neg := false
+	if s[0] == '-' {
+		neg = true
+		s = s[1:]
+	}
+	intPart, frac, hasFrac := strings.Cut(s, ".")
+	if !isPlainInt([]byte(intPart)) || intPart[0] == '-' {
+		return 0, 0, false
+	}
+	if hasFrac && (len(frac) == 0 || len(frac) > 9 || !isPlainDigits(frac)) {
+		return 0, 0, false
+	}
+	secs, err := strconv.ParseInt(intPart, 10, 64)
+	if err != nil || secs > maxDurationSeconds {
+		return 0, 0, false
+	}
+	var nanos int64
+	if hasFrac {
+		n, _ := strconv.ParseInt(frac, 10, 64)
+		for i := len(frac); i < 9; i++ {
+			n *= 10
+		}
+		nanos = n
+	}
+	if neg {
+		secs, nanos = -secs, -nanos
+	}
+	return secs, int32(nanos), true
+}
+
+func isPlainDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// viaProtojson encodes one value of a type the fast path leaves to
+// protojson (Struct, Any, ...).
+func (e *fastEncoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor) ([]byte, bool) {
+	start := e.i
+	e.ws()
+	if !e.skip(0) {
+		return out, false
+	}
+	types := e.reg.resolver()
+	msg := dynamicpb.NewMessage(md)
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: e.discard, Resolver: types}).Unmarshal(e.js[start:e.i], msg); err != nil {
+		return out, false
+	}
+	out, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(out, msg)
+	return out, err == nil
+}

@@ -1,0 +1,443 @@
+-- resty.ffi.qrpc.json: Lua tables <-> JSON text for protobuf calls (the
+-- proto3 JSON mapping is what crosses to Go: one string each way).
+--
+-- encode(v) -> json | nil, err
+--   Written here rather than by cjson: lua-cjson writes numbers with at
+--   most 14 significant digits (OpenResty's fork 16), which changes doubles
+--   and integers above 10^14; this writes integers exactly and other
+--   numbers with the shortest form that reads back to the same double.
+--   Tables: 1..n without holes -> array, else object (keys must be
+--   strings or integers: map<int32, ...> keys); an empty table is {}
+--   unless it carries cjson's array metatable or is _M.empty_array;
+--   cjson.null / ngx.null -> null; NaN and +-inf -> "NaN", "Infinity",
+--   "-Infinity" (protojson's spellings).
+-- decode(json) -> value | nil, err
+--   cjson.decode when lua-cjson is installed (OpenResty bundles it;
+--   Debian: package lua-cjson), else a decoder of its own. JSON null ->
+--   ngx.null (cjson.null is the same light userdata).
+
+local ngx = ngx
+local null = ngx.null
+local type = type
+local pairs = pairs
+local next = next
+local tostring = tostring
+local tonumber = tonumber
+local getmetatable = getmetatable
+local setmetatable = setmetatable
+local pcall = pcall
+local select = select
+local math_floor = math.floor
+local math_huge = math.huge
+local str_format = string.format
+local str_byte = string.byte
+local str_char = string.char
+local str_find = string.find
+local str_gsub = string.gsub
+local str_sub = string.sub
+local tab_concat = table.concat
+
+local ok_cjson, cjson = pcall(require, "cjson.safe")
+if not ok_cjson then
+    cjson = nil
+end
+
+local _M = {
+    _VERSION = "0.1.0",
+    has_cjson = cjson ~= nil,
+}
+
+-- An empty list: plain {} is written as an object.
+local array_mt = {}
+_M.array_mt = array_mt
+_M.empty_array = setmetatable({}, array_mt)
+local cjson_array_mts = {}
+if cjson then
+    if cjson.array_mt then
+        cjson_array_mts[cjson.array_mt] = true
+    end
+    if cjson.empty_array_mt then
+        cjson_array_mts[cjson.empty_array_mt] = true
+    end
+end
+local cjson_empty_array = cjson and cjson.empty_array
+
+local MAX_DEPTH = 100
+
+local escapes = {
+    ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+    ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t',
+}
+local function escape_char(c)
+    return escapes[c] or str_format("\\u%04x", str_byte(c))
+end
+
+-- The output goes into a string.buffer (LuaJIT 2.1's, in OpenResty and
+-- Debian's luajit2) or, without one, a list of pieces: either way no
+-- intermediate strings are made for quotes and separators.
+local ok_sbuf, sbuf = pcall(require, "string.buffer")
+local out_buf = ok_sbuf and sbuf.new(512) or nil
+
+local function list_buffer()
+    local t, n = {}, 0
+    local b = {}
+    function b.put(_, ...)
+        for i = 1, select("#", ...) do
+            n = n + 1
+            t[n] = select(i, ...)
+        end
+        return b
+    end
+    function b.get()
+        local s = tab_concat(t, "", 1, n)
+        t, n = {}, 0
+        return s
+    end
+    function b.reset()
+        t, n = {}, 0
+    end
+    return b
+end
+
+local function put_string(b, s)
+    if str_find(s, '[%c"\\]') then
+        s = str_gsub(s, '[%c"\\]', escape_char)
+    end
+    b:put('"', s, '"')
+end
+
+local function put_number(b, n)
+    if n ~= n then
+        b:put('"NaN"')
+    elseif n == math_huge then
+        b:put('"Infinity"')
+    elseif n == -math_huge then
+        b:put('"-Infinity"')
+    elseif math_floor(n) == n and n > -1e14 and n < 1e14 then
+        b:put(tostring(n))              -- %.14g: exact for these integers
+    elseif math_floor(n) == n and n > -1e15 and n < 1e15 then
+        b:put(str_format("%d", n))
+    else
+        -- the shortest of 15 and 17 digits that reads back the same double
+        local s = str_format("%.15g", n)
+        if tonumber(s) ~= n then
+            s = str_format("%.17g", n)
+        end
+        b:put(s)
+    end
+end
+
+local put_value
+
+local function put_table(b, t, depth)
+    if depth > MAX_DEPTH then
+        return nil, "nested too deep (more than " .. MAX_DEPTH .. " levels, or a cycle)"
+    end
+    if next(t) == nil then
+        local mt = getmetatable(t)
+        if mt == array_mt or cjson_array_mts[mt] or t == cjson_empty_array then
+            b:put("[]")
+        else
+            b:put("{}")
+        end
+        return true
+    end
+    local ok, err
+    local len = #t
+    local count = 0
+    if len > 0 then
+        -- a list only if 1..len are all its keys
+        for _ in pairs(t) do
+            count = count + 1
+        end
+    end
+    if len > 0 and count == len then
+        b:put("[")
+        for i = 1, len do
+            if i > 1 then
+                b:put(",")
+            end
+            ok, err = put_value(b, t[i], depth + 1)
+            if not ok then
+                return nil, err
+            end
+        end
+        b:put("]")
+        return true
+    end
+    b:put("{")
+    local first = true
+    for k, v in pairs(t) do
+        local tk = type(k)
+        if not first then
+            b:put(",")
+        end
+        first = false
+        if tk == "string" then
+            put_string(b, k)
+        elseif tk == "number" and math_floor(k) == k and k > -1e15 and k < 1e15 then
+            b:put('"', str_format("%d", k), '"')
+        else
+            return nil, "table keys must be strings or integers (got "
+                        .. (tk == "number" and tostring(k) or tk) .. ")"
+        end
+        b:put(":")
+        ok, err = put_value(b, v, depth + 1)
+        if not ok then
+            return nil, err
+        end
+    end
+    b:put("}")
+    return true
+end
+
+put_value = function(b, v, depth)
+    local tv = type(v)
+    if tv == "string" then
+        put_string(b, v)
+    elseif tv == "number" then
+        put_number(b, v)
+    elseif tv == "table" then
+        return put_table(b, v, depth)
+    elseif tv == "boolean" then
+        b:put(v and "true" or "false")
+    elseif v == null then
+        b:put("null")
+    else
+        return nil, "cannot encode a " .. tv .. " value"
+    end
+    return true
+end
+
+
+local function encode_into(b, v)
+    local ok, err = put_value(b, v, 0)
+    if not ok then
+        b:reset()
+        return nil, err
+    end
+    return b:get()
+end
+
+
+function _M.encode(v)
+    return encode_into(out_buf or list_buffer(), v)
+end
+
+
+-- encode_list is encode without string.buffer (public for its tests).
+function _M.encode_list(v)
+    return encode_into(list_buffer(), v)
+end
+
+
+-------------------------------------------------------------------------
+-- Decoding
+-------------------------------------------------------------------------
+
+local cjson_decode
+if cjson then
+    -- A private instance: the user's cjson settings stay theirs.
+    local inst = cjson.new and cjson.new() or cjson
+    if inst.decode_max_depth then
+        inst.decode_max_depth(MAX_DEPTH)
+    end
+    cjson_decode = inst.decode
+end
+
+-- The decoder used without cjson: plain recursive descent over the text
+-- protojson writes (and any other valid JSON).
+local decode_value
+
+local function skip_ws(s, i)
+    local _, e = str_find(s, "^[ \t\r\n]*", i)
+    return e + 1
+end
+
+local function utf8_char(cp)
+    if cp < 0x80 then
+        return str_char(cp)
+    elseif cp < 0x800 then
+        return str_char(0xC0 + math_floor(cp / 64), 0x80 + cp % 64)
+    elseif cp < 0x10000 then
+        return str_char(0xE0 + math_floor(cp / 4096),
+                        0x80 + math_floor(cp / 64) % 64, 0x80 + cp % 64)
+    end
+    return str_char(0xF0 + math_floor(cp / 262144),
+                    0x80 + math_floor(cp / 4096) % 64,
+                    0x80 + math_floor(cp / 64) % 64, 0x80 + cp % 64)
+end
+
+local unescape_map = {
+    ['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f',
+    n = '\n', r = '\r', t = '\t',
+}
+
+local function decode_string(s, i)
+    -- i is at the opening quote
+    local j = i + 1
+    local parts, np = nil, 0
+    while true do
+        local a, b = str_find(s, '["\\]', j)
+        if not a then
+            return nil, "unterminated string at " .. i
+        end
+        local c = str_sub(s, a, b)
+        if c == '"' then
+            local chunk = str_sub(s, j, a - 1)
+            if not parts then
+                return chunk, a + 1
+            end
+            np = np + 1
+            parts[np] = chunk
+            return tab_concat(parts, "", 1, np), a + 1
+        end
+        parts = parts or {}
+        np = np + 1
+        parts[np] = str_sub(s, j, a - 1)
+        local e = str_sub(s, a + 1, a + 1)
+        if e == "u" then
+            local cp = tonumber(str_sub(s, a + 2, a + 5), 16)
+            if not cp then
+                return nil, "bad \\u escape at " .. a
+            end
+            j = a + 6
+            if cp >= 0xD800 and cp < 0xDC00 and str_sub(s, j, j + 1) == "\\u" then
+                local lo = tonumber(str_sub(s, j + 2, j + 5), 16)
+                if lo and lo >= 0xDC00 and lo < 0xE000 then
+                    cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00)
+                    j = j + 6
+                end
+            end
+            np = np + 1
+            parts[np] = utf8_char(cp)
+        else
+            local r = unescape_map[e]
+            if not r then
+                return nil, "bad escape at " .. a
+            end
+            np = np + 1
+            parts[np] = r
+            j = a + 2
+        end
+    end
+end
+
+decode_value = function(s, i, depth)
+    if depth > MAX_DEPTH then
+        return nil, "nested too deep"
+    end
+    i = skip_ws(s, i)
+    local c = str_sub(s, i, i)
+    if c == "{" then
+        local t = {}
+        i = skip_ws(s, i + 1)
+        if str_sub(s, i, i) == "}" then
+            return t, i + 1
+        end
+        while true do
+            if str_sub(s, i, i) ~= '"' then
+                return nil, "expected a key at " .. i
+            end
+            local k, err = decode_string(s, i)
+            if not k then
+                return nil, err
+            end
+            i = skip_ws(s, err)
+            if str_sub(s, i, i) ~= ":" then
+                return nil, "expected ':' at " .. i
+            end
+            local v
+            v, i = decode_value(s, i + 1, depth + 1)
+            if v == nil then
+                return nil, i
+            end
+            t[k] = v
+            i = skip_ws(s, i)
+            c = str_sub(s, i, i)
+            if c == "}" then
+                return t, i + 1
+            end
+            if c ~= "," then
+                return nil, "expected ',' or '}' at " .. i
+            end
+            i = skip_ws(s, i + 1)
+        end
+    elseif c == "[" then
+        local t, n = {}, 0
+        i = skip_ws(s, i + 1)
+        if str_sub(s, i, i) == "]" then
+            return setmetatable(t, array_mt), i + 1
+        end
+        while true do
+            local v
+            v, i = decode_value(s, i, depth + 1)
+            if v == nil then
+                return nil, i
+            end
+            n = n + 1
+            t[n] = v
+            i = skip_ws(s, i)
+            c = str_sub(s, i, i)
+            if c == "]" then
+                return t, i + 1
+            end
+            if c ~= "," then
+                return nil, "expected ',' or ']' at " .. i
+            end
+            i = i + 1
+        end
+    elseif c == '"' then
+        return decode_string(s, i)
+    elseif c == "t" and str_sub(s, i, i + 3) == "true" then
+        return true, i + 4
+    elseif c == "f" and str_sub(s, i, i + 4) == "false" then
+        return false, i + 5
+    elseif c == "n" and str_sub(s, i, i + 3) == "null" then
+        return null, i + 4
+    end
+    local a, b = str_find(s, "^-?%d+%.?%d*[eE]?[-+]?%d*", i)
+    if not a then
+        return nil, "unexpected character at " .. i
+    end
+    local v = tonumber(str_sub(s, a, b))
+    if not v then
+        return nil, "bad number at " .. i
+    end
+    return v, b + 1
+end
+
+
+-- decode_lua is the decoder used without cjson (public for its tests).
+local function decode_lua(s)
+    if type(s) ~= "string" then
+        return nil, "JSON must be a string"
+    end
+    local v, i = decode_value(s, 1, 0)
+    if v == nil then
+        return nil, i
+    end
+    if skip_ws(s, i) <= #s then
+        return nil, "trailing characters at " .. i
+    end
+    return v
+end
+_M.decode_lua = decode_lua
+
+
+function _M.decode(s)
+    if not cjson_decode then
+        return decode_lua(s)
+    end
+    if type(s) ~= "string" then
+        return nil, "JSON must be a string"
+    end
+    local v, err = cjson_decode(s)
+    if v == nil then
+        return nil, err
+    end
+    return v
+end
+
+
+return _M

@@ -1,0 +1,396 @@
+-- resty.ffi.qrpc.proto: protobuf messages for unary and event (issue 11).
+--
+-- Schemas are compiled in Go (the library's registry, one per worker);
+-- bodies cross as JSON in the proto3 JSON mapping, one string each way.
+--
+--   qrpc.proto.load(path, { import_paths = { dir, ... } }) -> true | nil, err
+--   qrpc.proto.load_descriptor_set(bytes)                   -> true | nil, err
+--       In init_by_lua the master only records the request (Go never runs
+--       in the master); each worker compiles the recorded schemas the first
+--       time it needs one. Elsewhere the worker compiles at once. Relative
+--       paths are relative to nginx's prefix (-p). Loading a file twice is
+--       a no-op.
+--   conn:unary(method, body, { request = "pkg.Req", response = "pkg.Reply",
+--                              json = false, discard_unknown = false })
+--   qrpc.connect(addr, { methods = { Method = { request = ..., response = ... } } })
+
+local ffi = require "ffi"
+local cdef = require "resty.ffi.qrpc.cdef"
+local json = require "resty.ffi.qrpc.json"
+local json_encode = json.encode
+
+local ffi_new = ffi.new
+
+local ngx = ngx
+local ngx_log = ngx.log
+local ngx_ERR = ngx.ERR
+local get_phase = ngx.get_phase
+local ngx_prefix = ngx.config.prefix
+
+local type = type
+local pairs = pairs
+local pcall = pcall
+local tostring = tostring
+local io_open = io.open
+local str_sub = string.sub
+local str_find = string.find
+local tab_concat = table.concat
+
+local bad = cdef.bad
+local QRPC_OK = cdef.QRPC_OK
+
+local OP_PROTO_LOAD = 10
+local F_DISCARD_UNKNOWN = 1
+local F_PROTO_NAMES = 2
+
+local _M = {
+    F_DISCARD_UNKNOWN = F_DISCARD_UNKNOWN,
+    F_PROTO_NAMES = F_PROTO_NAMES,
+    -- An empty list for a repeated field (a plain {} is an empty object).
+    empty_array = json.empty_array,
+}
+
+local lib               -- the loaded library (nil until then)
+local ensure_loaded     -- qrpc.lua's loader
+local records = {}      -- loads asked for, in order: { kind, arg, opts }
+local applied = 0       -- how many of records this worker has compiled
+-- What this worker has compiled, so that a load repeated on every request
+-- costs a table lookup (Go would also skip it, after a stat of the file).
+local done = {}
+
+
+-- init(loader): loader() loads the library and returns true | nil, err.
+function _M.init(loader)
+    ensure_loaded = loader
+end
+
+-- attach(l): the library is loaded in this worker.
+function _M.attach(l)
+    lib = l
+end
+
+
+local function absolute(p)
+    if str_sub(p, 1, 1) == "/" then
+        return p
+    end
+    local prefix = ngx_prefix()
+    if str_sub(prefix, -1) ~= "/" then
+        prefix = prefix .. "/"
+    end
+    return prefix .. p
+end
+
+
+local out_p = ffi_new("char *[1]")
+local out_len = ffi_new("size_t[1]")
+
+-- Runs one load in Go.
+local function query(rec)
+    local cmd = ffi_new(cdef.cmd_t)
+    cmd.version = cdef.CMD_VERSION
+    cmd.op = OP_PROTO_LOAD
+    cmd.method = rec.kind
+    cmd.method_len = #rec.kind
+    cmd.body = rec.arg
+    cmd.body_len = #rec.arg
+    if rec.opts ~= "" then
+        cmd.opts = rec.opts
+        cmd.opts_len = #rec.opts
+    end
+    local rc = lib.qrpc_query(cmd, out_p, out_len, cdef.errbuf, cdef.ERRBUF_LEN)
+    if out_p[0] ~= nil then
+        lib.qrpc_free(out_p[0])
+        out_p[0] = nil
+    end
+    if rc ~= QRPC_OK then
+        return nil, cdef.submit_err(rc)
+    end
+    return true
+end
+
+
+-- ready() compiles what was recorded and not compiled yet in this worker.
+-- A recorded load that fails is logged (once) and does not stop the others:
+-- calls using its messages then fail with "unknown message type".
+local function ready()
+    local n = #records
+    if applied == n and lib then
+        return true
+    end
+    local ok, err = ensure_loaded()
+    if not ok then
+        return nil, err
+    end
+    while applied < n do
+        applied = applied + 1
+        local rec = records[applied]
+        ok, err = query(rec)
+        if ok then
+            done[rec.kind .. "\0" .. rec.opts .. "\0" .. rec.arg] = true
+        else
+            ngx_log(ngx_ERR, "qrpc: ", err, " (loaded in init_by_lua)")
+        end
+    end
+    return true
+end
+_M.ready = ready
+
+
+local function load(kind, arg, opts)
+    local rec = { kind = kind, arg = arg, opts = opts }
+    if get_phase() == "init" then
+        -- The master: record for the workers (they inherit records).
+        records[#records + 1] = rec
+        return true
+    end
+    local key = kind .. "\0" .. opts .. "\0" .. arg
+    if done[key] then
+        return true
+    end
+    local ok, err = ready()
+    if not ok then
+        return nil, err
+    end
+    ok, err = query(rec)
+    if not ok then
+        return nil, err
+    end
+    done[key] = true
+    return true
+end
+
+
+function _M.load(path, opts)
+    if type(path) ~= "string" then
+        return bad(1, "path must be a string (got " .. type(path) .. ")")
+    end
+    if path == "" then
+        return bad(1, "path must not be empty")
+    end
+    local lines = {}
+    if opts ~= nil then
+        if type(opts) ~= "table" then
+            return bad(2, "opts must be a table (got " .. type(opts) .. ")")
+        end
+        for k in pairs(opts) do
+            if k ~= "import_paths" then
+                return bad(2, "unknown option '" .. tostring(k) .. "'")
+            end
+        end
+        local ips = opts.import_paths
+        if ips ~= nil then
+            if type(ips) ~= "table" then
+                return bad(2, "import_paths must be a list of directories")
+            end
+            for i = 1, #ips do
+                local d = ips[i]
+                if type(d) ~= "string" or d == "" or str_find(d, "\n", 1, true) then
+                    return bad(2, "import_paths[" .. i .. "] must be a directory path")
+                end
+                lines[#lines + 1] = "import_path=" .. absolute(d) .. "\n"
+            end
+        end
+    end
+    if str_find(path, "\n", 1, true) then
+        return bad(1, "path must not contain a newline")
+    end
+    local where = path
+    if #lines == 0 or str_sub(path, 1, 1) == "/" then
+        -- With import paths, a relative path is an import name (protoc's
+        -- rule); without, it is a file under nginx's prefix.
+        where = absolute(path)
+    end
+    if get_phase() == "init" and (#lines == 0 or str_sub(path, 1, 1) == "/") then
+        -- Cheap early check in the master; parsing waits for the workers.
+        local f = io_open(where, "rb")
+        if not f then
+            return nil, "bad proto: " .. where .. ": file not found"
+        end
+        f:close()
+    end
+    return load("file", where, tab_concat(lines))
+end
+
+
+function _M.load_descriptor_set(bytes)
+    if type(bytes) ~= "string" or bytes == "" then
+        return bad(1, "descriptor set must be a non-empty string (protoc -o output)")
+    end
+    return load("descriptor_set", bytes, "")
+end
+
+
+-------------------------------------------------------------------------
+-- Calls
+-------------------------------------------------------------------------
+
+local function check_type(v, argn, name)
+    if v ~= nil and (type(v) ~= "string" or v == "" or #v > 1024) then
+        return bad(argn, name .. " must be a message name like \"pkg.Msg\"")
+    end
+    return true
+end
+
+
+-- bind(conn, methods): connect's methods option. Entries are merged into
+-- the connection's (connections are shared by equal options).
+local function bind(conn, methods)
+    if type(methods) ~= "table" then
+        return bad(2, "methods must be a table { Method = { request = ..., response = ... } }")
+    end
+    -- a new table: a failed check leaves the connection's as it was
+    local own = {}
+    if conn.methods then
+        for k, v in pairs(conn.methods) do
+            own[k] = v
+        end
+    end
+    for name, m in pairs(methods) do
+        if type(name) ~= "string" or type(m) ~= "table" then
+            return bad(2, "methods must map method names to { request = ..., response = ... }")
+        end
+        for k in pairs(m) do
+            if k ~= "request" and k ~= "response" and k ~= "json"
+               and k ~= "discard_unknown"
+            then
+                return bad(2, "methods." .. name .. ": unknown option '" .. tostring(k) .. "'")
+            end
+        end
+        local ok, err = check_type(m.request, 2, "methods." .. name .. ".request")
+        if not ok then
+            return nil, err
+        end
+        ok, err = check_type(m.response, 2, "methods." .. name .. ".response")
+        if not ok then
+            return nil, err
+        end
+        -- a plain copy: calls read it without the caller's metamethods
+        own[name] = { request = m.request, response = m.response, json = m.json,
+                      discard_unknown = m.discard_unknown }
+    end
+    conn.methods = own
+    conn.methods_src = methods
+    return true
+end
+
+function _M.bind(conn, methods)
+    if conn.methods_src == methods then
+        return true
+    end
+    -- pcall: the tables and their metamethods are the caller's
+    local ok, res, err = pcall(bind, conn, methods)
+    if not ok then
+        return bad(2, "methods raised an error: " .. tostring(res))
+    end
+    return res, err
+end
+
+
+-- prepare(conn, method, body, opts) -> body, req, resp, flags, json
+-- The message types of a call (opts over connect's methods) and its body,
+-- a Lua table encoded to JSON (or a JSON string with json = true). Without
+-- types it returns body unchanged and nothing else. On error: false, err.
+function _M.prepare(conn, method, body, opts)
+    local m = conn.methods and conn.methods[method]
+    local req, resp, as_json, discard, names
+    if m then
+        req, resp, as_json, discard = m.request, m.response, m.json, m.discard_unknown
+    end
+    if opts ~= nil and type(opts) == "table" then
+        if opts.request ~= nil then
+            req = opts.request
+        end
+        if opts.response ~= nil then
+            resp = opts.response
+        end
+        if opts.json ~= nil then
+            as_json = opts.json
+        end
+        if opts.discard_unknown ~= nil then
+            discard = opts.discard_unknown
+        end
+        names = opts.proto_names
+    end
+    if req == nil and resp == nil then
+        return body
+    end
+    local ok, err = check_type(req, 4, "request")
+    if not ok then
+        return false, err
+    end
+    ok, err = check_type(resp, 4, "response")
+    if not ok then
+        return false, err
+    end
+    if as_json ~= nil and type(as_json) ~= "boolean" then
+        return false, "bad argument #4: json must be a boolean"
+    end
+    if discard ~= nil and type(discard) ~= "boolean" then
+        return false, "bad argument #4: discard_unknown must be a boolean"
+    end
+    if names ~= nil and type(names) ~= "boolean" then
+        return false, "bad argument #4: proto_names must be a boolean"
+    end
+    if req then
+        if as_json then
+            if type(body) ~= "string" then
+                return false, "bad argument #3: body must be a JSON string with "
+                              .. "json = true (got " .. type(body) .. ")"
+            end
+        else
+            if body == nil then
+                body = "{}"
+            elseif type(body) ~= "table" then
+                return false, "bad argument #3: body must be a table for request "
+                              .. req .. " (got " .. type(body)
+                              .. "; pass json = true for a JSON string)"
+            else
+                -- pcall: the table's metamethods are the caller's
+                local enc_ok, js, enc_err = pcall(json_encode, body)
+                if not enc_ok then
+                    return false, "bad argument #3: body raised an error: "
+                                  .. tostring(js)
+                end
+                if not js then
+                    return false, "bad argument #3: body: " .. enc_err
+                end
+                body = js
+            end
+        end
+    end
+    ok, err = ready()
+    if not ok then
+        return false, err
+    end
+    local flags = 0
+    if discard then
+        flags = flags + F_DISCARD_UNKNOWN
+    end
+    if names == nil then
+        names = not as_json
+    end
+    if names and resp then
+        flags = flags + F_PROTO_NAMES
+    end
+    return body, req, resp, flags, as_json == true
+end
+
+
+-- finish(res, resp, as_json) -> res | nil, err, res: res.body decoded to a
+-- table unless as_json (only for code 0: another code's body is the
+-- service's error text).
+function _M.finish(res, resp, as_json)
+    if as_json or res.code ~= 0 then
+        return res
+    end
+    local v, err = json.decode(res.body)
+    if v == nil then
+        return nil, "bad response: " .. resp .. ": " .. tostring(err), res
+    end
+    res.body = v
+    return res
+end
+
+
+return _M

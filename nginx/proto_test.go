@@ -1,0 +1,448 @@
+package nginx
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// pbServer is a qrpc server whose handlers use the code protoc-gen-go
+// generated from demo/proto/greeter.proto: what Lua encodes is read by an
+// implementation that shares nothing with ours, and the other way round.
+type pbServer struct {
+	addr     string
+	requests atomic.Int64 // requests and events that reached a handler
+	lastName atomic.Value // the last HelloRequest.name seen by an event
+}
+
+func startPBServer(t *testing.T) *pbServer {
+	t.Helper()
+	key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &pbServer{}
+	srv := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key})
+	srv.Handle("SayHello", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.requests.Add(1)
+		var in demopb.HelloRequest
+		if err := proto.Unmarshal(req.Body, &in); err != nil {
+			resp.Code, resp.Body = 3, []byte("not a HelloRequest: "+err.Error())
+			return
+		}
+		resp.Body, _ = proto.Marshal(&demopb.HelloReply{Message: "Hello " + in.Name + "!"})
+	})
+	srv.Handle("EchoAllKinds", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.requests.Add(1)
+		var m demopb.AllKinds
+		if err := proto.Unmarshal(req.Body, &m); err != nil {
+			resp.Code, resp.Body = 3, []byte("not an AllKinds: "+err.Error())
+			return
+		}
+		resp.Body, _ = proto.MarshalOptions{Deterministic: true}.Marshal(&m)
+	})
+	srv.Handle("Garbage", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) {
+		s.requests.Add(1)
+		resp.Body = []byte("\xff\x00 not protobuf")
+	})
+	srv.HandleEvent("Hello", func(_ context.Context, req *qrpc.Request) {
+		s.requests.Add(1)
+		var in demopb.HelloRequest
+		if proto.Unmarshal(req.Body, &in) == nil {
+			s.lastName.Store(in.Name)
+		}
+	})
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(serverTLSCert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	s.addr = a.String()
+	return s
+}
+
+// protoDir copies the demo schema where nginx's workers (nobody, when the
+// suite runs as root) can read it, with a broken file next to it.
+func protoDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qproto-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"greeter.proto", "greeter.protoset"} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, "demo", "proto", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	broken := "syntax = \"proto3\";\npackage broken;\nmessage M {\n  int32 x = 1\n}\n"
+	if err := os.WriteFile(filepath.Join(dir, "broken.proto"), []byte(broken), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// The Lua side of every case: tables and JSON through a real nginx, the
+// library and a qrpc server with generated code.
+const protoLua = `
+local qrpc = require "resty.ffi.qrpc"
+local qt = require "qtest"
+local json = require "resty.ffi.qrpc.json"
+
+local _M = {}
+
+local methods = {
+    SayHello = { request = "demo.HelloRequest", response = "demo.HelloReply" },
+    EchoAllKinds = { request = "demo.AllKinds", response = "demo.AllKinds" },
+}
+
+function _M.conn()
+    return qt.connect({ methods = methods }, qt.pb_addr)
+end
+
+-- deep comparison; returns nil or the path of the first difference
+local function diff(a, b, path)
+    if type(a) ~= type(b) then
+        return path .. ": " .. type(a) .. " vs " .. type(b)
+    end
+    if type(a) ~= "table" then
+        if a ~= b and not (a ~= a and b ~= b) then
+            return path .. ": " .. tostring(a) .. " vs " .. tostring(b)
+        end
+        return nil
+    end
+    for k, v in pairs(a) do
+        local d = diff(v, b[k], path .. "." .. tostring(k))
+        if d then return d end
+    end
+    for k in pairs(b) do
+        if a[k] == nil then
+            return path .. "." .. tostring(k) .. ": missing on the left"
+        end
+    end
+    return nil
+end
+_M.diff = diff
+
+return _M
+`
+
+func TestProtobuf(t *testing.T) {
+	srv := startPBServer(t)
+	dir := protoDir(t)
+	init := lines(
+		`        local qrpc = require "resty.ffi.qrpc"`,
+		`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+		// Recorded in the master, compiled by each worker on first use.
+		`        assert(qrpc.proto.load("`+dir+`/greeter.proto"))`,
+		// A broken file is only found out in the worker; a missing one here.
+		`        assert(qrpc.proto.load("`+dir+`/broken.proto"))`,
+		`        local ok, err = qrpc.proto.load("`+dir+`/absent.proto")`,
+		`        package.loaded.init_missing = err`,
+	)
+	n := startNginx(t, ngxConf{
+		Workers:     1,
+		InitByLua:   init,
+		Extra:       map[string]string{"pb_addr": srv.addr, "proto_dir": dir},
+		AllowErrors: []string{`bad proto: .*broken\.proto:5:1: syntax error: expecting ';' \(loaded in init_by_lua\)`},
+		Server: loc("/roundtrip", `
+                local p = require "pbt"
+                local conn, err = p.conn()
+                if not conn then return ngx.say("connect: ", err) end
+                local big = "9223372036854775807"
+                local msg = {
+                    i32 = -2147483648, i64 = "-9223372036854775808", u32 = 4294967295,
+                    u64 = "18446744073709551615", s32 = -1, s64 = big, f32 = 4294967295,
+                    f64 = "18446744073709551615", sf32 = 2147483647, sf64 = "-9",
+                    fl = 1.5, db = 0.1 + 0.2, flag = true, text = "héllo \"q\"\n\0",
+                    data = ngx.encode_base64("\0\1\2\255"), color = "COLOR_BLUE",
+                    inner = { id = "i", values = { 1, -2, 3 }, child = { id = "c" } },
+                    tags = { "a", "b" }, items = { { id = "x" }, { values = { 5 } } },
+                    big = { big, "-1" }, colors = { "COLOR_RED", "COLOR_GREEN" },
+                    ratios = { 0.5, -1e300 },
+                    counts = { a = "1", z = "-5" }, byId = { ["7"] = { id = "seven" }, ["-1"] = { id = "m" } },
+                    labels = { k = "v" }, blobs = { ["true"] = "AQ==" },
+                    choiceInner = { id = "chosen" },
+                    at = "2024-02-29T23:59:59.123456789Z", took = "-1.500s",
+                    meta = { n = 1.25, s = "x", l = { true, false }, o = { k = "v" } },
+                    value = "v", wrapped = "-5", maybe = 0,
+                }
+                local res, err = conn:unary("EchoAllKinds", msg, { proto_names = false })
+                if not res then return ngx.say("unary: ", err) end
+                local d = p.diff(msg, res.body, "body")
+                if d then return ngx.say("differs: ", d) end
+                -- special floats, and an int64 as a Lua number in
+                res, err = conn:unary("EchoAllKinds", { fl = "NaN", db = "-Infinity", ratios = { "Infinity" }, i64 = 12345 })
+                if not res then return ngx.say("unary 2: ", err) end
+                local b = res.body
+                if b.fl ~= "NaN" or b.db ~= "-Infinity" or b.ratios[1] ~= "Infinity" or b.i64 ~= "12345" then
+                    return ngx.say("special: ", require("resty.ffi.qrpc.json").encode(b))
+                end
+                -- .proto field names by default for tables
+                res = assert(conn:unary("EchoAllKinds", { byId = { ["1"] = {} }, choiceText = "t" }))
+                if not res.body.by_id or res.body.choice_text ~= "t" then
+                    return ngx.say("names: ", require("resty.ffi.qrpc.json").encode(res.body))
+                end
+                ngx.say("ok")
+`) + loc("/json", `
+                local p = require "pbt"
+                local conn = assert(p.conn())
+                local body = '{"i64":"-9223372036854775808","u64":"18446744073709551615","fl":"NaN",'
+                    .. '"data":"AAEC/w==","color":"COLOR_BLUE","byId":{"-1":{"id":"m"},"7":{}},'
+                    .. '"choiceNum":"0","at":"2024-02-29T23:59:59.500Z","took":"1s","meta":{"a":[1,null]}}'
+                local res, err = conn:unary("EchoAllKinds", body, { json = true })
+                if not res then return ngx.say("unary: ", err) end
+                ngx.say(res.body == body and "ok" or ("differs: " .. res.body))
+`) + loc("/hello", `
+                local p = require "pbt"
+                local conn = assert(p.conn())
+                -- per-call types, without the connection's defaults
+                local qt = require "qtest"
+                local plain = assert(require("resty.ffi.qrpc").connect(qt.pb_addr, qt.opts()))
+                local res, err = plain:unary("SayHello", { name = "per call" },
+                    { request = "demo.HelloRequest", response = "demo.HelloReply" })
+                if not res then return ngx.say("per call: ", err) end
+                ngx.say(res.body.message)
+                res = assert(conn:unary("SayHello", '{"name":"json"}', { json = true }))
+                ngx.say(res.body)
+                res = assert(conn:unary("SayHello", { name = "x", extra = 1 }, { discard_unknown = true }))
+                ngx.say(res.body.message)
+                -- types only name bytes: a HelloReply read as a HelloRequest
+                -- (same field 1) is a HelloRequest
+                res = assert(conn:unary("SayHello", {}, { response = "demo.HelloRequest" }))
+                ngx.say(require("resty.ffi.qrpc.json").encode(res.body))
+                -- events: encoded the same way
+                assert(conn:event("Hello", { name = "by event" }, { request = "demo.HelloRequest" }))
+                ngx.say("event sent")
+`) + loc("/bad", `
+                local p = require "pbt"
+                local qrpc = require "resty.ffi.qrpc"
+                local conn = assert(p.conn())
+                local function show(res, err, raw)
+                    if res then return ngx.say("answered") end
+                    ngx.say(err, raw and (" | raw: " .. ngx.encode_base64(raw.body)) or "")
+                end
+                show(conn:unary("SayHello", { nmae = "typo" }))
+                show(conn:unary("SayHello", { name = 5 }))
+                show(conn:unary("EchoAllKinds", { i32 = 2147483648 }))
+                show(conn:unary("EchoAllKinds", { i32 = 1.5 }))
+                show(conn:unary("EchoAllKinds", { items = { { id = "ok" }, { id = {} } } }))
+                show(conn:unary("EchoAllKinds", { color = "PURPLE" }))
+                show(conn:unary("EchoAllKinds", { tags = {} }))
+                show(conn:unary("SayHello", '{"name":', { json = true }))
+                show(conn:unary("SayHello", {}, { request = "demo.Nope" }))
+                show(conn:unary("SayHello", "raw", {}))
+                show(conn:unary("SayHello", { name = function() end }))
+                show(conn:event("Hello", { nope = 1 }, { request = "demo.HelloRequest" }))
+                show(conn:unary("Garbage", "", { response = "demo.HelloReply" }))
+                show(conn:unary("SayHello", {}, { request = 5 }))
+                show(conn:unary("SayHello", {}, setmetatable({}, { __index = function(_, k) error("boom " .. k) end })))
+                show(qrpc.connect(require("qtest").pb_addr, require("qtest").opts({
+                    methods = { SayHello = setmetatable({}, { __index = function() error("bang") end }) } })))
+                show(qrpc.proto.load(require("qtest").proto_dir .. "/broken.proto"))
+                show(qrpc.proto.load(require("qtest").proto_dir .. "/nothere.proto"))
+                show(qrpc.proto.load_descriptor_set("\255\255"))
+                show(qrpc.proto.load(""))
+                ngx.say("init: ", package.loaded.init_missing)
+`) + loc("/jsonlib", `
+                local json = require "resty.ffi.qrpc.json"
+                local out = {}
+                local function enc(v, want)
+                    local got, err = json.encode(v)
+                    if got ~= want then out[#out + 1] = "encode: " .. tostring(got) .. " " .. tostring(err) .. " want " .. want end
+                    got, err = json.encode_list(v)
+                    if got ~= want then out[#out + 1] = "encode_list: " .. tostring(got) .. " " .. tostring(err) .. " want " .. want end
+                end
+                enc(0.1, "0.1")
+                enc(0.1 + 0.2, "0.30000000000000004")
+                enc(2^53, "9007199254740992")
+                enc(-2147483648, "-2147483648")
+                enc(1e300, "1e+300")
+                enc(0/0, '"NaN"')
+                enc(-math.huge, '"-Infinity"')
+                enc({}, "{}")
+                enc(json.empty_array, "[]")
+                enc({ 1, "a", true }, '[1,"a",true]')
+                enc({ [2] = "x" }, '{"2":"x"}')    -- not 1..n: an object
+                enc({ a = ngx.null }, '{"a":null}')
+                enc("q\"\\\n\0\127é", '"q\\"\\\\\\n\\u0000\\u007fé"')
+                local cyc = {}
+                cyc.self = cyc
+                local _, err = json.encode(cyc)
+                if not err or not err:find("nested too deep", 1, true) then out[#out + 1] = "cycle: " .. tostring(err) end
+                -- the pure-Lua decoder agrees with the text protojson writes
+                local samples = {
+                    '{"i64":"-9223372036854775808","fl":"NaN","db":0.30000000000000004,"tags":["a",""],"o":{}}',
+                    '{"s":"\\u00e9\\ud83d\\ude00\\n\\"\\/","n":-1.5e-7,"l":[1,[2,[]],null,true,false]}',
+                    ' [ ] ', '"x"', '12', 'null',
+                }
+                for _, s in ipairs(samples) do
+                    local v, err = json.decode_lua(s)
+                    if v == nil then
+                        out[#out + 1] = "decode_lua " .. s .. ": " .. tostring(err)
+                    else
+                        local again = json.encode(v)
+                        local w = json.decode_lua(again)
+                        local d = require("pbt").diff(v, w, "v")
+                        if d then out[#out + 1] = "re-decode " .. s .. ": " .. d end
+                        if json.has_cjson then
+                            local c = require("cjson.safe").decode(s)
+                            d = require("pbt").diff(v, c, "v")
+                            if d and type(c) == "table" and next(c) ~= nil then
+                                out[#out + 1] = "vs cjson " .. s .. ": " .. d
+                            end
+                        end
+                    end
+                end
+                local v = json.decode_lua('{"s":"\\u00e9\\ud83d\\ude00"}')
+                if v.s ~= "é😀" then out[#out + 1] = "unicode: " .. v.s end
+                for _, bad in ipairs({ '{"a":}', '[1,', '{"a" 1}', '"\\x"', '{} x', '' }) do
+                    if json.decode_lua(bad) ~= nil then out[#out + 1] = "accepted " .. bad end
+                end
+                ngx.say(#out == 0 and "ok" or table.concat(out, "\n"))
+`) + loc("/set", `
+                local qrpc = require "resty.ffi.qrpc"
+                local f = assert(io.open(require("qtest").proto_dir .. "/greeter.protoset", "rb"))
+                local set = f:read("*a")
+                f:close()
+                -- the same files again: a no-op, twice
+                assert(qrpc.proto.load_descriptor_set(set))
+                assert(qrpc.proto.load_descriptor_set(set))
+                assert(qrpc.proto.load(require("qtest").proto_dir .. "/greeter.proto"))
+                ngx.say("ok")
+`),
+	})
+	// The Lua helpers of the cases above.
+	if err := os.WriteFile(filepath.Join(n.dir, "pbt.lua"), []byte(protoLua), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	get := func(path string) string {
+		t.Helper()
+		st, body := n.get(path)
+		if st != 200 {
+			t.Fatalf("%s: HTTP %d %s", path, st, body)
+		}
+		return body
+	}
+	if got := get("/roundtrip"); got != "ok\n" {
+		t.Errorf("table round trip: %s", got)
+	}
+	if got := get("/json"); got != "ok\n" {
+		t.Errorf("JSON round trip: %s", got)
+	}
+	if got := get("/hello"); got != "Hello per call!\n{\"message\":\"Hello json!\"}\nHello x!\n{\"name\":\"Hello !\"}\nevent sent\n" {
+		t.Errorf("hello: %q", got)
+	}
+	if err := eventually(5e9, func() error {
+		if v, _ := srv.lastName.Load().(string); v != "by event" {
+			return os.ErrNotExist
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the event's HelloRequest did not arrive")
+	}
+
+	before := srv.requests.Load()
+	want := []string{
+		"bad message: demo.HelloRequest: nmae: unknown field",
+		"bad message: demo.HelloRequest: name: expected string, got number 5",
+		"bad message: demo.AllKinds: i32: out of range for int32: 2147483648",
+		"bad message: demo.AllKinds: i32: not an integer: 1.5",
+		"bad message: demo.AllKinds: items[1].id: expected string, got object",
+		`bad message: demo.AllKinds: color: unknown value "PURPLE" of enum demo.Color`,
+		"bad message: demo.AllKinds: tags: expected array, got object",
+		"bad message: demo.HelloRequest: invalid JSON at offset 8: unexpected end of JSON input",
+		"bad message: demo.Nope: unknown message type",
+		"bad argument #3: body must be a table for request demo.HelloRequest (got string; pass json = true for a JSON string)",
+		"bad argument #3: body: cannot encode a function value",
+		"bad message: demo.HelloRequest: nope: unknown field",
+		"bad response: demo.HelloReply: cannot parse invalid wire-format data | raw: /wAgbm90IHByb3RvYnVm",
+		`bad argument #4: request must be a message name like "pkg.Msg"`,
+		"bad argument #4: opts raised an error: ",
+		"bad argument #2: methods raised an error: ",
+		"bad proto: " + dir + "/broken.proto:5:1: syntax error: expecting ';'",
+		"bad proto: " + dir + "/nothere.proto: file not found",
+		"bad proto: descriptor set: ",
+		"bad argument #1: path must not be empty",
+		"init: bad proto: " + dir + "/absent.proto: file not found",
+	}
+	got := strings.Split(strings.TrimSuffix(get("/bad"), "\n"), "\n")
+	if len(got) != len(want) {
+		t.Fatalf("bad inputs: %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("bad input %d:\n got  %s\n want %s", i, got[i], want[i])
+		}
+	}
+	// Only the Garbage call reached the server: every bad request was
+	// refused before sending.
+	if d := srv.requests.Load() - before; d != 1 {
+		t.Errorf("%d requests reached the server during the bad-input cases, want 1 (Garbage)", d)
+	}
+	if got := get("/jsonlib"); got != "ok\n" {
+		t.Errorf("json.lua:\n%s", got)
+	}
+	if got := get("/set"); got != "ok\n" {
+		t.Errorf("descriptor set: %s", got)
+	}
+}
+
+// The lua-resty-ffi host carries protobuf calls too (its task answers
+// carry QRPC_BAD_RESPONSE's data like any other).
+func TestProtobufRestyFFIHost(t *testing.T) {
+	requireNginx(t)
+	if shimPath == "" {
+		t.Skipf("lua-resty-ffi stand-in unavailable: %v", shimErr)
+	}
+	srv := startPBServer(t)
+	dir := protoDir(t)
+	runBlocks(t, []block{{
+		name: "protobuf through the task queue",
+		conf: ngxConf{
+			Extra: map[string]string{"pb_addr": srv.addr, "proto_dir": dir},
+			InitByLua: `
+        local qt = require "qtest"
+        require("fake_resty_ffi").install(qt.shim)
+        assert(require("resty.ffi.qrpc").configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" })
+        assert(require("resty.ffi.qrpc").proto.load(qt.proto_dir .. "/greeter.proto"))`,
+			Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qt.connect({ methods = {
+                    SayHello = { request = "demo.HelloRequest", response = "demo.HelloReply" } } }, qt.pb_addr))
+                ngx.say("host: ", qrpc.stats().host)
+                local res, err = conn:unary("SayHello", { name = "ffi" })
+                ngx.say(res and res.body.message or err)
+                res, err = conn:unary("SayHello", '{"name":"json"}', { json = true })
+                ngx.say(res and res.body or err)
+                ngx.say(select(2, conn:unary("SayHello", { nope = 1 })))
+                local raw
+                res, err, raw = conn:unary("Garbage", "", { response = "demo.HelloReply" })
+                ngx.say(tostring(res), " ", err, " ", raw and #raw.body)`),
+		},
+		body: lines(
+			"host: resty_ffi",
+			"Hello ffi!",
+			`{"message":"Hello json!"}`,
+			"bad message: demo.HelloRequest: nope: unknown field",
+			"nil bad response: demo.HelloReply: cannot parse invalid wire-format data 15",
+		),
+	}})
+}
