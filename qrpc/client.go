@@ -39,6 +39,13 @@ type Call struct {
 	Headers  [][]byte // alternating key, value
 	Body     []byte
 	Deadline time.Time // zero: no deadline
+
+	// HashKey picks the server of a Pool with Hash balancing.
+	HashKey []byte
+	// Retries, for a Pool: extra attempts on another server after a
+	// transport failure of a call that may have run; 0 takes the pool's
+	// PoolConfig.Retries, negative means none. A Client ignores it.
+	Retries int
 }
 
 // Done receives the outcome of a call started with Start, exactly once. It
@@ -63,6 +70,11 @@ type Client struct {
 	closed atomic.Bool
 
 	reconnects atomic.Uint64
+
+	// obs and onState are the pool's view of this client (a peer of a
+	// Pool); a plain Client has a no-op observer and no onState.
+	obs     PeerObserver
+	onState func()
 }
 
 // Stats are counters of a client.
@@ -87,24 +99,27 @@ func Dial(ctx context.Context, addr string, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{
-		addr:     addr,
-		cfg:      conf,
-		codec:    frame.New(conf.MaxFrameSize),
-		tlsConf:  tlsConf,
-		quicConf: conf.quicConfig(),
+	c := newClient(addr, conf, tlsConf, nil, nil)
+	if err := c.connect(ctx); err != nil {
+		return nil, err
 	}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
-	sessions := make([]*session, 0, conf.Conns)
-	for i := 0; i < conf.Conns; i++ {
+	return c, nil
+}
+
+// connect dials every connection now and starts their slots; on error
+// the client is left closed.
+func (c *Client) connect(ctx context.Context) error {
+	sessions := make([]*session, 0, c.cfg.Conns)
+	for i := 0; i < c.cfg.Conns; i++ {
 		s, err := c.dial(ctx)
 		if err != nil {
 			for _, s := range sessions {
 				s.fail(ErrClosed)
 			}
+			c.closed.Store(true)
 			c.cancel()
 			c.wg.Wait()
-			return nil, err
+			return err
 		}
 		sessions = append(sessions, s)
 	}
@@ -115,7 +130,88 @@ func Dial(ctx context.Context, addr string, cfg *Config) (*Client, error) {
 		c.wg.Add(1)
 		go sl.run(s)
 	}
+	return nil
+}
+
+// lastDialErr is the latest dial failure of a client that has no live
+// connection, or nil.
+func (c *Client) lastDialErr() error {
+	if c.up() {
+		return nil
+	}
+	for _, sl := range c.slots {
+		if e := sl.lastErr.Load(); e != nil {
+			return *e
+		}
+	}
+	return nil
+}
+
+// liveConns counts the client's live QUIC connections.
+func (c *Client) liveConns() int {
+	n := 0
+	for _, sl := range c.slots {
+		if s := sl.cur.Load(); s != nil && !s.dead.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+func newClient(addr string, conf Config, tlsConf *tls.Config, obs PeerObserver, onState func()) *Client {
+	if obs == nil {
+		obs = nopPeer{}
+	}
+	c := &Client{
+		addr:     addr,
+		cfg:      conf,
+		codec:    frame.New(conf.MaxFrameSize),
+		tlsConf:  tlsConf,
+		quicConf: conf.quicConfig(),
+		obs:      obs,
+		onState:  onState,
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// dialBackground returns a client whose connections will be dialled (and
+// re-dialled) by its slot goroutines, started by startSlots: a pool adds
+// servers that may be down.
+func dialBackground(addr string, conf Config, obs PeerObserver, onState func()) (*Client, error) {
+	tlsConf, err := conf.tlsConfig(addr)
+	if err != nil {
+		return nil, err
+	}
+	c := newClient(addr, conf, tlsConf, obs, onState)
+	for i := 0; i < conf.Conns; i++ {
+		sl := &slot{c: c}
+		c.slots = append(c.slots, sl)
+	}
 	return c, nil
+}
+
+func (c *Client) startSlots() {
+	for _, sl := range c.slots {
+		c.wg.Add(1)
+		go sl.run(nil)
+	}
+}
+
+// up reports whether some connection is live (without allocating).
+func (c *Client) up() bool {
+	for _, sl := range c.slots {
+		if s := sl.cur.Load(); s != nil && !s.dead.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Client) stateChanged() {
+	if c.onState != nil {
+		c.onState()
+	}
 }
 
 // Addr returns the address the client dials.
@@ -138,17 +234,18 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	s := &session{c: c, conn: conn, done: make(chan struct{})}
 	s.pending.init()
 	s.nextID.Store(rand.Uint64() >> 1)
-	for i := 0; i < c.cfg.Streams; i++ {
-		st, err := conn.OpenStreamSync(ctx)
+	s.streams = make([]atomic.Pointer[cstream], c.cfg.Streams)
+	for i := range s.streams {
+		qs, err := conn.OpenStreamSync(ctx)
 		if err != nil {
 			_ = conn.CloseWithError(0, "")
 			return nil, classifyDialError(c.addr, fmt.Errorf("open stream: %w", err))
 		}
-		s.streams = append(s.streams, &cstream{sess: s, s: st, eof: make(chan struct{})})
+		s.streams[i].Store(newCstream(s, qs, i))
 	}
-	for _, st := range s.streams {
+	for i := range s.streams {
 		c.wg.Add(1)
-		go st.readLoop()
+		go s.streams[i].Load().readLoop()
 	}
 	return s, nil
 }
@@ -220,38 +317,7 @@ func (c *Client) Event(method []byte, headers [][]byte, body []byte) error {
 // Unary sends a request and waits for its response, the context's deadline
 // or its cancellation. A response with a non-zero Code is not an error.
 func (c *Client) Unary(ctx context.Context, method string, body []byte, headers ...[]byte) (*Response, error) {
-	type result struct {
-		resp *Response
-		err  error
-	}
-	ch := make(chan result, 1)
-	call := Call{Method: []byte(method), Headers: headers, Body: body}
-	if d, ok := ctx.Deadline(); ok {
-		call.Deadline = d
-	}
-	p, err := c.Start(&call, func(resp *Response, err error) {
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		ch <- result{resp: resp.CloneVT()}
-	})
-	if err != nil {
-		return nil, err
-	}
-	select {
-	case r := <-ch:
-		return r.resp, r.err
-	case <-ctx.Done():
-		if p.Cancel() {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
-			}
-			return nil, ctx.Err()
-		}
-		r := <-ch // done is running or ran: take its result
-		return r.resp, r.err
-	}
+	return unaryVia(ctx, &Call{Method: []byte(method), Headers: headers, Body: body}, c.Start)
 }
 
 // Close fails pending calls with ErrClosed, closes the connections and stops
@@ -279,7 +345,11 @@ func (c *Client) linger(d time.Duration) {
 		if s == nil || s.dead.Load() {
 			continue
 		}
-		for _, st := range s.streams {
+		for i := range s.streams {
+			st := s.streams[i].Load()
+			if st == nil || st.retired.Load() {
+				continue
+			}
 			st.finish()
 			waits = append(waits, st.eof)
 		}
@@ -314,7 +384,8 @@ func (c *Client) session() (*session, error) {
 }
 
 // slot owns one connection position: the live session, and the goroutine
-// that re-dials with backoff when it dies.
+// that dials it (when started empty, as a pool's servers are) and re-dials
+// with backoff when it dies.
 type slot struct {
 	c       *Client
 	cur     atomic.Pointer[session]
@@ -330,20 +401,27 @@ func (sl *slot) run(s *session) {
 	// accepts and then closes) counts as a failure, or the client would
 	// re-dial it in a tight loop.
 	attempt := 0
+	everUp := s != nil
 	for {
-		up := time.Now()
-		select {
-		case <-s.done:
-		case <-c.ctx.Done():
-			s.fail(ErrClosed)
-			return
+		if s != nil {
+			up := time.Now()
+			select {
+			case <-s.done:
+			case <-s.conn.Context().Done():
+				// Connection-level end seen before any stream noticed it.
+				s.fail(context.Cause(s.conn.Context()))
+			case <-c.ctx.Done():
+				s.fail(ErrClosed)
+				return
+			}
+			sl.lastErr.Store(&s.err)
+			sl.cur.Store(nil)
+			c.stateChanged()
+			if time.Since(up) >= c.cfg.BackoffBase {
+				attempt = 0
+			}
+			c.cfg.Logger.Warn("qrpc connection lost, re-dialling", "addr", c.addr, "err", s.err)
 		}
-		sl.lastErr.Store(&s.err)
-		sl.cur.Store(nil)
-		if time.Since(up) >= c.cfg.BackoffBase {
-			attempt = 0
-		}
-		c.cfg.Logger.Warn("qrpc connection lost, re-dialling", "addr", c.addr, "err", s.err)
 		for ; ; attempt++ {
 			if attempt > 0 {
 				t := time.NewTimer(backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt-1))
@@ -358,8 +436,13 @@ func (sl *slot) run(s *session) {
 			if err == nil {
 				s = ns
 				sl.cur.Store(ns)
-				c.reconnects.Add(1)
-				c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempt", attempt+1)
+				if everUp {
+					c.reconnects.Add(1)
+					c.obs.Reconnected()
+					c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempt", attempt+1)
+				}
+				everUp = true
+				c.stateChanged()
 				attempt++
 				break
 			}
@@ -388,12 +471,17 @@ func backoff(base, maxDelay time.Duration, n int) time.Duration {
 
 // session is one live QUIC connection with its streams and in-flight calls.
 type session struct {
-	c       *Client
-	conn    *quic.Conn
-	streams []*cstream
-	rr      atomic.Uint32
-	nextID  atomic.Uint64
-	pending pendingMap
+	c *Client
+	// conn is the QUIC connection; streams are its request streams, each
+	// replaced in place when it breaks or gets stuck (the connection
+	// outlives a stream).
+	conn        *quic.Conn
+	streams     []atomic.Pointer[cstream]
+	rr          atomic.Uint32
+	nextID      atomic.Uint64
+	maxAnswered atomic.Uint64 // highest request id answered, any stream
+	suspects    atomic.Int32  // streams with a stuckSince set
+	pending     pendingMap
 
 	dead     atomic.Bool
 	failOnce sync.Once
@@ -401,8 +489,20 @@ type session struct {
 	err      error // set before done is closed
 }
 
+// errStreamGone: the stream picked for a frame broke before the frame was
+// written; another stream may take it.
+var errStreamGone = errors.New("qrpc: stream unavailable")
+
+// pick returns a stream in service, or nil when every one is being replaced.
 func (s *session) pick() *cstream {
-	return s.streams[s.rr.Add(1)%uint32(len(s.streams))]
+	n := uint32(len(s.streams))
+	start := s.rr.Add(1)
+	for i := uint32(0); i < n; i++ {
+		if st := s.streams[(start+i)%n].Load(); st != nil && !st.retired.Load() {
+			return st
+		}
+	}
+	return nil
 }
 
 func (s *session) start(call *Call, done Done) (Pending, error) {
@@ -410,67 +510,125 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 	if id == 0 { // 0 marks events
 		id = s.nextID.Add(1)
 	}
-	pc := &pendingCall{done: done, deadline: call.Deadline}
-	if !s.pending.store(id, pc) {
-		return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
-	}
-	// The timer is armed only once the call is in the map: one that fired
-	// before would find nothing to take, and the call would never time out.
-	// A response that comes first may miss the timer and leave it to fire
-	// on an empty slot, which is harmless.
-	if !call.Deadline.IsZero() {
-		d := time.Until(call.Deadline)
-		pc.timer.Store(time.AfterFunc(d, func() {
-			if pc := s.pending.take(id); pc != nil {
-				pc.done(nil, fmt.Errorf("%w: no response within %v", ErrTimeout, d))
-			}
-		}))
-	}
 	req := Request{RequestId: id, Method: call.Method, Headers: call.Headers, Body: call.Body}
-	if err := s.send(frame.KindRequest, &req); err != nil {
-		if pc := s.pending.take(id); pc != nil {
-			pc.stopTimer()
+	buf, err := s.encode(frame.KindRequest, &req)
+	if err != nil {
+		return Pending{}, err
+	}
+	// A stream that broke under us had not taken the frame: try another.
+	for range len(s.streams) {
+		st := s.pick()
+		if st == nil {
+			break
+		}
+		pc := &pendingCall{done: done, st: st, deadline: call.Deadline}
+		st.inflight.Add(1)
+		if !s.pending.store(id, pc) {
+			st.callDone()
+			s.c.codec.PutBuffer(buf)
+			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
+		}
+		// The timer is armed only once the call is in the map: one that
+		// fired before would find nothing to take, and the call would
+		// never time out. A response that comes first may miss the timer
+		// and leave it to fire on an empty slot, which is harmless.
+		if !call.Deadline.IsZero() {
+			d := time.Until(call.Deadline)
+			pc.timer.Store(time.AfterFunc(d, func() {
+				if pc := s.take(id); pc != nil {
+					pc.done(nil, fmt.Errorf("%w: no response within %v", ErrTimeout, d))
+					st.checkStuck(id)
+				}
+			}))
+		}
+		err := st.write(buf)
+		if err == nil {
+			return Pending{s: s, id: id}, nil
+		}
+		pc = s.take(id)
+		if pc == nil {
+			// The session or stream failed concurrently and has already
+			// called done.
+			return Pending{s: s, id: id}, nil
+		}
+		pc.stopTimer()
+		if !errors.Is(err, errStreamGone) {
 			return Pending{}, err
 		}
-		// The session failed concurrently and has already called done.
-		return Pending{s: s, id: id}, nil
 	}
-	return Pending{s: s, id: id}, nil
+	s.c.codec.PutBuffer(buf)
+	return Pending{}, fmt.Errorf("%w: no stream in service", ErrUnavailable)
 }
 
 // send encodes a request or event and writes it without blocking.
 func (s *session) send(k frame.Kind, req *Request) error {
+	buf, err := s.encode(k, req)
+	if err != nil {
+		return err
+	}
+	for range len(s.streams) {
+		st := s.pick()
+		if st == nil {
+			break
+		}
+		if err := st.write(buf); !errors.Is(err, errStreamGone) {
+			return err
+		}
+	}
+	s.c.codec.PutBuffer(buf)
+	return fmt.Errorf("%w: no stream in service", ErrUnavailable)
+}
+
+func (s *session) encode(k frame.Kind, req *Request) (*[]byte, error) {
 	codec := s.c.codec
 	buf := codec.GetBuffer()
 	b, err := codec.AppendRequest((*buf)[:0], k, req)
 	if err != nil {
 		codec.PutBuffer(buf)
 		if errors.Is(err, frame.ErrMessageTooLarge) {
-			return fmt.Errorf("%w: %v", ErrTooLarge, err)
+			return nil, fmt.Errorf("%w: %v", ErrTooLarge, err)
 		}
-		return err
+		return nil, err
 	}
 	*buf = b
-	return s.pick().write(buf)
+	return buf, nil
+}
+
+// take removes a call from the pending map and from its stream's count.
+func (s *session) take(id uint64) *pendingCall {
+	pc := s.pending.take(id)
+	if pc != nil {
+		pc.st.callDone()
+	}
+	return pc
 }
 
 // Pending identifies a started call, to cancel it.
 type Pending struct {
 	s  *session
 	id uint64
+	pc *poolCall // set for calls started through a Pool
 }
 
 // Cancel forgets the call: a late response is dropped quietly. It reports
 // whether the call was still pending (if true, done will not be called).
 func (p Pending) Cancel() bool {
+	if p.pc != nil {
+		return p.pc.cancel()
+	}
 	if p.s == nil {
 		return false
 	}
-	pc := p.s.pending.take(p.id)
+	pc := p.s.take(p.id)
 	if pc == nil {
 		return false
 	}
 	pc.stopTimer()
+	// A caller giving up at the deadline (Unary's context fires with the
+	// timer) is a timeout: the stream may be stuck.
+	if !pc.deadline.IsZero() && !timeNow().Before(pc.deadline) {
+		pc.st.checkStuck(p.id)
+	}
 	return true
 }
 
@@ -497,10 +655,34 @@ func (s *session) fail(err error) {
 	})
 }
 
+// connLevel reports whether err from a stream is really the connection's
+// end (closed, idle timeout, stateless reset, transport error) rather than
+// the stream's own (reset, stop-sending, end of stream).
+func (s *session) connLevel(err error) bool {
+	if s.conn.Context().Err() != nil {
+		return true
+	}
+	var se *quic.StreamError
+	return !errors.As(err, &se) && !errors.Is(err, io.EOF)
+}
+
 // cstream is one client-side bidirectional stream.
 type cstream struct {
 	sess *session
 	s    *quic.Stream
+	idx  int // position in sess.streams
+
+	// retired: out of service (broken, or stuck and replaced); it takes no
+	// new frames. inflight counts its pending calls, so that a stuck
+	// stream is cancelled once the last of them has ended.
+	retired      atomic.Bool
+	inflight     atomic.Int64
+	lastAnswered atomic.Uint64
+	// stuckSince is the id of a call of this stream that timed out with no
+	// answer on the stream since: the stream is suspect until it answers
+	// something, and stuck once another stream answers a later call.
+	stuckSince atomic.Uint64
+	cancelOnce sync.Once
 
 	mu       sync.Mutex
 	queue    []*[]byte // frames waiting for flow-control credit, in order
@@ -508,6 +690,10 @@ type cstream struct {
 	flushing bool
 	closing  bool          // finish was called: no more writes
 	eof      chan struct{} // closed when the server has closed its side
+}
+
+func newCstream(s *session, qs *quic.Stream, idx int) *cstream {
+	return &cstream{sess: s, s: qs, idx: idx, eof: make(chan struct{})}
 }
 
 // finish closes the send side once the queue is flushed.
@@ -523,28 +709,49 @@ func (st *cstream) finish() {
 	}
 }
 
-// write sends one encoded frame, taking ownership of buf. The fast path
-// queues it in quic-go without blocking; otherwise a flusher goroutine
-// writes it when flow control allows, preserving order.
+// write sends one encoded frame. The fast path queues it in quic-go without
+// blocking; otherwise a flusher goroutine writes it when flow control
+// allows, preserving order. It takes ownership of buf unless it returns
+// errStreamGone (the stream was out of service: buf is the caller's to
+// send elsewhere).
 func (st *cstream) write(buf *[]byte) error {
-	codec := st.sess.c.codec
+	s := st.sess
+	codec := s.c.codec
 	st.mu.Lock()
 	if st.closing {
 		st.mu.Unlock()
 		codec.PutBuffer(buf)
 		return ErrClosed
 	}
+	if st.retired.Load() {
+		st.mu.Unlock()
+		return errStreamGone
+	}
 	if !st.flushing {
 		err := st.s.TryWriteAll(*buf)
 		if err == nil {
 			st.mu.Unlock()
+			s.c.obs.BytesSent(len(*buf))
 			codec.PutBuffer(buf)
 			return nil
 		}
 		if !errors.Is(err, quic.ErrWouldBlock) {
 			st.mu.Unlock()
+			if !s.connLevel(err) {
+				// Nothing of this frame was taken (TryWriteAll is all or
+				// nothing): it can go on another stream.
+				st.broken(fmt.Errorf("write: %w", err))
+				return errStreamGone
+			}
 			codec.PutBuffer(buf)
-			st.sess.fail(fmt.Errorf("write: %w", err))
+			// Not on this goroutine: failing the session calls done of the
+			// calls in flight, and the caller of Start (a Pool) may hold a
+			// lock that done takes.
+			s.c.wg.Add(1)
+			go func() {
+				defer s.c.wg.Done()
+				s.fail(fmt.Errorf("write: %w", err))
+			}()
 			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
 		}
 	}
@@ -557,7 +764,7 @@ func (st *cstream) write(buf *[]byte) error {
 	st.queued += len(*buf)
 	if !st.flushing {
 		st.flushing = true
-		st.sess.c.wg.Add(1)
+		s.c.wg.Add(1)
 		go st.flush()
 	}
 	st.mu.Unlock()
@@ -565,8 +772,9 @@ func (st *cstream) write(buf *[]byte) error {
 }
 
 func (st *cstream) flush() {
-	defer st.sess.c.wg.Done()
-	codec := st.sess.c.codec
+	s := st.sess
+	defer s.c.wg.Done()
+	codec := s.c.codec
 	for {
 		st.mu.Lock()
 		if len(st.queue) == 0 {
@@ -582,10 +790,17 @@ func (st *cstream) flush() {
 		st.queue = st.queue[1:]
 		st.queued -= len(*buf)
 		st.mu.Unlock()
-		_, err := st.s.Write(*buf)
+		n, err := st.s.Write(*buf)
 		codec.PutBuffer(buf)
+		if n > 0 {
+			s.c.obs.BytesSent(n)
+		}
 		if err != nil {
-			st.sess.fail(fmt.Errorf("write: %w", err))
+			if s.connLevel(err) {
+				s.fail(fmt.Errorf("write: %w", err))
+			} else {
+				st.broken(fmt.Errorf("write: %w", err))
+			}
 			st.mu.Lock()
 			for _, b := range st.queue {
 				codec.PutBuffer(b)
@@ -595,6 +810,137 @@ func (st *cstream) flush() {
 			return
 		}
 	}
+}
+
+// broken takes a stream the server reset (or ended) out of service: its
+// calls fail (they may have run), the stream is cancelled both ways and a
+// new one takes its place. The connection and its other streams go on.
+func (st *cstream) broken(cause error) {
+	s := st.sess
+	if since := st.stuckSince.Swap(0); since != 0 {
+		s.suspects.Add(-1)
+	}
+	if !st.retired.CompareAndSwap(false, true) {
+		return
+	}
+	s.c.cfg.Logger.Debug("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
+	err := fmt.Errorf("%w: stream: %v", ErrConnLost, cause)
+	// The calls fail on a goroutine of their own: broken may run inside
+	// Start (a write that found the stream reset), whose caller may hold a
+	// lock that done takes.
+	s.c.wg.Add(1)
+	go func() {
+		defer s.c.wg.Done()
+		s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
+			pc.stopTimer()
+			st.inflight.Add(-1)
+			pc.done(nil, err)
+		})
+	}()
+	st.cancel()
+	s.replace(st)
+}
+
+// checkStuck runs when call id on this stream timed out. A stream that
+// has answered nothing sent at or after id becomes suspect; it is stuck
+// when another stream of the same connection answers a call sent after id
+// (the connection is alive and the server answers, but not here), which
+// may be now or later (see answered). That is the reference server's
+// unknown-method case: it stops reading a stream without closing it.
+func (st *cstream) checkStuck(id uint64) {
+	s := st.sess
+	if st.retired.Load() || st.lastAnswered.Load() >= id || s.dead.Load() {
+		return
+	}
+	if !st.stuckSince.CompareAndSwap(0, id) {
+		return // already suspect since an earlier call
+	}
+	s.suspects.Add(1)
+	if s.maxAnswered.Load() > id {
+		st.stuck()
+	}
+}
+
+// answered runs for every response, on the stream that got it: the
+// stream is alive; a suspect stream whose timed-out call is older than
+// this answer is stuck.
+func (st *cstream) answered(id uint64) {
+	s := st.sess
+	atomicMax(&st.lastAnswered, id)
+	atomicMax(&s.maxAnswered, id)
+	if s.suspects.Load() == 0 {
+		return
+	}
+	if since := st.stuckSince.Load(); since != 0 && since <= id && st.stuckSince.CompareAndSwap(since, 0) {
+		s.suspects.Add(-1)
+	}
+	for i := range s.streams {
+		if o := s.streams[i].Load(); o != nil && o != st {
+			if since := o.stuckSince.Load(); since != 0 && since < id {
+				o.stuck()
+			}
+		}
+	}
+}
+
+// stuck retires a stream that stopped answering and replaces it. Its
+// other calls keep their own deadlines; the stream is cancelled when the
+// last of them ends.
+func (st *cstream) stuck() {
+	s := st.sess
+	if since := st.stuckSince.Swap(0); since != 0 {
+		s.suspects.Add(-1)
+	}
+	if !st.retired.CompareAndSwap(false, true) {
+		return
+	}
+	s.c.cfg.Logger.Debug("qrpc stream stopped answering, replacing it", "addr", s.c.addr)
+	if st.inflight.Load() <= 0 {
+		st.cancel()
+	}
+	s.replace(st)
+}
+
+// callDone counts one call of this stream as ended.
+func (st *cstream) callDone() {
+	if st.inflight.Add(-1) <= 0 && st.retired.Load() {
+		st.cancel()
+	}
+}
+
+func (st *cstream) cancel() {
+	st.cancelOnce.Do(func() {
+		st.s.CancelRead(0)
+		st.s.CancelWrite(0)
+	})
+}
+
+// replace opens a stream to take old's place, in the background (opening
+// may wait for the server's stream credit).
+func (s *session) replace(old *cstream) {
+	c := s.c
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+		defer cancel()
+		qs, err := s.conn.OpenStreamSync(ctx)
+		if err != nil {
+			if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
+				return // the session's own end takes care of the rest
+			}
+			if s.pick() == nil {
+				s.fail(fmt.Errorf("no stream in service: open stream: %w", err))
+				return
+			}
+			c.cfg.Logger.Warn("qrpc cannot reopen a stream", "addr", c.addr, "err", err)
+			return
+		}
+		ns := newCstream(s, qs, old.idx)
+		c.wg.Add(1)
+		go ns.readLoop()
+		s.streams[old.idx].Store(ns)
+	}()
 }
 
 func (st *cstream) readLoop() {
@@ -622,15 +968,25 @@ func (st *cstream) readLoop() {
 			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||
 				errors.Is(err, frame.ErrTooLarge) || errors.Is(err, frame.ErrBadCompression) ||
 				errors.Is(err, frame.ErrBadLength) {
-				err = fmt.Errorf("%w: %v", ErrProtocol, err)
+				s.fail(fmt.Errorf("%w: %v", ErrProtocol, err))
+				return
 			}
-			s.fail(err)
+			if s.connLevel(err) {
+				s.fail(err)
+				return
+			}
+			var se *quic.StreamError
+			if errors.As(err, &se) && !se.Remote && st.retired.Load() {
+				return // our own cancel of a retired stream
+			}
+			st.broken(err)
 			return
 		}
 		if kind != frame.KindResponse {
 			s.fail(fmt.Errorf("%w: server sent a frame of kind %d", ErrProtocol, kind))
 			return
 		}
+		s.c.obs.BytesReceived(len(payload) + frame.HeaderSize)
 		// Reset every field (unknown ones too, or they would pile up) but
 		// keep the headers' backing array.
 		resp = Response{Headers: resp.Headers[:0]}
@@ -640,7 +996,8 @@ func (st *cstream) readLoop() {
 			s.fail(fmt.Errorf("%w: bad response: %v", ErrProtocol, err))
 			return
 		}
-		pc := s.pending.take(resp.RequestId)
+		st.answered(resp.RequestId)
+		pc := s.take(resp.RequestId)
 		if pc == nil {
 			continue // cancelled or timed out: drop quietly
 		}
@@ -657,8 +1014,18 @@ func (st *cstream) readLoop() {
 	}
 }
 
+func atomicMax(a *atomic.Uint64, v uint64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
 type pendingCall struct {
 	done     Done
+	st       *cstream  // the stream the request went on
 	deadline time.Time // zero: none
 	timer    atomic.Pointer[time.Timer]
 }
@@ -720,6 +1087,26 @@ func (p *pendingMap) take(id uint64) *pendingCall {
 	}
 	sh.mu.Unlock()
 	return pc
+}
+
+// takeWhere removes the calls that match and hands each to f, outside the
+// shard's lock (f may call back into the client).
+func (p *pendingMap) takeWhere(match func(*pendingCall) bool, f func(*pendingCall)) {
+	var taken []*pendingCall
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		for id, pc := range sh.m {
+			if match(pc) {
+				delete(sh.m, id)
+				taken = append(taken, pc)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, pc := range taken {
+		f(pc)
+	}
 }
 
 func (p *pendingMap) closeAll(f func(*pendingCall)) {

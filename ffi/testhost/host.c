@@ -908,8 +908,22 @@ static void query_checks(void) {
     memset(&q, 0, sizeof q);
     q.version = QRPC_CMD_VERSION;
 
+    /* PEERS (pools): conn 0 is the worker's count of QUIC connections; an
+     * unknown handle is "closed". */
+    q.op = QRPC_OP_PEERS;
+    q.conn = 0;
+    int prc = query(&q, &out, &out_len, err, sizeof err);
+    CHECK(prc == QRPC_OK && out != NULL && out_len >= 12 && strncmp(out, "connections=", 12) == 0,
+          "query: PEERS of conn 0 -> %d \"%s\"", prc, err);
+    if (prc == QRPC_OK)
+        p_free(out);
+    q.conn = 987654321;
+    prc = query(&q, &out, &out_len, err, sizeof err);
+    CHECK(prc == QRPC_ERR_CLOSED && out == NULL && out_len == 0 && strcmp(err, "closed") == 0,
+          "query: PEERS of an unknown handle -> %d \"%s\"", prc, err);
+
     /* The ops are declared; until a feature registers one, it says so. */
-    static const unsigned ops[] = { QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE };
+    static const unsigned ops[] = { QRPC_OP_METRICS, QRPC_OP_CONFIGURE }; /* PEERS: pools; PROTO_LOAD: protobuf */
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         char want[32];
         snprintf(want, sizeof want, "unsupported op %u", ops[i]);

@@ -102,7 +102,8 @@ func (c *Command) Check() error {
 		}
 	case OpConnect:
 		switch {
-		case len(c.Addr) == 0:
+		case len(c.Addr) == 0 && len(c.Opts) == 0:
+			// With opts, addr= lines may give the addresses.
 			return Badf("empty address")
 		case len(c.Pins)%32 != 0:
 			return Badf("pins: %d bytes is not a multiple of 32 (raw SHA-256 digests)", len(c.Pins))
@@ -156,11 +157,7 @@ func (c *Command) checkV2() error {
 // to have encoded. Each feature removes its line when it reads its field.
 func unsupported(c *Command) error {
 	switch {
-	case c.Retries != 0:
-		return Badf("retries: not supported by this library yet")
-	case len(c.HashKey) != 0:
-		return Badf("hash_key: not supported by this library yet")
-	case len(c.Opts) != 0 && c.Op <= lastSubmitOp:
+	case len(c.Opts) != 0 && c.Op <= lastSubmitOp && c.Op != OpConnect:
 		return Badf("opts: not supported by this library yet")
 	}
 	return nil

@@ -92,8 +92,12 @@ func TestView(t *testing.T) {
 
 func TestConnectConfig(t *testing.T) {
 	cmd := connectCommand()
-	addr, cfg := connectConfig(&cmd, slog.Default())
-	if addr != "127.0.0.1:9" || cfg.ServerName != "qrpc.example" || string(cfg.CAPEM) != "CA PEM" ||
+	addrs, pcfg, err := connectConfig(&cmd, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, cfg := addrs[0], &pcfg.Config
+	if len(addrs) != 1 || addr != "127.0.0.1:9" || cfg.ServerName != "qrpc.example" || string(cfg.CAPEM) != "CA PEM" ||
 		cfg.Conns != 2 || cfg.Streams != 8 || cfg.DialTimeout.Milliseconds() != 1500 ||
 		cfg.IdleTimeout.Milliseconds() != 9000 || cfg.MaxFrameSize != 1<<20 || len(cfg.Pins) != 2 {
 		t.Fatalf("config %+v from %q", cfg, addr)

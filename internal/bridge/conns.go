@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -14,13 +15,13 @@ func (r *Runtime) lookup(h uint64) *conn {
 // add registers a dialled client, unless its owner died meanwhile (then
 // the caller closes the client). Checking alive under connMu pairs with
 // EndGen: no connection can slip in after its owner's sweep.
-func (r *Runtime) add(cl *qrpc.Client, addr string, owner *Gen) *conn {
+func (r *Runtime) add(cl *qrpc.Pool, addr string, owner *Gen) *conn {
 	r.connMu.Lock()
 	defer r.connMu.Unlock()
 	if !owner.alive.Load() {
 		return nil
 	}
-	c := &conn{r: r, handle: r.lastHandle.Add(1), addr: addr, client: cl, owner: owner, peer: r.peerFor(addr)}
+	c := &conn{r: r, handle: r.lastHandle.Add(1), addr: addr, client: cl, owner: owner}
 	old := *r.conns.Load()
 	m := make(map[uint64]*conn, len(old)+1)
 	for k, v := range old {
@@ -60,13 +61,12 @@ func (r *Runtime) Conns() int { return len(*r.conns.Load()) }
 func (r *Runtime) closeClient(c *conn) {
 	defer r.RecoverLog("close")
 	_ = c.client.Close()
-	c.connClosed()
 	r.closedReconnects.Add(c.client.Stats().Reconnects)
 }
 
 // connectConfig copies a CONNECT command into a qrpc.Config: the dial
 // outlives the caller's memory.
-func connectConfig(cmd *Command, logger *slog.Logger) (string, *qrpc.Config) {
+func connectConfig(cmd *Command, logger *slog.Logger) ([]string, *qrpc.PoolConfig, error) {
 	cfg := &qrpc.Config{
 		ServerName:         string(cmd.ServerName),
 		CAPEM:              clone(cmd.CA),
@@ -83,7 +83,7 @@ func connectConfig(cmd *Command, logger *slog.Logger) (string, *qrpc.Config) {
 	for p := cmd.Pins; len(p) >= 32; p = p[32:] {
 		cfg.Pins = append(cfg.Pins, clone(p[:32]))
 	}
-	return string(cmd.Addr), cfg
+	return poolConfig(cmd, cfg)
 }
 
 func clone(b []byte) []byte {
@@ -95,8 +95,12 @@ func clone(b []byte) []byte {
 
 // dial connects and registers the connection. It blocks (handshake): run it
 // on its own goroutine.
-func (r *Runtime) dial(owner *Gen, addr string, cfg *qrpc.Config) (*conn, error) {
-	cl, err := qrpc.Dial(owner.ctx, addr, cfg)
+func (r *Runtime) dial(owner *Gen, addrs []string, cfg *qrpc.PoolConfig) (*conn, error) {
+	addr := strings.Join(addrs, ",")
+	// Pools to the same servers share one recorder (and its method names),
+	// so the registry does not grow with every re-created connection.
+	cfg.Observer = r.metrics.Pool(addr)
+	cl, err := qrpc.DialPool(owner.ctx, addrs, cfg)
 	if err != nil {
 		if owner.ctx.Err() != nil {
 			return nil, qrpc.ErrClosed

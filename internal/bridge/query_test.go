@@ -21,9 +21,6 @@ func TestCheckVersion2Fields(t *testing.T) {
 		{"long opts", connectCommand, func(c *Command) { c.Opts = make([]byte, maxOpts+1) }, "opts: 1048577 bytes"},
 		// Features that have not landed refuse their fields rather than
 		// ignore them.
-		{"retries not yet", unaryCommand, func(c *Command) { c.Retries = 2 }, "retries: not supported by this library yet"},
-		{"hash_key not yet", event, func(c *Command) { c.HashKey = []byte("k") }, "hash_key: not supported by this library yet"},
-		{"connect opts not yet", connectCommand, func(c *Command) { c.Opts = []byte("addr=127.0.0.1:1\n") }, "opts: not supported by this library yet"},
 	})
 	// A query op's opts are its own business.
 	q := Command{Op: OpConfigure, Opts: []byte("gomaxprocs=1\n")}

@@ -99,16 +99,13 @@ type conn struct {
 	r      *Runtime
 	handle uint64
 	addr   string
-	client *qrpc.Client
+	client *qrpc.Pool
 	owner  *Gen
 
 	inflight atomic.Int64
 	calls    atomic.Uint64
 	events   atomic.Uint64
 	dropped  atomic.Uint64
-
-	peer           *metrics.Peer // see metrics.go
-	reconnectsSeen atomic.Uint64
 }
 
 // Runtime is the one runtime of a process (= nginx worker): the handle
@@ -168,8 +165,7 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 	hook("submit")
 	switch cmd.Op {
 	case OpConnect:
-		r.connect(h, g, cmd)
-		return StatusPending, ""
+		return r.connect(h, g, cmd)
 	case OpUnary:
 		return r.unary(h, cmd)
 	case OpEvent:
@@ -201,8 +197,11 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 
 // connect dials on a goroutine (the handshake blocks) and completes with
 // the new handle.
-func (r *Runtime) connect(h Host, g *Gen, cmd *Command) {
-	addr, cfg := connectConfig(cmd, r.logger)
+func (r *Runtime) connect(h Host, g *Gen, cmd *Command) (int32, string) {
+	addr, cfg, err := connectConfig(cmd, r.logger)
+	if err != nil {
+		return StatusOf(err)
+	}
 	id := cmd.CallID
 	go func() {
 		completed := false
@@ -224,6 +223,7 @@ func (r *Runtime) connect(h Host, g *Gen, cmd *Command) {
 		completed = true
 		h.Complete(out)
 	}()
+	return StatusPending, ""
 }
 
 // unary starts a call on the calling thread: qrpc.Client.Start encodes and
@@ -284,15 +284,14 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 		return qrpc.Pending{}, nil, err
 	}
 	defer release()
-	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout)}
+	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout),
+		HashKey: cmd.HashKey, Retries: callRetries(cmd.Retries)}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
-	rec := c.callStarted(cmd.Method)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
 		defer r.RecoverLog("complete")
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
-		c.callDone(rec, resp, err)
 		if rt != nil {
 			deliver(r.decodedOutcome(rt, resp, err))
 			return
@@ -302,7 +301,6 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	if err != nil {
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
-		c.callDone(rec, nil, err)
 		return qrpc.Pending{}, nil, err
 	}
 	c.calls.Add(1)
@@ -375,7 +373,6 @@ func (c *conn) cancel(p qrpc.Pending) bool {
 	}
 	c.inflight.Add(-1)
 	c.r.inflight.Add(-1)
-	c.callCancelled()
 	return true
 }
 
@@ -397,8 +394,7 @@ func (r *Runtime) event(cmd *Command) error {
 		return err
 	}
 	defer release()
-	err = c.client.Event(cmd.Method, hdrs, body)
-	c.eventDone(cmd.Method, err)
+	err = c.client.SendEvent(&qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, HashKey: cmd.HashKey})
 	switch {
 	case err == nil:
 		c.events.Add(1)

@@ -109,6 +109,7 @@ local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local propagate = require "resty.ffi.qrpc.propagate"
 local metrics = require "resty.ffi.qrpc.metrics"
+local pool = require "resty.ffi.qrpc.pool"
 local proto = require "resty.ffi.qrpc.proto"
 
 local ffi_new = ffi.new
@@ -156,6 +157,8 @@ local rf_call = resty_ffi.call
 local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
 local propagate_apply = propagate.apply
+local pool_call_opts = pool.call_opts
+local pool_keys = pool.keys
 
 local ERR_INIT = loader.ERR_INIT
 local DEFAULT_TIMEOUT_MS = cache.DEFAULT_TIMEOUT_MS
@@ -179,6 +182,9 @@ cache.init(mt)
 
 -- Configuration (read at load time) and the loaded state of this worker.
 local cfg_host, cfg_lib, cfg_socket_dir = nil, nil, "/tmp"
+-- QUIC connections a worker may hold (every pool's servers × conns);
+-- beyond it connect closes the least recently used idle pools.
+local max_connections = 256
 local loaded            -- true once the library is loaded
 local load_err          -- loaded, but the built-in host cannot run (socket_dir)
 local host              -- "builtin" or "resty_ffi", once loaded
@@ -336,6 +342,15 @@ local known_opts = {
     max_frame_size = "number", propagate = "table", methods = "table",
 }
 
+-- every connect option name, the pool's included (for plain copies)
+local connect_keys = {}
+for k in pairs(known_opts) do
+    connect_keys[k] = true
+end
+for k in pairs(pool_keys) do
+    connect_keys[k] = true
+end
+
 
 -- A pin is the SHA-256 of the server certificate's SubjectPublicKeyInfo,
 -- as 64 hex digits or as base64 (44 characters, optionally "sha256//"
@@ -368,10 +383,10 @@ local function check_connect_opts(o)
             return bad(2, "option names must be strings (got " .. type(k) .. ")")
         end
         local want = known_opts[k]
-        if not want then
+        if not want and not pool_keys[k] then
             return bad(2, "unknown option '" .. k .. "'")
         end
-        if type(v) ~= want then
+        if want and type(v) ~= want then
             return bad(2, k .. " must be a " .. want .. " (got " .. type(v) .. ")")
         end
     end
@@ -429,7 +444,7 @@ end
 -- connect's opts as a plain table (itself when it is one, with a plain
 -- pins list or none), or nil, "bad argument #2: ...".
 local function plain_connect_opts(opts)
-    local o, err = plain(opts, known_opts, 2, "opts")
+    local o, err = plain(opts, connect_keys, 2, "opts")
     if not o then
         return nil, err
     end
@@ -458,14 +473,16 @@ local EMPTY = {}
 -- asynchronously), except that a ready cached connection is returned in any
 -- phase, so log_by_lua and filters can reuse what content_by_lua connected.
 local function connect(addr, opts)
-    if type(addr) ~= "string" or addr == "" then
+    -- addr is "host:port" or a list of them (a pool: resty.ffi.qrpc.pool
+    -- checks the list and the pool options)
+    if type(addr) ~= "table" and (type(addr) ~= "string" or addr == "") then
         return bad(1, "addr must be a non-empty string host:port (got "
                       .. type(addr) .. ")")
     end
-    if not str_find(addr, ":%d+$") then
+    if type(addr) == "string" and not str_find(addr, ":%d+$") then
         return bad(1, "addr must be host:port (got \"" .. addr .. "\")")
     end
-    if str_byte(addr, 1) == 58 then -- ":"
+    if type(addr) == "string" and str_byte(addr, 1) == 58 then -- ":"
         return bad(1, "addr must be host:port, the host is empty (got \""
                       .. addr .. "\")")
     end
@@ -480,13 +497,19 @@ local function connect(addr, opts)
             return nil, err
         end
     end
+    -- addr: "host:port" or a list of them (a pool); pool options checked
+    local spec, serr = pool.check(addr, opts)
+    if not spec then
+        return nil, serr
+    end
+    addr = spec.addr
 
     local phase = get_phase()
     if phase == "init" then
         return nil, ERR_INIT
     end
 
-    local e = cache.find(addr, opts)
+    local e = cache.find(addr, opts, spec)
     if e then
         if e.state == "ready" then
             if not e.conn.closed then
@@ -517,7 +540,12 @@ local function connect(addr, opts)
         if not ok then
             return nil, err
         end
-        e = cache.start(addr, opts, pins, use_builtin)
+        ok, err = cache.make_room(spec.naddrs * (opts.conns or 1),
+                                  max_connections, builtin.stats)
+        if not ok then
+            return nil, err
+        end
+        e = cache.start(addr, opts, pins, use_builtin, spec)
     end
     return cache.wait(e)
 end
@@ -553,6 +581,8 @@ local call_opts = {
     -- resty.ffi.qrpc.proto
     request = true, response = true, json = true, discard_unknown = true,
     proto_names = true,
+    -- resty.ffi.qrpc.pool
+    hash_key = true, retries = true,
 }
 
 -- Checks method, body, opts of unary/event; packs headers.
@@ -651,6 +681,11 @@ function _M.unary(self, method, body, opts)
     if timeout == 0 then
         timeout = self.timeout
     end
+    local hash_key, retries
+    ok, hash_key, retries = pool_call_opts(self, opts, 4)
+    if not ok then
+        return nil, hash_key
+    end
 
     local phase = get_phase()
     if not yieldable[phase] then
@@ -662,13 +697,15 @@ function _M.unary(self, method, body, opts)
     local secs = timeout / 1000 + SAFETY_SLACK_S
     if use_builtin then
         status, val = builtin_call(OP_UNARY, self.handle, method, body, nh,
-                                   hbuf, hlen, timeout, secs, req, resp, flags)
+                                   hbuf, hlen, timeout, secs, req, resp, flags,
+                                   hash_key, retries)
     else
         -- the header buffer is shared: this call keeps its own copy across
         -- the yield
         local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
         local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, self.handle, 0, method,
-                             body, nh, hstr, hlen, timeout, req, resp, flags)
+                             body, nh, hstr, hlen, timeout, req, resp, flags,
+                             hash_key, retries)
         status, val = rf_decode(rf_call(cmd, method, body,
                                         req and { hstr, req, resp } or hstr, secs))
     end
@@ -716,8 +753,14 @@ function _M.event(self, method, body, opts)
     if not body then
         return nil, nh
     end
+    local hash_key
+    ok, hash_key = pool_call_opts(self, opts, 4)
+    if not ok then
+        return nil, hash_key
+    end
     local rc
-    rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen, req, flags)
+    rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen, req, flags,
+                            hash_key)
     if rc == QRPC_OK then
         return true
     end
@@ -762,7 +805,13 @@ function _M.stats(self)
         s.host = host
         s.lib = lib_where
         s.waiting, s.dispatcher = builtin.waiting()
-        s.connections = cache.count()
+        s.connections = 0
+        if loaded then
+            -- real QUIC connections, every pool's servers counted
+            s.connections = pool.parse_connections(
+                                builtin.query(cdef.OP_PEERS, 0))
+        end
+        s.pools = cache.count()
         return s
     end
     local ok, err = check_conn(self)
@@ -773,8 +822,27 @@ function _M.stats(self)
 end
 
 
+-- conn:peers() -> { { addr, state = "up"|"ejected"|"connecting"|"draining",
+-- inflight, calls, failures, ejected_until (ms since the epoch, 0) }, ... }
+function _M.peers(self)
+    local ok, err = check_conn(self)
+    if not ok then
+        return nil, err
+    end
+    local text
+    text, err = builtin.query(cdef.OP_PEERS, self.handle)
+    if not text then
+        if err == "closed" then
+            mark_closed(self)
+        end
+        return nil, err
+    end
+    return pool.parse_peers(text)
+end
+
+
 local configure_opts = { host = true, lib = true, socket_dir = true,
-                         metrics_dict = true }
+                         metrics_dict = true, max_connections = true }
 
 -- qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
 -- Omitted fields take their defaults: host chosen at load (lua-resty-ffi
@@ -799,7 +867,8 @@ function _M.configure(opts)
             return bad(1, "unknown option '" .. k .. "'")
         end
     end
-    -- metrics_dict is Lua's own: it may change at any time.
+    -- metrics_dict and max_connections are Lua's own: they may change at
+    -- any time, alone or with the library's settings.
     local md = opts.metrics_dict
     if md ~= nil then
         if type(md) ~= "string" or md == "" then
@@ -810,8 +879,19 @@ function _M.configure(opts)
         if not ok then
             return bad(1, err)
         end
+    end
+    local mc = opts.max_connections
+    if mc ~= nil then
+        if type(mc) ~= "number" or mc < 1 or mc > 65536
+           or math_floor(mc) ~= mc
+        then
+            return bad(1, "max_connections must be an integer 1..65536")
+        end
+        -- it applies to the next connect that dials
+        max_connections = mc
+    end
+    if md ~= nil or mc ~= nil then
         if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
-            -- only the dict: the other settings stay as they are
             return true
         end
     end

@@ -175,14 +175,33 @@ _M.close_handle = close_handle
 
 
 -- Sends an event; returns the library's status and, on failure, the error.
-function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags)
+function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
+                  hash_key)
     fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
-             req_type, nil, flags)
+             req_type, nil, flags, hash_key)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc == QRPC_OK then
         return rc
     end
     return rc, submit_err(rc)
+end
+
+
+-- Runs a qrpc_query op (PEERS, ...) now; returns the answer as a string.
+local qcmd = ffi_new(cmd_t)
+local qout = ffi_new("char *[1]")
+local qlen = ffi_new("size_t[1]")
+
+function _M.query(op, handle)
+    fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
+    local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return nil, submit_err(rc)
+    end
+    local p = qout[0]
+    local out = ffi_string(p, qlen[0])
+    lib.qrpc_free(p)
+    return out
 end
 
 
@@ -533,10 +552,10 @@ end
 -- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
 -- Returns status, value (a result table, or an error string).
 function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
-                 req_type, resp_type, flags)
+                 req_type, resp_type, flags, hash_key, retries)
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
-             req_type, resp_type, flags)
+             req_type, resp_type, flags, hash_key, retries)
     local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc ~= QRPC_PENDING then
         if rc == QRPC_OK then

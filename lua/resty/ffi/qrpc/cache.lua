@@ -23,6 +23,7 @@ local setmetatable = setmetatable
 local math_ceil = math.ceil
 local math_min = math.min
 local tab_remove = table.remove
+local tab_sort = table.sort
 local unpack = unpack
 
 local QRPC_OK = cdef.QRPC_OK
@@ -30,6 +31,7 @@ local QRPC_ERR = cdef.QRPC_ERR
 local u64_ptr_t = cdef.u64_ptr_t
 local cstr_t = cdef.cstr_t
 local connect_cmd = cdef.connect_cmd
+local set_opts = cdef.set_opts
 local close_handle = builtin.close_handle
 local drain = builtin.drain
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
@@ -91,6 +93,8 @@ local function finish_connect(e, status, val)
                 timeout = e.call_timeout,
                 max_frame = e.max_frame,
                 propagate = e.prop,
+                balance = e.balance,
+                retries = e.retries,
                 closed = false,
                 entry = e,
             }, conn_mt)
@@ -123,26 +127,100 @@ local function same_pins(a, b)
 end
 
 
--- The entry of addr whose options equal o's, or nil.
-function _M.find(addr, o)
+-- Options as compared in the cache: a default written out is the same as
+-- the option left out.
+local DEFAULT_IDLE_MS = 30000
+local DEFAULT_STREAMS = 32
+
+-- Only nil and 0 mean the default: anything else (a bad value included,
+-- which must then miss the cache and be reported) stays as it is.
+local function norm_ms(v, default)
+    if v == nil or v == 0 then
+        return default
+    end
+    if type(v) == "number" and v > 0 then
+        return math_ceil(v)
+    end
+    return v
+end
+
+
+-- The entry of addr (spec.addr: the sorted addresses) whose options equal
+-- o's and whose pool options are spec.key, or nil.
+function _M.find(addr, o, spec)
     local list = conn_cache[addr]
     if not list then
         return nil
     end
+    local timeout = norm_ms(o.timeout, DEFAULT_TIMEOUT_MS)
+    local idle = norm_ms(o.idle_timeout, DEFAULT_IDLE_MS)
     for i = 1, #list do
         local e = list[i]
         if e.server_name == o.server_name and e.ca == o.ca
            and e.cert == o.cert and e.key == o.key
            and e.insecure == (o.insecure == true)
-           and e.conns == o.conns and e.streams == o.streams
-           and e.timeout == o.timeout and e.idle_timeout == o.idle_timeout
-           and e.max_frame_size == o.max_frame_size
+           and e.conns == (o.conns or 1)
+           and e.streams == (o.streams or DEFAULT_STREAMS)
+           and e.timeout == timeout and e.idle_timeout == idle
+           and e.max_frame_size == (o.max_frame_size or DEFAULT_MAX_FRAME)
+           and e.pool_key == spec.key
            and same_pins(e.pins, o.pins)
            and same_pins(e.propagate, o.propagate)
         then
+            e.used = ngx_now()
             return e
         end
     end
+end
+
+
+-- QUIC connections the cached entries hold (an estimate for names, which
+-- may resolve to several addresses: one per name).
+local function held()
+    local n = 0
+    for _, list in pairs(conn_cache) do
+        for i = 1, #list do
+            n = n + list[i].nconns
+        end
+    end
+    return n
+end
+
+
+-- Makes room for need more QUIC connections under max: closes the least
+-- recently used idle pools (ready, nothing in flight). Returns true, or
+-- nil and the error connect reports.
+function _M.make_room(need, max, stats)
+    local total = held()
+    if total + need <= max then
+        return true
+    end
+    local idle = {}
+    for _, list in pairs(conn_cache) do
+        for i = 1, #list do
+            local e = list[i]
+            if e.state == "ready" and not e.conn.closed then
+                local st = stats(e.conn.handle)
+                if st and st.inflight == 0 then
+                    idle[#idle + 1] = e
+                end
+            end
+        end
+    end
+    tab_sort(idle, function(a, b) return a.used < b.used end)
+    for i = 1, #idle do
+        local e = idle[i]
+        _M.mark_closed(e.conn)
+        close_handle(e.conn.handle)
+        total = total - e.nconns
+        if total + need <= max then
+            return true
+        end
+    end
+    return nil, "qrpc: too many connections (" .. max .. "); every pool "
+                .. "has calls in flight: raise qrpc.configure{ "
+                .. "max_connections = n } or connect to fewer distinct "
+                .. "servers/options"
 end
 
 
@@ -159,16 +237,26 @@ end
 -- Adds an entry for addr + checked options o (pins: raw digests) and
 -- starts dialling with the given host. With the lua-resty-ffi host this
 -- light thread carries the task until the dial ends.
-function _M.start(addr, o, pins, use_builtin)
+function _M.start(addr, o, pins, use_builtin, spec)
     local e = {
         addr = addr,
         state = "connecting",
         sema = sema_new(0),
         nwait = 0,
         server_name = o.server_name, ca = o.ca, cert = o.cert, key = o.key,
-        insecure = o.insecure == true, conns = o.conns, streams = o.streams,
-        timeout = o.timeout, idle_timeout = o.idle_timeout,
-        max_frame_size = o.max_frame_size,
+        insecure = o.insecure == true, conns = o.conns or 1,
+        streams = o.streams or DEFAULT_STREAMS,
+        timeout = norm_ms(o.timeout, DEFAULT_TIMEOUT_MS),
+        idle_timeout = norm_ms(o.idle_timeout, DEFAULT_IDLE_MS),
+        max_frame_size = o.max_frame_size or DEFAULT_MAX_FRAME,
+        pool_key = spec.key,
+        balance = spec.balance,
+        retries = spec.retries,
+        nconns = spec.naddrs * (o.conns or 1),
+        used = ngx_now(),
+        -- the command points into these: e anchors them for the dial
+        first_addr = spec.list and spec.list[1] or addr,
+        opts_lines = spec.lines,
         pins = o.pins and { unpack(o.pins) },
         propagate = o.propagate and { unpack(o.propagate) },
         prop = o.propagate and propagate.check(o.propagate),
@@ -188,7 +276,7 @@ function _M.start(addr, o, pins, use_builtin)
     end
     list[#list + 1] = e
 
-    local cmd = connect_cmd(addr, o, pins)
+    local cmd = set_opts(connect_cmd(e.first_addr, o, pins), e.opts_lines)
 
     if use_builtin then
         local id, inline_or_status, err = builtin.connect(cmd, e, finish_connect)

@@ -95,6 +95,7 @@ local OP_EVENT = 3
 local OP_CLOSE = 4
 local OP_CANCEL = 5
 local OP_ECHO = 6
+local OP_PEERS = 8
 
 local QRPC_OK = 0
 local QRPC_PENDING = 1
@@ -133,6 +134,7 @@ local _M = {
     OP_CLOSE = OP_CLOSE,
     OP_CANCEL = OP_CANCEL,
     OP_ECHO = OP_ECHO,
+    OP_PEERS = OP_PEERS,
     QRPC_OK = QRPC_OK,
     QRPC_PENDING = QRPC_PENDING,
     QRPC_LOG = QRPC_LOG,
@@ -333,9 +335,10 @@ end
 
 -- hdrs is the packed buffer (read by Go before qrpc_submit returns) or, for
 -- a call that crosses a yield with the lua-resty-ffi host, a string the
--- caller anchors.
+-- caller anchors (as hash_key: a pool's server choice; retries: extra
+-- attempts on another server, 0 = none).
 function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
-                     timeout, req_type, resp_type, flags)
+                     timeout, req_type, resp_type, flags, hash_key, retries)
     cmd.version = CMD_VERSION
     cmd.op = op
     cmd.conn = handle
@@ -360,6 +363,14 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
     cmd.resp_type = resp_type
     cmd.resp_type_len = resp_type and #resp_type or 0
     cmd.flags = flags or 0
+    if hash_key then
+        cmd.hash_key = hash_key
+        cmd.hash_key_len = #hash_key
+    else
+        cmd.hash_key = nil
+        cmd.hash_key_len = 0
+    end
+    cmd.retries = retries or 0
     return cmd
 end
 
@@ -393,6 +404,16 @@ function _M.connect_cmd(addr, o, pins)
     cmd.streams = o.streams or 0
     cmd.idle_timeout_ms = o.idle_timeout and math_ceil(o.idle_timeout) or 0
     cmd.max_frame_size = o.max_frame_size or 0
+    return cmd
+end
+
+
+-- Sets CONNECT's opts lines (pools); the caller keeps s alive as above.
+function _M.set_opts(cmd, s)
+    if s and s ~= "" then
+        cmd.opts = s
+        cmd.opts_len = #s
+    end
     return cmd
 end
 

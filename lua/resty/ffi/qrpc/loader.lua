@@ -110,7 +110,7 @@ end
 
 local symbols = {
     "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
-    "qrpc_free", "qrpc_shutdown",
+    "qrpc_free", "qrpc_shutdown", "qrpc_query",
 }
 
 local function check_symbols(l)

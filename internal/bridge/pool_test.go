@@ -1,0 +1,151 @@
+package bridge
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+func TestPoolOpts(t *testing.T) {
+	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
+		"addr=10.0.0.1:8443\naddr=svc.local:8443\nbalance=hash\nhealth_failures=5\nhealth_eject_ms=2500\n" +
+			"check_method=health\ncheck_interval_ms=1000\ncheck_timeout_ms=300\nretries=2\nresolve_ms=30000\nresolver=127.0.0.1:5353\n")}
+	addrs, pc, err := connectConfig(&cmd, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(addrs, ",") != "10.0.0.1:8443,svc.local:8443" || pc.Balance != qrpc.Hash || pc.Failures != 5 ||
+		pc.Eject != 2500*time.Millisecond || pc.Check.Method != "health" || pc.Check.Interval != time.Second ||
+		pc.Check.Timeout != 300*time.Millisecond || pc.Retries != 2 || pc.Resolve != 30*time.Second ||
+		pc.Resolver != "127.0.0.1:5353" {
+		t.Fatalf("%v %+v", addrs, pc)
+	}
+	// No opts: the v1 address, defaults.
+	addrs, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("127.0.0.1:9")}, slog.Default())
+	if err != nil || len(addrs) != 1 || addrs[0] != "127.0.0.1:9" || pc.Balance != qrpc.RoundRobin || pc.Retries != 0 {
+		t.Fatalf("%v %+v %v", addrs, pc, err)
+	}
+	for _, tc := range []struct{ opts, want string }{
+		{"color=blue", `unknown key "color"`},
+		{"balance=random", `unknown balance "random"`},
+		{"addr=a:1\naddr=a:1", `duplicate addr "a:1"`},
+		{"addr=nope", `addr "nope" is not host:port`},
+		{"health_failures=0", "health_failures must be an integer >= 1"},
+		{"health_eject_ms=-5", "health_eject_ms must be an integer >= 0"},
+		{"retries=two", "retries must be an integer >= 0"},
+		{"resolver=dns", `resolver "dns" is not host:port`},
+		{"just words", "is not key=value"},
+	} {
+		_, _, err := connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte(tc.opts)}, slog.Default())
+		if st, msg := StatusOf(err); st != ErrBadArg || !strings.Contains(msg, tc.want) {
+			t.Errorf("%q: %d %q, want %q", tc.opts, st, msg, tc.want)
+		}
+	}
+}
+
+// TestRuntimePool: a CONNECT with three addresses is one handle whose calls
+// spread over the three servers; a hash key keeps its server; PEERS lists
+// them; bad opts are refused before anything runs.
+func TestRuntimePool(t *testing.T) {
+	var srvs []*testsrv.Server
+	var cas [][]byte
+	var opts bytes.Buffer
+	for range 3 {
+		ts := testsrv.Start(t, testsrv.Options{})
+		srvs = append(srvs, ts)
+		cas = append(cas, ts.CA.CertPEM)
+		fmt.Fprintf(&opts, "addr=%s\n", ts.Addr)
+	}
+	opts.WriteString("balance=hash\n") // calls without a key go round-robin
+	r := New(newGoMemory(t), nil)
+	h := newTestHost(t, r, true)
+	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: bytes.Join(cas, nil), Opts: opts.Bytes()}, StatusPending)
+	c := h.wait(1, 10*time.Second)
+	if c.Status != StatusOK || c.Handle == 0 {
+		t.Fatalf("connect: %d %q", c.Status, text(c))
+	}
+	conn := c.Handle
+	peers := func() map[string]string {
+		out, err := r.Peers(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			f := strings.Fields(line)
+			m[strings.TrimPrefix(f[0], "addr=")] = strings.Join(f[1:], " ")
+		}
+		return m
+	}
+	// Connect returns once one server is up (the others get a short
+	// grace): wait for all three, so that round-robin is exact.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		up := 0
+		for _, v := range peers() {
+			if strings.HasPrefix(v, "state=up ") {
+				up++
+			}
+		}
+		if up == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("peers %v", peers())
+		}
+	}
+	for i := range 30 {
+		id := uint64(10 + i)
+		h.submit(unary(conn, id, "echo", "x", 5000), StatusPending)
+		if code, _, body := result(t, h.wait(id, 5*time.Second)); code != 0 || string(body) != "x" {
+			t.Fatalf("echo: %d %q", code, body)
+		}
+	}
+	p := peers()
+	for _, ts := range srvs {
+		if p[ts.Addr] != "state=up inflight=0 calls=10 failures=0 ejected_until=0" {
+			t.Fatalf("peers %v", p)
+		}
+	}
+	for i := range 20 {
+		id := uint64(100 + i)
+		cmd := unary(conn, id, "echo", "k", 5000)
+		cmd.HashKey = []byte("user-42")
+		h.submit(cmd, StatusPending)
+		h.wait(id, 5*time.Second)
+	}
+	moved := 0
+	for _, ts := range srvs {
+		if p := peers()[ts.Addr]; p == "state=up inflight=0 calls=30 failures=0 ejected_until=0" {
+			moved++
+		}
+	}
+	if moved != 1 {
+		t.Fatalf("hash key spread: %v", peers())
+	}
+	if n := r.QUICConns(); n != 3 {
+		t.Fatalf("%d QUIC connections", n)
+	}
+	if msg := h.submit(Command{Op: OpConnect, CallID: 2, Opts: []byte("balance=fair")}, ErrBadArg); !strings.Contains(msg, "unknown balance") {
+		t.Fatalf("bad opts: %q", msg)
+	}
+	if _, err := r.Peers(999); err == nil {
+		t.Fatal("peers of an unknown handle")
+	}
+	// Through qrpc_query's path: conn 0 is the worker's QUIC connections.
+	out, msg := r.Query(&Command{Op: OpPeers})
+	if out.Status != StatusOK || text(out) != "connections=3\n" {
+		t.Fatalf("PEERS 0: %d %q %q", out.Status, text(out), msg)
+	}
+	r.Free(&out)
+	out, _ = r.Query(&Command{Op: OpPeers, Conn: conn})
+	if out.Status != StatusOK || strings.Count(text(out), "state=up") != 3 {
+		t.Fatalf("PEERS: %d %q", out.Status, text(out))
+	}
+	r.Free(&out)
+}

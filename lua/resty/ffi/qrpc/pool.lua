@@ -1,0 +1,306 @@
+-- resty.ffi.qrpc.pool: several servers behind one connect (issue #9). The
+-- checks of addrs and of the pool options, their normalised cache key, the
+-- CONNECT "opts" lines Go reads, the per-call hash_key / retries, and
+-- conn:peers(). Balancing, health, failover and re-resolution are Go's
+-- (qrpc.Pool), one implementation for both hosts.
+
+local cdef = require "resty.ffi.qrpc.cdef"
+
+local bad = cdef.bad
+
+local type = type
+local pairs = pairs
+local tostring = tostring
+local tonumber = tonumber
+local math_floor = math.floor
+local math_ceil = math.ceil
+local str_find = string.find
+local str_byte = string.byte
+local str_match = string.match
+local str_gmatch = string.gmatch
+local tab_concat = table.concat
+local tab_sort = table.sort
+
+local MAX_MS = 2147483647
+local MAX_ADDRS = 256
+
+
+local _M = {
+    -- The pool options of connect's opts table (the rest are the TLS and
+    -- connection options qrpc.lua checks).
+    keys = {
+        balance = true, health = true, check = true, retries = true,
+        resolve = true, resolver = true,
+    },
+}
+
+local balances = { round_robin = true, least_inflight = true, hash = true }
+
+
+local function is_ms(v)
+    return type(v) == "number" and v == v and v >= 0 and v <= MAX_MS
+end
+
+
+local function is_count(v, least)
+    return type(v) == "number" and v == v and v >= least and v <= MAX_MS
+           and math_floor(v) == v
+end
+
+
+local function check_addr(a, what)
+    if type(a) ~= "string" or a == "" then
+        return bad(1, what .. " must be a non-empty string host:port (got "
+                      .. type(a) .. ")")
+    end
+    if not str_find(a, ":%d+$") then
+        return bad(1, what .. " must be host:port (got \"" .. a .. "\")")
+    end
+    if str_byte(a, 1) == 58 then -- ":"
+        return bad(1, what .. " must be host:port, the host is empty (got \""
+                      .. a .. "\")")
+    end
+    return true
+end
+
+
+-- The pool options, normalised: a default written out gives the same key
+-- as an option left out.
+local DEFAULT_KEY = "round_robin|3|10000||0|0|0|0|"
+
+local function pool_spec(o, spec)
+    local balance, health, check = o.balance, o.health, o.check
+    local retries, resolve, resolver = o.retries, o.resolve, o.resolver
+    if balance == nil and health == nil and check == nil and retries == nil
+       and resolve == nil and resolver == nil
+    then
+        spec.key = DEFAULT_KEY
+        spec.balance = "round_robin"
+        spec.retries = 0
+        spec.lines = ""
+        return spec
+    end
+
+    if balance ~= nil and (type(balance) ~= "string" or not balances[balance])
+    then
+        return bad(2, "balance must be \"round_robin\", \"least_inflight\" "
+                      .. "or \"hash\" (got " .. tostring(balance) .. ")")
+    end
+    balance = balance or "round_robin"
+
+    local failures, eject = 3, 10000
+    if health ~= nil then
+        if type(health) ~= "table" then
+            return bad(2, "health must be a table { failures = n, eject = ms }")
+        end
+        for k in pairs(health) do
+            if k ~= "failures" and k ~= "eject" then
+                return bad(2, "unknown health option '" .. tostring(k) .. "'")
+            end
+        end
+        if health.failures ~= nil then
+            if not is_count(health.failures, 1) then
+                return bad(2, "health.failures must be a positive integer")
+            end
+            failures = health.failures
+        end
+        if health.eject ~= nil then
+            if not is_ms(health.eject) then
+                return bad(2, "health.eject must be a number of milliseconds "
+                              .. ">= 0")
+            end
+            eject = math_ceil(health.eject)
+        end
+    end
+
+    local cmethod, cinterval, ctimeout = "", 0, 0
+    if check ~= nil then
+        if type(check) ~= "table" then
+            return bad(2, "check must be a table { method = name, interval = "
+                          .. "ms, timeout = ms }")
+        end
+        for k in pairs(check) do
+            if k ~= "method" and k ~= "interval" and k ~= "timeout" then
+                return bad(2, "unknown check option '" .. tostring(k) .. "'")
+            end
+        end
+        if type(check.method) ~= "string" or check.method == ""
+           or str_find(check.method, "[\r\n]")
+        then
+            return bad(2, "check.method must be a method name")
+        end
+        cmethod, cinterval, ctimeout = check.method, 2000, 500
+        if check.interval ~= nil then
+            if not is_ms(check.interval) or check.interval == 0 then
+                return bad(2, "check.interval must be a number of "
+                              .. "milliseconds > 0")
+            end
+            cinterval = math_ceil(check.interval)
+        end
+        if check.timeout ~= nil then
+            if not is_ms(check.timeout) or check.timeout == 0 then
+                return bad(2, "check.timeout must be a number of "
+                              .. "milliseconds > 0")
+            end
+            ctimeout = math_ceil(check.timeout)
+        end
+    end
+
+    if retries ~= nil and not is_count(retries, 0) then
+        return bad(2, "retries must be a non-negative integer")
+    end
+    retries = retries or 0
+
+    if resolve ~= nil and not is_ms(resolve) then
+        return bad(2, "resolve must be a number of milliseconds >= 0")
+    end
+    resolve = resolve and math_ceil(resolve) or 0
+
+    if resolver ~= nil and (type(resolver) ~= "string"
+                            or not str_find(resolver, "^[^\r\n]+:%d+$"))
+    then
+        return bad(2, "resolver must be a string host:port")
+    end
+    resolver = resolver or ""
+
+    spec.key = tab_concat({ balance, failures, eject, cmethod, cinterval,
+                            ctimeout, retries, resolve, resolver }, "|")
+    spec.balance = balance
+    spec.retries = retries
+    local lines = {
+        "balance=" .. balance,
+        "health_failures=" .. failures,
+        "health_eject_ms=" .. eject,
+        "retries=" .. retries,
+        "resolve_ms=" .. resolve,
+    }
+    if cmethod ~= "" then
+        lines[#lines + 1] = "check_method=" .. cmethod
+        lines[#lines + 1] = "check_interval_ms=" .. cinterval
+        lines[#lines + 1] = "check_timeout_ms=" .. ctimeout
+    end
+    if resolver ~= "" then
+        lines[#lines + 1] = "resolver=" .. resolver
+    end
+    spec.lines = tab_concat(lines, "\n") .. "\n"
+    return spec
+end
+
+
+-- check(addrs, opts) -> spec | nil, err. addrs is "host:port" or a list
+-- of them; spec has addr (the cache's address key: the sorted list joined
+-- by ","), key (the normalised pool options), lines (CONNECT's opts text,
+-- "" for one address with defaults: today's behaviour), balance, retries
+-- and naddrs.
+function _M.check(addrs, opts)
+    local spec = {}
+    if type(addrs) == "string" then
+        local ok, err = check_addr(addrs, "addr")
+        if not ok then
+            return nil, err
+        end
+        spec.addr, spec.naddrs = addrs, 1
+    elseif type(addrs) == "table" then
+        local n, count = #addrs, 0
+        for _ in pairs(addrs) do
+            count = count + 1
+        end
+        if n == 0 then
+            return bad(1, "addrs must not be empty")
+        end
+        if count ~= n then
+            return bad(1, "addrs must be a list of \"host:port\" strings")
+        end
+        if n > MAX_ADDRS then
+            return bad(1, "addrs: at most " .. MAX_ADDRS .. " addresses")
+        end
+        local sorted, seen = {}, {}
+        for i = 1, n do
+            local a = addrs[i]
+            local ok, err = check_addr(a, "addrs[" .. i .. "]")
+            if not ok then
+                return nil, err
+            end
+            if seen[a] then
+                return bad(1, "duplicate address \"" .. a .. "\"")
+            end
+            seen[a] = true
+            sorted[i] = a
+        end
+        tab_sort(sorted)
+        spec.addr, spec.naddrs, spec.list = tab_concat(sorted, ","), n, sorted
+    else
+        -- (a list is also accepted: see README, "Several servers")
+        return bad(1, "addr must be a non-empty string host:port (got "
+                      .. type(addrs) .. ")")
+    end
+    local ok, err = pool_spec(opts, spec)
+    if not ok then
+        return nil, err
+    end
+    if spec.list and (spec.naddrs > 1 or spec.lines ~= "") then
+        local l = {}
+        for i = 1, spec.naddrs do
+            l[i] = "addr=" .. spec.list[i]
+        end
+        spec.lines = tab_concat(l, "\n") .. "\n" .. spec.lines
+    end
+    return spec
+end
+
+
+-- Per-call options: hash_key and retries (default: the connection's).
+-- Returns true, hash_key (or nil), retries; or nil, err.
+function _M.call_opts(conn, opts, argn)
+    local key, retries = nil, conn.retries or 0
+    if opts ~= nil then
+        key = opts.hash_key
+        if key ~= nil then
+            if type(key) == "number" then
+                key = tostring(key)
+            elseif type(key) ~= "string" then
+                return bad(argn, "hash_key must be a string (got " .. type(key)
+                                 .. ")")
+            end
+        end
+        local r = opts.retries
+        if r ~= nil then
+            if not is_count(r, 0) then
+                return bad(argn, "retries must be a non-negative integer")
+            end
+            retries = r
+        end
+    end
+    if key == nil and conn.balance == "hash" then
+        return bad(argn, "hash_key is required: the connection balances by "
+                         .. "\"hash\"")
+    end
+    return true, key, retries
+end
+
+
+-- Parses the PEERS answer into { { addr, state, inflight, calls, failures,
+-- ejected_until }, ... }.
+function _M.parse_peers(text)
+    local out = {}
+    for line in str_gmatch(text, "[^\n]+") do
+        local p = {}
+        for k, v in str_gmatch(line, "(%S+)=(%S*)") do
+            p[k] = tonumber(v) or v
+        end
+        if p.addr then
+            p.addr = tostring(p.addr)
+            out[#out + 1] = p
+        end
+    end
+    return out
+end
+
+
+-- The "connections=N" answer of PEERS for handle 0.
+function _M.parse_connections(text)
+    return tonumber(str_match(text or "", "connections=(%d+)")) or 0
+end
+
+
+return _M

@@ -1,0 +1,535 @@
+package nginx
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// demoProc is one qrpc-demo server process (a real process, so that
+// kill -9 is a real kill), on a fixed port so it can come back there.
+type demoProc struct {
+	t    *testing.T
+	bin  string
+	dir  string
+	addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func buildDemo(t *testing.T) (bin, certDir string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin = filepath.Join(dir, "qrpc-demo")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./demo/server")
+	cmd.Dir = repoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build demo server: %v\n%s", err, out)
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"cert.pem": pair.CertPEM, "key.pem": pair.KeyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return bin, dir
+}
+
+func startDemo(t *testing.T, bin, dir, addr string) *demoProc {
+	t.Helper()
+	d := &demoProc{t: t, bin: bin, dir: dir, addr: addr}
+	d.start()
+	t.Cleanup(d.kill)
+	return d
+}
+
+func (d *demoProc) start() {
+	d.t.Helper()
+	ready := filepath.Join(d.dir, fmt.Sprintf("ready-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	d.cmd = exec.Command(d.bin, "-addr", d.addr, "-mtls-addr", "", "-cert", filepath.Join(d.dir, "cert.pem"),
+		"-key", filepath.Join(d.dir, "key.pem"), "-ready-file", ready)
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.done = make(chan struct{})
+	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(d.cmd, d.done)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, err := os.ReadFile(ready)
+		if err == nil && strings.Contains(string(b), "addr=") {
+			break
+		}
+		select {
+		case <-d.done:
+			d.t.Fatalf("demo server on %s exited at start", d.addr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("demo server on %s not ready", d.addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill is kill -9: no goodbye to anyone.
+func (d *demoProc) kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+	d.cmd = nil
+}
+
+// calls asks the server itself how many calls it answered.
+func (d *demoProc) calls(t *testing.T) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := qrpc.Dial(ctx, d.addr, &qrpc.Config{CAPEM: ca.CertPEM, ServerName: "localhost", CloseLinger: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := c.Unary(ctx, "stats", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct{ Calls int }
+	if err := json.Unmarshal(resp.Body, &s); err != nil {
+		t.Fatalf("stats %q: %v", resp.Body, err)
+	}
+	return s.Calls // stats itself is not counted
+}
+
+const poolLua = `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({
+                        timeout = 1000, idle_timeout = 2000,
+                        health = { failures = 3, eject = 2000 },
+                    }))
+                end
+`
+
+// TestPoolThreeServers: one worker, one pool of three real server
+// processes. Calls spread evenly; kill -9 of one under load fails only
+// the calls caught on it and none after its ejection; all three killed,
+// calls fail fast with "unavailable: no server up (...)"; restarted, the
+// pool recovers by itself. conn:peers() shows each step.
+func TestPoolThreeServers(t *testing.T) {
+	requireNginx(t)
+	bin, dir := buildDemo(t)
+	var srvs []*demoProc
+	extra := map[string]string{}
+	for i := range 3 {
+		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
+		srvs = append(srvs, startDemo(t, bin, dir, addr))
+		extra[fmt.Sprintf("s%d", i+1)] = addr
+	}
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+`
+                local conn, err = pool()
+                if not conn then
+                    ngx.status = 502
+                    ngx.say("connect: ", err)
+                    return
+                end
+                local res
+                res, err = conn:unary("greet", "pool")
+                if not res then
+                    ngx.status = 502
+                    ngx.say(err)
+                    return
+                end
+                ngx.say(res.body)`) + loc("/peers", poolLua+`
+                local conn, err = pool()
+                if not conn then
+                    ngx.say("connect: ", err)
+                    return
+                end
+                local peers = conn:peers()
+                for _, p in ipairs(peers) do
+                    ngx.say(p.addr, " ", p.state, " calls=", p.calls, " inflight=", p.inflight,
+                            " failures=", p.failures, " ejected_until=", p.ejected_until > 0)
+                end
+                ngx.say("connections=", qrpc.stats().connections)`),
+		// The pool's notices: ejected, back.
+		AllowErrors: []string{`qrpc: (re-dial failed|connection lost)`},
+	})
+	peers := func() map[string]string {
+		st, body := n.get("/peers")
+		if st != 200 {
+			t.Fatalf("/peers: %d %s", st, body)
+		}
+		m := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+			a, rest, _ := strings.Cut(l, " ")
+			m[a] = rest
+		}
+		return m
+	}
+	stateOf := func(addr string) string { return strings.Fields(peers()[addr] + " ?")[0] }
+
+	// Spread: 3,000 calls, each server within ±15 % of 1,000.
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= 3000 {
+				if st, body := n.get("/call"); st != 200 || body != "Hello pool!\n" {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of 3000 calls failed", failed.Load())
+	}
+	for _, s := range srvs {
+		c := s.calls(t)
+		if math.Abs(float64(c)-1000) > 150 {
+			t.Errorf("server %s answered %d of 3000 calls", s.addr, c)
+		}
+		t.Logf("server %s: %d calls", s.addr, c)
+	}
+	p := peers()
+	if _, ok := p["connections=3"]; !ok {
+		t.Errorf("qrpc.stats().connections: %v, want 3", p)
+	}
+	for _, s := range srvs {
+		if !strings.HasPrefix(p[s.addr], "up calls=") {
+			t.Fatalf("peers after the spread: %v", p)
+		}
+	}
+
+	// kill -9 of one server under 100 concurrent requests.
+	type outcome struct {
+		at  time.Time
+		err string
+	}
+	var mu sync.Mutex
+	var fails []outcome
+	var oks atomic.Int64
+	stop := make(chan struct{})
+	var lwg sync.WaitGroup
+	for range 100 {
+		lwg.Add(1)
+		go func() {
+			defer lwg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, body := n.get("/call")
+				if st == 200 {
+					oks.Add(1)
+					continue
+				}
+				mu.Lock()
+				fails = append(fails, outcome{time.Now(), strings.TrimSpace(body)})
+				mu.Unlock()
+			}
+		}()
+	}
+	stopLoad := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		lwg.Wait()
+	}
+	defer stopLoad()
+	time.Sleep(500 * time.Millisecond)
+	victim := srvs[1]
+	killedAt := time.Now()
+	victim.kill()
+	waitFor(t, 20*time.Second, "the killed server is ejected", func() bool { return stateOf(victim.addr) == "ejected" })
+	ejectedAt := time.Now()
+	time.Sleep(1200 * time.Millisecond) // calls caught before the ejection end (1 s timeout)
+	mu.Lock()
+	before := len(fails)
+	mu.Unlock()
+	okBefore := oks.Load()
+	time.Sleep(700 * time.Millisecond) // within the 2 s ejection: no trial call yet
+	mu.Lock()
+	after := len(fails) - before
+	sample := fails
+	mu.Unlock()
+	if after != 0 {
+		t.Fatalf("%d calls failed after the ejection: %v", after, sample[before:])
+	}
+	if oks.Load() == okBefore {
+		t.Fatal("no call succeeded after the ejection")
+	}
+	for _, f := range sample {
+		if f.err != "timeout" && !strings.HasPrefix(f.err, "connection lost") {
+			t.Fatalf("a call failed with %q", f.err)
+		}
+	}
+	t.Logf("kill -9 under load: %d calls failed (timeouts of calls caught on it), ejected %v after the kill",
+		before, ejectedAt.Sub(killedAt).Round(time.Millisecond))
+	if before == 0 {
+		t.Fatal("no call failed: was the server really killed under load?")
+	}
+	stopLoad()
+	if n.logCount(`qrpc: server ejected.*`+regexp.QuoteMeta(victim.addr)) == 0 {
+		t.Error("no ejection notice in error.log")
+	}
+
+	// All three down: fast "unavailable: no server up".
+	srvs[0].kill()
+	srvs[2].kill()
+	var last string
+	waitFor(t, 30*time.Second, "calls fail fast with no server up", func() bool {
+		began := time.Now()
+		st, body := n.get("/call")
+		last = strings.TrimSpace(body)
+		return st == 502 && strings.HasPrefix(last, "unavailable: no server up (") && time.Since(began) < 300*time.Millisecond
+	})
+	if !regexp.MustCompile(`^unavailable: no server up \(\d ejected, \d connecting\)$`).MatchString(last) {
+		t.Fatalf("all down: %q", last)
+	}
+	t.Logf("all down: %q", last)
+
+	// Back: every server restarted on its port; calls succeed again.
+	for _, s := range srvs {
+		s.start()
+	}
+	waitFor(t, 30*time.Second, "calls succeed after the restart", func() bool {
+		st, _ := n.get("/call")
+		return st == 200
+	})
+	// An ejected server comes back through a trial call once its ejection
+	// (doubled by each failed trial while it was down, at most 10 × 2 s)
+	// is over: keep calling.
+	waitFor(t, 60*time.Second, "every server up again", func() bool {
+		if st, body := n.get("/call"); st != 200 {
+			t.Fatalf("a call failed after the recovery: %s", body)
+		}
+		p := peers()
+		for _, s := range srvs {
+			if !strings.HasPrefix(p[s.addr], "up ") {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("peers after the recovery: %v", peers())
+
+	// SIGSTOP: a frozen server is found by its timeouts and ejected; once
+	// it runs again (SIGCONT) it comes back through a trial call.
+	frozen := srvs[0]
+	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Its calls time out (that is how it is found): it is ejected, or,
+	// when the idle timeout (2 s here) ends its connection first, it is
+	// "connecting" (re-dials to it fail). Either way it takes no calls.
+	waitFor(t, 30*time.Second, "the frozen server is taken out", func() bool {
+		n.get("/call")
+		st := stateOf(frozen.addr)
+		return st == "ejected" || st == "connecting"
+	})
+	t.Logf("frozen server: %s", peers()[frozen.addr])
+	for range 30 { // ejected: no call goes to it
+		if st, body := n.get("/call"); st != 200 {
+			t.Fatalf("a call failed with the frozen server ejected: %s", body)
+		}
+	}
+	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the thawed server is back", func() bool {
+		n.get("/call")
+		return stateOf(frozen.addr) == "up"
+	})
+	t.Logf("peers at the end: %v", peers())
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPoolLua: the Lua surface of pools without killing anything: bad
+// input, the normalised cache key, hash keys, peers(), max_connections.
+func TestPoolLua(t *testing.T) {
+	requireNginx(t)
+	a, b := ownServer(t), ownServer(t)
+	extra := map[string]string{"s1": a.addr, "s2": b.addr}
+	runBlocks(t, []block{{
+		name: "bad input is nil, bad argument",
+		conf: ngxConf{Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function p(...)
+                    local r = { ... }
+                    ngx.say(tostring(r[1]), " | ", tostring(r[2]))
+                end
+                p(qrpc.connect({}, qt.opts()))
+                p(qrpc.connect({ qt.s1, 5 }, qt.opts()))
+                p(qrpc.connect({ qt.s1, qt.s1 }, qt.opts()))
+                p(qrpc.connect({ qt.s1, "nohost" }, qt.opts()))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "random" })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { failures = -1 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { eject = "10s" } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { fails = 3 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ check = { interval = 100 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = -1 })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ resolver = "dns" })))
+                p(qrpc.configure({ max_connections = 0 }))
+                local conn = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))
+                p(conn:unary("echo", "x"))
+                p(conn:unary("echo", "x", { hash_key = {} }))
+                p(conn:unary("echo", "x", { hash_key = "k", retries = 1.5 }))
+                p(conn:event("count", "x"))`)},
+		body: lines(
+			`nil | bad argument #1: addrs must not be empty`,
+			`nil | bad argument #1: addrs[2] must be a non-empty string host:port (got number)`,
+			`nil | bad argument #1: duplicate address "`+a.addr+`"`,
+			`nil | bad argument #1: addrs[2] must be host:port (got "nohost")`,
+			`nil | bad argument #2: balance must be "round_robin", "least_inflight" or "hash" (got random)`,
+			`nil | bad argument #2: health.failures must be a positive integer`,
+			`nil | bad argument #2: health.eject must be a number of milliseconds >= 0`,
+			`nil | bad argument #2: unknown health option 'fails'`,
+			`nil | bad argument #2: check.method must be a method name`,
+			`nil | bad argument #2: retries must be a non-negative integer`,
+			`nil | bad argument #2: resolver must be a string host:port`,
+			`nil | bad argument #1: max_connections must be an integer 1..65536`,
+			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
+			`nil | bad argument #4: hash_key must be a string (got table)`,
+			`nil | bad argument #4: retries must be a non-negative integer`,
+			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
+		),
+	}, {
+		name: "defaults written out and address order give the same pool; a hash key keeps its server",
+		conf: ngxConf{Workers: 1, Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local c1 = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts()))
+                local c2 = assert(qrpc.connect({ qt.s2, qt.s1 }, qt.opts({
+                    timeout = 5000, conns = 1, streams = 32, balance = "round_robin",
+                    health = { failures = 3, eject = 10000 }, retries = 0, resolve = 0 })))
+                local c3 = assert(qrpc.connect(qt.s1, qt.opts()))
+                local c4 = assert(qrpc.connect(qt.s1, qt.opts({ timeout = 5000, idle_timeout = 30000 })))
+                local h = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))
+                ngx.say(c1 == c2, " ", c3 == c4, " ", c1 ~= c3, " ", h ~= c1)
+                for i = 1, 20 do
+                    assert(h:unary("echo", "x", { hash_key = "user-7" }))
+                end
+                for i = 1, 10 do
+                    assert(c1:unary("echo", "x"))
+                end
+                local calls = {}
+                for _, p in ipairs(h:peers()) do
+                    calls[#calls + 1] = p.calls
+                end
+                table.sort(calls)
+                ngx.say("hash: ", table.concat(calls, ","))
+                calls = {}
+                for _, p in ipairs(c1:peers()) do
+                    calls[#calls + 1] = p.state .. "=" .. p.calls
+                end
+                ngx.say("round robin: ", table.concat(calls, ","))
+                ngx.say("connections: ", qrpc.stats().connections)`)},
+		body: lines("true true true true", "hash: 0,20", "round robin: up=5,up=5", "connections: 5"),
+	}, {
+		name: "max_connections closes the least recently used idle pool, refuses when all are busy",
+		conf: ngxConf{Workers: 1, Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.configure({ max_connections = 2 }))
+                local c1 = assert(qrpc.connect(qt.s1, qt.opts()))
+                local c2 = assert(qrpc.connect(qt.s2, qt.opts()))
+                local c3 = assert(qrpc.connect(qt.s1, qt.opts({ streams = 4 })))
+                -- c1 was the least recently used idle pool: closed for c3
+                ngx.say(select(2, c1:unary("echo", "x")), " ", c2:unary("echo", "x").body,
+                        " ", c3:unary("echo", "y").body, " ", qrpc.stats().connections)
+                -- both pools busy: no room for a third
+                local t1 = ngx.thread.spawn(function() return c2:unary("slow", "500") end)
+                local t2 = ngx.thread.spawn(function() return c3:unary("slow", "500") end)
+                ngx.sleep(0.1)
+                ngx.say(select(2, qrpc.connect(qt.s2, qt.opts({ streams = 8 }))))
+                ngx.thread.wait(t1)
+                ngx.thread.wait(t2)
+                local c4 = assert(qrpc.connect(qt.s2, qt.opts({ streams = 8 })))
+                ngx.say(c4:unary("echo", "z").body, " ", qrpc.stats().connections)`)},
+		body: lines("closed x y 2",
+			"qrpc: too many connections (2); every pool has calls in flight: raise qrpc.configure{ max_connections = n } or connect to fewer distinct servers/options",
+			"z 2"),
+	}})
+}
+
+// TestPoolConnectionCap: 1,000 distinct option tables in one worker with
+// max_connections = 64 hold at most 64 QUIC connections (the least
+// recently used idle pools are closed), and the worker's memory stays
+// bounded.
+func TestPoolConnectionCap(t *testing.T) {
+	requireNginx(t)
+	runBlocks(t, []block{{
+		name: "1000 option tables, 64 connections",
+		conf: ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.configure({ max_connections = 64 }))
+                local function rss()
+                    local f = io.open("/proc/self/status")
+                    local kb = f:read("*a"):match("VmRSS:%s*(%d+)")
+                    f:close()
+                    return tonumber(kb)
+                end
+                local most, failed = 0, 0
+                local marks = {}
+                for i = 1, 1000 do
+                    local c = qrpc.connect(qt.addr, qt.opts({ timeout = 3000 + i }))
+                    if not c or not c:unary("echo", "x") then
+                        failed = failed + 1
+                    end
+                    local n = qrpc.stats().connections
+                    if n > most then most = n end
+                    if i % 250 == 0 then marks[#marks + 1] = rss() end
+                end
+                ngx.say("failed=", failed, " most=", most, " pools=", qrpc.stats().pools)
+                -- bounded: after the first 250 pools (the cap reached, the
+                -- Go heap grown to its working size) the last 500 add
+                -- little
+                local late = marks[4] - marks[2]
+                ngx.say("last 500 connects grew the worker under 24 MB: ", late < 24576)
+                ngx.log(ngx.NOTICE, "rss at 250/500/750/1000 connects: ",
+                        table.concat(marks, " "), " kB")`)},
+		body:   lines("failed=0 most=64 pools=64", "last 500 connects grew the worker under 24 MB: true"),
+		logHas: []string{`rss at 250/500/750/1000 connects`},
+	}})
+}

@@ -1,0 +1,680 @@
+package qrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Balance is how a Pool spreads calls over its servers.
+type Balance uint8
+
+const (
+	// RoundRobin takes the servers that are up in turn (the default).
+	RoundRobin Balance = iota
+	// LeastInflight takes the server with the fewest calls in flight; ties
+	// go round-robin.
+	LeastInflight
+	// Hash sends calls with the same Call.HashKey to the same server while
+	// it is up (rendezvous hashing: when a server joins or leaves, only the
+	// keys that it wins or held move, about 1/N of them). A call without a
+	// key goes round-robin.
+	Hash
+)
+
+var balanceNames = [...]string{"round_robin", "least_inflight", "hash"}
+
+func (b Balance) String() string {
+	if int(b) < len(balanceNames) {
+		return balanceNames[b]
+	}
+	return "unknown"
+}
+
+// ParseBalance reads "round_robin", "least_inflight" or "hash".
+func ParseBalance(s string) (Balance, error) {
+	for i, n := range balanceNames {
+		if s == n {
+			return Balance(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown balance %q (round_robin, least_inflight or hash)", ErrBadConfig, s)
+}
+
+// HealthCheck is the optional active check: a unary call of Method to
+// every server every Interval, each given Timeout. A server that fails it
+// counts a passive failure; an ejected one that answers (any code) is back
+// at once.
+type HealthCheck struct {
+	Method   string
+	Interval time.Duration // default 2 s when Method is set
+	Timeout  time.Duration // default 500 ms
+}
+
+// PoolConfig configures a Pool: Config is used for every server's client.
+type PoolConfig struct {
+	Config
+
+	Balance Balance
+	// Failures is how many transport failures in a row (timeout, connect
+	// error, connection lost; never a non-zero code) eject a server
+	// (default 3).
+	Failures int
+	// Eject is the first ejection's length (default 10 s); each failed
+	// trial call after one doubles it, up to 10× Eject.
+	Eject time.Duration
+	Check HealthCheck
+	// Retries is the default number of extra attempts, on another server,
+	// for a call that failed in transport after it may have run (default
+	// 0: such calls are not retried). Call.Retries overrides it.
+	Retries int
+	// Resolve re-resolves the host names among the addresses this often
+	// (0: once, at DialPool).
+	Resolve time.Duration
+	// Resolver ("host:port", UDP DNS) replaces the system's resolver.
+	Resolver string
+	// Observer is told about every server's calls and states (nil: none).
+	Observer Observer
+}
+
+// ErrNoServer: every server of a pool is down (ejected or not connected).
+// The error returned also matches ErrUnavailable.
+var ErrNoServer = errors.New("no server up")
+
+// NoServerError is the fast failure of a call when no server is up.
+type NoServerError struct {
+	Ejected, Connecting int
+}
+
+func (e *NoServerError) Error() string {
+	return fmt.Sprintf("%v: %v (%d ejected, %d connecting)", ErrUnavailable, ErrNoServer, e.Ejected, e.Connecting)
+}
+
+// Is makes errors.Is match both ErrNoServer and ErrUnavailable.
+func (e *NoServerError) Is(target error) bool {
+	return target == ErrNoServer || target == ErrUnavailable
+}
+
+const (
+	defaultFailures = 3
+	defaultEject    = 10 * time.Second
+	maxEjectFactor  = 10
+	// maxPeers bounds a pool (names may resolve to many addresses).
+	maxPeers = 256
+)
+
+func (c *PoolConfig) populate() (PoolConfig, Config, error) {
+	var pc PoolConfig
+	if c != nil {
+		pc = *c
+	}
+	conf, err := pc.Config.populate()
+	if err != nil {
+		return pc, conf, err
+	}
+	if pc.Failures == 0 {
+		pc.Failures = defaultFailures
+	}
+	if pc.Eject == 0 {
+		pc.Eject = defaultEject
+	}
+	if pc.Check.Method != "" {
+		if pc.Check.Interval == 0 {
+			pc.Check.Interval = 2 * time.Second
+		}
+		if pc.Check.Timeout == 0 {
+			pc.Check.Timeout = 500 * time.Millisecond
+		}
+	}
+	if pc.Observer == nil {
+		pc.Observer = NopObserver{}
+	}
+	switch {
+	case pc.Balance > Hash:
+		return pc, conf, fmt.Errorf("%w: unknown balance %d", ErrBadConfig, pc.Balance)
+	case pc.Failures < 1:
+		return pc, conf, fmt.Errorf("%w: health failures must be at least 1, got %d", ErrBadConfig, pc.Failures)
+	case pc.Eject < 0:
+		return pc, conf, fmt.Errorf("%w: negative ejection time", ErrBadConfig)
+	case pc.Check.Interval < 0 || pc.Check.Timeout < 0:
+		return pc, conf, fmt.Errorf("%w: negative health check interval or timeout", ErrBadConfig)
+	case pc.Retries < 0:
+		return pc, conf, fmt.Errorf("%w: negative retries", ErrBadConfig)
+	case pc.Resolve < 0:
+		return pc, conf, fmt.Errorf("%w: negative resolve interval", ErrBadConfig)
+	}
+	if pc.Resolver != "" {
+		if _, _, err := net.SplitHostPort(pc.Resolver); err != nil {
+			return pc, conf, fmt.Errorf("%w: resolver %q: %v", ErrBadConfig, pc.Resolver, err)
+		}
+	}
+	return pc, conf, nil
+}
+
+// Pool is a client of several qrpc servers: calls are balanced over the
+// servers that are up, servers that fail are ejected for a while, calls
+// that were never sent go to another server, and host names are
+// re-resolved. With one address it behaves as a Client. Safe for
+// concurrent use.
+type Pool struct {
+	cfg  PoolConfig
+	conf Config // every server's client config, populated
+	log  *slog.Logger
+
+	// set is the servers that take calls, read without a lock on the call
+	// path and replaced (copy-on-write) when membership changes.
+	set atomic.Pointer[peerSet]
+	rr  atomic.Uint32
+
+	mu       sync.Mutex // membership: targets, peers, draining
+	targets  []target
+	peers    map[string]*peer // in set
+	draining map[string]*peer // removed by re-resolution, finishing calls
+	resolver *net.Resolver
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+type peerSet struct {
+	peers []*peer
+}
+
+// target is one configured address: a literal IP or a name to resolve.
+type target struct {
+	host, port string
+	literal    bool
+}
+
+// DialPool connects to the servers at addrs ("host:port"; a host name
+// stands for all its A and AAAA addresses). With a single address it
+// returns once connected, or the dial error, as Dial does; with several,
+// once one server is up, or with the first server's error when none could
+// be reached.
+func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, error) {
+	pc, conf, err := cfg.populate()
+	if err != nil {
+		return nil, err
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("%w: no address", ErrBadConfig)
+	}
+	seen := make(map[string]bool, len(addrs))
+	var targets []target
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" || port == "" {
+			return nil, fmt.Errorf("%w: address %q: want host:port", ErrBadConfig, a)
+		}
+		if seen[a] {
+			return nil, fmt.Errorf("%w: duplicate address %q", ErrBadConfig, a)
+		}
+		seen[a] = true
+		_, perr := netipParse(host)
+		targets = append(targets, target{host: host, port: port, literal: perr == nil})
+	}
+	p := &Pool{
+		cfg:      pc,
+		conf:     conf,
+		log:      conf.Logger,
+		targets:  targets,
+		peers:    map[string]*peer{},
+		draining: map[string]*peer{},
+		resolver: newResolver(pc.Resolver),
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.set.Store(&peerSet{})
+
+	want, err := p.resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(want) == 1 {
+		// One server: dial it now, as Dial does, and fail as it fails.
+		if err := p.addSync(ctx, want[0]); err != nil {
+			p.cancel()
+			return nil, err
+		}
+	} else {
+		p.mu.Lock()
+		p.apply(want)
+		p.mu.Unlock()
+		if err := p.awaitOne(ctx); err != nil {
+			_ = p.Close()
+			return nil, err
+		}
+	}
+	p.startBackground()
+	return p, nil
+}
+
+// awaitOne waits until a server is up, or every server has failed a dial.
+// Once one is up it gives the others a little longer (twice the time the
+// first took, at least 100 ms) so that the first calls are spread, without
+// making a pool with a dead server slow to connect.
+func (p *Pool) awaitOne(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	began := time.Now()
+	var graceEnd time.Time
+	for {
+		var firstErr error
+		failed, up := 0, 0
+		set := p.set.Load()
+		for _, pr := range set.peers {
+			if pr.c.up() {
+				up++
+			} else if e := pr.c.lastDialErr(); e != nil {
+				failed++
+				if firstErr == nil {
+					firstErr = e
+				}
+			}
+		}
+		switch {
+		case up+failed == len(set.peers) && up > 0:
+			return nil
+		case failed == len(set.peers):
+			return firstErr
+		case up > 0 && graceEnd.IsZero():
+			graceEnd = time.Now().Add(max(100*time.Millisecond, 2*time.Since(began)))
+		case up > 0 && time.Now().After(graceEnd):
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			if up > 0 {
+				return nil
+			}
+			return fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+		}
+	}
+}
+
+func (p *Pool) startBackground() {
+	if p.cfg.Resolve > 0 && p.hasNames() {
+		p.wg.Add(1)
+		go p.resolveLoop()
+	}
+	if p.cfg.Check.Method != "" && p.cfg.Check.Interval > 0 {
+		p.wg.Add(1)
+		go p.checkLoop()
+	}
+}
+
+// Start sends a call to a server that is up, as Client.Start does. A call
+// that cannot be sent to the server picked goes to another one; a call
+// that failed in transport after it may have run is retried on another
+// server only with retries (Call.Retries or PoolConfig.Retries), within the
+// call's deadline. done is called once, with the last attempt's outcome.
+func (p *Pool) Start(call *Call, done Done) (Pending, error) {
+	if p.closed.Load() {
+		return Pending{}, ErrClosed
+	}
+	retries := p.cfg.Retries
+	if call.Retries != 0 {
+		retries = max(call.Retries, 0)
+	}
+	pc := &poolCall{pool: p, done: done, retries: retries, deadline: call.Deadline}
+	pc.method = append([]byte(nil), call.Method...)
+	if retries > 0 {
+		// Later attempts outlive the caller's slices.
+		pc.call = cloneCall(call)
+		pc.key = pc.call.HashKey
+	} else {
+		pc.key = call.HashKey
+	}
+	pc.mu.Lock()
+	err := pc.attempt(call, false)
+	pc.key = pc.call.HashKey // nil unless cloned: the caller's may be reused
+	pc.mu.Unlock()
+	if err != nil {
+		return Pending{}, err
+	}
+	return Pending{pc: pc}, nil
+}
+
+// Event sends a one-way event to a server that is up.
+func (p *Pool) Event(method []byte, headers [][]byte, body []byte) error {
+	return p.SendEvent(&Call{Method: method, Headers: headers, Body: body})
+}
+
+// SendEvent sends call as a one-way event (HashKey picks the server with
+// Hash balancing; Deadline and Retries are ignored). An event that cannot
+// be sent to one server goes to another.
+func (p *Pool) SendEvent(call *Call) error {
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	var ex exclude
+	var lastErr error
+	for {
+		pr, _ := p.pick(call.HashKey, &ex, false)
+		if pr == nil {
+			return p.noServer(lastErr)
+		}
+		err := pr.c.Event(call.Method, call.Headers, call.Body)
+		pr.obs.EventDone(call.Method, err)
+		if err == nil || !neverSent(err) {
+			return err
+		}
+		ex.add(pr)
+		lastErr = err
+	}
+}
+
+// Unary sends a request and waits for its response, as Client.Unary does.
+func (p *Pool) Unary(ctx context.Context, method string, body []byte, headers ...[]byte) (*Response, error) {
+	return p.Do(ctx, &Call{Method: []byte(method), Headers: headers, Body: body})
+}
+
+// Do runs call and waits for its response (call.Deadline, when zero, is
+// the context's).
+func (p *Pool) Do(ctx context.Context, call *Call) (*Response, error) {
+	return unaryVia(ctx, call, p.Start)
+}
+
+// Stats sums the counters of every server's client.
+func (p *Pool) Stats() Stats {
+	var st Stats
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range []map[string]*peer{p.peers, p.draining} {
+		for _, pr := range m {
+			s := pr.c.Stats()
+			st.InFlight += s.InFlight
+			st.Reconnects += s.Reconnects
+		}
+	}
+	return st
+}
+
+// Conns reports the number of live QUIC connections of the pool.
+func (p *Pool) Conns() int {
+	n := 0
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range []map[string]*peer{p.peers, p.draining} {
+		for _, pr := range m {
+			n += pr.c.liveConns()
+		}
+	}
+	return n
+}
+
+// PeerInfo describes one server of a pool.
+type PeerInfo struct {
+	Addr         string
+	State        PeerState
+	Inflight     int
+	Calls        uint64 // attempts sent to it
+	Failures     int    // transport failures in a row
+	EjectedUntil time.Time
+}
+
+// Peers lists the pool's servers, draining ones included, by address.
+func (p *Pool) Peers() []PeerInfo {
+	p.mu.Lock()
+	out := make([]PeerInfo, 0, len(p.peers)+len(p.draining))
+	for _, m := range []map[string]*peer{p.peers, p.draining} {
+		for _, pr := range m {
+			out = append(out, pr.info())
+		}
+	}
+	p.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	return out
+}
+
+// Close stops the pool's goroutines and closes every server's client;
+// pending calls fail with ErrClosed. It is idempotent.
+func (p *Pool) Close() error {
+	if !p.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	var all []*peer
+	for _, m := range []map[string]*peer{p.peers, p.draining} {
+		for _, pr := range m {
+			all = append(all, pr)
+		}
+	}
+	p.mu.Unlock()
+	// Each client may linger up to CloseLinger: close them side by side.
+	var wg sync.WaitGroup
+	for _, pr := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = pr.c.Close()
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// neverSent reports errors of Client.Start/Event after which the request
+// was certainly not sent: another server may take it.
+func neverSent(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrConnLost) ||
+		errors.Is(err, ErrClosed) || errors.Is(err, ErrQueueFull)
+}
+
+// transportFailure reports outcomes that count against a server's health:
+// timeouts, connect errors, lost connections and streams. A response with
+// a non-zero code is an answer, not a failure.
+func transportFailure(err error) bool {
+	return errors.Is(err, ErrTimeout) || errors.Is(err, ErrConnLost) ||
+		errors.Is(err, ErrUnavailable) || errors.Is(err, ErrDial)
+}
+
+func (p *Pool) noServer(lastErr error) error {
+	set := p.set.Load()
+	if len(set.peers) == 1 && lastErr != nil {
+		return lastErr // one server: its own error, as a Client gives
+	}
+	var e NoServerError
+	for _, pr := range set.peers {
+		if pr.ejectedUntil.Load() != 0 {
+			e.Ejected++
+		} else {
+			e.Connecting++
+		}
+	}
+	return &e
+}
+
+func cloneCall(c *Call) Call {
+	out := Call{
+		Method:   append([]byte(nil), c.Method...),
+		Body:     append([]byte(nil), c.Body...),
+		HashKey:  append([]byte(nil), c.HashKey...),
+		Deadline: c.Deadline,
+		Retries:  c.Retries,
+	}
+	if len(c.Headers) > 0 {
+		out.Headers = make([][]byte, len(c.Headers))
+		for i, h := range c.Headers {
+			out.Headers[i] = append([]byte(nil), h...)
+		}
+	}
+	return out
+}
+
+// poolCall is one call through a pool, across its attempts.
+type poolCall struct {
+	pool     *Pool
+	done     Done
+	method   []byte // copied, for the observer
+	key      []byte
+	deadline time.Time
+	call     Call // a copy, kept only when the call may be retried
+	ex       exclude
+
+	mu        sync.Mutex
+	retries   int
+	cur       Pending
+	curPeer   *peer
+	curTrial  bool
+	curBegan  time.Time
+	cancelled bool
+	finished  bool
+}
+
+// attempt starts the call on a server, moving on to others while the
+// call cannot be sent. Called with pc.mu held.
+func (pc *poolCall) attempt(call *Call, retry bool) error {
+	p := pc.pool
+	var lastErr error
+	for {
+		pr, trial := p.pick(pc.key, &pc.ex, retry)
+		if pr == nil {
+			return p.noServer(lastErr)
+		}
+		pr.startCall()
+		began := time.Now()
+		pend, err := pr.c.Start(call, func(resp *Response, err error) {
+			pc.attemptDone(pr, trial, began, resp, err)
+		})
+		if err == nil {
+			pc.cur, pc.curPeer, pc.curTrial, pc.curBegan = pend, pr, trial, began
+			return nil
+		}
+		pr.endCall()
+		if trial {
+			pr.trial.Store(false)
+		}
+		if !neverSent(err) {
+			return err
+		}
+		pc.ex.add(pr)
+		lastErr = err
+		// A retry may go back to a server it tried (when no other can take
+		// it), but not to one that just refused it: that would loop.
+		retry = false
+	}
+}
+
+// account ends an attempt: counters, observer, the server's health.
+func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+	pr.endCall()
+	var code uint32
+	if resp != nil {
+		code = resp.Code
+	}
+	pr.obs.CallDone(pc.method, code, err, time.Since(began))
+	pc.pool.outcome(pr, trial, err)
+}
+
+func (pc *poolCall) attemptDone(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+	pc.account(pr, trial, began, resp, err)
+	p := pc.pool
+	pc.mu.Lock()
+	if err != nil && pc.retries > 0 && !pc.cancelled && transportFailure(err) &&
+		(pc.deadline.IsZero() || time.Until(pc.deadline) > 0) && !p.closed.Load() {
+		pc.retries--
+		pc.ex.add(pr)
+		if pc.attempt(&pc.call, true) == nil {
+			pc.mu.Unlock()
+			return
+		}
+	}
+	pc.finished = true
+	pc.mu.Unlock()
+	pc.done(resp, err)
+}
+
+func (pc *poolCall) cancel() bool {
+	pc.mu.Lock()
+	if pc.finished || pc.cancelled {
+		pc.mu.Unlock()
+		return false
+	}
+	pc.cancelled = true
+	cur, pr, trial, began := pc.cur, pc.curPeer, pc.curTrial, pc.curBegan
+	pc.mu.Unlock()
+	if !cur.Cancel() {
+		return false // done runs (or ran), and will not retry
+	}
+	// A caller that gives up at the call's deadline (Unary's context
+	// usually beats the client's own timer) saw a timeout: the server's
+	// health must count it as one.
+	var err error = context.Canceled
+	if !pc.deadline.IsZero() && !time.Now().Before(pc.deadline) {
+		err = fmt.Errorf("%w: no response within the deadline", ErrTimeout)
+	}
+	pc.account(pr, trial, began, nil, err)
+	pc.mu.Lock()
+	pc.finished = true
+	pc.mu.Unlock()
+	return true
+}
+
+// exclude is the few servers a call has tried, kept out of its next pick.
+type exclude struct {
+	n     int
+	peers [8]*peer
+}
+
+func (e *exclude) add(p *peer) {
+	if e.has(p) {
+		return
+	}
+	e.peers[e.n%len(e.peers)] = p
+	e.n++
+}
+
+func (e *exclude) has(p *peer) bool {
+	for i := 0; i < min(e.n, len(e.peers)); i++ {
+		if e.peers[i] == p {
+			return true
+		}
+	}
+	return false
+}
+
+// unaryVia starts call through start and waits for its outcome.
+func unaryVia(ctx context.Context, call *Call, start func(*Call, Done) (Pending, error)) (*Response, error) {
+	type result struct {
+		resp *Response
+		err  error
+	}
+	ch := make(chan result, 1)
+	if d, ok := ctx.Deadline(); ok && call.Deadline.IsZero() {
+		call.Deadline = d
+	}
+	pend, err := start(call, func(resp *Response, err error) {
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		ch <- result{resp: resp.CloneVT()}
+	})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r.resp, r.err
+	case <-ctx.Done():
+		if pend.Cancel() {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+			}
+			return nil, ctx.Err()
+		}
+		r := <-ch // done is running or ran: take its result
+		return r.resp, r.err
+	}
+}

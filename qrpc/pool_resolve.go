@@ -1,0 +1,278 @@
+package qrpc
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"time"
+)
+
+func netipParse(host string) (netip.Addr, error) { return netip.ParseAddr(host) }
+
+// newResolver returns the system's resolver, or one that sends every query
+// to addr over UDP (as nginx's resolver directive does).
+func newResolver(addr string) *net.Resolver {
+	if addr == "" {
+		return net.DefaultResolver
+	}
+	return &net.Resolver{
+		PreferGo: true,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "udp", addr)
+		},
+	}
+}
+
+func (p *Pool) hasNames() bool {
+	for _, t := range p.targets {
+		if !t.literal {
+			return true
+		}
+	}
+	return false
+}
+
+// resolve returns the server addresses the targets stand for, sorted and
+// without duplicates. A name that does not resolve is an error.
+func (p *Pool) resolve(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	for _, t := range p.targets {
+		if t.literal {
+			a := net.JoinHostPort(t.host, t.port)
+			if !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, p.conf.DialTimeout)
+		ips, err := p.resolver.LookupNetIP(rctx, "ip", t.host)
+		cancel()
+		if err != nil {
+			return nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: err}
+		}
+		if len(ips) == 0 {
+			return nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: fmt.Errorf("no address")}
+		}
+		for _, ip := range ips {
+			a := net.JoinHostPort(ip.Unmap().String(), t.port)
+			if !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+	}
+	if len(out) > maxPeers {
+		return nil, fmt.Errorf("%w: %d servers, at most %d", ErrBadConfig, len(out), maxPeers)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// serverName is the TLS name for a server: the configured one, else the
+// name the address came from (not the IP it resolved to).
+func (p *Pool) serverName(addr string) string {
+	if p.conf.ServerName != "" {
+		return p.conf.ServerName
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	if _, err := netip.ParseAddr(host); err != nil {
+		return host
+	}
+	// A resolved address: the first name with that port stands for it.
+	for _, t := range p.targets {
+		if !t.literal && t.port == port {
+			return t.host
+		}
+	}
+	return host
+}
+
+func (p *Pool) peerConf(addr string) Config {
+	conf := p.conf
+	conf.ServerName = p.serverName(addr)
+	return conf
+}
+
+// addSync dials the only server now, as Dial does.
+func (p *Pool) addSync(ctx context.Context, addr string) error {
+	pr := newPeer(p, addr)
+	conf := p.peerConf(addr)
+	tlsConf, err := conf.tlsConfig(addr)
+	if err != nil {
+		return err
+	}
+	c := newClient(addr, conf, tlsConf, pr.obs, pr.refresh)
+	pr.c = c // before connect starts the goroutines that read it
+	if err := c.connect(ctx); err != nil {
+		// Never joined: the observer hears of its end, the log does not
+		// (the caller reports the dial error).
+		pr.removed.Store(true)
+		pr.obs.StateChanged(PeerRemoved)
+		return err
+	}
+	p.mu.Lock()
+	p.peers[addr] = pr
+	p.publish()
+	p.mu.Unlock()
+	pr.refresh()
+	return nil
+}
+
+// apply makes want the pool's servers: new ones join (dialled in the
+// background), missing ones drain. Called with p.mu held.
+func (p *Pool) apply(want []string) {
+	keep := make(map[string]bool, len(want))
+	changed := false
+	for _, a := range want {
+		keep[a] = true
+		if p.peers[a] != nil {
+			continue
+		}
+		if pr := p.draining[a]; pr != nil {
+			// Back before it was gone: it takes calls again.
+			delete(p.draining, a)
+			pr.draining.Store(false)
+			p.peers[a] = pr
+			pr.refresh()
+			changed = true
+			continue
+		}
+		pr := newPeer(p, a)
+		c, err := dialBackground(a, p.peerConf(a), pr.obs, pr.refresh)
+		if err != nil {
+			p.log.Warn("qrpc server not added", "addr", a, "err", err)
+			continue
+		}
+		pr.c = c
+		c.startSlots()
+		p.peers[a] = pr
+		p.log.Info("qrpc server added", "addr", a)
+		changed = true
+	}
+	for a, pr := range p.peers {
+		if keep[a] {
+			continue
+		}
+		delete(p.peers, a)
+		pr.draining.Store(true)
+		p.draining[a] = pr
+		pr.refresh()
+		changed = true
+		p.wg.Add(1)
+		go p.drain(pr)
+	}
+	if changed {
+		p.publish()
+	}
+}
+
+// publish replaces the snapshot the call path reads. Called with p.mu held.
+func (p *Pool) publish() {
+	peers := make([]*peer, 0, len(p.peers))
+	for _, pr := range p.peers {
+		peers = append(peers, pr)
+	}
+	sort.Slice(peers, func(i, j int) bool { return peers[i].addr < peers[j].addr })
+	p.set.Store(&peerSet{peers: peers})
+}
+
+// drain waits for the calls in flight on a removed server, then closes it.
+// A server that comes back meanwhile (apply) stops the drain.
+func (p *Pool) drain(pr *peer) {
+	defer p.wg.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for pr.inflight.Load() > 0 {
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			return // Close closes it
+		}
+		if !pr.draining.Load() {
+			return
+		}
+	}
+	p.mu.Lock()
+	if !pr.draining.Load() || p.draining[pr.addr] != pr {
+		p.mu.Unlock()
+		return
+	}
+	delete(p.draining, pr.addr)
+	p.mu.Unlock()
+	_ = pr.c.Close()
+	pr.removed.Store(true)
+	pr.refresh()
+}
+
+func (p *Pool) resolveLoop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.cfg.Resolve)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			return
+		}
+		want, err := p.resolve(p.ctx)
+		if err != nil {
+			if p.ctx.Err() == nil {
+				p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
+			}
+			continue
+		}
+		p.mu.Lock()
+		if !p.closed.Load() {
+			p.apply(want)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// checkLoop runs the active health check of every server each interval.
+func (p *Pool) checkLoop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.cfg.Check.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			return
+		}
+		peers := p.set.Load().peers
+		done := make(chan struct{}, len(peers))
+		for _, pr := range peers {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				p.check(pr)
+			}()
+		}
+		for range peers {
+			<-done
+		}
+	}
+}
+
+func (p *Pool) check(pr *peer) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Check.Timeout)
+	defer cancel()
+	_, err := pr.c.Unary(ctx, p.cfg.Check.Method, nil)
+	if p.ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		// Any answer: the server is alive.
+		pr.fails.Store(0)
+		if pr.ejectedUntil.Load() != 0 {
+			p.back(pr)
+		}
+		return
+	}
+	p.outcome(pr, false, err)
+}

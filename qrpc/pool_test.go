@@ -1,0 +1,515 @@
+package qrpc_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// TestPoolRoundRobinSpread: 3,000 calls over 3 servers land within ±15 %
+// of even, and the observer sees every attempt.
+func TestPoolRoundRobinSpread(t *testing.T) {
+	checkGoroutines(t)
+	f := newFleet(t)
+	addrs := f.start(3)
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec})
+	const total, workers = 3000, 20
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= total {
+				if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d calls failed", failed.Load())
+	}
+	for _, m := range f.srvs {
+		h := m.hits.Load()
+		if math.Abs(float64(h)-total/3) > 0.15*total/3 {
+			t.Errorf("server %s: %d of %d calls, want %d ±15%%", m.addr, h, total, total/3)
+		}
+		r := rec.get(m.addr)
+		if r == nil || r.ok.Load() != h || r.inflight.Load() != 0 || r.sent.Load() == 0 || r.recv.Load() == 0 {
+			t.Errorf("observer of %s: %+v, server saw %d", m.addr, r, h)
+		}
+		if st := r.stateList(); len(st) == 0 || st[len(st)-1] != qrpc.PeerUp {
+			t.Errorf("observer states of %s: %v", m.addr, st)
+		}
+		in, _ := peerState(p, m.addr)
+		if in.State != qrpc.PeerUp || in.Calls != uint64(h) || in.Inflight != 0 {
+			t.Errorf("peer %+v, server saw %d", in, h)
+		}
+	}
+	if s := p.Stats(); s.InFlight != 0 {
+		t.Errorf("stats %+v", s)
+	}
+	if n := p.Conns(); n != 3 {
+		t.Errorf("%d connections, want 3", n)
+	}
+}
+
+// TestPoolEvents: events are spread too, and all arrive.
+func TestPoolEvents(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	p := f.dial(t, f.start(3), &qrpc.PoolConfig{Observer: rec})
+	for i := 0; i < 300; i++ {
+		if err := p.Event([]byte("tick"), nil, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "300 events arrive", func() bool {
+		return f.srvs[0].evts.Load()+f.srvs[1].evts.Load()+f.srvs[2].evts.Load() == 300
+	})
+	for _, m := range f.srvs {
+		if n := m.evts.Load(); n < 50 || rec.get(m.addr).events.Load() != n {
+			t.Errorf("server %s got %d of 300 events, observer saw %d", m.addr, n, rec.get(m.addr).events.Load())
+		}
+	}
+}
+
+// TestPoolLeastInflight: with one server made slow, least_inflight sends
+// most calls to the fast one (round-robin would split them evenly).
+func TestPoolLeastInflight(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	f.srvs[1].delay.Store(100)
+	for _, tc := range []struct {
+		balance qrpc.Balance
+		check   func(fast, slow int64) bool
+	}{
+		{qrpc.LeastInflight, func(fast, slow int64) bool { return fast > 3*slow }},
+		{qrpc.RoundRobin, func(fast, slow int64) bool { return fast < 2*slow }},
+	} {
+		t.Run(tc.balance.String(), func(t *testing.T) {
+			for _, m := range f.srvs {
+				m.hits.Store(0)
+			}
+			p := f.dial(t, addrs, &qrpc.PoolConfig{Balance: tc.balance})
+			var wg sync.WaitGroup
+			for range 10 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 20 {
+						if _, err := poolCall(p, 10*time.Second, "work", ""); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			fast, slow := f.srvs[0].hits.Load(), f.srvs[1].hits.Load()
+			t.Logf("%v: fast %d, slow %d", tc.balance, fast, slow)
+			if !tc.check(fast, slow) {
+				t.Fatalf("%v: fast server %d calls, slow %d", tc.balance, fast, slow)
+			}
+		})
+	}
+}
+
+// TestPoolHash: a key keeps its server; with a fourth server, about a
+// quarter of the keys move (at most 40 %), all of them to the new server.
+func TestPoolHash(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(4)
+	p3 := f.dial(t, addrs[:3], &qrpc.PoolConfig{Balance: qrpc.Hash})
+	p4 := f.dial(t, []string{addrs[3], addrs[1], addrs[0], addrs[2]}, &qrpc.PoolConfig{Balance: qrpc.Hash})
+	const keys = 600
+	where := func(p *qrpc.Pool, k int) string {
+		resp, err := poolCall(p, 5*time.Second, "who", fmt.Sprintf("user-%d", k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(resp.Body)
+	}
+	moved := 0
+	count := map[string]int{}
+	for k := range keys {
+		a, b := where(p3, k), where(p3, k)
+		if a != b {
+			t.Fatalf("key %d went to %s then %s", k, a, b)
+		}
+		count[a]++
+		c := where(p4, k)
+		if c != a {
+			moved++
+			if c != "s3" {
+				t.Fatalf("key %d moved from %s to %s, not to the new server", k, a, c)
+			}
+		}
+	}
+	t.Logf("3 servers: %v; %d of %d keys moved to the 4th", count, moved, keys)
+	if moved > keys*40/100 || moved < keys/10 {
+		t.Fatalf("%d of %d keys moved", moved, keys)
+	}
+	for s, n := range count {
+		if n < keys/6 {
+			t.Errorf("server %s holds %d of %d keys", s, n, keys)
+		}
+	}
+}
+
+// TestPoolServerKilled: under concurrent load, one server goes silent.
+// Only calls sent to it before its ejection fail, it is ejected after
+// `failures` failures, nothing fails after that; restarted, it is back
+// after its ejection.
+func TestPoolServerKilled(t *testing.T) {
+	checkGoroutines(t)
+	f := newFleet(t)
+	addrs := f.start(3)
+	rec := newRecorder()
+	const deadline = 1500 * time.Millisecond
+	logs := &logCapture{}
+	p := f.dial(t, addrs, &qrpc.PoolConfig{
+		Config:   qrpc.Config{IdleTimeout: 2 * time.Second, Logger: slog.New(logs)},
+		Eject:    time.Second,
+		Observer: rec,
+	})
+	victim := f.srvs[1]
+	var mu sync.Mutex
+	var fails []time.Time
+	var oks atomic.Int64
+	stop := make(chan struct{})
+	wg := load(30, stop, func() error {
+		_, err := poolCall(p, deadline, "who", "")
+		return err
+	}, func(err error, at time.Time) {
+		if err == nil {
+			oks.Add(1)
+			return
+		}
+		mu.Lock()
+		fails = append(fails, at)
+		mu.Unlock()
+	})
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+	time.Sleep(300 * time.Millisecond)
+	killedAt := time.Now()
+	victim.kill()
+	eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.State == qrpc.PeerEjected
+	})
+	ejectedAt := time.Now()
+	// Calls sent before the ejection may still be waiting out their
+	// deadline; after that, nothing fails.
+	time.Sleep(deadline + 200*time.Millisecond)
+	mu.Lock()
+	before := len(fails)
+	mu.Unlock()
+	okBefore := oks.Load()
+	time.Sleep(700 * time.Millisecond) // < Eject: no trial call yet
+	mu.Lock()
+	after := len(fails) - before
+	mu.Unlock()
+	if after != 0 {
+		t.Fatalf("%d calls failed after the ejection", after)
+	}
+	if oks.Load() == okBefore {
+		t.Fatal("no calls succeeded after the ejection")
+	}
+	r := rec.get(victim.addr)
+	if r.failed.Load() < 3 || r.ejected.Load() < 1 {
+		t.Fatalf("victim: %d failed attempts, %d ejections", r.failed.Load(), r.ejected.Load())
+	}
+	// Every failure was an attempt on the victim.
+	var others int64
+	for _, a := range addrs {
+		if a != victim.addr {
+			others += rec.get(a).failed.Load()
+		}
+	}
+	if others != 0 {
+		t.Fatalf("%d failed attempts on the servers that stayed up", others)
+	}
+	if int64(before) != r.failed.Load() {
+		t.Fatalf("%d calls failed, %d attempts on the victim", before, r.failed.Load())
+	}
+	t.Logf("killed; %d calls failed, all on it, ejected after %v", before, ejectedAt.Sub(killedAt))
+
+	victim.hits.Store(0)
+	victim.restart()
+	restartedAt := time.Now()
+	eventually(t, 30*time.Second, "the restarted server is back and takes calls", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.State == qrpc.PeerUp && victim.hits.Load() > 10
+	})
+	t.Logf("back %v after the restart", time.Since(restartedAt))
+	for _, msg := range []string{"qrpc server ejected", "qrpc server back"} {
+		if n := logs.count(msg, victim.addr); n < 1 {
+			t.Errorf("no %q line for the victim in the log", msg)
+		}
+	}
+	if n := logs.count("qrpc server ejected", ""); n > 5 {
+		t.Errorf("%d ejection lines: one per state change, not per call", n)
+	}
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	// Trial calls while it was down may fail: at most one per ejection.
+	if extra := int64(len(fails) - before); extra > r.ejected.Load() {
+		t.Fatalf("%d calls failed after the first ejection, %d ejections", extra, r.ejected.Load())
+	}
+	for _, a := range addrs {
+		if n := rec.get(a).failed.Load(); a != victim.addr && n != 0 {
+			t.Fatalf("%d failed attempts on %s, which stayed up", n, a)
+		}
+	}
+}
+
+// TestPoolAllDown: every server silent → calls fail fast with "no server
+// up"; servers back → calls succeed again.
+func TestPoolAllDown(t *testing.T) {
+	checkGoroutines(t)
+	f := newFleet(t)
+	addrs := f.start(3)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{
+		Config: qrpc.Config{IdleTimeout: time.Second},
+		Eject:  500 * time.Millisecond,
+	})
+	if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range f.srvs {
+		m.kill()
+	}
+	var last error
+	eventually(t, 20*time.Second, "calls fail fast with no server up", func() bool {
+		began := time.Now()
+		_, err := poolCall(p, 5*time.Second, "who", "")
+		last = err
+		return errors.Is(err, qrpc.ErrNoServer) && time.Since(began) < 100*time.Millisecond
+	})
+	if !errors.Is(last, qrpc.ErrUnavailable) || !strings.Contains(last.Error(), "unavailable: no server up (") {
+		t.Fatalf("error %q", last)
+	}
+	var ne *qrpc.NoServerError
+	if !errors.As(last, &ne) || ne.Ejected+ne.Connecting != 3 {
+		t.Fatalf("error %#v", last)
+	}
+	t.Logf("all down: %v", last)
+	for _, m := range f.srvs {
+		m.restart()
+	}
+	eventually(t, 30*time.Second, "calls succeed after the restart", func() bool {
+		_, err := poolCall(p, time.Second, "who", "")
+		return err == nil
+	})
+}
+
+// TestPoolFailoverNeverSent: a server that cannot be reached gets no
+// calls; none fails, with or without retries.
+func TestPoolFailoverNeverSent(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	f.srvs[2].kill() // nothing listens there: it stays "connecting"
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: qrpc.Config{DialTimeout: 300 * time.Millisecond}})
+	for i := 0; i < 300; i++ {
+		if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	in, _ := peerState(p, addrs[2])
+	if in.State != qrpc.PeerConnecting || in.Calls != 0 {
+		t.Fatalf("dead server: %+v", in)
+	}
+	if h0, h1 := f.srvs[0].hits.Load(), f.srvs[1].hits.Load(); h0+h1 != 300 || h0 < 100 || h1 < 100 {
+		t.Fatalf("hits %d, %d", h0, h1)
+	}
+
+	// A server that shuts down under load (answering what it has, then
+	// closing the connection): calls that find its connection closed were
+	// never sent and go to the other server; the few in flight when the
+	// connection closed may have run, and take their one retry. None fails.
+	var failed atomic.Int64
+	var last atomic.Pointer[error]
+	stop := make(chan struct{})
+	wg := load(20, stop, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who"), Retries: 1})
+		return err
+	}, func(err error, _ time.Time) {
+		if err != nil {
+			failed.Add(1)
+			last.Store(&err)
+		}
+	})
+	time.Sleep(200 * time.Millisecond)
+	m := f.srvs[0]
+	m.mu.Lock()
+	srv := m.srv
+	m.mu.Unlock()
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the closed server is seen down", func() bool {
+		in, _ := peerState(p, addrs[0])
+		return in.State != qrpc.PeerUp
+	})
+	h1 := f.srvs[1].hits.Load()
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d calls failed when a server shut down; last: %v", n, *last.Load())
+	}
+	if f.srvs[1].hits.Load() <= h1 {
+		t.Fatal("the remaining server took no calls")
+	}
+}
+
+// TestPoolOneAddress: one address is a Client: the dial error comes from
+// DialPool, and with the server gone calls fail with the client's error.
+func TestPoolOneAddress(t *testing.T) {
+	f := newFleet(t)
+	m := f.add("127.0.0.1:0")
+	p := f.dial(t, []string{m.addr}, &qrpc.PoolConfig{Config: qrpc.Config{IdleTimeout: 500 * time.Millisecond}})
+	for range 10 {
+		if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.kill()
+	eventually(t, 20*time.Second, "calls fail fast with the client's error", func() bool {
+		_, err := poolCall(p, 5*time.Second, "who", "")
+		return errors.Is(err, qrpc.ErrUnavailable) && !errors.Is(err, qrpc.ErrNoServer)
+	})
+	// Never ejected: it is the last server.
+	if in, _ := peerState(p, m.addr); in.State != qrpc.PeerConnecting {
+		t.Fatalf("peer %+v", in)
+	}
+	m.restart()
+	eventually(t, 20*time.Second, "recovers", func() bool {
+		_, err := poolCall(p, time.Second, "who", "")
+		return err == nil
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m.kill()
+	_, err := qrpc.DialPool(ctx, []string{m.addr}, f.config(&qrpc.PoolConfig{Config: qrpc.Config{DialTimeout: 300 * time.Millisecond}}))
+	var de *qrpc.DialError
+	if !errors.As(err, &de) {
+		t.Fatalf("dial of a dead server: %v, want a DialError", err)
+	}
+}
+
+// TestPoolBadConfig: bad input is an ErrBadConfig, not a pool.
+func TestPoolBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		addrs []string
+		cfg   qrpc.PoolConfig
+		want  string
+	}{
+		{nil, qrpc.PoolConfig{}, "no address"},
+		{[]string{"127.0.0.1:1", "127.0.0.1:1"}, qrpc.PoolConfig{}, "duplicate address"},
+		{[]string{"127.0.0.1"}, qrpc.PoolConfig{}, "want host:port"},
+		{[]string{"127.0.0.1:1"}, qrpc.PoolConfig{Failures: -1}, "failures"},
+		{[]string{"127.0.0.1:1"}, qrpc.PoolConfig{Eject: -1}, "ejection"},
+		{[]string{"127.0.0.1:1"}, qrpc.PoolConfig{Balance: 9}, "balance"},
+		{[]string{"127.0.0.1:1"}, qrpc.PoolConfig{Resolver: "nope"}, "resolver"},
+	} {
+		_, err := qrpc.DialPool(context.Background(), tc.addrs, &tc.cfg)
+		if !errors.Is(err, qrpc.ErrBadConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %+v: %v, want %q", tc.addrs, tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := qrpc.ParseBalance("random"); !errors.Is(err, qrpc.ErrBadConfig) {
+		t.Errorf("ParseBalance: %v", err)
+	}
+}
+
+// TestPoolActiveCheck: with a health check, a silent server is ejected
+// without any call of the user's, and comes back as soon as it answers.
+func TestPoolActiveCheck(t *testing.T) {
+	checkGoroutines(t)
+	f := newFleet(t)
+	addrs := f.start(2)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{
+		Config: qrpc.Config{IdleTimeout: 2 * time.Second},
+		Eject:  time.Minute, // only the check can bring it back in time
+		Check:  qrpc.HealthCheck{Method: "hc", Interval: 100 * time.Millisecond, Timeout: 200 * time.Millisecond},
+	})
+	victim := f.srvs[0]
+	victim.kill()
+	eventually(t, 10*time.Second, "ejected by the check", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.State == qrpc.PeerEjected
+	})
+	if victim.hits.Load() != 0 || f.srvs[1].hits.Load() != 0 {
+		t.Fatal("user calls were made")
+	}
+	victim.restart()
+	eventually(t, 20*time.Second, "back through the check", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.State == qrpc.PeerUp
+	})
+}
+
+// TestPoolRetries: a call that failed after it may have run (here: its
+// stream reset by the server) is retried on another server only when the
+// caller asked for retries.
+func TestPoolRetries(t *testing.T) {
+	e := newEnv(t)
+	f := &fleet{t: t, ca: e.ca, cert: e.cert, key: e.resetKey}
+	good := f.add("127.0.0.1:0")
+	bad := resettingServer(t, e)
+	p := f.dial(t, []string{bad, good.addr}, &qrpc.PoolConfig{Failures: 1 << 20})
+	failed := 0
+	for range 40 {
+		if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
+			if !errors.Is(err, qrpc.ErrConnLost) {
+				t.Fatalf("err %v, want ErrConnLost", err)
+			}
+			failed++
+		}
+	}
+	if failed < 10 {
+		t.Fatalf("without retries %d of 40 calls failed, want about half", failed)
+	}
+	for range 40 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who"), Retries: 1})
+		cancel()
+		if err != nil {
+			t.Fatalf("with a retry: %v", err)
+		}
+	}
+	// The pool's default applies when the call says nothing.
+	p2 := f.dial(t, []string{bad, good.addr}, &qrpc.PoolConfig{Failures: 1 << 20, Retries: 2})
+	for range 40 {
+		if _, err := poolCall(p2, 5*time.Second, "who", ""); err != nil {
+			t.Fatalf("pool retries: %v", err)
+		}
+	}
+}
