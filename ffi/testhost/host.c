@@ -922,8 +922,19 @@ static void query_checks(void) {
     CHECK(prc == QRPC_ERR_CLOSED && out == NULL && out_len == 0 && strcmp(err, "closed") == 0,
           "query: PEERS of an unknown handle -> %d \"%s\"", prc, err);
 
+    /* METRICS answers through its handler: an unknown view is refused. */
+    q.op = QRPC_OP_METRICS;
+    q.conn = 0;
+    q.method = "nonsense";
+    q.method_len = 8;
+    prc = query(&q, &out, &out_len, err, sizeof err);
+    CHECK(prc == QRPC_ERR_BADARG && out == NULL && out_len == 0 && strncmp(err, "bad command: ", 13) == 0,
+          "query: METRICS of an unknown view -> %d \"%s\"", prc, err);
+    q.method = NULL;
+    q.method_len = 0;
+
     /* The ops are declared; until a feature registers one, it says so. */
-    static const unsigned ops[] = { QRPC_OP_METRICS, QRPC_OP_CONFIGURE }; /* PEERS: pools; PROTO_LOAD: protobuf */
+    static const unsigned ops[] = { QRPC_OP_CONFIGURE }; /* PEERS: pools; METRICS: metrics; PROTO_LOAD: protobuf */
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         char want[32];
         snprintf(want, sizeof want, "unsupported op %u", ops[i]);
@@ -962,6 +973,7 @@ static void query_checks(void) {
     q.op = QRPC_OP_METRICS;
     rc = p_query(&q, NULL, NULL, err, sizeof err);
     CHECK(rc == QRPC_ERR_BADARG && strstr(err, "NULL out"), "query: NULL out -> %d \"%s\"", rc, err);
+    q.op = QRPC_OP_CONFIGURE; /* refused: the error has nowhere to go */
     rc = p_query(&q, &out, &out_len, NULL, 0);
     CHECK(rc == QRPC_ERR_BADARG && out == NULL, "query: no error buffer is fine (%d)", rc);
 
