@@ -281,6 +281,19 @@ func TestProtobuf(t *testing.T) {
                 enc({ [2] = "x" }, '{"2":"x"}')    -- not 1..n: an object
                 enc({ a = ngx.null }, '{"a":null}')
                 enc("q\"\\\n\0\127é", '"q\\"\\\\\\n\\u0000\\u007fé"')
+                enc("ab\0c", '"ab\\u0000c"')      -- escaping found past a NUL byte
+                -- object keys: escaped, and the same through the cache of key texts
+                for _ = 1, 2 do
+                    enc({ ['k"\n'] = 1 }, '{"k\\"\\n":1}')
+                    enc({ [string.rep("x", 100) .. "\t"] = true }, '{"' .. string.rep("x", 100) .. '\\t":true}')
+                end
+                -- more distinct keys than the cache holds: it starts over, output unchanged
+                for i = 1, 5000 do
+                    local k = "key" .. i .. (i % 7 == 0 and "\"" or "")
+                    local want = '{"key' .. i .. (i % 7 == 0 and '\\"' or "") .. '":' .. i .. "}"
+                    local got = json.encode({ [k] = i })
+                    if got ~= want then out[#out + 1] = "key " .. i .. ": " .. tostring(got) break end
+                end
                 local cyc = {}
                 cyc.self = cyc
                 local _, err = json.encode(cyc)

@@ -99,11 +99,70 @@ local function list_buffer()
     return b
 end
 
+-- Whether s needs no escaping. string.find with a pattern is not compiled
+-- by LuaJIT (each call ends the trace and goes through the interpreter);
+-- libc's strcspn through the FFI is a plain call inside the trace. A NUL
+-- byte stops strcspn early, which only sends s to the slow path below.
+local ESCAPED = '"\\' .. str_char(127)
+for c = 1, 31 do
+    ESCAPED = ESCAPED .. str_char(c)
+end
+local plain_string
+do
+    local ok_ffi, ffi = pcall(require, "ffi")
+    if ok_ffi then
+        -- under a name of our own (another module may declare strcspn);
+        -- int: strings are shorter than 2^31 bytes
+        pcall(ffi.cdef, "int qrpc_json_strcspn(const char *s, const char *reject) "
+                        .. "__asm__(\"strcspn\");")
+        local ok_sym, strcspn = pcall(function() return ffi.C.qrpc_json_strcspn end)
+        if ok_sym then
+            plain_string = function(s)
+                return strcspn(s, ESCAPED) == #s
+            end
+        end
+    end
+    if not plain_string then
+        plain_string = function(s)
+            return not str_find(s, '[%c"\\]')
+        end
+    end
+end
+
 local function put_string(b, s)
-    if str_find(s, '[%c"\\]') then
+    if not plain_string(s) then
         s = str_gsub(s, '[%c"\\]', escape_char)
     end
     b:put('"', s, '"')
+end
+
+-- Object keys are mostly the same few field names on every call: their
+-- '"name":' text is kept (short keys only, and at most MAX_KEYS of them, so
+-- that map keys from requests cannot grow it without bound).
+local MAX_KEYS = 2048
+local MAX_KEY_LEN = 64
+local key_texts = {}
+local nkey_texts = 0
+
+local function key_text(k)
+    local kt = key_texts[k]
+    if kt then
+        return kt
+    end
+    if plain_string(k) then
+        kt = '"' .. k .. '":'
+    else
+        kt = '"' .. str_gsub(k, '[%c"\\]', escape_char) .. '":'
+    end
+    if #k <= MAX_KEY_LEN then
+        if nkey_texts >= MAX_KEYS then
+            key_texts = {}
+            nkey_texts = 0
+        end
+        nkey_texts = nkey_texts + 1
+        key_texts[k] = kt
+    end
+    return kt
 end
 
 local function put_number(b, n)
@@ -174,14 +233,13 @@ local function put_table(b, t, depth)
         end
         first = false
         if tk == "string" then
-            put_string(b, k)
+            b:put(key_text(k))
         elseif tk == "number" and math_floor(k) == k and k > -1e15 and k < 1e15 then
-            b:put('"', str_format("%d", k), '"')
+            b:put('"', str_format("%d", k), '":')
         else
             return nil, "table keys must be strings or integers (got "
                         .. (tk == "number" and tostring(k) or tk) .. ")"
         end
-        b:put(":")
         ok, err = put_value(b, v, depth + 1)
         if not ok then
             return nil, err
