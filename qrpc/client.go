@@ -227,7 +227,10 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, classifyDialError(c.addr, err)
 	}
-	if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
+	if skipConfirmation.Load() {
+		// Tests: let the server's verdict arrive after Dial, as it can
+		// when the confirmation wait runs out under load.
+	} else if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
 		_ = conn.CloseWithError(0, "")
 		return nil, classifyDialError(c.addr, err)
 	}
@@ -259,6 +262,9 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 // quic-go servers (the reference's included) send NEW_TOKEN next to
 // HANDSHAKE_DONE, which the client sees through its TokenStore; for a
 // server that sends none, a few round trips of silence count as accepted.
+// skipConfirmation is set only by tests (export_test.go).
+var skipConfirmation atomic.Bool
+
 func awaitConfirmation(ctx context.Context, conn *quic.Conn, confirmed <-chan struct{}) error {
 	wait := min(max(4*conn.ConnectionStats().SmoothedRTT, 25*time.Millisecond), time.Second)
 	t := time.NewTimer(wait)
@@ -639,7 +645,16 @@ func (s *session) fail(err error) {
 		s.err = err
 		s.dead.Store(true)
 		callErr := err
-		if !errors.Is(err, ErrClosed) {
+		var tErr *quic.TransportError
+		switch {
+		case errors.Is(err, ErrClosed):
+		case errors.As(err, &tErr) && tErr.Remote && tErr.ErrorCode.IsCryptoError():
+			// A TLS alert from the server can arrive after the client has
+			// finished its side of the handshake (TLS 1.3: the server judges
+			// the client certificate last): the connection was refused,
+			// not lost, whichever the client saw first.
+			callErr = classifyDialError(s.c.addr, err)
+		default:
 			callErr = fmt.Errorf("%w: %w", ErrConnLost, err)
 		}
 		s.pending.closeAll(func(pc *pendingCall) {

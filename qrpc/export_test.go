@@ -8,3 +8,10 @@ func SetClockForTest(now func() time.Time) (restore func()) {
 	clock.Store(&now)
 	return func() { clock.Store(nil) }
 }
+
+// SkipConfirmationForTest makes Dial return as soon as the client's side of
+// the handshake is done, without waiting for the server to confirm it.
+func SkipConfirmationForTest() (restore func()) {
+	skipConfirmation.Store(true)
+	return func() { skipConfirmation.Store(false) }
+}

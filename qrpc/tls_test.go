@@ -245,6 +245,24 @@ func TestMutualTLS(t *testing.T) {
 	}
 }
 
+// TestLateClientCertRejection: with TLS 1.3 the server judges the client
+// certificate after the client has finished its handshake, so its alert can
+// reach a call rather than Dial. The call must still say why the connection
+// was refused (connect: ...), not that it was lost.
+func TestLateClientCertRejection(t *testing.T) {
+	checkGoroutines(t)
+	ca := newCA(t, "late ca")
+	clientCA := newCA(t, "late client ca")
+	addr := tlsServer(t, issue(t, ca, certs.Options{Hosts: []string{"127.0.0.1"}}), clientCA.Pool())
+	defer qrpc.SkipConfirmationForTest()()
+	for i := 0; i < 5; i++ {
+		err := dialOnce(addr, &qrpc.Config{CAPEM: ca.CertPEM})
+		if got := dialReason(t, err); got != "client certificate required by server" {
+			t.Fatalf("try %d: reason %q (%v)", i, got, err)
+		}
+	}
+}
+
 // TestDialUnresolvable: a host name that does not resolve says so.
 func TestDialUnresolvable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
