@@ -458,6 +458,12 @@ func (p *Pool) Close() error {
 		go func() {
 			defer wg.Done()
 			_ = pr.c.Close()
+			// The observer hears of the end (its gauges count servers of
+			// open pools); the log does not: closing is the owner's doing.
+			pr.removed.Store(true)
+			if PeerState(pr.state.Swap(uint32(PeerRemoved))) != PeerRemoved {
+				pr.obs.StateChanged(PeerRemoved)
+			}
 		}()
 	}
 	wg.Wait()

@@ -145,8 +145,33 @@ func TestExactCounts(t *testing.T) {
 		}
 	}
 	// The same address reported again (left and came back) keeps its counters.
-	if p.Peer("10.0.0.1:8081") != s1 {
+	if p.Peer("10.0.0.1:8081").(*peerView).Peer != s1.(*peerView).Peer {
 		t.Error("a server reported twice got a new recorder")
+	}
+}
+
+// TestStatesCountedPerPool: two pools to one server share its recorder;
+// the connections gauge counts the server once per pool, and a pool's
+// server leaves the gauge when that pool closes it.
+func TestStatesCountedPerPool(t *testing.T) {
+	r := New()
+	a, b := r.Pool("k").Peer("10.0.0.9:1"), r.Pool("k").Peer("10.0.0.9:1")
+	up := func() int64 { return r.Pool("k").PeerOf("10.0.0.9:1").states[qrpc.PeerUp].Load() }
+	a.StateChanged(qrpc.PeerConnecting)
+	b.StateChanged(qrpc.PeerConnecting)
+	a.StateChanged(qrpc.PeerUp)
+	b.StateChanged(qrpc.PeerUp)
+	if got := up(); got != 2 {
+		t.Fatalf("two pools up: gauge %d", got)
+	}
+	b.StateChanged(qrpc.PeerRemoved)
+	if got := up(); got != 1 {
+		t.Fatalf("one pool closed: gauge %d", got)
+	}
+	a.StateChanged(qrpc.PeerEjected)
+	pe := r.Pool("k").PeerOf("10.0.0.9:1")
+	if got, ej := up(), pe.states[qrpc.PeerEjected].Load(); got != 0 || ej != 1 {
+		t.Fatalf("ejected: up %d ejected %d", got, ej)
 	}
 }
 

@@ -85,10 +85,11 @@ type Pool struct {
 // otherIndex is the series slot of method="other".
 const otherIndex = MaxMethods
 
-// Peer returns the recorder of one server of this pool. Reporting the same
-// address again (a server that left the pool and came back) returns the
-// same recorder, so its counters never go back.
-func (p *Pool) Peer(addr string) qrpc.PeerObserver { return p.PeerOf(addr) }
+// Peer returns the observer of one server of a qrpc.Pool: a view on the
+// recorder of that address, which every pool with the same key shares (and
+// which a server that left and came back gets again, so its counters never
+// go back); the view counts this pool's server in the connections gauge.
+func (p *Pool) Peer(addr string) qrpc.PeerObserver { return &peerView{Peer: p.PeerOf(addr), cur: -1} }
 
 // PeerOf is Peer with the concrete type, for a caller that records with
 // Series handles.
@@ -100,7 +101,6 @@ func (p *Pool) PeerOf(addr string) *Peer {
 		return pe
 	}
 	pe := &Peer{pool: p, server: r.serverLabel(addr)}
-	pe.state.Store(uint32(qrpc.PeerConnecting))
 	p.peers[addr] = pe
 	p.list = append(p.list, pe)
 	return pe
@@ -173,7 +173,10 @@ type Peer struct {
 	series [MaxMethods + 1]atomic.Pointer[Series] // by method index; Other last
 
 	inflight   atomic.Int64
-	state      atomic.Uint32
+	states     [numStates]atomic.Int64 // servers of open pools in each state
+	selfMu     sync.Mutex              // guards selfCur, selfSet (StateChanged)
+	selfCur    int
+	selfSet    bool
 	reconnects atomic.Uint64
 	ejections  atomic.Uint64
 	sent, recv atomic.Uint64
@@ -272,8 +275,49 @@ func (s *Series) EventDone(err error) {
 // InflightAdd moves the in-flight gauge.
 func (pe *Peer) InflightAdd(delta int) { pe.inflight.Add(int64(delta)) }
 
-// StateChanged records the server's state for the connections gauge.
-func (pe *Peer) StateChanged(state qrpc.PeerState) { pe.state.Store(uint32(state)) }
+// numStates counts qrpc.PeerState values (PeerRemoved last).
+const numStates = int(qrpc.PeerRemoved) + 1
+
+// StateChanged records the state of the server for the connections gauge
+// when the Peer itself is the observer (it then stands for one pool's
+// server; Pool.Peer hands out a view per pool instead).
+func (pe *Peer) StateChanged(state qrpc.PeerState) {
+	pe.selfMu.Lock()
+	defer pe.selfMu.Unlock()
+	from := -1
+	if pe.selfSet {
+		from = pe.selfCur
+	}
+	pe.moveState(from, state)
+	pe.selfCur, pe.selfSet = int(state), true
+}
+
+// moveState moves one server from state from (-1: none) to state to.
+func (pe *Peer) moveState(from int, to qrpc.PeerState) {
+	if from >= 0 && from < numStates {
+		pe.states[from].Add(-1)
+	}
+	if int(to) < numStates {
+		pe.states[to].Add(1)
+	}
+}
+
+// peerView is one pool's server on a Peer that several pools to the same
+// server share (connections with different options): the series are
+// shared, the state is counted once per pool.
+type peerView struct {
+	*Peer
+	mu  sync.Mutex
+	cur int // -1 until the first state
+}
+
+// StateChanged moves this pool's server from its last state to state.
+func (v *peerView) StateChanged(state qrpc.PeerState) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.Peer.moveState(v.cur, state)
+	v.cur = int(state)
+}
 
 // Reconnected counts a re-established connection.
 func (pe *Peer) Reconnected() { pe.reconnects.Add(1) }

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
 // A snapshot is one worker's figures as text, one sample a line:
@@ -89,13 +87,8 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 				}
 			}
 			gauges[nameInflight+`{server="`+srv+`"}`] += float64(pe.inflight.Load())
-			st := qrpc.PeerState(pe.state.Load())
 			for j, name := range stateLabels {
-				v := 0.0
-				if int(st) == j {
-					v = 1
-				}
-				gauges[nameConnections+`{server="`+srv+`",state="`+name+`"}`] += v
+				gauges[nameConnections+`{server="`+srv+`",state="`+name+`"}`] += float64(max(pe.states[j].Load(), 0))
 			}
 			counters[nameReconnects+`{server="`+srv+`"}`] += float64(pe.reconnects.Load())
 			counters[nameEjections+`{server="`+srv+`"}`] += float64(pe.ejections.Load())
