@@ -921,13 +921,20 @@ function _M.configure(opts)
 end
 
 
--- qrpc.metrics() -> text | nil, err: the Prometheus text format: the sum
--- over all workers with configure{ metrics_dict }, else this worker's.
-function _M.metrics()
+-- worker_loaded() -> true | nil, err: the library loaded in this worker
+-- (never in the master: Go does not survive nginx's fork).
+local function worker_loaded()
     if get_phase() == "init" then
         return nil, ERR_INIT
     end
-    local ok, err = ensure_loaded()
+    return ensure_loaded()
+end
+
+
+-- qrpc.metrics() -> text | nil, err: the Prometheus text format: the sum
+-- over all workers with configure{ metrics_dict }, else this worker's.
+function _M.metrics()
+    local ok, err = worker_loaded()
     if not ok then
         return nil, err
     end
@@ -939,10 +946,7 @@ end
 -- loads the library and starts the dispatcher now rather than at the first
 -- call, so that a missing library shows at start-up.
 function _M.init_worker()
-    if get_phase() == "init" then
-        return nil, ERR_INIT
-    end
-    local ok, err = ensure_loaded()
+    local ok, err = worker_loaded()
     if not ok then
         return nil, err
     end
