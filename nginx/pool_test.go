@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -532,4 +535,282 @@ func TestPoolConnectionCap(t *testing.T) {
 		body:   lines("failed=0 most=64 pools=64", "last 500 connects grew the worker under 24 MB: true"),
 		logHas: []string{`rss at 250/500/750/1000 connects`},
 	}})
+}
+
+// whoLua serves /who: one call to "who" through the pool built by the
+// snippet's pool(), answering the address of the server that took it.
+// Query arguments: key (the hash key), n (how many of s1..s4 to use).
+const whoLua = `
+                local conn, err = pool()
+                if not conn then
+                    ngx.status = 502
+                    ngx.say("connect: ", err)
+                    return
+                end
+                local res
+                res, err = conn:unary("who", "", { hash_key = ngx.var.arg_key })
+                if not res then
+                    ngx.status = 502
+                    ngx.say(err)
+                    return
+                end
+                ngx.say(res.body)`
+
+// whoCounts runs calls GETs of path from conc clients at once and counts
+// the answers per server address; any failed call is fatal.
+func whoCounts(t *testing.T, n *nginxProc, path string, calls, conc int) map[string]int {
+	t.Helper()
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var failed atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(calls) {
+				st, body := n.get(path)
+				if st != 200 {
+					failed.Add(1)
+					continue
+				}
+				mu.Lock()
+				counts[strings.TrimSpace(body)]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d calls to %s failed", failed.Load(), calls, path)
+	}
+	return counts
+}
+
+// TestPoolBalance: through nginx, "least_inflight" sends few calls to a
+// server made slow, and "hash" keeps each key on one server and moves at
+// most 40 % of the keys when a fourth server joins (about 1/4 expected).
+// The servers answer "who" with their own address, so the test sees
+// where each call went.
+func TestPoolBalance(t *testing.T) {
+	requireNginx(t)
+	srvs := []*testServer{ownServer(t), ownServer(t), ownServer(t), ownServer(t)}
+	extra := map[string]string{}
+	for i, s := range srvs {
+		extra[fmt.Sprintf("s%d", i+1)] = s.addr
+	}
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/least", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({ balance = "least_inflight" }))
+                end`+whoLua) + loc("/hash", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    local addrs = { qt.s1, qt.s2, qt.s3 }
+                    if ngx.var.arg_n == "4" then
+                        addrs[4] = qt.s4
+                    end
+                    return qrpc.connect(addrs, qt.opts({ balance = "hash" }))
+                end`+whoLua)})
+
+	// least_inflight: s1 holds each call 300 ms, the others answer at
+	// once. Round-robin would give it a third of the calls.
+	slow := srvs[0]
+	slow.whoDelay.Store(300)
+	const calls = 600
+	counts := whoCounts(t, n, "/least", calls, 12)
+	t.Logf("least_inflight with %s slow: %v", slow.addr, counts)
+	if got := counts[slow.addr]; got > calls/10 {
+		t.Errorf("the slow server took %d of %d calls, want at most %d", got, calls, calls/10)
+	}
+	for _, s := range srvs[1:3] {
+		if counts[s.addr] < calls/4 {
+			t.Errorf("fast server %s took %d of %d calls", s.addr, counts[s.addr], calls)
+		}
+	}
+	slow.whoDelay.Store(0)
+
+	// hash: 300 keys, each asked twice of the 3-server pool and once of the
+	// 4-server pool.
+	const keys = 300
+	where3 := map[string]string{}
+	per3 := map[string]int{}
+	moved, toNew := 0, 0
+	for i := range keys {
+		key := fmt.Sprintf("user-%d", i)
+		var first string
+		for try := range 2 {
+			st, body := n.get("/hash?key=" + key)
+			if st != 200 {
+				t.Fatalf("/hash %s: %d %s", key, st, body)
+			}
+			got := strings.TrimSpace(body)
+			if try == 0 {
+				first = got
+			} else if got != first {
+				t.Fatalf("key %s went to %s, then to %s", key, first, got)
+			}
+		}
+		where3[key] = first
+		per3[first]++
+		st, body := n.get("/hash?n=4&key=" + key)
+		if st != 200 {
+			t.Fatalf("/hash?n=4 %s: %d %s", key, st, body)
+		}
+		if got := strings.TrimSpace(body); got != first {
+			moved++
+			if got == srvs[3].addr {
+				toNew++
+			}
+		}
+	}
+	t.Logf("hash: keys per server with 3: %v; adding a 4th moved %d of %d keys (%d to the new one)", per3, moved, keys, toNew)
+	for _, s := range srvs[:3] {
+		if per3[s.addr] < keys/6 {
+			t.Errorf("server %s holds %d of %d keys", s.addr, per3[s.addr], keys)
+		}
+	}
+	if moved > keys*40/100 {
+		t.Errorf("adding a 4th server moved %d of %d keys, want at most 40 %%", moved, keys)
+	}
+	if moved == 0 || toNew != moved {
+		t.Errorf("adding a 4th server moved %d keys, %d of them to it: keys should move only to the new server", moved, toNew)
+	}
+}
+
+// TestPoolDNSLua: qrpc.connect("name:port", { resolve = 200, resolver =
+// <the test's own DNS server> }) in nginx. The name goes from 2 loopback
+// addresses to 3, then to 1 (servers on each, same port); conn:peers()
+// follows and no call fails while calls run all along.
+func TestPoolDNSLua(t *testing.T) {
+	requireNginx(t)
+	first := ownServer(t)
+	_, port, _ := net.SplitHostPort(first.addr)
+	srvs := []*testServer{first}
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		s, err := newTestServer(ip+":"+port, nil)
+		if err != nil {
+			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
+		}
+		t.Cleanup(func() { _ = s.close() })
+		srvs = append(srvs, s)
+	}
+	const name = "pool.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2")
+	extra := map[string]string{"name": "pool.qrpc.test:" + port, "dns": dns.Addr}
+	lua := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect(qt.name, qt.opts({ resolve = 200, resolver = qt.dns, timeout = 3000 }))
+                end`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/who", lua+whoLua) + loc("/peers", lua+`
+                local conn, err = pool()
+                if not conn then
+                    ngx.say("connect: ", err)
+                    return
+                end
+                for _, p in ipairs(conn:peers()) do
+                    ngx.say(p.addr, " ", p.state)
+                end`)})
+	// peersAre: every peer up, and exactly want.
+	peersAre := func(want []string) bool {
+		st, body := n.get("/peers")
+		if st != 200 {
+			t.Fatalf("/peers: %d %s", st, body)
+		}
+		var got []string
+		for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+			addr, state, _ := strings.Cut(l, " ")
+			if state != "up" {
+				return false
+			}
+			got = append(got, addr)
+		}
+		sort.Strings(got)
+		return strings.Join(got, ",") == strings.Join(want, ",")
+	}
+
+	var failed, oks atomic.Int64
+	var lastErr atomic.Value
+	var mu sync.Mutex
+	hits := map[string]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(90 * time.Second) // bounds the load if the test fails first
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, body := n.get("/who")
+				if st != 200 {
+					failed.Add(1)
+					lastErr.Store(body)
+					continue
+				}
+				oks.Add(1)
+				mu.Lock()
+				hits[strings.TrimSpace(body)]++
+				mu.Unlock()
+			}
+		}()
+	}
+	stopLoad := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}
+	defer stopLoad()
+	hitsOf := func(addr string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return hits[addr]
+	}
+	step := func(ips ...string) {
+		t.Helper()
+		var want []string
+		for _, ip := range ips {
+			want = append(want, ip+":"+port)
+		}
+		sort.Strings(want)
+		dns.Set(ips...)
+		began := time.Now()
+		waitFor(t, 15*time.Second, "peers follow DNS to "+strings.Join(want, ","), func() bool { return peersAre(want) })
+		t.Logf("peers %v after %v (resolve = 200 ms)", want, time.Since(began).Round(time.Millisecond))
+		// every address named takes calls
+		for _, a := range want {
+			h := hitsOf(a)
+			waitFor(t, 15*time.Second, a+" takes calls", func() bool { return hitsOf(a) > h+10 })
+		}
+	}
+	step("127.0.0.1", "127.0.0.2")
+	step("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	step("127.0.0.2")
+	gone1, gone3 := hitsOf(srvs[0].addr), hitsOf(srvs[2].addr)
+	okAt := oks.Load()
+	time.Sleep(500 * time.Millisecond)
+	stopLoad()
+	if hitsOf(srvs[0].addr) != gone1 || hitsOf(srvs[2].addr) != gone3 {
+		t.Error("removed servers still take calls")
+	}
+	if oks.Load() == okAt {
+		t.Error("no call succeeded after the last change")
+	}
+	if f := failed.Load(); f != 0 {
+		t.Fatalf("%d of %d calls failed during the DNS changes, last: %v", f, f+oks.Load(), lastErr.Load())
+	}
+	t.Logf("%d calls, none failed; %d DNS queries; per server: %v", oks.Load(), dns.Queries(), hits)
 }
