@@ -698,6 +698,11 @@ func TestPoolDNSLua(t *testing.T) {
 		t.Cleanup(func() { _ = s.close() })
 		srvs = append(srvs, s)
 	}
+	// Each call takes 20 ms, so that calls are in flight on a server when
+	// DNS drops it: they must finish (the server drains), not fail.
+	for _, s := range srvs {
+		s.whoDelay.Store(20)
+	}
 	const name = "pool.qrpc.test."
 	dns := dnstest.Start(t, name)
 	dns.Set("127.0.0.1", "127.0.0.2")
@@ -742,7 +747,7 @@ func TestPoolDNSLua(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(90 * time.Second) // bounds the load if the test fails first
-	for range 4 {
+	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
