@@ -102,6 +102,19 @@ function _M.run()
             return
         end
         loop, target = qrpc_loop, conn
+    elseif kind == "pool" then
+        -- addrs: comma-separated host:port list, one pool of them all
+        local addrs = {}
+        for a in (args.addrs or ""):gmatch("[^,]+") do
+            addrs[#addrs + 1] = a
+        end
+        local conn, err = qrpc.connect(addrs, { ca = cfg.ca, server_name = "localhost" })
+        if not conn then
+            ngx.status = 500
+            ngx.say(err)
+            return
+        end
+        loop, target = qrpc_loop, conn
     elseif kind == "ipc" then
         loop = ipc_loop
     elseif kind == "rfecho" then
