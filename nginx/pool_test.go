@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -228,7 +229,8 @@ func TestPoolThreeServers(t *testing.T) {
 		}
 	}
 
-	// kill -9 of one server under 100 concurrent requests.
+	// kill -9 of one server under 200 concurrent requests (nginx: 1 worker,
+	// 1024 connections).
 	type outcome struct {
 		at  time.Time
 		err string
@@ -238,7 +240,7 @@ func TestPoolThreeServers(t *testing.T) {
 	var oks atomic.Int64
 	stop := make(chan struct{})
 	var lwg sync.WaitGroup
-	for range 100 {
+	for range 200 {
 		lwg.Add(1)
 		go func() {
 			defer lwg.Done()
@@ -274,6 +276,7 @@ func TestPoolThreeServers(t *testing.T) {
 	victim.kill()
 	waitFor(t, 20*time.Second, "the killed server is ejected", func() bool { return stateOf(victim.addr) == "ejected" })
 	ejectedAt := time.Now()
+	atEjection := peers()[victim.addr]
 	time.Sleep(1200 * time.Millisecond) // calls caught before the ejection end (1 s timeout)
 	mu.Lock()
 	before := len(fails)
@@ -295,19 +298,48 @@ func TestPoolThreeServers(t *testing.T) {
 			t.Fatalf("a call failed with %q", f.err)
 		}
 	}
-	t.Logf("kill -9 under load: %d calls failed (timeouts of calls caught on it), ejected %v after the kill",
-		before, ejectedAt.Sub(killedAt).Round(time.Millisecond))
+	t.Logf("kill -9 under 200 concurrent requests: %d of %d calls failed (calls caught on it), ejected %v after the kill (%s)",
+		before, int(okBefore)+before, ejectedAt.Sub(killedAt).Round(time.Millisecond), atEjection)
 	if before == 0 {
 		t.Fatal("no call failed: was the server really killed under load?")
 	}
+	// Until its calls time out (1 s) nothing tells the pool the server is
+	// gone, so each client may be caught on it once; after the first
+	// failures it is ejected and no client is caught again.
+	if before > 200 {
+		t.Errorf("%d calls failed: more than one per client", before)
+	}
+	if m := regexp.MustCompile(`failures=(\d+)`).FindStringSubmatch(atEjection); m == nil || atoi(m[1]) < 3 {
+		t.Errorf("ejected with %q: want failures >= 3 (health.failures)", atEjection)
+	}
+
+	// Restarted under the same load: back within the ejection (2 s, 4 s
+	// if a trial call found it still dead) plus the dial; no call fails.
+	victim.start()
+	restartedAt := time.Now()
+	waitFor(t, 30*time.Second, "the restarted server is back", func() bool { return stateOf(victim.addr) == "up" })
+	back := time.Since(restartedAt)
+	t.Logf("restarted server up %v after its restart, %v after its ejection", back.Round(time.Millisecond),
+		time.Since(ejectedAt).Round(time.Millisecond))
+	if back > 7*time.Second {
+		t.Errorf("the restarted server took %v to come back, want at most 4 s ejection + 3 s dial", back)
+	}
+	time.Sleep(300 * time.Millisecond)
 	stopLoad()
+	mu.Lock()
+	afterRestart := fails[before:]
+	mu.Unlock()
+	if len(afterRestart) != 0 {
+		t.Fatalf("%d calls failed after the ejection (restart included): %v", len(afterRestart), afterRestart)
+	}
 	if n.logCount(`qrpc: server ejected.*`+regexp.QuoteMeta(victim.addr)) == 0 {
 		t.Error("no ejection notice in error.log")
 	}
 
 	// All three down: fast "unavailable: no server up".
-	srvs[0].kill()
-	srvs[2].kill()
+	for _, s := range srvs {
+		s.kill()
+	}
 	var last string
 	waitFor(t, 30*time.Second, "calls fail fast with no server up", func() bool {
 		began := time.Now()
@@ -818,4 +850,12 @@ func TestPoolDNSLua(t *testing.T) {
 		t.Fatalf("%d of %d calls failed during the DNS changes, last: %v", f, f+oks.Load(), lastErr.Load())
 	}
 	t.Logf("%d calls, none failed; %d DNS queries; per server: %v", oks.Load(), dns.Queries(), hits)
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
 }
