@@ -150,21 +150,7 @@ func TestPoolThreeServers(t *testing.T) {
 		srvs = append(srvs, startDemo(t, bin, dir, addr))
 		extra[fmt.Sprintf("s%d", i+1)] = addr
 	}
-	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+`
-                local conn, err = pool()
-                if not conn then
-                    ngx.status = 502
-                    ngx.say("connect: ", err)
-                    return
-                end
-                local res
-                res, err = conn:unary("greet", "pool")
-                if not res then
-                    ngx.status = 502
-                    ngx.say(err)
-                    return
-                end
-                ngx.say(res.body)`) + loc("/peers", poolLua+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`)) + loc("/peers", poolLua+`
                 local conn, err = pool()
                 if not conn then
                     ngx.say("connect: ", err)
@@ -194,23 +180,8 @@ func TestPoolThreeServers(t *testing.T) {
 	stateOf := func(addr string) string { return strings.Fields(peers()[addr] + " ?")[0] }
 
 	// Spread: 3,000 calls, each server within ±15 % of 1,000.
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	var next atomic.Int64
-	for range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= 3000 {
-				if st, body := n.get("/call"); st != 200 || body != "Hello pool!\n" {
-					failed.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if failed.Load() != 0 {
-		t.Fatalf("%d of 3000 calls failed", failed.Load())
+	if got := getAll(t, n, "/call", 3000, 20); got["Hello pool!"] != 3000 {
+		t.Fatalf("3000 calls answered %v", got)
 	}
 	for _, s := range srvs {
 		c := s.calls(t)
@@ -231,45 +202,7 @@ func TestPoolThreeServers(t *testing.T) {
 
 	// kill -9 of one server under 200 concurrent requests (nginx: 1 worker,
 	// 1024 connections).
-	type outcome struct {
-		at  time.Time
-		err string
-	}
-	var mu sync.Mutex
-	var fails []outcome
-	var oks atomic.Int64
-	stop := make(chan struct{})
-	var lwg sync.WaitGroup
-	for range 200 {
-		lwg.Add(1)
-		go func() {
-			defer lwg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				st, body := n.get("/call")
-				if st == 200 {
-					oks.Add(1)
-					continue
-				}
-				mu.Lock()
-				fails = append(fails, outcome{time.Now(), strings.TrimSpace(body)})
-				mu.Unlock()
-			}
-		}()
-	}
-	stopLoad := func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		lwg.Wait()
-	}
-	defer stopLoad()
+	ld := startLoad(t, n, "/call", 200)
 	time.Sleep(500 * time.Millisecond)
 	victim := srvs[1]
 	killedAt := time.Now()
@@ -278,19 +211,15 @@ func TestPoolThreeServers(t *testing.T) {
 	ejectedAt := time.Now()
 	atEjection := peers()[victim.addr]
 	time.Sleep(1200 * time.Millisecond) // calls caught before the ejection end (1 s timeout)
-	mu.Lock()
-	before := len(fails)
-	mu.Unlock()
-	okBefore := oks.Load()
+	before := len(ld.failures())
+	okBefore := ld.oks.Load()
 	time.Sleep(700 * time.Millisecond) // within the 2 s ejection: no trial call yet
-	mu.Lock()
-	after := len(fails) - before
-	sample := fails
-	mu.Unlock()
+	sample := ld.failures()
+	after := len(sample) - before
 	if after != 0 {
 		t.Fatalf("%d calls failed after the ejection: %v", after, sample[before:])
 	}
-	if oks.Load() == okBefore {
+	if ld.oks.Load() == okBefore {
 		t.Fatal("no call succeeded after the ejection")
 	}
 	for _, f := range sample {
@@ -325,10 +254,8 @@ func TestPoolThreeServers(t *testing.T) {
 		t.Errorf("the restarted server took %v to come back, want at most 4 s ejection + 3 s dial", back)
 	}
 	time.Sleep(300 * time.Millisecond)
-	stopLoad()
-	mu.Lock()
-	afterRestart := fails[before:]
-	mu.Unlock()
+	ld.stop()
+	afterRestart := ld.failures()[before:]
 	if len(afterRestart) != 0 {
 		t.Fatalf("%d calls failed after the ejection (restart included): %v", len(afterRestart), afterRestart)
 	}
@@ -569,10 +496,11 @@ func TestPoolConnectionCap(t *testing.T) {
 	}})
 }
 
-// whoLua serves /who: one call to "who" through the pool built by the
-// snippet's pool(), answering the address of the server that took it.
-// Query arguments: key (the hash key), n (how many of s1..s4 to use).
-const whoLua = `
+// poolCallLua is a location's body: one conn:unary(args) through the
+// pool built by the snippet's pool(), answering the response body, or 502
+// and the error.
+func poolCallLua(args string) string {
+	return `
                 local conn, err = pool()
                 if not conn then
                     ngx.status = 502
@@ -580,44 +508,129 @@ const whoLua = `
                     return
                 end
                 local res
-                res, err = conn:unary("who", "", { hash_key = ngx.var.arg_key })
+                res, err = conn:unary(` + args + `)
                 if not res then
                     ngx.status = 502
                     ngx.say(err)
                     return
                 end
                 ngx.say(res.body)`
+}
 
-// whoCounts runs calls GETs of path from conc clients at once and counts
-// the answers per server address; any failed call is fatal.
-func whoCounts(t *testing.T, n *nginxProc, path string, calls, conc int) map[string]int {
+// whoLua serves /who: the address of the server that took the call, with
+// the query's key as hash key.
+var whoLua = poolCallLua(`"who", "", { hash_key = ngx.var.arg_key }`)
+
+// getAll makes calls GETs of path, conc at a time (calls a multiple of
+// conc), and counts the answers by body; a failed call is fatal.
+func getAll(t *testing.T, n *nginxProc, path string, calls, conc int) map[string]int {
 	t.Helper()
-	var mu sync.Mutex
-	counts := map[string]int{}
-	var failed atomic.Int64
-	var next atomic.Int64
+	bodies := make(chan string, calls)
+	errs := make(chan string, calls)
 	var wg sync.WaitGroup
 	for range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(calls) {
-				st, body := n.get(path)
-				if st != 200 {
-					failed.Add(1)
-					continue
+			for range calls / conc {
+				if st, body := n.get(path); st == 200 {
+					bodies <- strings.TrimSpace(body)
+				} else {
+					errs <- fmt.Sprintf("%d %s", st, strings.TrimSpace(body))
 				}
-				mu.Lock()
-				counts[strings.TrimSpace(body)]++
-				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	if failed.Load() != 0 {
-		t.Fatalf("%d of %d calls to %s failed", failed.Load(), calls, path)
+	close(bodies)
+	close(errs)
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d calls to %s failed, the first: %s", len(errs), calls, path, <-errs)
+	}
+	counts := map[string]int{}
+	for b := range bodies {
+		counts[b]++
 	}
 	return counts
+}
+
+// outcome is a failed call of a callLoad.
+type outcome struct {
+	at  time.Time
+	err string
+}
+
+// callLoad GETs one path from several clients at once until stopped, at
+// most 90 s and 100,000 calls per client, counting answers by body and
+// keeping the failures.
+type callLoad struct {
+	oks  atomic.Int64
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	byAns map[string]int
+	fails []outcome
+}
+
+func startLoad(t *testing.T, n *nginxProc, path string, clients int) *callLoad {
+	l := &callLoad{done: make(chan struct{}), byAns: map[string]int{}}
+	deadline := time.Now().Add(90 * time.Second)
+	for range clients {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-l.done:
+					return
+				default:
+				}
+				st, body := n.get(path)
+				body = strings.TrimSpace(body)
+				l.mu.Lock()
+				if st == 200 {
+					l.oks.Add(1)
+					l.byAns[body]++
+				} else {
+					l.fails = append(l.fails, outcome{time.Now(), body})
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(l.stop)
+	return l
+}
+
+// stop ends the load and waits for its clients.
+func (l *callLoad) stop() {
+	l.once.Do(func() { close(l.done) })
+	l.wg.Wait()
+}
+
+func (l *callLoad) failures() []outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]outcome(nil), l.fails...)
+}
+
+// answered is how many calls were answered with body.
+func (l *callLoad) answered(body string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.byAns[body]
+}
+
+func (l *callLoad) answers() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[string]int, len(l.byAns))
+	for k, v := range l.byAns {
+		m[k] = v
+	}
+	return m
 }
 
 // TestPoolBalance: through nginx, "least_inflight" sends few calls to a
@@ -653,7 +666,7 @@ func TestPoolBalance(t *testing.T) {
 	slow := srvs[0]
 	slow.whoDelay.Store(300)
 	const calls = 600
-	counts := whoCounts(t, n, "/least", calls, 12)
+	counts := getAll(t, n, "/least", calls, 12)
 	t.Logf("least_inflight with %s slow: %v", slow.addr, counts)
 	if got := counts[slow.addr]; got > calls/10 {
 		t.Errorf("the slow server took %d of %d calls, want at most %d", got, calls, calls/10)
@@ -772,50 +785,8 @@ func TestPoolDNSLua(t *testing.T) {
 		return strings.Join(got, ",") == strings.Join(want, ",")
 	}
 
-	var failed, oks atomic.Int64
-	var lastErr atomic.Value
-	var mu sync.Mutex
-	hits := map[string]int{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(90 * time.Second) // bounds the load if the test fails first
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				st, body := n.get("/who")
-				if st != 200 {
-					failed.Add(1)
-					lastErr.Store(body)
-					continue
-				}
-				oks.Add(1)
-				mu.Lock()
-				hits[strings.TrimSpace(body)]++
-				mu.Unlock()
-			}
-		}()
-	}
-	stopLoad := func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		wg.Wait()
-	}
-	defer stopLoad()
-	hitsOf := func(addr string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return hits[addr]
-	}
+	ld := startLoad(t, n, "/who", 8)
+	hitsOf := ld.answered
 	step := func(ips ...string) {
 		t.Helper()
 		var want []string
@@ -837,19 +808,19 @@ func TestPoolDNSLua(t *testing.T) {
 	step("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	step("127.0.0.2")
 	gone1, gone3 := hitsOf(srvs[0].addr), hitsOf(srvs[2].addr)
-	okAt := oks.Load()
+	okAt := ld.oks.Load()
 	time.Sleep(500 * time.Millisecond)
-	stopLoad()
+	ld.stop()
 	if hitsOf(srvs[0].addr) != gone1 || hitsOf(srvs[2].addr) != gone3 {
 		t.Error("removed servers still take calls")
 	}
-	if oks.Load() == okAt {
+	if ld.oks.Load() == okAt {
 		t.Error("no call succeeded after the last change")
 	}
-	if f := failed.Load(); f != 0 {
-		t.Fatalf("%d of %d calls failed during the DNS changes, last: %v", f, f+oks.Load(), lastErr.Load())
+	if f := ld.failures(); len(f) != 0 {
+		t.Fatalf("%d of %d calls failed during the DNS changes: %v", len(f), len(f)+int(ld.oks.Load()), f)
 	}
-	t.Logf("%d calls, none failed; %d DNS queries; per server: %v", oks.Load(), dns.Queries(), hits)
+	t.Logf("%d calls, none failed; %d DNS queries; per server: %v", ld.oks.Load(), dns.Queries(), ld.answers())
 }
 
 func atoi(s string) int {

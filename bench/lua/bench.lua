@@ -94,19 +94,14 @@ function _M.run()
     local body = str_rep("x", size)
 
     local loop, target
-    if kind == "unary" then
-        local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
-        if not conn then
-            ngx.status = 500
-            ngx.say(err)
-            return
-        end
-        loop, target = qrpc_loop, conn
-    elseif kind == "pool" then
-        -- addrs: comma-separated host:port list, one pool of them all
-        local addrs = {}
-        for a in (args.addrs or ""):gmatch("[^,]+") do
-            addrs[#addrs + 1] = a
+    if kind == "unary" or kind == "pool" then
+        local addrs = cfg.addr
+        if kind == "pool" then
+            -- addrs: comma-separated host:port list, one pool of them all
+            addrs = {}
+            for a in (args.addrs or ""):gmatch("[^,]+") do
+                addrs[#addrs + 1] = a
+            end
         end
         local conn, err = qrpc.connect(addrs, { ca = cfg.ca, server_name = "localhost" })
         if not conn then
