@@ -5,7 +5,7 @@
 // several runs; nothing here passes or fails on time.
 //
 // One file per section (ipc, unary, http with the sidecar, memory,
-// placement, gomaxprocs, restyffi, proto), sharing harness.go; the report is
+// placement, gomaxprocs, restyffi, proto, pools), sharing harness.go; the report is
 // report.go and chart.go; the processes the figures call are servers.go
 // and goclient.go.
 package main
@@ -44,6 +44,8 @@ type params struct {
 	gmpSeqN   int    // sequential calls per run in the GOMAXPROCS figure
 	pbSeqN    int    // sequential calls per mode per run in the protobuf figure
 	pbWrkDur  string // wrk duration of each protobuf gateway location
+	poolSeqN  int    // sequential calls per run in the pools figure
+	poolParN  int    // concurrent calls per run in the pools figure
 	only      map[string]bool
 	hold      bool
 
@@ -67,7 +69,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -87,11 +89,11 @@ func main() {
 	// a unix socket echo of 100 KB 0.2 ms, hence these counts.
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 100000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
-		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 4000, pbWrkDur: "2s"}
+		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 4000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
-			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s"}
+			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s", poolSeqN: 1500, poolParN: 5000}
 	}
 	switch {
 	case *client != "":
@@ -140,6 +142,7 @@ type env struct {
 	caPEM    []byte
 	caFile   string
 	qrpcAddr string
+	pair     certs.Pair // the servers' certificate: the pools figure starts more of them
 	srvPID   int
 	udsPath  string
 	httpAddr string
@@ -214,7 +217,7 @@ func run(p params, out, svg string) error {
 		return err
 	}
 	defer srv.stop()
-	e.qrpcAddr, e.srvPID, e.caPEM = srv.addr, srv.pid, ca.CertPEM
+	e.qrpcAddr, e.srvPID, e.caPEM, e.pair = srv.addr, srv.pid, ca.CertPEM, pair
 	e.caFile = filepath.Join(dir, "ca.pem")
 	if err := os.WriteFile(e.caFile, ca.CertPEM, 0o644); err != nil {
 		return err
@@ -271,6 +274,7 @@ func run(p params, out, svg string) error {
 		{"gomaxprocs", figureGOMAXPROCS, p.want("gomaxprocs", true)},
 		{"restyffi", figureRestyFFI, p.want("restyffi", false)},
 		{"proto", figureProto, p.want("proto", false)},
+		{"pools", figurePools, p.want("pools", false)},
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {

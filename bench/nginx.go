@@ -181,7 +181,12 @@ func (n *nginx) measure(kind string, calls, size, c int) func() (time.Duration, 
 // lua runs one measurement inside nginx (bench/lua/bench.lua) and returns
 // its duration.
 func (n *nginx) lua(kind string, calls, size, c int) (time.Duration, error) {
-	body, err := n.get(fmt.Sprintf("/bench?kind=%s&n=%d&size=%d&c=%d", kind, calls, size, c))
+	return n.luaQuery(kind, fmt.Sprintf("kind=%s&n=%d&size=%d&c=%d", kind, calls, size, c))
+}
+
+// luaQuery is lua with the whole query string (kinds with more arguments).
+func (n *nginx) luaQuery(kind, query string) (time.Duration, error) {
+	body, err := n.get("/bench?" + query)
 	if err != nil {
 		return 0, err
 	}

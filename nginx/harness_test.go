@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"text/template"
@@ -229,6 +230,10 @@ type testServer struct {
 	events map[string]int
 	conns  map[context.Context]struct{}
 	slow   int // slow handlers running
+
+	// whoDelay (ms) holds each "who" call: a test makes one server of a
+	// pool slow without changing what the callers ask.
+	whoDelay atomic.Int64
 }
 
 // ownServer starts a qrpc server for one test only (tests that restart or
@@ -348,6 +353,20 @@ func (s *testServer) register(srv *qrpc.Server) {
 		s.seen(ctx)
 		resp.Code = 7
 		resp.Body = []byte("failed on purpose")
+	})
+	// who answers the server's listen address, so that a pool test can
+	// tell which server a call went to.
+	srv.Handle("who", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.seen(ctx)
+		if ms := s.whoDelay.Load(); ms > 0 {
+			select {
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+		s.mu.Lock()
+		resp.Body = []byte(s.addr)
+		s.mu.Unlock()
 	})
 	// slow sleeps the number of milliseconds in the body.
 	srv.Handle("slow", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -146,21 +150,7 @@ func TestPoolThreeServers(t *testing.T) {
 		srvs = append(srvs, startDemo(t, bin, dir, addr))
 		extra[fmt.Sprintf("s%d", i+1)] = addr
 	}
-	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+`
-                local conn, err = pool()
-                if not conn then
-                    ngx.status = 502
-                    ngx.say("connect: ", err)
-                    return
-                end
-                local res
-                res, err = conn:unary("greet", "pool")
-                if not res then
-                    ngx.status = 502
-                    ngx.say(err)
-                    return
-                end
-                ngx.say(res.body)`) + loc("/peers", poolLua+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`)) + loc("/peers", poolLua+`
                 local conn, err = pool()
                 if not conn then
                     ngx.say("connect: ", err)
@@ -190,23 +180,8 @@ func TestPoolThreeServers(t *testing.T) {
 	stateOf := func(addr string) string { return strings.Fields(peers()[addr] + " ?")[0] }
 
 	// Spread: 3,000 calls, each server within ±15 % of 1,000.
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	var next atomic.Int64
-	for range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= 3000 {
-				if st, body := n.get("/call"); st != 200 || body != "Hello pool!\n" {
-					failed.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if failed.Load() != 0 {
-		t.Fatalf("%d of 3000 calls failed", failed.Load())
+	if got := getAll(t, n, "/call", 3000, 20); got["Hello pool!"] != 3000 {
+		t.Fatalf("3000 calls answered %v", got)
 	}
 	for _, s := range srvs {
 		c := s.calls(t)
@@ -225,66 +200,26 @@ func TestPoolThreeServers(t *testing.T) {
 		}
 	}
 
-	// kill -9 of one server under 100 concurrent requests.
-	type outcome struct {
-		at  time.Time
-		err string
-	}
-	var mu sync.Mutex
-	var fails []outcome
-	var oks atomic.Int64
-	stop := make(chan struct{})
-	var lwg sync.WaitGroup
-	for range 100 {
-		lwg.Add(1)
-		go func() {
-			defer lwg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				st, body := n.get("/call")
-				if st == 200 {
-					oks.Add(1)
-					continue
-				}
-				mu.Lock()
-				fails = append(fails, outcome{time.Now(), strings.TrimSpace(body)})
-				mu.Unlock()
-			}
-		}()
-	}
-	stopLoad := func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		lwg.Wait()
-	}
-	defer stopLoad()
+	// kill -9 of one server under 200 concurrent requests (nginx: 1 worker,
+	// 1024 connections).
+	ld := startLoad(t, n, "/call", 200)
 	time.Sleep(500 * time.Millisecond)
 	victim := srvs[1]
 	killedAt := time.Now()
 	victim.kill()
 	waitFor(t, 20*time.Second, "the killed server is ejected", func() bool { return stateOf(victim.addr) == "ejected" })
 	ejectedAt := time.Now()
+	atEjection := peers()[victim.addr]
 	time.Sleep(1200 * time.Millisecond) // calls caught before the ejection end (1 s timeout)
-	mu.Lock()
-	before := len(fails)
-	mu.Unlock()
-	okBefore := oks.Load()
+	before := len(ld.failures())
+	okBefore := ld.oks.Load()
 	time.Sleep(700 * time.Millisecond) // within the 2 s ejection: no trial call yet
-	mu.Lock()
-	after := len(fails) - before
-	sample := fails
-	mu.Unlock()
+	sample := ld.failures()
+	after := len(sample) - before
 	if after != 0 {
 		t.Fatalf("%d calls failed after the ejection: %v", after, sample[before:])
 	}
-	if oks.Load() == okBefore {
+	if ld.oks.Load() == okBefore {
 		t.Fatal("no call succeeded after the ejection")
 	}
 	for _, f := range sample {
@@ -292,19 +227,46 @@ func TestPoolThreeServers(t *testing.T) {
 			t.Fatalf("a call failed with %q", f.err)
 		}
 	}
-	t.Logf("kill -9 under load: %d calls failed (timeouts of calls caught on it), ejected %v after the kill",
-		before, ejectedAt.Sub(killedAt).Round(time.Millisecond))
+	t.Logf("kill -9 under 200 concurrent requests: %d of %d calls failed (calls caught on it), ejected %v after the kill (%s)",
+		before, int(okBefore)+before, ejectedAt.Sub(killedAt).Round(time.Millisecond), atEjection)
 	if before == 0 {
 		t.Fatal("no call failed: was the server really killed under load?")
 	}
-	stopLoad()
+	// Until its calls time out (1 s) nothing tells the pool the server is
+	// gone, so each client may be caught on it once; after the first
+	// failures it is ejected and no client is caught again.
+	if before > 200 {
+		t.Errorf("%d calls failed: more than one per client", before)
+	}
+	if m := regexp.MustCompile(`failures=(\d+)`).FindStringSubmatch(atEjection); m == nil || atoi(m[1]) < 3 {
+		t.Errorf("ejected with %q: want failures >= 3 (health.failures)", atEjection)
+	}
+
+	// Restarted under the same load: back within the ejection (2 s, 4 s
+	// if a trial call found it still dead) plus the dial; no call fails.
+	victim.start()
+	restartedAt := time.Now()
+	waitFor(t, 30*time.Second, "the restarted server is back", func() bool { return stateOf(victim.addr) == "up" })
+	back := time.Since(restartedAt)
+	t.Logf("restarted server up %v after its restart, %v after its ejection", back.Round(time.Millisecond),
+		time.Since(ejectedAt).Round(time.Millisecond))
+	if back > 7*time.Second {
+		t.Errorf("the restarted server took %v to come back, want at most 4 s ejection + 3 s dial", back)
+	}
+	time.Sleep(300 * time.Millisecond)
+	ld.stop()
+	afterRestart := ld.failures()[before:]
+	if len(afterRestart) != 0 {
+		t.Fatalf("%d calls failed after the ejection (restart included): %v", len(afterRestart), afterRestart)
+	}
 	if n.logCount(`qrpc: server ejected.*`+regexp.QuoteMeta(victim.addr)) == 0 {
 		t.Error("no ejection notice in error.log")
 	}
 
 	// All three down: fast "unavailable: no server up".
-	srvs[0].kill()
-	srvs[2].kill()
+	for _, s := range srvs {
+		s.kill()
+	}
 	var last string
 	waitFor(t, 30*time.Second, "calls fail fast with no server up", func() bool {
 		began := time.Now()
@@ -532,4 +494,339 @@ func TestPoolConnectionCap(t *testing.T) {
 		body:   lines("failed=0 most=64 pools=64", "last 500 connects grew the worker under 24 MB: true"),
 		logHas: []string{`rss at 250/500/750/1000 connects`},
 	}})
+}
+
+// poolCallLua is a location's body: one conn:unary(args) through the
+// pool built by the snippet's pool(), answering the response body, or 502
+// and the error.
+func poolCallLua(args string) string {
+	return `
+                local conn, err = pool()
+                if not conn then
+                    ngx.status = 502
+                    ngx.say("connect: ", err)
+                    return
+                end
+                local res
+                res, err = conn:unary(` + args + `)
+                if not res then
+                    ngx.status = 502
+                    ngx.say(err)
+                    return
+                end
+                ngx.say(res.body)`
+}
+
+// whoLua serves /who: the address of the server that took the call, with
+// the query's key as hash key.
+var whoLua = poolCallLua(`"who", "", { hash_key = ngx.var.arg_key }`)
+
+// getAll makes calls GETs of path, conc at a time (calls a multiple of
+// conc), and counts the answers by body; a failed call is fatal.
+func getAll(t *testing.T, n *nginxProc, path string, calls, conc int) map[string]int {
+	t.Helper()
+	bodies := make(chan string, calls)
+	errs := make(chan string, calls)
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls / conc {
+				if st, body := n.get(path); st == 200 {
+					bodies <- strings.TrimSpace(body)
+				} else {
+					errs <- fmt.Sprintf("%d %s", st, strings.TrimSpace(body))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(bodies)
+	close(errs)
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d calls to %s failed, the first: %s", len(errs), calls, path, <-errs)
+	}
+	counts := map[string]int{}
+	for b := range bodies {
+		counts[b]++
+	}
+	return counts
+}
+
+// outcome is a failed call of a callLoad.
+type outcome struct {
+	at  time.Time
+	err string
+}
+
+// callLoad GETs one path from several clients at once until stopped, at
+// most 90 s and 100,000 calls per client, counting answers by body and
+// keeping the failures.
+type callLoad struct {
+	oks  atomic.Int64
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	byAns map[string]int
+	fails []outcome
+}
+
+func startLoad(t *testing.T, n *nginxProc, path string, clients int) *callLoad {
+	l := &callLoad{done: make(chan struct{}), byAns: map[string]int{}}
+	deadline := time.Now().Add(90 * time.Second)
+	for range clients {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-l.done:
+					return
+				default:
+				}
+				st, body := n.get(path)
+				body = strings.TrimSpace(body)
+				l.mu.Lock()
+				if st == 200 {
+					l.oks.Add(1)
+					l.byAns[body]++
+				} else {
+					l.fails = append(l.fails, outcome{time.Now(), body})
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(l.stop)
+	return l
+}
+
+// stop ends the load and waits for its clients.
+func (l *callLoad) stop() {
+	l.once.Do(func() { close(l.done) })
+	l.wg.Wait()
+}
+
+func (l *callLoad) failures() []outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]outcome(nil), l.fails...)
+}
+
+// answered is how many calls were answered with body.
+func (l *callLoad) answered(body string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.byAns[body]
+}
+
+func (l *callLoad) answers() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[string]int, len(l.byAns))
+	for k, v := range l.byAns {
+		m[k] = v
+	}
+	return m
+}
+
+// TestPoolBalance: through nginx, "least_inflight" sends few calls to a
+// server made slow, and "hash" keeps each key on one server and moves at
+// most 40 % of the keys when a fourth server joins (about 1/4 expected).
+// The servers answer "who" with their own address, so the test sees
+// where each call went.
+func TestPoolBalance(t *testing.T) {
+	requireNginx(t)
+	srvs := []*testServer{ownServer(t), ownServer(t), ownServer(t), ownServer(t)}
+	extra := map[string]string{}
+	for i, s := range srvs {
+		extra[fmt.Sprintf("s%d", i+1)] = s.addr
+	}
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/least", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({ balance = "least_inflight" }))
+                end`+whoLua) + loc("/hash", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    local addrs = { qt.s1, qt.s2, qt.s3 }
+                    if ngx.var.arg_n == "4" then
+                        addrs[4] = qt.s4
+                    end
+                    return qrpc.connect(addrs, qt.opts({ balance = "hash" }))
+                end`+whoLua)})
+
+	// least_inflight: s1 holds each call 300 ms, the others answer at
+	// once. Round-robin would give it a third of the calls.
+	slow := srvs[0]
+	slow.whoDelay.Store(300)
+	const calls = 600
+	counts := getAll(t, n, "/least", calls, 12)
+	t.Logf("least_inflight with %s slow: %v", slow.addr, counts)
+	if got := counts[slow.addr]; got > calls/10 {
+		t.Errorf("the slow server took %d of %d calls, want at most %d", got, calls, calls/10)
+	}
+	for _, s := range srvs[1:3] {
+		if counts[s.addr] < calls/4 {
+			t.Errorf("fast server %s took %d of %d calls", s.addr, counts[s.addr], calls)
+		}
+	}
+	slow.whoDelay.Store(0)
+
+	// hash: 300 keys, each asked twice of the 3-server pool and once of the
+	// 4-server pool.
+	const keys = 300
+	where3 := map[string]string{}
+	per3 := map[string]int{}
+	moved, toNew := 0, 0
+	for i := range keys {
+		key := fmt.Sprintf("user-%d", i)
+		var first string
+		for try := range 2 {
+			st, body := n.get("/hash?key=" + key)
+			if st != 200 {
+				t.Fatalf("/hash %s: %d %s", key, st, body)
+			}
+			got := strings.TrimSpace(body)
+			if try == 0 {
+				first = got
+			} else if got != first {
+				t.Fatalf("key %s went to %s, then to %s", key, first, got)
+			}
+		}
+		where3[key] = first
+		per3[first]++
+		st, body := n.get("/hash?n=4&key=" + key)
+		if st != 200 {
+			t.Fatalf("/hash?n=4 %s: %d %s", key, st, body)
+		}
+		if got := strings.TrimSpace(body); got != first {
+			moved++
+			if got == srvs[3].addr {
+				toNew++
+			}
+		}
+	}
+	t.Logf("hash: keys per server with 3: %v; adding a 4th moved %d of %d keys (%d to the new one)", per3, moved, keys, toNew)
+	for _, s := range srvs[:3] {
+		if per3[s.addr] < keys/6 {
+			t.Errorf("server %s holds %d of %d keys", s.addr, per3[s.addr], keys)
+		}
+	}
+	if moved > keys*40/100 {
+		t.Errorf("adding a 4th server moved %d of %d keys, want at most 40 %%", moved, keys)
+	}
+	if moved == 0 || toNew != moved {
+		t.Errorf("adding a 4th server moved %d keys, %d of them to it: keys should move only to the new server", moved, toNew)
+	}
+}
+
+// TestPoolDNSLua: qrpc.connect("name:port", { resolve = 200, resolver =
+// <the test's own DNS server> }) in nginx. The name goes from 2 loopback
+// addresses to 3, then to 1 (servers on each, same port); conn:peers()
+// follows and no call fails while calls run all along.
+func TestPoolDNSLua(t *testing.T) {
+	requireNginx(t)
+	first := ownServer(t)
+	_, port, _ := net.SplitHostPort(first.addr)
+	srvs := []*testServer{first}
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		s, err := newTestServer(ip+":"+port, nil)
+		if err != nil {
+			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
+		}
+		t.Cleanup(func() { _ = s.close() })
+		srvs = append(srvs, s)
+	}
+	// Each call takes 20 ms, so that calls are in flight on a server when
+	// DNS drops it: they must finish (the server drains), not fail.
+	for _, s := range srvs {
+		s.whoDelay.Store(20)
+	}
+	const name = "pool.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2")
+	extra := map[string]string{"name": "pool.qrpc.test:" + port, "dns": dns.Addr}
+	lua := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect(qt.name, qt.opts({ resolve = 200, resolver = qt.dns, timeout = 3000 }))
+                end`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/who", lua+whoLua) + loc("/peers", lua+`
+                local conn, err = pool()
+                if not conn then
+                    ngx.say("connect: ", err)
+                    return
+                end
+                for _, p in ipairs(conn:peers()) do
+                    ngx.say(p.addr, " ", p.state)
+                end`)})
+	// peersAre: every peer up, and exactly want.
+	peersAre := func(want []string) bool {
+		st, body := n.get("/peers")
+		if st != 200 {
+			t.Fatalf("/peers: %d %s", st, body)
+		}
+		var got []string
+		for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+			addr, state, _ := strings.Cut(l, " ")
+			if state != "up" {
+				return false
+			}
+			got = append(got, addr)
+		}
+		sort.Strings(got)
+		return strings.Join(got, ",") == strings.Join(want, ",")
+	}
+
+	ld := startLoad(t, n, "/who", 8)
+	hitsOf := ld.answered
+	step := func(ips ...string) {
+		t.Helper()
+		var want []string
+		for _, ip := range ips {
+			want = append(want, ip+":"+port)
+		}
+		sort.Strings(want)
+		dns.Set(ips...)
+		began := time.Now()
+		waitFor(t, 15*time.Second, "peers follow DNS to "+strings.Join(want, ","), func() bool { return peersAre(want) })
+		t.Logf("peers %v after %v (resolve = 200 ms)", want, time.Since(began).Round(time.Millisecond))
+		// every address named takes calls
+		for _, a := range want {
+			h := hitsOf(a)
+			waitFor(t, 15*time.Second, a+" takes calls", func() bool { return hitsOf(a) > h+10 })
+		}
+	}
+	step("127.0.0.1", "127.0.0.2")
+	step("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	step("127.0.0.2")
+	gone1, gone3 := hitsOf(srvs[0].addr), hitsOf(srvs[2].addr)
+	okAt := ld.oks.Load()
+	time.Sleep(500 * time.Millisecond)
+	ld.stop()
+	if hitsOf(srvs[0].addr) != gone1 || hitsOf(srvs[2].addr) != gone3 {
+		t.Error("removed servers still take calls")
+	}
+	if ld.oks.Load() == okAt {
+		t.Error("no call succeeded after the last change")
+	}
+	if f := ld.failures(); len(f) != 0 {
+		t.Fatalf("%d of %d calls failed during the DNS changes: %v", len(f), len(f)+int(ld.oks.Load()), f)
+	}
+	t.Logf("%d calls, none failed; %d DNS queries; per server: %v", ld.oks.Load(), dns.Queries(), ld.answers())
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
 }

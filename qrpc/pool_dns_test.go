@@ -2,103 +2,15 @@ package qrpc_test
 
 import (
 	"net"
-	"net/netip"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
-
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
-
-// dnsServer answers A queries for one name from a list the test changes,
-// AAAA with no records, anything else with NXDOMAIN. It is a real UDP DNS
-// server on 127.0.0.1.
-type dnsServer struct {
-	addr    string
-	name    string
-	mu      sync.Mutex
-	a       []netip.Addr
-	queries atomic.Int64
-}
-
-func startDNS(t *testing.T, name string) *dnsServer {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &dnsServer{addr: pc.LocalAddr().String(), name: name}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if out := d.answer(buf[:n]); out != nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = pc.Close()
-		<-done
-	})
-	return d
-}
-
-func (d *dnsServer) set(ips ...string) {
-	var a []netip.Addr
-	for _, s := range ips {
-		a = append(a, netip.MustParseAddr(s))
-	}
-	d.mu.Lock()
-	d.a = a
-	d.mu.Unlock()
-}
-
-func (d *dnsServer) answer(req []byte) []byte {
-	var p dnsmessage.Parser
-	h, err := p.Start(req)
-	if err != nil {
-		return nil
-	}
-	q, err := p.Question()
-	if err != nil {
-		return nil
-	}
-	d.queries.Add(1)
-	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired}
-	known := strings.EqualFold(q.Name.String(), d.name)
-	if !known {
-		rh.RCode = dnsmessage.RCodeNameError
-	}
-	b := dnsmessage.NewBuilder(nil, rh)
-	b.EnableCompression()
-	_ = b.StartQuestions()
-	_ = b.Question(q)
-	_ = b.StartAnswers()
-	if known && q.Type == dnsmessage.TypeA {
-		d.mu.Lock()
-		for _, ip := range d.a {
-			_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1},
-				dnsmessage.AResource{A: ip.As4()})
-		}
-		d.mu.Unlock()
-	}
-	out, err := b.Finish()
-	if err != nil {
-		return nil
-	}
-	return out
-}
 
 // TestPoolDNS: a name served by the test's own DNS server goes from 2
 // addresses to 3, then to 1; the pool's servers follow within its resolve
@@ -111,14 +23,14 @@ func TestPoolDNS(t *testing.T) {
 	f.add("127.0.0.2:" + port)
 	f.add("127.0.0.3:" + port)
 	const name = "pool.qrpc.test."
-	dns := startDNS(t, name)
-	dns.set("127.0.0.1", "127.0.0.2")
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2")
 	p := f.dial(t, []string{"pool.qrpc.test:" + port}, &qrpc.PoolConfig{
 		// The certificate is for localhost: the name checked is set, not
 		// taken from the DNS name.
 		Config:   qrpc.Config{ServerName: "localhost"},
 		Resolve:  100 * time.Millisecond,
-		Resolver: dns.addr,
+		Resolver: dns.Addr,
 	})
 	var failed atomic.Int64
 	var lastErr atomic.Pointer[error]
@@ -151,11 +63,11 @@ func TestPoolDNS(t *testing.T) {
 	}
 	follows("127.0.0.1", "127.0.0.2")
 	time.Sleep(300 * time.Millisecond)
-	dns.set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	follows("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	h := f.srvs[2].hits.Load()
 	eventually(t, 10*time.Second, "the new server takes calls", func() bool { return f.srvs[2].hits.Load() > h+20 })
-	dns.set("127.0.0.2")
+	dns.Set("127.0.0.2")
 	follows("127.0.0.2")
 	h0, h2 := f.srvs[0].hits.Load(), f.srvs[2].hits.Load()
 	time.Sleep(300 * time.Millisecond)
@@ -170,5 +82,5 @@ func TestPoolDNS(t *testing.T) {
 	if p.Conns() != 1 {
 		t.Fatalf("%d connections after draining, want 1", p.Conns())
 	}
-	t.Logf("%d DNS queries", dns.queries.Load())
+	t.Logf("%d DNS queries", dns.Queries())
 }

@@ -94,8 +94,16 @@ function _M.run()
     local body = str_rep("x", size)
 
     local loop, target
-    if kind == "unary" then
-        local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
+    if kind == "unary" or kind == "pool" then
+        local addrs = cfg.addr
+        if kind == "pool" then
+            -- addrs: comma-separated host:port list, one pool of them all
+            addrs = {}
+            for a in (args.addrs or ""):gmatch("[^,]+") do
+                addrs[#addrs + 1] = a
+            end
+        end
+        local conn, err = qrpc.connect(addrs, { ca = cfg.ca, server_name = "localhost" })
         if not conn then
             ngx.status = 500
             ngx.say(err)
