@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/transcode"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -65,28 +66,33 @@ func protoLoad(_ *Runtime, cmd *Command) ([]byte, error) {
 
 // messageCache maps type names to messages without converting the name to
 // a string on every call (a map index with string(b) does not allocate).
-var messageCache struct {
-	sync.RWMutex
-	m map[string]*transcode.Message
-}
+// Readers load an immutable map snapshot (no lock on the call path);
+// writers copy it, add the new entry and swap it in under messageMu.
+var (
+	messageCache atomic.Pointer[map[string]*transcode.Message]
+	messageMu    sync.Mutex
+)
 
 func message(name []byte) (*transcode.Message, error) {
-	messageCache.RLock()
-	m := messageCache.m[string(name)]
-	messageCache.RUnlock()
-	if m != nil {
-		return m, nil
+	if cur := messageCache.Load(); cur != nil {
+		if m := (*cur)[string(name)]; m != nil {
+			return m, nil
+		}
 	}
 	m, err := schemas.Message(string(name))
 	if err != nil {
 		return nil, err
 	}
-	messageCache.Lock()
-	if messageCache.m == nil {
-		messageCache.m = map[string]*transcode.Message{}
+	messageMu.Lock()
+	defer messageMu.Unlock()
+	next := map[string]*transcode.Message{}
+	if cur := messageCache.Load(); cur != nil {
+		for k, v := range *cur {
+			next[k] = v
+		}
 	}
-	messageCache.m[string(name)] = m
-	messageCache.Unlock()
+	next[string(name)] = m
+	messageCache.Store(&next)
 	return m, nil
 }
 

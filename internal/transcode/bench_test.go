@@ -1,6 +1,7 @@
 package transcode
 
 import (
+	"encoding/json"
 	"syscall"
 	"testing"
 	"time"
@@ -154,6 +155,90 @@ func BenchmarkDecodeProfileProtojson(b *testing.B) {
 	for b.Loop() {
 		var err error
 		if buf, err = m.decodeSlow(buf[:0], pb, DecodeOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// shuffledProfileJSON is the benchmark message with its keys in the order
+// a Lua table's pairs() gives (hash order, never field order), as the
+// Lua module sends it: the encoder must put the fields back in order.
+func shuffledProfileJSON(b *testing.B, js []byte) []byte {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(js, &obj); err != nil {
+		b.Fatal(err)
+	}
+	order := []string{"tags", "created", "email", "id", "score", "avatar", "name", "color", "active", "age"}
+	out := []byte{'{'}
+	for i, k := range order {
+		v, ok := obj[k]
+		if !ok {
+			b.Fatalf("profile has no %q", k)
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		out = append(out, k...)
+		out = append(out, '"', ':')
+		out = append(out, v...)
+	}
+	return append(out, '}')
+}
+
+// Keys in Lua's order: what a call with a Lua table costs.
+func BenchmarkEncodeProfileShuffled(b *testing.B) {
+	m, js, _ := benchInputs(b)
+	js = shuffledProfileJSON(b, js)
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	for b.Loop() {
+		var err error
+		if buf, err = m.Encode(buf[:0], js, EncodeOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// evict walks a buffer larger than the last-level cache, as an nginx
+// worker does between two calls (Lua, nginx, the network stack), so that
+// the call after it runs with cold caches. The walk itself is outside the
+// timer: ns/op is the cold call alone (cpu-ns/op would count the walk).
+var evictBuf = make([]byte, 32<<20)
+
+func evict() {
+	for i := 0; i < len(evictBuf); i += 64 {
+		evictBuf[i]++
+	}
+}
+
+func BenchmarkEncodeProfileShuffledCold(b *testing.B) {
+	m, js, _ := benchInputs(b)
+	js = shuffledProfileJSON(b, js)
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		evict()
+		b.StartTimer()
+		var err error
+		if buf, err = m.Encode(buf[:0], js, EncodeOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeProfileCold(b *testing.B) {
+	m, _, pb := benchInputs(b)
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		evict()
+		b.StartTimer()
+		var err error
+		if buf, err = m.Decode(buf[:0], pb, DecodeOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -61,7 +61,7 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		}
 		val := b[:m]
 		b = b[m:]
-		f := p.byNum[num]
+		f := p.byNumber(num)
 		if f == nil {
 			continue // unknown: protojson leaves it out too
 		}
@@ -444,6 +444,14 @@ func (d *fastDecoder) scalar(out []byte, f *fieldPlan, e entry) ([]byte, bool) {
 			return append(out, "null"...), true
 		}
 		n := protoreflect.EnumNumber(int32(e.v))
+		if uint64(n) < uint64(len(f.enumByNum)) && f.enumByNum[n] != "" {
+			out = append(out, '"')
+			out = append(out, f.enumByNum[n]...)
+			return append(out, '"'), true
+		}
+		if f.enumByNum != nil {
+			return strconv.AppendInt(out, int64(n), 10), true
+		}
 		if ev := f.fd.Enum().Values().ByNumber(n); ev != nil {
 			out = append(out, '"')
 			out = append(out, ev.Name()...)
@@ -602,7 +610,7 @@ func trimNanos(out []byte, start int) []byte {
 }
 
 func (d *fastDecoder) wrapper(out []byte, p *plan, b []byte) ([]byte, bool) {
-	f := p.byNum[1]
+	f := p.byNumber(1)
 	e := entry{wt: wireType(f.kind)}
 	for len(b) > 0 {
 		num, wt, n := protowire.ConsumeTag(b)

@@ -1,9 +1,9 @@
 package transcode
 
 import (
-	"cmp"
 	"encoding/base64"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,17 +29,15 @@ type fastEncoder struct {
 	js      []byte
 	i       int
 	depth   int
-	tmp     []byte // reordering
 }
 
 // maxFastDepth bounds the fast path's recursion; deeper input goes to
 // protojson, which has its own limit.
 const maxFastDepth = 64
 
-// segment is one field's bytes in the output, to put fields in the
-// order the Go encoder uses when the JSON had them in another.
+// segment is one field's (or map entry's) bytes in the output, to put
+// them in the order the Go encoder uses when the JSON had them in another.
 type segment struct {
-	order      int64
 	start, end int
 }
 
@@ -91,20 +89,29 @@ func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
 	e.depth++
 	defer func() { e.depth-- }()
 	base := len(out)
-	var segStack [16]segment
-	segs := segStack[:0]
-	var seen, seenOneof uint64
 	if len(p.fields) > 64 || p.oneofs > 64 {
 		return out, false
 	}
+	// segs are the fields written, in input order; at[r] is where the
+	// field of rank r is in segs when bit r of present is set. Walking
+	// present's bits gives the output order: no sort, nothing to clear
+	// but at's 64 bytes.
+	var segStack [16]segment
+	segs := segStack[:0]
+	var at [64]uint8
+	var seen, seenOneof, present uint64
 	sorted := true
+	lastRank := -1
 	if !e.consume('}') {
 		for {
 			key, ok := e.str()
 			if !ok || !e.consume(':') {
 				return out, false
 			}
-			f := p.byName[string(key)]
+			var f *fieldPlan
+			if s := p.names.find(key); s != nil {
+				f = s.f
+			}
 			if f == nil {
 				if !e.discard || (len(key) > 0 && key[0] == '[') || !e.skip(0) {
 					return out, false
@@ -125,10 +132,13 @@ func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
 					return out, false
 				}
 				if len(out) > start {
-					if n := len(segs); n > 0 && segs[n-1].order > f.order {
+					if f.rank < lastRank {
 						sorted = false
 					}
-					segs = append(segs, segment{order: f.order, start: start, end: len(out)})
+					lastRank = f.rank
+					at[f.rank] = uint8(len(segs))
+					present |= 1 << f.rank
+					segs = append(segs, segment{start: start, end: len(out)})
 				}
 			}
 			if e.consume(',') {
@@ -141,20 +151,25 @@ func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
 		}
 	}
 	if !sorted {
-		slices.SortFunc(segs, func(a, b segment) int { return cmp.Compare(a.order, b.order) })
-		out = e.reorder(out, base, segs)
+		end := len(out)
+		for m := present; m != 0; m &= m - 1 {
+			s := segs[at[bits.TrailingZeros64(m)]]
+			out = append(out, out[s.start:s.end]...)
+		}
+		out = out[:base+copy(out[base:], out[end:])]
 	}
 	return out, true
 }
 
-// reorder rewrites out[base:] as its segments in the order given.
-func (e *fastEncoder) reorder(out []byte, base int, segs []segment) []byte {
-	e.tmp = append(e.tmp[:0], out[base:]...)
-	out = out[:base]
+// reorder rewrites out[base:] as its segments in the order given. It
+// builds the new order after the end of out and moves it back, so that it
+// needs no buffer of its own: out's spare room (a pooled buffer) serves.
+func reorder(out []byte, base int, segs []segment) []byte {
+	end := len(out)
 	for _, s := range segs {
-		out = append(out, e.tmp[s.start-base:s.end-base]...)
+		out = append(out, out[s.start:s.end]...)
 	}
-	return out
+	return out[:base+copy(out[base:], out[end:])]
 }
 
 func (e *fastEncoder) field(out []byte, f *fieldPlan) ([]byte, bool) {
@@ -192,7 +207,7 @@ func (e *fastEncoder) nested(out []byte, p *plan) ([]byte, bool) {
 	case wktTimestamp, wktDuration:
 		out, ok = e.timeValue(out, p)
 	case wktWrapper:
-		f := p.byNum[1]
+		f := p.byNumber(1)
 		start := len(out)
 		out = protowire.AppendTag(out, 1, wireType(f.kind))
 		var zero bool
@@ -322,11 +337,12 @@ func (e *fastEncoder) mapField(out []byte, f *fieldPlan) ([]byte, bool) {
 	byKey := func(a, b mapEntry) int { return compareMapKeys(kind, a.key, b.key) }
 	if !slices.IsSortedFunc(ents, byKey) {
 		slices.SortStableFunc(ents, byKey)
-		segs := make([]segment, len(ents))
-		for i, m := range ents {
-			segs[i] = segment{start: m.start, end: m.end}
+		var segStack [8]segment
+		segs := segStack[:0]
+		for _, m := range ents {
+			segs = append(segs, segment{start: m.start, end: m.end})
 		}
-		out = e.reorder(out, base, segs)
+		out = reorder(out, base, segs)
 	}
 	for i := 1; i < len(ents); i++ {
 		if byKey(ents[i-1], ents[i]) == 0 {
@@ -535,11 +551,11 @@ func (e *fastEncoder) scalar(out []byte, f *fieldPlan) ([]byte, bool, bool) {
 			if !ok {
 				return out, false, false
 			}
-			ev := f.fd.Enum().Values().ByName(protoreflect.Name(s))
+			ev := f.enumByName.find(s)
 			if ev == nil {
 				return out, false, false
 			}
-			v := uint64(int64(ev.Number()))
+			v := uint64(int64(ev.v))
 			return protowire.AppendVarint(out, v), v == 0, true
 		}
 		tok, ok := e.number()
@@ -576,7 +592,9 @@ func parseFloat(tok []byte, bitSize int) (float64, bool) {
 
 func (e *fastEncoder) lit(s string) bool {
 	e.ws()
-	if strings.HasPrefix(string(e.js[e.i:]), s) {
+	// Not strings.HasPrefix(string(e.js[e.i:]), s): that copies the rest
+	// of the input to the heap.
+	if len(e.js)-e.i >= len(s) && string(e.js[e.i:e.i+len(s)]) == s {
 		e.i += len(s)
 		return true
 	}

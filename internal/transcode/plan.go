@@ -1,7 +1,9 @@
 package transcode
 
 import (
+	"cmp"
 	"encoding/json"
+	"slices"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -25,8 +27,13 @@ type plan struct {
 	wkt    wktKind
 	fields []*fieldPlan // in declaration order, protojson's output order
 	byNum  map[protowire.Number]*fieldPlan
-	// byName finds a field by JSON name or .proto name.
-	byName  map[string]*fieldPlan
+	// dense is byNum as a slice indexed by number, for the usual small
+	// numbers: no hashing on the decode path.
+	dense []*fieldPlan
+	// names finds a field by JSON name or .proto name, without a Go map
+	// (hashing the whole key and walking buckets showed in profiles of
+	// the nginx worker).
+	names   nameTable
 	oneofs  int  // real (not synthetic) oneofs
 	ordered bool // declaration order is field number order
 }
@@ -53,13 +60,20 @@ type fieldPlan struct {
 	oneof    int  // index among the real oneofs, or -1
 	// order is where the Go encoder (proto.Marshal, generated code and
 	// dynamicpb alike) writes the field: by number, members of real oneofs
-	// after the other fields, grouped by oneof.
+	// after the other fields, grouped by oneof. rank is the field's place
+	// in that order among the message's fields, so that the encoder puts
+	// fields back in order (Lua's pairs never gives it) without sorting.
 	order int64
+	rank  int
 	// `"jsonName":` and `"proto_name":`, ready to append.
 	camelKey, protoKey []byte
 	msg                *plan // message kind, or the map's value type
 	mapKey, mapVal     *fieldPlan
 	nullValue          bool // enum google.protobuf.NullValue
+	// enumByName and enumByNum are the enum's values, looked up without
+	// going through the descriptor's maps and lazy initialisation.
+	enumByName nameTable
+	enumByNum  []string // by number when the numbers are small and >= 0
 }
 
 // planFor returns the cached plan for md, building it (and the plans of
@@ -91,7 +105,6 @@ func buildPlan(md protoreflect.MessageDescriptor, built map[protoreflect.FullNam
 	}
 	fields := md.Fields()
 	p.byNum = make(map[protowire.Number]*fieldPlan, fields.Len())
-	p.byName = make(map[string]*fieldPlan, 2*fields.Len())
 	p.ordered = true
 	oneofIndex := map[protoreflect.FullName]int{}
 	for i := 0; i < fields.Len(); i++ {
@@ -115,12 +128,27 @@ func buildPlan(md protoreflect.MessageDescriptor, built map[protoreflect.FullNam
 		p.fields = append(p.fields, fp)
 		p.byNum[fp.num] = fp
 	}
-	// protojson looks a key up by JSON name first, then by .proto name.
+	// protojson looks a key up by JSON name first, then by .proto name;
+	// the table keeps the first entry for a key.
+	p.names = newNameTable(2 * len(p.fields))
+	maxNum := 0
 	for _, fp := range p.fields {
-		p.byName[string(fp.fd.Name())] = fp
+		p.names.add(fp.fd.JSONName(), fp, 0)
+		maxNum = max(maxNum, int(fp.num))
 	}
 	for _, fp := range p.fields {
-		p.byName[fp.fd.JSONName()] = fp
+		p.names.add(string(fp.fd.Name()), fp, 0)
+	}
+	if maxNum < 256 {
+		p.dense = make([]*fieldPlan, maxNum+1)
+		for _, fp := range p.fields {
+			p.dense[fp.num] = fp
+		}
+	}
+	byOrder := slices.Clone(p.fields)
+	slices.SortFunc(byOrder, func(a, b *fieldPlan) int { return cmp.Compare(a.order, b.order) })
+	for i, fp := range byOrder {
+		fp.rank = i
 	}
 	p.oneofs = len(oneofIndex)
 	return p
@@ -143,8 +171,101 @@ func newFieldPlan(fd protoreflect.FieldDescriptor, idx int, built map[protorefle
 		fp.msg = buildPlan(fd.Message(), built)
 	case fd.Kind() == protoreflect.EnumKind:
 		fp.nullValue = fd.Enum().FullName() == "google.protobuf.NullValue"
+		values := fd.Enum().Values()
+		fp.enumByName = newNameTable(values.Len())
+		dense := true
+		for i := 0; i < values.Len(); i++ {
+			v := values.Get(i)
+			fp.enumByName.add(string(v.Name()), nil, int32(v.Number()))
+			dense = dense && v.Number() >= 0 && v.Number() < 256
+		}
+		if dense {
+			for i := 0; i < values.Len(); i++ {
+				v := values.Get(i)
+				for len(fp.enumByNum) <= int(v.Number()) {
+					fp.enumByNum = append(fp.enumByNum, "")
+				}
+				// The first value with a number names it, as
+				// EnumValueDescriptors.ByNumber does for aliases.
+				if fp.enumByNum[v.Number()] == "" {
+					fp.enumByNum[v.Number()] = string(v.Name())
+				}
+			}
+		}
 	}
 	return fp
+}
+
+// byNumber is byNum through the dense slice when it can.
+func (p *plan) byNumber(num protowire.Number) *fieldPlan {
+	if uint64(num) < uint64(len(p.dense)) {
+		return p.dense[num]
+	}
+	return p.byNum[num]
+}
+
+// nameTable is a small open-addressing hash table from names to fields
+// (or enum numbers), built once per message type and read without locks.
+// Its hash reads three bytes and the length, not the whole key: the keys
+// of one message differ early or in length, and a collision costs one
+// more string compare.
+type nameTable struct {
+	slots []nameSlot
+	mask  uint32
+}
+
+type nameSlot struct {
+	key string // "" marks a free slot: no field or enum value has an empty name
+	f   *fieldPlan
+	v   int32
+}
+
+func newNameTable(n int) nameTable {
+	size := 4
+	for size < 2*n {
+		size *= 2
+	}
+	return nameTable{slots: make([]nameSlot, size), mask: uint32(size - 1)}
+}
+
+func nameHash[S string | []byte](s S) uint32 {
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	h := uint32(n)*0x9e3779b1 ^ uint32(s[0])*0x85ebca6b ^ uint32(s[n-1])*0xc2b2ae35 ^ uint32(s[n/2])*0x27d4eb2f
+	return h ^ h>>15
+}
+
+// add inserts key unless it is there already (the first entry wins).
+func (t *nameTable) add(key string, f *fieldPlan, v int32) {
+	for i := nameHash(key) & t.mask; ; i = (i + 1) & t.mask {
+		s := &t.slots[i]
+		if s.key == key {
+			return
+		}
+		if s.key == "" {
+			*s = nameSlot{key: key, f: f, v: v}
+			return
+		}
+	}
+}
+
+// find returns the slot for key, or nil. The table is never full (it has
+// twice the room it needs), so the probe ends at a free slot.
+func (t *nameTable) find(key []byte) *nameSlot {
+	if len(t.slots) == 0 || len(key) == 0 {
+		return nil
+	}
+	for i := nameHash(key) & t.mask; ; i = (i + 1) & t.mask {
+		s := &t.slots[i]
+		if s.key == string(key) {
+			return s
+		}
+		if s.key == "" {
+			return nil
+		}
+	}
 }
 
 func jsonKey(name string) []byte {
