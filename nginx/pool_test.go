@@ -233,10 +233,12 @@ func TestPoolThreeServers(t *testing.T) {
 		t.Fatal("no call failed: was the server really killed under load?")
 	}
 	// Until its calls time out (1 s) nothing tells the pool the server is
-	// gone, so each client may be caught on it once; after the first
-	// failures it is ejected and no client is caught again.
-	if before > 200 {
-		t.Errorf("%d calls failed: more than one per client", before)
+	// gone, so each client may be caught on it once, and a client whose
+	// first call there failed before the ejection landed (the third
+	// failure) may be caught a second time; after the ejection none is
+	// (checked above). Seen: 200 in most runs, 201 once.
+	if before > 2*200 {
+		t.Errorf("%d calls failed: more than two per client", before)
 	}
 	if m := regexp.MustCompile(`failures=(\d+)`).FindStringSubmatch(atEjection); m == nil || atoi(m[1]) < 3 {
 		t.Errorf("ejected with %q: want failures >= 3 (health.failures)", atEjection)
