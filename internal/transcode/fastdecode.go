@@ -77,16 +77,11 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		default:
 			continue // wrong wire type: an unknown field, as the generated code sees it
 		}
-		switch wt {
-		case protowire.VarintType:
-			e.v, _ = protowire.ConsumeVarint(val)
-		case protowire.Fixed32Type:
-			v, _ := protowire.ConsumeFixed32(val)
-			e.v = uint64(v)
-		case protowire.Fixed64Type:
-			e.v, _ = protowire.ConsumeFixed64(val)
-		case protowire.BytesType:
-			e.b, _ = protowire.ConsumeBytes(val)
+		e.v, e.b = fieldValue(wt, val)
+		// Every occurrence must be valid UTF-8, also one a later one
+		// overwrites: the generated code checks each as it reads it.
+		if f.kind == protoreflect.StringKind && !f.isMap && !utf8.Valid(e.b) {
+			return out, false
 		}
 		if f.oneof >= 0 {
 			lastOneof[f.oneof] = pos + 1
@@ -276,16 +271,9 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 			if wt != wireType(fp.kind) {
 				continue
 			}
-			switch wt {
-			case protowire.VarintType:
-				target.v, _ = protowire.ConsumeVarint(val)
-			case protowire.Fixed32Type:
-				v, _ := protowire.ConsumeFixed32(val)
-				target.v = uint64(v)
-			case protowire.Fixed64Type:
-				target.v, _ = protowire.ConsumeFixed64(val)
-			case protowire.BytesType:
-				target.b, _ = protowire.ConsumeBytes(val)
+			target.v, target.b = fieldValue(wt, val)
+			if fp.kind == protoreflect.StringKind && !utf8.Valid(target.b) {
+				return out, false, false // as above: each occurrence counts
 			}
 			if num == 2 {
 				it.hasVal = true
@@ -662,4 +650,21 @@ func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor
 		out = append(out[:start], compactJSON(out[start:])...)
 	}
 	return out, true
+}
+
+// fieldValue reads one field's value of wire type wt from val (already
+// checked to hold a whole value): scalars in v, length-delimited in b.
+func fieldValue(wt protowire.Type, val []byte) (v uint64, b []byte) {
+	switch wt {
+	case protowire.VarintType:
+		v, _ = protowire.ConsumeVarint(val)
+	case protowire.Fixed32Type:
+		v32, _ := protowire.ConsumeFixed32(val)
+		v = uint64(v32)
+	case protowire.Fixed64Type:
+		v, _ = protowire.ConsumeFixed64(val)
+	case protowire.BytesType:
+		b, _ = protowire.ConsumeBytes(val)
+	}
+	return v, b
 }
