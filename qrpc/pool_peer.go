@@ -282,7 +282,8 @@ func (p *Pool) eject(pr *peer) {
 	}
 	d := time.Duration(pr.ejectFor.Load())
 	pr.ejectedUntil.Store(time.Now().Add(d).UnixNano())
-	pr.fails.Store(0)
+	// fails is kept: peers() then shows the run of failures that caused
+	// the ejection (and those still landing); back() resets it.
 	pr.obs.Ejected()
 	pr.refresh()
 }

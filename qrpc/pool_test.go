@@ -214,11 +214,17 @@ func TestPoolServerKilled(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	killedAt := time.Now()
 	victim.kill()
+	var atEjection qrpc.PeerInfo
 	eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
-		in, _ := peerState(p, victim.addr)
-		return in.State == qrpc.PeerEjected
+		atEjection, _ = peerState(p, victim.addr)
+		return atEjection.State == qrpc.PeerEjected
 	})
 	ejectedAt := time.Now()
+	// The run of failures that ejected it stays visible (nginx's
+	// conn:peers() shows it) until the server is back.
+	if atEjection.Failures < 3 {
+		t.Errorf("ejected with %d failures shown, want at least health.failures (3)", atEjection.Failures)
+	}
 	// Calls sent before the ejection may still be waiting out their
 	// deadline; after that, nothing fails.
 	time.Sleep(deadline + 200*time.Millisecond)
@@ -511,5 +517,41 @@ func TestPoolRetries(t *testing.T) {
 		if _, err := poolCall(p2, 5*time.Second, "who", ""); err != nil {
 			t.Fatalf("pool retries: %v", err)
 		}
+	}
+}
+
+// TestPoolEjectionKeepsFailures: calls made one at a time to a silent
+// server: the ejection comes after exactly health.failures of them, and
+// Peers() still shows that run of failures while the server is out.
+func TestPoolEjectionKeepsFailures(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Balance: qrpc.Hash, Eject: 10 * time.Second})
+	key := ""
+	for k := 0; k < 100 && key == ""; k++ {
+		resp, err := poolCall(p, 5*time.Second, "who", fmt.Sprintf("k%d", k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(resp.Body) == "s1" {
+			key = fmt.Sprintf("k%d", k)
+		}
+	}
+	if key == "" {
+		t.Fatal("no key of 100 maps to s1")
+	}
+	f.srvs[1].kill()
+	for i := 1; i <= 3; i++ {
+		if _, err := poolCall(p, 300*time.Millisecond, "who", key); err == nil {
+			t.Fatalf("call %d to the killed server succeeded", i)
+		}
+	}
+	in, _ := peerState(p, addrs[1])
+	if in.State != qrpc.PeerEjected || in.Failures != 3 {
+		t.Fatalf("after 3 failed calls: state %v, %d failures shown; want ejected with 3", in.State, in.Failures)
+	}
+	resp, err := poolCall(p, 5*time.Second, "who", key)
+	if err != nil || string(resp.Body) != "s0" {
+		t.Fatalf("the key's next call: %v %v, want s0", resp, err)
 	}
 }
