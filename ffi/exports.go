@@ -29,6 +29,9 @@ import (
 var rt *bridge.Runtime
 
 func init() {
+	// Loaded in a worker: size its Go runtime for nginx (see
+	// bridge.DefaultGOMAXPROCS) before any goroutine starts.
+	bridge.DefaultGOMAXPROCS()
 	rt = bridge.New(cMemory{}, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
 }
 

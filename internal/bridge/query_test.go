@@ -57,7 +57,17 @@ func TestQuery(t *testing.T) {
 	}
 
 	// A registered op: its result is copied into the host's memory, its
-	// errors mapped like the other commands'.
+	// errors mapped like the other commands'. The real configure op is
+	// set aside meanwhile.
+	queryMu.Lock()
+	real := queries[OpConfigure]
+	delete(queries, OpConfigure)
+	queryMu.Unlock()
+	t.Cleanup(func() {
+		queryMu.Lock()
+		queries[OpConfigure] = real
+		queryMu.Unlock()
+	})
 	RegisterQuery(OpConfigure, func(r *Runtime, cmd *Command) ([]byte, error) {
 		switch string(cmd.Opts) {
 		case "":

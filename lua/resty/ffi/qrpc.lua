@@ -192,6 +192,23 @@ local use_builtin       -- host == "builtin"
 local lib_where         -- where the library was found
 
 
+-- configure{ gomaxprocs }: held here until the library loads, then sent
+-- to Go (bridge.Configure); nil leaves the library's default.
+local gomaxprocs
+
+local function apply_gomaxprocs()
+    if not gomaxprocs then
+        return true
+    end
+    local res, err = builtin.query(cdef.OP_CONFIGURE, 0,
+                                   "gomaxprocs=" .. gomaxprocs .. "\n")
+    if not res then
+        return nil, err
+    end
+    return true
+end
+
+
 local function ensure_loaded()
     if loaded then
         if load_err then
@@ -211,6 +228,10 @@ local function ensure_loaded()
     loaded, host, lib_where = true, st.host, st.where
     metrics.init(st.lib)
     use_builtin = host == "builtin"
+    local gp_ok, gp_err = apply_gomaxprocs()
+    if not gp_ok then
+        ngx_log(ngx_ERR, "qrpc: configure{ gomaxprocs }: ", gp_err)
+    end
     if not wake_ok then
         -- Logged once: every later call returns the same error at once.
         -- The lua-resty-ffi host only loses its prompt log lines (the
@@ -812,6 +833,11 @@ function _M.stats(self)
                                 builtin.query(cdef.OP_PEERS, 0))
         end
         s.pools = cache.count()
+        if loaded then
+            -- the GOMAXPROCS of this worker's Go runtime
+            local res = builtin.query(cdef.OP_CONFIGURE, 0)
+            s.gomaxprocs = res and tonumber(res:match("gomaxprocs=(%d+)"))
+        end
         return s
     end
     local ok, err = check_conn(self)
@@ -842,7 +868,8 @@ end
 
 
 local configure_opts = { host = true, lib = true, socket_dir = true,
-                         metrics_dict = true, max_connections = true }
+                         metrics_dict = true, max_connections = true,
+                         gomaxprocs = true }
 
 -- qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
 -- Omitted fields take their defaults: host chosen at load (lua-resty-ffi
@@ -890,7 +917,23 @@ function _M.configure(opts)
         -- it applies to the next connect that dials
         max_connections = mc
     end
-    if md ~= nil or mc ~= nil then
+    local gp = opts.gomaxprocs
+    if gp ~= nil then
+        if type(gp) ~= "number" or gp < 1 or gp > 1024
+           or math_floor(gp) ~= gp
+        then
+            return bad(1, "gomaxprocs must be an integer 1..1024")
+        end
+        gomaxprocs = gp
+        if loaded and not load_err then
+            local ok
+            ok, err = apply_gomaxprocs()
+            if not ok then
+                return nil, err
+            end
+        end
+    end
+    if md ~= nil or mc ~= nil or gp ~= nil then
         if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
             return true
         end

@@ -192,9 +192,18 @@ local qcmd = ffi_new(cmd_t)
 local qout = ffi_new("char *[1]")
 local qlen = ffi_new("size_t[1]")
 
-function _M.query(op, handle)
+function _M.query(op, handle, opts)
     fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
+    if opts then
+        qcmd.opts = opts
+        qcmd.opts_len = #opts
+    end
     local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
+    if opts then
+        -- qcmd is reused by the other queries: no stale opts
+        qcmd.opts = nil
+        qcmd.opts_len = 0
+    end
     if rc ~= QRPC_OK then
         return nil, submit_err(rc)
     end
