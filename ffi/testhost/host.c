@@ -933,17 +933,23 @@ static void query_checks(void) {
     q.method = NULL;
     q.method_len = 0;
 
-    /* The ops are declared; until a feature registers one, it says so. */
-    static const unsigned ops[] = { QRPC_OP_CONFIGURE }; /* PEERS: pools; METRICS: metrics; PROTO_LOAD: protobuf */
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
-        char want[32];
-        snprintf(want, sizeof want, "unsupported op %u", ops[i]);
-        q.op = ops[i];
-        q.conn = 1;
-        int rc = query(&q, &out, &out_len, err, sizeof err);
-        CHECK(rc == QRPC_ERR_BADARG && out == NULL && out_len == 0 && strcmp(err, want) == 0,
-              "query: op %u -> %d \"%s\", out %p", ops[i], rc, err, (void *)out);
-    }
+    /* CONFIGURE: no lines answers the settings in force; a bad line is
+       refused with its reason. */
+    q.op = QRPC_OP_CONFIGURE;
+    q.conn = 0;
+    prc = query(&q, &out, &out_len, err, sizeof err);
+    CHECK(prc == QRPC_OK && out != NULL && out_len > 11 && strncmp(out, "gomaxprocs=", 11) == 0,
+          "query: CONFIGURE without lines -> %d \"%.*s\"", prc, prc == QRPC_OK ? (int)out_len : 0, prc == QRPC_OK ? out : "");
+    if (prc == QRPC_OK)
+        p_free(out);
+    q.opts = "gomaxprocs=0\n";
+    q.opts_len = strlen(q.opts);
+    prc = query(&q, &out, &out_len, err, sizeof err);
+    CHECK(prc == QRPC_ERR_BADARG && out == NULL && out_len == 0 &&
+          strcmp(err, "bad command: opts: gomaxprocs must be an integer 1..1024, got \"0\"") == 0,
+          "query: CONFIGURE gomaxprocs=0 -> %d \"%s\"", prc, err);
+    q.opts = NULL;
+    q.opts_len = 0;
 
     /* The error paths: every one answers BADARG with a reason, out NULL. */
     struct { const char *what; uint32_t version, op, reserved2; const char *want; } bad[] = {
@@ -974,7 +980,11 @@ static void query_checks(void) {
     rc = p_query(&q, NULL, NULL, err, sizeof err);
     CHECK(rc == QRPC_ERR_BADARG && strstr(err, "NULL out"), "query: NULL out -> %d \"%s\"", rc, err);
     q.op = QRPC_OP_CONFIGURE; /* refused: the error has nowhere to go */
+    q.opts = "nope=1";
+    q.opts_len = 6;
     rc = p_query(&q, &out, &out_len, NULL, 0);
+    q.opts = NULL;
+    q.opts_len = 0;
     CHECK(rc == QRPC_ERR_BADARG && out == NULL, "query: no error buffer is fine (%d)", rc);
 
     /* A version 2 field on an op that does not read it is refused. */
