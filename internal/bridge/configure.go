@@ -34,16 +34,19 @@ func init() {
 }
 
 // DefaultGOMAXPROCS applies the library's default when the environment
-// does not set GOMAXPROCS; it returns the value in force. The host calls it
-// once, when the library loads in a worker.
-func DefaultGOMAXPROCS() int {
+// does not set GOMAXPROCS; it returns the value in force and whether it
+// may adapt to the load (StartAutoGOMAXPROCS: the library's default, with
+// more than one P). The host calls it once, when the library loads in a
+// worker.
+func DefaultGOMAXPROCS() (n int, adapt bool) {
 	if os.Getenv("GOMAXPROCS") != "" {
-		return runtime.GOMAXPROCS(0)
+		return runtime.GOMAXPROCS(0), false
 	}
 	if n := runtime.GOMAXPROCS(0); n > defaultProcsCap {
 		runtime.GOMAXPROCS(defaultProcsCap)
 	}
-	return runtime.GOMAXPROCS(0)
+	n = runtime.GOMAXPROCS(0)
+	return n, n > 1
 }
 
 // Configure applies "key=value" lines (empty: none) and answers with the
@@ -72,6 +75,7 @@ func Configure(opts []byte) ([]byte, error) {
 		}
 	}
 	if procs > 0 {
+		procsFixed.Store(true) // the user's choice: no more adapting
 		runtime.GOMAXPROCS(procs)
 	}
 	return []byte("gomaxprocs=" + strconv.Itoa(runtime.GOMAXPROCS(0)) + "\n"), nil
