@@ -203,7 +203,9 @@ func TestUnusableSocketDir(t *testing.T) {
                     local t0 = ngx.now()
                     local c, err = qt.connect()
                     ngx.update_time()
-                    ngx.say(tostring(c), " | ", err, " | fast: ", ngx.now() - t0 < 0.3)
+                    -- the first round loads the library (Go's runtime
+                    -- starts): seconds on a loaded CI machine
+                    ngx.say(tostring(c), " | ", err, " | fast: ", ngx.now() - t0 < (i == 1 and 5 or 0.3))
                 end
                 local ok, err = qrpc.init_worker()
                 ngx.say(tostring(ok), " | ", err)`
