@@ -640,6 +640,19 @@ func (l *callLoad) answers() map[string]int {
 // most 40 % of the keys when a fourth server joins (about 1/4 expected).
 // The servers answer "who" with their own address, so the test sees
 // where each call went.
+// hashPool is the pool() of TestPoolBalance's hash locations (?n=4: with
+// the fourth server).
+const hashPool = `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    local addrs = { qt.s1, qt.s2, qt.s3 }
+                    if ngx.var.arg_n == "4" then
+                        addrs[4] = qt.s4
+                    end
+                    return qrpc.connect(addrs, qt.opts({ balance = "hash" }))
+                end`
+
 func TestPoolBalance(t *testing.T) {
 	requireNginx(t)
 	srvs := []*testServer{ownServer(t), ownServer(t), ownServer(t), ownServer(t)}
@@ -652,16 +665,13 @@ func TestPoolBalance(t *testing.T) {
                 local qt = require "qtest"
                 local function pool()
                     return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({ balance = "least_inflight" }))
-                end`+whoLua) + loc("/hash", `
-                local qrpc = require "resty.ffi.qrpc"
-                local qt = require "qtest"
-                local function pool()
-                    local addrs = { qt.s1, qt.s2, qt.s3 }
-                    if ngx.var.arg_n == "4" then
-                        addrs[4] = qt.s4
-                    end
-                    return qrpc.connect(addrs, qt.opts({ balance = "hash" }))
-                end`+whoLua)})
+                end`+whoLua) + loc("/hash", hashPool+whoLua) + loc("/hashup", hashPool+`
+                local conn = assert(pool())
+                local up = 0
+                for _, p in ipairs(conn:peers()) do
+                    if p.state == "up" then up = up + 1 end
+                end
+                ngx.say(up)`)})
 
 	// least_inflight: s1 holds each call 300 ms, the others answer at
 	// once. Round-robin would give it a third of the calls.
@@ -681,7 +691,14 @@ func TestPoolBalance(t *testing.T) {
 	slow.whoDelay.Store(0)
 
 	// hash: 300 keys, each asked twice of the 3-server pool and once of the
-	// 4-server pool.
+	// 4-server pool, once every server of both is up (a key goes to another
+	// server while its own is still connecting).
+	for _, q := range []struct{ arg, want string }{{"", "3"}, {"?n=4", "4"}} {
+		waitFor(t, 20*time.Second, "the hash pool"+q.arg+" is up", func() bool {
+			_, body := n.get("/hashup" + q.arg)
+			return strings.TrimSpace(body) == q.want
+		})
+	}
 	const keys = 300
 	where3 := map[string]string{}
 	per3 := map[string]int{}
