@@ -69,6 +69,16 @@ type PoolConfig struct {
 	// Eject is the first ejection's length (default 10 s); each failed
 	// trial call after one doubles it, up to 10× Eject.
 	Eject time.Duration
+	// Stall: a server that has had calls in flight, and no answer (any
+	// code), for this long is stalled (default 200 ms; negative: never).
+	// New calls go to other servers while it is (a soft skip: with no
+	// other server to take a call, it still takes it); its calls in
+	// flight keep their deadlines. It is not an ejection: Failures still
+	// decides that. A server killed or frozen under load is found in
+	// Stall instead of the calls' timeout, so that far fewer calls get
+	// caught on it; the price is that a server whose only calls in
+	// flight run longer than Stall gets no new ones until one ends.
+	Stall time.Duration
 	Check HealthCheck
 	// Retries is the default number of extra attempts, on another server,
 	// for a call that failed in transport after it may have run (default
@@ -104,7 +114,11 @@ func (e *NoServerError) Is(target error) bool {
 const (
 	defaultFailures = 3
 	defaultEject    = 10 * time.Second
-	maxEjectFactor  = 10
+	// defaultStall: well above a loaded machine's scheduling hiccups (tens
+	// of ms) and a typical call's latency, well below typical timeouts
+	// (1-5 s), so that a silent server is left in a fraction of them.
+	defaultStall   = 200 * time.Millisecond
+	maxEjectFactor = 10
 	// maxPeers bounds a pool (names may resolve to many addresses).
 	maxPeers = 256
 )
@@ -123,6 +137,12 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 	}
 	if pc.Eject == 0 {
 		pc.Eject = defaultEject
+	}
+	switch {
+	case pc.Stall == 0:
+		pc.Stall = defaultStall
+	case pc.Stall < 0:
+		pc.Stall = -1
 	}
 	if pc.Check.Method != "" {
 		if pc.Check.Interval == 0 {
@@ -358,7 +378,8 @@ func (p *Pool) SendEvent(call *Call) error {
 	var ex exclude
 	var lastErr error
 	for {
-		pr, _ := p.pick(call.HashKey, &ex, false)
+		var clk pickClock
+		pr, _ := p.pick(call.HashKey, &ex, false, &clk)
 		if pr == nil {
 			return p.noServer(lastErr)
 		}
@@ -419,6 +440,9 @@ type PeerInfo struct {
 	Calls        uint64 // attempts sent to it
 	Failures     int    // transport failures in a row
 	EjectedUntil time.Time
+	// Stalled: calls in flight and no answer for PoolConfig.Stall; new
+	// calls go elsewhere while another server can take them.
+	Stalled bool
 }
 
 // Peers lists the pool's servers, draining ones included, by address.
@@ -544,12 +568,14 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 	p := pc.pool
 	var lastErr error
 	for {
-		pr, trial := p.pick(pc.key, &pc.ex, retry)
+		// The attempt's start time is also the pick's clock.
+		clk := pickClock{t: time.Now()}
+		pr, trial := p.pick(pc.key, &pc.ex, retry, &clk)
 		if pr == nil {
 			return p.noServer(lastErr)
 		}
-		pr.startCall()
-		began := time.Now()
+		began := clk.t
+		pr.startCall(began)
 		pend, err := pr.c.Start(call, func(resp *Response, err error) {
 			pc.attemptDone(pr, trial, began, resp, err)
 		})
@@ -574,12 +600,16 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 
 // account ends an attempt: counters, observer, the server's health.
 func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+	now := time.Now()
+	if err == nil {
+		pr.answered(now)
+	}
 	pr.endCall()
 	var code uint32
 	if resp != nil {
 		code = resp.Code
 	}
-	pr.obs.CallDone(pc.method, code, err, time.Since(began))
+	pr.obs.CallDone(pc.method, code, err, now.Sub(began))
 	pc.pool.outcome(pr, trial, err)
 }
 

@@ -555,3 +555,147 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 		t.Fatalf("the key's next call: %v %v, want s0", resp, err)
 	}
 }
+
+// TestPoolStallKill: paced clients (a call of 30 ms every 100 ms or so,
+// 60 of them over 3 servers), one server goes silent. With the stall
+// signal (Stall 50 ms here) new calls leave it 50 ms after its last
+// answer, long before the calls caught on it time out (1 s): the calls
+// that fail are those in flight on it at the kill plus those sent to it
+// in that window. Each client starts at most one call in a 50 ms window,
+// which lands on the victim one time in three: about 60 × 0.5 / 3 = 10
+// expected, 20 (60 / 3) allowed. Without it, every client is caught
+// within its next few calls: about 60 fail.
+func TestPoolStallKill(t *testing.T) {
+	checkGoroutines(t)
+	for _, tc := range []struct {
+		name  string
+		stall time.Duration
+	}{{"stall 50ms", 50 * time.Millisecond}, {"stall off", -1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			addrs := f.start(3)
+			for _, m := range f.srvs {
+				m.delay.Store(30)
+			}
+			rec := newRecorder()
+			logs := &logCapture{}
+			p := f.dial(t, addrs, &qrpc.PoolConfig{
+				Config:   qrpc.Config{IdleTimeout: 3 * time.Second, Logger: slog.New(logs)},
+				Eject:    5 * time.Second,
+				Stall:    tc.stall,
+				Observer: rec,
+			})
+			const workers, deadline = 60, time.Second
+			var failed, oks atomic.Int64
+			stop := make(chan struct{})
+			wg := load(workers, stop, func() error {
+				_, err := poolCall(p, deadline, "work", "")
+				time.Sleep(70 * time.Millisecond)
+				return err
+			}, func(err error, _ time.Time) {
+				if err != nil {
+					failed.Add(1)
+				} else {
+					oks.Add(1)
+				}
+			})
+			defer func() {
+				select {
+				case <-stop:
+				default:
+					close(stop)
+				}
+				wg.Wait()
+			}()
+			time.Sleep(600 * time.Millisecond)
+			victim := f.srvs[1]
+			atKill, _ := peerState(p, victim.addr)
+			victim.kill()
+			eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
+				in, _ := peerState(p, victim.addr)
+				return in.State == qrpc.PeerEjected
+			})
+			time.Sleep(deadline + 300*time.Millisecond) // the calls caught on it end
+			in, _ := peerState(p, victim.addr)
+			n := failed.Load()
+			sentAfter := int64(in.Calls - atKill.Calls)
+			t.Logf("%d calls in flight on the victim at the kill, %d sent to it after; %d calls failed, %d succeeded",
+				atKill.Inflight, sentAfter, n, oks.Load())
+			if r := rec.get(victim.addr); r.failed.Load() != n {
+				t.Fatalf("%d calls failed, %d attempts on the victim", n, r.failed.Load())
+			}
+			if tc.stall < 0 {
+				// The contrast: without the signal most clients are caught.
+				if n < int64(atKill.Inflight)+workers/3 {
+					t.Errorf("stall off: only %d calls failed", n)
+				}
+				return
+			}
+			if n > int64(atKill.Inflight)+workers/3 {
+				t.Errorf("%d calls failed: more than the %d in flight on the victim at the kill + %d", n, atKill.Inflight, workers/3)
+			}
+			if logs.count("qrpc server stalled: calls in flight and no answer, new calls go to other servers", victim.addr) != 1 {
+				t.Error("no single stall line for the victim in the log")
+			}
+			// Nothing fails after that.
+			before := failed.Load()
+			time.Sleep(time.Second) // < Eject
+			if d := failed.Load() - before; d != 0 {
+				t.Fatalf("%d calls failed after the ejection", d)
+			}
+		})
+	}
+}
+
+// TestPoolStallSlowServer: a server slower than Stall (400 ms calls,
+// default Stall 200 ms) is alive: it loses no call and is not ejected, it
+// only gets fewer new ones while it is stalled. With every server that
+// slow, calls still go to all of them.
+func TestPoolStallSlowServer(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	f.srvs[1].delay.Store(400)
+	p := f.dial(t, addrs, nil)
+	run := func(what string) {
+		var failed atomic.Int64
+		var last atomic.Pointer[error]
+		stop := make(chan struct{})
+		wg := load(12, stop, func() error {
+			_, err := poolCall(p, 5*time.Second, "work", "")
+			return err
+		}, func(err error, _ time.Time) {
+			if err != nil {
+				failed.Add(1)
+				last.Store(&err)
+			}
+		})
+		time.Sleep(2 * time.Second)
+		close(stop)
+		wg.Wait()
+		if n := failed.Load(); n != 0 {
+			t.Fatalf("%s: %d calls failed, last: %v", what, n, *last.Load())
+		}
+		for _, in := range p.Peers() {
+			if in.State != qrpc.PeerUp || in.Failures != 0 {
+				t.Fatalf("%s: %+v", what, in)
+			}
+		}
+	}
+	run("one slow server")
+	slow := f.srvs[1].hits.Load()
+	fast := f.srvs[0].hits.Load()
+	t.Logf("one slow server: slow %d calls, fast %d", slow, fast)
+	if slow < 4 {
+		t.Fatalf("the slow server took %d calls", slow)
+	}
+	for _, m := range f.srvs {
+		m.delay.Store(400)
+		m.hits.Store(0)
+	}
+	run("every server slow")
+	for _, m := range f.srvs {
+		if h := m.hits.Load(); h < 8 {
+			t.Errorf("every server slow: %s took %d calls", m.addr, h)
+		}
+	}
+}
