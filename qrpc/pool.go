@@ -114,10 +114,15 @@ func (e *NoServerError) Is(target error) bool {
 const (
 	defaultFailures = 3
 	defaultEject    = 10 * time.Second
-	// defaultStall: well above a loaded machine's scheduling hiccups (tens
-	// of ms) and a typical call's latency, well below typical timeouts
-	// (1-5 s), so that a silent server is left in a fraction of them.
-	defaultStall   = 200 * time.Millisecond
+	// defaultStall: well above a typical call's latency, well below
+	// typical timeouts (1-5 s), so that a silent server is left in a
+	// fraction of them; the answer time shortens it (stallLimit).
+	defaultStall = 200 * time.Millisecond
+	// A pool whose calls are answered fast finds a stall sooner: after
+	// stallFactor × its typical answer time, but never under stallFloor
+	// (a loaded machine's scheduling hiccups last a few tens of ms).
+	stallFactor    = 8
+	stallFloor     = 25 * time.Millisecond
 	maxEjectFactor = 10
 	// maxPeers bounds a pool (names may resolve to many addresses).
 	maxPeers = 256
@@ -191,6 +196,9 @@ type Pool struct {
 	// path and replaced (copy-on-write) when membership changes.
 	set atomic.Pointer[peerSet]
 	rr  atomic.Uint32
+	// answerTime is the pool's typical answer time (ns, a moving average
+	// of sampled answered calls, 0 until one is), for the stall limit.
+	answerTime atomic.Int64
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -603,6 +611,7 @@ func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Respons
 	now := time.Now()
 	if err == nil {
 		pr.answered(now)
+		pc.pool.noteAnswerTime(pr, now.Sub(began))
 	}
 	pr.endCall()
 	var code uint32

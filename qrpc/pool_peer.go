@@ -106,6 +106,37 @@ func (pr *peer) stalled(in int64, clk *pickClock, limit int64) bool {
 	return limit > 0 && in > 0 && monoNS(clk.now())-pr.progress.Load() > limit
 }
 
+// stallLimit is how long a busy server may go without answering before it
+// is stalled (ns; <= 0: never): Stall, or less when the pool's calls are
+// answered fast. Clients that call again as soon as they have an answer
+// come back every few answer times, and each time one in n of them is
+// caught on a silent server: waiting the whole Stall would let most of
+// them be caught.
+func (p *Pool) stallLimit() int64 {
+	s := int64(p.cfg.Stall)
+	a := p.answerTime.Load()
+	if s <= 0 || a == 0 {
+		return s
+	}
+	return min(s, max(int64(stallFloor), stallFactor*a))
+}
+
+// noteAnswerTime folds an answered call's time into the pool's typical
+// answer time: a moving average of one answer in 8 (sampled by the
+// server's call count: fewer stores to a line every call shares), each
+// weighing 1/8. Racing updates may drop a sample; an estimate is enough.
+func (p *Pool) noteAnswerTime(pr *peer, d time.Duration) {
+	if pr.calls.Load()&7 != 0 {
+		return
+	}
+	old := p.answerTime.Load()
+	if old == 0 {
+		p.answerTime.Store(max(int64(d), 1))
+		return
+	}
+	p.answerTime.Store(max(old+(int64(d)-old)/8, 1))
+}
+
 // noteStall runs when a pick finds pr stalled: the first time (of this
 // stall), the log hears of it, at most once per stallLogEvery.
 func (pr *peer) noteStall(clk *pickClock) {
@@ -178,7 +209,7 @@ func (pr *peer) info() PeerInfo {
 		in.EjectedUntil = time.Unix(0, u)
 	}
 	var clk pickClock
-	in.Stalled = pr.stalled(int64(in.Inflight), &clk, int64(pr.pool.cfg.Stall))
+	in.Stalled = pr.stalled(int64(in.Inflight), &clk, pr.pool.stallLimit())
 	return in
 }
 
@@ -227,7 +258,7 @@ func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer,
 }
 
 func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*peer, bool) {
-	limit := int64(p.cfg.Stall)
+	limit := p.stallLimit()
 	n := uint32(len(peers))
 	switch {
 	case p.cfg.Balance == LeastInflight:

@@ -244,3 +244,43 @@ func TestPickSkipsStalled(t *testing.T) {
 		t.Fatal("an idle server is stalled")
 	}
 }
+
+// TestStallLimit: Stall, shortened to 8 × the pool's typical answer time
+// when calls are answered fast, never under 25 ms; off stays off.
+func TestStallLimit(t *testing.T) {
+	p := benchPool(t, 3, RoundRobin)
+	pr := p.set.Load().peers[0]
+	for _, tc := range []struct {
+		answer, want time.Duration
+	}{
+		{0, 200 * time.Millisecond}, // nothing answered yet
+		{time.Millisecond, 25 * time.Millisecond},
+		{10 * time.Millisecond, 80 * time.Millisecond},
+		{time.Second, 200 * time.Millisecond},
+	} {
+		p.answerTime.Store(int64(tc.answer))
+		if got := time.Duration(p.stallLimit()); got != tc.want {
+			t.Errorf("answer time %v: stall limit %v, want %v", tc.answer, got, tc.want)
+		}
+	}
+	p.cfg.Stall = -1
+	if p.stallLimit() > 0 {
+		t.Error("stall off, yet a limit")
+	}
+	// The average follows the answers it samples.
+	p.answerTime.Store(0)
+	for range 400 {
+		pr.calls.Add(1)
+		p.noteAnswerTime(pr, 4*time.Millisecond)
+	}
+	if got := time.Duration(p.answerTime.Load()); got != 4*time.Millisecond {
+		t.Errorf("answer time %v after answers of 4 ms", got)
+	}
+	for range 800 {
+		pr.calls.Add(1)
+		p.noteAnswerTime(pr, 40*time.Millisecond)
+	}
+	if got := time.Duration(p.answerTime.Load()); got < 39*time.Millisecond || got > 40*time.Millisecond {
+		t.Errorf("answer time %v after answers of 40 ms", got)
+	}
+}

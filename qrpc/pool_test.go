@@ -557,22 +557,34 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 	}
 }
 
-// TestPoolStallKill: paced clients (60, each making a 30 ms call every
-// 130-170 ms, out of step), one of 3 servers goes silent. With the stall
-// signal (Stall 100 ms here) new calls leave it at most 100 ms after its
-// last answer, long before the calls caught on it time out (1 s): the
-// calls that fail are those in flight on it at the kill plus those sent
-// to it in that window. A client's calls are at least 130 ms apart, so it
-// starts at most one in the window, and round robin sends one call in
-// three to the victim: at most 60 / 3 (+2 for the turn's rounding) after
-// the kill, about 60 × 100/150 / 3 ≈ 13 expected. Without the signal, a
-// client is caught within its next few calls: nearly all 60 fail.
+// TestPoolStallKill: paced clients (60, out of step), one of 3 servers
+// goes silent. With the stall signal new calls leave it at most a stall
+// limit after its last answer, long before the calls caught on it time
+// out (1 s): the calls that fail are those in flight on it at the kill
+// plus those sent to it in that window. A client's calls are further
+// apart than the limit, so it starts at most one in the window, and round
+// robin sends one call in three to the victim: at most 60 / 3 (+2 for the
+// turn's rounding) after the kill. Without the signal a client is caught
+// within its next few calls: nearly all 60 fail.
+//
+//   - slow calls: 30 ms calls every 130-170 ms, Stall 100 ms;
+//   - fast calls: ~1 ms calls every 60-90 ms (clients that do something
+//     else between calls, as nginx's do), Stall at its default (200 ms)
+//     but the limit 8 × the answer time, at least 25 ms: with a flat
+//     200 ms, clients would come back 2 or 3 times within it.
 func TestPoolStallKill(t *testing.T) {
 	checkGoroutines(t)
 	for _, tc := range []struct {
-		name  string
-		stall time.Duration
-	}{{"stall 100ms", 100 * time.Millisecond}, {"stall off", -1}} {
+		name         string
+		stall        time.Duration
+		method       string
+		pause, jit   time.Duration
+		wantContrast bool
+	}{
+		{"slow calls", 100 * time.Millisecond, "work", 100 * time.Millisecond, 40 * time.Millisecond, false},
+		{"fast calls", 0, "who", 60 * time.Millisecond, 30 * time.Millisecond, false},
+		{"stall off", -1, "work", 100 * time.Millisecond, 40 * time.Millisecond, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t)
 			addrs := f.start(3)
@@ -597,19 +609,19 @@ func TestPoolStallKill(t *testing.T) {
 					defer wg.Done()
 					// Out of step: a client that goes in waves with the
 					// others makes every call of a wave land in one window.
-					pause := time.Duration(w) * 150 * time.Millisecond / workers
+					pause := time.Duration(w) * (tc.pause + tc.jit) / workers
 					for {
 						select {
 						case <-stop:
 							return
 						case <-time.After(pause):
 						}
-						if _, err := poolCall(p, deadline, "work", ""); err != nil {
+						if _, err := poolCall(p, deadline, tc.method, ""); err != nil {
 							failed.Add(1)
 						} else {
 							oks.Add(1)
 						}
-						pause = 100*time.Millisecond + rand.N(40*time.Millisecond)
+						pause = tc.pause + rand.N(tc.jit)
 					}
 				}()
 			}
@@ -638,7 +650,7 @@ func TestPoolStallKill(t *testing.T) {
 			if r := rec.get(victim.addr); r.failed.Load() != n {
 				t.Fatalf("%d calls failed, %d attempts on the victim", n, r.failed.Load())
 			}
-			if tc.stall < 0 {
+			if tc.wantContrast {
 				// The contrast: without the signal most clients are caught.
 				if n < int64(atKill.Inflight)+workers/3 {
 					t.Errorf("stall off: only %d calls failed", n)
