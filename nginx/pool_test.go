@@ -246,15 +246,20 @@ func TestPoolThreeServers(t *testing.T) {
 		t.Fatal("no call failed: was the server really killed under load?")
 	}
 	// What fails is what was in flight on it at the kill and what was
-	// sent to it after, until it was seen stalled (health.stall, 200 ms
-	// after its last answer), long before those calls time out (1 s). A
-	// client caught there is stuck until its timeout, by when the server
-	// is stalled or ejected: no client is caught twice. The clients here
-	// call without a pause, each every few tens of ms: most that were not
-	// caught at the kill are caught within the stall window (a real
-	// client with pauses between calls rarely is).
-	if before > 200 {
-		t.Errorf("%d calls failed: a client was caught twice", before)
+	// sent to it after, until it was seen stalled: health.stall (200 ms)
+	// after its last answer, or sooner, 8 × the pool's typical answer time
+	// (at least 25 ms) when calls are answered faster. A client caught
+	// there is stuck until its timeout (1 s), by when the server is
+	// stalled or ejected: no client is caught twice. These clients call
+	// again as soon as they have an answer; one worker serves at most
+	// ~15,000 calls/s (bench/results.md), so a client comes back every
+	// >= 13 ms, at most twice within a 25 ms limit, and is caught one
+	// time in three each time: about half of the clients not caught at
+	// the kill are caught after it. Seen: 64-109 of 200 (without the
+	// stall signal: 200 of 200, every client caught once). At most 180
+	// (9 in 10) leaves room for a faster or a more loaded machine.
+	if before > 180 {
+		t.Errorf("%d calls failed: more than 180 of the 200 clients caught on the killed server", before)
 	}
 	if before > inflightAtKill+sentAfter+5 {
 		t.Errorf("%d calls failed: more than the %d in flight on it at the kill and the %d sent after",
