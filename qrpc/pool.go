@@ -69,15 +69,17 @@ type PoolConfig struct {
 	// Eject is the first ejection's length (default 10 s); each failed
 	// trial call after one doubles it, up to 10× Eject.
 	Eject time.Duration
-	// Stall: a server that has had calls in flight, and no answer (any
-	// code), for this long is stalled (default 200 ms; negative: never).
+	// Stall bounds the stall limit (default 200 ms; negative: no stall):
+	// a server that has had calls in flight, and no answer (any code),
+	// for the limit is stalled. The limit is Stall, or 8 × the pool's
+	// typical answer time (at least 25 ms) when that is less.
 	// New calls go to other servers while it is (a soft skip: with no
 	// other server to take a call, it still takes it); its calls in
 	// flight keep their deadlines. It is not an ejection: Failures still
 	// decides that. A server killed or frozen under load is found in
 	// Stall instead of the calls' timeout, so that far fewer calls get
 	// caught on it; the price is that a server whose only calls in
-	// flight run longer than Stall gets no new ones until one ends.
+	// flight run longer than the limit gets no new ones until one ends.
 	Stall time.Duration
 	Check HealthCheck
 	// Retries is the default number of extra attempts, on another server,
