@@ -159,7 +159,8 @@ func TestPoolThreeServers(t *testing.T) {
                 local peers = conn:peers()
                 for _, p in ipairs(peers) do
                     ngx.say(p.addr, " ", p.state, " calls=", p.calls, " inflight=", p.inflight,
-                            " failures=", p.failures, " ejected_until=", p.ejected_until > 0)
+                            " failures=", p.failures, " ejected_until=", p.ejected_until > 0,
+                            " stalled=", p.stalled)
                 end
                 ngx.say("connections=", qrpc.stats().connections)`),
 		// The pool's notices: ejected, back.
@@ -205,8 +206,17 @@ func TestPoolThreeServers(t *testing.T) {
 	ld := startLoad(t, n, "/call", 200)
 	time.Sleep(500 * time.Millisecond)
 	victim := srvs[1]
+	// The calls in flight on it, read just before the kill (through the
+	// same loaded worker: a few ms before it).
+	atKill := peers()[victim.addr]
 	killedAt := time.Now()
 	victim.kill()
+	// Stalled (health.stall: 200 ms after its last answer), usually long
+	// before its calls time out (1 s) and eject it.
+	waitFor(t, 20*time.Second, "the killed server is seen stalled", func() bool {
+		return strings.Contains(peers()[victim.addr], " stalled=true")
+	})
+	stalledAt := time.Now()
 	waitFor(t, 20*time.Second, "the killed server is ejected", func() bool { return stateOf(victim.addr) == "ejected" })
 	ejectedAt := time.Now()
 	atEjection := peers()[victim.addr]
@@ -227,18 +237,33 @@ func TestPoolThreeServers(t *testing.T) {
 			t.Fatalf("a call failed with %q", f.err)
 		}
 	}
-	t.Logf("kill -9 under 200 concurrent requests: %d of %d calls failed (calls caught on it), ejected %v after the kill (%s)",
-		before, int(okBefore)+before, ejectedAt.Sub(killedAt).Round(time.Millisecond), atEjection)
+	inflightAtKill, sentAfter := peerNum(atKill, "inflight"), peerNum(peers()[victim.addr], "calls")-peerNum(atKill, "calls")
+	t.Logf("kill -9 under 200 concurrent requests: %d in flight on it at the kill, %d sent to it after; "+
+		"%d of %d calls failed; seen stalled %v and ejected %v after the kill (%s)", inflightAtKill, sentAfter,
+		before, int(okBefore)+before, stalledAt.Sub(killedAt).Round(time.Millisecond),
+		ejectedAt.Sub(killedAt).Round(time.Millisecond), atEjection)
 	if before == 0 {
 		t.Fatal("no call failed: was the server really killed under load?")
 	}
-	// Until its calls time out (1 s) nothing tells the pool the server is
-	// gone, so each client may be caught on it once, and a client whose
-	// first call there failed before the ejection landed (the third
-	// failure) may be caught a second time; after the ejection none is
-	// (checked above). Seen: 200 in most runs, 201 once.
-	if before > 2*200 {
-		t.Errorf("%d calls failed: more than two per client", before)
+	// What fails is what was in flight on it at the kill and what was
+	// sent to it after, until it was seen stalled: health.stall (200 ms)
+	// after its last answer, or sooner, 8 × the pool's typical answer time
+	// (at least 25 ms) when calls are answered faster. A client caught
+	// there is stuck until its timeout (1 s), by when the server is
+	// stalled or ejected: no client is caught twice. These clients call
+	// again as soon as they have an answer; one worker serves at most
+	// ~15,000 calls/s (bench/results.md), so a client comes back every
+	// >= 13 ms, at most twice within a 25 ms limit, and is caught one
+	// time in three each time: about half of the clients not caught at
+	// the kill are caught after it. Seen: 64-109 of 200 (without the
+	// stall signal: 200 of 200, every client caught once). At most 180
+	// (9 in 10) leaves room for a faster or a more loaded machine.
+	if before > 180 {
+		t.Errorf("%d calls failed: more than 180 of the 200 clients caught on the killed server", before)
+	}
+	if before > inflightAtKill+sentAfter+5 {
+		t.Errorf("%d calls failed: more than the %d in flight on it at the kill and the %d sent after",
+			before, inflightAtKill, sentAfter)
 	}
 	if m := regexp.MustCompile(`failures=(\d+)`).FindStringSubmatch(atEjection); m == nil || atoi(m[1]) < 3 {
 		t.Errorf("ejected with %q: want failures >= 3 (health.failures)", atEjection)
@@ -336,6 +361,15 @@ func TestPoolThreeServers(t *testing.T) {
 	t.Logf("peers at the end: %v", peers())
 }
 
+// peerNum reads key=N from a /peers line (-1 if absent).
+func peerNum(line, key string) int {
+	m := regexp.MustCompile(`\b` + key + `=(\d+)`).FindStringSubmatch(line)
+	if m == nil {
+		return -1
+	}
+	return atoi(m[1])
+}
+
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -370,6 +404,7 @@ func TestPoolLua(t *testing.T) {
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { failures = -1 } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { eject = "10s" } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { fails = 3 } })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { stall = -1 } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ check = { interval = 100 } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = -1 })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ resolver = "dns" })))
@@ -388,6 +423,7 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #2: health.failures must be a positive integer`,
 			`nil | bad argument #2: health.eject must be a number of milliseconds >= 0`,
 			`nil | bad argument #2: unknown health option 'fails'`,
+			`nil | bad argument #2: health.stall must be a number of milliseconds >= 0`,
 			`nil | bad argument #2: check.method must be a method name`,
 			`nil | bad argument #2: retries must be a non-negative integer`,
 			`nil | bad argument #2: resolver must be a string host:port`,
@@ -405,7 +441,7 @@ func TestPoolLua(t *testing.T) {
                 local c1 = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts()))
                 local c2 = assert(qrpc.connect({ qt.s2, qt.s1 }, qt.opts({
                     timeout = 5000, conns = 1, streams = 32, balance = "round_robin",
-                    health = { failures = 3, eject = 10000 }, retries = 0, resolve = 0 })))
+                    health = { failures = 3, eject = 10000, stall = 200 }, retries = 0, resolve = 0 })))
                 local c3 = assert(qrpc.connect(qt.s1, qt.opts()))
                 local c4 = assert(qrpc.connect(qt.s1, qt.opts({ timeout = 5000, idle_timeout = 30000 })))
                 local h = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))
@@ -424,7 +460,7 @@ func TestPoolLua(t *testing.T) {
                 ngx.say("hash: ", table.concat(calls, ","))
                 calls = {}
                 for _, p in ipairs(c1:peers()) do
-                    calls[#calls + 1] = p.state .. "=" .. p.calls
+                    calls[#calls + 1] = p.state .. "=" .. p.calls .. (p.stalled and " stalled" or "")
                 end
                 ngx.say("round robin: ", table.concat(calls, ","))
                 ngx.say("connections: ", qrpc.stats().connections)`)},

@@ -69,6 +69,18 @@ type PoolConfig struct {
 	// Eject is the first ejection's length (default 10 s); each failed
 	// trial call after one doubles it, up to 10× Eject.
 	Eject time.Duration
+	// Stall bounds the stall limit (default 200 ms; negative: no stall):
+	// a server that has had calls in flight, and no answer (any code),
+	// for the limit is stalled. The limit is Stall, or 8 × the pool's
+	// typical answer time (at least 25 ms) when that is less.
+	// New calls go to other servers while it is (a soft skip: with no
+	// other server to take a call, it still takes it); its calls in
+	// flight keep their deadlines. It is not an ejection: Failures still
+	// decides that. A server killed or frozen under load is found in
+	// Stall instead of the calls' timeout, so that far fewer calls get
+	// caught on it; the price is that a server whose only calls in
+	// flight run longer than the limit gets no new ones until one ends.
+	Stall time.Duration
 	Check HealthCheck
 	// Retries is the default number of extra attempts, on another server,
 	// for a call that failed in transport after it may have run (default
@@ -104,7 +116,16 @@ func (e *NoServerError) Is(target error) bool {
 const (
 	defaultFailures = 3
 	defaultEject    = 10 * time.Second
-	maxEjectFactor  = 10
+	// defaultStall: well above a typical call's latency, well below
+	// typical timeouts (1-5 s), so that a silent server is left in a
+	// fraction of them; the answer time shortens it (stallLimit).
+	defaultStall = 200 * time.Millisecond
+	// A pool whose calls are answered fast finds a stall sooner: after
+	// stallFactor × its typical answer time, but never under stallFloor
+	// (a loaded machine's scheduling hiccups last a few tens of ms).
+	stallFactor    = 8
+	stallFloor     = 25 * time.Millisecond
+	maxEjectFactor = 10
 	// maxPeers bounds a pool (names may resolve to many addresses).
 	maxPeers = 256
 )
@@ -123,6 +144,12 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 	}
 	if pc.Eject == 0 {
 		pc.Eject = defaultEject
+	}
+	switch {
+	case pc.Stall == 0:
+		pc.Stall = defaultStall
+	case pc.Stall < 0:
+		pc.Stall = -1
 	}
 	if pc.Check.Method != "" {
 		if pc.Check.Interval == 0 {
@@ -171,6 +198,9 @@ type Pool struct {
 	// path and replaced (copy-on-write) when membership changes.
 	set atomic.Pointer[peerSet]
 	rr  atomic.Uint32
+	// answerTime is the pool's typical answer time (ns, a moving average
+	// of sampled answered calls, 0 until one is), for the stall limit.
+	answerTime atomic.Int64
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -358,7 +388,8 @@ func (p *Pool) SendEvent(call *Call) error {
 	var ex exclude
 	var lastErr error
 	for {
-		pr, _ := p.pick(call.HashKey, &ex, false)
+		var clk pickClock
+		pr, _ := p.pick(call.HashKey, &ex, false, &clk)
 		if pr == nil {
 			return p.noServer(lastErr)
 		}
@@ -419,6 +450,9 @@ type PeerInfo struct {
 	Calls        uint64 // attempts sent to it
 	Failures     int    // transport failures in a row
 	EjectedUntil time.Time
+	// Stalled: calls in flight and no answer for PoolConfig.Stall; new
+	// calls go elsewhere while another server can take them.
+	Stalled bool
 }
 
 // Peers lists the pool's servers, draining ones included, by address.
@@ -544,12 +578,14 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 	p := pc.pool
 	var lastErr error
 	for {
-		pr, trial := p.pick(pc.key, &pc.ex, retry)
+		// The attempt's start time is also the pick's clock.
+		clk := pickClock{t: time.Now()}
+		pr, trial := p.pick(pc.key, &pc.ex, retry, &clk)
 		if pr == nil {
 			return p.noServer(lastErr)
 		}
-		pr.startCall()
-		began := time.Now()
+		began := clk.t
+		pr.startCall(began)
 		pend, err := pr.c.Start(call, func(resp *Response, err error) {
 			pc.attemptDone(pr, trial, began, resp, err)
 		})
@@ -574,12 +610,17 @@ func (pc *poolCall) attempt(call *Call, retry bool) error {
 
 // account ends an attempt: counters, observer, the server's health.
 func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+	now := time.Now()
+	if err == nil {
+		pr.answered(now)
+		pc.pool.noteAnswerTime(pr, now.Sub(began))
+	}
 	pr.endCall()
 	var code uint32
 	if resp != nil {
 		code = resp.Code
 	}
-	pr.obs.CallDone(pc.method, code, err, time.Since(began))
+	pr.obs.CallDone(pc.method, code, err, now.Sub(began))
 	pc.pool.outcome(pr, trial, err)
 }
 

@@ -29,7 +29,42 @@ type peer struct {
 	draining atomic.Bool
 	removed  atomic.Bool
 	state    atomic.Uint32 // last PeerState reported
+
+	// progress is the busy server's last sign of life, on the monotonic
+	// clock (monoNS): its last answer, or when it went from idle to busy.
+	// A server with calls in flight and no progress for PoolConfig.Stall
+	// is stalled: a server killed or frozen under load looks like that
+	// long before its calls time out.
+	progress atomic.Int64
+	// stallSeen is the stall state last noticed (by a pick or an answer),
+	// for the log; stallLogged is when a stall was last logged (monoNS),
+	// stallLoud whether the current stall was.
+	stallSeen   atomic.Bool
+	stallLoud   atomic.Bool
+	stallLogged atomic.Int64
 }
+
+// monoBase anchors monoNS: stall times are monotonic, immune to steps of
+// the wall clock.
+var monoBase = time.Now()
+
+func monoNS(t time.Time) int64 { return int64(t.Sub(monoBase)) }
+
+// pickClock reads the time at most once per pick, and only when a server
+// needs it (an ejected one, or one with calls in flight). A call's attempt
+// presets it with the time it reads anyway.
+type pickClock struct{ t time.Time }
+
+func (c *pickClock) now() time.Time {
+	if c.t.IsZero() {
+		c.t = time.Now()
+	}
+	return c.t
+}
+
+// stallLogEvery bounds the stall lines of one server in the log: a server
+// whose calls are slow may go in and out of a stall often.
+const stallLogEvery = 10 * time.Second
 
 func newPeer(p *Pool, addr string) *peer {
 	pr := &peer{pool: p, addr: addr, seed: mix64(fnv64(addr))}
@@ -40,7 +75,12 @@ func newPeer(p *Pool, addr string) *peer {
 	return pr
 }
 
-func (pr *peer) startCall() {
+// startCall counts a call sent at now. A server going from idle to busy
+// starts its stall clock then: the time it was idle is not silence.
+func (pr *peer) startCall(now time.Time) {
+	if pr.inflight.Load() == 0 {
+		pr.progress.Store(monoNS(now))
+	}
 	pr.inflight.Add(1)
 	pr.calls.Add(1)
 	pr.obs.InflightAdd(1)
@@ -49,6 +89,69 @@ func (pr *peer) startCall() {
 func (pr *peer) endCall() {
 	pr.inflight.Add(-1)
 	pr.obs.InflightAdd(-1)
+}
+
+// answered records a sign of life at now: an answer (any code) to a call,
+// or to the active check.
+func (pr *peer) answered(now time.Time) {
+	pr.progress.Store(monoNS(now))
+	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
+		pr.pool.log.Info("qrpc server answering again", "addr", pr.addr)
+	}
+}
+
+// stalled reports whether pr has had calls in flight and no sign of life
+// for longer than limit (ns; <= 0: never). in is its inflight count.
+func (pr *peer) stalled(in int64, clk *pickClock, limit int64) bool {
+	return limit > 0 && in > 0 && monoNS(clk.now())-pr.progress.Load() > limit
+}
+
+// stallLimit is how long a busy server may go without answering before it
+// is stalled (ns; <= 0: never): Stall, or less when the pool's calls are
+// answered fast. Clients that call again as soon as they have an answer
+// come back every few answer times, and each time one in n of them is
+// caught on a silent server: waiting the whole Stall would let most of
+// them be caught.
+func (p *Pool) stallLimit() int64 {
+	s := int64(p.cfg.Stall)
+	a := p.answerTime.Load()
+	if s <= 0 || a == 0 {
+		return s
+	}
+	return min(s, max(int64(stallFloor), stallFactor*a))
+}
+
+// noteAnswerTime folds an answered call's time into the pool's typical
+// answer time: a moving average of one answer in 8 (sampled by the
+// server's call count: fewer stores to a line every call shares), each
+// weighing 1/8. Racing updates may drop a sample; an estimate is enough.
+func (p *Pool) noteAnswerTime(pr *peer, d time.Duration) {
+	if pr.calls.Load()&7 != 0 {
+		return
+	}
+	old := p.answerTime.Load()
+	if old == 0 {
+		p.answerTime.Store(max(int64(d), 1))
+		return
+	}
+	p.answerTime.Store(max(old+(int64(d)-old)/8, 1))
+}
+
+// noteStall runs when a pick finds pr stalled: the first time (of this
+// stall), the log hears of it, at most once per stallLogEvery.
+func (pr *peer) noteStall(clk *pickClock) {
+	if pr.stallSeen.Load() || !pr.stallSeen.CompareAndSwap(false, true) {
+		return
+	}
+	now := monoNS(clk.now())
+	last := pr.stallLogged.Load()
+	if last != 0 && now-last < int64(stallLogEvery) || !pr.stallLogged.CompareAndSwap(last, now) {
+		return
+	}
+	pr.stallLoud.Store(true)
+	pr.pool.log.Info("qrpc server stalled: calls in flight and no answer, new calls go to other servers",
+		"addr", pr.addr, "for", time.Duration(now-pr.progress.Load()).Round(time.Millisecond),
+		"inflight", pr.inflight.Load())
 }
 
 func (pr *peer) compute() PeerState {
@@ -105,17 +208,16 @@ func (pr *peer) info() PeerInfo {
 	if u := pr.ejectedUntil.Load(); u != 0 {
 		in.EjectedUntil = time.Unix(0, u)
 	}
+	var clk pickClock
+	in.Stalled = pr.stalled(int64(in.Inflight), &clk, pr.pool.stallLimit())
 	return in
 }
 
 // eligible reports whether pr may take a call. An ejected server whose
 // time is up may take one trial call (needTrial); the caller claims it.
-func (pr *peer) eligible(now *int64) (ok, needTrial bool) {
+func (pr *peer) eligible(clk *pickClock) (ok, needTrial bool) {
 	if until := pr.ejectedUntil.Load(); until != 0 {
-		if *now == 0 {
-			*now = time.Now().UnixNano()
-		}
-		if *now < until || pr.trial.Load() {
+		if clk.now().UnixNano() < until || pr.trial.Load() {
 			return false, false
 		}
 		return pr.c.up(), true
@@ -128,7 +230,9 @@ func (pr *peer) eligible(now *int64) (ok, needTrial bool) {
 // the rest atomics. With one server in the pool it is always that one
 // (its client's own error then says why it cannot take the call).
 // relax lets a retry go back to a server in ex when no other can take it.
-func (p *Pool) pick(key []byte, ex *exclude, relax bool) (*peer, bool) {
+// A stalled server is skipped softly: it takes the call only when no
+// other server can.
+func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer, bool) {
 	peers := p.set.Load().peers
 	n := len(peers)
 	if n == 0 {
@@ -139,23 +243,22 @@ func (p *Pool) pick(key []byte, ex *exclude, relax bool) (*peer, bool) {
 		if ex != nil && ex.has(pr) && !relax {
 			return nil, false
 		}
-		var now int64
-		if ok, trial := pr.eligible(&now); ok && trial {
+		if ok, trial := pr.eligible(clk); ok && trial {
 			if pr.trial.CompareAndSwap(false, true) {
 				return pr, true
 			}
 		}
 		return pr, false
 	}
-	pr, trial := p.choose(peers, key, ex)
+	pr, trial := p.choose(peers, key, ex, clk)
 	if pr == nil && relax && ex != nil && ex.n > 0 {
-		pr, trial = p.choose(peers, key, nil)
+		pr, trial = p.choose(peers, key, nil, clk)
 	}
 	return pr, trial
 }
 
-func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
-	var now int64
+func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*peer, bool) {
+	limit := p.stallLimit()
 	n := uint32(len(peers))
 	switch {
 	case p.cfg.Balance == LeastInflight:
@@ -163,21 +266,34 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
 		// A claimed trial may fail (another call took it): then look again,
 		// at most n times.
 		for range n {
-			var best *peer
-			var bestTrial bool
-			var bestN int64
+			// best among the servers that are not stalled, slow among those
+			// that are: the fallback.
+			var best, slow *peer
+			var bestTrial, slowTrial bool
+			var bestN, slowN int64
 			for i := uint32(0); i < n; i++ {
 				pr := peers[(start+i)%n]
 				if ex != nil && ex.has(pr) {
 					continue
 				}
-				ok, trial := pr.eligible(&now)
+				ok, trial := pr.eligible(clk)
 				if !ok {
 					continue
 				}
-				if in := pr.inflight.Load(); best == nil || in < bestN {
+				in := pr.inflight.Load()
+				if pr.stalled(in, clk, limit) {
+					pr.noteStall(clk)
+					if slow == nil || in < slowN {
+						slow, slowN, slowTrial = pr, in, trial
+					}
+					continue
+				}
+				if best == nil || in < bestN {
 					best, bestN, bestTrial = pr, in, trial
 				}
+			}
+			if best == nil {
+				best, bestTrial = slow, slowTrial
 			}
 			if best == nil || !bestTrial || best.trial.CompareAndSwap(false, true) {
 				return best, bestTrial
@@ -187,20 +303,31 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
 	case p.cfg.Balance == Hash && len(key) > 0:
 		kh := fnv64b(key)
 		for range n {
-			var best *peer
-			var bestTrial bool
-			var bestScore uint64
+			var best, slow *peer
+			var bestTrial, slowTrial bool
+			var bestScore, slowScore uint64
 			for _, pr := range peers {
 				if ex != nil && ex.has(pr) {
 					continue
 				}
-				ok, trial := pr.eligible(&now)
+				ok, trial := pr.eligible(clk)
 				if !ok {
 					continue
 				}
-				if s := mix64(kh ^ pr.seed); best == nil || s > bestScore {
+				s := mix64(kh ^ pr.seed)
+				if pr.stalled(pr.inflight.Load(), clk, limit) {
+					pr.noteStall(clk)
+					if slow == nil || s > slowScore {
+						slow, slowScore, slowTrial = pr, s, trial
+					}
+					continue
+				}
+				if best == nil || s > bestScore {
 					best, bestScore, bestTrial = pr, s, trial
 				}
+			}
+			if best == nil {
+				best, bestTrial = slow, slowTrial
 			}
 			if best == nil || !bestTrial || best.trial.CompareAndSwap(false, true) {
 				return best, bestTrial
@@ -212,29 +339,52 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude) (*peer, bool) {
 	// its turns instead of handing them to its neighbour, which would get
 	// twice its share.
 	var i uint32
+	stalls := false
 	for range n {
 		i = p.rr.Add(1)
-		if pr, trial := rrTake(peers[i%n], ex, &now); pr != nil {
+		pr, trial, st := rrTake(peers[i%n], ex, clk, limit)
+		if pr != nil {
 			return pr, trial
 		}
+		stalls = stalls || st
 	}
 	for k := uint32(1); k < n; k++ {
-		if pr, trial := rrTake(peers[(i+k)%n], ex, &now); pr != nil {
+		pr, trial, st := rrTake(peers[(i+k)%n], ex, clk, limit)
+		if pr != nil {
 			return pr, trial
+		}
+		stalls = stalls || st
+	}
+	if stalls {
+		// Every server that may take the call is stalled: one of them
+		// takes it rather than none, in turn (i moved on by n: i/n turns).
+		for k := range n {
+			if pr, trial, _ := rrTake(peers[(i/n+k)%n], ex, clk, 0); pr != nil {
+				return pr, trial
+			}
 		}
 	}
 	return nil, false
 }
 
-func rrTake(pr *peer, ex *exclude, now *int64) (*peer, bool) {
+// rrTake returns pr when it may take the call, claiming its trial if it
+// needs one; stalled reports a server skipped only for being stalled.
+func rrTake(pr *peer, ex *exclude, clk *pickClock, limit int64) (_ *peer, trial, stalled bool) {
 	if ex != nil && ex.has(pr) {
-		return nil, false
+		return nil, false, false
 	}
-	ok, trial := pr.eligible(now)
-	if !ok || (trial && !pr.trial.CompareAndSwap(false, true)) {
-		return nil, false
+	ok, trial := pr.eligible(clk)
+	if !ok {
+		return nil, false, false
 	}
-	return pr, trial
+	if pr.stalled(pr.inflight.Load(), clk, limit) {
+		pr.noteStall(clk)
+		return nil, false, true
+	}
+	if trial && !pr.trial.CompareAndSwap(false, true) {
+		return nil, false, false
+	}
+	return pr, trial, false
 }
 
 // outcome updates a server's health after a call (or a check).

@@ -268,6 +268,7 @@ func (p *Pool) check(pr *peer) {
 	}
 	if err == nil {
 		// Any answer: the server is alive.
+		pr.answered(time.Now())
 		pr.fails.Store(0)
 		if pr.ejectedUntil.Load() != 0 {
 			p.back(pr)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -553,5 +554,174 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 	resp, err := poolCall(p, 5*time.Second, "who", key)
 	if err != nil || string(resp.Body) != "s0" {
 		t.Fatalf("the key's next call: %v %v, want s0", resp, err)
+	}
+}
+
+// TestPoolStallKill: paced clients (60, out of step), one of 3 servers
+// goes silent. With the stall signal new calls leave it at most a stall
+// limit after its last answer, long before the calls caught on it time
+// out (1 s): the calls that fail are those in flight on it at the kill
+// plus those sent to it in that window. A client's calls are further
+// apart than the limit, so it starts at most one in the window, and round
+// robin sends one call in three to the victim: at most 60 / 3 (+2 for the
+// turn's rounding) after the kill. Without the signal a client is caught
+// within its next few calls: nearly all 60 fail.
+//
+//   - slow calls: 30 ms calls every 130-170 ms, Stall 100 ms;
+//   - fast calls: ~1 ms calls every 60-90 ms (clients that do something
+//     else between calls, as nginx's do), Stall at its default (200 ms)
+//     but the limit 8 × the answer time, at least 25 ms: with a flat
+//     200 ms, clients would come back 2 or 3 times within it.
+func TestPoolStallKill(t *testing.T) {
+	checkGoroutines(t)
+	for _, tc := range []struct {
+		name         string
+		stall        time.Duration
+		method       string
+		pause, jit   time.Duration
+		wantContrast bool
+	}{
+		{"slow calls", 100 * time.Millisecond, "work", 100 * time.Millisecond, 40 * time.Millisecond, false},
+		{"fast calls", 0, "who", 60 * time.Millisecond, 30 * time.Millisecond, false},
+		{"stall off", -1, "work", 100 * time.Millisecond, 40 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			addrs := f.start(3)
+			for _, m := range f.srvs {
+				m.delay.Store(30)
+			}
+			rec := newRecorder()
+			logs := &logCapture{}
+			p := f.dial(t, addrs, &qrpc.PoolConfig{
+				Config:   qrpc.Config{IdleTimeout: 3 * time.Second, Logger: slog.New(logs)},
+				Eject:    5 * time.Second,
+				Stall:    tc.stall,
+				Observer: rec,
+			})
+			const workers, deadline = 60, time.Second
+			var failed, oks atomic.Int64
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					// Out of step: a client that goes in waves with the
+					// others makes every call of a wave land in one window.
+					pause := time.Duration(w) * (tc.pause + tc.jit) / workers
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(pause):
+						}
+						if _, err := poolCall(p, deadline, tc.method, ""); err != nil {
+							failed.Add(1)
+						} else {
+							oks.Add(1)
+						}
+						pause = tc.pause + rand.N(tc.jit)
+					}
+				}()
+			}
+			defer func() {
+				select {
+				case <-stop:
+				default:
+					close(stop)
+				}
+				wg.Wait()
+			}()
+			time.Sleep(600 * time.Millisecond)
+			victim := f.srvs[1]
+			atKill, _ := peerState(p, victim.addr)
+			victim.kill()
+			eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
+				in, _ := peerState(p, victim.addr)
+				return in.State == qrpc.PeerEjected
+			})
+			time.Sleep(deadline + 300*time.Millisecond) // the calls caught on it end
+			in, _ := peerState(p, victim.addr)
+			n := failed.Load()
+			sentAfter := int64(in.Calls - atKill.Calls)
+			t.Logf("%d calls in flight on the victim at the kill, %d sent to it after; %d calls failed, %d succeeded",
+				atKill.Inflight, sentAfter, n, oks.Load())
+			if r := rec.get(victim.addr); r.failed.Load() != n {
+				t.Fatalf("%d calls failed, %d attempts on the victim", n, r.failed.Load())
+			}
+			if tc.wantContrast {
+				// The contrast: without the signal most clients are caught.
+				if n < int64(atKill.Inflight)+workers/3 {
+					t.Errorf("stall off: only %d calls failed", n)
+				}
+				return
+			}
+			if n > int64(atKill.Inflight)+workers/3+2 {
+				t.Errorf("%d calls failed: more than the %d in flight on the victim at the kill + %d", n, atKill.Inflight, workers/3+2)
+			}
+			if logs.count("qrpc server stalled: calls in flight and no answer, new calls go to other servers", victim.addr) != 1 {
+				t.Error("no single stall line for the victim in the log")
+			}
+			// Nothing fails after that.
+			before := failed.Load()
+			time.Sleep(time.Second) // < Eject
+			if d := failed.Load() - before; d != 0 {
+				t.Fatalf("%d calls failed after the ejection", d)
+			}
+		})
+	}
+}
+
+// TestPoolStallSlowServer: a server slower than Stall (400 ms calls,
+// default Stall 200 ms) is alive: it loses no call and is not ejected, it
+// only gets fewer new ones while it is stalled. With every server that
+// slow, calls still go to all of them.
+func TestPoolStallSlowServer(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	f.srvs[1].delay.Store(400)
+	p := f.dial(t, addrs, nil)
+	run := func(what string) {
+		var failed atomic.Int64
+		var last atomic.Pointer[error]
+		stop := make(chan struct{})
+		wg := load(12, stop, func() error {
+			_, err := poolCall(p, 5*time.Second, "work", "")
+			return err
+		}, func(err error, _ time.Time) {
+			if err != nil {
+				failed.Add(1)
+				last.Store(&err)
+			}
+		})
+		time.Sleep(2 * time.Second)
+		close(stop)
+		wg.Wait()
+		if n := failed.Load(); n != 0 {
+			t.Fatalf("%s: %d calls failed, last: %v", what, n, *last.Load())
+		}
+		for _, in := range p.Peers() {
+			if in.State != qrpc.PeerUp || in.Failures != 0 {
+				t.Fatalf("%s: %+v", what, in)
+			}
+		}
+	}
+	run("one slow server")
+	slow := f.srvs[1].hits.Load()
+	fast := f.srvs[0].hits.Load()
+	t.Logf("one slow server: slow %d calls, fast %d", slow, fast)
+	if slow < 4 {
+		t.Fatalf("the slow server took %d calls", slow)
+	}
+	for _, m := range f.srvs {
+		m.delay.Store(400)
+		m.hits.Store(0)
+	}
+	run("every server slow")
+	for _, m := range f.srvs {
+		if h := m.hits.Load(); h < 8 {
+			t.Errorf("every server slow: %s took %d calls", m.addr, h)
+		}
 	}
 }

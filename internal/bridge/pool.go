@@ -20,6 +20,8 @@ import (
 //	balance=round_robin|least_inflight|hash
 //	health_failures=N       transport failures in a row that eject (3)
 //	health_eject_ms=N       first ejection (10000)
+//	health_stall_ms=N       calls in flight and no answer this long: new
+//	                        calls go elsewhere (200; 0 = never)
 //	check_method=M          active health check method (none)
 //	check_interval_ms=N     (2000)
 //	check_timeout_ms=N      (500)
@@ -71,6 +73,11 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			pc.Failures, err = optInt(key, val, 1)
 		case "health_eject_ms":
 			pc.Eject, err = optMS(key, val)
+		case "health_stall_ms":
+			pc.Stall, err = optMS(key, val)
+			if pc.Stall == 0 {
+				pc.Stall = -1 // 0 is qrpc's "default"; here it means never
+			}
 		case "check_method":
 			pc.Check.Method = val
 		case "check_interval_ms":
@@ -125,7 +132,7 @@ func callRetries(n int32) int {
 }
 
 // Peers answers QRPC_OP_PEERS: one line per server of connection h,
-// "addr=... state=... inflight=N calls=N failures=N ejected_until=MS\n",
+// "addr=... state=... inflight=N calls=N failures=N ejected_until=MS stalled=0|1\n",
 // ejected_until in Unix milliseconds (0 when not ejected).
 func (r *Runtime) Peers(h uint64) ([]byte, error) {
 	c := r.lookup(h)
@@ -138,8 +145,12 @@ func (r *Runtime) Peers(h uint64) ([]byte, error) {
 		if !p.EjectedUntil.IsZero() {
 			until = p.EjectedUntil.UnixMilli()
 		}
-		fmt.Fprintf(&b, "addr=%s state=%s inflight=%d calls=%d failures=%d ejected_until=%d\n",
-			p.Addr, p.State, p.Inflight, p.Calls, p.Failures, until)
+		stalled := 0
+		if p.Stalled {
+			stalled = 1
+		}
+		fmt.Fprintf(&b, "addr=%s state=%s inflight=%d calls=%d failures=%d ejected_until=%d stalled=%d\n",
+			p.Addr, p.State, p.Inflight, p.Calls, p.Failures, until, stalled)
 	}
 	return []byte(b.String()), nil
 }

@@ -14,14 +14,14 @@ import (
 
 func TestPoolOpts(t *testing.T) {
 	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
-		"addr=10.0.0.1:8443\naddr=svc.local:8443\nbalance=hash\nhealth_failures=5\nhealth_eject_ms=2500\n" +
+		"addr=10.0.0.1:8443\naddr=svc.local:8443\nbalance=hash\nhealth_failures=5\nhealth_eject_ms=2500\nhealth_stall_ms=350\n" +
 			"check_method=health\ncheck_interval_ms=1000\ncheck_timeout_ms=300\nretries=2\nresolve_ms=30000\nresolver=127.0.0.1:5353\n")}
 	addrs, pc, err := connectConfig(&cmd, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(addrs, ",") != "10.0.0.1:8443,svc.local:8443" || pc.Balance != qrpc.Hash || pc.Failures != 5 ||
-		pc.Eject != 2500*time.Millisecond || pc.Check.Method != "health" || pc.Check.Interval != time.Second ||
+		pc.Eject != 2500*time.Millisecond || pc.Stall != 350*time.Millisecond || pc.Check.Method != "health" || pc.Check.Interval != time.Second ||
 		pc.Check.Timeout != 300*time.Millisecond || pc.Retries != 2 || pc.Resolve != 30*time.Second ||
 		pc.Resolver != "127.0.0.1:5353" {
 		t.Fatalf("%v %+v", addrs, pc)
@@ -31,6 +31,12 @@ func TestPoolOpts(t *testing.T) {
 	if err != nil || len(addrs) != 1 || addrs[0] != "127.0.0.1:9" || pc.Balance != qrpc.RoundRobin || pc.Retries != 0 {
 		t.Fatalf("%v %+v %v", addrs, pc, err)
 	}
+	// health_stall_ms=0 turns the stall signal off (qrpc: negative), it
+	// does not ask for qrpc's default.
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("health_stall_ms=0\n")}, slog.Default())
+	if err != nil || pc.Stall >= 0 {
+		t.Fatalf("health_stall_ms=0: %v %v", pc.Stall, err)
+	}
 	for _, tc := range []struct{ opts, want string }{
 		{"color=blue", `unknown key "color"`},
 		{"balance=random", `unknown balance "random"`},
@@ -38,6 +44,7 @@ func TestPoolOpts(t *testing.T) {
 		{"addr=nope", `addr "nope" is not host:port`},
 		{"health_failures=0", "health_failures must be an integer >= 1"},
 		{"health_eject_ms=-5", "health_eject_ms must be an integer >= 0"},
+		{"health_stall_ms=soon", "health_stall_ms must be an integer >= 0"},
 		{"retries=two", "retries must be an integer >= 0"},
 		{"resolver=dns", `resolver "dns" is not host:port`},
 		{"just words", "is not key=value"},
@@ -108,7 +115,7 @@ func TestRuntimePool(t *testing.T) {
 	}
 	p := peers()
 	for _, ts := range srvs {
-		if p[ts.Addr] != "state=up inflight=0 calls=10 failures=0 ejected_until=0" {
+		if p[ts.Addr] != "state=up inflight=0 calls=10 failures=0 ejected_until=0 stalled=0" {
 			t.Fatalf("peers %v", p)
 		}
 	}
@@ -121,7 +128,7 @@ func TestRuntimePool(t *testing.T) {
 	}
 	moved := 0
 	for _, ts := range srvs {
-		if p := peers()[ts.Addr]; p == "state=up inflight=0 calls=30 failures=0 ejected_until=0" {
+		if p := peers()[ts.Addr]; p == "state=up inflight=0 calls=30 failures=0 ejected_until=0 stalled=0" {
 			moved++
 		}
 	}

@@ -849,7 +849,8 @@ end
 
 
 -- conn:peers() -> { { addr, state = "up"|"ejected"|"connecting"|"draining",
--- inflight, calls, failures, ejected_until (ms since the epoch, 0) }, ... }
+-- inflight, calls, failures, ejected_until (ms since the epoch, 0),
+-- stalled = true|false }, ... }
 function _M.peers(self)
     local ok, err = check_conn(self)
     if not ok then

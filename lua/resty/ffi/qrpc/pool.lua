@@ -66,7 +66,7 @@ end
 
 -- The pool options, normalised: a default written out gives the same key
 -- as an option left out.
-local DEFAULT_KEY = "round_robin|3|10000||0|0|0|0|"
+local DEFAULT_KEY = "round_robin|3|10000|200||0|0|0|0|"
 
 local function pool_spec(o, spec)
     local balance, health, check = o.balance, o.health, o.check
@@ -88,13 +88,14 @@ local function pool_spec(o, spec)
     end
     balance = balance or "round_robin"
 
-    local failures, eject = 3, 10000
+    local failures, eject, stall = 3, 10000, 200
     if health ~= nil then
         if type(health) ~= "table" then
-            return bad(2, "health must be a table { failures = n, eject = ms }")
+            return bad(2, "health must be a table { failures = n, eject = ms, "
+                          .. "stall = ms }")
         end
         for k in pairs(health) do
-            if k ~= "failures" and k ~= "eject" then
+            if k ~= "failures" and k ~= "eject" and k ~= "stall" then
                 return bad(2, "unknown health option '" .. tostring(k) .. "'")
             end
         end
@@ -110,6 +111,13 @@ local function pool_spec(o, spec)
                               .. ">= 0")
             end
             eject = math_ceil(health.eject)
+        end
+        if health.stall ~= nil then
+            if not is_ms(health.stall) then
+                return bad(2, "health.stall must be a number of milliseconds "
+                              .. ">= 0")
+            end
+            stall = math_ceil(health.stall)
         end
     end
 
@@ -163,14 +171,16 @@ local function pool_spec(o, spec)
     end
     resolver = resolver or ""
 
-    spec.key = tab_concat({ balance, failures, eject, cmethod, cinterval,
-                            ctimeout, retries, resolve, resolver }, "|")
+    spec.key = tab_concat({ balance, failures, eject, stall, cmethod,
+                            cinterval, ctimeout, retries, resolve, resolver },
+                          "|")
     spec.balance = balance
     spec.retries = retries
     local lines = {
         "balance=" .. balance,
         "health_failures=" .. failures,
         "health_eject_ms=" .. eject,
+        "health_stall_ms=" .. stall,
         "retries=" .. retries,
         "resolve_ms=" .. resolve,
     }
@@ -280,7 +290,7 @@ end
 
 
 -- Parses the PEERS answer into { { addr, state, inflight, calls, failures,
--- ejected_until }, ... }.
+-- ejected_until, stalled (boolean) }, ... }.
 function _M.parse_peers(text)
     local out = {}
     for line in str_gmatch(text, "[^\n]+") do
@@ -290,6 +300,7 @@ function _M.parse_peers(text)
         end
         if p.addr then
             p.addr = tostring(p.addr)
+            p.stalled = p.stalled == 1
             out[#out + 1] = p
         end
     end
