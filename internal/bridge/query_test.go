@@ -57,7 +57,17 @@ func TestQuery(t *testing.T) {
 	}
 
 	// A registered op: its result is copied into the host's memory, its
-	// errors mapped like the other commands'.
+	// errors mapped like the other commands'. CONFIGURE's own function
+	// (configure.go) steps aside for the test's and comes back after.
+	queryMu.Lock()
+	own := queries[OpConfigure]
+	delete(queries, OpConfigure)
+	queryMu.Unlock()
+	t.Cleanup(func() {
+		if own != nil {
+			RegisterQuery(OpConfigure, own)
+		}
+	})
 	RegisterQuery(OpConfigure, func(r *Runtime, cmd *Command) ([]byte, error) {
 		switch string(cmd.Opts) {
 		case "":

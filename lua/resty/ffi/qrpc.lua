@@ -29,6 +29,8 @@
 --       socket_dir: "/tmp" (where the worker creates its wake-up socket).
 --       metrics_dict: a lua_shared_dict where workers add up their
 --       metrics (Lua-side; may be set at any time, alone).
+--       metrics: false = connections dialled from then on are not
+--       recorded in qrpc.metrics() (default true; any time, alone).
 --   qrpc.metrics()                -> Prometheus text (all workers with
 --       metrics_dict, else this worker)
 --   qrpc.init_worker()            optional, in init_worker_by_lua: load now
@@ -185,11 +187,26 @@ local cfg_host, cfg_lib, cfg_socket_dir = nil, nil, "/tmp"
 -- QUIC connections a worker may hold (every pool's servers × conns);
 -- beyond it connect closes the least recently used idle pools.
 local max_connections = 256
+-- configure{ metrics }: false = pools dialled from then on are not
+-- recorded (Go gives them a no-op observer); applied when the library
+-- loads, and at once when it is loaded.
+local metrics_on = true
 local loaded            -- true once the library is loaded
 local load_err          -- loaded, but the built-in host cannot run (socket_dir)
 local host              -- "builtin" or "resty_ffi", once loaded
 local use_builtin       -- host == "builtin"
 local lib_where         -- where the library was found
+
+
+-- apply_metrics tells Go whether to record the pools it dials next.
+local function apply_metrics()
+    local _, err = builtin.query(cdef.OP_CONFIGURE, 0,
+                                 metrics_on and "metrics=on\n" or "metrics=off\n")
+    if err then
+        return nil, "qrpc: configure metrics: " .. err
+    end
+    return true
+end
 
 
 local function ensure_loaded()
@@ -211,6 +228,13 @@ local function ensure_loaded()
     loaded, host, lib_where = true, st.host, st.where
     metrics.init(st.lib)
     use_builtin = host == "builtin"
+    if not metrics_on then
+        -- before any connection can be dialled
+        local ok, merr = apply_metrics()
+        if not ok then
+            ngx_log(ngx_ERR, merr)
+        end
+    end
     if not wake_ok then
         -- Logged once: every later call returns the same error at once.
         -- The lua-resty-ffi host only loses its prompt log lines (the
@@ -842,7 +866,8 @@ end
 
 
 local configure_opts = { host = true, lib = true, socket_dir = true,
-                         metrics_dict = true, max_connections = true }
+                         metrics_dict = true, max_connections = true,
+                         metrics = true }
 
 -- qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
 -- Omitted fields take their defaults: host chosen at load (lua-resty-ffi
@@ -867,8 +892,8 @@ function _M.configure(opts)
             return bad(1, "unknown option '" .. k .. "'")
         end
     end
-    -- metrics_dict and max_connections are Lua's own: they may change at
-    -- any time, alone or with the library's settings.
+    -- metrics_dict, max_connections and metrics may change at any time,
+    -- alone or with the library's settings.
     local md = opts.metrics_dict
     if md ~= nil then
         if type(md) ~= "string" or md == "" then
@@ -890,7 +915,22 @@ function _M.configure(opts)
         -- it applies to the next connect that dials
         max_connections = mc
     end
-    if md ~= nil or mc ~= nil then
+    local me = opts.metrics
+    if me ~= nil then
+        if type(me) ~= "boolean" then
+            return bad(1, "metrics must be true or false (got " .. type(me) .. ")")
+        end
+        -- it applies to the connections dialled from now on
+        metrics_on = me
+        if loaded then
+            local ok
+            ok, err = apply_metrics()
+            if not ok then
+                return nil, err
+            end
+        end
+    end
+    if md ~= nil or mc ~= nil or me ~= nil then
         if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
             return true
         end

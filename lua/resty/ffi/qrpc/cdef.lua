@@ -96,6 +96,7 @@ local OP_CLOSE = 4
 local OP_CANCEL = 5
 local OP_ECHO = 6
 local OP_PEERS = 8
+local OP_CONFIGURE = 11
 
 local QRPC_OK = 0
 local QRPC_PENDING = 1
@@ -135,6 +136,7 @@ local _M = {
     OP_CANCEL = OP_CANCEL,
     OP_ECHO = OP_ECHO,
     OP_PEERS = OP_PEERS,
+    OP_CONFIGURE = OP_CONFIGURE,
     QRPC_OK = QRPC_OK,
     QRPC_PENDING = QRPC_PENDING,
     QRPC_LOG = QRPC_LOG,
