@@ -1,9 +1,10 @@
 -- What metrics recording costs (issue 10, bench/metricscost.go): the same
--- sequential echo calls on two connections to the same server from this
--- light thread, one dialled with recording on and one with
--- configure{ metrics = false } (its pool has Go's no-op observer), in
--- alternating blocks, the order flipped every round, so that the load of
--- a shared machine weighs on both alike.
+-- sequential echo calls on three connections to the same server from this
+-- light thread: one recorded ("on"), one dialled with configure{ metrics
+-- = false } ("off": its pool has Go's no-op observer), and a second
+-- recorded one ("on2": an A/A control, what two connections differ by
+-- when nothing distinguishes them), in blocks taken in every order in
+-- turn, so that the load of a shared machine weighs on all alike.
 local ffi = require "ffi"
 local qrpc = require "resty.ffi.qrpc"
 local cfg = require "bench_config"
@@ -40,6 +41,9 @@ end
 -- connections) for the same server; the timeouts are never reached.
 local ON_OPTS = { ca = cfg.ca, server_name = "localhost", timeout = 5002 }
 local OFF_OPTS = { ca = cfg.ca, server_name = "localhost", timeout = 5001 }
+local ON2_OPTS = { ca = cfg.ca, server_name = "localhost", timeout = 5003 }
+-- the six orders of the three modes, one per round in turn
+local ORDERS = { { 1, 2, 3 }, { 3, 2, 1 }, { 2, 3, 1 }, { 1, 3, 2 }, { 3, 1, 2 }, { 2, 1, 3 } }
 local WARMUP = 300
 
 local function loop(conn, n, body)
@@ -79,9 +83,8 @@ function _M.run()
     local block = tonumber(ngx.var.arg_block) or 50
 
     -- The "off" pool is dialled while recording is off; recording is back
-    -- on before anything else can dial (this light thread does not yield
-    -- between the two configure calls but in connect, and no other
-    -- request runs during a bench).
+    -- on before anything else can dial (no other request runs during a
+    -- bench).
     local ok, err = qrpc.configure{ metrics = false }
     if not ok then
         return fail(err)
@@ -92,21 +95,29 @@ function _M.run()
     if not off or not ok then
         return fail("off: " .. tostring(err))
     end
-    local on
+    local on, on2
     on, err = qrpc.connect(cfg.addr, ON_OPTS)
     if not on then
         return fail("on: " .. tostring(err))
     end
-    local errs = loop(on, WARMUP, body) + loop(off, WARMUP, body)
+    on2, err = qrpc.connect(cfg.addr, ON2_OPTS)
+    if not on2 then
+        return fail("on2: " .. tostring(err))
+    end
+    local conns = { on, off, on2 }
+    local errs = 0
+    for m = 1, 3 do
+        errs = errs + loop(conns[m], WARMUP, body)
+    end
 
-    local conns = { on, off }
-    local secs, cpu = { 0, 0 }, { 0, 0 }
+    local secs, cpu = { 0, 0, 0 }, { 0, 0, 0 }
     local before = recorded(cfg.addr)
     local done, round = 0, 0
     while done < n do
         local b = min(block, n - done)
-        for k = 1, 2 do
-            local m = (round % 2 == 0) and k or 3 - k
+        local order = ORDERS[round % #ORDERS + 1]
+        for k = 1, 3 do
+            local m = order[k]
             local t0, c0 = clock(CLOCK_MONOTONIC), clock(CLOCK_PROCESS_CPUTIME_ID)
             errs = errs + loop(conns[m], b, body)
             cpu[m] = cpu[m] + clock(CLOCK_PROCESS_CPUTIME_ID) - c0
@@ -117,7 +128,8 @@ function _M.run()
     local rec = recorded(cfg.addr) - before
     ngx.say('{"calls":', floor(done), ',"errors":', errs, ',"recorded":', rec,
             ',"on":{"secs":', secs[1], ',"cpu":', cpu[1],
-            '},"off":{"secs":', secs[2], ',"cpu":', cpu[2], '}}')
+            '},"off":{"secs":', secs[2], ',"cpu":', cpu[2],
+            '},"on2":{"secs":', secs[3], ',"cpu":', cpu[3], '}}')
 end
 
 return _M
