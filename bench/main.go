@@ -49,8 +49,9 @@ type params struct {
 	only      map[string]bool
 	hold      bool
 
-	metricsN    int // sequential calls per mode per run in the metrics figure
-	metricsRuns int // runs of the metrics figure at least (its effect is small)
+	metricsN    int  // sequential calls per mode per run in the metrics figure
+	metricsRuns int  // runs of the metrics figure at least (its effect is small)
+	merge       bool // -merge: see merge.go
 
 	main       nginxOpts // of the main nginx
 	restyNginx string    // nginx built for lua-resty-ffi ("" = none)
@@ -86,6 +87,7 @@ func main() {
 	clientSize := flag.Int("size", 100, "internal: -client body size")
 	clientC := flag.Int("c", 1, "internal: -client goroutines")
 	listeners := flag.Int("listeners", 1, "internal: -serve this many servers (sockets) in the one process")
+	merge := flag.Bool("merge", false, "replace only the sections run (-only) in the report already in -out, keep the others, and redraw -svg from the result")
 	flag.Parse()
 	log.SetFlags(0)
 	// Full mode must finish in under 10 minutes on 2 vCPUs (issues 5 and
@@ -136,6 +138,7 @@ func main() {
 			p.only[f] = true
 		}
 	}
+	p.merge = *merge
 	if err := run(p, *out, *svg); err != nil {
 		log.Fatalf("bench: %v", err)
 	}
@@ -299,6 +302,15 @@ func run(p params, out, svg string) error {
 	}
 	t.steal = readCPUStat().stealSince(total)
 	log.Printf("all figures: %.0f s", time.Since(start).Seconds())
+	if p.merge && out != "" {
+		old, err := os.ReadFile(out)
+		if err != nil {
+			return fmt.Errorf("-merge: %w", err)
+		}
+		if err := t.merge(string(old), p); err != nil {
+			return fmt.Errorf("-merge %s: %w", out, err)
+		}
+	}
 	md := t.markdown(p)
 	fmt.Print(md)
 	if out != "" {

@@ -23,6 +23,7 @@ type row struct {
 }
 
 type table struct {
+	header  string // the first line, when kept from an earlier report (-merge)
 	machine string
 	steal   float64 // fraction of CPU time stolen by the hypervisor during the run
 	rows    []row
@@ -141,7 +142,11 @@ func (t *table) markdown(p params) string {
 	if p.quick {
 		mode = "quick (BENCH_QUICK=1)"
 	}
-	fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s). CPU steal during the run: %.1f%%.\n\n", t.machine, mode, p.runs, 100*t.steal)
+	if t.header != "" {
+		b.WriteString(t.header + "\n\n")
+	} else {
+		fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s). CPU steal during the run: %.1f%%.\n\n", t.machine, mode, p.runs, 100*t.steal)
+	}
 	b.WriteString("| figure | lua-resty-ffi-qrpc | baseline | ratio | target |\n|---|---|---|---|---|\n")
 	for _, rows := range t.sections() {
 		fmt.Fprintf(&b, "| **%s** | | | | |\n", rows[0].section)
