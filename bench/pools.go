@@ -172,9 +172,9 @@ func figurePools(e *env, p params, t *table) error {
 				what      string
 				a, b, rat func(poolRun) float64
 			}{
-				{"CPU per call, nginx worker (all its threads)", poolRun.aCPU, poolRun.bCPU, poolRun.cpuRatio},
-				{"CPU per call, server process(es)", poolRun.aSrv, poolRun.bSrv, poolRun.srvRatio},
-				{"CPU per call, worker + servers", poolRun.aAll, poolRun.bAll, poolRun.allRatio},
+				{"worker CPU per call", poolRun.aCPU, poolRun.bCPU, poolRun.cpuRatio},
+				{"server processes' CPU per call", poolRun.aSrv, poolRun.bSrv, poolRun.srvRatio},
+				{"worker + servers CPU per call", poolRun.aAll, poolRun.bAll, poolRun.allRatio},
 			} {
 				cr := cpuRow(s.sec, fmt.Sprintf("%s: %s (runs' ratios %s)", r.name, c.what, ratioSpread(got, c.rat)), medianBy(got, c.a), medianBy(got, c.b))
 				cr.ratio = medianBy(got, c.rat)
