@@ -34,7 +34,7 @@
 #define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes;
                                  method = "file" | "descriptor_set";
                                  opts = "import_path=...\n" lines */
-#define QRPC_OP_CONFIGURE  11 /* opts lines: max_connections=N, gomaxprocs=N, ... */
+#define QRPC_OP_CONFIGURE  11 /* opts lines: metrics=on|off (pools dialled later); -> the settings in force */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */
