@@ -77,9 +77,13 @@ func (t *table) svg(p params) []byte {
 	if p.quick {
 		mode = "quick run (BENCH_QUICK=1)"
 	}
+	sub := fmt.Sprintf("%s. Medians of %d run(s); CPU steal during the run: %.1f%%.", t.machine, p.runs, 100*t.steal)
+	if t.header != "" {
+		mode, sub = "merged runs: see the notes", t.header
+	}
 	fmt.Fprintf(&body, `<text x="%.0f" y="%.0f" font-size="16" font-weight="bold">lua-resty-ffi-qrpc vs its baselines: ratio per figure (make bench, %s)</text>`+"\n", chPad, y+14, mode)
 	y += 22
-	fmt.Fprintf(&body, `<text x="%.0f" y="%.0f" fill="#555">%s. Medians of %d run(s); CPU steal during the run: %.1f%%.</text>`+"\n", chPad, y+12, xmlEscape(t.machine), p.runs, 100*t.steal)
+	fmt.Fprintf(&body, `<text x="%.0f" y="%.0f" fill="#555">%s</text>`+"\n", chPad, y+12, xmlEscape(sub))
 	y += 18
 	fmt.Fprintf(&body, `<text x="%.0f" y="%.0f" fill="#555">Bars: this module's figure divided by the baseline's (the table: bench/results.md). Dashed line: the baseline (1). Blue tick: the target. Green: target met, red: missed, grey: no target.</text>`+"\n", chPad, y+12)
 	y += 26

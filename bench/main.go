@@ -5,7 +5,7 @@
 // several runs; nothing here passes or fails on time.
 //
 // One file per section (ipc, unary, http with the sidecar, memory,
-// placement, gomaxprocs, restyffi, proto, pools), sharing harness.go; the report is
+// placement, gomaxprocs, restyffi, proto, pools, metricscost), sharing harness.go; the report is
 // report.go and chart.go; the processes the figures call are servers.go
 // and goclient.go.
 package main
@@ -49,6 +49,10 @@ type params struct {
 	only      map[string]bool
 	hold      bool
 
+	metricsN    int  // sequential calls per mode per run in the metrics figure
+	metricsRuns int  // runs of the metrics figure at least (its effect is small)
+	merge       bool // -merge: see merge.go
+
 	main       nginxOpts // of the main nginx
 	restyNginx string    // nginx built for lua-resty-ffi ("" = none)
 }
@@ -69,7 +73,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,metrics); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -82,6 +86,8 @@ func main() {
 	clientN := flag.Int("n", 1000, "internal: -client calls")
 	clientSize := flag.Int("size", 100, "internal: -client body size")
 	clientC := flag.Int("c", 1, "internal: -client goroutines")
+	listeners := flag.Int("listeners", 1, "internal: -serve this many servers (sockets) in the one process")
+	merge := flag.Bool("merge", false, "replace only the sections run (-only) in the report already in -out, keep the others, and redraw -svg from the result")
 	flag.Parse()
 	log.SetFlags(0)
 	// Full mode must finish in under 10 minutes on 2 vCPUs (issues 5 and
@@ -89,11 +95,13 @@ func main() {
 	// a unix socket echo of 100 KB 0.2 ms, hence these counts.
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 100000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
-		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 4000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000}
+		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 4000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000,
+		metricsN: 5000, metricsRuns: 7}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
-			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s", poolSeqN: 1500, poolParN: 5000}
+			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s", poolSeqN: 1500, poolParN: 5000,
+			metricsN: 2000, metricsRuns: 5}
 	}
 	switch {
 	case *client != "":
@@ -102,7 +110,7 @@ func main() {
 		}
 		return
 	case *serve != "":
-		if err := serveEcho(*serve); err != nil {
+		if err := serveEcho(*serve, *listeners); err != nil {
 			log.Fatalf("bench server: %v", err)
 		}
 		return
@@ -130,6 +138,7 @@ func main() {
 			p.only[f] = true
 		}
 	}
+	p.merge = *merge
 	if err := run(p, *out, *svg); err != nil {
 		log.Fatalf("bench: %v", err)
 	}
@@ -275,6 +284,7 @@ func run(p params, out, svg string) error {
 		{"restyffi", figureRestyFFI, p.want("restyffi", false)},
 		{"proto", figureProto, p.want("proto", false)},
 		{"pools", figurePools, p.want("pools", false)},
+		{"metrics", figureMetricsCost, p.want("metrics", false)},
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {
@@ -292,6 +302,15 @@ func run(p params, out, svg string) error {
 	}
 	t.steal = readCPUStat().stealSince(total)
 	log.Printf("all figures: %.0f s", time.Since(start).Seconds())
+	if p.merge && out != "" {
+		old, err := os.ReadFile(out)
+		if err != nil {
+			return fmt.Errorf("-merge: %w", err)
+		}
+		if err := t.merge(string(old), p); err != nil {
+			return fmt.Errorf("-merge %s: %w", out, err)
+		}
+	}
 	md := t.markdown(p)
 	fmt.Print(md)
 	if out != "" {

@@ -23,6 +23,7 @@ type row struct {
 }
 
 type table struct {
+	header  string // the first line, when kept from an earlier report (-merge)
 	machine string
 	steal   float64 // fraction of CPU time stolen by the hypervisor during the run
 	rows    []row
@@ -141,7 +142,11 @@ func (t *table) markdown(p params) string {
 	if p.quick {
 		mode = "quick (BENCH_QUICK=1)"
 	}
-	fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s). CPU steal during the run: %.1f%%.\n\n", t.machine, mode, p.runs, 100*t.steal)
+	if t.header != "" {
+		b.WriteString(t.header + "\n\n")
+	} else {
+		fmt.Fprintf(&b, "Machine: %s. Mode: %s; medians of %d run(s). CPU steal during the run: %.1f%%.\n\n", t.machine, mode, p.runs, 100*t.steal)
+	}
 	b.WriteString("| figure | lua-resty-ffi-qrpc | baseline | ratio | target |\n|---|---|---|---|---|\n")
 	for _, rows := range t.sections() {
 		fmt.Fprintf(&b, "| **%s** | | | | |\n", rows[0].section)
@@ -149,7 +154,7 @@ func (t *table) markdown(p params) string {
 			b.WriteString(r.markdown())
 		}
 	}
-	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server, in its own process placed on the CPUs like the nginx worker (the server is a third process); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream; sidecar = the same nginx doing proxy_pass (keepalive) to a Go HTTP/1.1 service that makes the same qrpc call with the Go client, to the same server (the sidecar runs with Go's default GOMAXPROCS; pinned, it shares CPU 0 with the nginx worker); GOMAXPROCS = Go's default with the same number of workers; lua-resty-ffi = the same nginx binary (rebuilt for lua-resty-ffi) running lua-resty-ffi's own Go echo example, and this module with host = \"resty_ffi\"; protobuf = the same echo calls carrying demo.Profile's protobuf bytes (table mode: both modes interleaved in blocks of 50 calls in one light thread; gateway: a location posting and answering those bytes).\n")
+	b.WriteString("\nBaselines: IPC = the same Lua loop over a cosocket to a Go unix-socket echo server; unary = the plain Go qrpc client making the same calls to the same server, in its own process placed on the CPUs like the nginx worker (the server is a third process); HTTP = the same nginx doing proxy_pass to a Go HTTP/1.1 keepalive upstream; sidecar = the same nginx doing proxy_pass (keepalive) to a Go HTTP/1.1 service that makes the same qrpc call with the Go client, to the same server (the sidecar runs with Go's default GOMAXPROCS; pinned, it shares CPU 0 with the nginx worker); GOMAXPROCS = Go's default with the same number of workers; lua-resty-ffi = the same nginx binary (rebuilt for lua-resty-ffi) running lua-resty-ffi's own Go echo example, and this module with host = \"resty_ffi\"; protobuf = the same echo calls carrying demo.Profile's protobuf bytes (table mode: both modes interleaved in blocks of 50 calls in one light thread; gateway: a location posting and answering those bytes); metrics recording = the same sequential calls on a second connection to the same server dialled with configure{ metrics = false } (no observer), interleaved in blocks of 50 in one light thread.\n")
 	for _, n := range t.notes {
 		fmt.Fprintf(&b, "\n%s\n", n)
 	}

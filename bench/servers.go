@@ -23,8 +23,10 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
-// serveEcho is the qrpc server child (-serve cert,key).
-func serveEcho(files string) error {
+// serveEcho is the qrpc server child (-serve cert,key): n servers (n
+// listening sockets) in this one process, their addresses printed
+// comma-separated.
+func serveEcho(files string, n int) error {
 	certFile, keyFile, ok := strings.Cut(files, ",")
 	if !ok {
 		return errors.New("-serve wants cert,key")
@@ -33,14 +35,29 @@ func serveEcho(files string) error {
 	if err != nil {
 		return err
 	}
-	srv := qrpc.NewServer(&qrpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)})
-	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
-	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
-	if err != nil {
-		return err
+	var srvs []*qrpc.Server
+	var addrs []string
+	closeAll := func() error {
+		var first error
+		for _, s := range srvs {
+			if err := s.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
 	}
-	untilStdinCloses(a.String())
-	return srv.Close()
+	for range max(n, 1) {
+		srv := qrpc.NewServer(&qrpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)})
+		srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
+		a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
+		if err != nil {
+			_ = closeAll()
+			return err
+		}
+		srvs, addrs = append(srvs, srv), append(addrs, a.String())
+	}
+	untilStdinCloses(strings.Join(addrs, ","))
+	return closeAll()
 }
 
 // startServerProcess runs the qrpc server in its own process, as it would

@@ -34,7 +34,9 @@
 #define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes;
                                  method = "file" | "descriptor_set";
                                  opts = "import_path=...\n" lines */
-#define QRPC_OP_CONFIGURE  11 /* opts lines "gomaxprocs=N" (none: only ask); answers "gomaxprocs=N\n", the value in force */
+#define QRPC_OP_CONFIGURE  11 /* opts lines "gomaxprocs=N", "metrics=on|off" (pools dialled later); none: only ask; answers the settings in force, "gomaxprocs=N
+metrics=on
+" */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */

@@ -190,9 +190,10 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 // re-resolved. With one address it behaves as a Client. Safe for
 // concurrent use.
 type Pool struct {
-	cfg  PoolConfig
-	conf Config // every server's client config, populated
-	log  *slog.Logger
+	cfg      PoolConfig
+	conf     Config // every server's client config, populated
+	log      *slog.Logger
+	observed bool // cfg.Observer is not NopObserver
 
 	// set is the servers that take calls, read without a lock on the call
 	// path and replaced (copy-on-write) when membership changes.
@@ -260,6 +261,8 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
 	}
+	_, nop := pc.Observer.(NopObserver)
+	p.observed = !nop
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})
 
@@ -355,7 +358,11 @@ func (p *Pool) Start(call *Call, done Done) (Pending, error) {
 		retries = max(call.Retries, 0)
 	}
 	pc := &poolCall{pool: p, done: done, retries: retries, deadline: call.Deadline}
-	pc.method = append([]byte(nil), call.Method...)
+	if p.observed {
+		// The observer hears of the call after Start returns, when the
+		// caller's slice may be reused; without one, no copy to make.
+		pc.method = append([]byte(nil), call.Method...)
+	}
 	if retries > 0 {
 		// Later attempts outlive the caller's slices.
 		pc.call = cloneCall(call)

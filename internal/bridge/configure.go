@@ -2,34 +2,47 @@ package bridge
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
 )
 
-// Runtime settings (QRPC_OP_CONFIGURE) and the worker's GOMAXPROCS.
+// QRPC_OP_CONFIGURE: runtime settings of this worker, as opts lines
+// ("key=value\n"):
 //
-// Each nginx worker runs its own Go runtime, and Go sizes it to the
-// machine: with `worker_processes auto` on N CPUs that is N runtimes of N
-// Ps each, and a GC cycle in one worker may then run idle-priority mark
-// workers on all N Ps, taking CPUs from the other workers. Measured on 2
-// vCPUs (make bench, GOMAXPROCS section): 1 P is the cheapest per request
-// (0.64x the CPU, 1.30x the req/s of 2 Ps) but doubles a sequential call's
-// time (464 vs 248 us), because the goroutine that sends a call's packet
-// waits until sysmon takes the only P back from the nginx thread. 2 Ps
-// keep that latency; more add threads and GC contention but no hand-off
-// the worker needs. Hence the default: min(2, Go's own), unless the
-// GOMAXPROCS environment variable is set.
+//	gomaxprocs=N     the Ps of the worker's Go runtime (1..1024); fixes the
+//	                 value and ends the adapting (see DefaultGOMAXPROCS).
+//	metrics=on|off   record calls in the worker's metrics (on). Off, the
+//	                 pools dialled afterwards get qrpc.NopObserver, so
+//	                 their calls cost nothing to record and show nowhere
+//	                 in the metrics; pools dialled before keep recording.
+//
+// Unknown keys and values are errors, and then nothing is applied. The
+// answer is the settings in force after the command, in the same form
+// ("gomaxprocs=N\nmetrics=on\n").
 
 // maxGOMAXPROCS bounds configure{ gomaxprocs }.
 const maxGOMAXPROCS = 1024
 
 // defaultProcsCap is the library's default GOMAXPROCS ceiling.
+//
+// Each nginx worker runs its own Go runtime, and Go sizes it to the
+// machine: with `worker_processes auto` on N CPUs that is N runtimes of N
+// Ps each, and a GC cycle in one worker may then run idle-priority mark
+// workers on all N Ps, taking CPUs from the other workers. 2 Ps keep a
+// lone call's latency (an idle P runs the goroutine that sends its packet
+// while the nginx thread holds the other); more add threads and GC
+// contention but no hand-off the worker needs. Under load 1 P is cheaper
+// still: see autoprocs.go.
 const defaultProcsCap = 2
 
 func init() {
 	RegisterQuery(OpConfigure, func(r *Runtime, cmd *Command) ([]byte, error) {
-		return Configure(cmd.Opts)
+		if err := r.Configure(cmd.Opts); err != nil {
+			return nil, err
+		}
+		return r.settings(), nil
 	})
 }
 
@@ -49,34 +62,58 @@ func DefaultGOMAXPROCS() (n int, adapt bool) {
 	return n, n > 1
 }
 
-// Configure applies "key=value" lines (empty: none) and answers with the
-// settings in force, "gomaxprocs=N\n". Keys: gomaxprocs (1..1024).
-func Configure(opts []byte) ([]byte, error) {
+// Configure applies CONFIGURE's opts lines (see above).
+func (r *Runtime) Configure(opts []byte) error {
+	if len(opts) > maxOptsLen {
+		return Badf("opts: %d bytes, at most %d", len(opts), maxOptsLen)
+	}
+	var off *bool
 	procs := 0
-	for len(opts) > 0 {
-		var line []byte
-		line, opts, _ = bytes.Cut(opts, []byte("\n"))
+	for _, line := range bytes.Split(opts, []byte("\n")) {
+		line = bytes.TrimSpace(line)
 		if len(line) == 0 {
 			continue
 		}
 		k, v, ok := bytes.Cut(line, []byte("="))
 		if !ok {
-			return nil, Badf("opts: line %q is not key=value", line)
+			return Badf("opts: %q is not key=value", clipOpt(string(line)))
 		}
-		switch string(k) {
+		switch key, val := string(k), string(v); key {
 		case "gomaxprocs":
-			n, err := strconv.Atoi(string(v))
+			n, err := strconv.Atoi(val)
 			if err != nil || n < 1 || n > maxGOMAXPROCS {
-				return nil, Badf("opts: gomaxprocs must be an integer 1..%d, got %q", maxGOMAXPROCS, v)
+				return Badf("opts: gomaxprocs must be an integer 1..%d, got %q", maxGOMAXPROCS, clipOpt(val))
 			}
 			procs = n
+		case "metrics":
+			var b bool
+			switch val {
+			case "on":
+			case "off":
+				b = true
+			default:
+				return Badf("opts: metrics must be on or off, got %q", clipOpt(val))
+			}
+			off = &b
 		default:
-			return nil, Badf("opts: unknown key %q", k)
+			return Badf("opts: unknown key %q", clipOpt(key))
 		}
+	}
+	if off != nil {
+		r.metricsOff.Store(*off)
 	}
 	if procs > 0 {
 		procsFixed.Store(true) // the user's choice: no more adapting
 		runtime.GOMAXPROCS(procs)
 	}
-	return []byte("gomaxprocs=" + strconv.Itoa(runtime.GOMAXPROCS(0)) + "\n"), nil
+	return nil
+}
+
+// settings is the answer of CONFIGURE: what is in force now.
+func (r *Runtime) settings() []byte {
+	state := "on"
+	if r.metricsOff.Load() {
+		state = "off"
+	}
+	return fmt.Appendf(nil, "gomaxprocs=%d\nmetrics=%s\n", runtime.GOMAXPROCS(0), state)
 }

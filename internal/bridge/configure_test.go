@@ -3,9 +3,12 @@ package bridge
 import (
 	"errors"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
 func keepProcs(t *testing.T) {
@@ -18,18 +21,20 @@ func keepProcs(t *testing.T) {
 
 func TestConfigureGOMAXPROCS(t *testing.T) {
 	keepProcs(t)
-	out, err := Configure([]byte("gomaxprocs=3\n"))
-	if err != nil || string(out) != "gomaxprocs=3\n" || runtime.GOMAXPROCS(0) != 3 {
+	r := New(newGoMemory(t), nil)
+	err := r.Configure([]byte("gomaxprocs=3\n"))
+	out := r.settings()
+	if err != nil || string(out) != "gomaxprocs=3\nmetrics=on\n" || runtime.GOMAXPROCS(0) != 3 {
 		t.Fatalf("gomaxprocs=3: %q %v, in force %d", out, err, runtime.GOMAXPROCS(0))
 	}
 	// No lines: only the answer.
-	if out, err = Configure(nil); err != nil || string(out) != "gomaxprocs=3\n" {
+	if err = r.Configure(nil); err != nil || string(r.settings()) != "gomaxprocs=3\nmetrics=on\n" {
 		t.Fatalf("no lines: %q %v", out, err)
 	}
 	for _, bad := range []string{"gomaxprocs=0", "gomaxprocs=1025", "gomaxprocs=x", "gomaxprocs", "procs=2"} {
-		out, err := Configure([]byte(bad))
-		if !errors.Is(err, ErrBadCommand) || out != nil || !strings.HasPrefix(err.Error(), "bad command: opts: ") {
-			t.Errorf("%q: %q %v", bad, out, err)
+		err := r.Configure([]byte(bad))
+		if !errors.Is(err, ErrBadCommand) || !strings.HasPrefix(err.Error(), "bad command: opts: ") {
+			t.Errorf("%q: %v", bad, err)
 		}
 	}
 	if runtime.GOMAXPROCS(0) != 3 {
@@ -105,7 +110,7 @@ func TestAutoGOMAXPROCS(t *testing.T) {
 	if runtime.GOMAXPROCS(0) != 1 {
 		t.Fatal("the controller never went to 1 P under load")
 	}
-	if _, err := Configure([]byte("gomaxprocs=2")); err != nil {
+	if err := r.Configure([]byte("gomaxprocs=2")); err != nil {
 		t.Fatal(err)
 	}
 	for range 20 {
@@ -123,3 +128,95 @@ func TestAutoGOMAXPROCS(t *testing.T) {
 		t.Fatal("stop did not return")
 	}
 }
+
+// configure runs QRPC_OP_CONFIGURE and returns its answer, or fails.
+func configure(t *testing.T, r *Runtime, opts string) string {
+	t.Helper()
+	out, msg := r.Query(&Command{Op: OpConfigure, Opts: []byte(opts)})
+	if out.Status != StatusOK {
+		t.Fatalf("configure %q: %d %s", opts, out.Status, msg)
+	}
+	defer r.Free(&out)
+	return text(out)
+}
+
+// samples is the metrics' sample lines (no comments) that mention server.
+func samples(t *testing.T, r *Runtime, server string) []string {
+	t.Helper()
+	out, err := r.MetricsQuery("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") && strings.Contains(l, `server="`+server+`"`) {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// TestMetricsOff: with metrics=off the pools dialled afterwards record
+// nothing (their calls, states and bytes show nowhere); switched on
+// again, a new pool records its calls exactly, and the unrecorded pool
+// still is not.
+func TestMetricsOff(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	r := New(newGoMemory(t), nil)
+	h := newTestHost(t, r, true)
+	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\n" {
+		t.Fatalf("default: %q", got)
+	}
+	if got := configure(t, r, "metrics=off\n"); got != "gomaxprocs="+procs()+"\nmetrics=off\n" {
+		t.Fatalf("off: %q", got)
+	}
+	off := h.connect(1, ts)
+	id := uint64(10)
+	call := func(conn uint64, n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			id++
+			h.submit(unary(conn, id, "echo", "x", 5000), StatusPending)
+			if c := h.wait(id, 5*time.Second); c.Status != StatusOK {
+				t.Fatalf("call: %d %q", c.Status, text(c))
+			}
+		}
+	}
+	call(off, 5)
+	if got := samples(t, r, ts.Addr); len(got) != 0 {
+		t.Fatalf("metrics off, yet recorded:\n%s", strings.Join(got, "\n"))
+	}
+	// The calls did happen: the connection's own counters saw them.
+	if s, err := r.Stats(off, 0); err != nil || s.Calls != 5 {
+		t.Fatalf("stats of the unrecorded connection: %+v %v", s, err)
+	}
+
+	if got := configure(t, r, "metrics=on"); got != "gomaxprocs="+procs()+"\nmetrics=on\n" {
+		t.Fatalf("on: %q", got)
+	}
+	on := h.connect(2, ts)
+	call(on, 3)
+	call(off, 4)
+	want := `qrpc_client_calls_total{method="echo",server="` + ts.Addr + `",result="ok"} 3`
+	got := samples(t, r, ts.Addr)
+	if !strings.Contains(strings.Join(got, "\n")+"\n", want+"\n") {
+		t.Fatalf("metrics on: want %s in\n%s", want, strings.Join(got, "\n"))
+	}
+
+	// Bad opts change nothing.
+	for _, tc := range []struct{ opts, msg string }{
+		{"metrics=no", `bad command: opts: metrics must be on or off, got "no"`},
+		{"metrics=off\ncolour=blue", `bad command: opts: unknown key "colour"`},
+		{"metrics", `bad command: opts: "metrics" is not key=value`},
+	} {
+		out, msg := r.Query(&Command{Op: OpConfigure, Opts: []byte(tc.opts)})
+		if out.Status != ErrBadArg || msg != tc.msg || out.Data != nil {
+			t.Errorf("%q: %d %q, want %q", tc.opts, out.Status, msg, tc.msg)
+		}
+	}
+	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\n" {
+		t.Fatalf("after bad opts: %q", got)
+	}
+}
+
+func procs() string { return strconv.Itoa(runtime.GOMAXPROCS(0)) }

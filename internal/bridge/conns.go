@@ -99,7 +99,13 @@ func (r *Runtime) dial(owner *Gen, addrs []string, cfg *qrpc.PoolConfig) (*conn,
 	addr := strings.Join(addrs, ",")
 	// Pools to the same servers share one recorder (and its method names),
 	// so the registry does not grow with every re-created connection.
-	cfg.Observer = r.metrics.Pool(addr)
+	// With metrics off the pool gets the no-op observer, exactly what a
+	// pool without metrics runs: the cost of recording is then nothing.
+	if r.metricsOff.Load() {
+		cfg.Observer = qrpc.NopObserver{}
+	} else {
+		cfg.Observer = r.metrics.Pool(addr)
+	}
 	cl, err := qrpc.DialPool(owner.ctx, addrs, cfg)
 	if err != nil {
 		if owner.ctx.Err() != nil {

@@ -127,7 +127,8 @@ type Runtime struct {
 	logLevel atomic.Int64
 	logger   *slog.Logger
 
-	metrics *metrics.Registry
+	metrics    *metrics.Registry
+	metricsOff atomic.Bool // CONFIGURE metrics=off: pools dialled from now on are not recorded
 }
 
 // New makes a runtime that hands out memory from mem and sends its log

@@ -29,6 +29,8 @@
 --       socket_dir: "/tmp" (where the worker creates its wake-up socket).
 --       metrics_dict: a lua_shared_dict where workers add up their
 --       metrics (Lua-side; may be set at any time, alone).
+--       metrics: false = connections dialled from then on are not
+--       recorded in qrpc.metrics() (default true; any time, alone).
 --   qrpc.metrics()                -> Prometheus text (all workers with
 --       metrics_dict, else this worker)
 --   qrpc.init_worker()            optional, in init_worker_by_lua: load now
@@ -185,6 +187,10 @@ local cfg_host, cfg_lib, cfg_socket_dir = nil, nil, "/tmp"
 -- QUIC connections a worker may hold (every pool's servers × conns);
 -- beyond it connect closes the least recently used idle pools.
 local max_connections = 256
+-- configure{ metrics }: false = pools dialled from then on are not
+-- recorded (Go gives them a no-op observer); applied when the library
+-- loads, and at once when it is loaded.
+local metrics_on = true
 local loaded            -- true once the library is loaded
 local load_err          -- loaded, but the built-in host cannot run (socket_dir)
 local host              -- "builtin" or "resty_ffi", once loaded
@@ -203,7 +209,18 @@ local function apply_gomaxprocs()
     local res, err = builtin.query(cdef.OP_CONFIGURE, 0,
                                    "gomaxprocs=" .. gomaxprocs .. "\n")
     if not res then
-        return nil, err
+        return nil, "qrpc: configure gomaxprocs: " .. err
+    end
+    return true
+end
+
+
+-- apply_metrics tells Go whether to record the pools it dials next.
+local function apply_metrics()
+    local _, err = builtin.query(cdef.OP_CONFIGURE, 0,
+                                 metrics_on and "metrics=on\n" or "metrics=off\n")
+    if err then
+        return nil, "qrpc: configure metrics: " .. err
     end
     return true
 end
@@ -230,7 +247,14 @@ local function ensure_loaded()
     use_builtin = host == "builtin"
     local gp_ok, gp_err = apply_gomaxprocs()
     if not gp_ok then
-        ngx_log(ngx_ERR, "qrpc: configure{ gomaxprocs }: ", gp_err)
+        ngx_log(ngx_ERR, gp_err)
+    end
+    if not metrics_on then
+        -- before any connection can be dialled
+        local ok, merr = apply_metrics()
+        if not ok then
+            ngx_log(ngx_ERR, merr)
+        end
     end
     if not wake_ok then
         -- Logged once: every later call returns the same error at once.
@@ -870,7 +894,7 @@ end
 
 local configure_opts = { host = true, lib = true, socket_dir = true,
                          metrics_dict = true, max_connections = true,
-                         gomaxprocs = true }
+                         gomaxprocs = true, metrics = true }
 
 -- qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
 -- Omitted fields take their defaults: host chosen at load (lua-resty-ffi
@@ -895,8 +919,8 @@ function _M.configure(opts)
             return bad(1, "unknown option '" .. k .. "'")
         end
     end
-    -- metrics_dict and max_connections are Lua's own: they may change at
-    -- any time, alone or with the library's settings.
+    -- metrics_dict, max_connections, gomaxprocs and metrics may change at any time,
+    -- alone or with the library's settings.
     local md = opts.metrics_dict
     if md ~= nil then
         if type(md) ~= "string" or md == "" then
@@ -934,7 +958,22 @@ function _M.configure(opts)
             end
         end
     end
-    if md ~= nil or mc ~= nil or gp ~= nil then
+    local me = opts.metrics
+    if me ~= nil then
+        if type(me) ~= "boolean" then
+            return bad(1, "metrics must be true or false (got " .. type(me) .. ")")
+        end
+        -- it applies to the connections dialled from now on
+        metrics_on = me
+        if loaded then
+            local ok
+            ok, err = apply_metrics()
+            if not ok then
+                return nil, err
+            end
+        end
+    end
+    if md ~= nil or mc ~= nil or gp ~= nil or me ~= nil then
         if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
             return true
         end

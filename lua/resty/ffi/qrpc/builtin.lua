@@ -187,23 +187,20 @@ function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
 end
 
 
--- Runs a qrpc_query op (PEERS, ...) now; returns the answer as a string.
+-- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with opts lines if
+-- given; returns the answer as a string.
 local qcmd = ffi_new(cmd_t)
 local qout = ffi_new("char *[1]")
 local qlen = ffi_new("size_t[1]")
 
 function _M.query(op, handle, opts)
     fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
-    if opts then
-        qcmd.opts = opts
-        qcmd.opts_len = #opts
-    end
+    -- fill_cmd leaves opts alone; the command is reused
+    qcmd.opts = opts
+    qcmd.opts_len = opts and #opts or 0
     local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
-    if opts then
-        -- qcmd is reused by the other queries: no stale opts
-        qcmd.opts = nil
-        qcmd.opts_len = 0
-    end
+    qcmd.opts = nil
+    qcmd.opts_len = 0
     if rc ~= QRPC_OK then
         return nil, submit_err(rc)
     end

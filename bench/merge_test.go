@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func rowKey(r row) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%.2f|%s|%v|%s|%v", r.section, r.name, r.subject, r.baseline, r.ratio, r.ratioLabel, r.noRatio, r.target, r.met)
+}
+
+// A report read back gives the rows it was written from (ratios to the
+// two decimals printed).
+func TestParseReportRoundTrip(t *testing.T) {
+	tb := sampleTable()
+	header, rows, notes, err := parseReport(tb.markdown(params{runs: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(header, "Machine: test machine <2 vCPU>. Mode: full") {
+		t.Errorf("header %q", header)
+	}
+	if len(rows) != len(tb.rows) {
+		t.Fatalf("%d rows, want %d", len(rows), len(tb.rows))
+	}
+	// markdown groups rows by section: compare in that order.
+	var want []row
+	for _, s := range tb.sections() {
+		want = append(want, s...)
+	}
+	for i := range want {
+		if got, w := rowKey(rows[i]), rowKey(want[i]); got != w {
+			t.Errorf("row %d: %s\nwant        %s", i, got, w)
+		}
+	}
+	if len(notes) != 1 || notes[0] != "a note" {
+		t.Errorf("notes %q", notes)
+	}
+	if _, _, _, err := parseReport("# not a report\n"); err == nil {
+		t.Error("a file that is not a report parsed")
+	}
+	if _, _, _, err := parseReport("Machine: x\n\n| **A** | | | | |\n| a | b | c | 1.0 x | ≥ 1 (maybe) |\n"); err == nil {
+		t.Error("a bad target parsed")
+	}
+}
+
+// -merge replaces the sections measured again in place (by family: the
+// name before its colon), keeps the others and the old first line,
+// appends new sections, and says so.
+func TestMerge(t *testing.T) {
+	old := sampleTable().markdown(params{runs: 1})
+	fresh := &table{machine: "later machine"}
+	fresh.add(row{section: "D", name: "d new", subject: "1", baseline: "2", ratio: 0.5, ratioLabel: "time ratio"})
+	// renamed: "B: more" replaces section "B" (same family)
+	fresh.add(row{section: "B: more", name: "b again", subject: "3", baseline: "1", ratio: 3, ratioLabel: "throughput ratio"}.withTarget("≥ 1.5"))
+	if err := fresh.merge(old, params{quick: true, runs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range fresh.rows {
+		got = append(got, r.section+":"+r.name)
+	}
+	want := "A:a time,A:a reading,B: more:b again,C:growth,D:d new"
+	if strings.Join(got, ",") != want {
+		t.Fatalf("rows %s, want %s", strings.Join(got, ","), want)
+	}
+	md := fresh.markdown(params{quick: true, runs: 1})
+	if !strings.HasPrefix(md, "Machine: test machine <2 vCPU>. Mode: full") {
+		t.Errorf("the old first line is gone:\n%s", md)
+	}
+	if !strings.Contains(md, "Measured again later with -merge (machine: later machine; mode: quick (BENCH_QUICK=1); CPU steal 0.0%): D; B: more.") ||
+		!strings.Contains(md, "\na note\n") {
+		t.Errorf("notes:\n%s", md)
+	}
+	if strings.Contains(md, "b time & more") {
+		t.Error("an old row of a section measured again is still there")
+	}
+	if svg := string(fresh.svg(params{quick: true, runs: 1})); !strings.Contains(svg, "merged runs") || !strings.Contains(svg, "b again") {
+		t.Error("the chart does not show the merged report")
+	}
+}
