@@ -396,9 +396,6 @@ function _M.prepare(conn, method, body, opts)
 end
 
 
--- finish(res, resp, as_json) -> res | nil, err, res: res.body decoded to a
--- table unless as_json (only for code 0: another code's body is the
--- service's error text).
 -- The value of a reply in LuaJIT's format, after its NUL byte. Raises an
 -- error on a malformed one (called under pcall).
 local function decode_lua(s)
@@ -412,6 +409,10 @@ local function decode_lua(s)
     return v
 end
 
+
+-- finish(res, resp, as_json) -> res | nil, err, res: res.body decoded to a
+-- table unless as_json (only for code 0: another code's body is the
+-- service's error text).
 function _M.finish(res, resp, as_json)
     if as_json or res.code ~= 0 then
         return res
