@@ -262,6 +262,10 @@ func run(p params, out, svg string) error {
 	defer e.nginx.stop()
 
 	if p.hold {
+		// the protobuf section's files, for GET /bench/proto by hand
+		if _, _, err := writeProfileFiles(dir); err != nil {
+			return err
+		}
 		log.Printf("holding: nginx on 127.0.0.1:%d, prefix %s; GET /bench?kind=unary&n=100&size=100&c=1; Ctrl-C to end", e.nginx.port, dir)
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)

@@ -41,6 +41,10 @@ metrics=on
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */
 #define QRPC_F_PROTO_NAMES     2 /* resp_type: JSON field names as in the .proto (user_name), not lowerCamelCase */
+#define QRPC_F_LUA_TABLE       4 /* resp_type: the reply is a NUL byte then the value in LuaJIT's
+                                    string.buffer serialization format (decoding gives what cjson.decode
+                                    gives for the JSON), not JSON text; a reply that does not start with
+                                    NUL is JSON (the format could not hold it) */
 
 /* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
  * the lua-resty-ffi rc. Negative values are errors; the message is in the

@@ -328,6 +328,53 @@ func TestProtobuf(t *testing.T) {
                     if json.decode_lua(bad) ~= nil then out[#out + 1] = "accepted " .. bad end
                 end
                 ngx.say(#out == 0 and "ok" or table.concat(out, "\n"))
+`) + loc("/luatables", `
+                -- replies for tables come in LuaJIT's serialization format
+                -- (QRPC_F_LUA_TABLE); they must read as the JSON reads
+                -- (cjson, or the module's decoder where there is no cjson)
+                local p = require "pbt"
+                local proto = require("resty.ffi.qrpc").proto
+                local json = require "resty.ffi.qrpc.json"
+                local has_sbuf, sbuf = pcall(require, "string.buffer")
+                local conn = assert(p.conn())
+                local out = {}
+                local _, _, _, flags = proto.prepare(conn, "EchoAllKinds", {})
+                if has_sbuf ~= (flags >= proto.F_LUA_TABLE) then
+                    out[#out + 1] = "flags " .. flags .. " with string.buffer " .. tostring(has_sbuf)
+                end
+                _, _, _, flags = proto.prepare(conn, "EchoAllKinds", "{}", { json = true })
+                if flags >= proto.F_LUA_TABLE then out[#out + 1] = "json = true asked for Lua tables" end
+                local msg = {
+                    text = "é😀\n\"\\\0\1/", tags = { "", string.rep("x", 300) }, ratios = { 0.1, -0, 1e-300 },
+                    meta = { s = "\t", l = { 1, { 2, {} }, ngx.null, true, false, {} }, o = { [""] = { k = "v" } } },
+                    counts = { a = "1" }, u32 = 4294967295, fl = "-Infinity", i64 = "-9223372036854775808",
+                }
+                local tres, err = conn:unary("EchoAllKinds", msg)
+                if not tres then return ngx.say("table call: ", err) end
+                local jres
+                jres, err = conn:unary("EchoAllKinds", json.encode(msg),
+                                       { json = true, proto_names = true })
+                if not jres then return ngx.say("json call: ", err) end
+                local d = p.diff(json.decode(jres.body), tres.body, "body")
+                if d then out[#out + 1] = "vs JSON: " .. d end
+                if has_sbuf then
+                    -- the Lua side alone: the format, malformed data, JSON
+                    local want = { a = { 1, "x" }, b = ngx.null }
+                    local res = proto.finish({ code = 0, body = "\0" .. sbuf.encode(want) }, "m")
+                    d = p.diff(want, res and res.body, "finish")
+                    if d then out[#out + 1] = d end
+                    local r2, e2, raw = proto.finish({ code = 0, body = "\0" .. sbuf.encode(want) .. "x" }, "m")
+                    if r2 or e2 ~= "bad response: m: malformed reply: trailing bytes" or not raw then
+                        out[#out + 1] = "trailing bytes: " .. tostring(e2)
+                    end
+                    r2, e2 = proto.finish({ code = 0, body = "\0\9\5" }, "m")
+                    if r2 or e2 ~= "bad response: m: malformed reply: unexpected end of buffer" then
+                        out[#out + 1] = "truncated: " .. tostring(e2)
+                    end
+                end
+                local r3 = proto.finish({ code = 0, body = '{"a":[1]}' }, "m")
+                if not r3 or r3.body.a[1] ~= 1 then out[#out + 1] = "JSON reply not read" end
+                ngx.say(#out == 0 and "ok" or table.concat(out, "\n"))
 `) + loc("/set", `
                 local qrpc = require "resty.ffi.qrpc"
                 local f = assert(io.open(require("qtest").proto_dir .. "/greeter.protoset", "rb"))
@@ -411,6 +458,9 @@ func TestProtobuf(t *testing.T) {
 	}
 	if got := get("/jsonlib"); got != "ok\n" {
 		t.Errorf("json.lua:\n%s", got)
+	}
+	if got := get("/luatables"); got != "ok\n" {
+		t.Errorf("replies as Lua tables:\n%s", got)
 	}
 	if got := get("/set"); got != "ok\n" {
 		t.Errorf("descriptor set: %s", got)

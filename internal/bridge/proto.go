@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/transcode"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -20,6 +21,14 @@ import (
 // the .proto file does (user_name) rather than in lowerCamelCase
 // (userName). The Lua module sets it for Lua tables.
 const FlagProtoNames = 2
+
+// FlagLuaTable is QRPC_F_LUA_TABLE: resp_type's reply is a NUL byte then
+// the value in LuaJIT's string.buffer serialization format, rather than
+// JSON text, so that Lua builds its table with one buffer decode (a C call
+// that sizes every table once) instead of parsing JSON on the nginx
+// thread. A reply the format cannot hold (a duplicate key, nesting deeper
+// than LuaJIT decodes) stays JSON, which never starts with a NUL byte.
+const FlagLuaTable = 4
 
 // StatusBadResponse is QRPC_BAD_RESPONSE: a UNARY with resp_type whose
 // answer did not decode. It is not an error of the call (the server
@@ -121,12 +130,7 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 		return nil, noRelease, err
 	}
 	*bp = out
-	return out, func() {
-		if cap(*bp) <= 64<<10 {
-			*bp = (*bp)[:0]
-			bodyPool.Put(bp)
-		}
-	}, nil
+	return out, func() { putBody(bp) }, nil
 }
 
 // responseType resolves resp_type on the submit path, so that an unknown
@@ -134,6 +138,7 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 type responseType struct {
 	m    *transcode.Message
 	opts transcode.DecodeOptions
+	lua  bool // FlagLuaTable
 }
 
 func responseTypeOf(cmd *Command) (*responseType, error) {
@@ -147,7 +152,8 @@ func responseTypeOf(cmd *Command) (*responseType, error) {
 		}
 		return nil, err
 	}
-	return &responseType{m: m, opts: transcode.DecodeOptions{ProtoNames: cmd.Flags&FlagProtoNames != 0}}, nil
+	return &responseType{m: m, opts: transcode.DecodeOptions{ProtoNames: cmd.Flags&FlagProtoNames != 0},
+		lua: cmd.Flags&FlagLuaTable != 0}, nil
 }
 
 // decodedOutcome is outcome for a call with resp_type. A non-zero code is
@@ -164,18 +170,30 @@ func (r *Runtime) decodedOutcome(rt *responseType, resp *qrpc.Response, err erro
 		}
 	}()
 	bp := bodyPool.Get().(*[]byte)
-	defer func() {
-		if cap(*bp) <= 64<<10 {
-			*bp = (*bp)[:0]
-			bodyPool.Put(bp)
-		}
-	}()
+	defer putBody(bp)
 	js, derr := rt.m.Decode((*bp)[:0], resp.Body, rt.opts)
 	if derr != nil {
 		return r.badResponse(derr.Error(), resp)
 	}
 	*bp = js
+	if rt.lua {
+		sp := bodyPool.Get().(*[]byte)
+		defer putBody(sp)
+		if ser, err := luaser.FromJSON(append((*sp)[:0], 0), js); err == nil {
+			*sp = ser
+			return r.Result(resp.Code, resp.Headers, ser)
+		}
+		// JSON, which Lua also reads: see FlagLuaTable
+	}
 	return r.Result(resp.Code, resp.Headers, js)
+}
+
+// putBody returns a buffer of bodyPool, unless a huge message grew it.
+func putBody(bp *[]byte) {
+	if cap(*bp) <= 64<<10 {
+		*bp = (*bp)[:0]
+		bodyPool.Put(bp)
+	}
 }
 
 // badResponse is the StatusBadResponse completion: the reason, then the

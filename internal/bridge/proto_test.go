@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -88,6 +90,18 @@ func TestProtoCalls(t *testing.T) {
 	h.submit(protoUnary(conn, 4, "echo", in, "demo.AllKinds", "demo.AllKinds", FlagProtoNames), StatusPending)
 	if _, _, body := result(t, h.wait(4, 5*time.Second)); string(body) != `{"i64":"-5","by_id":{"7":{"id":"s"}},"choice_text":"c"}` {
 		t.Fatalf("proto names: %s", body)
+	}
+
+	// For Lua tables: a NUL byte, then the reply in LuaJIT's format, the
+	// same value as the JSON.
+	h.submit(protoUnary(conn, 13, "echo", in, "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
+	_, _, body = result(t, h.wait(13, 5*time.Second))
+	want, err := luaser.FromJSON([]byte{0}, []byte(`{"i64":"-5","by_id":{"7":{"id":"s"}},"choice_text":"c"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(body, want) {
+		t.Fatalf("Lua table reply: %x, want %x", body, want)
 	}
 
 	// Unknown fields: refused, or dropped with the flag.

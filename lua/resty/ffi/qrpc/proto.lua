@@ -42,10 +42,26 @@ local QRPC_OK = cdef.QRPC_OK
 local OP_PROTO_LOAD = 10
 local F_DISCARD_UNKNOWN = 1
 local F_PROTO_NAMES = 2
+local F_LUA_TABLE = 4
+
+-- Replies for Lua tables come from Go in LuaJIT's serialization format
+-- (after a NUL byte) when string.buffer is there (LuaJIT 2.1 since 2021:
+-- OpenResty's and Debian's): one C call builds the table, each table at
+-- its final size, where cjson.decode parses text and grows tables as it
+-- goes. Without it, or for a reply Go had to leave as JSON: json.decode.
+local ok_sbuf, sbuf = pcall(require, "string.buffer")
+if not ok_sbuf then
+    sbuf = nil
+end
+local reply_flag = sbuf and F_LUA_TABLE or 0
+local dbuf = sbuf and sbuf.new()
+local str_byte = string.byte
+local str_gsub = string.gsub
 
 local _M = {
     F_DISCARD_UNKNOWN = F_DISCARD_UNKNOWN,
     F_PROTO_NAMES = F_PROTO_NAMES,
+    F_LUA_TABLE = F_LUA_TABLE,
     -- An empty list for a repeated field (a plain {} is an empty object).
     empty_array = json.empty_array,
 }
@@ -373,7 +389,24 @@ function _M.prepare(conn, method, body, opts)
     if names and resp then
         flags = flags + F_PROTO_NAMES
     end
+    if resp and not as_json then
+        flags = flags + reply_flag
+    end
     return body, req, resp, flags, as_json == true
+end
+
+
+-- The value of a reply in LuaJIT's format, after its NUL byte. Raises an
+-- error on a malformed one (called under pcall).
+local function decode_lua(s)
+    dbuf:set(s):skip(1)
+    local v = dbuf:decode()
+    local left = #dbuf
+    dbuf:reset()
+    if left ~= 0 then
+        error("trailing bytes", 0)
+    end
+    return v
 end
 
 
@@ -384,7 +417,18 @@ function _M.finish(res, resp, as_json)
     if as_json or res.code ~= 0 then
         return res
     end
-    local v, err = json.decode(res.body)
+    local body = res.body
+    local v, err
+    if dbuf and str_byte(body, 1) == 0 then
+        local ok
+        ok, v = pcall(decode_lua, body)
+        if not ok then
+            -- LuaJIT's message, without the position of the call
+            v, err = nil, "malformed reply: " .. str_gsub(tostring(v), "^[^:]*:%d+: ", "")
+        end
+    else
+        v, err = json.decode(body)
+    end
     if v == nil then
         return nil, "bad response: " .. resp .. ": " .. tostring(err), res
     end
