@@ -31,13 +31,8 @@ var rt *bridge.Runtime
 func init() {
 	// Loaded in a worker: size its Go runtime for nginx (see
 	// bridge.DefaultGOMAXPROCS) before any goroutine starts.
-	procs, adapt := bridge.DefaultGOMAXPROCS()
+	bridge.DefaultGOMAXPROCS()
 	rt = bridge.New(cMemory{}, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
-	if adapt {
-		// For the life of the process (the worker's); it stops by itself
-		// once configure{ gomaxprocs } fixes the value.
-		rt.StartAutoGOMAXPROCS(procs, 0)
-	}
 }
 
 // exportPanic turns a panic in an export into an error status; it must be

@@ -11,8 +11,8 @@ import (
 // QRPC_OP_CONFIGURE: runtime settings of this worker, as opts lines
 // ("key=value\n"):
 //
-//	gomaxprocs=N     the Ps of the worker's Go runtime (1..1024); fixes the
-//	                 value and ends the adapting (see DefaultGOMAXPROCS).
+//	gomaxprocs=N     the Ps of the worker's Go runtime (1..1024) (see
+//	                 DefaultGOMAXPROCS).
 //	metrics=on|off   record calls in the worker's metrics (on). Off, the
 //	                 pools dialled afterwards get qrpc.NopObserver, so
 //	                 their calls cost nothing to record and show nowhere
@@ -34,7 +34,10 @@ const maxGOMAXPROCS = 1024
 // lone call's latency (an idle P runs the goroutine that sends its packet
 // while the nginx thread holds the other); more add threads and GC
 // contention but no hand-off the worker needs. Under load 1 P is cheaper
-// still: see autoprocs.go.
+// (0.64x the CPU per request, 1.30x the requests/s under wrk in one full
+// bench) but a lone sequential call takes 1.9x as long, because the
+// goroutine that sends its packet waits until sysmon takes the only P back
+// from the nginx thread: users who want that trade set gomaxprocs = 1.
 const defaultProcsCap = 2
 
 func init() {
@@ -47,19 +50,13 @@ func init() {
 }
 
 // DefaultGOMAXPROCS applies the library's default when the environment
-// does not set GOMAXPROCS; it returns the value in force and whether it
-// may adapt to the load (StartAutoGOMAXPROCS: the library's default, with
-// more than one P). The host calls it once, when the library loads in a
-// worker.
-func DefaultGOMAXPROCS() (n int, adapt bool) {
-	if os.Getenv("GOMAXPROCS") != "" {
-		return runtime.GOMAXPROCS(0), false
-	}
-	if n := runtime.GOMAXPROCS(0); n > defaultProcsCap {
+// does not set GOMAXPROCS; it returns the value in force. The host calls
+// it once, when the library loads in a worker.
+func DefaultGOMAXPROCS() int {
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) > defaultProcsCap {
 		runtime.GOMAXPROCS(defaultProcsCap)
 	}
-	n = runtime.GOMAXPROCS(0)
-	return n, n > 1
+	return runtime.GOMAXPROCS(0)
 }
 
 // Configure applies CONFIGURE's opts lines (see above).
@@ -103,7 +100,6 @@ func (r *Runtime) Configure(opts []byte) error {
 		r.metricsOff.Store(*off)
 	}
 	if procs > 0 {
-		procsFixed.Store(true) // the user's choice: no more adapting
 		runtime.GOMAXPROCS(procs)
 	}
 	return nil

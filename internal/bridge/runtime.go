@@ -122,7 +122,6 @@ type Runtime struct {
 	events           atomic.Uint64
 	dropped          atomic.Uint64
 	closedReconnects atomic.Uint64 // reconnects of connections since closed
-	concSum          atomic.Uint64 // Σ calls in flight as each call starts (autoProcs)
 
 	logLevel atomic.Int64
 	logger   *slog.Logger
@@ -289,7 +288,7 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout),
 		HashKey: cmd.HashKey, Retries: callRetries(cmd.Retries)}
 	c.inflight.Add(1)
-	r.concSum.Add(uint64(max(r.inflight.Add(1), 0)))
+	r.inflight.Add(1)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
 		defer r.RecoverLog("complete")
 		c.inflight.Add(-1)
