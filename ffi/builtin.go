@@ -32,7 +32,6 @@ type builtinHost struct {
 	lastDropReport atomic.Int64 // unix nanoseconds
 	calls          bridge.Calls
 	wake           wakeState
-	submitq        submitter
 }
 
 var builtin = &builtinHost{}
@@ -47,9 +46,6 @@ func (b *builtinHost) init() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gen == nil {
-		if err := b.submitq.start(); err != nil {
-			return err
-		}
 		b.gen = bridge.NewGen()
 	}
 	return nil
@@ -170,9 +166,6 @@ func (b *builtinHost) drain(out []completionABI) int {
 // completion will be produced), queued completions are freed, the host's
 // connections are closed in the background, and the wake socket closed.
 func (b *builtinHost) shutdown() {
-	// First, while the host is open: queued calls start (or are refused)
-	// before the generation ends, which then cancels them like the others.
-	b.submitq.stop()
 	b.mu.Lock()
 	gen := b.gen
 	b.gen = nil

@@ -134,18 +134,6 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * Connections are not cached here: the Lua module reuses its handles. */
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
 
-/* Queues a UNARY or CANCEL command for Go and returns at once, without
- * entering Go: it copies the command and its strings, and wakes the
- * library's submitter (an eventfd) only when the submitter sleeps. Returns
- * QRPC_PENDING for UNARY (every failure, bad arguments included, then
- * comes as the call's completion), QRPC_OK for CANCEL, QRPC_ERR_CLOSED
- * when the host is not open, QRPC_ERR_FULL when too many commands wait,
- * QRPC_ERR_BADARG for other ops. Commands are run in the order queued.
- * Why: a thread that calls into Go keeps a Go scheduler slot (a P) while
- * it runs its own code, and Go then spends more CPU on its scheduler and
- * sysmon than on the call (measured in the nginx worker, issue 13). */
-int qrpc_submit_async(const qrpc_cmd_t *cmd);
-
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {
     uint64_t inflight;   /* calls sent and not yet finished */

@@ -42,7 +42,6 @@ local OP_CONNECT = cdef.OP_CONNECT
 local OP_EVENT = cdef.OP_EVENT
 local OP_CLOSE = cdef.OP_CLOSE
 local OP_CANCEL = cdef.OP_CANCEL
-local OP_UNARY = cdef.OP_UNARY
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_PENDING = cdef.QRPC_PENDING
 local QRPC_LOG = cdef.QRPC_LOG
@@ -152,14 +151,12 @@ end
 -- Direct calls (both hosts): synchronous, on the nginx thread
 -------------------------------------------------------------------------
 
--- Through the submit queue, like the UNARY it cancels: queued after it, it
--- cannot overtake it.
 local function cancel(handle, id)
     xcmd.version = CMD_VERSION
     xcmd.op = OP_CANCEL
     xcmd.conn = handle or 0
     xcmd.call_id = id
-    lib.qrpc_submit_async(xcmd)
+    lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
 end
 
 
@@ -559,19 +556,7 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
              req_type, resp_type, flags, hash_key, retries)
-    local rc
-    if op == OP_UNARY then
-        -- Queued in C without entering Go (see qrpc_submit_async in
-        -- qrpc.h): Go's refusals come back as the completion; this one
-        -- fails only when the host is closed or its queue full, and
-        -- writes no message.
-        rc = lib.qrpc_submit_async(ucmd)
-        if rc ~= QRPC_PENDING then
-            return rc, status_err(rc)
-        end
-    else
-        rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
-    end
+    local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
     if rc ~= QRPC_PENDING then
         if rc == QRPC_OK then
             return QRPC_ERR, "qrpc: unexpected synchronous completion"

@@ -79,7 +79,6 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
-int qrpc_submit_async(const qrpc_cmd_t *cmd);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_drain(qrpc_completion_t *out, int max);

@@ -109,8 +109,8 @@ end
 
 
 local symbols = {
-    "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_submit_async",
-    "qrpc_stats", "qrpc_drain", "qrpc_free", "qrpc_shutdown", "qrpc_query",
+    "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
+    "qrpc_free", "qrpc_shutdown", "qrpc_query",
 }
 
 local function check_symbols(l)
