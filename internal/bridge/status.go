@@ -66,10 +66,17 @@ const maxMsgLen = 256
 // Messages never contain request or response bodies: qrpc's errors carry
 // addresses and reasons only, and nothing here adds payload.
 func StatusOf(err error) (int32, string) {
+	if err == nil {
+		// Before de exists: errors.As makes it escape, and every
+		// successful submit would allocate it.
+		return StatusOK, ""
+	}
+	return statusOfErr(err)
+}
+
+func statusOfErr(err error) (int32, string) {
 	var de *qrpc.DialError
 	switch {
-	case err == nil:
-		return StatusOK, ""
 	case errors.Is(err, ErrBadCommand):
 		return ErrBadArg, Clip(err.Error())
 	case errors.Is(err, qrpc.ErrTimeout):
