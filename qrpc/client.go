@@ -377,11 +377,26 @@ func (c *Client) session() (*session, error) {
 	n := uint32(len(c.slots))
 	start := c.rr.Add(1)
 	var sl *slot
+	var refused error
 	for i := uint32(0); i < n; i++ {
 		sl = c.slots[(start+i)%n]
-		if s := sl.cur.Load(); s != nil && !s.dead.Load() {
+		s := sl.cur.Load()
+		if s != nil && !s.dead.Load() {
 			return s, nil
 		}
+		if refused != nil {
+			continue
+		}
+		// A refusal says why, in every window of the re-dial: the dead
+		// session still in place, or its error recorded.
+		if s != nil && s.refusal != nil {
+			refused = s.refusal
+		} else if e := sl.refusal.Load(); e != nil {
+			refused = *e
+		}
+	}
+	if refused != nil {
+		return nil, refused
 	}
 	if e := sl.lastErr.Load(); e != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, *e)
@@ -396,6 +411,9 @@ type slot struct {
 	c       *Client
 	cur     atomic.Pointer[session]
 	lastErr atomic.Pointer[error]
+	// refusal: the last connection was refused (session.refusal), until a
+	// new one is up.
+	refusal atomic.Pointer[error]
 }
 
 func (sl *slot) run(s *session) {
@@ -421,6 +439,9 @@ func (sl *slot) run(s *session) {
 				return
 			}
 			sl.lastErr.Store(&s.err)
+			if s.refusal != nil {
+				sl.refusal.Store(&s.refusal)
+			}
 			sl.cur.Store(nil)
 			c.stateChanged()
 			if time.Since(up) >= c.cfg.BackoffBase {
@@ -441,6 +462,7 @@ func (sl *slot) run(s *session) {
 			ns, err := c.dial(c.ctx)
 			if err == nil {
 				s = ns
+				sl.refusal.Store(nil)
 				sl.cur.Store(ns)
 				if everUp {
 					c.reconnects.Add(1)
@@ -493,6 +515,9 @@ type session struct {
 	failOnce sync.Once
 	done     chan struct{}
 	err      error // set before done is closed
+	// refusal is the DialError of a connection the server refused after
+	// the client's handshake (TLS 1.3 client certificate); set before dead.
+	refusal error
 }
 
 // errStreamGone: the stream picked for a frame broke before the frame was
@@ -643,20 +668,16 @@ func (p Pending) Cancel() bool {
 func (s *session) fail(err error) {
 	s.failOnce.Do(func() {
 		s.err = err
-		s.dead.Store(true)
 		callErr := err
-		var tErr *quic.TransportError
 		switch {
 		case errors.Is(err, ErrClosed):
-		case errors.As(err, &tErr) && tErr.Remote && tErr.ErrorCode.IsCryptoError():
-			// A TLS alert from the server can arrive after the client has
-			// finished its side of the handshake (TLS 1.3: the server judges
-			// the client certificate last): the connection was refused,
-			// not lost, whichever the client saw first.
+		case refusedBy(err):
 			callErr = classifyDialError(s.c.addr, err)
+			s.refusal = callErr
 		default:
 			callErr = fmt.Errorf("%w: %w", ErrConnLost, err)
 		}
+		s.dead.Store(true) // after refusal: readers of dead see it
 		s.pending.closeAll(func(pc *pendingCall) {
 			pc.stopTimer()
 			pc.done(nil, callErr)
@@ -668,6 +689,15 @@ func (s *session) fail(err error) {
 		}
 		close(s.done)
 	})
+}
+
+// refusedBy reports whether the connection's end err is a TLS alert from
+// the server. It can arrive after the client has finished its side of the
+// handshake (TLS 1.3: the server judges the client certificate last): the
+// connection was refused, not lost, whichever the client saw first.
+func refusedBy(err error) bool {
+	var tErr *quic.TransportError
+	return errors.As(err, &tErr) && tErr.Remote && tErr.ErrorCode.IsCryptoError()
 }
 
 // connLevel reports whether err from a stream is really the connection's
@@ -767,6 +797,9 @@ func (st *cstream) write(buf *[]byte) error {
 				defer s.c.wg.Done()
 				s.fail(fmt.Errorf("write: %w", err))
 			}()
+			if refusedBy(err) {
+				return classifyDialError(s.c.addr, err)
+			}
 			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
 		}
 	}
