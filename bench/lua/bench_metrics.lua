@@ -5,9 +5,9 @@
 -- recorded one ("on2": an A/A control, what two connections differ by
 -- when nothing distinguishes them), in blocks taken in every order in
 -- turn, so that the load of a shared machine weighs on all alike.
-local ffi = require "ffi"
 local qrpc = require "resty.ffi.qrpc"
 local cfg = require "bench_config"
+local bc = require "bench_clock"
 
 local ngx = ngx
 local tonumber = tonumber
@@ -15,27 +15,12 @@ local tostring = tostring
 local floor = math.floor
 local min = math.min
 local str_rep = string.rep
-local ffi_new = ffi.new
-local C = ffi.C
 
 local _M = {}
 
--- clock_gettime under names of this module's own: another module may
--- declare the libc one, or bench_proto.lua its own (a second cdef of a
--- name is an error).
-ffi.cdef [[
-typedef struct { long sec; long nsec; } qrpc_bm_ts_t;
-int qrpc_bm_clock_gettime(int clk, qrpc_bm_ts_t *tp) __asm__("clock_gettime");
-]]
-
-local CLOCK_MONOTONIC = 1
-local CLOCK_PROCESS_CPUTIME_ID = 2 -- the worker: every thread, Go's included
-local ts = ffi_new("qrpc_bm_ts_t")
-
-local function clock(id)
-    C.qrpc_bm_clock_gettime(id, ts)
-    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
-end
+local clock = bc.clock
+local CLOCK_MONOTONIC = bc.MONOTONIC
+local CLOCK_PROCESS_CPUTIME_ID = bc.PROCESS_CPUTIME
 
 -- Distinct option values make two cache entries (two pools, two QUIC
 -- connections) for the same server; the timeouts are never reached.

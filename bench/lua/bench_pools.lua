@@ -4,9 +4,9 @@
 -- that the drifting load of a shared machine weighs on both alike. Each
 -- block is timed, with the CPU time of this worker (all its threads) and
 -- of the server processes (their CPU clocks, read by pid).
-local ffi = require "ffi"
 local qrpc = require "resty.ffi.qrpc"
 local cfg = require "bench_config"
+local bc = require "bench_clock"
 
 local ngx = ngx
 local tonumber = tonumber
@@ -20,27 +20,12 @@ local bit = require "bit"
 local bnot, lshift, bor = bit.bnot, bit.lshift, bit.bor
 local spawn = ngx.thread.spawn
 local wait = ngx.thread.wait
-local ffi_new = ffi.new
-local C = ffi.C
 
 local _M = {}
 
--- clock_gettime under names of this module's own (see bench_metrics.lua).
-ffi.cdef [[
-typedef struct { long sec; long nsec; } qrpc_bp_ts_t;
-int qrpc_bp_clock_gettime(int clk, qrpc_bp_ts_t *tp) __asm__("clock_gettime");
-]]
-
-local CLOCK_MONOTONIC = 1
-local CLOCK_PROCESS_CPUTIME_ID = 2
-local ts = ffi_new("qrpc_bp_ts_t")
-
-local function clock(id)
-    if C.qrpc_bp_clock_gettime(id, ts) ~= 0 then
-        return nil
-    end
-    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
-end
+local clock = bc.clock
+local CLOCK_MONOTONIC = bc.MONOTONIC
+local CLOCK_PROCESS_CPUTIME_ID = bc.PROCESS_CPUTIME
 
 -- Another process's CPU clock (all its threads): Linux's
 -- MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), as clock_getcpuclockid

@@ -5,10 +5,10 @@
 -- The message comes from bench_profile.lua, written by the harness from one
 -- Go value: its proto3 JSON (decoded here into the Lua table) and its
 -- protobuf encoding, so both modes carry the same message.
-local ffi = require "ffi"
 local qrpc = require "resty.ffi.qrpc"
 local json = require "resty.ffi.qrpc.json"
 local cfg = require "bench_config"
+local bc = require "bench_clock"
 
 local ngx = ngx
 local type = type
@@ -16,29 +16,13 @@ local tonumber = tonumber
 local floor = math.floor
 local min = math.min
 local tostring = tostring
-local ffi_new = ffi.new
-local C = ffi.C
 
 local _M = {}
 
--- clock_gettime under a name of our own: another module may have declared
--- the libc one with its own struct timespec.
-ffi.cdef [[
-typedef struct { long sec; long nsec; } qrpc_bench_ts_t;
-int qrpc_bench_clock_gettime(int clk, qrpc_bench_ts_t *tp) __asm__("clock_gettime");
-]]
-
-local CLOCK_MONOTONIC = 1
--- all threads of the worker process, Go's included
-local CLOCK_PROCESS_CPUTIME_ID = 2
--- the nginx thread alone: Lua, the module, and Go run inside its cgo calls
-local CLOCK_THREAD_CPUTIME_ID = 3
-local ts = ffi_new("qrpc_bench_ts_t")
-
-local function clock(id)
-    C.qrpc_bench_clock_gettime(id, ts)
-    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
-end
+local clock = bc.clock
+local CLOCK_MONOTONIC = bc.MONOTONIC
+local CLOCK_PROCESS_CPUTIME_ID = bc.PROCESS_CPUTIME
+local CLOCK_THREAD_CPUTIME_ID = bc.THREAD_CPUTIME
 
 local CONN_OPTS = { ca = cfg.ca, server_name = "localhost" }
 local TABLE_OPTS = { request = "demo.Profile", response = "demo.Profile" }
