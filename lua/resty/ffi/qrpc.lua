@@ -202,25 +202,16 @@ local lib_where         -- where the library was found
 -- to Go (bridge.Configure); nil leaves the library's default.
 local gomaxprocs
 
-local function apply_gomaxprocs()
-    if not gomaxprocs then
-        return true
+-- apply_settings sends the Go-side settings of configure to the library:
+-- whether to record the pools it dials next, and gomaxprocs when given.
+local function apply_settings()
+    local lines = metrics_on and "metrics=on\n" or "metrics=off\n"
+    if gomaxprocs then
+        lines = lines .. "gomaxprocs=" .. gomaxprocs .. "\n"
     end
-    local res, err = builtin.query(cdef.OP_CONFIGURE, 0,
-                                   "gomaxprocs=" .. gomaxprocs .. "\n")
-    if not res then
-        return nil, "qrpc: configure gomaxprocs: " .. err
-    end
-    return true
-end
-
-
--- apply_metrics tells Go whether to record the pools it dials next.
-local function apply_metrics()
-    local _, err = builtin.query(cdef.OP_CONFIGURE, 0,
-                                 metrics_on and "metrics=on\n" or "metrics=off\n")
+    local _, err = builtin.query(cdef.OP_CONFIGURE, 0, lines)
     if err then
-        return nil, "qrpc: configure metrics: " .. err
+        return nil, "qrpc: configure: " .. err
     end
     return true
 end
@@ -245,15 +236,11 @@ local function ensure_loaded()
     loaded, host, lib_where = true, st.host, st.where
     metrics.init(st.lib)
     use_builtin = host == "builtin"
-    local gp_ok, gp_err = apply_gomaxprocs()
-    if not gp_ok then
-        ngx_log(ngx_ERR, gp_err)
-    end
-    if not metrics_on then
+    if gomaxprocs or not metrics_on then
         -- before any connection can be dialled
-        local ok, merr = apply_metrics()
+        local ok, serr = apply_settings()
         if not ok then
-            ngx_log(ngx_ERR, merr)
+            ngx_log(ngx_ERR, serr)
         end
     end
     if not wake_ok then
@@ -949,25 +936,20 @@ function _M.configure(opts)
         then
             return bad(1, "gomaxprocs must be an integer 1..1024")
         end
-        gomaxprocs = gp
-        if loaded and not load_err then
-            local ok
-            ok, err = apply_gomaxprocs()
-            if not ok then
-                return nil, err
-            end
-        end
     end
     local me = opts.metrics
-    if me ~= nil then
-        if type(me) ~= "boolean" then
-            return bad(1, "metrics must be true or false (got " .. type(me) .. ")")
+    if me ~= nil and type(me) ~= "boolean" then
+        return bad(1, "metrics must be true or false (got " .. type(me) .. ")")
+    end
+    if gp ~= nil or me ~= nil then
+        gomaxprocs = gp or gomaxprocs
+        -- metrics applies to the connections dialled from now on
+        if me ~= nil then
+            metrics_on = me
         end
-        -- it applies to the connections dialled from now on
-        metrics_on = me
         if loaded then
             local ok
-            ok, err = apply_metrics()
+            ok, err = apply_settings()
             if not ok then
                 return nil, err
             end
