@@ -255,11 +255,18 @@ func TestPoolThreeServers(t *testing.T) {
 	// ~15,000 calls/s (bench/results.md), so a client comes back every
 	// >= 13 ms, at most twice within a 25 ms limit, and is caught one
 	// time in three each time: about half of the clients not caught at
-	// the kill are caught after it. Seen: 64-109 of 200 (without the
-	// stall signal: 200 of 200, every client caught once). At most 180
-	// (9 in 10) leaves room for a faster or a more loaded machine.
-	if before > 180 {
-		t.Errorf("%d calls failed: more than 180 of the 200 clients caught on the killed server", before)
+	// the kill are caught after it. Seen: 46-109 of 200 on a quiet
+	// machine (without the stall signal: 200 of 200, every client caught
+	// once), but 196 in a CI run at load ~10, where answers slow down and
+	// the limit grows to 200 ms: how many are caught depends on the
+	// machine, so what is asserted is that the stall was seen before the
+	// calls' timeouts would have ejected it, and that no client was
+	// caught twice.
+	if before > 200 {
+		t.Errorf("%d calls failed: a client was caught twice on the killed server", before)
+	}
+	if stall, eject := stalledAt.Sub(killedAt), ejectedAt.Sub(killedAt); stall >= 900*time.Millisecond || stall >= eject {
+		t.Errorf("seen stalled %v after the kill (ejected after %v): want it before the 1 s timeouts", stall, eject)
 	}
 	if before > inflightAtKill+sentAfter+5 {
 		t.Errorf("%d calls failed: more than the %d in flight on it at the kill and the %d sent after",
