@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -24,10 +25,20 @@ import (
 // certificate; onConn runs for every connection it accepts.
 func rawServer(t *testing.T, e *env, onConn func(*quic.Conn)) string {
 	t.Helper()
-	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{
+	// A transport of our own, closed in the cleanup: a listener from
+	// quic.ListenAddr keeps its transport (and its goroutines) until its
+	// last connection's state is gone, which outlived the goroutine check
+	// (15 s) twice on a loaded machine.
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: pc}
+	ln, err := tr.Listen(&tls.Config{
 		Certificates: []tls.Certificate{e.cert}, NextProtos: []string{qrpc.ALPN},
 	}, &quic.Config{MaxIdleTimeout: 5 * time.Second})
 	if err != nil {
+		_ = pc.Close()
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -50,7 +61,9 @@ func rawServer(t *testing.T, e *env, onConn func(*quic.Conn)) string {
 	t.Cleanup(func() {
 		cancel()
 		_ = ln.Close()
+		_ = tr.Close() // closes its connections: the handlers return
 		wg.Wait()
+		_ = pc.Close()
 	})
 	return ln.Addr().String()
 }
