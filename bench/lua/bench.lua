@@ -25,16 +25,7 @@ local function be32(n)
                     floor(n / 256) % 256, n % 256)
 end
 
-local function qrpc_loop(conn, n, body)
-    local errs = 0
-    for _ = 1, n do
-        local res = conn:unary("echo", body)
-        if not res or #res.body ~= #body then
-            errs = errs + 1
-        end
-    end
-    return errs
-end
+local qrpc_loop = require("bench_common").echo_loop
 
 local function ipc_loop(_, n, body)
     local errs = 0

@@ -7,7 +7,7 @@
 -- turn, so that the load of a shared machine weighs on all alike.
 local qrpc = require "resty.ffi.qrpc"
 local cfg = require "bench_config"
-local bc = require "bench_clock"
+local bc = require "bench_common"
 
 local ngx = ngx
 local tonumber = tonumber
@@ -31,16 +31,7 @@ local ON2_OPTS = { ca = cfg.ca, server_name = "localhost", timeout = 5003 }
 local ORDERS = { { 1, 2, 3 }, { 3, 2, 1 }, { 2, 3, 1 }, { 1, 3, 2 }, { 3, 1, 2 }, { 2, 1, 3 } }
 local WARMUP = 300
 
-local function loop(conn, n, body)
-    local errs = 0
-    for _ = 1, n do
-        local res = conn:unary("echo", body)
-        if not res or #res.body ~= #body then
-            errs = errs + 1
-        end
-    end
-    return errs
-end
+local loop = bc.echo_loop
 
 -- recorded is the worker's count of ok echo calls to addr in
 -- qrpc.metrics(): the harness checks that exactly the "on" calls add to it.
@@ -54,10 +45,7 @@ local function recorded(addr)
     return tonumber(text:match(pat)) or 0
 end
 
-local function fail(msg)
-    ngx.status = 500
-    ngx.say(msg)
-end
+local fail = bc.fail
 
 -- GET /bench/metrics?n=N&size=S&block=B: N calls in each mode. Answers
 -- wall and worker CPU seconds of each mode, and how many calls the

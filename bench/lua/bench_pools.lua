@@ -6,7 +6,7 @@
 -- of the server processes (their CPU clocks, read by pid).
 local qrpc = require "resty.ffi.qrpc"
 local cfg = require "bench_config"
-local bc = require "bench_clock"
+local bc = require "bench_common"
 
 local ngx = ngx
 local tonumber = tonumber
@@ -44,16 +44,7 @@ local function list(s)
     return t
 end
 
-local function loop(conn, n, body)
-    local errs = 0
-    for _ = 1, n do
-        local res = conn:unary("echo", body)
-        if not res or #res.body ~= #body then
-            errs = errs + 1
-        end
-    end
-    return errs
-end
+local loop = bc.echo_loop
 
 -- block runs n calls on conn: sequentially, or from c light threads.
 local function block(conn, n, c, body)
@@ -73,10 +64,7 @@ local function block(conn, n, c, body)
     return errs
 end
 
-local function fail(msg)
-    ngx.status = 500
-    ngx.say(msg)
-end
+local fail = bc.fail
 
 -- GET /bench/pools?a=addrs&b=addrs&n=N&c=C&block=B&pids=P,...: N calls
 -- through each pool, in blocks of B calls (from C light threads each).

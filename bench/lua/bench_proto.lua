@@ -8,7 +8,7 @@
 local qrpc = require "resty.ffi.qrpc"
 local json = require "resty.ffi.qrpc.json"
 local cfg = require "bench_config"
-local bc = require "bench_clock"
+local bc = require "bench_common"
 
 local ngx = ngx
 local type = type

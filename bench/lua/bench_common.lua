@@ -1,7 +1,6 @@
--- The bench's clocks: clock_gettime for the Lua bench modules
--- (bench_proto, bench_pools, bench_metrics), declared once under a name of
--- its own (another module may declare the libc one; a second cdef of a
--- name is an error).
+-- What the Lua bench modules share: clock_gettime, declared once under a
+-- name of its own (another module may declare the libc one; a second cdef
+-- of a name is an error), the echo loop and the error answer.
 local ffi = require "ffi"
 
 local tonumber = tonumber
@@ -27,6 +26,26 @@ function _M.clock(id)
         return nil
     end
     return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
+end
+
+
+-- echo_loop makes n sequential echo calls of body on conn; returns how
+-- many failed or came back wrong.
+function _M.echo_loop(conn, n, body)
+    local errs = 0
+    for _ = 1, n do
+        local res = conn:unary("echo", body)
+        if not res or #res.body ~= #body then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+
+function _M.fail(msg)
+    ngx.status = 500
+    ngx.say(msg)
 end
 
 return _M
