@@ -20,8 +20,10 @@ import (
 
 // fleet is a set of real qrpc servers sharing one CA and certificate (and
 // so one stateless reset key), each on a UDP socket the test owns: kill
-// closes the socket under the server, as kill -9 would, and restart
-// serves the same port again.
+// closes the socket under the server, as kill -9 would (the port is closed:
+// the kernel answers ICMP port unreachable), freeze silences it with the
+// port still open, as SIGSTOP or a partition would, and restart serves the
+// same port again.
 type fleet struct {
 	t    *testing.T
 	ca   *certs.CA
@@ -35,7 +37,7 @@ type member struct {
 	i     int
 	addr  string
 	mu    sync.Mutex
-	pc    net.PacketConn
+	pc    *mutePC
 	srv   *qrpc.Server
 	hits  atomic.Int64 // "who" calls answered
 	evts  atomic.Int64 // "tick" events
@@ -108,11 +110,12 @@ func (m *member) serve(addr string) {
 	})
 	srv.Handle("hc", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) { resp.Body = []byte("ok") })
 	srv.HandleEvent("tick", func(context.Context, *qrpc.Request) { m.evts.Add(1) })
-	if err := srv.ServePacketConn(pc, qrpc.ServerTLSConfig(m.f.cert, nil)); err != nil {
+	mp := &mutePC{PacketConn: pc}
+	if err := srv.ServePacketConn(mp, qrpc.ServerTLSConfig(m.f.cert, nil)); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
-	m.pc, m.srv = pc, srv
+	m.pc, m.srv = mp, srv
 	m.addr = pc.LocalAddr().String()
 	m.mu.Unlock()
 }
@@ -134,6 +137,50 @@ func (m *member) kill() {
 }
 
 func (m *member) restart() { m.serve(m.addr) }
+
+// freeze makes the server silent, its port still open: packets to it are
+// dropped and it sends nothing, so the client hears nothing at all.
+func (m *member) freeze() { m.setMuted(true) }
+
+func (m *member) thaw() { m.setMuted(false) }
+
+func (m *member) setMuted(on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pc != nil {
+		m.pc.muted.Store(on)
+	}
+}
+
+// mutePC is a server's socket that can go silent (see member.freeze). As
+// a plain net.PacketConn it makes quic-go read one packet at a time, which
+// is all a test needs.
+type mutePC struct {
+	net.PacketConn
+	muted atomic.Bool
+}
+
+// SetReadBuffer and SetWriteBuffer let quic-go size the buffers (and not
+// warn that it cannot).
+func (c *mutePC) SetReadBuffer(n int) error { return c.PacketConn.(*net.UDPConn).SetReadBuffer(n) }
+
+func (c *mutePC) SetWriteBuffer(n int) error { return c.PacketConn.(*net.UDPConn).SetWriteBuffer(n) }
+
+func (c *mutePC) ReadFrom(b []byte) (int, net.Addr, error) {
+	for {
+		n, addr, err := c.PacketConn.ReadFrom(b)
+		if err != nil || !c.muted.Load() {
+			return n, addr, err
+		}
+	}
+}
+
+func (c *mutePC) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if c.muted.Load() {
+		return len(b), nil
+	}
+	return c.PacketConn.WriteTo(b, addr)
+}
 
 func (f *fleet) config(pc *qrpc.PoolConfig) *qrpc.PoolConfig {
 	if pc == nil {
