@@ -255,11 +255,10 @@ func TestPoolThreeServers(t *testing.T) {
 		t.Errorf("%d calls failed: more than the %d in flight on it at the kill and the %d sent after",
 			before, inflightAtKill, sentAfter)
 	}
-	if sentAfter > 30 {
-		t.Errorf("%d calls sent to the killed server after the snapshot: want a few (each client is caught at most once in that moment, before the ICMP answer)", sentAfter)
-	}
-	if out := outAt.Sub(killedAt); out > 2*time.Second {
-		t.Errorf("out %v after the kill: want about at once (1 s timeouts would take longer)", out)
+	// Without the ICMP answer, it would be out only once three calls had
+	// timed out (1 s), and the failures would be timeouts (checked above).
+	if out := outAt.Sub(killedAt); out > 500*time.Millisecond {
+		t.Errorf("out %v after the kill: want about at once (the 1 s timeouts would take longer)", out)
 	}
 	ejectedAt := outAt
 
@@ -280,8 +279,15 @@ func TestPoolThreeServers(t *testing.T) {
 	if len(afterRestart) != 0 {
 		t.Fatalf("%d calls failed after the ejection (restart included): %v", len(afterRestart), afterRestart)
 	}
-	if n.logCount(`qrpc: server ejected.*`+regexp.QuoteMeta(victim.addr)) == 0 {
-		t.Error("no ejection notice in error.log")
+	// Ejected when at least health.failures calls were in flight on it;
+	// with fewer, its connection ended and re-dials are refused: either
+	// way error.log says so.
+	if strings.HasPrefix(atOut, "ejected") {
+		if n.logCount(`qrpc: server ejected.*`+regexp.QuoteMeta(victim.addr)) == 0 {
+			t.Error("no ejection notice in error.log")
+		}
+	} else if n.logCount(`qrpc: (connection lost|re-dial failed).*`+regexp.QuoteMeta(victim.addr)) == 0 {
+		t.Errorf("no connection-lost line for the victim in error.log (%s)", atOut)
 	}
 
 	// All three down: fast "unavailable: no server up".

@@ -15,6 +15,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -37,7 +38,7 @@ type member struct {
 	i     int
 	addr  string
 	mu    sync.Mutex
-	pc    *mutePC
+	pc    *testsrv.MutePacketConn
 	srv   *qrpc.Server
 	hits  atomic.Int64 // "who" calls answered
 	evts  atomic.Int64 // "tick" events
@@ -110,7 +111,7 @@ func (m *member) serve(addr string) {
 	})
 	srv.Handle("hc", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) { resp.Body = []byte("ok") })
 	srv.HandleEvent("tick", func(context.Context, *qrpc.Request) { m.evts.Add(1) })
-	mp := &mutePC{PacketConn: pc}
+	mp := &testsrv.MutePacketConn{PacketConn: pc}
 	if err := srv.ServePacketConn(mp, qrpc.ServerTLSConfig(m.f.cert, nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -148,38 +149,8 @@ func (m *member) setMuted(on bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.pc != nil {
-		m.pc.muted.Store(on)
+		m.pc.Mute(on)
 	}
-}
-
-// mutePC is a server's socket that can go silent (see member.freeze). As
-// a plain net.PacketConn it makes quic-go read one packet at a time, which
-// is all a test needs.
-type mutePC struct {
-	net.PacketConn
-	muted atomic.Bool
-}
-
-// SetReadBuffer and SetWriteBuffer let quic-go size the buffers (and not
-// warn that it cannot).
-func (c *mutePC) SetReadBuffer(n int) error { return c.PacketConn.(*net.UDPConn).SetReadBuffer(n) }
-
-func (c *mutePC) SetWriteBuffer(n int) error { return c.PacketConn.(*net.UDPConn).SetWriteBuffer(n) }
-
-func (c *mutePC) ReadFrom(b []byte) (int, net.Addr, error) {
-	for {
-		n, addr, err := c.PacketConn.ReadFrom(b)
-		if err != nil || !c.muted.Load() {
-			return n, addr, err
-		}
-	}
-}
-
-func (c *mutePC) WriteTo(b []byte, addr net.Addr) (int, error) {
-	if c.muted.Load() {
-		return len(b), nil
-	}
-	return c.PacketConn.WriteTo(b, addr)
 }
 
 func (f *fleet) config(pc *qrpc.PoolConfig) *qrpc.PoolConfig {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
@@ -195,7 +196,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mp := &mutePC{PacketConn: pc}
+		mp := &testsrv.MutePacketConn{PacketConn: pc}
 		srv := e.newServer()
 		if err := srv.ServePacketConn(mp, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
 			t.Fatal(err)
@@ -212,7 +213,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			errc <- err
 		}()
 		eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
-		mp.muted.Store(true) // the server goes silent, its port open
+		mp.Mute(true) // the server goes silent, its port open
 		checkReason(t, <-errc, "connection lost: idle timeout")
 	})
 
