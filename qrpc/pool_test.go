@@ -243,8 +243,10 @@ func TestPoolServerKilled(t *testing.T) {
 	mu.Unlock()
 	t.Logf("%d calls in flight on the victim at the kill, %d sent to it after; %d failed (slowest failure %v), state %v with %d failures",
 		atKill.Inflight, sentAfter, n, slow, in.State, in.Failures)
-	if int64(n) != int64(atKill.Inflight)+sentAfter {
-		t.Errorf("%d calls failed, want the %d in flight at the kill + the %d sent after", n, atKill.Inflight, sentAfter)
+	// The snapshot is taken just before the kill: some of its calls may
+	// still be answered, and calls sent between it and the kill too.
+	if n == 0 || int64(n) > int64(atKill.Inflight)+sentAfter {
+		t.Errorf("%d calls failed, want 1 to the %d in flight at the kill + the %d sent after", n, atKill.Inflight, sentAfter)
 	}
 	// Before ICMP, the calls caught on a killed server waited out their
 	// deadline, and new ones went to it until three had: hundreds here.
