@@ -1073,7 +1073,8 @@ func TestConnectFailures(t *testing.T) {
                 -- .invalid never resolves (RFC 6761)
                 c, err = qrpc.connect("qrpc-test.invalid:8443", qt.opts({ timeout = 2000 }))
                 ngx.say(tostring(c), " [", err, "]")`)},
-		// UDP: a closed port is a timeout, never "refused" (README, Errors).
-		bodyRe: `^nil \[connect: timeout\] bounded: true\nnil \[bad argument #1: addr must be host:port \(got "no-port-here"\)\]\nnil \[connect: cannot resolve host\]\n$`,
+		// A closed port: its host answers ICMP port unreachable, which the
+		// client's socket hears: refused at once (README, Errors).
+		bodyRe: `^nil \[connect: refused\] bounded: true\nnil \[bad argument #1: addr must be host:port \(got "no-port-here"\)\]\nnil \[connect: cannot resolve host\]\n$`,
 	}})
 }

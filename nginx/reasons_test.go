@@ -13,6 +13,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -76,6 +77,13 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 		defer pc.Close()
 		return pc.LocalAddr().String()
 	}()
+	// A port that is open but never answers (a frozen server).
+	silentPC, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = silentPC.Close() })
+	silent := silentPC.LocalAddr().String()
 	reset := rawQUICServer(t, func(st *quic.Stream) { st.CancelWrite(7) })
 	eof := rawQUICServer(t, func(st *quic.Stream) { _ = st.Close() })
 	garbage := rawQUICServer(t, func(st *quic.Stream) { _, _ = st.Write([]byte{0, 0, 0, 1, 99}) })
@@ -98,7 +106,9 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 	blocks := []block{
 		{name: "timeout", conf: ngxConf{Workers: 1, Server: loc("/t", call(shared.addr, "{}", "slow", "3000", "{ timeout = 100 }"))},
 			body: "timeout\n"},
-		{name: "connect timeout (nothing listening)", conf: ngxConf{Workers: 1, Server: loc("/t", call(dead, "{ timeout = 300 }", "echo", "x", "nil"))},
+		{name: "connect refused (nothing listening)", conf: ngxConf{Workers: 1, Server: loc("/t", call(dead, "{ timeout = 300 }", "echo", "x", "nil"))},
+			body: "connect: refused\n"},
+		{name: "connect timeout (nothing answering)", conf: ngxConf{Workers: 1, Server: loc("/t", call(silent, "{ timeout = 300 }", "echo", "x", "nil"))},
 			body: "connect: timeout\n"},
 		{name: "stream reset", conf: ngxConf{Workers: 1, Server: loc("/t", call(reset, "{ streams = 1 }", "echo", "x", "nil"))},
 			bodyRe: `^connection lost: stream reset \(.*\)\n$`},
@@ -127,8 +137,10 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
                 res, err = conn:unary("echo", "x")
                 ngx.say(err)`)},
 			bodyRe: `^connection lost: closed by server \(Application error 0x0 \(remote\): server closing\)\n` +
-				// Right after the loss the slot may not have recorded why yet.
-				`unavailable: (closed by server \(.*\)|reconnecting)\n$`},
+				// Right after the loss the slot may not have recorded why yet;
+				// once the first re-dial (made at once) has found the port
+				// closed, that is why.
+				`unavailable: (closed by server \(.*\)|refused \(.*\)|reconnecting)\n$`},
 	}
 	// The server-closing block needs the server shut down while its call
 	// is in flight: run it by hand.
@@ -161,7 +173,8 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 
 	t.Run("idle timeout and stateless reset", func(t *testing.T) {
 		// The "killed" server is replaced by one on a socket the test can
-		// close under it (a kill: nothing is sent).
+		// silence with its port open (nothing is sent, and no ICMP port
+		// unreachable comes back as it would after a kill).
 		_ = killed.close()
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 		if err != nil {
@@ -173,7 +186,8 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 		}
 		victim := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
 		killed.register(victim)
-		if err := victim.ServePacketConn(pc, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
+		mp := &testsrv.MutePacketConn{PacketConn: pc}
+		if err := victim.ServePacketConn(mp, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
 			t.Fatal(err)
 		}
 		defer victim.Close()
@@ -194,7 +208,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
                 res, err = conn:unary("echo", "x", { timeout = 3000 })
                 ngx.say(err)`) + loc("/killed", `ngx.shared.qtest:set("killed", 1)`) +
 			loc("/up", `ngx.print(ngx.shared.qtest:get("up") or 0)`)})
-		// Idle timeout: kill the server while the call is in flight.
+		// Idle timeout: silence the server while the call is in flight.
 		go func() {
 			deadline := time.Now().Add(10 * time.Second)
 			for time.Now().Before(deadline) {
@@ -206,12 +220,13 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			_ = pc.Close()
+			mp.Mute(true)
 		}()
 		if st, body := n.get("/idle"); st != 200 || !regexp.MustCompile(`^connection lost: idle timeout \(.*\)\n$`).MatchString(body) {
 			t.Fatalf("idle: %d %q", st, body)
 		}
 		_ = victim.Close()
+		_ = pc.Close() // the caller's socket: the server leaves it open
 		// Stateless reset: a server on the same port with the same key,
 		// a connection to it, the server killed and replaced.
 		pc2, err := net.ListenPacket("udp", addr)

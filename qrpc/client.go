@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,26 +224,40 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	qc := c.quicConf.Clone()
 	confirmed := newConfirmSignal()
 	qc.TokenStore = confirmed
-	conn, err := quic.DialAddr(ctx, c.addr, c.tlsConf, qc)
+	raddr, err := net.ResolveUDPAddr("udp", c.addr)
 	if err != nil {
 		return nil, classifyDialError(c.addr, err)
+	}
+	sock, err := listenUDP(raddr)
+	if err != nil {
+		return nil, classifyDialError(c.addr, err)
+	}
+	tr := &quic.Transport{Conn: sock}
+	fail := func(conn *quic.Conn, err error) (*session, error) {
+		if conn != nil {
+			_ = conn.CloseWithError(0, "")
+		}
+		closeTransport(tr, sock)
+		return nil, classifyDialError(c.addr, err)
+	}
+	conn, err := tr.Dial(ctx, raddr, c.tlsConf, qc)
+	if err != nil {
+		return fail(nil, err)
 	}
 	if skipConfirmation.Load() {
 		// Tests: let the server's verdict arrive after Dial, as it can
 		// when the confirmation wait runs out under load.
 	} else if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
-		_ = conn.CloseWithError(0, "")
-		return nil, classifyDialError(c.addr, err)
+		return fail(conn, err)
 	}
-	s := &session{c: c, conn: conn, done: make(chan struct{})}
+	s := &session{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{})}
 	s.pending.init()
 	s.nextID.Store(rand.Uint64() >> 1)
 	s.streams = make([]atomic.Pointer[cstream], c.cfg.Streams)
 	for i := range s.streams {
 		qs, err := conn.OpenStreamSync(ctx)
 		if err != nil {
-			_ = conn.CloseWithError(0, "")
-			return nil, classifyDialError(c.addr, fmt.Errorf("open stream: %w", err))
+			return fail(conn, fmt.Errorf("open stream: %w", err))
 		}
 		s.streams[i].Store(newCstream(s, qs, i))
 	}
@@ -436,8 +451,10 @@ func (sl *slot) run(s *session) {
 				s.fail(context.Cause(s.conn.Context()))
 			case <-c.ctx.Done():
 				s.fail(ErrClosed)
+				s.release()
 				return
 			}
+			s.release()
 			sl.lastErr.Store(&s.err)
 			if s.refusal != nil {
 				sl.refusal.Store(&s.refusal)
@@ -504,6 +521,8 @@ type session struct {
 	// replaced in place when it breaks or gets stuck (the connection
 	// outlives a stream).
 	conn        *quic.Conn
+	tr          *quic.Transport // the connection's own, on sock; closed by release
+	sock        *udpSocket
 	streams     []atomic.Pointer[cstream]
 	rr          atomic.Uint32
 	nextID      atomic.Uint64
@@ -689,6 +708,19 @@ func (s *session) fail(err error) {
 		}
 		close(s.done)
 	})
+}
+
+// release closes the session's transport and socket, once fail has closed
+// the connection (and sent its CONNECTION_CLOSE through them).
+func (s *session) release() {
+	if s.tr != nil {
+		closeTransport(s.tr, s.sock)
+	}
+}
+
+func closeTransport(tr *quic.Transport, sock *udpSocket) {
+	_ = tr.Close()
+	_ = sock.Close()
 }
 
 // refusedBy reports whether the connection's end err is a TLS alert from

@@ -15,13 +15,16 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
 // fleet is a set of real qrpc servers sharing one CA and certificate (and
 // so one stateless reset key), each on a UDP socket the test owns: kill
-// closes the socket under the server, as kill -9 would, and restart
-// serves the same port again.
+// closes the socket under the server, as kill -9 would (the port is closed:
+// the kernel answers ICMP port unreachable), freeze silences it with the
+// port still open, as SIGSTOP or a partition would, and restart serves the
+// same port again.
 type fleet struct {
 	t    *testing.T
 	ca   *certs.CA
@@ -35,7 +38,7 @@ type member struct {
 	i     int
 	addr  string
 	mu    sync.Mutex
-	pc    net.PacketConn
+	pc    *testsrv.MutePacketConn
 	srv   *qrpc.Server
 	hits  atomic.Int64 // "who" calls answered
 	evts  atomic.Int64 // "tick" events
@@ -108,11 +111,12 @@ func (m *member) serve(addr string) {
 	})
 	srv.Handle("hc", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) { resp.Body = []byte("ok") })
 	srv.HandleEvent("tick", func(context.Context, *qrpc.Request) { m.evts.Add(1) })
-	if err := srv.ServePacketConn(pc, qrpc.ServerTLSConfig(m.f.cert, nil)); err != nil {
+	mp := &testsrv.MutePacketConn{PacketConn: pc}
+	if err := srv.ServePacketConn(mp, qrpc.ServerTLSConfig(m.f.cert, nil)); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
-	m.pc, m.srv = pc, srv
+	m.pc, m.srv = mp, srv
 	m.addr = pc.LocalAddr().String()
 	m.mu.Unlock()
 }
@@ -134,6 +138,20 @@ func (m *member) kill() {
 }
 
 func (m *member) restart() { m.serve(m.addr) }
+
+// freeze makes the server silent, its port still open: packets to it are
+// dropped and it sends nothing, so the client hears nothing at all.
+func (m *member) freeze() { m.setMuted(true) }
+
+func (m *member) thaw() { m.setMuted(false) }
+
+func (m *member) setMuted(on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pc != nil {
+		m.pc.Mute(on)
+	}
+}
 
 func (f *fleet) config(pc *qrpc.PoolConfig) *qrpc.PoolConfig {
 	if pc == nil {

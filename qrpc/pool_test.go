@@ -171,11 +171,134 @@ func TestPoolHash(t *testing.T) {
 	}
 }
 
-// TestPoolServerKilled: under concurrent load, one server goes silent.
-// Only calls sent to it before its ejection fail, it is ejected after
-// `failures` failures, nothing fails after that; restarted, it is back
-// after its ejection.
+// TestPoolServerKilled: under concurrent load, one server is killed (its
+// port closed, as after kill -9: the kernel answers ICMP port unreachable).
+// Only the calls in flight on it at the kill fail, and those sent to it in
+// the moment before the client hears (counted: a few at most); they fail
+// at once, not at their deadline; nothing fails after that; restarted, it
+// is back within the ejection plus a dial.
 func TestPoolServerKilled(t *testing.T) {
+	checkGoroutines(t)
+	f := newFleet(t)
+	addrs := f.start(3)
+	for _, m := range f.srvs {
+		m.delay.Store(20) // calls in flight at the kill
+	}
+	rec := newRecorder()
+	const deadline = 3 * time.Second
+	logs := &logCapture{}
+	p := f.dial(t, addrs, &qrpc.PoolConfig{
+		Config:   qrpc.Config{Logger: slog.New(logs)},
+		Eject:    time.Second,
+		Observer: rec,
+	})
+	victim := f.srvs[1]
+	var mu sync.Mutex
+	var fails []error
+	var slowest time.Duration
+	var oks atomic.Int64
+	stop := make(chan struct{})
+	wg := load(30, stop, func() error {
+		start := time.Now()
+		_, err := poolCall(p, deadline, "work", "")
+		if err != nil {
+			mu.Lock()
+			slowest = max(slowest, time.Since(start))
+			mu.Unlock()
+		}
+		return err
+	}, func(err error, _ time.Time) {
+		if err == nil {
+			oks.Add(1)
+			return
+		}
+		mu.Lock()
+		fails = append(fails, err)
+		mu.Unlock()
+	})
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+	time.Sleep(300 * time.Millisecond)
+	atKill, _ := peerState(p, victim.addr)
+	if atKill.Inflight < 3 {
+		t.Fatalf("setup: %d calls in flight on the victim, want at least 3", atKill.Inflight)
+	}
+	victim.kill()
+	eventually(t, 5*time.Second, "the killed server is out (ejected or connecting)", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.State != qrpc.PeerUp
+	})
+	time.Sleep(500 * time.Millisecond)
+	in, _ := peerState(p, victim.addr)
+	sentAfter := int64(in.Calls - atKill.Calls)
+	mu.Lock()
+	n, slow := len(fails), slowest
+	errs := append([]error(nil), fails...)
+	mu.Unlock()
+	t.Logf("%d calls in flight on the victim at the kill, %d sent to it after; %d failed (slowest failure %v), state %v with %d failures",
+		atKill.Inflight, sentAfter, n, slow, in.State, in.Failures)
+	// The snapshot is taken just before the kill: some of its calls may
+	// still be answered, and calls sent between it and the kill too.
+	if n == 0 || int64(n) > int64(atKill.Inflight)+sentAfter {
+		t.Errorf("%d calls failed, want 1 to the %d in flight at the kill + the %d sent after", n, atKill.Inflight, sentAfter)
+	}
+	// Before ICMP, the calls caught on a killed server waited out their
+	// deadline, and new ones went to it until three had: hundreds here.
+	if sentAfter > 10 {
+		t.Errorf("%d calls sent to the killed server after the kill, want at most 10", sentAfter)
+	}
+	if slow > deadline/2 {
+		t.Errorf("a failed call took %v: the kill should end them at once, not at the %v deadline", slow, deadline)
+	}
+	for _, err := range errs {
+		if r := qrpc.Classify(err); r.Word != qrpc.WordConnLost || r.Reason != qrpc.ReasonRefused {
+			t.Errorf("failure %q, want connection lost: refused", qrpc.ErrorString(err))
+		}
+	}
+	if r := rec.get(victim.addr); r.failed.Load() != int64(n) {
+		t.Errorf("%d calls failed, %d failed attempts on the victim", n, r.failed.Load())
+	}
+	okBefore := oks.Load()
+	time.Sleep(700 * time.Millisecond)
+	mu.Lock()
+	after := len(fails) - n
+	mu.Unlock()
+	if after != 0 {
+		t.Fatalf("%d calls failed after the killed server was out", after)
+	}
+	if oks.Load() == okBefore {
+		t.Fatal("no calls succeeded after the kill")
+	}
+
+	victim.hits.Store(0)
+	victim.restart()
+	restartedAt := time.Now()
+	eventually(t, 30*time.Second, "the restarted server is back and takes calls", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.State == qrpc.PeerUp && victim.hits.Load() > 10
+	})
+	t.Logf("back %v after the restart", time.Since(restartedAt))
+	close(stop)
+	wg.Wait()
+	for _, a := range addrs {
+		if n := rec.get(a).failed.Load(); a != victim.addr && n != 0 {
+			t.Fatalf("%d failed attempts on %s, which stayed up", n, a)
+		}
+	}
+}
+
+// TestPoolServerFrozen: under concurrent load, one server goes silent
+// with its port open (SIGSTOP, a partition): nothing tells the client, so
+// only timeouts do. Only calls sent to it before its ejection fail, it is
+// ejected after `failures` failures, nothing fails after that; thawed, it
+// is back after its ejection.
+func TestPoolServerFrozen(t *testing.T) {
 	checkGoroutines(t)
 	f := newFleet(t)
 	addrs := f.start(3)
@@ -214,7 +337,7 @@ func TestPoolServerKilled(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond)
 	killedAt := time.Now()
-	victim.kill()
+	victim.freeze()
 	var atEjection qrpc.PeerInfo
 	eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
 		atEjection, _ = peerState(p, victim.addr)
@@ -260,16 +383,16 @@ func TestPoolServerKilled(t *testing.T) {
 	if int64(before) != r.failed.Load() {
 		t.Fatalf("%d calls failed, %d attempts on the victim", before, r.failed.Load())
 	}
-	t.Logf("killed; %d calls failed, all on it, ejected after %v", before, ejectedAt.Sub(killedAt))
+	t.Logf("frozen; %d calls failed, all on it, ejected after %v", before, ejectedAt.Sub(killedAt))
 
 	victim.hits.Store(0)
-	victim.restart()
+	victim.thaw()
 	restartedAt := time.Now()
-	eventually(t, 30*time.Second, "the restarted server is back and takes calls", func() bool {
+	eventually(t, 30*time.Second, "the thawed server is back and takes calls", func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerUp && victim.hits.Load() > 10
 	})
-	t.Logf("back %v after the restart", time.Since(restartedAt))
+	t.Logf("back %v after the thaw", time.Since(restartedAt))
 	for _, msg := range []string{"qrpc server ejected", "qrpc server back"} {
 		if n := logs.count(msg, victim.addr); n < 1 {
 			t.Errorf("no %q line for the victim in the log", msg)
@@ -468,7 +591,7 @@ func TestPoolActiveCheck(t *testing.T) {
 		Check:  qrpc.HealthCheck{Method: "hc", Interval: 100 * time.Millisecond, Timeout: 200 * time.Millisecond},
 	})
 	victim := f.srvs[0]
-	victim.kill()
+	victim.freeze()
 	eventually(t, 10*time.Second, "ejected by the check", func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerEjected
@@ -476,7 +599,7 @@ func TestPoolActiveCheck(t *testing.T) {
 	if victim.hits.Load() != 0 || f.srvs[1].hits.Load() != 0 {
 		t.Fatal("user calls were made")
 	}
-	victim.restart()
+	victim.thaw()
 	eventually(t, 20*time.Second, "back through the check", func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerUp
@@ -541,10 +664,10 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 	if key == "" {
 		t.Fatal("no key of 100 maps to s1")
 	}
-	f.srvs[1].kill()
+	f.srvs[1].freeze()
 	for i := 1; i <= 3; i++ {
 		if _, err := poolCall(p, 300*time.Millisecond, "who", key); err == nil {
-			t.Fatalf("call %d to the killed server succeeded", i)
+			t.Fatalf("call %d to the frozen server succeeded", i)
 		}
 	}
 	in, _ := peerState(p, addrs[1])
@@ -557,8 +680,9 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 	}
 }
 
-// TestPoolStallKill: paced clients (60, out of step), one of 3 servers
-// goes silent. With the stall signal new calls leave it at most a stall
+// TestPoolStallFrozen: paced clients (60, out of step), one of 3 servers
+// goes silent, its port open (a killed one is heard of at once, see
+// TestPoolServerKilled). With the stall signal new calls leave it at most a stall
 // limit after its last answer, long before the calls caught on it time
 // out (1 s): the calls that fail are those in flight on it at the kill
 // plus those sent to it in that window. A client's calls are further
@@ -572,7 +696,7 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 //     else between calls, as nginx's do), Stall at its default (200 ms)
 //     but the limit 8 × the answer time, at least 25 ms: with a flat
 //     200 ms, clients would come back 2 or 3 times within it.
-func TestPoolStallKill(t *testing.T) {
+func TestPoolStallFrozen(t *testing.T) {
 	checkGoroutines(t)
 	for _, tc := range []struct {
 		name         string
@@ -636,7 +760,7 @@ func TestPoolStallKill(t *testing.T) {
 			time.Sleep(600 * time.Millisecond)
 			victim := f.srvs[1]
 			atKill, _ := peerState(p, victim.addr)
-			victim.kill()
+			victim.freeze()
 			eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
 				in, _ := peerState(p, victim.addr)
 				return in.State == qrpc.PeerEjected

@@ -73,9 +73,12 @@ var (
 		ReasonClientCertBad, ReasonTLSFailed, ReasonNoHost, ReasonUnreachable,
 		ReasonRefused, ReasonDialFailed,
 	}
+	// ReasonRefused ends live connections too: the server's host reports
+	// its port closed (see udpSocket), a killed server.
 	lostReasons = []string{
 		ReasonIdleTimeout, ReasonStatelessReset, ReasonServerClosed, ReasonLocalClosed,
-		ReasonTransport, ReasonStreamReset, ReasonStreamEOF, ReasonProtocol, ReasonLostOther,
+		ReasonTransport, ReasonStreamReset, ReasonStreamEOF, ReasonProtocol, ReasonRefused,
+		ReasonLostOther,
 	}
 )
 
@@ -118,7 +121,9 @@ func Reasons() []Reason {
 		out = append(out, Reason{Word: WordUnavailable, Reason: r})
 	}
 	for _, r := range lostReasons {
-		out = append(out, Reason{Word: WordUnavailable, Reason: r})
+		if r != ReasonRefused { // listed with the dial reasons
+			out = append(out, Reason{Word: WordUnavailable, Reason: r})
+		}
 	}
 	for _, r := range lostReasons {
 		out = append(out, Reason{Word: WordConnLost, Reason: r})
@@ -179,7 +184,7 @@ func Classify(err error) Reason {
 		return Reason{Word: word, Reason: reason, Detail: detail}
 	case WordConnLost:
 		reason, detail := causeOf(err, ErrConnLost)
-		if reason == ReasonReconnecting || reason == ReasonNoServer || reason == ReasonNoStream || isDialReason(reason) {
+		if reason == ReasonReconnecting || reason == ReasonNoServer || reason == ReasonNoStream || (isDialReason(reason) && reason != ReasonRefused) {
 			// A dial reason cannot end a live connection; only text
 			// matching could get here.
 			reason = ReasonLostOther

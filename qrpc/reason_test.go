@@ -17,6 +17,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
@@ -84,11 +85,27 @@ func TestReasonsOverQUIC(t *testing.T) {
 	})
 
 	t.Run("nothing listening", func(t *testing.T) {
-		// quic-go does not surface ICMP port unreachable: on loopback a
-		// dial to a closed port is a timeout, not "refused".
+		// The kernel answers ICMP port unreachable, which the client's
+		// socket hears (IP_RECVERR): refused at once, not a timeout.
 		addr := closedPort(t)
 		e := newEnv(t)
-		_, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{DialTimeout: 500 * time.Millisecond}))
+		began := time.Now()
+		_, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{DialTimeout: 5 * time.Second}))
+		checkReason(t, err, "connect: refused")
+		if d := time.Since(began); d > 2500*time.Millisecond {
+			t.Fatalf("refused after %v, want well before the 5 s dial timeout", d)
+		}
+	})
+
+	t.Run("nothing answering", func(t *testing.T) {
+		// A port that is open but silent (a frozen server): a timeout.
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		e := newEnv(t)
+		_, err = qrpc.Dial(t.Context(), pc.LocalAddr().String(), e.config(&qrpc.Config{DialTimeout: 500 * time.Millisecond}))
 		checkReason(t, err, "connect: timeout")
 	})
 
@@ -117,14 +134,19 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if !strings.Contains(qrpc.ErrorString(err), "server closing") {
 			t.Fatalf("%q: the detail should carry the server's message", qrpc.ErrorString(err))
 		}
-		// The next calls are not sent: the client re-dials in 5 s. Right
-		// after the loss the slot may not have recorded why yet
-		// ("unavailable: reconnecting"); then it says why.
+		// The next calls are not sent. Right after the loss the slot may
+		// not have recorded why yet ("unavailable: reconnecting"); then it
+		// says why: the server closing, or (once the first re-dial, made at
+		// once, has been refused by the closed port) that refusal.
 		eventually(t, 5*time.Second, "unavailable with the cause", func() bool {
 			_, err = unary(c, time.Second, "echo", nil)
 			return qrpc.ErrorString(err) != "unavailable: reconnecting"
 		})
-		checkReason(t, err, "unavailable: closed by server")
+		if qrpc.Classify(err).Reason == qrpc.ReasonRefused {
+			checkReason(t, err, "unavailable: refused")
+		} else {
+			checkReason(t, err, "unavailable: closed by server")
+		}
 	})
 
 	t.Run("unavailable after a failed re-dial", func(t *testing.T) {
@@ -132,11 +154,11 @@ func TestReasonsOverQUIC(t *testing.T) {
 		c := e.dial(t, &qrpc.Config{BackoffBase: 10 * time.Millisecond, BackoffMax: 10 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
 		_ = e.srv.Close()
 		var err error
-		eventually(t, 10*time.Second, "unavailable: timeout", func() bool {
+		eventually(t, 10*time.Second, "unavailable: refused", func() bool {
 			_, err = unary(c, time.Second, "echo", nil)
-			return strings.HasPrefix(qrpc.ErrorString(err), "unavailable: timeout")
+			return strings.HasPrefix(qrpc.ErrorString(err), "unavailable: refused")
 		})
-		checkReason(t, err, "unavailable: timeout")
+		checkReason(t, err, "unavailable: refused")
 	})
 
 	t.Run("stateless reset", func(t *testing.T) {
@@ -174,8 +196,9 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		mp := &testsrv.MutePacketConn{PacketConn: pc}
 		srv := e.newServer()
-		if err := srv.ServePacketConn(pc, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+		if err := srv.ServePacketConn(mp, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { e.unblock(); _ = srv.Close() })
@@ -190,7 +213,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			errc <- err
 		}()
 		eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
-		_ = pc.Close() // the server goes silent; nobody answers for it
+		mp.Mute(true) // the server goes silent, its port open
 		checkReason(t, <-errc, "connection lost: idle timeout")
 	})
 

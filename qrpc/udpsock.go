@@ -1,0 +1,111 @@
+package qrpc
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+
+	"golang.org/x/net/ipv4"
+)
+
+// udpSocket is the UDP socket of one client connection, handed to quic-go
+// as its transport's packet conn.
+//
+// A server that is killed leaves its port closed: the server's host answers
+// each packet with ICMP port unreachable. quic-go's own sockets never hear
+// of it (Linux reports ICMP errors to an unconnected UDP socket only with
+// IP_RECVERR set), so calls on the dead connection used to wait their whole
+// timeout, and a pool kept sending new ones there until enough had failed.
+// With IP_RECVERR the next read returns ECONNREFUSED about a round trip
+// after the first packet sent to the dead port; passed to quic-go, it
+// closes the transport and the connection, failing the calls in flight at
+// once ("connection lost: refused") and letting a pool send the others
+// elsewhere. A dial to a closed port fails the same way ("connect:
+// refused") instead of after the handshake timeout.
+//
+// The other ICMP errors (host or network unreachable, fragmentation needed
+// for a path MTU probe) are path trouble that QUIC rides out by itself, as
+// it did without IP_RECVERR: ReadBatch drops them and reads on.
+type udpSocket struct {
+	*net.UDPConn
+	batch   *ipv4.PacketConn
+	recvErr bool // IP_RECVERR (or IPV6_RECVERR) is set
+}
+
+// listenUDP opens the socket for a connection to raddr, in raddr's family.
+func listenUDP(raddr *net.UDPAddr) (*udpSocket, error) {
+	network, laddr := "udp4", &net.UDPAddr{IP: net.IPv4zero}
+	if raddr.IP.To4() == nil {
+		network, laddr = "udp6", &net.UDPAddr{IP: net.IPv6unspecified}
+	}
+	uc, err := net.ListenUDP(network, laddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen udp: %w", err)
+	}
+	s := &udpSocket{UDPConn: uc, batch: ipv4.NewPacketConn(uc)}
+	s.recvErr = setRecvErr(uc, network == "udp6")
+	return s, nil
+}
+
+// ReadBatch is what quic-go reads with when the conn offers it (in place of
+// its own ipv4.PacketConn over the same socket): it sees each ICMP error
+// first.
+func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
+	for {
+		n, err := s.batch.ReadBatch(ms, flags)
+		if err == nil || !s.recvErr {
+			return n, err
+		}
+		var errno syscall.Errno
+		if !errors.As(err, &errno) || !isICMPErrno(errno) {
+			return n, err
+		}
+		// Each ICMP error is also queued on the socket's error queue,
+		// charged to its receive buffer: drain it, or enough of them
+		// would crowd out the packets.
+		s.drainErrQueue()
+		if errno == syscall.ECONNREFUSED {
+			return n, err
+		}
+		if n > 0 {
+			return n, nil
+		}
+		// Transient path trouble: the kernel cleared the error when it
+		// reported it; read on. Each turn consumes one ICMP message, so
+		// this ends with them.
+	}
+}
+
+// WriteMsgUDP is how quic-go sends. A send also reports (and clears) an
+// ICMP error pending on the socket, without sending: the same rule as for
+// reads applies, and a transient error sends again once.
+func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
+	n, oobn, err := s.UDPConn.WriteMsgUDP(b, oob, addr)
+	if err == nil || !s.recvErr {
+		return n, oobn, err
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) || !isICMPErrno(errno) {
+		return n, oobn, err
+	}
+	s.drainErrQueue()
+	if errno == syscall.ECONNREFUSED {
+		return n, oobn, err
+	}
+	// A genuine local error (EMSGSIZE for a packet over the interface's
+	// MTU) comes back the same the second time, for quic-go to handle.
+	return s.UDPConn.WriteMsgUDP(b, oob, addr)
+}
+
+// isICMPErrno reports the errors Linux maps ICMP destination-unreachable,
+// time-exceeded and parameter-problem messages to (icmp_err_convert).
+func isICMPErrno(e syscall.Errno) bool {
+	switch e {
+	case syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
+		syscall.EMSGSIZE, syscall.ENOPROTOOPT, syscall.EOPNOTSUPP,
+		syscall.ENONET, syscall.EACCES, syscall.EPROTO, syscall.EHOSTDOWN:
+		return true
+	}
+	return false
+}
