@@ -229,7 +229,10 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 		_ = pc.Close() // the caller's socket: the server leaves it open
 		// Stateless reset: a server on the same port with the same key,
 		// a connection to it, the server killed and replaced.
-		pc2, err := net.ListenPacket("udp", addr)
+		// SO_REUSEPORT: the third server binds the port before the
+		// second's socket is closed, so the port is never closed (no ICMP
+		// port unreachable, "refused", can come before the reset).
+		pc2, err := testsrv.ListenReusePort(addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,13 +265,18 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		_ = pc2.Close()
+		pc3, err := testsrv.ListenReusePort(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc3.Close()
 		third := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
 		killed.register(third)
-		if _, err := third.Listen(addr, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
+		if err := third.ServePacketConn(pc3, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
 			t.Fatal(err)
 		}
 		defer third.Close()
+		_ = pc2.Close() // the second server killed: no CONNECTION_CLOSE
 		n.get("/killed")
 		a := <-ch
 		if a.st != 200 || !regexp.MustCompile(`^connection lost: stateless reset \(.*\)\n$`).MatchString(a.body) {

@@ -164,7 +164,10 @@ func TestReasonsOverQUIC(t *testing.T) {
 	t.Run("stateless reset", func(t *testing.T) {
 		e := newEnv(t)
 		_ = e.srv.Close()
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		// The new server binds the port before the old one's socket is
+		// closed (SO_REUSEPORT): the port is never closed, so no ICMP
+		// port unreachable ("refused") can come first.
+		pc, err := testsrv.ListenReusePort("127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,12 +182,16 @@ func TestReasonsOverQUIC(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
-		_ = pc.Close() // killed: no CONNECTION_CLOSE
-		fresh := e.newServer()
-		if _, err := fresh.Listen(addr, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+		pc2, err := testsrv.ListenReusePort(addr)
+		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = fresh.Close() })
+		fresh := e.newServer()
+		if err := fresh.ServePacketConn(pc2, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = fresh.Close(); _ = pc2.Close() })
+		_ = pc.Close() // killed: no CONNECTION_CLOSE
 		_, err = unary(c, 3*time.Second, "echo", nil)
 		checkReason(t, err, "connection lost: stateless reset")
 	})

@@ -1,8 +1,12 @@
 package testsrv
 
 import (
+	"context"
 	"net"
 	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // MutePacketConn is a server's socket that can go silent with its port
@@ -44,4 +48,26 @@ func (c *MutePacketConn) SetReadBuffer(n int) error {
 
 func (c *MutePacketConn) SetWriteBuffer(n int) error {
 	return c.PacketConn.(*net.UDPConn).SetWriteBuffer(n)
+}
+
+// ListenReusePort opens a UDP socket on addr with SO_REUSEPORT, so that a
+// second server can bind the same port before the first one's socket is
+// closed: a server replaced with no moment where the port is closed (in
+// which the kernel would answer ICMP port unreachable, and clients would
+// see "refused" instead of what the test is after).
+func ListenReusePort(addr string) (*net.UDPConn, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return pc.(*net.UDPConn), nil
 }
