@@ -113,6 +113,8 @@ type protoMode struct {
 	Secs      float64 `json:"secs"`
 	CPU       float64 `json:"cpu"`
 	ThreadCPU float64 `json:"thread_cpu"`
+	// the worker process's context switches (getrusage), all threads
+	CtxSwitches float64 `json:"ctx_switches"`
 }
 
 // protoRun is one answer of GET /bench/proto.
@@ -121,6 +123,9 @@ type protoRun struct {
 	Errors int       `json:"errors"`
 	Table  protoMode `json:"table"`
 	Bytes  protoMode `json:"bytes"`
+	// JSON text in and out (json = true): Go's transcoding without Lua's
+	// table work, to split table mode's added cost between the two
+	JSON protoMode `json:"json"`
 }
 
 // Per call, in µs, for medianBy.
@@ -131,6 +136,12 @@ func (r protoRun) tableCPUUS() float64    { return r.us(r.Table.CPU) }
 func (r protoRun) bytesCPUUS() float64    { return r.us(r.Bytes.CPU) }
 func (r protoRun) tableThreadUS() float64 { return r.us(r.Table.ThreadCPU) }
 func (r protoRun) bytesThreadUS() float64 { return r.us(r.Bytes.ThreadCPU) }
+func (r protoRun) jsonUS() float64        { return r.us(r.JSON.Secs) }
+func (r protoRun) jsonCPUUS() float64     { return r.us(r.JSON.CPU) }
+func (r protoRun) jsonThreadUS() float64  { return r.us(r.JSON.ThreadCPU) }
+func (r protoRun) tableCsw() float64      { return r.Table.CtxSwitches / float64(r.Calls) }
+func (r protoRun) bytesCsw() float64      { return r.Bytes.CtxSwitches / float64(r.Calls) }
+func (r protoRun) jsonCsw() float64       { return r.JSON.CtxSwitches / float64(r.Calls) }
 
 func (n *nginx) protoRun(calls int) (protoRun, error) {
 	var r protoRun
@@ -183,6 +194,14 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(addedRow("table in/out: time added per call", values(runs, protoRun.tableUS), values(runs, protoRun.bytesUS)))
 	t.add(addedRow("table in/out: worker CPU added per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.bytesCPUUS)))
 	t.add(addedRow("table in/out: nginx thread CPU added per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.bytesThreadUS)))
+	// Where table mode's added time goes: the same message as JSON text
+	// both ways costs Go the same transcoding and Lua no table work.
+	t.add(infoRow("for comparison, JSON in/out (json = true, no Lua table): time added per call", values(runs, protoRun.jsonUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("for comparison, JSON in/out: worker CPU added per call", values(runs, protoRun.jsonCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("for comparison, JSON in/out: nginx thread CPU added per call", values(runs, protoRun.jsonThreadUS), values(runs, protoRun.bytesThreadUS)))
+	tw2, bw2, jw2 := medianBy(runs, protoRun.tableCsw), medianBy(runs, protoRun.bytesCsw), medianBy(runs, protoRun.jsonCsw)
+	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f)", jw2),
+		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})
 
 	if !haveWrk(t) {
 		return nil
@@ -216,6 +235,13 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(cpuRow(secProtoGW, "CPU per request, nginx worker (all its threads, Go's included)", jc, bcpu))
 	t.add(addedRow("JSON gateway: worker CPU added per request", values(js, cpuUS(0)), values(pbs, cpuUS(0))))
 	return nil
+}
+
+// infoRow is addedRow without a target: a figure that explains another.
+func infoRow(name string, subject, baseline []float64) row {
+	r := addedRow(name, subject, baseline)
+	r.target, r.met = "", false
+	return r
 }
 
 // values is f of each run, in order (addedRow pairs them by run).
