@@ -8,7 +8,6 @@ ngx = { null = {} } -- luacheck: ignore
 package.path = "lua/?.lua;" .. package.path
 local json = require "resty.ffi.qrpc.json"
 local buffer = require "string.buffer"
-local ffi = require "ffi"
 
 local enc = buffer.new({ metatable = { json.array_mt } })
 local function hex(s)
@@ -28,11 +27,14 @@ local zero = { [0] = "z", "a" }
 local cases = {
     {}, json.empty_array, { 1, 2, 3 }, { "a", true, false }, { a = 1 }, { 1, a = 1 },
     { [2] = "x" }, holes, grown, zero, big, bigh,
-    { n = 0.1 }, { n = 0.1 + 0.2 }, { n = -0.0 }, { n = 0 }, { n = 2^53 }, { n = 1e14 }, { n = -1e14 },
+    { n = 0.1 }, { n = 0.1 + 0.2 }, { n = -0.0 }, { n = 0 }, { n = 2^53 },
+    { n = 1e14 }, { n = -1e14 },
     { n = 1e15 }, { n = 999999999999999 }, { n = -999999999999999 }, { n = 123456789012345.6 },
-    { n = 1e300 }, { n = -1e-300 }, { n = 5e-324 }, { n = 1/3 }, { n = 0/0 }, { n = math.huge }, { n = -math.huge },
+    { n = 1e300 }, { n = -1e-300 }, { n = 5e-324 }, { n = 1/3 }, { n = 0/0 },
+    { n = math.huge }, { n = -math.huge },
     { n = 2^63 }, { n = 1e21 }, { n = 1e-5 }, { n = 1234567.125 },
-    { s = "" }, { s = "plain" }, { s = "q\"\\\n\0\127é\1\31\t\r\b\f/" }, { s = string.rep("x", 300) },
+    { s = "" }, { s = "plain" }, { s = "q\"\\\n\0\127é\1\31\t\r\b\f/" },
+    { s = string.rep("x", 300) },
     { s = string.rep("y", 0x2000) }, { ["k\"\n"] = 1, [string.rep("x", 100) .. "\t"] = true },
     { [1.0] = "one", [3] = "three" }, { [-5] = 1 }, { [999999999999999] = 1 },
     { a = { b = { c = { 1, { d = {} } } } } }, { l = { json.empty_array, {} } },
@@ -48,7 +50,8 @@ for _, t in ipairs(cases) do
 end
 -- tables json.lua refuses, with its message
 local refused = {
-    { [true] = 1 }, { [1.5] = 1 }, { [1e15] = 1 }, { [-1e15] = 1 }, { [math.huge] = 1 }, { [{}] = 1 },
+    { [true] = 1 }, { [1.5] = 1 }, { [1e15] = 1 }, { [-1e15] = 1 }, { [math.huge] = 1 },
+    { [{}] = 1 },
     { [1LL] = 1 }, { x = 1i }, { [-math.huge] = 1 },
 }
 for _, t in ipairs(refused) do
@@ -60,4 +63,3 @@ for _, t in ipairs(refused) do
     enc:encode(t)
     io.write(hex(enc:get()), "\t!", ok and err or js, "\n")
 end
-_ = ffi

@@ -64,6 +64,12 @@ if cjson then
     end
 end
 local cjson_empty_array = cjson and cjson.empty_array
+-- Every metatable that marks an array, as a list (string.buffer's
+-- encoder option: proto.lua sends tables in that format).
+_M.array_mts = { array_mt }
+for mt in pairs(cjson_array_mts) do
+    _M.array_mts[#_M.array_mts + 1] = mt
+end
 
 local MAX_DEPTH = 100
 
