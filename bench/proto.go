@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,6 +127,10 @@ type protoRun struct {
 	// JSON text in and out (json = true): Go's transcoding without Lua's
 	// table work, to split table mode's added cost between the two
 	JSON protoMode `json:"json"`
+	// table mode with the request table sent as JSON text (json.lua):
+	// the path before requests crossed in string.buffer's format, and
+	// the one without string.buffer
+	TableJSONReq protoMode `json:"table_json_req"`
 }
 
 // Per call, in µs, for medianBy.
@@ -139,6 +144,9 @@ func (r protoRun) bytesThreadUS() float64 { return r.us(r.Bytes.ThreadCPU) }
 func (r protoRun) jsonUS() float64        { return r.us(r.JSON.Secs) }
 func (r protoRun) jsonCPUUS() float64     { return r.us(r.JSON.CPU) }
 func (r protoRun) jsonThreadUS() float64  { return r.us(r.JSON.ThreadCPU) }
+func (r protoRun) oldUS() float64         { return r.us(r.TableJSONReq.Secs) }
+func (r protoRun) oldCPUUS() float64      { return r.us(r.TableJSONReq.CPU) }
+func (r protoRun) oldThreadUS() float64   { return r.us(r.TableJSONReq.ThreadCPU) }
 func (r protoRun) tableCsw() float64      { return r.Table.CtxSwitches / float64(r.Calls) }
 func (r protoRun) bytesCsw() float64      { return r.Bytes.CtxSwitches / float64(r.Calls) }
 func (r protoRun) jsonCsw() float64       { return r.JSON.CtxSwitches / float64(r.Calls) }
@@ -166,6 +174,13 @@ func addedRow(name string, subject, baseline []float64) row {
 		d[i] = subject[i] - baseline[i]
 	}
 	added := medianBy(d, func(v float64) float64 { return v })
+	if len(d) > 1 {
+		lo, hi := d[0], d[0]
+		for _, v := range d {
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+		name += fmt.Sprintf(" (runs %.1f–%.1f)", lo, hi)
+	}
 	return row{section: secProtoAdded, name: name, subject: fmtUS(added), baseline: "—",
 		ratio: added, ratioLabel: "µs added"}.withTarget(protoTarget)
 }
@@ -199,6 +214,11 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(infoRow("for comparison, JSON in/out (json = true, no Lua table): time added per call", values(runs, protoRun.jsonUS), values(runs, protoRun.bytesUS)))
 	t.add(infoRow("for comparison, JSON in/out: worker CPU added per call", values(runs, protoRun.jsonCPUUS), values(runs, protoRun.bytesCPUUS)))
 	t.add(infoRow("for comparison, JSON in/out: nginx thread CPU added per call", values(runs, protoRun.jsonThreadUS), values(runs, protoRun.bytesThreadUS)))
+	// The request path's own gain, measured in the same runs: table mode
+	// with the request as string.buffer bytes vs as JSON text.
+	t.add(infoRow("request table as JSON text (json.lua; the path without string.buffer): time added per call", values(runs, protoRun.oldUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("request table as JSON text: worker CPU added per call", values(runs, protoRun.oldCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("request table as JSON text: nginx thread CPU added per call", values(runs, protoRun.oldThreadUS), values(runs, protoRun.bytesThreadUS)))
 	tw2, bw2, jw2 := medianBy(runs, protoRun.tableCsw), medianBy(runs, protoRun.bytesCsw), medianBy(runs, protoRun.jsonCsw)
 	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f)", jw2),
 		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})

@@ -78,6 +78,16 @@ local function table_loop(conn, st, n)
     return errs
 end
 
+-- Table mode with the request table sent as JSON (json.lua, then JSON →
+-- protobuf in Go): the path before string.buffer, and the one without it.
+local function table_json_req_loop(conn, st, n)
+    local proto = qrpc.proto
+    assert(proto.request_format("json"))
+    local errs = table_loop(conn, st, n)
+    proto.request_format("buffer")
+    return errs
+end
+
 -- The same message as JSON text both ways (json = true): Go transcodes
 -- as for a table, Lua neither encodes nor decodes a table.
 local function json_loop(conn, st, n)
@@ -125,7 +135,7 @@ function _M.run()
         return
     end
     local warm_errs = table_loop(conn, st, WARMUP) + bytes_loop(conn, st, WARMUP)
-                      + json_loop(conn, st, WARMUP)
+                      + json_loop(conn, st, WARMUP) + table_json_req_loop(conn, st, WARMUP)
     if warm_errs > 0 then
         -- say why once, rather than count failures
         local res, e = conn:unary("echo", st.tbl, TABLE_OPTS)
@@ -134,7 +144,7 @@ function _M.run()
                     or tostring(e))
     end
 
-    local loops = { table_loop, bytes_loop, json_loop }
+    local loops = { table_loop, bytes_loop, json_loop, table_json_req_loop }
     local nm = #loops
     local secs, cpu, tcpu, errs, csw = {}, {}, {}, {}, {}
     for m = 1, nm do
@@ -161,8 +171,9 @@ function _M.run()
         return '{"secs":' .. secs[m] .. ',"cpu":' .. cpu[m] .. ',"thread_cpu":' .. tcpu[m]
                .. ',"ctx_switches":' .. csw[m] .. '}'
     end
-    ngx.say('{"calls":', floor(done), ',"errors":', errs[1] + errs[2] + errs[3],
-            ',"table":', mode(1), ',"bytes":', mode(2), ',"json":', mode(3), '}')
+    ngx.say('{"calls":', floor(done), ',"errors":', errs[1] + errs[2] + errs[3] + errs[4],
+            ',"table":', mode(1), ',"bytes":', mode(2), ',"json":', mode(3),
+            ',"table_json_req":', mode(4), '}')
 end
 
 -- POST /gw/proto/json (JSON body, JSON answer: the gateway) and

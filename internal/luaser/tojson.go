@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 )
 
 // MaxInput bounds the serialized body ToJSON reads. Each table is walked
@@ -77,7 +78,9 @@ func ToJSON(dst, ser []byte) ([]byte, error) {
 	if len(ser) > MaxInput {
 		return dst, &MalformedError{What: fmt.Sprintf("%d bytes, more than %d", len(ser), MaxInput)}
 	}
-	d := decoder{in: ser, out: dst}
+	d := decoders.Get().(*decoder)
+	defer d.release()
+	d.in, d.pos, d.out = ser, 0, dst
 	if err := d.value(0); err != nil {
 		return dst, err
 	}
@@ -85,6 +88,20 @@ func ToJSON(dst, ser []byte) ([]byte, error) {
 		return dst, d.malformed("trailing bytes")
 	}
 	return d.out, nil
+}
+
+// decoders keep their scratch slices from call to call: a request would
+// otherwise grow them from nothing.
+var decoders = sync.Pool{New: func() any { return &decoder{} }}
+
+func (d *decoder) release() {
+	d.in, d.out = nil, nil
+	// a huge table's scratch is not kept
+	if cap(d.entries) > 4096 || cap(d.order) > 4096 {
+		return
+	}
+	d.entries, d.order = d.entries[:0], d.order[:0]
+	decoders.Put(d)
 }
 
 // entry is a slot of a table: its key (kind and where to read it) and
@@ -208,7 +225,8 @@ func (d *decoder) table(depth int, keep bool) (first int, marked bool, err error
 	}
 	first = len(d.entries)
 	if !keep {
-		defer func() { d.entries = d.entries[:first] }()
+		// a skipped table's slots are not needed: dropped when it is read
+		defer d.truncate(first)
 	}
 	tag := d.in[d.pos]
 	d.pos++
@@ -285,6 +303,8 @@ func (d *decoder) table(depth int, keep bool) (first int, marked bool, err error
 	}
 	return first, marked, nil
 }
+
+func (d *decoder) truncate(n int) { d.entries = d.entries[:n] }
 
 // key reads a hash key.
 func (d *decoder) key(depth int) (entry, error) {

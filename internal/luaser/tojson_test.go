@@ -175,3 +175,21 @@ func FuzzToJSON(f *testing.F) {
 		}
 	})
 }
+
+// demo.Profile as the Lua module sends it (bench/proto.go's message,
+// serialized by string.buffer).
+const profileSer = "090a276372656174656434323032342d30352d30365430373a30383a30395a24746167730c04246d61746827656e67696e657326706f657472792573636f726507000000000090584026616374697665022361676507000000000000424025656d61696c2f616461406578616d706c652e636f6d246e616d652c416461204c6f76656c6163652269642d3132333435363738393031323326617661746172406956424f5277304b47676f774d54497a4e4455324e7a673559574a6a5a47566d25636f6c6f722b434f4c4f525f475245454e"
+
+func BenchmarkToJSONProfile(b *testing.B) {
+	ser, err := hex.DecodeString(profileSer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if buf, err = ToJSON(buf[:0], ser); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
