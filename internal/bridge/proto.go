@@ -132,7 +132,20 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 		return nil, noRelease, err
 	}
 	in := cmd.Body
+	discard := cmd.Flags&FlagDiscardUnknown != 0
 	if cmd.Flags&FlagLuaRequest != 0 {
+		// Straight from the table's bytes when it is an ordinary one
+		// (EncodeLua leaves unknown fields, and so discard_unknown, to the
+		// JSON path); else through the JSON text, which also finds the
+		// errors.
+		if !discard {
+			bp := bodyPool.Get().(*[]byte)
+			if out, ok := m.EncodeLua((*bp)[:0], cmd.Body); ok {
+				*bp = out
+				return out, func() { putBody(bp) }, nil
+			}
+			bodyPool.Put(bp)
+		}
 		jp := bodyPool.Get().(*[]byte)
 		defer putBody(jp)
 		js, err := luaser.ToJSON((*jp)[:0], cmd.Body)
@@ -148,7 +161,7 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 		in = js
 	}
 	bp := bodyPool.Get().(*[]byte)
-	out, err := m.Encode((*bp)[:0], in, transcode.EncodeOptions{DiscardUnknown: cmd.Flags&FlagDiscardUnknown != 0})
+	out, err := m.Encode((*bp)[:0], in, transcode.EncodeOptions{DiscardUnknown: discard})
 	if err != nil {
 		bodyPool.Put(bp)
 		return nil, noRelease, err
