@@ -131,6 +131,10 @@ type protoRun struct {
 	// the path before requests crossed in string.buffer's format, and
 	// the one without string.buffer
 	TableJSONReq protoMode `json:"table_json_req"`
+	// one side typed: a table request with a bytes answer, and bytes
+	// with a table answer
+	ReqOnly  protoMode `json:"req_only"`
+	RespOnly protoMode `json:"resp_only"`
 }
 
 // Per call, in µs, for medianBy.
@@ -147,6 +151,12 @@ func (r protoRun) jsonThreadUS() float64  { return r.us(r.JSON.ThreadCPU) }
 func (r protoRun) oldUS() float64         { return r.us(r.TableJSONReq.Secs) }
 func (r protoRun) oldCPUUS() float64      { return r.us(r.TableJSONReq.CPU) }
 func (r protoRun) oldThreadUS() float64   { return r.us(r.TableJSONReq.ThreadCPU) }
+func (r protoRun) reqUS() float64         { return r.us(r.ReqOnly.Secs) }
+func (r protoRun) reqCPUUS() float64      { return r.us(r.ReqOnly.CPU) }
+func (r protoRun) reqThreadUS() float64   { return r.us(r.ReqOnly.ThreadCPU) }
+func (r protoRun) respUS() float64        { return r.us(r.RespOnly.Secs) }
+func (r protoRun) respCPUUS() float64     { return r.us(r.RespOnly.CPU) }
+func (r protoRun) respThreadUS() float64  { return r.us(r.RespOnly.ThreadCPU) }
 func (r protoRun) tableCsw() float64      { return r.Table.CtxSwitches / float64(r.Calls) }
 func (r protoRun) bytesCsw() float64      { return r.Bytes.CtxSwitches / float64(r.Calls) }
 func (r protoRun) jsonCsw() float64       { return r.JSON.CtxSwitches / float64(r.Calls) }
@@ -219,6 +229,17 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(infoRow("request table as JSON text (json.lua; the path without string.buffer): time added per call", values(runs, protoRun.oldUS), values(runs, protoRun.bytesUS)))
 	t.add(infoRow("request table as JSON text: worker CPU added per call", values(runs, protoRun.oldCPUUS), values(runs, protoRun.bytesCPUUS)))
 	t.add(infoRow("request table as JSON text: nginx thread CPU added per call", values(runs, protoRun.oldThreadUS), values(runs, protoRun.bytesThreadUS)))
+	t.add(infoRow("string.buffer request minus JSON request (negative: saved), paired in each run: time per call", values(runs, protoRun.tableUS), values(runs, protoRun.oldUS)))
+	t.add(infoRow("string.buffer request minus JSON request: worker CPU per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.oldCPUUS)))
+	t.add(infoRow("string.buffer request minus JSON request: nginx thread CPU per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.oldThreadUS)))
+	// Which side costs what: only the request typed (a table in, bytes
+	// out), only the response (bytes in, a table out).
+	t.add(infoRow("request only (table in, bytes out): time added per call", values(runs, protoRun.reqUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("request only: worker CPU added per call", values(runs, protoRun.reqCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("request only: nginx thread CPU added per call", values(runs, protoRun.reqThreadUS), values(runs, protoRun.bytesThreadUS)))
+	t.add(infoRow("response only (bytes in, table out): time added per call", values(runs, protoRun.respUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("response only: worker CPU added per call", values(runs, protoRun.respCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("response only: nginx thread CPU added per call", values(runs, protoRun.respThreadUS), values(runs, protoRun.bytesThreadUS)))
 	tw2, bw2, jw2 := medianBy(runs, protoRun.tableCsw), medianBy(runs, protoRun.bytesCsw), medianBy(runs, protoRun.jsonCsw)
 	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f)", jw2),
 		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})

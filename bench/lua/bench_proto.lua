@@ -88,6 +88,35 @@ local function table_json_req_loop(conn, st, n)
     return errs
 end
 
+-- One side typed, the other bytes: where table mode's added cost is, the
+-- request (table -> protobuf) or the response (protobuf -> table).
+local REQ_OPTS = { request = "demo.Profile" }
+local RESP_OPTS = { response = "demo.Profile" }
+
+local function req_only_loop(conn, st, n)
+    local errs = 0
+    local len = #st.pb
+    for _ = 1, n do
+        local res = conn:unary("echo", st.tbl, REQ_OPTS)
+        if not res or res.code ~= 0 or #res.body ~= len then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+local function resp_only_loop(conn, st, n)
+    local errs = 0
+    local want = st.tbl.name
+    for _ = 1, n do
+        local res = conn:unary("echo", st.pb, RESP_OPTS)
+        if not res or res.code ~= 0 or type(res.body) ~= "table" or res.body.name ~= want then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
 -- The same message as JSON text both ways (json = true): Go transcodes
 -- as for a table, Lua neither encodes nor decodes a table.
 local function json_loop(conn, st, n)
@@ -136,6 +165,7 @@ function _M.run()
     end
     local warm_errs = table_loop(conn, st, WARMUP) + bytes_loop(conn, st, WARMUP)
                       + json_loop(conn, st, WARMUP) + table_json_req_loop(conn, st, WARMUP)
+                      + req_only_loop(conn, st, WARMUP) + resp_only_loop(conn, st, WARMUP)
     if warm_errs > 0 then
         -- say why once, rather than count failures
         local res, e = conn:unary("echo", st.tbl, TABLE_OPTS)
@@ -144,7 +174,8 @@ function _M.run()
                     or tostring(e))
     end
 
-    local loops = { table_loop, bytes_loop, json_loop, table_json_req_loop }
+    local loops = { table_loop, bytes_loop, json_loop, table_json_req_loop, req_only_loop,
+                    resp_only_loop }
     local nm = #loops
     local secs, cpu, tcpu, errs, csw = {}, {}, {}, {}, {}
     for m = 1, nm do
@@ -171,9 +202,13 @@ function _M.run()
         return '{"secs":' .. secs[m] .. ',"cpu":' .. cpu[m] .. ',"thread_cpu":' .. tcpu[m]
                .. ',"ctx_switches":' .. csw[m] .. '}'
     end
-    ngx.say('{"calls":', floor(done), ',"errors":', errs[1] + errs[2] + errs[3] + errs[4],
+    local nerr = 0
+    for m = 1, nm do
+        nerr = nerr + errs[m]
+    end
+    ngx.say('{"calls":', floor(done), ',"errors":', nerr,
             ',"table":', mode(1), ',"bytes":', mode(2), ',"json":', mode(3),
-            ',"table_json_req":', mode(4), '}')
+            ',"table_json_req":', mode(4), ',"req_only":', mode(5), ',"resp_only":', mode(6), '}')
 end
 
 -- POST /gw/proto/json (JSON body, JSON answer: the gateway) and
