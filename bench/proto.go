@@ -176,6 +176,36 @@ func (n *nginx) protoRun(calls int) (protoRun, error) {
 	return r, nil
 }
 
+// protoParRun is one answer of GET /bench/proto_par: the same modes with
+// calls in flight from many light threads.
+type protoParRun struct {
+	Calls  int       `json:"calls"`
+	Errors int       `json:"errors"`
+	Table  protoMode `json:"table"`
+	Bytes  protoMode `json:"bytes"`
+}
+
+func (r protoParRun) us(s float64) float64 { return s / float64(r.Calls) * 1e6 }
+func (r protoParRun) tableCPUUS() float64  { return r.us(r.Table.CPU) }
+func (r protoParRun) bytesCPUUS() float64  { return r.us(r.Bytes.CPU) }
+func (r protoParRun) tableRate() float64   { return float64(r.Calls) / r.Table.Secs }
+func (r protoParRun) bytesRate() float64   { return float64(r.Calls) / r.Bytes.Secs }
+
+func (n *nginx) protoParRun(calls, conc int) (protoParRun, error) {
+	var r protoParRun
+	body, err := n.get(fmt.Sprintf("/bench/proto_par?n=%d&c=%d", calls, conc))
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return r, fmt.Errorf("bad /bench/proto_par answer %q: %w", body, err)
+	}
+	if r.Errors > 0 || r.Calls == 0 {
+		return r, fmt.Errorf("/bench/proto_par: %d of %d calls failed; error.log:\n%s", r.Errors, 2*r.Calls, tail(filepath.Join(n.dir, "error.log")))
+	}
+	return r, nil
+}
+
 // addedRow is a cost transcoding adds per call: the median over runs of
 // the paired difference subject − baseline, in µs, against the target.
 func addedRow(name string, subject, baseline []float64) row {
@@ -243,6 +273,30 @@ func figureProto(e *env, p params, t *table) error {
 	tw2, bw2, jw2 := medianBy(runs, protoRun.tableCsw), medianBy(runs, protoRun.bytesCsw), medianBy(runs, protoRun.jsonCsw)
 	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f)", jw2),
 		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})
+
+	// Sequential calls leave the worker's threads idle between calls, and
+	// Go's wake-ups and spinning then make most of its CPU per call
+	// (perf: over half of it in the kernel switching threads), growing
+	// with the call's length rather than with the work. With calls in
+	// flight that part is shared: this figure is closer to the work
+	// transcoding adds. The sequential figures above stay the target's.
+	const parConc = 20
+	var par []protoParRun
+	for i := 0; i < p.runs; i++ {
+		log.Printf("proto: %d calls per mode from %d light threads, run %d", 5*p.pbSeqN, parConc, i+1)
+		r, err := e.nginx.protoParRun(5*p.pbSeqN, parConc)
+		if err != nil {
+			return err
+		}
+		par = append(par, r)
+	}
+	t.add(cpuRow(secProto, fmt.Sprintf("%d light threads at once: worker CPU per call (all its threads)", parConc),
+		medianBy(par, protoParRun.tableCPUUS), medianBy(par, protoParRun.bytesCPUUS)))
+	t.add(infoRow(fmt.Sprintf("table in/out, %d light threads at once: worker CPU added per call", parConc),
+		values(par, protoParRun.tableCPUUS), values(par, protoParRun.bytesCPUUS)))
+	tr, br := medianBy(par, protoParRun.tableRate), medianBy(par, protoParRun.bytesRate)
+	t.add(row{section: secProto, name: fmt.Sprintf("%d light threads at once: calls/s", parConc),
+		subject: fmt.Sprintf("%.0f calls/s", tr), baseline: fmt.Sprintf("%.0f calls/s", br), ratio: tr / br, ratioLabel: "throughput ratio"})
 
 	if !haveWrk(t) {
 		return nil

@@ -211,6 +211,58 @@ function _M.run()
             ',"table_json_req":', mode(4), ',"req_only":', mode(5), ',"resp_only":', mode(6), '}')
 end
 
+-- GET /bench/proto_par?n=N&c=C: N calls in each mode (table, bytes) from
+-- C light threads at once, the modes alternating in rounds of C * 20
+-- calls. With calls in flight the worker's threads are rarely idle, so
+-- its CPU per call is mostly work rather than the wake-ups and spinning
+-- that dominate it in sequential calls (see bench/proto.go).
+function _M.run_par()
+    local n = tonumber(ngx.var.arg_n) or 10000
+    local c = tonumber(ngx.var.arg_c) or 20
+    local st, err = setup()
+    if not st then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    local conn
+    conn, err = qrpc.connect(cfg.addr, CONN_OPTS)
+    if not conn then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    local per = 20
+    local loops = { table_loop, bytes_loop }
+    local secs, cpu, errs = { 0, 0 }, { 0, 0 }, 0
+    local threads = {}
+    local function round(m)
+        local t0, c0 = clock(CLOCK_MONOTONIC), clock(CLOCK_PROCESS_CPUTIME_ID)
+        for i = 1, c do
+            threads[i] = ngx.thread.spawn(loops[m], conn, st, per)
+        end
+        for i = 1, c do
+            local ok, e = ngx.thread.wait(threads[i])
+            errs = errs + (ok and e or per)
+        end
+        secs[m] = secs[m] + clock(CLOCK_MONOTONIC) - t0
+        cpu[m] = cpu[m] + clock(CLOCK_PROCESS_CPUTIME_ID) - c0
+    end
+    round(1)
+    round(2) -- warm-up, not counted
+    secs, cpu, errs = { 0, 0 }, { 0, 0 }, 0
+    local done, r = 0, 0
+    while done < n do
+        for k = 1, 2 do
+            round((k + r) % 2 + 1)
+        end
+        done, r = done + c * per, r + 1
+    end
+    ngx.say('{"calls":', floor(done), ',"errors":', errs,
+            ',"table":{"secs":', secs[1], ',"cpu":', cpu[1],
+            '},"bytes":{"secs":', secs[2], ',"cpu":', cpu[2], '}}')
+end
+
 -- POST /gw/proto/json (JSON body, JSON answer: the gateway) and
 -- POST /gw/proto/raw (protobuf body, protobuf answer: its baseline): one
 -- echo call per request, connected as /e2e/qrpc does.
