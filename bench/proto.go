@@ -271,7 +271,13 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(infoRow("response only: worker CPU added per call", values(runs, protoRun.respCPUUS), values(runs, protoRun.bytesCPUUS)))
 	t.add(infoRow("response only: nginx thread CPU added per call", values(runs, protoRun.respThreadUS), values(runs, protoRun.bytesThreadUS)))
 	tw2, bw2, jw2 := medianBy(runs, protoRun.tableCsw), medianBy(runs, protoRun.bytesCsw), medianBy(runs, protoRun.jsonCsw)
-	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f)", jw2),
+	csw := func(f func(protoRun) protoMode) float64 {
+		return medianBy(runs, func(r protoRun) float64 { return f(r).CtxSwitches / float64(r.Calls) })
+	}
+	ow2 := csw(func(r protoRun) protoMode { return r.TableJSONReq })
+	qw2 := csw(func(r protoRun) protoMode { return r.ReqOnly })
+	pw2 := csw(func(r protoRun) protoMode { return r.RespOnly })
+	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f; request as JSON text: %.2f; request only: %.2f; response only: %.2f)", jw2, ow2, qw2, pw2),
 		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})
 
 	// Sequential calls leave the worker's threads idle between calls, and
