@@ -176,6 +176,15 @@ function _M.run()
 
     local loops = { table_loop, bytes_loop, json_loop, table_json_req_loop, req_only_loop,
                     resp_only_loop }
+    -- ?only=k: mode k alone, for profiling by hand (bench -hold)
+    local only = tonumber(ngx.var.arg_only)
+    if only and loops[only] then
+        local t0 = clock(CLOCK_MONOTONIC)
+        local e = loops[only](conn, st, n)
+        ngx.say('{"mode":', only, ',"calls":', n, ',"errors":', e,
+                ',"secs":', clock(CLOCK_MONOTONIC) - t0, '}')
+        return
+    end
     local nm = #loops
     local secs, cpu, tcpu, errs, csw = {}, {}, {}, {}, {}
     for m = 1, nm do
