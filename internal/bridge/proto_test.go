@@ -196,3 +196,28 @@ func TestProtoEvent(t *testing.T) {
 		t.Fatalf("server saw %d events, want 1", n)
 	}
 }
+
+// The request path of a Lua table allocates no more than a JSON body's:
+// the release closure only (the encoders' buffers are pooled).
+func TestLuaRequestBodyAllocs(t *testing.T) {
+	r := New(newGoMemory(t), nil)
+	loadGreeter(t, r)
+	lua := protoUnary(1, 1, "echo", "\x09\x01\x24name\x23lua", "demo.HelloRequest", "", FlagLuaRequest)
+	slow := protoUnary(1, 1, "echo", "\x09\x02\x24name\x23lua\x24nope\x02", "demo.HelloRequest", "", FlagLuaRequest|FlagDiscardUnknown)
+	js := protoUnary(1, 1, "echo", `{"name":"lua"}`, "demo.HelloRequest", "", 0)
+	for _, c := range []struct {
+		name string
+		cmd  Command
+	}{{"direct", lua}, {"via JSON", slow}, {"JSON", js}} {
+		n := testing.AllocsPerRun(200, func() {
+			body, release, err := requestBody(&c.cmd)
+			if err != nil || len(body) == 0 {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			release()
+		})
+		if n > 1 {
+			t.Errorf("%s: %.1f allocations per request body, want at most 1", c.name, n)
+		}
+	}
+}
