@@ -631,3 +631,64 @@ func TestProtobufRestyFFIHost(t *testing.T) {
 		),
 	}})
 }
+
+// Without string.buffer (a LuaJIT 2.0, or one built without it) tables
+// cross as JSON both ways: the module hidden from require before
+// resty.ffi.qrpc loads, a round trip of every kind the direct path takes,
+// the errors, and the flags of a real prepare.
+func TestProtobufWithoutStringBuffer(t *testing.T) {
+	srv := startPBServer(t)
+	dir := protoDir(t)
+	init := lines(
+		`        package.loaded["string.buffer"] = nil`,
+		`        package.preload["string.buffer"] = function() error("hidden by the test") end`,
+		`        local qrpc = require "resty.ffi.qrpc"`,
+		`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+		`        assert(qrpc.proto.load("`+dir+`/greeter.proto"))`,
+	)
+	n := startNginx(t, ngxConf{
+		Workers:   1,
+		InitByLua: init,
+		Extra:     map[string]string{"pb_addr": srv.addr, "proto_dir": dir},
+		Server: loc("/t", `
+                local p = require "pbt"
+                local proto = require("resty.ffi.qrpc").proto
+                local out = {}
+                if pcall(require, "string.buffer") then out[#out + 1] = "string.buffer still loads" end
+                if proto.request_format("buffer") then out[#out + 1] = "buffer format available" end
+                local conn = assert(p.conn())
+                local body, _, _, flags = proto.prepare(conn, "EchoAllKinds", { i32 = 1 })
+                -- QRPC_F_PROTO_NAMES (2) only: neither QRPC_F_LUA_TABLE (4) nor QRPC_F_LUA_REQUEST (8)
+                if flags ~= 2 or body ~= '{"i32":1}' then
+                    out[#out + 1] = "prepare: flags " .. tostring(flags) .. ", body " .. tostring(body)
+                end
+                local msg = { i32 = -5, i64 = "-9", u64 = "18446744073709551615", fl = 1.5, db = 0.1 + 0.2,
+                              flag = true, text = "x\n", data = "AAEC", color = "COLOR_BLUE",
+                              inner = { id = "i", values = { 1, -2 } }, tags = { "a" }, items = { { id = "x" } },
+                              counts = { a = "1" }, meta = { k = ngx.null }, at = "2024-02-29T23:59:59.500Z" }
+                local res, err = conn:unary("EchoAllKinds", msg, { proto_names = false })
+                if not res then
+                    out[#out + 1] = "round trip: " .. tostring(err)
+                else
+                    local d = p.diff(msg, res.body, "body")
+                    if d then out[#out + 1] = d end
+                end
+                local _, e1 = conn:unary("EchoAllKinds", { i32 = 1e20 })
+                local _, e2 = conn:unary("EchoAllKinds", { [true] = 1 })
+                local _, e3 = conn:unary("EchoAllKinds", { text = print })
+                for _, e in ipairs({ e1, e2, e3 }) do out[#out + 1] = tostring(e) end
+                ngx.say(table.concat(out, "\n"))`),
+	})
+	if err := os.WriteFile(filepath.Join(n.dir, "pbt.lua"), []byte(protoLua), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, body := n.get("/t")
+	want := lines(
+		"bad message: demo.AllKinds: i32: out of range for int32: 1e+20",
+		"bad argument #3: body: table keys must be strings or integers (got boolean)",
+		"bad argument #3: body: cannot encode a function value",
+	)
+	if st != 200 || body != want {
+		t.Fatalf("HTTP %d:\n%s\nwant:\n%s", st, body, want)
+	}
+}
