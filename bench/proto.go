@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,6 +114,8 @@ type protoMode struct {
 	Secs      float64 `json:"secs"`
 	CPU       float64 `json:"cpu"`
 	ThreadCPU float64 `json:"thread_cpu"`
+	// the worker process's context switches (getrusage), all threads
+	CtxSwitches float64 `json:"ctx_switches"`
 }
 
 // protoRun is one answer of GET /bench/proto.
@@ -121,6 +124,17 @@ type protoRun struct {
 	Errors int       `json:"errors"`
 	Table  protoMode `json:"table"`
 	Bytes  protoMode `json:"bytes"`
+	// JSON text in and out (json = true): Go's transcoding without Lua's
+	// table work, to split table mode's added cost between the two
+	JSON protoMode `json:"json"`
+	// table mode with the request table sent as JSON text (json.lua):
+	// the path before requests crossed in string.buffer's format, and
+	// the one without string.buffer
+	TableJSONReq protoMode `json:"table_json_req"`
+	// one side typed: a table request with a bytes answer, and bytes
+	// with a table answer
+	ReqOnly  protoMode `json:"req_only"`
+	RespOnly protoMode `json:"resp_only"`
 }
 
 // Per call, in µs, for medianBy.
@@ -131,6 +145,21 @@ func (r protoRun) tableCPUUS() float64    { return r.us(r.Table.CPU) }
 func (r protoRun) bytesCPUUS() float64    { return r.us(r.Bytes.CPU) }
 func (r protoRun) tableThreadUS() float64 { return r.us(r.Table.ThreadCPU) }
 func (r protoRun) bytesThreadUS() float64 { return r.us(r.Bytes.ThreadCPU) }
+func (r protoRun) jsonUS() float64        { return r.us(r.JSON.Secs) }
+func (r protoRun) jsonCPUUS() float64     { return r.us(r.JSON.CPU) }
+func (r protoRun) jsonThreadUS() float64  { return r.us(r.JSON.ThreadCPU) }
+func (r protoRun) oldUS() float64         { return r.us(r.TableJSONReq.Secs) }
+func (r protoRun) oldCPUUS() float64      { return r.us(r.TableJSONReq.CPU) }
+func (r protoRun) oldThreadUS() float64   { return r.us(r.TableJSONReq.ThreadCPU) }
+func (r protoRun) reqUS() float64         { return r.us(r.ReqOnly.Secs) }
+func (r protoRun) reqCPUUS() float64      { return r.us(r.ReqOnly.CPU) }
+func (r protoRun) reqThreadUS() float64   { return r.us(r.ReqOnly.ThreadCPU) }
+func (r protoRun) respUS() float64        { return r.us(r.RespOnly.Secs) }
+func (r protoRun) respCPUUS() float64     { return r.us(r.RespOnly.CPU) }
+func (r protoRun) respThreadUS() float64  { return r.us(r.RespOnly.ThreadCPU) }
+func (r protoRun) tableCsw() float64      { return r.Table.CtxSwitches / float64(r.Calls) }
+func (r protoRun) bytesCsw() float64      { return r.Bytes.CtxSwitches / float64(r.Calls) }
+func (r protoRun) jsonCsw() float64       { return r.JSON.CtxSwitches / float64(r.Calls) }
 
 func (n *nginx) protoRun(calls int) (protoRun, error) {
 	var r protoRun
@@ -147,6 +176,36 @@ func (n *nginx) protoRun(calls int) (protoRun, error) {
 	return r, nil
 }
 
+// protoParRun is one answer of GET /bench/proto_par: the same modes with
+// calls in flight from many light threads.
+type protoParRun struct {
+	Calls  int       `json:"calls"`
+	Errors int       `json:"errors"`
+	Table  protoMode `json:"table"`
+	Bytes  protoMode `json:"bytes"`
+}
+
+func (r protoParRun) us(s float64) float64 { return s / float64(r.Calls) * 1e6 }
+func (r protoParRun) tableCPUUS() float64  { return r.us(r.Table.CPU) }
+func (r protoParRun) bytesCPUUS() float64  { return r.us(r.Bytes.CPU) }
+func (r protoParRun) tableRate() float64   { return float64(r.Calls) / r.Table.Secs }
+func (r protoParRun) bytesRate() float64   { return float64(r.Calls) / r.Bytes.Secs }
+
+func (n *nginx) protoParRun(calls, conc int) (protoParRun, error) {
+	var r protoParRun
+	body, err := n.get(fmt.Sprintf("/bench/proto_par?n=%d&c=%d", calls, conc))
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return r, fmt.Errorf("bad /bench/proto_par answer %q: %w", body, err)
+	}
+	if r.Errors > 0 || r.Calls == 0 {
+		return r, fmt.Errorf("/bench/proto_par: %d of %d calls failed; error.log:\n%s", r.Errors, 2*r.Calls, tail(filepath.Join(n.dir, "error.log")))
+	}
+	return r, nil
+}
+
 // addedRow is a cost transcoding adds per call: the median over runs of
 // the paired difference subject − baseline, in µs, against the target.
 func addedRow(name string, subject, baseline []float64) row {
@@ -155,6 +214,13 @@ func addedRow(name string, subject, baseline []float64) row {
 		d[i] = subject[i] - baseline[i]
 	}
 	added := medianBy(d, func(v float64) float64 { return v })
+	if len(d) > 1 {
+		lo, hi := d[0], d[0]
+		for _, v := range d {
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+		name += fmt.Sprintf(" (runs %.1f–%.1f)", lo, hi)
+	}
 	return row{section: secProtoAdded, name: name, subject: fmtUS(added), baseline: "—",
 		ratio: added, ratioLabel: "µs added"}.withTarget(protoTarget)
 }
@@ -183,6 +249,60 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(addedRow("table in/out: time added per call", values(runs, protoRun.tableUS), values(runs, protoRun.bytesUS)))
 	t.add(addedRow("table in/out: worker CPU added per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.bytesCPUUS)))
 	t.add(addedRow("table in/out: nginx thread CPU added per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.bytesThreadUS)))
+	// Where table mode's added time goes: the same message as JSON text
+	// both ways costs Go the same transcoding and Lua no table work.
+	t.add(infoRow("for comparison, JSON in/out (json = true, no Lua table): time added per call", values(runs, protoRun.jsonUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("for comparison, JSON in/out: worker CPU added per call", values(runs, protoRun.jsonCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("for comparison, JSON in/out: nginx thread CPU added per call", values(runs, protoRun.jsonThreadUS), values(runs, protoRun.bytesThreadUS)))
+	// The request path's own gain, measured in the same runs: table mode
+	// with the request as string.buffer bytes vs as JSON text.
+	t.add(infoRow("request table as JSON text (json.lua; the path without string.buffer): time added per call", values(runs, protoRun.oldUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("request table as JSON text: worker CPU added per call", values(runs, protoRun.oldCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("request table as JSON text: nginx thread CPU added per call", values(runs, protoRun.oldThreadUS), values(runs, protoRun.bytesThreadUS)))
+	t.add(infoRow("string.buffer request minus JSON request (negative: saved), paired in each run: time per call", values(runs, protoRun.tableUS), values(runs, protoRun.oldUS)))
+	t.add(infoRow("string.buffer request minus JSON request: worker CPU per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.oldCPUUS)))
+	t.add(infoRow("string.buffer request minus JSON request: nginx thread CPU per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.oldThreadUS)))
+	// Which side costs what: only the request typed (a table in, bytes
+	// out), only the response (bytes in, a table out).
+	t.add(infoRow("request only (table in, bytes out): time added per call", values(runs, protoRun.reqUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("request only: worker CPU added per call", values(runs, protoRun.reqCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("request only: nginx thread CPU added per call", values(runs, protoRun.reqThreadUS), values(runs, protoRun.bytesThreadUS)))
+	t.add(infoRow("response only (bytes in, table out): time added per call", values(runs, protoRun.respUS), values(runs, protoRun.bytesUS)))
+	t.add(infoRow("response only: worker CPU added per call", values(runs, protoRun.respCPUUS), values(runs, protoRun.bytesCPUUS)))
+	t.add(infoRow("response only: nginx thread CPU added per call", values(runs, protoRun.respThreadUS), values(runs, protoRun.bytesThreadUS)))
+	tw2, bw2, jw2 := medianBy(runs, protoRun.tableCsw), medianBy(runs, protoRun.bytesCsw), medianBy(runs, protoRun.jsonCsw)
+	csw := func(f func(protoRun) protoMode) float64 {
+		return medianBy(runs, func(r protoRun) float64 { return f(r).CtxSwitches / float64(r.Calls) })
+	}
+	ow2 := csw(func(r protoRun) protoMode { return r.TableJSONReq })
+	qw2 := csw(func(r protoRun) protoMode { return r.ReqOnly })
+	pw2 := csw(func(r protoRun) protoMode { return r.RespOnly })
+	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f; request as JSON text: %.2f; request only: %.2f; response only: %.2f)", jw2, ow2, qw2, pw2),
+		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})
+
+	// Sequential calls leave the worker's threads idle between calls, and
+	// Go's wake-ups and spinning then make most of its CPU per call
+	// (perf: over half of it in the kernel switching threads), growing
+	// with the call's length rather than with the work. With calls in
+	// flight that part is shared: this figure is closer to the work
+	// transcoding adds. The sequential figures above stay the target's.
+	const parConc = 20
+	var par []protoParRun
+	for i := 0; i < p.runs; i++ {
+		log.Printf("proto: %d calls per mode from %d light threads, run %d", 5*p.pbSeqN, parConc, i+1)
+		r, err := e.nginx.protoParRun(5*p.pbSeqN, parConc)
+		if err != nil {
+			return err
+		}
+		par = append(par, r)
+	}
+	t.add(cpuRow(secProto, fmt.Sprintf("%d light threads at once: worker CPU per call (all its threads)", parConc),
+		medianBy(par, protoParRun.tableCPUUS), medianBy(par, protoParRun.bytesCPUUS)))
+	t.add(infoRow(fmt.Sprintf("table in/out, %d light threads at once: worker CPU added per call", parConc),
+		values(par, protoParRun.tableCPUUS), values(par, protoParRun.bytesCPUUS)))
+	tr, br := medianBy(par, protoParRun.tableRate), medianBy(par, protoParRun.bytesRate)
+	t.add(row{section: secProto, name: fmt.Sprintf("%d light threads at once: calls/s", parConc),
+		subject: fmt.Sprintf("%.0f calls/s", tr), baseline: fmt.Sprintf("%.0f calls/s", br), ratio: tr / br, ratioLabel: "throughput ratio"})
 
 	if !haveWrk(t) {
 		return nil
@@ -216,6 +336,13 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(cpuRow(secProtoGW, "CPU per request, nginx worker (all its threads, Go's included)", jc, bcpu))
 	t.add(addedRow("JSON gateway: worker CPU added per request", values(js, cpuUS(0)), values(pbs, cpuUS(0))))
 	return nil
+}
+
+// infoRow is addedRow without a target: a figure that explains another.
+func infoRow(name string, subject, baseline []float64) row {
+	r := addedRow(name, subject, baseline)
+	r.target, r.met = "", false
+	return r
 }
 
 // values is f of each run, in order (addedRow pairs them by run).

@@ -96,7 +96,7 @@ func TestAddedRow(t *testing.T) {
 	if r.ratio != 10 || !r.met || r.section != secProtoAdded || r.target != protoTarget {
 		t.Fatalf("paired median: got ratio %v met %v section %q target %q, want 10, met", r.ratio, r.met, r.section, r.target)
 	}
-	if !strings.Contains(r.markdown(), "| x | 10.0 µs | — | 10.00 µs added | ≤ 10 (met) |") {
+	if !strings.Contains(r.markdown(), "| x (runs 5.0–20.0) | 10.0 µs | — | 10.00 µs added | ≤ 10 (met) |") {
 		t.Errorf("markdown: %s", r.markdown())
 	}
 	r = addedRow("y", []float64{130}, []float64{100})

@@ -56,7 +56,7 @@ static int qrpc_const(int i, long long *v) {
 		QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE, QRPC_F_DISCARD_UNKNOWN,
 		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
 		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
-		QRPC_F_PROTO_NAMES, QRPC_BAD_RESPONSE, QRPC_F_LUA_TABLE,
+		QRPC_F_PROTO_NAMES, QRPC_BAD_RESPONSE, QRPC_F_LUA_TABLE, QRPC_F_LUA_REQUEST,
 	};
 	if (i < 0 || i >= (int)(sizeof c / sizeof c[0])) return 0;
 	if (v != NULL) *v = c[i];
@@ -223,7 +223,7 @@ const constNames = `QRPC_CMD_VERSION
 	QRPC_OP_PEERS QRPC_OP_METRICS QRPC_OP_PROTO_LOAD QRPC_OP_CONFIGURE QRPC_F_DISCARD_UNKNOWN
 	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
 	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST
-	QRPC_F_PROTO_NAMES QRPC_BAD_RESPONSE QRPC_F_LUA_TABLE`
+	QRPC_F_PROTO_NAMES QRPC_BAD_RESPONSE QRPC_F_LUA_TABLE QRPC_F_LUA_REQUEST`
 
 // abiLayoutErr compares the Go mirrors in abi.go and the runtime's
 // constants with the C compiler's view of qrpc.h.
@@ -235,7 +235,7 @@ func abiLayoutErr() error {
 		int64(bridge.StatusOK), int64(bridge.StatusPending), int64(bridge.StatusLog), int64(bridge.ErrGeneric),
 		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),
 		int64(bridge.ErrConnect), int64(bridge.ErrUnavail), int64(bridge.ErrTooBig), int64(bridge.ErrLost),
-		bridge.FlagProtoNames, bridge.StatusBadResponse, bridge.FlagLuaTable}
+		bridge.FlagProtoNames, bridge.StatusBadResponse, bridge.FlagLuaTable, bridge.FlagLuaRequest}
 	if len(names) != len(goVals) || C.qrpc_const(C.int(len(goVals)), nil) != 0 {
 		return fmt.Errorf("the constant lists of cgo.go differ in length")
 	}

@@ -45,6 +45,9 @@ metrics=on
                                     string.buffer serialization format (decoding gives what cjson.decode
                                     gives for the JSON), not JSON text; a reply that does not start with
                                     NUL is JSON (the format could not hold it) */
+#define QRPC_F_LUA_REQUEST     8 /* req_type: the body is a Lua table in LuaJIT's string.buffer serialization
+                                    format (buffer.encode), not JSON text; read as the text the Lua module's
+                                    JSON encoder writes for that table */
 
 /* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
  * the lua-resty-ffi rc. Negative values are errors; the message is in the

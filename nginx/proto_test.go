@@ -115,6 +115,21 @@ function _M.conn()
     return qt.connect({ methods = methods }, qt.pb_addr)
 end
 
+-- format(f): request tables cross as f ("buffer": string.buffer's format,
+-- QRPC_F_LUA_REQUEST; "json": json.lua, the path without string.buffer)
+-- for this request; checked on a real prepare so that a case cannot pass
+-- on the other path.
+function _M.format(f)
+    local proto = qrpc.proto
+    if not proto.request_format(f) then
+        return false
+    end
+    local conn = assert(_M.conn())
+    local _, _, _, flags = proto.prepare(conn, "EchoAllKinds", { i32 = 1 })
+    local sent_as_buffer = flags % 16 >= proto.F_LUA_REQUEST
+    return sent_as_buffer == (f == "buffer")
+end
+
 -- deep comparison; returns nil or the path of the first difference
 local function diff(a, b, path)
     if type(a) ~= type(b) then
@@ -142,6 +157,10 @@ _M.diff = diff
 return _M
 `
 
+// requestFormats are the ways a request table crosses to Go.
+// (the default last: it stays set in the worker)
+var requestFormats = []string{"json", "buffer"}
+
 func TestProtobuf(t *testing.T) {
 	srv := startPBServer(t)
 	dir := protoDir(t)
@@ -162,6 +181,7 @@ func TestProtobuf(t *testing.T) {
 		AllowErrors: []string{`bad proto: .*broken\.proto:5:1: syntax error: expecting ';' \(loaded in init_by_lua\)`},
 		Server: loc("/roundtrip", `
                 local p = require "pbt"
+                if not p.format(ngx.var.arg_fmt) then return ngx.say("format ", ngx.var.arg_fmt) end
                 local conn, err = p.conn()
                 if not conn then return ngx.say("connect: ", err) end
                 local big = "9223372036854775807"
@@ -231,6 +251,7 @@ func TestProtobuf(t *testing.T) {
                 ngx.say("event sent")
 `) + loc("/bad", `
                 local p = require "pbt"
+                if not p.format(ngx.var.arg_fmt) then return ngx.say("format ", ngx.var.arg_fmt) end
                 local qrpc = require "resty.ffi.qrpc"
                 local conn = assert(p.conn())
                 local function show(res, err, raw)
@@ -375,6 +396,97 @@ func TestProtobuf(t *testing.T) {
                 local r3 = proto.finish({ code = 0, body = '{"a":[1]}' }, "m")
                 if not r3 or r3.body.a[1] ~= 1 then out[#out + 1] = "JSON reply not read" end
                 ngx.say(#out == 0 and "ok" or table.concat(out, "\n"))
+`) + loc("/reqformats", `
+                -- the same tables through both request paths: the same
+                -- answer, or the same error, and the expected one
+                local p = require "pbt"
+                local proto = require("resty.ffi.qrpc").proto
+                local json = require "resty.ffi.qrpc.json"
+                local ok_cjson, cjson = pcall(require, "cjson.safe")
+                local conn = assert(p.conn())
+                local out = {}
+                local deep, d = {}, nil
+                d = deep
+                -- 101 tables with the body: one more than string.buffer
+                -- encodes, as many as json.lua does
+                for _ = 1, 99 do d.meta = {} d = d.meta end
+                local cyc = {}
+                cyc.inner = cyc
+                local cases = {
+                    { t = { i32 = -0.0, i64 = 2^53, db = 123456789012345.6, u64 = 18446744073709551615ULL,
+                            s64 = -9223372036854775807LL - 1, sf64 = 42LL },
+                      want = { i64 = "9007199254740992", db = 123456789012345.6, u64 = "18446744073709551615",
+                               s64 = "-9223372036854775808", sf64 = "42" } },
+                    { t = { i32 = 1e20 }, err = "bad message: demo.AllKinds: i32: out of range for int32: 1e+20" },
+                    { t = { i32 = 2^31 }, err = "bad message: demo.AllKinds: i32: out of range for int32: 2147483648" },
+                    { t = { db = 0.1 + 0.2, ratios = { 1e300, -0.0, 5e-324 } },
+                      want = { db = 0.1 + 0.2, ratios = { 1e300, -0.0, 5e-324 } } },
+                    { t = { text = "q\"\\\n\0\127é\1" }, want = { text = "q\"\\\n\0\127é\1" } },
+                    { t = { text = "\255" }, err = "bad message: demo.AllKinds: text: " },
+                    { t = { tags = json.empty_array, colors = {} }, err = "bad message: demo.AllKinds: colors: expected array, got object" },
+                    { t = { tags = json.empty_array }, want = {} },
+                    { t = { byId = { [7] = { id = "s" }, [-1] = {} }, counts = { [1] = "1" } },
+                      err = "bad message: demo.AllKinds: counts: expected object (map), got array" },
+                    { t = { byId = { [7] = { id = "s" }, [-1] = {} } }, want = { byId = { ["7"] = { id = "s" }, ["-1"] = {} } } },
+                    { t = { meta = { a = ngx.null, l = { 1, ngx.null } } }, want = { meta = { a = ngx.null, l = { 1, ngx.null } } } },
+                    { t = { [true] = 1 }, err = "bad argument #3: body: table keys must be strings or integers (got boolean)" },
+                    { t = { byId = { [1.5] = {} } }, err = "bad argument #3: body: table keys must be strings or integers (got 1.5)" },
+                    { t = { text = ngx.null } },
+                    { t = { text = print }, err = "bad argument #3: body: cannot encode a function value" },
+                    { t = { text = coroutine.create(function() end) }, err = "bad argument #3: body: cannot encode a thread value" },
+                    { t = { text = 1i }, err = "bad argument #3: body: cannot encode a cdata value" },
+                    { t = { meta = deep } },
+                    { t = { meta = cyc }, err = "bad argument #3: body: nested too deep" },
+                    -- every field Go encodes straight from the table's bytes
+                    -- (no map, Struct or null): field by field
+                    { t = { i32 = -5, i64 = "-9", u32 = 7, u64 = "18446744073709551615", s32 = -1, s64 = "5",
+                            f32 = 3, f64 = "4", sf32 = -2, sf64 = "-3", fl = 1.5, db = 0.25, flag = true,
+                            text = "x\n", data = "AAEC", color = "COLOR_BLUE",
+                            inner = { id = "i", values = { 1, -2 }, child = { id = "c" } },
+                            tags = { "a", "" }, items = { { id = "x" }, {} }, big = { "1", "-1" },
+                            colors = { "COLOR_RED", "COLOR_GREEN" }, ratios = { 0.5, -1e300 },
+                            choiceNum = "12", at = "2024-02-29T23:59:59.500Z", took = "1.500s",
+                            wrapped = "7", maybe = 0 },
+                      want = { i32 = -5, i64 = "-9", u32 = 7, u64 = "18446744073709551615", s32 = -1, s64 = "5",
+                               f32 = 3, f64 = "4", sf32 = -2, sf64 = "-3", fl = 1.5, db = 0.25, flag = true,
+                               text = "x\n", data = "AAEC", color = "COLOR_BLUE",
+                               inner = { id = "i", values = { 1, -2 }, child = { id = "c" } },
+                               tags = { "a", "" }, items = { { id = "x" }, {} }, big = { "1", "-1" },
+                               colors = { "COLOR_RED", "COLOR_GREEN" }, ratios = { 0.5, -1e300 },
+                               choiceNum = "12", at = "2024-02-29T23:59:59.500Z", took = "1.500s",
+                               wrapped = "7", maybe = 0 } },
+                    { t = { nope = 1 }, err = "bad message: demo.AllKinds: nope: unknown field" },
+                    { t = { nope = 1 }, discard = true, want = {} },
+                }
+                if ok_cjson and cjson.empty_array ~= nil then
+                    cases[#cases + 1] = { t = { tags = cjson.empty_array }, cjson = true }
+                end
+                local function run(f)
+                    assert(p.format(f))
+                    local r = {}
+                    for i, c in ipairs(cases) do
+                        local res, err = conn:unary("EchoAllKinds", c.t, { discard_unknown = c.discard, proto_names = false })
+                        r[i] = res and res.body or ("error: " .. tostring(err))
+                    end
+                    return r
+                end
+                local rb, rj = run("buffer"), run("json")
+                assert(p.format("buffer"))
+                for i, c in ipairs(cases) do
+                    local b, j = rb[i], rj[i]
+                    local dd = p.diff(b, j, "case " .. i)
+                    if dd then out[#out + 1] = "buffer vs json: " .. dd end
+                    if c.err then
+                        if type(b) ~= "string" or b:sub(1, 7 + #c.err) ~= "error: " .. c.err then
+                            out[#out + 1] = "case " .. i .. ": " .. tostring(type(b) == "table" and json.encode(b) or b)
+                                            .. " want " .. c.err
+                        end
+                    elseif c.want then
+                        dd = p.diff(c.want, b, "case " .. i)
+                        if dd then out[#out + 1] = dd end
+                    end
+                end
+                ngx.say(#out == 0 and "ok" or table.concat(out, "\n"))
 `) + loc("/set", `
                 local qrpc = require "resty.ffi.qrpc"
                 local f = assert(io.open(require("qtest").proto_dir .. "/greeter.protoset", "rb"))
@@ -400,8 +512,12 @@ func TestProtobuf(t *testing.T) {
 		}
 		return body
 	}
-	if got := get("/roundtrip"); got != "ok\n" {
-		t.Errorf("table round trip: %s", got)
+	// Tables cross in string.buffer's format, or as JSON without it: the
+	// same cases, the same answers, both ways.
+	for _, f := range requestFormats {
+		if got := get("/roundtrip?fmt=" + f); got != "ok\n" {
+			t.Errorf("table round trip (%s): %s", f, got)
+		}
 	}
 	if got := get("/json"); got != "ok\n" {
 		t.Errorf("JSON round trip: %s", got)
@@ -442,19 +558,25 @@ func TestProtobuf(t *testing.T) {
 		"bad argument #1: path must not be empty",
 		"init: bad proto: " + dir + "/absent.proto: file not found",
 	}
-	got := strings.Split(strings.TrimSuffix(get("/bad"), "\n"), "\n")
-	if len(got) != len(want) {
-		t.Fatalf("bad inputs: %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
-	}
-	for i := range want {
-		if !strings.HasPrefix(got[i], want[i]) {
-			t.Errorf("bad input %d:\n got  %s\n want %s", i, got[i], want[i])
+	for _, f := range requestFormats {
+		got := strings.Split(strings.TrimSuffix(get("/bad?fmt="+f), "\n"), "\n")
+		if len(got) != len(want) {
+			t.Fatalf("bad inputs (%s): %d lines, want %d:\n%s", f, len(got), len(want), strings.Join(got, "\n"))
 		}
+		for i := range want {
+			if !strings.HasPrefix(got[i], want[i]) {
+				t.Errorf("bad input %d (%s):\n got  %s\n want %s", i, f, got[i], want[i])
+			}
+		}
+		// Only the Garbage call reached the server: every bad request was
+		// refused before sending.
+		if d := srv.requests.Load() - before; d != 1 {
+			t.Errorf("%d requests reached the server during the bad-input cases (%s), want 1 (Garbage)", d, f)
+		}
+		before = srv.requests.Load()
 	}
-	// Only the Garbage call reached the server: every bad request was
-	// refused before sending.
-	if d := srv.requests.Load() - before; d != 1 {
-		t.Errorf("%d requests reached the server during the bad-input cases, want 1 (Garbage)", d)
+	if got := get("/reqformats"); got != "ok\n" {
+		t.Errorf("request tables, string.buffer vs JSON:\n%s", got)
 	}
 	if got := get("/jsonlib"); got != "ok\n" {
 		t.Errorf("json.lua:\n%s", got)
@@ -508,4 +630,65 @@ func TestProtobufRestyFFIHost(t *testing.T) {
 			"nil bad response: demo.HelloReply: cannot parse invalid wire-format data 15",
 		),
 	}})
+}
+
+// Without string.buffer (a LuaJIT 2.0, or one built without it) tables
+// cross as JSON both ways: the module hidden from require before
+// resty.ffi.qrpc loads, a round trip of every kind the direct path takes,
+// the errors, and the flags of a real prepare.
+func TestProtobufWithoutStringBuffer(t *testing.T) {
+	srv := startPBServer(t)
+	dir := protoDir(t)
+	init := lines(
+		`        package.loaded["string.buffer"] = nil`,
+		`        package.preload["string.buffer"] = function() error("hidden by the test") end`,
+		`        local qrpc = require "resty.ffi.qrpc"`,
+		`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+		`        assert(qrpc.proto.load("`+dir+`/greeter.proto"))`,
+	)
+	n := startNginx(t, ngxConf{
+		Workers:   1,
+		InitByLua: init,
+		Extra:     map[string]string{"pb_addr": srv.addr, "proto_dir": dir},
+		Server: loc("/t", `
+                local p = require "pbt"
+                local proto = require("resty.ffi.qrpc").proto
+                local out = {}
+                if pcall(require, "string.buffer") then out[#out + 1] = "string.buffer still loads" end
+                if proto.request_format("buffer") then out[#out + 1] = "buffer format available" end
+                local conn = assert(p.conn())
+                local body, _, _, flags = proto.prepare(conn, "EchoAllKinds", { i32 = 1 })
+                -- QRPC_F_PROTO_NAMES (2) only: neither QRPC_F_LUA_TABLE (4) nor QRPC_F_LUA_REQUEST (8)
+                if flags ~= 2 or body ~= '{"i32":1}' then
+                    out[#out + 1] = "prepare: flags " .. tostring(flags) .. ", body " .. tostring(body)
+                end
+                local msg = { i32 = -5, i64 = "-9", u64 = "18446744073709551615", fl = 1.5, db = 0.1 + 0.2,
+                              flag = true, text = "x\n", data = "AAEC", color = "COLOR_BLUE",
+                              inner = { id = "i", values = { 1, -2 } }, tags = { "a" }, items = { { id = "x" } },
+                              counts = { a = "1" }, meta = { k = ngx.null }, at = "2024-02-29T23:59:59.500Z" }
+                local res, err = conn:unary("EchoAllKinds", msg, { proto_names = false })
+                if not res then
+                    out[#out + 1] = "round trip: " .. tostring(err)
+                else
+                    local d = p.diff(msg, res.body, "body")
+                    if d then out[#out + 1] = d end
+                end
+                local _, e1 = conn:unary("EchoAllKinds", { i32 = 1e20 })
+                local _, e2 = conn:unary("EchoAllKinds", { [true] = 1 })
+                local _, e3 = conn:unary("EchoAllKinds", { text = print })
+                for _, e in ipairs({ e1, e2, e3 }) do out[#out + 1] = tostring(e) end
+                ngx.say(table.concat(out, "\n"))`),
+	})
+	if err := os.WriteFile(filepath.Join(n.dir, "pbt.lua"), []byte(protoLua), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, body := n.get("/t")
+	want := lines(
+		"bad message: demo.AllKinds: i32: out of range for int32: 1e+20",
+		"bad argument #3: body: table keys must be strings or integers (got boolean)",
+		"bad argument #3: body: cannot encode a function value",
+	)
+	if st != 200 || body != want {
+		t.Fatalf("HTTP %d:\n%s\nwant:\n%s", st, body, want)
+	}
 }

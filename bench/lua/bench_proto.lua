@@ -30,7 +30,23 @@ local JSON_OPTS = { request = "demo.Profile", response = "demo.Profile", json = 
 local BLOCK = 50 -- calls of one mode before switching to the other
 local WARMUP = 200
 
-local state -- { tbl = Lua table, pb = bytes }, once per worker
+local state -- { tbl = Lua table, pb = bytes, json = text }, once per worker
+
+-- The process's context switches (getrusage): a call that hands work to
+-- more goroutines, or wakes more threads, shows here per call.
+local ffi = require "ffi"
+ffi.cdef [[
+typedef struct { long tv[4]; long f[14]; } qrpc_bench_rusage_t;
+int qrpc_bench_getrusage(int who, qrpc_bench_rusage_t *ru) __asm__("getrusage");
+]]
+local ru = ffi.new("qrpc_bench_rusage_t")
+local function ctx_switches()
+    if ffi.C.qrpc_bench_getrusage(0, ru) ~= 0 then
+        return 0
+    end
+    -- ru_nvcsw + ru_nivcsw
+    return tonumber(ru.f[12]) + tonumber(ru.f[13])
+end
 
 local function setup()
     if state then
@@ -46,7 +62,7 @@ local function setup()
     if not tbl then
         return nil, "bench_profile.json: " .. tostring(err)
     end
-    state = { tbl = tbl, pb = data.pb }
+    state = { tbl = tbl, pb = data.pb, json = data.json }
     return state
 end
 
@@ -56,6 +72,59 @@ local function table_loop(conn, st, n)
     for _ = 1, n do
         local res = conn:unary("echo", st.tbl, TABLE_OPTS)
         if not res or res.code ~= 0 or type(res.body) ~= "table" or res.body.name ~= want then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+-- Table mode with the request table sent as JSON (json.lua, then JSON →
+-- protobuf in Go): the path before string.buffer, and the one without it.
+local function table_json_req_loop(conn, st, n)
+    local proto = qrpc.proto
+    assert(proto.request_format("json"))
+    local errs = table_loop(conn, st, n)
+    proto.request_format("buffer")
+    return errs
+end
+
+-- One side typed, the other bytes: where table mode's added cost is, the
+-- request (table -> protobuf) or the response (protobuf -> table).
+local REQ_OPTS = { request = "demo.Profile" }
+local RESP_OPTS = { response = "demo.Profile" }
+
+local function req_only_loop(conn, st, n)
+    local errs = 0
+    local len = #st.pb
+    for _ = 1, n do
+        local res = conn:unary("echo", st.tbl, REQ_OPTS)
+        if not res or res.code ~= 0 or #res.body ~= len then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+local function resp_only_loop(conn, st, n)
+    local errs = 0
+    local want = st.tbl.name
+    for _ = 1, n do
+        local res = conn:unary("echo", st.pb, RESP_OPTS)
+        if not res or res.code ~= 0 or type(res.body) ~= "table" or res.body.name ~= want then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
+-- The same message as JSON text both ways (json = true): Go transcodes
+-- as for a table, Lua neither encodes nor decodes a table.
+local function json_loop(conn, st, n)
+    local errs = 0
+    local js = st.json
+    for _ = 1, n do
+        local res = conn:unary("echo", js, JSON_OPTS)
+        if not res or res.code ~= 0 or type(res.body) ~= "string" or #res.body < #js / 2 then
             errs = errs + 1
         end
     end
@@ -95,6 +164,8 @@ function _M.run()
         return
     end
     local warm_errs = table_loop(conn, st, WARMUP) + bytes_loop(conn, st, WARMUP)
+                      + json_loop(conn, st, WARMUP) + table_json_req_loop(conn, st, WARMUP)
+                      + req_only_loop(conn, st, WARMUP) + resp_only_loop(conn, st, WARMUP)
     if warm_errs > 0 then
         -- say why once, rather than count failures
         local res, e = conn:unary("echo", st.tbl, TABLE_OPTS)
@@ -103,25 +174,102 @@ function _M.run()
                     or tostring(e))
     end
 
-    local loops = { table_loop, bytes_loop }
-    local secs, cpu, tcpu, errs = { 0, 0 }, { 0, 0 }, { 0, 0 }, { 0, 0 }
+    local loops = { table_loop, bytes_loop, json_loop, table_json_req_loop, req_only_loop,
+                    resp_only_loop }
+    -- ?only=k: mode k alone, for profiling by hand (bench -hold)
+    local only = tonumber(ngx.var.arg_only)
+    if only and loops[only] then
+        local t0 = clock(CLOCK_MONOTONIC)
+        local e = loops[only](conn, st, n)
+        ngx.say('{"mode":', only, ',"calls":', n, ',"errors":', e,
+                ',"secs":', clock(CLOCK_MONOTONIC) - t0, '}')
+        return
+    end
+    local nm = #loops
+    local secs, cpu, tcpu, errs, csw = {}, {}, {}, {}, {}
+    for m = 1, nm do
+        secs[m], cpu[m], tcpu[m], errs[m], csw[m] = 0, 0, 0, 0, 0
+    end
     local done, round = 0, 0
     while done < n do
         local b = min(BLOCK, n - done)
-        for k = 1, 2 do
-            local m = (round % 2 == 0) and k or 3 - k
+        for k = 1, nm do
+            -- the order rotates every round
+            local m = (k + round - 1) % nm + 1
+            local s0 = ctx_switches()
             local t0, c0 = clock(CLOCK_MONOTONIC), clock(CLOCK_PROCESS_CPUTIME_ID)
             local h0 = clock(CLOCK_THREAD_CPUTIME_ID)
             errs[m] = errs[m] + loops[m](conn, st, b)
             tcpu[m] = tcpu[m] + clock(CLOCK_THREAD_CPUTIME_ID) - h0
             secs[m] = secs[m] + clock(CLOCK_MONOTONIC) - t0
             cpu[m] = cpu[m] + clock(CLOCK_PROCESS_CPUTIME_ID) - c0
+            csw[m] = csw[m] + ctx_switches() - s0
         end
         done, round = done + b, round + 1
     end
-    ngx.say('{"calls":', floor(done), ',"errors":', errs[1] + errs[2],
-            ',"table":{"secs":', secs[1], ',"cpu":', cpu[1], ',"thread_cpu":', tcpu[1],
-            '},"bytes":{"secs":', secs[2], ',"cpu":', cpu[2], ',"thread_cpu":', tcpu[2], '}}')
+    local function mode(m)
+        return '{"secs":' .. secs[m] .. ',"cpu":' .. cpu[m] .. ',"thread_cpu":' .. tcpu[m]
+               .. ',"ctx_switches":' .. csw[m] .. '}'
+    end
+    local nerr = 0
+    for m = 1, nm do
+        nerr = nerr + errs[m]
+    end
+    ngx.say('{"calls":', floor(done), ',"errors":', nerr,
+            ',"table":', mode(1), ',"bytes":', mode(2), ',"json":', mode(3),
+            ',"table_json_req":', mode(4), ',"req_only":', mode(5), ',"resp_only":', mode(6), '}')
+end
+
+-- GET /bench/proto_par?n=N&c=C: N calls in each mode (table, bytes) from
+-- C light threads at once, the modes alternating in rounds of C * 20
+-- calls. With calls in flight the worker's threads are rarely idle, so
+-- its CPU per call is mostly work rather than the wake-ups and spinning
+-- that dominate it in sequential calls (see bench/proto.go).
+function _M.run_par()
+    local n = tonumber(ngx.var.arg_n) or 10000
+    local c = tonumber(ngx.var.arg_c) or 20
+    local st, err = setup()
+    if not st then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    local conn
+    conn, err = qrpc.connect(cfg.addr, CONN_OPTS)
+    if not conn then
+        ngx.status = 500
+        ngx.say(err)
+        return
+    end
+    local per = 20
+    local loops = { table_loop, bytes_loop }
+    local secs, cpu, errs = { 0, 0 }, { 0, 0 }, 0
+    local threads = {}
+    local function round(m)
+        local t0, c0 = clock(CLOCK_MONOTONIC), clock(CLOCK_PROCESS_CPUTIME_ID)
+        for i = 1, c do
+            threads[i] = ngx.thread.spawn(loops[m], conn, st, per)
+        end
+        for i = 1, c do
+            local ok, e = ngx.thread.wait(threads[i])
+            errs = errs + (ok and e or per)
+        end
+        secs[m] = secs[m] + clock(CLOCK_MONOTONIC) - t0
+        cpu[m] = cpu[m] + clock(CLOCK_PROCESS_CPUTIME_ID) - c0
+    end
+    round(1)
+    round(2) -- warm-up, not counted
+    secs, cpu, errs = { 0, 0 }, { 0, 0 }, 0
+    local done, r = 0, 0
+    while done < n do
+        for k = 1, 2 do
+            round((k + r) % 2 + 1)
+        end
+        done, r = done + c * per, r + 1
+    end
+    ngx.say('{"calls":', floor(done), ',"errors":', errs,
+            ',"table":{"secs":', secs[1], ',"cpu":', cpu[1],
+            '},"bytes":{"secs":', secs[2], ',"cpu":', cpu[2], '}}')
 end
 
 -- POST /gw/proto/json (JSON body, JSON answer: the gateway) and

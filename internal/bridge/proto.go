@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -29,6 +30,13 @@ const FlagProtoNames = 2
 // thread. A reply the format cannot hold (a duplicate key, nesting deeper
 // than LuaJIT decodes) stays JSON, which never starts with a NUL byte.
 const FlagLuaTable = 4
+
+// FlagLuaRequest is QRPC_F_LUA_REQUEST: req_type's body is a Lua table in
+// LuaJIT's string.buffer serialization format (buffer.encode, one C call
+// on the nginx thread) rather than JSON text. Go reads it back as the text
+// the Lua module's JSON encoder would have written (luaser.ToJSON), so
+// that the transcoding, the mapping and every error stay those of JSON.
+const FlagLuaRequest = 8
 
 // StatusBadResponse is QRPC_BAD_RESPONSE: a UNARY with resp_type whose
 // answer did not decode. It is not an error of the call (the server
@@ -123,8 +131,37 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 	if err != nil {
 		return nil, noRelease, err
 	}
+	in := cmd.Body
+	discard := cmd.Flags&FlagDiscardUnknown != 0
+	if cmd.Flags&FlagLuaRequest != 0 {
+		// Straight from the table's bytes when it is an ordinary one
+		// (EncodeLua leaves unknown fields, and so discard_unknown, to the
+		// JSON path); else through the JSON text, which also finds the
+		// errors.
+		if !discard {
+			bp := bodyPool.Get().(*[]byte)
+			if out, ok := m.EncodeLua((*bp)[:0], cmd.Body); ok {
+				*bp = out
+				return out, func() { putBody(bp) }, nil
+			}
+			bodyPool.Put(bp)
+		}
+		jp := bodyPool.Get().(*[]byte)
+		defer putBody(jp)
+		js, err := luaser.ToJSON((*jp)[:0], cmd.Body)
+		if err != nil {
+			var ve *luaser.ValueError
+			if errors.As(err, &ve) {
+				// what the Lua module says of the same table without string.buffer
+				return nil, noRelease, errors.New("bad argument #3: body: " + ve.What)
+			}
+			return nil, noRelease, &transcode.MessageError{Message: m.Name(), What: err.Error()}
+		}
+		*jp = js
+		in = js
+	}
 	bp := bodyPool.Get().(*[]byte)
-	out, err := m.Encode((*bp)[:0], cmd.Body, transcode.EncodeOptions{DiscardUnknown: cmd.Flags&FlagDiscardUnknown != 0})
+	out, err := m.Encode((*bp)[:0], in, transcode.EncodeOptions{DiscardUnknown: discard})
 	if err != nil {
 		bodyPool.Put(bp)
 		return nil, noRelease, err

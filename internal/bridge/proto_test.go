@@ -104,6 +104,28 @@ func TestProtoCalls(t *testing.T) {
 		t.Fatalf("Lua table reply: %x, want %x", body, want)
 	}
 
+	// A Lua table in string.buffer's format (FlagLuaRequest): as its JSON.
+	// { name = "lua" }, then { nmae = "x" }, { name = 5 }, { [true] = 1 },
+	// and bytes no Lua wrote, as buffer.encode writes them.
+	h.submit(protoUnary(conn, 14, "echo", "\x09\x01\x24name\x23lua", "demo.HelloRequest", "demo.HelloRequest", FlagLuaRequest), StatusPending)
+	if _, _, body := result(t, h.wait(14, 5*time.Second)); string(body) != `{"name":"lua"}` {
+		t.Fatalf("Lua table request: %s", body)
+	}
+	for i, c := range []struct{ ser, msg string }{
+		{"\x09\x01\x24nmae\x21x", "bad message: demo.HelloRequest: nmae: unknown field"},
+		{"\x09\x01\x24name\x07\x00\x00\x00\x00\x00\x00\x14\x40", "bad message: demo.HelloRequest: name: expected string, got number 5"},
+		{"\x09\x01\x02\x07\x00\x00\x00\x00\x00\x00\xf0\x3f", "bad argument #3: body: table keys must be strings or integers (got boolean)"},
+		{"\x09\x01\x24name", "bad message: demo.HelloRequest: malformed Lua table data at offset 7: unexpected end of data"},
+	} {
+		before, _ := r.Stats(conn, 0)
+		if msg := h.submit(protoUnary(conn, uint64(20+i), "echo", c.ser, "demo.HelloRequest", "", FlagLuaRequest), ErrGeneric); msg != c.msg {
+			t.Errorf("Lua table request %d: got %q, want %q", i, msg, c.msg)
+		}
+		if after, _ := r.Stats(conn, 0); after.Calls != before.Calls {
+			t.Fatalf("Lua table request %d was sent", i)
+		}
+	}
+
 	// Unknown fields: refused, or dropped with the flag.
 	h.submit(protoUnary(conn, 5, "echo", `{"name":"x","extra":1}`, "demo.HelloRequest", "demo.HelloRequest", FlagDiscardUnknown), StatusPending)
 	if _, _, body := result(t, h.wait(5, 5*time.Second)); string(body) != `{"name":"x"}` {
@@ -172,5 +194,30 @@ func TestProtoEvent(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n := ts.Events("ev"); n != 1 {
 		t.Fatalf("server saw %d events, want 1", n)
+	}
+}
+
+// The request path of a Lua table allocates no more than a JSON body's:
+// the release closure only (the encoders' buffers are pooled).
+func TestLuaRequestBodyAllocs(t *testing.T) {
+	r := New(newGoMemory(t), nil)
+	loadGreeter(t, r)
+	lua := protoUnary(1, 1, "echo", "\x09\x01\x24name\x23lua", "demo.HelloRequest", "", FlagLuaRequest)
+	slow := protoUnary(1, 1, "echo", "\x09\x02\x24name\x23lua\x24nope\x02", "demo.HelloRequest", "", FlagLuaRequest|FlagDiscardUnknown)
+	js := protoUnary(1, 1, "echo", `{"name":"lua"}`, "demo.HelloRequest", "", 0)
+	for _, c := range []struct {
+		name string
+		cmd  Command
+	}{{"direct", lua}, {"via JSON", slow}, {"JSON", js}} {
+		n := testing.AllocsPerRun(200, func() {
+			body, release, err := requestBody(&c.cmd)
+			if err != nil || len(body) == 0 {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			release()
+		})
+		if n > 1 {
+			t.Errorf("%s: %.1f allocations per request body, want at most 1", c.name, n)
+		}
 	}
 }

@@ -10,7 +10,10 @@
 --   strings or integers: map<int32, ...> keys); an empty table is {}
 --   unless it carries cjson's array metatable or is _M.empty_array;
 --   cjson.null / ngx.null -> null; NaN and +-inf -> "NaN", "Infinity",
---   "-Infinity" (protojson's spellings).
+--   "-Infinity" (protojson's spellings); int64_t / uint64_t cdata (1LL,
+--   2ULL) -> their digits as a string. internal/luaser's ToJSON writes the
+--   same text from string.buffer's encoding of the table: keep the two
+--   in step.
 -- decode(json) -> value | nil, err
 --   cjson.decode when lua-cjson is installed (OpenResty bundles it;
 --   Debian: package lua-cjson), else a decoder of its own. JSON null ->
@@ -61,6 +64,12 @@ if cjson then
     end
 end
 local cjson_empty_array = cjson and cjson.empty_array
+-- Every metatable that marks an array, as a list (string.buffer's
+-- encoder option: proto.lua sends tables in that format).
+_M.array_mts = { array_mt }
+for mt in pairs(cjson_array_mts) do
+    _M.array_mts[#_M.array_mts + 1] = mt
+end
 
 local MAX_DEPTH = 100
 
@@ -186,6 +195,23 @@ local function put_number(b, n)
     end
 end
 
+-- LuaJIT's 64-bit integers (1LL, 2ULL) are written exactly, as strings.
+local is_int64
+do
+    local ok_ffi, ffi = pcall(require, "ffi")
+    if ok_ffi then
+        local istype = ffi.istype
+        local int64_t, uint64_t = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
+        is_int64 = function(v)
+            return istype(int64_t, v) or istype(uint64_t, v)
+        end
+    else
+        is_int64 = function()
+            return false
+        end
+    end
+end
+
 local put_value
 
 local function put_table(b, t, depth)
@@ -261,6 +287,11 @@ put_value = function(b, v, depth)
         b:put(v and "true" or "false")
     elseif v == null then
         b:put("null")
+    elseif tv == "cdata" and is_int64(v) then
+        -- the digits of tostring(1LL) / tostring(1ULL), as a JSON string:
+        -- the proto3 JSON form of a 64-bit integer
+        local s = tostring(v)
+        b:put('"', str_sub(s, 1, str_byte(s, -3) == 85 and -4 or -3), '"')   -- 85: "U"
     else
         return nil, "cannot encode a " .. tv .. " value"
     end

@@ -1,7 +1,9 @@
 -- resty.ffi.qrpc.proto: protobuf messages for unary and event (issue 11).
 --
 -- Schemas are compiled in Go (the library's registry, one per worker);
--- bodies cross as JSON in the proto3 JSON mapping, one string each way.
+-- bodies cross as one string each way: JSON in the proto3 JSON mapping,
+-- or, for Lua tables when LuaJIT has string.buffer, that module's
+-- serialization format (read in Go as the same JSON would be).
 --
 --   qrpc.proto.load(path, { import_paths = { dir, ... } }) -> true | nil, err
 --   qrpc.proto.load_descriptor_set(bytes)                   -> true | nil, err
@@ -55,6 +57,24 @@ if not ok_sbuf then
 end
 local reply_flag = sbuf and F_LUA_TABLE or 0
 local dbuf = sbuf and sbuf.new()
+
+-- Request tables go to Go the same way when string.buffer is there: one
+-- C call (buffer:encode) where the JSON encoder walks the table in Lua;
+-- Go reads the bytes back as the text json.lua would have written
+-- (internal/luaser's ToJSON), so the mapping and the errors are the same.
+-- The array marks are listed as the encoder's metatables, so that an
+-- empty list still reads as []. A table string.buffer cannot encode (a
+-- function or userdata in it, more than 100 levels, a cycle) goes through
+-- json.lua, which says why or encodes it.
+local F_LUA_REQUEST = 8
+local ebuf = sbuf and sbuf.new({ metatable = json.array_mts })
+local use_sbuf = ebuf ~= nil
+
+local function encode_sbuf(body)
+    ebuf:reset()
+    ebuf:encode(body)
+    return ebuf:get()
+end
 local str_byte = string.byte
 local str_gsub = string.gsub
 
@@ -62,6 +82,7 @@ local _M = {
     F_DISCARD_UNKNOWN = F_DISCARD_UNKNOWN,
     F_PROTO_NAMES = F_PROTO_NAMES,
     F_LUA_TABLE = F_LUA_TABLE,
+    F_LUA_REQUEST = F_LUA_REQUEST,
     -- An empty list for a repeated field (a plain {} is an empty object).
     empty_array = json.empty_array,
 }
@@ -348,6 +369,7 @@ function _M.prepare(conn, method, body, opts)
     if names ~= nil and type(names) ~= "boolean" then
         return false, "bad argument #4: proto_names must be a boolean"
     end
+    local lua_req
     if req then
         if as_json then
             if type(body) ~= "string" then
@@ -362,16 +384,26 @@ function _M.prepare(conn, method, body, opts)
                               .. req .. " (got " .. type(body)
                               .. "; pass json = true for a JSON string)"
             else
-                -- pcall: the table's metamethods are the caller's
-                local enc_ok, js, enc_err = pcall(json_encode, body)
-                if not enc_ok then
-                    return false, "bad argument #3: body raised an error: "
-                                  .. tostring(js)
+                local enc_ok, ser
+                if use_sbuf then
+                    enc_ok, ser = pcall(encode_sbuf, body)
                 end
-                if not js then
-                    return false, "bad argument #3: body: " .. enc_err
+                if enc_ok then
+                    body = ser
+                    lua_req = true
+                else
+                    -- pcall: the table's metamethods are the caller's
+                    local js, enc_err
+                    enc_ok, js, enc_err = pcall(json_encode, body)
+                    if not enc_ok then
+                        return false, "bad argument #3: body raised an error: "
+                                      .. tostring(js)
+                    end
+                    if not js then
+                        return false, "bad argument #3: body: " .. enc_err
+                    end
+                    body = js
                 end
-                body = js
             end
         end
     end
@@ -392,7 +424,27 @@ function _M.prepare(conn, method, body, opts)
     if resp and not as_json then
         flags = flags + reply_flag
     end
+    if lua_req then
+        flags = flags + F_LUA_REQUEST
+    end
     return body, req, resp, flags, as_json == true
+end
+
+
+-- request_format(f): "buffer" (string.buffer, the default when LuaJIT
+-- has it) or "json" (json.lua, the fallback): how request tables cross.
+-- For the tests and the benchmark, which compare the two in one worker.
+-- Returns true, or nil, err when string.buffer is missing.
+function _M.request_format(f)
+    if f == "json" then
+        use_sbuf = false
+        return true
+    end
+    if f == "buffer" and ebuf then
+        use_sbuf = true
+        return true
+    end
+    return nil, "request format " .. tostring(f) .. " unavailable"
 end
 
 

@@ -1,0 +1,195 @@
+package luaser
+
+import (
+	"bufio"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"strings"
+	"testing"
+)
+
+// Tables serialized by a real LuaJIT's string.buffer, with the text the Lua
+// module's JSON encoder wrote for the same table (testdata/gen_tojson.lua):
+// ToJSON must write the same bytes, or refuse with the same words.
+func TestToJSONMatchesLuaEncoder(t *testing.T) {
+	f, err := os.Open("testdata/tojson_vectors.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	n := 0
+	for sc.Scan() {
+		h, want, ok := strings.Cut(sc.Text(), "\t")
+		if !ok {
+			t.Fatalf("line %d: no tab", n+1)
+		}
+		ser, err := hex.DecodeString(h)
+		if err != nil {
+			t.Fatalf("line %d: %v", n+1, err)
+		}
+		n++
+		got, err := ToJSON([]byte("keep"), ser)
+		if msg, refused := strings.CutPrefix(want, "!"); refused {
+			var ve *ValueError
+			if !errors.As(err, &ve) || ve.What != msg {
+				t.Errorf("line %d: got %q, %v; want the error %q", n, got, err, msg)
+			}
+			continue
+		}
+		if err != nil || string(got) != "keep"+want {
+			t.Errorf("line %d:\n got  %q %v\n want %q", n, got, err, want)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n < 50 {
+		t.Fatalf("only %d vectors", n)
+	}
+}
+
+func TestToJSONHandWritten(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ser  string
+		want string // "!" + error text for a ValueError, "?" for malformed
+	}{
+		{"null value", "\x09\x01\x21a\x03", `{"a":null}`},
+		{"null in a list", "\x0c\x03\x03\x02", `[null,true]`},
+		{"int tag", "\x0c\x02\x06\xfe\xff\xff\xff", `[-2]`},
+		{"int key", "\x09\x01\x06\x07\x00\x00\x00\x02", `{"7":true}`},
+		{"light userdata", "\x09\x01\x21a\x05\x01\x02\x03\x04\x05\x06\x07\x08", "!cannot encode a userdata value"},
+		{"light userdata 32", "\x0c\x02\x04\x01\x02\x03\x04", "!cannot encode a userdata value"},
+		{"null key", "\x09\x01\x03\x02", "!table keys must be strings or integers (got userdata)"},
+		{"boolean key", "\x09\x01\x01\x02", "!table keys must be strings or integers (got boolean)"},
+		{"array of errors stops at the first", "\x0c\x03\x12" + strings.Repeat("\x00", 16) + "\x05" + strings.Repeat("\x00", 8), "!cannot encode a cdata value"},
+		{"empty", "", "?"},
+		{"not a table tag", "\x13", "?"},
+		{"string dict", "\x0f\x00", "?"},
+		{"truncated count", "\x09\xff\x01", "?"},
+		{"count past the end", "\x09\x05\x21a\x02", "?"},
+		{"truncated number", "\x0c\x02\x07\x00\x00", "?"},
+		{"string past the end", "\x0c\x02\x25ab", "?"},
+		{"trailing bytes", "\x08\x00", "?"},
+		{"tab_mt of a string", "\x0e\x00\x21a", "?"},
+		{"1-based array of size 0", "\x0c\x00", "?"},
+		{"duplicate index", "\x0d\x02\x01\x02\x07\x00\x00\x00\x00\x00\x00\xf0\x3f\x02", "?"},
+		{"NaN key", "\x09\x01\x07\x00\x00\x00\x00\x00\x00\xf8\x7f\x02", "?"},
+		{"nil as a value", "\x09\x01\x21a\x00", "?"},
+	} {
+		got, err := ToJSON(nil, []byte(tc.ser))
+		var ve *ValueError
+		var me *MalformedError
+		switch {
+		case tc.want == "?":
+			if !errors.As(err, &me) {
+				t.Errorf("%s: got %q, %v; want a MalformedError", tc.name, got, err)
+			}
+		case strings.HasPrefix(tc.want, "!"):
+			if !errors.As(err, &ve) || ve.What != tc.want[1:] {
+				t.Errorf("%s: got %q, %v; want %q", tc.name, got, err, tc.want[1:])
+			}
+		default:
+			if err != nil || string(got) != tc.want {
+				t.Errorf("%s: got %q, %v; want %q", tc.name, got, err, tc.want)
+			}
+		}
+	}
+}
+
+// Depth: LuaJIT's encoder writes 100 nested tables at most; so many are
+// read, one more is malformed.
+func TestToJSONDepth(t *testing.T) {
+	nest := func(n int) []byte {
+		var b []byte
+		for i := 1; i < n; i++ {
+			b = append(b, 0x09, 0x01, 0x21, 'x')
+		}
+		return append(b, 0x08)
+	}
+	out, err := ToJSON(nil, nest(MaxDepth))
+	if err != nil || strings.Count(string(out), "{") != MaxDepth {
+		t.Fatalf("%d levels: %v", MaxDepth, err)
+	}
+	var me *MalformedError
+	if _, err := ToJSON(nil, nest(MaxDepth+1)); !errors.As(err, &me) {
+		t.Fatalf("%d levels: %v, want malformed", MaxDepth+1, err)
+	}
+}
+
+// appendNumber against C's printf (%.15g, else %.17g; values from Python's
+// % operator, which calls it).
+func TestAppendNumber(t *testing.T) {
+	for _, tc := range []struct {
+		f    float64
+		want string
+	}{
+		{0.1, "0.1"}, {0.30000000000000004, "0.30000000000000004"}, {1e300, "1e+300"}, {-1e300, "-1e+300"},
+		{1e-300, "1e-300"}, {5e-324, "4.94065645841247e-324"}, {1.5, "1.5"}, {-2.5, "-2.5"},
+		{1e15, "1e+15"}, {-1e15, "-1e+15"}, {1e16, "1e+16"}, {123456789012345.6, "123456789012345.59"},
+		{1.2345678901234568e-05, "1.2345678901234568e-05"}, {0.0001, "0.0001"}, {1e-05, "1e-05"},
+		{9223372036854775808, "9.2233720368547758e+18"}, {18446744073709551616, "1.8446744073709552e+19"},
+		{1.0 / 3, "0.33333333333333331"}, {2.0 / 3, "0.66666666666666663"}, {1e21, "1e+21"}, {1e-07, "1e-07"},
+		{9007199254740992.0, "9007199254740992"}, {1234567.125, "1234567.125"}, {1e100 / 3, "3.3333333333333332e+99"},
+		{1.7920435971799646e-16, "1.7920435971799646e-16"}, {5.972115650501124e-187, "5.9721156505011241e-187"},
+		{9.051962159641863e-294, "9.051962159641863e-294"}, {3.47746221006508e-282, "3.47746221006508e-282"},
+		{9.318011888364065e-180, "9.3180118883640652e-180"}, {8.547742197736996e-139, "8.5477421977369962e-139"},
+		{0, "0"}, {math.Copysign(0, -1), "-0"}, {99999999999999, "99999999999999"}, {-999999999999999, "-999999999999999"},
+		{math.NaN(), `"NaN"`}, {math.Inf(1), `"Infinity"`}, {math.Inf(-1), `"-Infinity"`},
+	} {
+		if got := string(appendNumber(nil, tc.f)); got != tc.want {
+			t.Errorf("%v: got %s, want %s", tc.f, got, tc.want)
+		}
+	}
+}
+
+// Whatever the bytes, ToJSON returns: valid JSON, or an error; and it
+// leaves dst's bytes alone.
+func FuzzToJSON(f *testing.F) {
+	if b, err := os.ReadFile("testdata/tojson_vectors.txt"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			h, _, _ := strings.Cut(line, "\t")
+			if ser, err := hex.DecodeString(h); err == nil && len(ser) < 4096 {
+				f.Add(ser)
+			}
+		}
+	}
+	f.Add([]byte("\x0e\x00\x08"))
+	f.Add([]byte("\x0d\x02\x01\x02\x21a\x03"))
+	f.Fuzz(func(t *testing.T, ser []byte) {
+		dst := []byte("prefix")
+		out, err := ToJSON(dst, ser)
+		if string(out[:6]) != "prefix" {
+			t.Fatalf("dst changed: %q", out)
+		}
+		if err != nil {
+			return
+		}
+		if !json.Valid(out[6:]) {
+			t.Fatalf("invalid JSON %q from %x", out[6:], ser)
+		}
+	})
+}
+
+// demo.Profile as the Lua module sends it (bench/proto.go's message,
+// serialized by string.buffer).
+const profileSer = "090a276372656174656434323032342d30352d30365430373a30383a30395a24746167730c04246d61746827656e67696e657326706f657472792573636f726507000000000090584026616374697665022361676507000000000000424025656d61696c2f616461406578616d706c652e636f6d246e616d652c416461204c6f76656c6163652269642d3132333435363738393031323326617661746172406956424f5277304b47676f774d54497a4e4455324e7a673559574a6a5a47566d25636f6c6f722b434f4c4f525f475245454e"
+
+func BenchmarkToJSONProfile(b *testing.B) {
+	ser, err := hex.DecodeString(profileSer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if buf, err = ToJSON(buf[:0], ser); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
