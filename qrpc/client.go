@@ -574,8 +574,13 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 		pc := &pendingCall{done: done, st: st, deadline: call.Deadline}
 		st.inflight.Add(1)
 		if !s.pending.store(id, pc) {
+			// The session failed since it was picked (closeAll ran, after
+			// fail had set err and refusal).
 			st.callDone()
 			s.c.codec.PutBuffer(buf)
+			if s.refusal != nil {
+				return Pending{}, s.refusal
+			}
 			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
 		}
 		// The timer is armed only once the call is in the map: one that
