@@ -58,7 +58,8 @@ const (
 // calls of 100 KB in flight fits, with room.
 const DefaultBudget = 16 << 20
 
-// DefaultTrimInterval: a block that waited this long unused is freed.
+// DefaultTrimInterval: a block that stayed unused through a whole
+// interval is freed (so within two of them).
 const DefaultTrimInterval = 2 * time.Second
 
 // classSize is the size of class c.
@@ -116,6 +117,7 @@ type Cache struct {
 	base     Allocator
 	budget   int
 	interval time.Duration
+	now      func() time.Time // time.Now; tests move it
 
 	held atomic.Bool // bytes > 0: Tick has something to do
 
@@ -130,7 +132,7 @@ type Cache struct {
 // New caches base's blocks up to budget bytes; blocks unused for interval
 // are freed (checked on Free and Tick).
 func New(base Allocator, budget int, interval time.Duration) *Cache {
-	return &Cache{base: base, budget: budget, interval: interval, lastTrim: time.Now()}
+	return &Cache{base: base, budget: budget, interval: interval, now: time.Now, lastTrim: time.Now()}
 }
 
 // Alloc returns a block of at least n bytes: a cached one of n's class if
@@ -168,7 +170,7 @@ func (c *Cache) Free(p unsafe.Pointer) {
 		return
 	}
 	k := classHolding(u)
-	if k < 0 || u > 2*MaxBlock {
+	if k < 0 || u >= MaxBlock+MaxBlock/perOctave {
 		c.base.Free(p)
 		return
 	}
@@ -190,7 +192,7 @@ func (c *Cache) Free(p unsafe.Pointer) {
 	cl.free = append(cl.free, block{p, u})
 	c.bytes += u
 	c.held.Store(true)
-	c.trimLocked(time.Now())
+	c.trimLocked(c.now())
 	c.mu.Unlock()
 }
 
@@ -202,7 +204,7 @@ func (c *Cache) Tick() {
 		return // the common case with small results: no lock, no clock
 	}
 	c.mu.Lock()
-	c.trimLocked(time.Now())
+	c.trimLocked(c.now())
 	c.mu.Unlock()
 }
 
