@@ -514,17 +514,22 @@ func BenchmarkEchoBuiltin(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(builtin.shutdown)
-	cmd := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
-	cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), 512))
-	out := make([]completionABI, 1)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		submit(cmd)
-		if builtin.drain(out) != 1 {
-			b.Fatal("nothing drained")
-		}
-		cMemory{}.Free(out[0].Data)
+	for _, size := range []int{512, 100 << 10} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			cmd := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
+			cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), size))
+			out := make([]completionABI, 1)
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				submit(cmd)
+				if builtin.drain(out) != 1 {
+					b.Fatal("nothing drained")
+				}
+				qrpc_free(out[0].Data) // as Lua frees it: back to cmem
+			}
+		})
 	}
 }
 
