@@ -661,7 +661,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 	}
 	// Bigger than the budget in total, several classes.
 	burst(3, 30, 1<<20)
-	burst(4, 12, 3<<20)
+	burst(4, 8, 3<<20)
 	if s := cmem.Stats(); s.Bytes > bufcache.DefaultBudget {
 		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
 	}

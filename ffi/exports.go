@@ -164,6 +164,7 @@ func qrpc_free(p unsafe.Pointer) {
 func qrpc_shutdown() {
 	defer exportPanic(nil, nil, 0)
 	builtin.shutdown()
+	cmem.FreeAll()
 }
 
 //export libffi_init

@@ -6,11 +6,11 @@
 // freeing those blocks makes glibc's heap top grow past its trim threshold
 // (128 KiB by default, checked on every free of 64 KiB or more), so free()
 // gives the pages back to the kernel (brk) and the next allocation faults
-// them in again: at 100 KB and 100 light threads, page faults inside the
-// copy took 97 % of the worker's time and the echo ran 60 times slower
-// than with the blocks kept (bench/results.md, IPC section). Whether and
-// how often it happens depends on what else sits on the heap, which made
-// the same figure vary eightfold between two nginx builds.
+// them in again: at 100 KB and 100 light threads, up to 22 page faults
+// per call, 350 µs of worker CPU per call instead of 10, the echo 40 times
+// slower than with the blocks kept (bench/results.md, IPC section). How
+// often it happens depends on what else has used the heap, which made the
+// same figure differ eightfold between two sections of one bench run.
 //
 // The blocks stay what the contract promises: plain malloc'd memory that
 // free() also accepts. The cache never adds a header; on Free it asks the
@@ -229,6 +229,22 @@ func (c *Cache) trimLocked(now time.Time) {
 		}
 	}
 	c.held.Store(c.bytes > 0)
+}
+
+// FreeAll frees every kept block now (the host is shutting down).
+func (c *Cache) FreeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.classes {
+		cl := &c.classes[k]
+		for i, b := range cl.free {
+			c.base.Free(b.p)
+			cl.free[i] = block{}
+		}
+		cl.free, cl.low = nil, 0
+	}
+	c.bytes = 0
+	c.held.Store(false)
 }
 
 // Stats are a cache's counters.

@@ -257,3 +257,27 @@ func TestConcurrentNoSharing(t *testing.T) {
 		t.Fatalf("after the run: %+v, %d live blocks", s, a.nLive())
 	}
 }
+
+func TestFreeAll(t *testing.T) {
+	a := newGoAlloc(t)
+	c := New(a, DefaultBudget, time.Hour)
+	var ps []unsafe.Pointer
+	for i := 0; i < 10; i++ {
+		ps = append(ps, c.Alloc(MinBlock+i*40000))
+	}
+	for _, p := range ps {
+		c.Free(p)
+	}
+	if s := c.Stats(); s.Blocks != 10 {
+		t.Fatalf("kept %d of 10", s.Blocks)
+	}
+	c.FreeAll()
+	if s := c.Stats(); s.Blocks != 0 || s.Bytes != 0 || a.nLive() != 0 {
+		t.Fatalf("after FreeAll: %+v, %d live blocks", s, a.nLive())
+	}
+	// Still usable.
+	c.Free(c.Alloc(MinBlock))
+	if s := c.Stats(); s.Blocks != 1 {
+		t.Fatalf("after FreeAll and one more free: %+v", s)
+	}
+}
