@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -512,17 +514,22 @@ func BenchmarkEchoBuiltin(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(builtin.shutdown)
-	cmd := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
-	cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), 512))
-	out := make([]completionABI, 1)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		submit(cmd)
-		if builtin.drain(out) != 1 {
-			b.Fatal("nothing drained")
-		}
-		cMemory{}.Free(out[0].Data)
+	for _, size := range []int{512, 100 << 10} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			cmd := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
+			cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), size))
+			out := make([]completionABI, 1)
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				submit(cmd)
+				if builtin.drain(out) != 1 {
+					b.Fatal("nothing drained")
+				}
+				qrpc_free(out[0].Data) // as Lua frees it: back to cmem
+			}
+		})
 	}
 }
 
@@ -589,4 +596,82 @@ func countLogs(logs []string, line string) int {
 		}
 	}
 	return n
+}
+
+// Results of 16 KiB and more come from cmem, which keeps freed buffers for
+// reuse (internal/bufcache). With real malloc: every result of a burst is
+// intact when its buffer was used before, what is kept stays within the
+// budget whatever the sizes, and an idle host gives it all back.
+func TestResultBuffersReusedAndBounded(t *testing.T) {
+	if err := builtin.init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(builtin.shutdown)
+	out := make([]completionABI, 64)
+	// burst submits n echoes of distinct bodies of about size bytes, all
+	// in flight before the first is drained, then checks and frees each
+	// through the export Lua uses.
+	burst := func(round, n, size int) {
+		t.Helper()
+		bodies := map[uint64][]byte{}
+		for i := 0; i < n; i++ {
+			id := uint64(round*1000 + i + 1)
+			tag := []byte(fmt.Sprintf("<%d:%d>", round, i))
+			b := bytes.Repeat(tag, (size-i)/len(tag)+1)[:size-i]
+			bodies[id] = b
+			e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+			e.Body, e.BodyLen = ptr(b)
+			if st, msg := submit(e); st != bridge.StatusPending {
+				t.Fatalf("echo %d: %d %s", id, st, msg)
+			}
+		}
+		for got := 0; got < n; {
+			k := builtin.drain(out)
+			if k == 0 {
+				t.Fatalf("round %d: %d of %d results drained", round, got, n)
+			}
+			for _, c := range out[:k] {
+				if c.Status == bridge.StatusLog {
+					qrpc_free(c.Data)
+					continue
+				}
+				got++
+				_, _, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
+				if err != nil {
+					t.Fatalf("round %d call %d: %v", round, c.CallID, err)
+				}
+				if !bytes.Equal(body, bodies[c.CallID]) {
+					t.Errorf("round %d call %d: %d bytes came back different (%d sent)", round, c.CallID, len(body), len(bodies[c.CallID]))
+				}
+				qrpc_free(c.Data)
+			}
+		}
+	}
+	before := cmem.Stats()
+	burst(1, 100, 100<<10)
+	s := cmem.Stats()
+	if s.Blocks == 0 || s.Bytes > bufcache.DefaultBudget {
+		t.Fatalf("after 100 results of 100 KiB: %+v, want some kept, at most %d bytes", s, bufcache.DefaultBudget)
+	}
+	// Same sizes again: served from the kept buffers, which held the
+	// previous round's bodies.
+	burst(2, 100, 100<<10)
+	if s2 := cmem.Stats(); s2.Hits-before.Hits < 90 {
+		t.Fatalf("second burst: %d allocations reused a buffer, want most of 100 (%+v)", s2.Hits-before.Hits, s2)
+	}
+	// Bigger than the budget in total, several classes.
+	burst(3, 30, 1<<20)
+	burst(4, 8, 3<<20)
+	if s := cmem.Stats(); s.Bytes > bufcache.DefaultBudget {
+		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
+	}
+	// Idle: the dispatcher's regular drains give everything back.
+	deadline := time.Now().Add(20 * time.Second)
+	for cmem.Stats().Bytes > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still keeping %+v after an idle wait", cmem.Stats())
+		}
+		qrpc_drain(unsafe.Pointer(&out[0]), 64) // as the dispatcher's poll does
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -10,6 +10,7 @@ package main
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -21,6 +22,17 @@ package main
 // cgo's C.malloc aborts the process when malloc fails; inside nginx we
 // would rather report an error.
 static void *qrpc_malloc(size_t n) { return malloc(n ? n : 1); }
+
+// Frees p unless its block holds at least min bytes; returns 0 when freed,
+// else the block's usable size (the caller keeps it for reuse).
+static size_t qrpc_free_below(void *p, size_t min) {
+	size_t u = malloc_usable_size(p);
+	if (u < min) {
+		free(p);
+		return 0;
+	}
+	return u;
+}
 
 static size_t qrpc_cmd_offset(int i) {
 	static const size_t o[] = {
@@ -209,14 +221,22 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 )
 
-// cMemory is the runtime's Memory: C's malloc, so that Lua (or
-// lua-resty-ffi) frees what it receives with free().
+// cMemory is C's malloc, so that Lua (or lua-resty-ffi) may free what it
+// receives with free(). The runtime allocates through cmem, which keeps
+// large freed blocks for reuse (see internal/bufcache).
 type cMemory struct{}
 
 func (cMemory) Alloc(n int) unsafe.Pointer { return C.qrpc_malloc(C.size_t(n)) }
 func (cMemory) Free(p unsafe.Pointer)      { C.free(p) }
+func (cMemory) FreeBelow(p unsafe.Pointer, min int) int {
+	return int(C.qrpc_free_below(p, C.size_t(min)))
+}
+
+// cmem is the runtime's Memory and what qrpc_free returns blocks to.
+var cmem = bufcache.New(cMemory{}, bufcache.DefaultBudget, bufcache.DefaultTrimInterval)
 
 const constNames = `QRPC_CMD_VERSION
 	QRPC_OP_CONNECT QRPC_OP_UNARY QRPC_OP_EVENT QRPC_OP_CLOSE QRPC_OP_CANCEL QRPC_OP_ECHO QRPC_OP_STATS

@@ -32,7 +32,7 @@ func init() {
 	// Loaded in a worker: size its Go runtime for nginx (see
 	// bridge.DefaultGOMAXPROCS) before any goroutine starts.
 	bridge.DefaultGOMAXPROCS()
-	rt = bridge.New(cMemory{}, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
+	rt = bridge.New(cmem, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
 }
 
 // exportPanic turns a panic in an export into an error status; it must be
@@ -148,19 +148,23 @@ func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
 	if out == nil || maxN <= 0 {
 		return 0
 	}
+	// The dispatcher drains at least every half second, busy or idle: the
+	// moment to give back the result buffers a burst left.
+	cmem.Tick()
 	return C.int(builtin.drain(unsafe.Slice((*completionABI)(out), int(maxN))))
 }
 
 //export qrpc_free
 func qrpc_free(p unsafe.Pointer) {
 	defer exportPanic(nil, nil, 0)
-	cMemory{}.Free(p)
+	cmem.Free(p)
 }
 
 //export qrpc_shutdown
 func qrpc_shutdown() {
 	defer exportPanic(nil, nil, 0)
 	builtin.shutdown()
+	cmem.FreeAll()
 }
 
 //export libffi_init

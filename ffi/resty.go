@@ -46,7 +46,7 @@ type restyTask struct {
 
 func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
 	if !t.answered.CompareAndSwap(false, true) {
-		cMemory{}.Free(data)
+		cmem.Free(data)
 		return
 	}
 	taskRespond(t.task, rc, data, n)
@@ -69,7 +69,7 @@ func (t *restyTask) Queued() int { return 0 }
 // bytes.
 func (t *restyTask) Complete(c bridge.Completion) {
 	if c.Status == bridge.StatusOK && c.Handle != 0 {
-		p := cMemory{}.Alloc(8)
+		p := cmem.Alloc(8)
 		if p == nil {
 			t.fail(bridge.ErrGeneric, "out of memory")
 			return
