@@ -92,16 +92,9 @@ func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
 	if len(p.fields) > 64 || p.oneofs > 64 {
 		return out, false
 	}
-	// segs are the fields written, in input order; at[r] is where the
-	// field of rank r is in segs when bit r of present is set. Walking
-	// present's bits gives the output order: no sort, nothing to clear
-	// but at's 64 bytes.
 	var segStack [16]segment
 	segs := segStack[:0]
-	var at [64]uint8
-	var seen, seenOneof, present uint64
-	sorted := true
-	lastRank := -1
+	order := newFieldOrder()
 	if !e.consume('}') {
 		for {
 			key, ok := e.str()
@@ -117,29 +110,14 @@ func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
 					return out, false
 				}
 			} else {
-				if seen&(1<<f.idx) != 0 {
+				if !order.claim(f) {
 					return out, false
-				}
-				seen |= 1 << f.idx
-				if f.oneof >= 0 {
-					if seenOneof&(1<<f.oneof) != 0 {
-						return out, false
-					}
-					seenOneof |= 1 << f.oneof
 				}
 				start := len(out)
 				if out, ok = e.field(out, f); !ok {
 					return out, false
 				}
-				if len(out) > start {
-					if f.rank < lastRank {
-						sorted = false
-					}
-					lastRank = f.rank
-					at[f.rank] = uint8(len(segs))
-					present |= 1 << f.rank
-					segs = append(segs, segment{start: start, end: len(out)})
-				}
+				segs = order.wrote(segs, f, start, len(out))
 			}
 			if e.consume(',') {
 				continue
@@ -150,15 +128,68 @@ func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
 			return out, false
 		}
 	}
-	if !sorted {
-		end := len(out)
-		for m := present; m != 0; m &= m - 1 {
-			s := segs[at[bits.TrailingZeros64(m)]]
-			out = append(out, out[s.start:s.end]...)
-		}
-		out = out[:base+copy(out[base:], out[end:])]
+	return order.finish(out, base, segs), true
+}
+
+// fieldOrder puts a message's fields, written in input order, in the Go
+// encoder's order (by rank). The caller keeps segs, the fields written in
+// input order, on its stack (held here, behind the pointer receiver, they
+// would escape to the heap); at[r] is where the field of rank r is in segs
+// when bit r of present is set. Walking present's bits gives the output
+// order: no sort, nothing to clear but at's 64 bytes. It also refuses a
+// field given twice, and two fields of one oneof (messages of more than
+// 64 fields or oneofs do not take the fast paths).
+type fieldOrder struct {
+	at                       [64]uint8
+	seen, seenOneof, present uint64
+	sorted                   bool
+	lastRank                 int
+}
+
+func newFieldOrder() fieldOrder { return fieldOrder{sorted: true, lastRank: -1} }
+
+// claim reports whether f may be written: not seen before in this message,
+// and no other field of its oneof either.
+func (o *fieldOrder) claim(f *fieldPlan) bool {
+	if o.seen&(1<<f.idx) != 0 {
+		return false
 	}
-	return out, true
+	o.seen |= 1 << f.idx
+	if f.oneof >= 0 {
+		if o.seenOneof&(1<<f.oneof) != 0 {
+			return false
+		}
+		o.seenOneof |= 1 << f.oneof
+	}
+	return true
+}
+
+// wrote records that f was written as out[start:end] (nothing, for a
+// default value) and returns segs with it.
+func (o *fieldOrder) wrote(segs []segment, f *fieldPlan, start, end int) []segment {
+	if end == start {
+		return segs
+	}
+	if f.rank < o.lastRank {
+		o.sorted = false
+	}
+	o.lastRank = f.rank
+	o.at[f.rank] = uint8(len(segs))
+	o.present |= 1 << f.rank
+	return append(segs, segment{start: start, end: end})
+}
+
+// finish rewrites out[base:] in rank order, when the input had another.
+func (o *fieldOrder) finish(out []byte, base int, segs []segment) []byte {
+	if o.sorted {
+		return out
+	}
+	end := len(out)
+	for m := o.present; m != 0; m &= m - 1 {
+		s := segs[o.at[bits.TrailingZeros64(m)]]
+		out = append(out, out[s.start:s.end]...)
+	}
+	return out[:base+copy(out[base:], out[end:])]
 }
 
 // reorder rewrites out[base:] as its segments in the order given. It

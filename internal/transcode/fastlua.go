@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"math"
-	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,14 +135,9 @@ func (e *luaEncoder) message(out []byte, p *plan) ([]byte, bool) {
 	e.depth++
 	defer func() { e.depth-- }()
 	base := len(out)
-	// as in fastEncoder.message: fields in input order, put in the Go
-	// encoder's order by walking present's bits
 	var segStack [16]segment
 	segs := segStack[:0]
-	var at [64]uint8
-	var seen, seenOneof, present uint64
-	sorted := true
-	lastRank := -1
+	order := newFieldOrder()
 	for i := 0; i < h; i++ {
 		key, ok := e.str()
 		if !ok || !utf8.Valid(key) {
@@ -153,39 +147,16 @@ func (e *luaEncoder) message(out []byte, p *plan) ([]byte, bool) {
 		if s := p.names.find(key); s != nil {
 			f = s.f
 		}
-		if f == nil || seen&(1<<f.idx) != 0 {
+		if f == nil || !order.claim(f) {
 			return out, false
-		}
-		seen |= 1 << f.idx
-		if f.oneof >= 0 {
-			if seenOneof&(1<<f.oneof) != 0 {
-				return out, false
-			}
-			seenOneof |= 1 << f.oneof
 		}
 		start := len(out)
 		if out, ok = e.field(out, f); !ok {
 			return out, false
 		}
-		if len(out) > start {
-			if f.rank < lastRank {
-				sorted = false
-			}
-			lastRank = f.rank
-			at[f.rank] = uint8(len(segs))
-			present |= 1 << f.rank
-			segs = append(segs, segment{start: start, end: len(out)})
-		}
+		segs = order.wrote(segs, f, start, len(out))
 	}
-	if !sorted {
-		end := len(out)
-		for m := present; m != 0; m &= m - 1 {
-			s := segs[at[bits.TrailingZeros64(m)]]
-			out = append(out, out[s.start:s.end]...)
-		}
-		out = out[:base+copy(out[base:], out[end:])]
-	}
-	return out, true
+	return order.finish(out, base, segs), true
 }
 
 func (e *luaEncoder) field(out []byte, f *fieldPlan) ([]byte, bool) {
