@@ -272,6 +272,40 @@ func (p *peerRec) stateList() []qrpc.PeerState {
 	return append([]qrpc.PeerState(nil), p.states...)
 }
 
+// tally runs load until the test ends (or stop), counting successes and
+// keeping the failures in order.
+type tally struct {
+	oks   atomic.Int64
+	mu    sync.Mutex
+	fails []error
+	stop  func()
+}
+
+func startTally(t *testing.T, workers int, call func() error) *tally {
+	ty := &tally{}
+	stopc := make(chan struct{})
+	wg := load(workers, stopc, call, func(err error, _ time.Time) {
+		if err == nil {
+			ty.oks.Add(1)
+			return
+		}
+		ty.mu.Lock()
+		ty.fails = append(ty.fails, err)
+		ty.mu.Unlock()
+	})
+	var once sync.Once
+	ty.stop = func() { once.Do(func() { close(stopc); wg.Wait() }) }
+	t.Cleanup(ty.stop)
+	return ty
+}
+
+// failures returns the failures so far.
+func (ty *tally) failures() []error {
+	ty.mu.Lock()
+	defer ty.mu.Unlock()
+	return append([]error(nil), ty.fails...)
+}
+
 // load runs calls from workers goroutines until stop is closed and
 // reports each outcome to f.
 func load(workers int, stop <-chan struct{}, call func() error, f func(err error, at time.Time)) *sync.WaitGroup {
