@@ -37,6 +37,7 @@ import (
 const (
 	secPools     = "Pools: a pool of 3 servers vs 1 server, same server process (3 listeners vs 1 of them)"
 	secPoolsProc = "Pools: 3 server processes vs 1 server process (same machine; for information)"
+	secPoolsConn = "Pools: a pool of 3 servers vs 1 server over 3 QUIC connections (conns = 3), same server process: what the pool itself costs"
 	poolTarget   = "≥ 0.95"
 )
 
@@ -97,14 +98,16 @@ func startServers(dir string, pair certs.Pair, n int) (*child, []string, error) 
 	return c, addrs, nil
 }
 
-func (n *nginx) poolRun(three, one []string, pids []int, calls, c, block int) (poolRun, error) {
+// poolRun runs calls through pool a (three) and pool b (one); oneConns is
+// b's QUIC connections per server (the conns option; 0 or 1: one).
+func (n *nginx) poolRun(three, one []string, oneConns int, pids []int, calls, c, block int) (poolRun, error) {
 	var r poolRun
 	ps := make([]string, len(pids))
 	for i, p := range pids {
 		ps[i] = strconv.Itoa(p)
 	}
-	body, err := n.get(fmt.Sprintf("/bench/pools?a=%s&b=%s&pids=%s&n=%d&c=%d&block=%d&size=100",
-		strings.Join(three, ","), strings.Join(one, ","), strings.Join(ps, ","), calls, c, block))
+	body, err := n.get(fmt.Sprintf("/bench/pools?a=%s&b=%s&bconns=%d&pids=%s&n=%d&c=%d&block=%d&size=100",
+		strings.Join(three, ","), strings.Join(one, ","), oneConns, strings.Join(ps, ","), calls, c, block))
 	if err != nil {
 		return r, err
 	}
@@ -132,14 +135,22 @@ func figurePools(e *env, p params, t *table) error {
 		return fmt.Errorf("a qrpc server process with 3 listeners: %w", err)
 	}
 	defer multi.stop()
+	// The third set-up gives the pool of one server as many QUIC
+	// connections as the pool of three has: what is left between them is
+	// the pool's own work (picking, counting), not the batching that one
+	// connection carrying every call in flight gets and three do not.
+	// Concurrent calls only: sequential calls do not batch.
 	setups := []struct {
 		sec        string
 		three, one []string
+		oneConns   int
 		pids       []int
 		target     string
+		seq        bool
 	}{
-		{secPools, multiAddrs, multiAddrs[:1], []int{multi.pid}, poolTarget},
-		{secPoolsProc, procAddrs, procAddrs[:1], procPIDs, ""},
+		{secPools, multiAddrs, multiAddrs[:1], 1, []int{multi.pid}, poolTarget, true},
+		{secPoolsConn, multiAddrs, multiAddrs[:1], 3, []int{multi.pid}, "", false},
+		{secPoolsProc, procAddrs, procAddrs[:1], 1, procPIDs, "", true},
 	}
 	rows := []struct {
 		name            string
@@ -151,9 +162,12 @@ func figurePools(e *env, p params, t *table) error {
 	runs := max(p.runs, 3)
 	for _, s := range setups {
 		for _, r := range rows {
+			if r.c <= 1 && !s.seq {
+				continue
+			}
 			var got []poolRun
 			for i := 0; i < runs; i++ {
-				pr, err := e.nginx.poolRun(s.three, s.one, s.pids, r.calls, r.c, r.block)
+				pr, err := e.nginx.poolRun(s.three, s.one, s.oneConns, s.pids, r.calls, r.c, r.block)
 				if err != nil {
 					return fmt.Errorf("%s: %w", r.name, err)
 				}

@@ -66,7 +66,7 @@ end
 
 local fail = bc.fail
 
--- GET /bench/pools?a=addrs&b=addrs&n=N&c=C&block=B&pids=P,...: N calls
+-- GET /bench/pools?a=addrs&b=addrs&n=N&c=C&block=B&pids=P,...[&aconns=K][&bconns=K]: N calls
 -- through each pool, in blocks of B calls (from C light threads each).
 -- Answers, per pool: wall seconds, this worker's CPU seconds, the server
 -- processes' CPU seconds.
@@ -94,7 +94,13 @@ function _M.run()
 
     local conns = {}
     for i, k in ipairs({ "a", "b" }) do
-        local conn, err = qrpc.connect(list(args[k]), CONN_OPTS)
+        -- aconns / bconns: QUIC connections per server (the `conns` option)
+        local opts = CONN_OPTS
+        local nc = tonumber(args[k .. "conns"])
+        if nc and nc > 1 then
+            opts = { ca = CONN_OPTS.ca, server_name = CONN_OPTS.server_name, conns = nc }
+        end
+        local conn, err = qrpc.connect(list(args[k]), opts)
         if not conn then
             return fail(k .. ": " .. tostring(err))
         end
