@@ -182,6 +182,14 @@ func TestReasonsOverQUIC(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
+		// Quiet first: once the fresh socket shares the port, the kernel
+		// may hand it any packet of this client's, and a late ACK of the
+		// handshake would bring the reset before the call does (the call
+		// then sees "unavailable: reconnecting"; seen under load).
+		if _, err := unary(c, 3*time.Second, "echo", nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // > max_ack_delay (25 ms)
 		pc2, err := testsrv.ListenReusePort(addr)
 		if err != nil {
 			t.Fatal(err)
