@@ -164,6 +164,11 @@ int qrpc_poll(qrpc_completion_t *out, int max);
 /* Same as qrpc_free, in C, for the blocks of completions and queries. */
 void qrpc_release(void *p);
 
+/* How many calls entered Go through this library's exports so far (this
+ * one not counted): diagnostics, and the tests that check that the
+ * built-in host's hot path stays in C. */
+uint64_t qrpc_go_entries(void);
+
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {
     uint64_t inflight;   /* calls sent and not yet finished */

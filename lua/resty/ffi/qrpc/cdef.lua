@@ -86,6 +86,7 @@ void qrpc_free(void *p);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 int qrpc_poll(qrpc_completion_t *out, int max);
 void qrpc_release(void *p);
+uint64_t qrpc_go_entries(void);
 void qrpc_shutdown(void);
 ]]
 end
