@@ -34,8 +34,9 @@ import (
 )
 
 // trimEvery is how often the submitter's timer returns idle result blocks
-// (bufcache) and takes back the blocks qrpc_release kept: qrpc_drain did
-// it on the dispatcher's poll, which no longer enters Go.
+// (bufcache) and idle command blocks (hostq.c), and takes back the blocks
+// qrpc_release kept: qrpc_drain did the first on the dispatcher's poll,
+// which no longer enters Go.
 const trimEvery = 500 * time.Millisecond
 
 // submitter owns the eventfd and the goroutines that serve the queues.
@@ -108,10 +109,12 @@ func (s *submitter) trim(stop chan struct{}) {
 		select {
 		case <-stop:
 			takeReleased(C.qrpc_released_take())
+			C.qrpc_submitq_trim(1)
 			return
 		case <-t.C:
 			takeReleased(C.qrpc_released_take())
 			cmem.Tick()
+			C.qrpc_submitq_trim(0)
 		}
 	}
 }
@@ -130,7 +133,7 @@ func runQueued(it *C.qrpc_qitem_t) {
 	for it != nil {
 		next := it.next
 		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))
-		C.free(unsafe.Pointer(it))
+		C.qrpc_submitq_free(it)
 		it = next
 	}
 }
@@ -184,3 +187,5 @@ func submitAsync(c *cmdABI) int32 {
 }
 
 func release(p unsafe.Pointer) { C.qrpc_release(p) }
+
+func submitqCached() int { return int(C.qrpc_submitq_cached()) }

@@ -24,6 +24,17 @@ void qrpc_hostq_set_fd(int fd);
  * the next push writes the eventfd. */
 qrpc_qitem_t *qrpc_submitq_take(void);
 
+/* Frees a queued command once run: big blocks are kept for the next big
+ * command (see hostq.c). */
+void qrpc_submitq_free(qrpc_qitem_t *it);
+
+/* Frees the kept command blocks that were not needed since the last call
+ * (all of them with all != 0); the submitter's timer calls it. */
+void qrpc_submitq_trim(int all);
+
+/* Command blocks kept, for tests. */
+size_t qrpc_submitq_cached(void);
+
 /* Queues a completion. Returns 1 when the queue was empty (the dispatcher
  * needs a wake byte), 0 when not, -1 when closed, -2 when it cannot take
  * it (no memory; for a log line, max_logs reached). *released receives the
