@@ -44,9 +44,10 @@ const maxGOMAXPROCS = 1024
 // its packet waited until sysmon took the only P back from the nginx
 // thread.
 //
-// lua-resty-ffi host: at most 2 Ps. Its poller goroutine blocks in a C
-// call (ngx_http_lua_ffi_task_poll) holding a P until sysmon takes it
-// back; the second P runs the rest meanwhile.
+// lua-resty-ffi host: at most 2 Ps, as before (not re-measured with 1).
+// Its poller goroutine blocks in a C call (ngx_http_lua_ffi_task_poll)
+// holding a P until sysmon takes it back; a second P runs the rest
+// meanwhile.
 const (
 	builtinProcs    = 1
 	restyFFIProcCap = 2
