@@ -17,21 +17,20 @@ import (
 const maxQueuedLogs = 1000
 
 // builtinHost is the host for stock nginx + ngx_lua: Lua submits through
-// qrpc_submit, completions wait in a queue that qrpc_drain empties, and
-// the first completion after the queue was empty writes one byte to the
+// qrpc_submit (or the C submit queue, hostq.go), completions wait in a
+// queue in C that qrpc_poll (or qrpc_drain) empties, and the first
+// completion after the queue was empty writes one byte to the
 // dispatcher's unix socket. It is the runtime's bridge.Host for every
 // command qrpc_submit passes on.
 type builtinHost struct {
-	mu   sync.Mutex
-	gen  *bridge.Gen // nil when not initialised (or shut down)
-	q    []bridge.Completion
-	head int
-	logs int // StatusLog entries in q
+	mu  sync.Mutex
+	gen *bridge.Gen // nil when not initialised (or shut down)
 
 	logDrops       atomic.Uint64
 	lastDropReport atomic.Int64 // unix nanoseconds
 	calls          bridge.Calls
 	wake           wakeState
+	submitq        submitter
 }
 
 var builtin = &builtinHost{}
@@ -46,6 +45,9 @@ func (b *builtinHost) init() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gen == nil {
+		if err := b.submitq.start(); err != nil {
+			return err
+		}
 		b.gen = bridge.NewGen()
 	}
 	return nil
@@ -63,11 +65,7 @@ func (b *builtinHost) Gen() (*bridge.Gen, error) {
 
 func (b *builtinHost) Calls() *bridge.Calls { return &b.calls }
 
-func (b *builtinHost) Queued() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.q) - b.head
-}
+func (b *builtinHost) Queued() int { return cqLen() }
 
 // Complete queues a completion (the host is closed: frees it).
 func (b *builtinHost) Complete(c bridge.Completion) {
@@ -80,16 +78,15 @@ func (b *builtinHost) Complete(c bridge.Completion) {
 // false when the host is closed. Called from qrpc's goroutines and from
 // the nginx thread.
 func (b *builtinHost) enqueue(c bridge.Completion) bool {
-	b.mu.Lock()
-	if b.gen == nil {
-		b.mu.Unlock()
-		return false
-	}
-	wasEmpty := b.head == len(b.q)
-	b.q = append(b.q, c)
-	b.mu.Unlock()
-	if wasEmpty {
+	switch cqPush(&c, maxQueuedLogs) {
+	case 1:
 		b.wake.signal()
+	case 0:
+	case -2:
+		// Out of memory: the call's waiter times out in Lua.
+		rt.Free(&c)
+	default:
+		return false
 	}
 	return true
 }
@@ -98,28 +95,31 @@ func (b *builtinHost) enqueue(c bridge.Completion) bool {
 // is not open (the line then goes to stderr).
 func (b *builtinHost) pushLog(level uint32, line string) bool {
 	b.mu.Lock()
-	if b.gen == nil {
-		b.mu.Unlock()
+	open := b.gen != nil
+	b.mu.Unlock()
+	if !open {
 		return false
 	}
-	if b.logs >= maxQueuedLogs {
-		b.mu.Unlock()
+	if cqLogs() >= maxQueuedLogs {
 		b.dropLog()
 		return true
 	}
-	b.logs++ // the slot is taken before formatting: the bound holds under concurrency
-	b.mu.Unlock()
 	c := rt.Message(bridge.StatusLog, line, 0)
 	if c.Data == nil {
-		b.mu.Lock()
-		b.logs--
-		b.mu.Unlock()
 		b.dropLog()
 		return true
 	}
 	c.Code = level
-	if !b.enqueue(c) {
-		rt.Free(&c) // shut down meanwhile; shutdown reset the log count
+	// The queue checks the bound again, under its lock.
+	switch cqPush(&c, maxQueuedLogs) {
+	case 1:
+		b.wake.signal()
+	case 0:
+	case -2:
+		rt.Free(&c)
+		b.dropLog()
+	default:
+		rt.Free(&c) // shut down meanwhile
 	}
 	return true
 }
@@ -138,42 +138,25 @@ func (b *builtinHost) dropLog() {
 const logDropReport = 10 * time.Second
 
 // drain moves up to len(out) completions into out.
-func (b *builtinHost) drain(out []completionABI) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := min(len(out), len(b.q)-b.head)
-	for i := 0; i < n; i++ {
-		c := &b.q[b.head+i]
-		out[i] = *c
-		if c.Status == bridge.StatusLog {
-			b.logs--
-		}
-		*c = bridge.Completion{}
-	}
-	b.head += n
-	switch {
-	case b.head == len(b.q):
-		b.q, b.head = b.q[:0], 0
-	case b.head > 4096 && 2*b.head > len(b.q):
-		k := copy(b.q, b.q[b.head:])
-		clear(b.q[k:])
-		b.q, b.head = b.q[:k], 0
-	}
-	return n
-}
+func (b *builtinHost) drain(out []completionABI) int { return cqPoll(out) }
 
 // shutdown fails nothing into the void: pending calls are cancelled (no
 // completion will be produced), queued completions are freed, the host's
 // connections are closed in the background, and the wake socket closed.
 func (b *builtinHost) shutdown() {
+	// First, while the host is open: queued calls start (or are refused)
+	// before the generation ends, which then cancels them like the others.
+	// Closes the completion queue too.
+	b.submitq.halt()
 	b.mu.Lock()
 	gen := b.gen
 	b.gen = nil
-	q := b.q[b.head:]
-	b.q, b.head, b.logs = nil, 0, 0
 	b.mu.Unlock()
-	for i := range q {
-		rt.Free(&q[i])
+	var q [64]completionABI
+	for n := cqPoll(q[:]); n > 0; n = cqPoll(q[:]) {
+		for i := range q[:n] {
+			rt.Free(&q[i])
+		}
 	}
 	if gen != nil {
 		rt.EndGen(gen, &b.calls, false)

@@ -17,6 +17,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
@@ -30,10 +31,20 @@ var rt *bridge.Runtime
 
 func init() {
 	// Loaded in a worker: size its Go runtime for nginx (see
-	// bridge.DefaultGOMAXPROCS) before any goroutine starts.
+	// bridge.DefaultGOMAXPROCS; libffi_init raises it for lua-resty-ffi)
+	// before any goroutine starts.
 	bridge.DefaultGOMAXPROCS()
 	rt = bridge.New(cmem, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
 }
+
+// goEntries counts the calls that entered Go through the exports: the
+// built-in host's hot path (qrpc_submit_async, qrpc_poll, qrpc_release in
+// hostq.c) must not add to it, which the nginx tests check with
+// qrpc_go_entries.
+var goEntries atomic.Uint64
+
+//export qrpc_go_entries
+func qrpc_go_entries() C.uint64_t { return C.uint64_t(goEntries.Load()) }
 
 // exportPanic turns a panic in an export into an error status; it must be
 // deferred directly by the export.
@@ -50,6 +61,7 @@ func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 
 //export qrpc_init
 func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
+	goEntries.Add(1)
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	installSignalForwarders()
 	if err := builtin.init(); err != nil {
@@ -61,6 +73,7 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 
 //export qrpc_wake_open
 func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	goEntries.Add(1)
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	fail := func(status int32, msg string) C.int {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
@@ -91,6 +104,7 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 
 //export qrpc_submit
 func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	goEntries.Add(1)
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	var c bridge.Command
 	status, msg := bridge.StatusOf(decodeCmd((*cmdABI)(cmd), &c))
@@ -105,6 +119,7 @@ func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int)
 
 //export qrpc_query
 func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	goEntries.Add(1)
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	if out == nil || outLen == nil {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), "bad command: NULL out or out_len")
@@ -129,6 +144,7 @@ func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBu
 
 //export qrpc_stats
 func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
+	goEntries.Add(1)
 	defer exportPanic(&rc, nil, 0)
 	if out == nil {
 		return C.int(bridge.ErrBadArg)
@@ -144,6 +160,7 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 
 //export qrpc_drain
 func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
+	goEntries.Add(1)
 	defer exportPanic(nil, nil, 0) // n stays 0: a negative count would confuse the caller
 	if out == nil || maxN <= 0 {
 		return 0
@@ -156,12 +173,14 @@ func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
 
 //export qrpc_free
 func qrpc_free(p unsafe.Pointer) {
+	goEntries.Add(1)
 	defer exportPanic(nil, nil, 0)
 	cmem.Free(p)
 }
 
 //export qrpc_shutdown
 func qrpc_shutdown() {
+	goEntries.Add(1)
 	defer exportPanic(nil, nil, 0)
 	builtin.shutdown()
 	cmem.FreeAll()
@@ -169,6 +188,7 @@ func qrpc_shutdown() {
 
 //export libffi_init
 func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
+	goEntries.Add(1)
 	defer exportPanic(&rc, nil, 0)
 	installSignalForwarders()
 	var c string
@@ -179,5 +199,6 @@ func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
 		bridge.StderrLog(bridge.NgxLogErr, "qrpc: libffi_init failed: "+err.Error())
 		return C.int(bridge.ErrGeneric)
 	}
+	bridge.RestyFFIGOMAXPROCS()
 	return C.int(bridge.StatusOK)
 }

@@ -143,6 +143,32 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * Connections are not cached here: the Lua module reuses its handles. */
 int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
 
+/* The hot path without Go (built-in host). qrpc_submit, qrpc_drain and
+ * qrpc_free enter the Go runtime; these three are plain C and do not: a
+ * thread that has called into Go keeps a Go scheduler slot while it runs
+ * nginx, and Go then spends more CPU on its scheduler than on the call.
+ *
+ * qrpc_submit_async queues a UNARY or CANCEL command and returns at once:
+ * it copies the command and its strings, and wakes the library's
+ * submitter only when it sleeps. Returns QRPC_PENDING for UNARY (every
+ * failure, bad arguments included, then comes as the call's completion,
+ * with qrpc_submit's status and message), QRPC_OK for CANCEL,
+ * QRPC_ERR_CLOSED when the host is not open, QRPC_ERR_FULL when too many
+ * commands wait, QRPC_ERR_BADARG for other ops. Commands run in the order
+ * queued, after the qrpc_submit calls made before them. */
+int qrpc_submit_async(const qrpc_cmd_t *cmd);
+
+/* Same as qrpc_drain, in C. */
+int qrpc_poll(qrpc_completion_t *out, int max);
+
+/* Same as qrpc_free, in C, for the blocks of completions and queries. */
+void qrpc_release(void *p);
+
+/* How many calls entered Go through this library's exports so far (this
+ * one not counted): diagnostics, and the tests that check that the
+ * built-in host's hot path stays in C. */
+uint64_t qrpc_go_entries(void);
+
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {
     uint64_t inflight;   /* calls sent and not yet finished */

@@ -7,12 +7,15 @@ import (
 )
 
 // TestGOMAXPROCS: the worker's Go runtime gets the library's default
-// (at most 2 Ps) unless the environment sets GOMAXPROCS, and
-// configure{ gomaxprocs } changes it before or after the library loads.
-// (The cap itself, visible only above 2 CPUs, is bridge's
-// TestDefaultGOMAXPROCS.)
+// (1 P with the built-in host, at most 2 with lua-resty-ffi) unless the
+// environment sets GOMAXPROCS, and configure{ gomaxprocs } changes it
+// before or after the library loads. (The cap itself, visible only above
+// 2 CPUs, is bridge's TestDefaultGOMAXPROCS.)
 func TestGOMAXPROCS(t *testing.T) {
-	def := min(2, runtime.NumCPU())
+	def := 1
+	if ng.Host() == "resty_ffi" {
+		def = min(2, runtime.NumCPU())
+	}
 	runBlocks(t, []block{{
 		name: "default, then configured after the load",
 		conf: ngxConf{Workers: 1, Server: loc("/t", `

@@ -299,6 +299,10 @@ static __typeof__(qrpc_drain) *p_drain;
 static __typeof__(qrpc_free) *p_free;
 static __typeof__(qrpc_shutdown) *p_shutdown;
 static __typeof__(libffi_init) *p_libffi_init;
+static __typeof__(qrpc_submit_async) *p_submit_async;
+static __typeof__(qrpc_poll) *p_poll;
+static __typeof__(qrpc_release) *p_release;
+static __typeof__(qrpc_go_entries) *p_go_entries;
 
 static void *sym(const char *name) {
     void *p = dlsym(lib, name);
@@ -319,6 +323,10 @@ static void load(const char *path) {
     p_free = sym("qrpc_free");
     p_shutdown = sym("qrpc_shutdown");
     p_libffi_init = sym("libffi_init");
+    p_submit_async = sym("qrpc_submit_async");
+    p_poll = sym("qrpc_poll");
+    p_release = sym("qrpc_release");
+    p_go_entries = sym("qrpc_go_entries");
 }
 
 /* ---------------------------------------------------------------------
@@ -683,16 +691,20 @@ static int nlogs;
 static char last_log[512];
 static unsigned last_log_level;
 
+/* Set: drain with qrpc_poll and free with qrpc_release, as the Lua
+ * module does (plain C, no Go); else qrpc_drain and qrpc_free. */
+static int in_c;
+
 static void drain_all(void) {
     qrpc_completion_t out[8];
     for (;;) {
-        int n = p_drain(out, 8);
+        int n = in_c ? p_poll(out, 8) : p_drain(out, 8);
         for (int i = 0; i < n; i++) {
             if (out[i].status == QRPC_LOG) {
                 printf("log level %u: %.*s\n", out[i].code, (int)out[i].len, out[i].data);
                 snprintf(last_log, sizeof last_log, "%.*s", (int)out[i].len, out[i].data);
                 last_log_level = out[i].code;
-                p_free(out[i].data);
+                if (in_c) p_release(out[i].data); else p_free(out[i].data);
                 nlogs++;
             } else if (ngot < MAXC) {
                 got[ngot++] = out[i];
@@ -859,6 +871,40 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     }
     CHECK(bytes == 1 && seen == 50, "builtin: 50 ECHO completions, %d wake byte(s)", bytes);
 
+    /* The hot path in C, from this thread, which like nginx's is not a Go
+     * thread: qrpc_submit_async, qrpc_poll, qrpc_release never enter Go. */
+    drain_all();
+    in_c = 1;
+    uint64_t entries = p_go_entries();
+    uc = unary_cmd(h, 20, "echo", "async body", 5000);
+    uc.nhdrs = 2;
+    uc.hdrs = hdrbuf;
+    uc.hdrs_len = pack_headers(2, kv);
+    rc = p_submit_async(&uc);
+    memset(&uc, 0, sizeof uc); /* copied: the library must not read it again */
+    have = wait_completion(20, 5000, &c);
+    CHECK(rc == QRPC_PENDING && have && c.status == QRPC_OK && parse_result(c.data, c.len, &r) == 0 &&
+          r.body_len == 10 && memcmp(r.body, "async body", 10) == 0 && headers_equal(r.hdrs, r.hdrs_len, 2, kv),
+          "builtin: UNARY through qrpc_submit_async and qrpc_poll (%d)", rc);
+    if (have) p_release(c.data);
+    uc = unary_cmd(h, 21, "", "x", 0);
+    rc = p_submit_async(&uc);
+    have = wait_completion(21, 5000, &c);
+    CHECK(rc == QRPC_PENDING && have && c.status == QRPC_ERR_BADARG && c.len > 0 && strstr(c.data, "empty method"),
+          "builtin: a bad UNARY through the queue completes with qrpc_submit's error: %d \"%.*s\"",
+          have ? c.status : 0, have ? (int)c.len : 0, have ? c.data : "");
+    if (have) p_release(c.data);
+    uc = unary_cmd(h, 22, "sleep", "300", 5000);
+    p_submit_async(&uc);
+    xc.call_id = 22;
+    CHECK(p_submit_async(&xc) == QRPC_OK, "builtin: CANCEL through the queue");
+    usleep(500 * 1000);
+    CHECK(!wait_completion(22, 200, &c), "builtin: no completion for the call cancelled through the queue");
+    CHECK(p_go_entries() == entries, "builtin: the C hot path entered Go %llu times",
+          (unsigned long long)(p_go_entries() - entries));
+    CHECK(p_submit_async(&cc) == QRPC_ERR_BADARG, "builtin: CONNECT refused by qrpc_submit_async");
+    in_c = 0;
+
     /* CLOSE fails pending calls with "closed". */
     uc = unary_cmd(h, 6, "sleep", "5000", 10000);
     p_submit(&uc, err, sizeof err);
@@ -886,6 +932,8 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     CHECK(eof, "builtin: the wake socket is closed by qrpc_shutdown");
     rc = p_submit(&uc, err, sizeof err);
     CHECK(rc == QRPC_ERR_CLOSED, "builtin: submit after shutdown -> %d \"%s\"", rc, err);
+    rc = p_submit_async(&uc);
+    CHECK(rc == QRPC_ERR_CLOSED, "builtin: qrpc_submit_async after shutdown -> %d", rc);
     close(wake_fd);
 }
 

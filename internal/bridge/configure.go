@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 )
 
 // QRPC_OP_CONFIGURE: runtime settings of this worker, as opts lines
@@ -25,20 +26,69 @@ import (
 // maxGOMAXPROCS bounds configure{ gomaxprocs }.
 const maxGOMAXPROCS = 1024
 
-// defaultProcsCap is the library's default GOMAXPROCS ceiling.
+// The library's default GOMAXPROCS depends on the host.
 //
 // Each nginx worker runs its own Go runtime, and Go sizes it to the
 // machine: with `worker_processes auto` on N CPUs that is N runtimes of N
 // Ps each, and a GC cycle in one worker may then run idle-priority mark
-// workers on all N Ps, taking CPUs from the other workers. 2 Ps keep a
-// lone call's latency (an idle P runs the goroutine that sends its packet
-// while the nginx thread holds the other); more add threads and GC
-// contention but no hand-off the worker needs. Under load 1 P is cheaper
-// (0.64x the CPU per request, 1.30x the requests/s under wrk in one full
-// bench) but a lone sequential call takes 1.9x as long, because the
-// goroutine that sends its packet waits until sysmon takes the only P back
-// from the nginx thread: users who want that trade set gomaxprocs = 1.
-const defaultProcsCap = 2
+// workers on all N Ps, taking CPUs from the other workers.
+//
+// Built-in host: 1 P. Its nginx thread never enters Go on the hot path
+// (the C queues of ffi/hostq.c), so the one P is never held by the nginx
+// thread, and one P batches the worker's Go work on one thread instead of
+// waking a second one for every hand-off. Measured under wrk (2 vCPUs,
+// unpinned, 100 B echo, interleaved with 2 Ps on the same build): 0.84x
+// the worker CPU per request, 1.17x the requests/s, and a lone sequential
+// call 0.84x as long (issue 13). Before, with the nginx thread entering Go,
+// 1 P made a lone call take 1.9x as long, because the goroutine that sends
+// its packet waited until sysmon took the only P back from the nginx
+// thread.
+//
+// lua-resty-ffi host: at most 2 Ps, as before (not re-measured with 1).
+// Its poller goroutine blocks in a C call (ngx_http_lua_ffi_task_poll)
+// holding a P until sysmon takes it back; a second P runs the rest
+// meanwhile.
+const (
+	builtinProcs    = 1
+	restyFFIProcCap = 2
+)
+
+var (
+	// procsChosen: the environment's GOMAXPROCS or configure{ gomaxprocs }
+	// decided; the host defaults leave the setting alone then.
+	procsChosen atomic.Bool
+	// goProcs is Go's own default, seen when the library loaded.
+	goProcs atomic.Int32
+)
+
+// DefaultGOMAXPROCS applies the built-in host's default when the
+// environment does not set GOMAXPROCS; it returns the value in force. The
+// library calls it once, when it loads in a worker, before any goroutine
+// starts.
+func DefaultGOMAXPROCS() int {
+	n := runtime.GOMAXPROCS(0)
+	goProcs.Store(int32(n))
+	if os.Getenv("GOMAXPROCS") != "" {
+		procsChosen.Store(true)
+		return n
+	}
+	if n > builtinProcs {
+		runtime.GOMAXPROCS(builtinProcs)
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// RestyFFIGOMAXPROCS applies the lua-resty-ffi host's default, min(2, Go's
+// default), unless the environment or configure{ gomaxprocs } chose; it
+// returns the value in force. libffi_init calls it.
+func RestyFFIGOMAXPROCS() int {
+	if !procsChosen.Load() {
+		if n := min(restyFFIProcCap, int(goProcs.Load())); n > runtime.GOMAXPROCS(0) {
+			runtime.GOMAXPROCS(n)
+		}
+	}
+	return runtime.GOMAXPROCS(0)
+}
 
 func init() {
 	RegisterQuery(OpConfigure, func(r *Runtime, cmd *Command) ([]byte, error) {
@@ -47,16 +97,6 @@ func init() {
 		}
 		return r.settings(), nil
 	})
-}
-
-// DefaultGOMAXPROCS applies the library's default when the environment
-// does not set GOMAXPROCS; it returns the value in force. The host calls
-// it once, when the library loads in a worker.
-func DefaultGOMAXPROCS() int {
-	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) > defaultProcsCap {
-		runtime.GOMAXPROCS(defaultProcsCap)
-	}
-	return runtime.GOMAXPROCS(0)
 }
 
 // Configure applies CONFIGURE's opts lines (see above).
@@ -100,6 +140,7 @@ func (r *Runtime) Configure(opts []byte) error {
 		r.metricsOff.Store(*off)
 	}
 	if procs > 0 {
+		procsChosen.Store(true)
 		runtime.GOMAXPROCS(procs)
 	}
 	return nil

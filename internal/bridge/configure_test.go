@@ -41,19 +41,44 @@ func TestConfigureGOMAXPROCS(t *testing.T) {
 
 func TestDefaultGOMAXPROCS(t *testing.T) {
 	keepProcs(t)
+	t.Cleanup(func() { procsChosen.Store(false) })
 	t.Setenv("GOMAXPROCS", "")
+	procsChosen.Store(false)
 	runtime.GOMAXPROCS(8)
-	if n := DefaultGOMAXPROCS(); n != 2 {
-		t.Errorf("8 Ps, no GOMAXPROCS in the environment: default %d, want 2", n)
+	if n := DefaultGOMAXPROCS(); n != 1 {
+		t.Errorf("8 Ps, no GOMAXPROCS in the environment: default %d, want 1 (built-in host)", n)
 	}
+	if n := RestyFFIGOMAXPROCS(); n != 2 {
+		t.Errorf("8 Ps, then lua-resty-ffi: %d, want 2", n)
+	}
+	procsChosen.Store(false)
 	runtime.GOMAXPROCS(1) // a worker pinned to one CPU
 	if n := DefaultGOMAXPROCS(); n != 1 {
-		t.Errorf("1 P: default %d, want 1 (never raised)", n)
+		t.Errorf("1 P: default %d, want 1", n)
 	}
+	if n := RestyFFIGOMAXPROCS(); n != 1 {
+		t.Errorf("1 P, then lua-resty-ffi: %d, want 1 (never above Go's default)", n)
+	}
+	procsChosen.Store(false)
 	t.Setenv("GOMAXPROCS", "8")
 	runtime.GOMAXPROCS(8)
 	if n := DefaultGOMAXPROCS(); n != 8 {
 		t.Errorf("GOMAXPROCS=8 in the environment: %d, want it kept", n)
+	}
+	if n := RestyFFIGOMAXPROCS(); n != 8 {
+		t.Errorf("GOMAXPROCS=8 in the environment, then lua-resty-ffi: %d, want it kept", n)
+	}
+	// configure{ gomaxprocs } before lua-resty-ffi's init: kept too.
+	t.Setenv("GOMAXPROCS", "")
+	procsChosen.Store(false)
+	runtime.GOMAXPROCS(8)
+	DefaultGOMAXPROCS()
+	r := New(newGoMemory(t), nil)
+	if err := r.Configure([]byte("gomaxprocs=3\n")); err != nil {
+		t.Fatal(err)
+	}
+	if n := RestyFFIGOMAXPROCS(); n != 3 {
+		t.Errorf("configured 3, then lua-resty-ffi: %d, want 3", n)
 	}
 }
 

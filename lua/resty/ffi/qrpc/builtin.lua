@@ -42,6 +42,7 @@ local OP_CONNECT = cdef.OP_CONNECT
 local OP_EVENT = cdef.OP_EVENT
 local OP_CLOSE = cdef.OP_CLOSE
 local OP_CANCEL = cdef.OP_CANCEL
+local OP_UNARY = cdef.OP_UNARY
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_PENDING = cdef.QRPC_PENDING
 local QRPC_LOG = cdef.QRPC_LOG
@@ -151,12 +152,14 @@ end
 -- Direct calls (both hosts): synchronous, on the nginx thread
 -------------------------------------------------------------------------
 
+-- Through the C submit queue, like the UNARY it cancels: queued after it,
+-- it cannot overtake it.
 local function cancel(handle, id)
     xcmd.version = CMD_VERSION
     xcmd.op = OP_CANCEL
     xcmd.conn = handle or 0
     xcmd.call_id = id
-    lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
+    lib.qrpc_submit_async(xcmd)
 end
 
 
@@ -250,7 +253,7 @@ local function complete(c)
     if status == QRPC_LOG then
         if data ~= nil then
             log_go(c.code, ffi_string(data, len))
-            lib.qrpc_free(data)
+            lib.qrpc_release(data)
         end
         return
     end
@@ -266,7 +269,7 @@ local function complete(c)
             end
         end
         if data ~= nil then
-            lib.qrpc_free(data)
+            lib.qrpc_release(data)
         end
         return
     end
@@ -290,7 +293,7 @@ local function complete(c)
         val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
     end
     if data ~= nil then
-        lib.qrpc_free(data)
+        lib.qrpc_release(data)
     end
 
     if op == OP_CONNECT then
@@ -306,7 +309,7 @@ end
 
 
 local function drain()
-    local n = lib.qrpc_drain(comps, BATCH)
+    local n = lib.qrpc_poll(comps, BATCH)
     while n > 0 do
         for i = 0, n - 1 do
             complete(comps[i])
@@ -314,7 +317,7 @@ local function drain()
         if n < BATCH then
             break
         end
-        n = lib.qrpc_drain(comps, BATCH)
+        n = lib.qrpc_poll(comps, BATCH)
     end
 end
 _M.drain = drain
@@ -562,7 +565,18 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
              req_type, resp_type, flags, hash_key, retries)
-    local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
+    local rc
+    if op == OP_UNARY then
+        -- Queued in C without entering Go (qrpc_submit_async in qrpc.h):
+        -- Go's refusals come back as the completion; this fails only when
+        -- the host is closed or its queue full, and writes no message.
+        rc = lib.qrpc_submit_async(ucmd)
+        if rc ~= QRPC_PENDING then
+            return rc, status_err(rc)
+        end
+    else
+        rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
+    end
     if rc ~= QRPC_PENDING then
         if rc == QRPC_OK then
             return QRPC_ERR, "qrpc: unexpected synchronous completion"

@@ -83,6 +83,10 @@ int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_drain(qrpc_completion_t *out, int max);
 void qrpc_free(void *p);
+int qrpc_submit_async(const qrpc_cmd_t *cmd);
+int qrpc_poll(qrpc_completion_t *out, int max);
+void qrpc_release(void *p);
+uint64_t qrpc_go_entries(void);
 void qrpc_shutdown(void);
 ]]
 end

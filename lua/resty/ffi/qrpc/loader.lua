@@ -110,7 +110,8 @@ end
 
 local symbols = {
     "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
-    "qrpc_free", "qrpc_shutdown", "qrpc_query",
+    "qrpc_free", "qrpc_shutdown", "qrpc_query", "qrpc_submit_async",
+    "qrpc_poll", "qrpc_release",
 }
 
 local function check_symbols(l)

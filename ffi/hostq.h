@@ -1,0 +1,51 @@
+/* The built-in host's queues in C (hostq.c), so that the nginx thread does
+ * not enter Go on the hot path: a submit queue (qrpc_submit_async pushes,
+ * the Go submitter takes), a completion queue (Go pushes, qrpc_poll pops)
+ * and a list of released result blocks (qrpc_release pushes the big ones,
+ * Go takes them back into its buffer cache). */
+#ifndef QRPC_HOSTQ_H
+#define QRPC_HOSTQ_H
+
+#include "qrpc.h"
+
+/* One queued command; its strings follow it in the same allocation. */
+typedef struct qrpc_qitem {
+    struct qrpc_qitem *next;
+    qrpc_cmd_t cmd;
+} qrpc_qitem_t;
+
+/* Opens the queues with the eventfd that wakes the submitter, or closes
+ * them (fd < 0): pushes then fail with QRPC_ERR_CLOSED. After it returns
+ * the old fd is no longer written to. */
+void qrpc_hostq_set_fd(int fd);
+
+/* Takes every queued command (a list in queue order, free each with
+ * free()), or returns NULL and records that the submitter goes to sleep:
+ * the next push writes the eventfd. */
+qrpc_qitem_t *qrpc_submitq_take(void);
+
+/* Frees a queued command once run: big blocks are kept for the next big
+ * command (see hostq.c). */
+void qrpc_submitq_free(qrpc_qitem_t *it);
+
+/* Frees the kept command blocks that were not needed since the last call
+ * (all of them with all != 0); the submitter's timer calls it. */
+void qrpc_submitq_trim(int all);
+
+/* Command blocks kept, for tests. */
+size_t qrpc_submitq_cached(void);
+
+/* Queues a completion. Returns 1 when the queue was empty (the dispatcher
+ * needs a wake byte), 0 when not, -1 when closed, -2 when it cannot take
+ * it (no memory; for a log line, max_logs reached). *released receives the
+ * list of released blocks (linked through their first word), or NULL. */
+int qrpc_cq_push(const qrpc_completion_t *c, int max_logs, void **released);
+
+/* Completions waiting, and the log lines among them. */
+size_t qrpc_cq_len(void);
+size_t qrpc_cq_logs(void);
+
+/* Takes the released blocks list (see qrpc_cq_push). */
+void *qrpc_released_take(void);
+
+#endif

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+)
+
+// pushAsync queues c with qrpc_submit_async. cgo refuses a struct that
+// holds unpinned Go pointers, so its strings are pinned for the call (the
+// queue copies them before it returns).
+func pushAsync(c *cmdABI) int32 {
+	var p runtime.Pinner
+	defer p.Unpin()
+	for _, f := range []unsafe.Pointer{c.Method, c.Body, c.Hdrs, c.HashKey, c.ReqType, c.RespType, c.Addr, c.CA, c.Opts} {
+		if f != nil {
+			p.Pin(f)
+		}
+	}
+	return submitAsync(c)
+}
+
+func TestSubmitQueue(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	d := openBuiltin(t)
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
+
+	t.Run("unary", func(t *testing.T) {
+		c := unaryCmd(h, "echo", "hello", "x-id", "7")
+		c.CallID = 10
+		if st := pushAsync(c); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		got := d.wait(10, 10*time.Second)
+		if got.Status != bridge.StatusOK {
+			t.Fatalf("status %d: %s", got.Status, text(got))
+		}
+		if _, hdrs, body := readResult(t, got); string(body) != "hello" || len(hdrs) != 2 || hdrs[1] != "7" {
+			t.Fatalf("result %q %q", hdrs, body)
+		}
+	})
+
+	t.Run("refusal is the completion, with qrpc_submit's message", func(t *testing.T) {
+		c := unaryCmd(h+1000, "echo", "x")
+		c.CallID = 11
+		if st := pushAsync(c); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		got := d.wait(11, 10*time.Second)
+		if got.Status != bridge.ErrClosed || text(got) != "closed" {
+			t.Fatalf("got %d %q, want closed", got.Status, text(got))
+		}
+		c = unaryCmd(h, "", "x")
+		c.CallID = 12
+		if st := pushAsync(c); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		st, want := submit(c)
+		if got := d.wait(12, 10*time.Second); got.Status != st || got.Status != bridge.ErrBadArg || text(got) != want {
+			t.Fatalf("got %d %q, want %d %q", got.Status, text(got), st, want)
+		}
+	})
+
+	t.Run("cancel queued after its call", func(t *testing.T) {
+		c := unaryCmd(h, "sleep", "3000")
+		c.CallID = 13
+		if st := pushAsync(c); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		x := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, Conn: h, CallID: 13}
+		if st := pushAsync(x); st != bridge.StatusOK {
+			t.Fatalf("cancel: %d", st)
+		}
+		waitFor(t, func() bool { return builtin.calls.Len() == 0 }, "the call to be forgotten")
+		d.pump(500 * time.Millisecond)
+		if got, ok := d.got[13]; ok {
+			t.Fatalf("a cancelled call completed: %d %q", got.Status, text(got))
+		}
+	})
+
+	t.Run("other ops refused", func(t *testing.T) {
+		if st := pushAsync(connectCmd(14, ts.Addr, nil)); st != bridge.ErrBadArg {
+			t.Fatalf("connect through the queue: %d", st)
+		}
+		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 15}
+		if st := pushAsync(e); st != bridge.ErrBadArg {
+			t.Fatalf("echo through the queue: %d", st)
+		}
+		if st := submitAsync(nil); st != bridge.ErrBadArg {
+			t.Fatalf("NULL command: %d", st)
+		}
+	})
+}
+
+func TestSubmitQueueClosed(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	d := openBuiltin(t)
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
+	builtin.shutdown()
+	c := unaryCmd(h, "echo", "x")
+	if st := pushAsync(c); st != bridge.ErrClosed {
+		t.Fatalf("push after shutdown: %d, want closed", st)
+	}
+	// and open again with the next init
+	d = openBuiltin(t)
+	h = d.connect(2, ts.Addr, ts.CA.CertPEM).Handle
+	c = unaryCmd(h, "echo", "again")
+	c.CallID = 3
+	if st := pushAsync(c); st != bridge.StatusPending {
+		t.Fatalf("push after re-init: %d", st)
+	}
+	if got := d.wait(3, 10*time.Second); got.Status != bridge.StatusOK || !bytes.Contains(bridge.Bytes(got.Data, int(got.Len)), []byte("again")) {
+		t.Fatalf("status %d: %s", got.Status, text(got))
+	}
+}
+
+// TestSubmitQueueNoLostWakeup pushes two commands per round, the second
+// a random few microseconds after the first, so that it lands anywhere in
+// the submitter's cycle: running the first, finding the queue empty and
+// going to sleep, asleep. Then it waits for both completions: nothing
+// else would wake the submitter, so a lost wake-up leaves the second
+// command queued and the round times out.
+//
+// The pushes spin on this goroutine, as nginx's thread runs its own code;
+// that thread holds no P, so the submitter gets a P of its own here.
+func TestSubmitQueueNoLostWakeup(t *testing.T) {
+	procs := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(procs) })
+	d := openBuiltin(t)
+	const rounds = 2000
+	deadline := time.Now().Add(2 * time.Minute)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < rounds; i++ {
+		// An unknown handle: refused by Go, so the completion comes from
+		// the submitter itself, with no network in between.
+		first := unaryCmd(1<<40, "echo", "x")
+		first.CallID = uint64(2*i + 100)
+		second := unaryCmd(1<<40, "echo", "y")
+		second.CallID = first.CallID + 1
+		if st := pushAsync(first); st != bridge.StatusPending {
+			t.Fatalf("push %d: %d", i, st)
+		}
+		for spin, until := 0, time.Now().Add(time.Duration(rng.IntN(200))*time.Microsecond); time.Now().Before(until); spin++ {
+		}
+		if st := pushAsync(second); st != bridge.StatusPending {
+			t.Fatalf("push %d: %d", i, st)
+		}
+		for _, id := range []uint64{first.CallID, second.CallID} {
+			if got := d.wait(id, 10*time.Second); got.Status != bridge.ErrClosed {
+				t.Fatalf("call %d: %d %q", id, got.Status, text(got))
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d rounds in the time allowed", i, rounds)
+		}
+	}
+}
+
+// Result blocks freed in C: small ones at once, cacheable ones go back to
+// Go's buffer cache without the caller entering Go, and the trim timer
+// (not qrpc_drain, which Lua no longer calls) gives them back when idle.
+func TestReleaseFeedsTheCache(t *testing.T) {
+	d := openBuiltin(t)
+	cmem.FreeAll()
+	body := bytes.Repeat([]byte("r"), 100<<10)
+	const n = 20
+	for i := 0; i < n; i++ {
+		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: uint64(200 + i)}
+		e.Body, e.BodyLen = ptr(body)
+		if st, msg := submit(e); st != bridge.StatusPending {
+			t.Fatalf("echo: %d %s", st, msg)
+		}
+	}
+	// Not d.wait, whose cleanup would free the blocks a second time.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(d.got) < n && time.Now().Before(deadline) {
+		d.pump(100 * time.Millisecond)
+	}
+	var got []bridge.Completion
+	for i := 0; i < n; i++ {
+		c, ok := d.got[uint64(200+i)]
+		if !ok || c.Status != bridge.StatusOK {
+			t.Fatalf("echo %d: %v %d", i, ok, c.Status)
+		}
+		delete(d.got, uint64(200+i))
+		got = append(got, c)
+	}
+	if s := cmem.Stats(); s.Blocks != 0 {
+		t.Fatalf("blocks kept before any release: %+v", s)
+	}
+	small := rt.Message(bridge.ErrGeneric, "small", 0)
+	release(small.Data) // freed at once: never reaches the cache
+	for i := range got {
+		release(got[i].Data)
+	}
+	waitLong(t, func() bool { return cmem.Stats().Blocks == n }, "the released blocks to reach the cache")
+	// bufcache frees what stayed unused for a whole trim interval.
+	waitLong(t, func() bool { return cmem.Stats().Bytes == 0 }, "the idle cache to give them back")
+}
+
+// waitLong is waitFor with room for a few bufcache trim intervals.
+func waitLong(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Big commands reuse the blocks of earlier ones (a freed 100 KB block
+// would let glibc trim its heap, and the next call fault the pages in
+// again): every body arrives intact through reused blocks, the kept
+// blocks stay bounded, and an idle submitter frees them.
+func TestSubmitBlocksReused(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	d := openBuiltin(t)
+	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
+	id := uint64(300)
+	for round := 0; round < 4; round++ {
+		want := map[uint64]string{}
+		for i := 0; i < 40; i++ {
+			id++
+			tag := fmt.Sprintf("<%d:%d>", round, i)
+			body := strings.Repeat(tag, (100<<10)/len(tag))
+			c := unaryCmd(h, "echo", body)
+			c.CallID = id
+			if st := pushAsync(c); st != bridge.StatusPending {
+				t.Fatalf("push: %d", st)
+			}
+			want[id] = body
+		}
+		for k, body := range want {
+			got := d.wait(k, 20*time.Second)
+			if got.Status != bridge.StatusOK {
+				t.Fatalf("call %d: %d %s", k, got.Status, text(got))
+			}
+			if _, _, b := readResult(t, got); string(b) != body {
+				t.Fatalf("call %d: %d bytes came back different (%d sent)", k, len(b), len(body))
+			}
+		}
+		if n := submitqCached(); n == 0 || n > 32 {
+			t.Fatalf("round %d: %d command blocks kept, want 1..32", round, n)
+		}
+	}
+	waitLong(t, func() bool { return submitqCached() == 0 }, "the idle submitter to free the kept command blocks")
+}

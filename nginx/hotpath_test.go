@@ -1,0 +1,61 @@
+package nginx
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestHotPathStaysInC: with the built-in host, unary calls (sequential and
+// concurrent, with a timeout and a client-side cancel among them) and
+// their completions never make the nginx thread enter Go: the library
+// counts the calls into its Go exports (qrpc_go_entries), and the count
+// does not move. A thread that has entered Go keeps a Go scheduler slot
+// while it runs nginx (issue 13); the built-in host's GOMAXPROCS default
+// of 1 relies on this.
+func TestHotPathStaysInC(t *testing.T) {
+	requireNginx(t)
+	if ng.Host() == "resty_ffi" {
+		t.Skip("the lua-resty-ffi host has its own hot path")
+	}
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                local ffi = require "ffi"
+                pcall(ffi.cdef, "uint64_t qrpc_go_entries(void);")
+                local lib = ffi.load(qt.lib)
+                -- warm: the first call may connect (CONNECT enters Go)
+                assert(conn:unary("echo", "warm"))
+                local e0 = lib.qrpc_go_entries()
+                local bad = 0
+                for i = 1, 200 do
+                    local res = conn:unary("echo", "seq" .. i, { headers = { ["x-i"] = tostring(i) } })
+                    if not res or res.body ~= "seq" .. i then bad = bad + 1 end
+                end
+                local threads = {}
+                for j = 1, 20 do
+                    threads[j] = ngx.thread.spawn(function()
+                        local b = 0
+                        for i = 1, 10 do
+                            local res = conn:unary("echo", "par" .. j .. ":" .. i)
+                            if not res or res.body ~= "par" .. j .. ":" .. i then b = b + 1 end
+                        end
+                        return b
+                    end)
+                end
+                for j = 1, 20 do
+                    local _, b = ngx.thread.wait(threads[j])
+                    bad = bad + b
+                end
+                -- a call that times out in Go, and one cancelled by Lua
+                -- when its light thread is killed (the sweep cancels it)
+                local _, terr = conn:unary("slow", "1000", { timeout = 50 })
+                local th = ngx.thread.spawn(function() return conn:unary("slow", "3000") end)
+                ngx.sleep(0.05)
+                ngx.thread.kill(th)
+                ngx.sleep(1.5) -- the dispatcher sweeps abandoned calls every second
+                local e1 = lib.qrpc_go_entries()
+                ngx.say("bad ", bad, " timeout ", terr, " go entries ", tonumber(e1 - e0))`)})
+	st, body := n.get("/t")
+	if st != 200 || body != "bad 0 timeout timeout go entries 0\n" {
+		t.Fatalf("%d %q", st, strings.TrimSpace(body))
+	}
+}
