@@ -78,9 +78,7 @@ func (b *builtinHost) Complete(c bridge.Completion) {
 // false when the host is closed. Called from qrpc's goroutines and from
 // the nginx thread.
 func (b *builtinHost) enqueue(c bridge.Completion) bool {
-	switch cqPush(&c, maxQueuedLogs) {
-	case 1:
-		b.wake.signal()
+	switch b.push(&c) {
 	case 0:
 	case -2:
 		// Out of memory: the call's waiter times out in Lua.
@@ -89,6 +87,18 @@ func (b *builtinHost) enqueue(c bridge.Completion) bool {
 		return false
 	}
 	return true
+}
+
+// push queues c in C and wakes the dispatcher when the queue was empty.
+// Returns 0 when queued, -1 when the host is closed, -2 when refused (no
+// memory, or too many log lines): c is then still the caller's.
+func (b *builtinHost) push(c *bridge.Completion) int {
+	rc := cqPush(c, maxQueuedLogs)
+	if rc == 1 {
+		b.wake.signal()
+		rc = 0
+	}
+	return rc
 }
 
 // pushLog queues a log line (the runtime's LogSink); false when the host
@@ -111,9 +121,7 @@ func (b *builtinHost) pushLog(level uint32, line string) bool {
 	}
 	c.Code = level
 	// The queue checks the bound again, under its lock.
-	switch cqPush(&c, maxQueuedLogs) {
-	case 1:
-		b.wake.signal()
+	switch b.push(&c) {
 	case 0:
 	case -2:
 		rt.Free(&c)
