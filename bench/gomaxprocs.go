@@ -19,6 +19,10 @@ import (
 // goDefaultProcs is what Go's default GOMAXPROCS is for an unpinned
 // process here (the CPUs this harness may run on, within its cgroup's
 // limit).
+// lazySysmon keeps Go's sysmon thread from its deep sleep, so that system
+// calls and cgo calls do not wake it into 20 us polling (README, Tuning).
+const lazySysmon = "schedtrace=2147483647"
+
 func goDefaultProcs() int {
 	if os.Getenv("GOMAXPROCS") == "" {
 		return runtime.GOMAXPROCS(0)
@@ -78,6 +82,11 @@ func figureGOMAXPROCS(e *env, p params, t *table) error {
 			}
 			settings = append(settings, placement{name: name, gomaxprocs: g, workers: workers})
 		}
+		if workers == 1 {
+			// The README's sysmon setting (Tuning), against the default
+			// with the same worker (rows compare with the last default).
+			settings = append(settings, placement{name: "1 worker, " + lazySysmon, godebug: lazySysmon, workers: 1})
+		}
 	}
 	// Runs interleave the settings (one nginx restart each) so that a
 	// slow spell on this shared machine does not land on one setting.
@@ -95,13 +104,18 @@ func figureGOMAXPROCS(e *env, p params, t *table) error {
 	cpu := func(s gmpSample) float64 { return cpuUS(0)(s.wrk) }
 	reqs := func(s gmpSample) float64 { return s.wrk.rps }
 	seq := func(s gmpSample) float64 { return s.seq.Seconds() * 1e6 / float64(p.gmpSeqN) }
+	p99 := func(s gmpSample) float64 { return p99ms(s.wrk) }
 	var def []gmpSample
 	for j, pl := range settings {
-		if pl.gomaxprocs == "" {
+		if pl.gomaxprocs == "" && pl.godebug == "" {
 			def = samples[j]
 			continue
 		}
 		r := samples[j]
+		if pl.godebug != "" {
+			t.add(row{section: sec, name: pl.name + ": HTTP p99 latency", subject: fmtMS(medianBy(r, p99)),
+				baseline: fmtMS(medianBy(def, p99)), ratio: medianBy(r, p99) / medianBy(def, p99), ratioLabel: "latency ratio"})
+		}
 		t.add(cpuRow(sec, pl.name+": CPU per request, nginx workers (all their threads)", medianBy(r, cpu), medianBy(def, cpu)))
 		t.add(row{section: sec, name: pl.name + ": HTTP requests/s", subject: fmt.Sprintf("%.0f req/s", medianBy(r, reqs)),
 			baseline: fmt.Sprintf("%.0f req/s", medianBy(def, reqs)), ratio: medianBy(r, reqs) / medianBy(def, reqs), ratioLabel: "throughput ratio"})

@@ -78,6 +78,7 @@ func main() {
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
 	gmp := flag.String("gomaxprocs", "", "GOMAXPROCS of the nginx worker (placement and gomaxprocs figures aside)")
+	gdb := flag.String("godebug", "", "GODEBUG of the nginx worker (placement and gomaxprocs figures aside), e.g. "+lazySysmon)
 	aff := flag.String("affinity", "", "worker_cpu_affinity of the nginx worker, e.g. 01 (placement and gomaxprocs figures aside)")
 	restyNginx := flag.String("resty-nginx", os.Getenv("QRPC_NGINX"), "nginx built for lua-resty-ffi (thirdparty/build-resty-ffi.sh PREFIX: PREFIX/sbin/nginx) for the restyffi figure; default $QRPC_NGINX")
 	client := flag.String("client", "", "internal: run the Go baseline client against this address")
@@ -130,7 +131,7 @@ func main() {
 	if *parN > 0 {
 		p.parN = *parN
 	}
-	p.main = nginxOpts{workers: 1, gomaxprocs: *gmp, affinity: *aff}
+	p.main = nginxOpts{workers: 1, gomaxprocs: *gmp, godebug: *gdb, affinity: *aff}
 	p.restyNginx = *restyNginx
 	p.only = map[string]bool{}
 	for _, f := range strings.Split(*only, ",") {

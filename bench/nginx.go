@@ -17,11 +17,12 @@ import (
 	"time"
 )
 
-// nginxOpts is how an nginx is started: worker count, GOMAXPROCS in its
-// environment ("" = Go's default) and worker_cpu_affinity ("" = none).
+// nginxOpts is how an nginx is started: worker count, GOMAXPROCS and
+// GODEBUG in its environment ("" = the library's default) and
+// worker_cpu_affinity ("" = none).
 type nginxOpts struct {
-	workers              int
-	gomaxprocs, affinity string
+	workers                       int
+	gomaxprocs, godebug, affinity string
 }
 
 type nginx struct {
@@ -55,9 +56,12 @@ func (n *nginx) start(o nginxOpts) error {
 	}
 	f.Close()
 	cmd := exec.Command(n.bin, n.args()...)
-	cmd.Env = append(withoutEnv(os.Environ(), "GOMAXPROCS"), n.env...)
+	cmd.Env = append(withoutEnv(withoutEnv(os.Environ(), "GOMAXPROCS"), "GODEBUG"), n.env...)
 	if o.gomaxprocs != "" {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+o.gomaxprocs)
+	}
+	if o.godebug != "" {
+		cmd.Env = append(cmd.Env, "GODEBUG="+o.godebug)
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("start nginx: %v: %s", err, out)

@@ -20,12 +20,13 @@ import (
 type placement struct {
 	name       string
 	gomaxprocs string // GOMAXPROCS in the environment; "" leaves the default
+	godebug    string // GODEBUG in the environment
 	pin        bool   // client side on CPU 0, servers on the others
 	workers    int    // nginx workers; 0 = 1
 }
 
 func (pl placement) nginxOpts() nginxOpts {
-	o := nginxOpts{workers: pl.workers, gomaxprocs: pl.gomaxprocs}
+	o := nginxOpts{workers: pl.workers, gomaxprocs: pl.gomaxprocs, godebug: pl.godebug}
 	if pl.pin {
 		o.affinity = "01" // worker_cpu_affinity's bit mask for CPU 0
 	}

@@ -54,3 +54,34 @@ func TestGOMAXPROCS(t *testing.T) {
 		body: "3\n",
 	}})
 }
+
+// TestSysmonSetting: GODEBUG=schedtrace=N (N > 0) in nginx's environment
+// keeps Go's sysmon from its deep sleep (README, Tuning), and
+// qrpc.stats().sysmon says which mode the worker's runtime runs in. Go
+// reads the environment the process started with, so the variable works
+// with or without an env directive.
+func TestSysmonSetting(t *testing.T) {
+	code := `
+                local qrpc = require "resty.ffi.qrpc"
+                assert(qrpc.init_worker())
+                ngx.say(qrpc.stats().sysmon)`
+	runBlocks(t, []block{{
+		name: "default",
+		conf: ngxConf{Workers: 1, Server: loc("/t", code)},
+		body: "go\n",
+	}, {
+		name: "schedtrace in the environment",
+		conf: ngxConf{Workers: 1, EnvNames: []string{"GODEBUG"}, ProcEnv: []string{"GODEBUG=madvdontneed=1,schedtrace=2147483647"},
+			Server: loc("/t", code)},
+		body: "lazy\n",
+	}, {
+		name: "without an env directive",
+		conf: ngxConf{Workers: 1, ProcEnv: []string{"GODEBUG=schedtrace=2147483647"}, Server: loc("/t", code)},
+		body: "lazy\n",
+	}, {
+		name: "schedtrace=0",
+		conf: ngxConf{Workers: 1, EnvNames: []string{"GODEBUG"}, ProcEnv: []string{"GODEBUG=schedtrace=2147483647,schedtrace=0"},
+			Server: loc("/t", code)},
+		body: "go\n",
+	}})
+}

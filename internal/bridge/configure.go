@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 )
 
@@ -21,7 +22,7 @@ import (
 //
 // Unknown keys and values are errors, and then nothing is applied. The
 // answer is the settings in force after the command, in the same form
-// ("gomaxprocs=N\nmetrics=on\n").
+// ("gomaxprocs=N\nmetrics=on\nsysmon=lazy\n").
 
 // maxGOMAXPROCS bounds configure{ gomaxprocs }.
 const maxGOMAXPROCS = 1024
@@ -152,5 +153,24 @@ func (r *Runtime) settings() []byte {
 	if r.metricsOff.Load() {
 		state = "off"
 	}
-	return fmt.Appendf(nil, "gomaxprocs=%d\nmetrics=%s\n", runtime.GOMAXPROCS(0), state)
+	return fmt.Appendf(nil, "gomaxprocs=%d\nmetrics=%s\nsysmon=%s\n", runtime.GOMAXPROCS(0), state, SysmonMode())
+}
+
+// SysmonMode is how the runtime's sysmon thread runs: "lazy" when GODEBUG
+// set schedtrace when the runtime started (the Lua loader does so for the
+// built-in host: see its set_godebug), so that sysmon never enters the
+// deep sleep that each system call or cgo call would end with 20 us
+// polling; "go" otherwise. Go's copy of the environment is the one taken
+// at start-up, which is what the runtime parsed.
+func SysmonMode() string {
+	mode := "go"
+	for _, f := range strings.Split(os.Getenv("GODEBUG"), ",") {
+		if v, ok := strings.CutPrefix(f, "schedtrace="); ok {
+			mode = "go"
+			if n, err := strconv.ParseInt(v, 10, 32); err == nil && n > 0 {
+				mode = "lazy"
+			}
+		}
+	}
+	return mode
 }

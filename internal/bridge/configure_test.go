@@ -21,11 +21,11 @@ func TestConfigureGOMAXPROCS(t *testing.T) {
 	r := New(newGoMemory(t), nil)
 	err := r.Configure([]byte("gomaxprocs=3\n"))
 	out := r.settings()
-	if err != nil || string(out) != "gomaxprocs=3\nmetrics=on\n" || runtime.GOMAXPROCS(0) != 3 {
+	if err != nil || string(out) != "gomaxprocs=3\nmetrics=on\nsysmon="+SysmonMode()+"\n" || runtime.GOMAXPROCS(0) != 3 {
 		t.Fatalf("gomaxprocs=3: %q %v, in force %d", out, err, runtime.GOMAXPROCS(0))
 	}
 	// No lines: only the answer.
-	if err = r.Configure(nil); err != nil || string(r.settings()) != "gomaxprocs=3\nmetrics=on\n" {
+	if err = r.Configure(nil); err != nil || string(r.settings()) != "gomaxprocs=3\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("no lines: %q %v", out, err)
 	}
 	for _, bad := range []string{"gomaxprocs=0", "gomaxprocs=1025", "gomaxprocs=x", "gomaxprocs", "procs=2"} {
@@ -117,10 +117,10 @@ func TestMetricsOff(t *testing.T) {
 	ts := testsrv.Start(t, testsrv.Options{})
 	r := New(newGoMemory(t), nil)
 	h := newTestHost(t, r, true)
-	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\n" {
+	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("default: %q", got)
 	}
-	if got := configure(t, r, "metrics=off\n"); got != "gomaxprocs="+procs()+"\nmetrics=off\n" {
+	if got := configure(t, r, "metrics=off\n"); got != "gomaxprocs="+procs()+"\nmetrics=off\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("off: %q", got)
 	}
 	off := h.connect(1, ts)
@@ -144,7 +144,7 @@ func TestMetricsOff(t *testing.T) {
 		t.Fatalf("stats of the unrecorded connection: %+v %v", s, err)
 	}
 
-	if got := configure(t, r, "metrics=on"); got != "gomaxprocs="+procs()+"\nmetrics=on\n" {
+	if got := configure(t, r, "metrics=on"); got != "gomaxprocs="+procs()+"\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("on: %q", got)
 	}
 	on := h.connect(2, ts)
@@ -167,9 +167,29 @@ func TestMetricsOff(t *testing.T) {
 			t.Errorf("%q: %d %q, want %q", tc.opts, out.Status, msg, tc.msg)
 		}
 	}
-	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\n" {
+	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("after bad opts: %q", got)
 	}
 }
 
 func procs() string { return strconv.Itoa(runtime.GOMAXPROCS(0)) }
+
+// TestSysmonMode: the last schedtrace in GODEBUG decides, as in the
+// runtime's own parsing; only a positive one keeps sysmon lazy.
+func TestSysmonMode(t *testing.T) {
+	for _, c := range []struct{ env, want string }{
+		{"", "go"},
+		{"madvdontneed=1", "go"},
+		{"schedtrace=2147483647", "lazy"},
+		{"madvdontneed=1,schedtrace=2147483647", "lazy"},
+		{"schedtrace=2147483647,schedtrace=0", "go"},
+		{"schedtrace=0,schedtrace=5", "lazy"},
+		{"schedtrace=x", "go"},
+		{"schedtrace=2147483648", "go"}, // out of int32: the runtime ignores it too
+	} {
+		t.Setenv("GODEBUG", c.env)
+		if got := SysmonMode(); got != c.want {
+			t.Errorf("GODEBUG=%q: %s, want %s", c.env, got, c.want)
+		}
+	}
+}

@@ -848,6 +848,8 @@ function _M.stats(self)
             -- the GOMAXPROCS of this worker's Go runtime
             local res = builtin.query(cdef.OP_CONFIGURE, 0)
             s.gomaxprocs = res and tonumber(res:match("gomaxprocs=(%d+)"))
+            -- "lazy" or "go": see loader.lua's set_godebug
+            s.sysmon = res and res:match("sysmon=(%a+)")
         end
         return s
     end
