@@ -229,8 +229,13 @@ import (
 // large freed blocks for reuse (see internal/bufcache).
 type cMemory struct{}
 
-func (cMemory) Alloc(n int) unsafe.Pointer { return C.qrpc_malloc(C.size_t(n)) }
-func (cMemory) Free(p unsafe.Pointer)      { C.free(p) }
+func (cMemory) Alloc(n int) unsafe.Pointer {
+	if n <= smallMax {
+		return smallAlloc(n) // no cgo call while qrpc_release keeps blocks
+	}
+	return C.qrpc_malloc(C.size_t(n))
+}
+func (cMemory) Free(p unsafe.Pointer) { C.free(p) }
 func (cMemory) FreeBelow(p unsafe.Pointer, min int) int {
 	return int(C.qrpc_free_below(p, C.size_t(min)))
 }

@@ -17,6 +17,7 @@ import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"unsafe"
 
@@ -45,6 +46,13 @@ var goEntries atomic.Uint64
 
 //export qrpc_go_entries
 func qrpc_go_entries() C.uint64_t { return C.uint64_t(goEntries.Load()) }
+
+// qrpc_go_cgo_calls is Go's count of its calls into C (runtime.NumCgoCall):
+// the built-in host's hot path makes none in the steady state (hostq.go,
+// hq), which the nginx tests check.
+//
+//export qrpc_go_cgo_calls
+func qrpc_go_cgo_calls() C.uint64_t { return C.uint64_t(runtime.NumCgoCall()) }
 
 // exportPanic turns a panic in an export into an error status; it must be
 // deferred directly by the export.

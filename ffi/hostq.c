@@ -5,7 +5,7 @@
 // for a spinning thread or sysmon to take them (issue 13).
 #include <errno.h>
 #include <malloc.h>
-#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,20 +22,57 @@
 // go back to Go's buffer cache (internal/bufcache.MinBlock).
 #define QRPC_CACHE_MIN (16 << 10)
 
-static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
+// All the queues' state is one struct under one spinlock, shared with Go:
+// the submitter and the completion pushes in hostq.go take the lock with
+// atomics and read the fields directly, without a cgo call. Why: a cgo
+// call (or a system call through Go's syscall package) after Go's runtime
+// was idle wakes its sysmon thread, which then polls every 20 us for at
+// least a millisecond; a worker went idle and busy again several times
+// per call, and those wake-ups were a third or more of its CPU (README,
+// Tuning). The lock is held for a few loads and stores only.
+qrpc_hostq_t qrpc_hostq = {.fd = -1};
 
-// Submit queue, under q_mu.
-static qrpc_qitem_t *sq_head, *sq_tail;
-static size_t sq_len;
-static int q_fd = -1;  // the submitter's eventfd; -1: closed
-static int sq_sleeping; // the submitter found the queue empty
+#define hq qrpc_hostq
 
-// Completion queue: a ring, under q_mu.
-static qrpc_completion_t *cq_buf;
-static size_t cq_cap, cq_head, cq_len, cq_logs;
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ __volatile__("pause");
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
-// Released blocks, under q_mu.
-static void *rel_head;
+static void q_lock(void) {
+    unsigned spins = 0;
+    while (__atomic_exchange_n(&hq.lock, 1, __ATOMIC_ACQUIRE)) {
+        while (__atomic_load_n(&hq.lock, __ATOMIC_RELAXED)) {
+            // The holder may be a Go thread the kernel has preempted.
+            if (++spins < 64) {
+                cpu_relax();
+            } else {
+                sched_yield();
+            }
+        }
+    }
+}
+
+static void q_unlock(void) { __atomic_store_n(&hq.lock, 0, __ATOMIC_RELEASE); }
+
+// Small result blocks that qrpc_release keeps for Go's next results (see
+// qrpc_small_class): class c holds blocks of at least 64 << c bytes, at
+// most small_max(c) of them (about 1.4 MiB in all).
+static unsigned small_max(int c) { return c < 5 ? 256 : 64; }
+
+int qrpc_small_class(size_t n) {
+    for (int c = 0; c < QRPC_SMALL_CLASSES; c++) {
+        if (n <= ((size_t)64 << c)) {
+            return c;
+        }
+    }
+    return -1;
+}
+
+void *qrpc_small_alloc_slow(int c) { return malloc((size_t)64 << c); }
 
 // Freed submit blocks of QRPC_CACHE_MIN bytes and more, kept for the next
 // big command, under q_mu. Why: freeing a block that big lets glibc give
@@ -67,7 +104,7 @@ static const char *copy_field(char **dst, const char *src, size_t n) {
 // twice as big), else malloc's.
 static void *item_alloc(size_t n) {
     if (n >= QRPC_CACHE_MIN) {
-        pthread_mutex_lock(&q_mu);
+        q_lock();
         for (size_t i = sq_cached; i-- > 0;) {
             if (sq_cache[i].n >= n && sq_cache[i].n / 2 <= n) {
                 void *p = sq_cache[i].p;
@@ -76,11 +113,11 @@ static void *item_alloc(size_t n) {
                 if (sq_cached < sq_cache_low) {
                     sq_cache_low = sq_cached;
                 }
-                pthread_mutex_unlock(&q_mu);
+                q_unlock();
                 return p;
             }
         }
-        pthread_mutex_unlock(&q_mu);
+        q_unlock();
     }
     return malloc(n);
 }
@@ -91,24 +128,39 @@ void qrpc_submitq_free(qrpc_qitem_t *it) {
     }
     size_t u = malloc_usable_size(it);
     if (u >= QRPC_CACHE_MIN) {
-        pthread_mutex_lock(&q_mu);
+        q_lock();
         if (sq_cached < SQ_CACHE_BLOCKS && sq_cache_bytes + u <= SQ_CACHE_BYTES) {
             sq_cache[sq_cached].p = it;
             sq_cache[sq_cached].n = u;
             sq_cached++;
             sq_cache_bytes += u;
-            pthread_mutex_unlock(&q_mu);
+            q_unlock();
             return;
         }
-        pthread_mutex_unlock(&q_mu);
+        q_unlock();
     }
     free(it);
+}
+
+void qrpc_done_free(void) {
+    if (__atomic_load_n(&hq.done_head, __ATOMIC_RELAXED) == NULL) {
+        return; // a hint only: a miss waits for the next call
+    }
+    q_lock();
+    qrpc_qitem_t *it = hq.done_head;
+    hq.done_head = NULL;
+    q_unlock();
+    while (it != NULL) {
+        qrpc_qitem_t *next = it->next;
+        qrpc_submitq_free(it);
+        it = next;
+    }
 }
 
 void qrpc_submitq_trim(int all) {
     void *drop[SQ_CACHE_BLOCKS];
     size_t nd = 0;
-    pthread_mutex_lock(&q_mu);
+    q_lock();
     size_t k = all ? sq_cached : sq_cache_low;
     while (k-- > 0 && sq_cached > 0) {
         sq_cached--;
@@ -116,16 +168,16 @@ void qrpc_submitq_trim(int all) {
         sq_cache_bytes -= sq_cache[sq_cached].n;
     }
     sq_cache_low = sq_cached;
-    pthread_mutex_unlock(&q_mu);
+    q_unlock();
     for (size_t i = 0; i < nd; i++) {
         free(drop[i]);
     }
 }
 
 size_t qrpc_submitq_cached(void) {
-    pthread_mutex_lock(&q_mu);
+    q_lock();
     size_t n = sq_cached;
-    pthread_mutex_unlock(&q_mu);
+    q_unlock();
     return n;
 }
 
@@ -133,6 +185,7 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     if (cmd == NULL || (cmd->op != QRPC_OP_UNARY && cmd->op != QRPC_OP_CANCEL)) {
         return QRPC_ERR_BADARG;
     }
+    qrpc_done_free(); // first: a big block freed there serves this command
     size_t method = field_len(cmd->method, cmd->method_len);
     size_t body = field_len(cmd->body, cmd->body_len);
     size_t hdrs = field_len(cmd->hdrs, cmd->hdrs_len);
@@ -169,90 +222,90 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     it->cmd.pins = NULL; it->cmd.pins_len = 0;
     it->cmd.opts = NULL; it->cmd.opts_len = 0;
 
-    pthread_mutex_lock(&q_mu);
-    if (q_fd < 0 || sq_len >= QRPC_SUBMITQ_MAX) {
-        int rc = q_fd < 0 ? QRPC_ERR_CLOSED : QRPC_ERR_FULL;
-        pthread_mutex_unlock(&q_mu);
+    q_lock();
+    if (hq.fd < 0 || hq.sq_len >= QRPC_SUBMITQ_MAX) {
+        int rc = hq.fd < 0 ? QRPC_ERR_CLOSED : QRPC_ERR_FULL;
+        q_unlock();
         qrpc_submitq_free(it);
         return rc;
     }
-    if (sq_tail != NULL) {
-        sq_tail->next = it;
+    if (hq.sq_tail != NULL) {
+        hq.sq_tail->next = it;
     } else {
-        sq_head = it;
+        hq.sq_head = it;
     }
-    sq_tail = it;
-    sq_len++;
-    if (sq_sleeping) {
+    hq.sq_tail = it;
+    hq.sq_len++;
+    if (hq.sleeping) {
         // Under the lock: qrpc_hostq_set_fd(-1) cannot close the fd meanwhile.
-        sq_sleeping = 0;
+        hq.sleeping = 0;
         uint64_t one = 1;
         ssize_t n;
         do {
-            n = write(q_fd, &one, sizeof one);
+            n = write(hq.fd, &one, sizeof one);
         } while (n < 0 && errno == EINTR);
         // EAGAIN: the counter is full, so the submitter wakes anyway.
     }
-    pthread_mutex_unlock(&q_mu);
+    q_unlock();
     return cmd->op == QRPC_OP_UNARY ? QRPC_PENDING : QRPC_OK;
 }
 
 void qrpc_hostq_set_fd(int fd) {
-    pthread_mutex_lock(&q_mu);
-    q_fd = fd;
-    sq_sleeping = 0;
-    pthread_mutex_unlock(&q_mu);
+    q_lock();
+    hq.fd = fd;
+    hq.sleeping = 0;
+    q_unlock();
 }
 
 qrpc_qitem_t *qrpc_submitq_take(void) {
-    pthread_mutex_lock(&q_mu);
-    qrpc_qitem_t *it = sq_head;
-    sq_head = sq_tail = NULL;
-    sq_len = 0;
+    q_lock();
+    qrpc_qitem_t *it = hq.sq_head;
+    hq.sq_head = hq.sq_tail = NULL;
+    hq.sq_len = 0;
     // Set under the lock that pushes take: a push after this one sees it
     // and writes the eventfd, so no wake-up is lost.
-    sq_sleeping = it == NULL;
-    pthread_mutex_unlock(&q_mu);
+    hq.sleeping = it == NULL;
+    q_unlock();
     return it;
 }
 
 // Grows the ring to hold one more; 0 on failure. Under q_mu.
 static int cq_grow(void) {
-    size_t ncap = cq_cap ? 2 * cq_cap : 256;
+    size_t ncap = hq.cq_cap ? 2 * hq.cq_cap : 256;
     qrpc_completion_t *nb = malloc(ncap * sizeof *nb);
     if (nb == NULL) {
         return 0;
     }
-    for (size_t i = 0; i < cq_len; i++) {
-        nb[i] = cq_buf[(cq_head + i) % cq_cap];
+    for (size_t i = 0; i < hq.cq_len; i++) {
+        nb[i] = hq.cq_buf[(hq.cq_head + i) % hq.cq_cap];
     }
-    free(cq_buf);
-    cq_buf = nb;
-    cq_cap = ncap;
-    cq_head = 0;
+    free(hq.cq_buf);
+    hq.cq_buf = nb;
+    hq.cq_cap = ncap;
+    hq.cq_head = 0;
     return 1;
 }
 
 int qrpc_cq_push(const qrpc_completion_t *c, int max_logs, void **released) {
-    pthread_mutex_lock(&q_mu);
+    q_lock();
     if (released != NULL) {
-        *released = rel_head;
-        rel_head = NULL;
+        *released = hq.rel_head;
+        hq.rel_head = NULL;
     }
-    if (q_fd < 0) {
-        pthread_mutex_unlock(&q_mu);
+    if (hq.fd < 0) {
+        q_unlock();
         return -1;
     }
     int is_log = c->status == QRPC_LOG;
-    if ((is_log && cq_logs >= (size_t)max_logs) || (cq_len == cq_cap && !cq_grow())) {
-        pthread_mutex_unlock(&q_mu);
+    if ((is_log && hq.cq_logs >= (size_t)max_logs) || (hq.cq_len == hq.cq_cap && !cq_grow())) {
+        q_unlock();
         return -2;
     }
-    cq_buf[(cq_head + cq_len) % cq_cap] = *c;
-    cq_len++;
-    cq_logs += is_log;
-    int was_empty = cq_len == 1;
-    pthread_mutex_unlock(&q_mu);
+    hq.cq_buf[(hq.cq_head + hq.cq_len) % hq.cq_cap] = *c;
+    hq.cq_len++;
+    hq.cq_logs += is_log;
+    int was_empty = hq.cq_len == 1;
+    q_unlock();
     return was_empty;
 }
 
@@ -260,38 +313,39 @@ int qrpc_poll(qrpc_completion_t *out, int max) {
     if (out == NULL || max <= 0) {
         return 0;
     }
-    pthread_mutex_lock(&q_mu);
-    size_t n = cq_len < (size_t)max ? cq_len : (size_t)max;
+    qrpc_done_free();
+    q_lock();
+    size_t n = hq.cq_len < (size_t)max ? hq.cq_len : (size_t)max;
     for (size_t i = 0; i < n; i++) {
-        out[i] = cq_buf[cq_head];
-        cq_logs -= out[i].status == QRPC_LOG;
-        cq_head = (cq_head + 1) % cq_cap;
+        out[i] = hq.cq_buf[hq.cq_head];
+        hq.cq_logs -= out[i].status == QRPC_LOG;
+        hq.cq_head = (hq.cq_head + 1) % hq.cq_cap;
     }
-    cq_len -= n;
-    if (cq_len == 0) {
-        cq_head = 0;
-        if (cq_cap > 4096) {
+    hq.cq_len -= n;
+    if (hq.cq_len == 0) {
+        hq.cq_head = 0;
+        if (hq.cq_cap > 4096) {
             // A burst's ring need not stay.
-            free(cq_buf);
-            cq_buf = NULL;
-            cq_cap = 0;
+            free(hq.cq_buf);
+            hq.cq_buf = NULL;
+            hq.cq_cap = 0;
         }
     }
-    pthread_mutex_unlock(&q_mu);
+    q_unlock();
     return (int)n;
 }
 
 size_t qrpc_cq_len(void) {
-    pthread_mutex_lock(&q_mu);
-    size_t n = cq_len;
-    pthread_mutex_unlock(&q_mu);
+    q_lock();
+    size_t n = hq.cq_len;
+    q_unlock();
     return n;
 }
 
 size_t qrpc_cq_logs(void) {
-    pthread_mutex_lock(&q_mu);
-    size_t n = cq_logs;
-    pthread_mutex_unlock(&q_mu);
+    q_lock();
+    size_t n = hq.cq_logs;
+    q_unlock();
     return n;
 }
 
@@ -299,20 +353,56 @@ void qrpc_release(void *p) {
     if (p == NULL) {
         return;
     }
-    if (malloc_usable_size(p) < QRPC_CACHE_MIN) {
+    size_t u = malloc_usable_size(p);
+    if (u < QRPC_CACHE_MIN) {
+        // Kept for Go's next small result in the largest class it holds:
+        // Go takes blocks without a cgo call (hostq.go, smallAlloc).
+        int c = QRPC_SMALL_CLASSES - 1;
+        while (c >= 0 && u < ((size_t)64 << c)) {
+            c--;
+        }
+        if (c >= 0) {
+            q_lock();
+            if (hq.small_n[c] < small_max(c)) {
+                *(void **)p = hq.small[c];
+                hq.small[c] = p;
+                hq.small_n[c]++;
+                q_unlock();
+                return;
+            }
+            q_unlock();
+        }
         free(p);
         return;
     }
-    pthread_mutex_lock(&q_mu);
-    *(void **)p = rel_head;
-    rel_head = p;
-    pthread_mutex_unlock(&q_mu);
+    q_lock();
+    *(void **)p = hq.rel_head;
+    hq.rel_head = p;
+    q_unlock();
 }
 
 void *qrpc_released_take(void) {
-    pthread_mutex_lock(&q_mu);
-    void *p = rel_head;
-    rel_head = NULL;
-    pthread_mutex_unlock(&q_mu);
+    q_lock();
+    void *p = hq.rel_head;
+    hq.rel_head = NULL;
+    q_unlock();
     return p;
+}
+
+void qrpc_small_trim(void) {
+    void *lists[QRPC_SMALL_CLASSES];
+    q_lock();
+    for (int c = 0; c < QRPC_SMALL_CLASSES; c++) {
+        lists[c] = hq.small[c];
+        hq.small[c] = NULL;
+        hq.small_n[c] = 0;
+    }
+    q_unlock();
+    for (int c = 0; c < QRPC_SMALL_CLASSES; c++) {
+        for (void *p = lists[c]; p != NULL;) {
+            void *next = *(void **)p;
+            free(p);
+            p = next;
+        }
+    }
 }

@@ -25,7 +25,9 @@ import "C"
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -82,19 +84,40 @@ func (s *submitter) halt() {
 	close(stop)
 	_ = f.Close()
 	s.done.Wait()
+	C.qrpc_done_free()
 }
 
 func (s *submitter) run(f *os.File) {
 	defer s.done.Done()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		rt.Logger().Error("qrpc submit queue: no raw eventfd", "err", err.Error())
+		return
+	}
 	var buf [8]byte
+	// A raw read: through Go's syscall package the read would wake sysmon
+	// (see hostq.c). The eventfd is non-blocking; EAGAIN waits in the
+	// netpoller.
+	read := func(fd uintptr) bool {
+		for {
+			_, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+			switch e {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			return true
+		}
+	}
 	for {
-		if it := C.qrpc_submitq_take(); it != nil {
+		if it := sqTake(); it != nil {
 			runQueued(it)
 			continue
 		}
-		if _, err := f.Read(buf[:]); err != nil {
+		if err := rc.Read(read); err != nil {
 			// Closed by halt: what was queued before the close runs now.
-			runQueued(C.qrpc_submitq_take())
+			runQueued(sqTake())
 			return
 		}
 	}
@@ -110,14 +133,89 @@ func (s *submitter) trim(stop chan struct{}) {
 		case <-stop:
 			takeReleased(C.qrpc_released_take())
 			C.qrpc_submitq_trim(1)
+			C.qrpc_done_free()
+			C.qrpc_small_trim()
 			return
 		case <-t.C:
 			takeReleased(C.qrpc_released_take())
 			cmem.Tick()
 			C.qrpc_submitq_trim(0)
+			C.qrpc_done_free()
+			if smallTaken.Swap(0) == 0 {
+				C.qrpc_small_trim() // idle since the last tick
+			}
 		}
 	}
 }
+
+// hq is hostq.c's state (qrpc_hostq_t). Go reads and writes it under
+// qlock without cgo calls: a cgo call, like a system call through Go's
+// syscall package, wakes Go's sysmon when the runtime was idle, and
+// sysmon then polls every 20 us for a millisecond (see hostq.c).
+var hq = &C.qrpc_hostq
+
+// qlock takes hostq.c's spinlock (q_lock there). Its holders do a few
+// loads and stores. Past a short spin it waits with Gosched, which lets a
+// goroutine holding it run on this P, and now and then gives the CPU up
+// (sched_yield, raw: see hq) for a holder the kernel preempted, such as
+// the nginx thread.
+func qlock() {
+	l := (*uint32)(unsafe.Pointer(&hq.lock))
+	for spins := 0; !atomic.CompareAndSwapUint32(l, 0, 1); spins++ {
+		switch {
+		case spins < 64:
+		case spins%16 == 0:
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		default:
+			runtime.Gosched()
+		}
+	}
+}
+
+func qunlock() { atomic.StoreUint32((*uint32)(unsafe.Pointer(&hq.lock)), 0) }
+
+// sqTake is qrpc_submitq_take: every queued command (a list in queue
+// order), or nil, recording that the submitter goes to sleep.
+func sqTake() *C.qrpc_qitem_t {
+	qlock()
+	it := hq.sq_head
+	hq.sq_head, hq.sq_tail, hq.sq_len = nil, nil, 0
+	if it == nil {
+		hq.sleeping = 1
+	} else {
+		hq.sleeping = 0
+	}
+	qunlock()
+	return it
+}
+
+// smallTaken counts the small blocks taken from hostq.c's lists since the
+// trimmer last looked.
+var smallTaken atomic.Uint64
+
+// smallAlloc returns a block of at least n bytes (n <= smallMax) from the
+// blocks qrpc_release kept, or a new one (a cgo call) when none is left.
+func smallAlloc(n int) unsafe.Pointer {
+	c := 0
+	for n > 64<<c {
+		c++
+	}
+	qlock()
+	p := hq.small[c]
+	if p != nil {
+		hq.small[c] = *(*unsafe.Pointer)(p)
+		hq.small_n[c]--
+	}
+	qunlock()
+	if p != nil {
+		smallTaken.Add(1)
+		return p
+	}
+	return C.qrpc_small_alloc_slow(C.int(c))
+}
+
+// smallMax is the largest block of the small classes (hostq.h).
+const smallMax = 64 << (C.QRPC_SMALL_CLASSES - 1)
 
 // takeReleased gives the blocks qrpc_release kept to the buffer cache.
 func takeReleased(p unsafe.Pointer) {
@@ -130,12 +228,20 @@ func takeReleased(p unsafe.Pointer) {
 
 // runQueued runs and frees a list of queued commands, in order.
 func runQueued(it *C.qrpc_qitem_t) {
-	for it != nil {
-		next := it.next
-		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))
-		C.qrpc_submitq_free(it)
-		it = next
+	if it == nil {
+		return
 	}
+	first, last := it, it
+	for ; it != nil; it = it.next {
+		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))
+		last = it
+	}
+	// Freed by C (qrpc_done_free) on the nginx thread's next call: free()
+	// from here would be a cgo call.
+	qlock()
+	last.next = hq.done_head
+	hq.done_head = first
+	qunlock()
 }
 
 // runAsync runs one queued command; a UNARY that Submit refuses completes
@@ -163,10 +269,43 @@ func runAsync(abi *cmdABI) {
 
 // cqPush queues c in C: 1 when the queue was empty, 0 when not, -1 when
 // closed, -2 when refused (no memory, or too many log lines).
+//
+// It is qrpc_cq_push done in Go, without a cgo call (see hq); only a full
+// ring goes to C, which grows it.
 func cqPush(c *bridge.Completion, maxLogs int) int {
-	var rel unsafe.Pointer
-	rc := int(C.qrpc_cq_push((*C.qrpc_completion_t)(unsafe.Pointer(c)), C.int(maxLogs), &rel))
+	isLog := c.Status == bridge.StatusLog
+	qlock()
+	rel := hq.rel_head
+	hq.rel_head = nil
+	rc := 0
+	switch {
+	case hq.fd < 0:
+		rc = -1
+	case isLog && hq.cq_logs >= C.uint64_t(maxLogs):
+		rc = -2
+	case hq.cq_len == hq.cq_cap:
+		rc = 2 // grow, in C
+	default:
+		const size = unsafe.Sizeof(bridge.Completion{})
+		i := (hq.cq_head + hq.cq_len) % hq.cq_cap
+		slot := unsafe.Add(unsafe.Pointer(hq.cq_buf), uintptr(i)*size)
+		// bytes: no write barrier for the pointers into C memory
+		*(*[size]byte)(slot) = *(*[size]byte)(unsafe.Pointer(c))
+		hq.cq_len++
+		if isLog {
+			hq.cq_logs++
+		}
+		if hq.cq_len == 1 {
+			rc = 1
+		}
+	}
+	qunlock()
 	takeReleased(rel)
+	if rc == 2 {
+		var more unsafe.Pointer
+		rc = int(C.qrpc_cq_push((*C.qrpc_completion_t)(unsafe.Pointer(c)), C.int(maxLogs), &more))
+		takeReleased(more)
+	}
 	return rc
 }
 
@@ -189,3 +328,21 @@ func submitAsync(c *cmdABI) int32 {
 func release(p unsafe.Pointer) { C.qrpc_release(p) }
 
 func submitqCached() int { return int(C.qrpc_submitq_cached()) }
+
+// smallKept is how many small blocks class c's list holds, for tests.
+func smallKept(c int) int {
+	qlock()
+	defer qunlock()
+	return int(hq.small_n[c])
+}
+
+// doneWaiting is how many commands wait for qrpc_done_free, for tests.
+func doneWaiting() int {
+	qlock()
+	defer qunlock()
+	n := 0
+	for it := hq.done_head; it != nil; it = it.next {
+		n++
+	}
+	return n
+}

@@ -14,6 +14,43 @@ typedef struct qrpc_qitem {
     qrpc_cmd_t cmd;
 } qrpc_qitem_t;
 
+#include <stdint.h>
+
+/* Classes of small result blocks kept for reuse: 64 B << c, c < 8. */
+#define QRPC_SMALL_CLASSES 8
+
+/* The queues' state (hostq.c), read and written by Go too (hostq.go)
+ * under lock, a spinlock taken with atomics on both sides. */
+typedef struct {
+    uint32_t lock;
+    int32_t fd;       /* the submitter's eventfd; -1: closed */
+    int32_t sleeping; /* the submitter found the queue empty */
+    int32_t pad_;
+    qrpc_qitem_t *sq_head, *sq_tail; /* submit queue */
+    uint64_t sq_len;
+    qrpc_completion_t *cq_buf; /* completion queue, a ring */
+    uint64_t cq_cap, cq_head, cq_len, cq_logs;
+    void *rel_head;          /* big blocks released for Go's buffer cache */
+    qrpc_qitem_t *done_head; /* commands Go has run, for C to free */
+    void *small[QRPC_SMALL_CLASSES]; /* free small result blocks */
+    uint32_t small_n[QRPC_SMALL_CLASSES];
+} qrpc_hostq_t;
+
+extern qrpc_hostq_t qrpc_hostq;
+
+/* The class whose blocks hold n bytes, or -1 when n is above the last;
+ * and a new block of class c (malloc), when its list is empty. */
+int qrpc_small_class(size_t n);
+void *qrpc_small_alloc_slow(int c);
+
+/* Frees the commands Go has run (Go queues them on done_head: freeing
+ * from Go would be a cgo call). The nginx thread calls it on its own
+ * calls; Go calls it when the host stops. */
+void qrpc_done_free(void);
+
+/* Frees the kept small blocks (the submitter's timer, when idle). */
+void qrpc_small_trim(void);
+
 /* Opens the queues with the eventfd that wakes the submitter, or closes
  * them (fd < 0): pushes then fail with QRPC_ERR_CLOSED. After it returns
  * the old fd is no longer written to. */

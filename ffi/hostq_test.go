@@ -255,3 +255,51 @@ func TestSubmitBlocksReused(t *testing.T) {
 	}
 	waitLong(t, func() bool { return submitqCached() == 0 }, "the idle submitter to free the kept command blocks")
 }
+
+// TestSmallBlocksReused: a small result block that Lua releases goes back
+// to hostq.c's list of its class, and the next result of that class gets
+// it without a cgo call; the lists are bounded, and the trimmer empties
+// them once idle.
+func TestSmallBlocksReused(t *testing.T) {
+	openBuiltin(t)
+	m := rt.Message(bridge.ErrGeneric, "small", 0) // 6 bytes: class 0
+	before := smallKept(0)
+	release(m.Data)
+	if smallKept(0) != before+1 {
+		t.Fatalf("class 0 holds %d blocks after a release, want %d", smallKept(0), before+1)
+	}
+	c0 := runtime.NumCgoCall()
+	p := cmem.Alloc(40)
+	if n := runtime.NumCgoCall() - c0; n != 0 || p != m.Data {
+		t.Fatalf("Alloc(40) = %p after releasing %p, with %d cgo calls; want the same block and none", p, m.Data, n)
+	}
+	release(p)
+	// Bounded: 300 releases keep at most 256 blocks of class 0.
+	var ps []unsafe.Pointer
+	for i := 0; i < 300; i++ {
+		ps = append(ps, smallAlloc(64))
+	}
+	for _, p := range ps {
+		release(p)
+	}
+	if n := smallKept(0); n != 256 {
+		t.Fatalf("class 0 holds %d blocks after 300 releases, want 256", n)
+	}
+	waitLong(t, func() bool { return smallKept(0) == 0 }, "the idle lists to be freed")
+}
+
+// TestRunCommandsFreedInC: the submitter queues the commands it ran for
+// C to free (qrpc_done_free, on the nginx thread's next call), instead of
+// a cgo call each.
+func TestRunCommandsFreedInC(t *testing.T) {
+	d := openBuiltin(t)
+	u := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 999}
+	if rc := submitAsync(u); rc != bridge.StatusOK {
+		t.Fatalf("cancel: %d", rc)
+	}
+	waitFor(t, func() bool { return doneWaiting() == 1 }, "the cancel to be run and queued for freeing")
+	d.pump(10 * time.Millisecond) // qrpc_poll frees them
+	if n := doneWaiting(); n != 0 {
+		t.Fatalf("%d commands still wait for qrpc_done_free after qrpc_poll", n)
+	}
+}

@@ -169,6 +169,11 @@ void qrpc_release(void *p);
  * built-in host's hot path stays in C. */
 uint64_t qrpc_go_entries(void);
 
+/* How many calls Go has made into C so far (runtime.NumCgoCall): the
+ * built-in host's steady hot path makes none, as a cgo call after Go was
+ * idle wakes Go's sysmon thread (hostq.c). For tests and diagnostics. */
+uint64_t qrpc_go_cgo_calls(void);
+
 /* Counters of one connection (or, with conn = 0, of the whole runtime). */
 typedef struct {
     uint64_t inflight;   /* calls sent and not yet finished */

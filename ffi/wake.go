@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
@@ -47,10 +48,13 @@ func (w *wakeState) signal() {
 	if wc == nil {
 		return
 	}
+	// A raw send: through Go's syscall package it would wake Go's sysmon
+	// when the runtime was idle (see hostq.c).
 	_ = wc.raw.Write(func(fd uintptr) bool {
 		for {
-			err := syscall.Sendto(int(fd), wakeByte, syscall.MSG_DONTWAIT|syscall.MSG_NOSIGNAL, nil)
-			if err != syscall.EINTR {
+			_, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&wakeByte[0])), 1,
+				syscall.MSG_DONTWAIT|syscall.MSG_NOSIGNAL, 0, 0)
+			if e != syscall.EINTR {
 				return true
 			}
 		}

@@ -30,7 +30,8 @@ import (
 type udpSocket struct {
 	*net.UDPConn
 	batch   *ipv4.PacketConn
-	recvErr bool // IP_RECVERR (or IPV6_RECVERR) is set
+	raw     *rawIO // nil: batch and UDPConn do the I/O
+	recvErr bool   // IP_RECVERR (or IPV6_RECVERR) is set
 }
 
 // listenUDP opens the socket for a connection to raddr, in raddr's family.
@@ -43,7 +44,7 @@ func listenUDP(raddr *net.UDPAddr) (*udpSocket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen udp: %w", err)
 	}
-	s := &udpSocket{UDPConn: uc, batch: ipv4.NewPacketConn(uc)}
+	s := &udpSocket{UDPConn: uc, batch: ipv4.NewPacketConn(uc), raw: newRawIO(uc, network)}
 	s.recvErr = setRecvErr(uc, network == "udp6")
 	return s, nil
 }
@@ -53,7 +54,7 @@ func listenUDP(raddr *net.UDPAddr) (*udpSocket, error) {
 // first.
 func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	for {
-		n, err := s.batch.ReadBatch(ms, flags)
+		n, err := s.readBatch(ms, flags)
 		if err == nil || !s.recvErr {
 			return n, err
 		}
@@ -81,7 +82,7 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 // ICMP error pending on the socket, without sending: the same rule as for
 // reads applies, and a transient error sends again once.
 func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
-	n, oobn, err := s.UDPConn.WriteMsgUDP(b, oob, addr)
+	n, oobn, err := s.writeMsgUDP(b, oob, addr)
 	if err == nil || !s.recvErr {
 		return n, oobn, err
 	}
@@ -95,6 +96,24 @@ func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, err
 	}
 	// A genuine local error (EMSGSIZE for a packet over the interface's
 	// MTU) comes back the same the second time, for quic-go to handle.
+	return s.writeMsgUDP(b, oob, addr)
+}
+
+func (s *udpSocket) readBatch(ms []ipv4.Message, flags int) (int, error) {
+	if s.raw != nil {
+		if n, err, ok := s.raw.readBatch(ms, flags); ok {
+			return n, err
+		}
+	}
+	return s.batch.ReadBatch(ms, flags)
+}
+
+func (s *udpSocket) writeMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
+	if s.raw != nil {
+		if n, oobn, err, ok := s.raw.writeMsgUDP(b, oob, addr); ok {
+			return n, oobn, err
+		}
+	}
 	return s.UDPConn.WriteMsgUDP(b, oob, addr)
 }
 

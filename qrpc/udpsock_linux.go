@@ -2,7 +2,15 @@ package qrpc
 
 import (
 	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
 	"syscall"
+	"unsafe"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 )
 
 // setRecvErr asks for ICMP errors on the socket (see udpSocket). An IPv6
@@ -41,4 +49,232 @@ func (s *udpSocket) drainErrQueue() {
 			}
 		}
 	})
+}
+
+// rawIO reads and sends with recvmmsg and sendmsg through
+// syscall.RawSyscall6. Through Go's syscall package (net, x/net/ipv4) each
+// of those calls tells the scheduler it enters a system call, and the
+// first one after the runtime was idle wakes Go's sysmon thread, which
+// then polls every 20 us for at least a millisecond: the connection's
+// goroutines go idle and busy again several times per call, so those
+// wake-ups cost more CPU than the I/O (README, Tuning). The socket is
+// non-blocking, so the calls never block: EAGAIN waits in the netpoller as
+// before.
+type rawIO struct {
+	rc      syscall.RawConn
+	network string
+	laddr   net.Addr
+
+	rmu   sync.Mutex
+	hdrs  []mmsghdr
+	iovs  []unix.Iovec
+	names []syscall.RawSockaddrInet6 // room for either family
+	last  syscall.RawSockaddrInet6   // the last sender, parsed into lastAddr
+	lastN uint32
+	lastA *net.UDPAddr
+
+	wmu   sync.Mutex
+	whdr  unix.Msghdr
+	wiov  unix.Iovec
+	wname syscall.RawSockaddrInet6
+	wlen  uint32
+	waddr *net.UDPAddr // whose sockaddr wname holds
+}
+
+type mmsghdr struct {
+	hdr unix.Msghdr
+	n   uint32
+	_   [4]byte
+}
+
+func newRawIO(uc *net.UDPConn, network string) *rawIO {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return &rawIO{rc: rc, network: network, laddr: uc.LocalAddr()}
+}
+
+func (r *rawIO) opError(op string, addr net.Addr, call string, e syscall.Errno) error {
+	return &net.OpError{Op: op, Net: r.network, Source: r.laddr, Addr: addr, Err: os.NewSyscallError(call, e)}
+}
+
+// readBatch is ipv4.PacketConn.ReadBatch's recvmmsg, for messages of one
+// buffer each (quic-go's); ok == false leaves others to the caller.
+func (r *rawIO) readBatch(ms []ipv4.Message, flags int) (n int, err error, ok bool) {
+	for i := range ms {
+		if len(ms[i].Buffers) != 1 || len(ms[i].Buffers[0]) == 0 {
+			return 0, nil, false
+		}
+	}
+	if len(ms) == 0 {
+		return 0, nil, true
+	}
+	r.rmu.Lock()
+	defer r.rmu.Unlock()
+	if len(r.hdrs) < len(ms) {
+		r.hdrs = make([]mmsghdr, len(ms))
+		r.iovs = make([]unix.Iovec, len(ms))
+		r.names = make([]syscall.RawSockaddrInet6, len(ms))
+	}
+	for i := range ms {
+		m := &ms[i]
+		r.iovs[i].Base = &m.Buffers[0][0]
+		r.iovs[i].SetLen(len(m.Buffers[0]))
+		h := &r.hdrs[i].hdr
+		*h = unix.Msghdr{}
+		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		h.Namelen = uint32(unsafe.Sizeof(r.names[i]))
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		if len(m.OOB) > 0 {
+			h.Control = &m.OOB[0]
+			h.SetControllen(len(m.OOB))
+		}
+	}
+	var got int
+	var errno syscall.Errno
+	if err := r.rc.Read(func(fd uintptr) bool {
+		for {
+			n, _, e := syscall.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])),
+				uintptr(len(ms)), uintptr(flags), 0, 0)
+			switch e {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			got, errno = int(n), e
+			return true
+		}
+	}); err != nil {
+		return 0, err, true
+	}
+	runtime.KeepAlive(ms)
+	if errno != 0 {
+		return 0, r.opError("read", nil, "recvmmsg", errno), true
+	}
+	for i := 0; i < got; i++ {
+		m := &ms[i]
+		h := &r.hdrs[i].hdr
+		m.N = int(r.hdrs[i].n)
+		m.NN = int(h.Controllen)
+		m.Flags = int(h.Flags)
+		m.Addr = r.sender(i, h.Namelen)
+	}
+	return got, nil, true
+}
+
+// sender is message i's source address; the last one is kept, so that a
+// connection's packets (all from its server) share one *net.UDPAddr.
+func (r *rawIO) sender(i int, n uint32) net.Addr {
+	sa := &r.names[i]
+	if r.lastA != nil && n == r.lastN && *sa == r.last {
+		return r.lastA
+	}
+	var a *net.UDPAddr
+	switch sa.Family {
+	case syscall.AF_INET:
+		s4 := (*syscall.RawSockaddrInet4)(unsafe.Pointer(sa))
+		p := (*[2]byte)(unsafe.Pointer(&s4.Port))
+		a = &net.UDPAddr{IP: net.IPv4(s4.Addr[0], s4.Addr[1], s4.Addr[2], s4.Addr[3]), Port: int(p[0])<<8 | int(p[1])}
+	case syscall.AF_INET6:
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		ip := make(net.IP, net.IPv6len)
+		copy(ip, sa.Addr[:])
+		a = &net.UDPAddr{IP: ip, Port: int(p[0])<<8 | int(p[1])}
+		if sa.Scope_id != 0 {
+			if ifi, err := net.InterfaceByIndex(int(sa.Scope_id)); err == nil {
+				a.Zone = ifi.Name
+			} else {
+				a.Zone = strconv.Itoa(int(sa.Scope_id))
+			}
+		}
+	default:
+		return nil
+	}
+	r.last, r.lastN, r.lastA = *sa, n, a
+	return a
+}
+
+// writeMsgUDP is net.UDPConn.WriteMsgUDP's sendmsg; ok == false (an
+// address with a zone, or of the other family) leaves it to the caller.
+func (r *rawIO) writeMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err error, ok bool) {
+	if addr == nil || addr.Zone != "" {
+		return 0, 0, nil, false
+	}
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if addr != r.waddr {
+		if !r.setName(addr) {
+			r.waddr = nil
+			return 0, 0, nil, false
+		}
+		r.waddr = addr
+	}
+	h := &r.whdr
+	*h = unix.Msghdr{}
+	h.Name = (*byte)(unsafe.Pointer(&r.wname))
+	h.Namelen = r.wlen
+	if len(b) > 0 {
+		r.wiov.Base = &b[0]
+		r.wiov.SetLen(len(b))
+		h.Iov = &r.wiov
+		h.SetIovlen(1)
+	}
+	if len(oob) > 0 {
+		h.Control = &oob[0]
+		h.SetControllen(len(oob))
+	}
+	var sent int
+	var errno syscall.Errno
+	if err := r.rc.Write(func(fd uintptr) bool {
+		for {
+			n, _, e := syscall.RawSyscall(syscall.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(h)), 0)
+			switch e {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			sent, errno = int(n), e
+			return true
+		}
+	}); err != nil {
+		return 0, 0, err, true
+	}
+	runtime.KeepAlive(b)
+	runtime.KeepAlive(oob)
+	r.wiov = unix.Iovec{} // no Go pointer kept past the call
+	if errno != 0 {
+		return 0, 0, r.opError("write", addr, "sendmsg", errno), true
+	}
+	return sent, len(oob), nil, true
+}
+
+// setName puts addr into wname in the socket's family.
+func (r *rawIO) setName(addr *net.UDPAddr) bool {
+	r.wname = syscall.RawSockaddrInet6{}
+	port := (*[2]byte)(unsafe.Pointer(&r.wname.Port))
+	if r.network == "udp4" {
+		ip4 := addr.IP.To4()
+		if ip4 == nil {
+			return false
+		}
+		s4 := (*syscall.RawSockaddrInet4)(unsafe.Pointer(&r.wname))
+		s4.Family = syscall.AF_INET
+		port = (*[2]byte)(unsafe.Pointer(&s4.Port))
+		copy(s4.Addr[:], ip4)
+		r.wlen = uint32(unsafe.Sizeof(*s4))
+	} else {
+		ip := addr.IP.To16()
+		if ip == nil {
+			return false
+		}
+		r.wname.Family = syscall.AF_INET6
+		copy(r.wname.Addr[:], ip)
+		r.wlen = uint32(unsafe.Sizeof(r.wname))
+	}
+	port[0], port[1] = byte(addr.Port>>8), byte(addr.Port)
+	return true
 }
