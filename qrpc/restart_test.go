@@ -125,6 +125,11 @@ func TestServerRestartKill(t *testing.T) {
 			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 				t.Fatal(err)
 			}
+			// Quiet before the kill: the client ACKs that answer up to
+			// max_ack_delay (25 ms) later, and an ACK reaching the fresh
+			// server would bring the reset before the call below does (it
+			// then sees "unavailable: reconnecting"; seen once in CI).
+			time.Sleep(100 * time.Millisecond)
 
 			_ = pc.Close() // kill: no CONNECTION_CLOSE can leave
 			// The same key by default: derived from the same certificate.
