@@ -30,3 +30,24 @@ func LocalAddrsForTest(c *Client) []*net.UDPAddr {
 	}
 	return out
 }
+
+// RawNetworksForTest says which of the server's and the client's sockets
+// do their I/O with raw system calls (rawIO): "udp4" or "udp6" each, ""
+// for one that does not.
+func RawNetworksForTest(s *Server, c *Client) (server string, client []string) {
+	s.mu.Lock()
+	if sock, ok := s.tr.Conn.(*udpSocket); ok && sock.raw != nil {
+		server = sock.raw.network
+	}
+	s.mu.Unlock()
+	for _, sl := range c.slots {
+		if st := sl.cur.Load(); st != nil && st.sock != nil {
+			n := ""
+			if st.sock.raw != nil {
+				n = st.sock.raw.network
+			}
+			client = append(client, n)
+		}
+	}
+	return server, client
+}

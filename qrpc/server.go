@@ -170,10 +170,13 @@ func (s *Server) Listen(addr string, tlsConf *tls.Config) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	pc, err := net.ListenUDP("udp", udpAddr)
+	uc, err := net.ListenUDP("udp", udpAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
+	// The client's socket wrapper: on Linux its reads and sends are raw
+	// system calls, which do not wake Go's sysmon (see rawIO).
+	pc := newUDPSocket(uc)
 	if err := s.start(pc, tlsConf, true); err != nil {
 		_ = pc.Close()
 		return nil, err

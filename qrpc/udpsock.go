@@ -44,9 +44,15 @@ func listenUDP(raddr *net.UDPAddr) (*udpSocket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen udp: %w", err)
 	}
-	s := &udpSocket{UDPConn: uc, batch: ipv4.NewPacketConn(uc), raw: newRawIO(uc, network)}
+	s := newUDPSocket(uc)
 	s.recvErr = setRecvErr(uc, network == "udp6")
 	return s, nil
+}
+
+// newUDPSocket wraps uc for quic-go: batched reads and, on Linux, raw
+// system calls (rawIO). IP_RECVERR is the client's (listenUDP).
+func newUDPSocket(uc *net.UDPConn) *udpSocket {
+	return &udpSocket{UDPConn: uc, batch: ipv4.NewPacketConn(uc), raw: newRawIO(uc)}
 }
 
 // ReadBatch is what quic-go reads with when the conn offers it (in place of

@@ -87,9 +87,26 @@ type mmsghdr struct {
 	_   [4]byte
 }
 
-func newRawIO(uc *net.UDPConn, network string) *rawIO {
+// newRawIO returns uc's raw I/O, or nil (then net and x/net do it). The
+// family is the socket's own (SO_DOMAIN): "udp" on an IPv4 address makes
+// an IPv4 socket, on "::" a dual-stack IPv6 one.
+func newRawIO(uc *net.UDPConn) *rawIO {
 	rc, err := uc.SyscallConn()
 	if err != nil {
+		return nil
+	}
+	domain, serr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		domain, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}); err != nil || serr != nil {
+		return nil
+	}
+	network := "udp4"
+	switch domain {
+	case unix.AF_INET:
+	case unix.AF_INET6:
+		network = "udp6"
+	default:
 		return nil
 	}
 	return &rawIO{rc: rc, network: network, laddr: uc.LocalAddr()}

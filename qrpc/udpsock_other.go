@@ -17,7 +17,7 @@ func (s *udpSocket) drainErrQueue() {}
 // rawIO: Linux only (udpsock_linux.go); elsewhere net and x/net do the I/O.
 type rawIO struct{}
 
-func newRawIO(*net.UDPConn, string) *rawIO { return nil }
+func newRawIO(*net.UDPConn) *rawIO { return nil }
 
 func (*rawIO) readBatch([]ipv4.Message, int) (int, error, bool) { return 0, nil, false }
 
