@@ -75,7 +75,7 @@ int qrpc_small_class(size_t n) {
 void *qrpc_small_alloc_slow(int c) { return malloc((size_t)64 << c); }
 
 // Freed submit blocks of QRPC_CACHE_MIN bytes and more, kept for the next
-// big command, under q_mu. Why: freeing a block that big lets glibc give
+// big command, under the lock. Why: freeing a block that big lets glibc give
 // the top of its heap back to the kernel, and the next malloc faults the
 // pages in again: 100 KB bodies cost 6-7 page faults a call without this
 // (internal/bufcache explains the same for result blocks, which Go keeps).
@@ -257,19 +257,7 @@ void qrpc_hostq_set_fd(int fd) {
     q_unlock();
 }
 
-qrpc_qitem_t *qrpc_submitq_take(void) {
-    q_lock();
-    qrpc_qitem_t *it = hq.sq_head;
-    hq.sq_head = hq.sq_tail = NULL;
-    hq.sq_len = 0;
-    // Set under the lock that pushes take: a push after this one sees it
-    // and writes the eventfd, so no wake-up is lost.
-    hq.sleeping = it == NULL;
-    q_unlock();
-    return it;
-}
-
-// Grows the ring to hold one more; 0 on failure. Under q_mu.
+// Grows the ring to hold one more; 0 on failure. Under the lock.
 static int cq_grow(void) {
     size_t ncap = hq.cq_cap ? 2 * hq.cq_cap : 256;
     qrpc_completion_t *nb = malloc(ncap * sizeof *nb);

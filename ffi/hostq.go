@@ -174,8 +174,10 @@ func qlock() {
 
 func qunlock() { atomic.StoreUint32((*uint32)(unsafe.Pointer(&hq.lock)), 0) }
 
-// sqTake is qrpc_submitq_take: every queued command (a list in queue
-// order), or nil, recording that the submitter goes to sleep.
+// sqTake takes every queued command (a list in queue order), or returns
+// nil and records that the submitter goes to sleep. The flag is set under
+// the lock that pushes take, so the next push writes the eventfd and no
+// wake-up is lost (TestSubmitQueueNoLostWakeup).
 func sqTake() *C.qrpc_qitem_t {
 	qlock()
 	it := hq.sq_head

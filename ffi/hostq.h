@@ -56,11 +56,6 @@ void qrpc_small_trim(void);
  * the old fd is no longer written to. */
 void qrpc_hostq_set_fd(int fd);
 
-/* Takes every queued command (a list in queue order, free each with
- * free()), or returns NULL and records that the submitter goes to sleep:
- * the next push writes the eventfd. */
-qrpc_qitem_t *qrpc_submitq_take(void);
-
 /* Frees a queued command once run: big blocks are kept for the next big
  * command (see hostq.c). */
 void qrpc_submitq_free(qrpc_qitem_t *it);

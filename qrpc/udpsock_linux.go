@@ -65,6 +65,15 @@ type rawIO struct {
 	network string
 	laddr   net.Addr
 
+	// The callbacks given to rc.Read and rc.Write, made once (a closure
+	// per call would allocate), and what they pass back, under rmu / wmu.
+	recvFn, sendFn func(fd uintptr) bool
+	rcount, rflags int
+	rgot           int
+	rerr           syscall.Errno
+	wsent          int
+	werr           syscall.Errno
+
 	rmu   sync.Mutex
 	hdrs  []mmsghdr
 	iovs  []unix.Iovec
@@ -109,7 +118,37 @@ func newRawIO(uc *net.UDPConn) *rawIO {
 	default:
 		return nil
 	}
-	return &rawIO{rc: rc, network: network, laddr: uc.LocalAddr()}
+	r := &rawIO{rc: rc, network: network, laddr: uc.LocalAddr()}
+	r.recvFn, r.sendFn = r.recv, r.send
+	return r
+}
+
+// rawCall makes a system call on a non-blocking descriptor without telling
+// Go's scheduler, again when interrupted; ok == false on EAGAIN (wait in
+// the netpoller).
+func rawCall(trap, fd, a1, a2, a3 uintptr) (n uintptr, e syscall.Errno, ok bool) {
+	for {
+		n, _, e = syscall.RawSyscall6(trap, fd, a1, a2, a3, 0, 0)
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return 0, e, false
+		}
+		return n, e, true
+	}
+}
+
+func (r *rawIO) recv(fd uintptr) bool {
+	n, e, ok := rawCall(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.rcount), uintptr(r.rflags))
+	r.rgot, r.rerr = int(n), e
+	return ok
+}
+
+func (r *rawIO) send(fd uintptr) bool {
+	n, e, ok := rawCall(syscall.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&r.whdr)), 0, 0)
+	r.wsent, r.werr = int(n), e
+	return ok
 }
 
 func (r *rawIO) opError(op string, addr net.Addr, call string, e syscall.Errno) error {
@@ -149,25 +188,12 @@ func (r *rawIO) readBatch(ms []ipv4.Message, flags int) (n int, err error, ok bo
 			h.SetControllen(len(m.OOB))
 		}
 	}
-	var got int
-	var errno syscall.Errno
-	if err := r.rc.Read(func(fd uintptr) bool {
-		for {
-			n, _, e := syscall.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])),
-				uintptr(len(ms)), uintptr(flags), 0, 0)
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			got, errno = int(n), e
-			return true
-		}
-	}); err != nil {
+	r.rcount, r.rflags = len(ms), flags
+	if err := r.rc.Read(r.recvFn); err != nil {
 		return 0, err, true
 	}
 	runtime.KeepAlive(ms)
+	got, errno := r.rgot, r.rerr
 	if errno != 0 {
 		return 0, r.opError("read", nil, "recvmmsg", errno), true
 	}
@@ -243,23 +269,10 @@ func (r *rawIO) writeMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err 
 		h.Control = &oob[0]
 		h.SetControllen(len(oob))
 	}
-	var sent int
-	var errno syscall.Errno
-	if err := r.rc.Write(func(fd uintptr) bool {
-		for {
-			n, _, e := syscall.RawSyscall(syscall.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(h)), 0)
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			sent, errno = int(n), e
-			return true
-		}
-	}); err != nil {
+	if err := r.rc.Write(r.sendFn); err != nil {
 		return 0, 0, err, true
 	}
+	sent, errno := r.wsent, r.werr
 	runtime.KeepAlive(b)
 	runtime.KeepAlive(oob)
 	r.wiov = unix.Iovec{} // no Go pointer kept past the call
