@@ -206,6 +206,16 @@ func (r *Runtime) decodedOutcome(rt *responseType, resp *qrpc.Response, err erro
 			out = r.Message(ErrGeneric, "internal error", 0)
 		}
 	}()
+	if rt.lua {
+		// Straight from the wire data to the table's bytes; what the
+		// direct path leaves goes the JSON way below.
+		sp := bodyPool.Get().(*[]byte)
+		defer putBody(sp)
+		if ser, ok := rt.m.DecodeLua(append((*sp)[:0], 0), resp.Body, rt.opts); ok {
+			*sp = ser
+			return r.Result(resp.Code, resp.Headers, ser)
+		}
+	}
 	bp := bodyPool.Get().(*[]byte)
 	defer putBody(bp)
 	js, derr := rt.m.Decode((*bp)[:0], resp.Body, rt.opts)

@@ -50,15 +50,7 @@ var ErrDuplicateKey = errors.New("duplicate key")
 // fails on invalid JSON, nesting deeper than MaxDepth, a duplicate key in
 // an object, and a \u escape that is not valid UTF-16 (a lone surrogate).
 func FromJSON(dst, js []byte) ([]byte, error) {
-	p := parser{in: js, out: dst}
-	if err := p.value(0); err != nil {
-		return dst, err
-	}
-	p.skipSpace()
-	if p.pos != len(p.in) {
-		return dst, p.errorf("trailing characters")
-	}
-	return p.out, nil
+	return AppendJSON(dst, js, 0)
 }
 
 type parser struct {
@@ -97,14 +89,15 @@ func appendU124(out []byte, n uint32) []byte {
 
 // patchCount replaces the 5 bytes reserved at at (0xff + u32) with the
 // shortest form of n, moving what follows.
-func (p *parser) patchCount(at int, n uint32) {
+func patchCount(out []byte, at int, n uint32) []byte {
 	var tmp [5]byte
 	enc := appendU124(tmp[:0], n)
-	copy(p.out[at:], enc)
+	copy(out[at:], enc)
 	if len(enc) < 5 {
-		copy(p.out[at+len(enc):], p.out[at+5:])
-		p.out = p.out[:len(p.out)-(5-len(enc))]
+		copy(out[at+len(enc):], out[at+5:])
+		out = out[:len(out)-(5-len(enc))]
 	}
+	return out
 }
 
 func (p *parser) value(depth int) error {
@@ -195,7 +188,7 @@ func (p *parser) object(depth int) error {
 		}
 		p.pos++
 	}
-	p.patchCount(start+1, n)
+	p.out = patchCount(p.out, start+1, n)
 	return nil
 }
 
@@ -247,7 +240,7 @@ func (p *parser) array(depth int) error {
 		p.pos++
 	}
 	// a counts slot 0, which a 1-based array leaves empty
-	p.patchCount(start+1, n+1)
+	p.out = patchCount(p.out, start+1, n+1)
 	return nil
 }
 

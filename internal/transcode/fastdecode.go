@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
 )
 
 // fastDecoder writes the proto3 JSON form of wire data straight from the
@@ -23,7 +25,18 @@ import (
 type fastDecoder struct {
 	reg        *Registry
 	protoNames bool
+	// lua: write the value in LuaJIT's string.buffer format, the bytes
+	// luaser.FromJSON writes for the JSON text (see DecodeLua), instead
+	// of the text.
+	lua   bool
+	depth int // lua: tables open around the value being written
 }
+
+// luaMaxDepth is where the Lua form gives up and leaves the call to the
+// JSON text and luaser.FromJSON, which know the exact limit: a message
+// nests a list or a map, which nests messages, so one level of protobuf
+// can be two of tables.
+const luaMaxDepth = luaser.MaxDepth - 4
 
 // entry is one field occurrence in a message's wire data.
 type entry struct {
@@ -42,6 +55,9 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		return d.wrapper(out, p, b)
 	case wktOther:
 		return d.viaProtojson(out, p.md, b)
+	}
+	if d.lua && (p.dupLuaKey(d.protoNames) || d.depth >= luaMaxDepth) {
+		return out, false
 	}
 	var stack [24]entry
 	es := stack[:0]
@@ -94,7 +110,13 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		slices.SortStableFunc(es, func(a, b entry) int { return a.f.idx - b.f.idx })
 	}
 
-	out = append(out, '{')
+	var table, written int // lua: where the table starts, how many keys
+	if d.lua {
+		out, table = luaser.OpenTable(out)
+		d.depth++
+	} else {
+		out = append(out, '{')
+	}
 	first := true
 	var ok bool
 	for i := 0; i < len(es); {
@@ -125,12 +147,20 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 			}
 		}
 		start := len(out)
-		if !first {
-			out = append(out, ',')
-		}
-		if d.protoNames {
+		switch {
+		case d.lua && d.protoNames:
+			out = append(out, f.luaProtoKey...)
+		case d.lua:
+			out = append(out, f.luaCamelKey...)
+		case d.protoNames:
+			if !first {
+				out = append(out, ',')
+			}
 			out = append(out, f.protoKey...)
-		} else {
+		default:
+			if !first {
+				out = append(out, ',')
+			}
 			out = append(out, f.camelKey...)
 		}
 		var wrote bool
@@ -162,6 +192,11 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 			continue
 		}
 		first = false
+		written++
+	}
+	if d.lua {
+		d.depth--
+		return luaser.CloseHash(out, table, written)
 	}
 	return append(out, '}'), true
 }
@@ -182,11 +217,17 @@ func isZeroScalar(k protoreflect.Kind, e entry) bool {
 }
 
 func (d *fastDecoder) list(out []byte, f *fieldPlan, group []entry) ([]byte, bool, bool) {
-	out = append(out, '[')
+	var table int
+	if d.lua {
+		out, table = luaser.OpenTable(out)
+		d.depth++
+	} else {
+		out = append(out, '[')
+	}
 	n := 0
 	var ok bool
 	one := func(e entry) {
-		if n > 0 {
+		if n > 0 && !d.lua {
 			out = append(out, ',')
 		}
 		n++
@@ -229,6 +270,11 @@ func (d *fastDecoder) list(out []byte, f *fieldPlan, group []entry) ([]byte, boo
 	}
 	if n == 0 {
 		return out, false, true
+	}
+	if d.lua {
+		d.depth--
+		out, ok = luaser.CloseArray(out, table, n)
+		return out, true, ok
 	}
 	return append(out, ']'), true, true
 }
@@ -284,17 +330,25 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 			return out, false, false // merged: protojson's job
 		}
 		var ok bool
-		switch f.mapKey.kind {
-		case protoreflect.StringKind:
+		switch {
+		case f.mapKey.kind == protoreflect.StringKind:
 			if !utf8.Valid(it.key.b) {
 				return out, false, false
 			}
-			it.keyText, ok = appendJSONString(nil, it.key.b)
+			if d.lua {
+				it.keyText, ok = luaser.AppendString(nil, it.key.b), true
+			} else {
+				it.keyText, ok = appendJSONString(nil, it.key.b)
+			}
 		default:
+			// JSON keys are strings: "12", "true"
 			var num []byte
-			num, ok = d.scalar(nil, f.mapKey, it.key)
+			num, ok = d.jsonScalar(nil, f.mapKey, it.key)
 			if len(num) > 0 && num[0] == '"' {
-				it.keyText = num
+				num = num[1 : len(num)-1]
+			}
+			if d.lua {
+				it.keyText = luaser.AppendString(nil, num)
 			} else {
 				it.keyText = append(append([]byte{'"'}, num...), '"')
 			}
@@ -306,18 +360,26 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 	}
 	// The last entry for a key wins; protojson writes keys in order.
 	slices.SortStableFunc(items, func(a, b mapItem) int { return compareMapKeys(f.mapKey.kind, a.key, b.key) })
-	out = append(out, '{')
+	var table int
+	if d.lua {
+		out, table = luaser.OpenTable(out)
+		d.depth++
+	} else {
+		out = append(out, '{')
+	}
 	n := 0
 	for i, it := range items {
 		if i+1 < len(items) && compareMapKeys(f.mapKey.kind, it.key, items[i+1].key) == 0 {
 			continue
 		}
-		if n > 0 {
+		if n > 0 && !d.lua {
 			out = append(out, ',')
 		}
 		n++
 		out = append(out, it.keyText...)
-		out = append(out, ':')
+		if !d.lua {
+			out = append(out, ':')
+		}
 		var ok bool
 		switch {
 		case f.mapVal.kind == protoreflect.MessageKind:
@@ -331,6 +393,12 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 	}
 	if n == 0 {
 		return out, false, true
+	}
+	if d.lua {
+		d.depth--
+		var ok bool
+		out, ok = luaser.CloseHash(out, table, n)
+		return out, true, ok
 	}
 	return append(out, '}'), true, true
 }
@@ -394,8 +462,16 @@ func signedValue(k protoreflect.Kind, v uint64) int64 {
 	return int64(v) // int64, sfixed64
 }
 
-// scalar appends the JSON form of one scalar or enum value.
+// scalar appends one scalar or enum value.
 func (d *fastDecoder) scalar(out []byte, f *fieldPlan, e entry) ([]byte, bool) {
+	if d.lua {
+		return d.luaScalar(out, f, e)
+	}
+	return d.jsonScalar(out, f, e)
+}
+
+// jsonScalar appends the JSON form of one scalar or enum value.
+func (d *fastDecoder) jsonScalar(out []byte, f *fieldPlan, e entry) ([]byte, bool) {
 	switch f.kind {
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
 		return strconv.AppendInt(out, signedValue(f.kind, e.v), 10), true
@@ -531,6 +607,19 @@ const (
 )
 
 func (d *fastDecoder) timeValue(out []byte, p *plan, b []byte) ([]byte, bool) {
+	if d.lua {
+		var tmp [48]byte
+		js, ok := d.jsonTimeValue(tmp[:0], p, b)
+		if !ok {
+			return out, false
+		}
+		return luaser.AppendString(out, js[1:len(js)-1]), true // no escapes in it
+	}
+	return d.jsonTimeValue(out, p, b)
+}
+
+// jsonTimeValue writes a Timestamp or Duration as a JSON string.
+func (d *fastDecoder) jsonTimeValue(out []byte, p *plan, b []byte) ([]byte, bool) {
 	var secs, nanos int64
 	for len(b) > 0 {
 		num, wt, n := protowire.ConsumeTag(b)
@@ -641,15 +730,25 @@ func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor
 	if err := (proto.UnmarshalOptions{Resolver: types}).Unmarshal(b, msg); err != nil {
 		return out, false
 	}
-	start := len(out)
-	out, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, Resolver: types}.MarshalAppend(out, msg)
+	dst := out
+	if d.lua {
+		dst = nil // the text is converted into out
+	}
+	start := len(dst)
+	js, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, Resolver: types}.MarshalAppend(dst, msg)
 	if err != nil {
-		return out[:start], false
+		return out, false
 	}
 	if jsonSpacing {
-		out = append(out[:start], compactJSON(out[start:])...)
+		js = append(js[:start], compactJSON(js[start:])...)
 	}
-	return out, true
+	if d.lua {
+		if out, err = luaser.AppendJSON(out, js, d.depth); err != nil {
+			return out, false
+		}
+		return out, true
+	}
+	return js, true
 }
 
 // fieldValue reads one field's value of wire type wt from val (already

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
 )
 
 // A plan is what the fast paths (fastdecode.go, fastencode.go) need to know
@@ -36,6 +38,10 @@ type plan struct {
 	names   nameTable
 	oneofs  int  // real (not synthetic) oneofs
 	ordered bool // declaration order is field number order
+	// Two fields with the same JSON name: protojson writes
+	// both keys, which luaser.FromJSON refuses, so the Lua form leaves
+	// such a message to the JSON path.
+	dupCamel bool
 }
 
 type wktKind int
@@ -65,11 +71,13 @@ type fieldPlan struct {
 	// fields back in order (Lua's pairs never gives it) without sorting.
 	order int64
 	rank  int
-	// `"jsonName":` and `"proto_name":`, ready to append.
-	camelKey, protoKey []byte
-	msg                *plan // message kind, or the map's value type
-	mapKey, mapVal     *fieldPlan
-	nullValue          bool // enum google.protobuf.NullValue
+	// `"jsonName":` and `"proto_name":`, ready to append; and the same
+	// names as Lua strings in string.buffer's format.
+	camelKey, protoKey       []byte
+	luaCamelKey, luaProtoKey []byte
+	msg                      *plan // message kind, or the map's value type
+	mapKey, mapVal           *fieldPlan
+	nullValue                bool // enum google.protobuf.NullValue
 	// enumByName and enumByNum are the enum's values, looked up without
 	// going through the descriptor's maps and lazy initialisation.
 	enumByName nameTable
@@ -131,6 +139,11 @@ func buildPlan(md protoreflect.MessageDescriptor, built map[protoreflect.FullNam
 	// protojson looks a key up by JSON name first, then by .proto name;
 	// the table keeps the first entry for a key.
 	p.names = newNameTable(2 * len(p.fields))
+	camel := map[string]bool{}
+	for _, fp := range p.fields {
+		p.dupCamel = p.dupCamel || camel[fp.fd.JSONName()]
+		camel[fp.fd.JSONName()] = true
+	}
 	maxNum := 0
 	for _, fp := range p.fields {
 		p.names.add(fp.fd.JSONName(), fp, 0)
@@ -163,6 +176,8 @@ func newFieldPlan(fd protoreflect.FieldDescriptor, idx int, built map[protorefle
 	}
 	fp.camelKey = jsonKey(fd.JSONName())
 	fp.protoKey = jsonKey(string(fd.Name()))
+	fp.luaCamelKey = luaser.AppendString(nil, fd.JSONName())
+	fp.luaProtoKey = luaser.AppendString(nil, string(fd.Name()))
 	switch {
 	case fd.IsMap():
 		fp.mapKey = newFieldPlan(fd.MapKey(), 0, built)
@@ -194,6 +209,13 @@ func newFieldPlan(fd protoreflect.FieldDescriptor, idx int, built map[protorefle
 		}
 	}
 	return fp
+}
+
+// dupLuaKey reports whether the message's table would have a key twice.
+// (.proto names are unique within a message; JSON names need not be in a
+// descriptor set that was not compiled from source.)
+func (p *plan) dupLuaKey(protoNames bool) bool {
+	return !protoNames && p.dupCamel
 }
 
 // byNumber is byNum through the dense slice when it can.
