@@ -714,6 +714,9 @@ func (d *fastDecoder) wrapper(out []byte, p *plan, b []byte) ([]byte, bool) {
 		}
 		b = b[m:]
 	}
+	if f.kind == protoreflect.StringKind && !utf8.Valid(e.b) {
+		return out, false
+	}
 	return d.scalar(out, f, e)
 }
 

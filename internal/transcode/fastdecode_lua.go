@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"math"
 	"strconv"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -70,9 +69,9 @@ func (d *fastDecoder) luaScalar(out []byte, f *fieldPlan, e entry) ([]byte, bool
 		}
 		return luaser.AppendNumber(out, x), true
 	case protoreflect.StringKind:
-		if !utf8.Valid(e.b) {
-			return out, false
-		}
+		// Valid UTF-8: message, mapValue and wrapper check every string
+		// as they read it (the JSON form checks here again, the cost of a
+		// second pass over each string).
 		return luaser.AppendString(out, e.b), true
 	case protoreflect.BytesKind:
 		out = luaser.AppendStringHeader(out, base64.StdEncoding.EncodedLen(len(e.b)))

@@ -7,8 +7,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
@@ -176,3 +180,42 @@ func BenchmarkDecodeLuaProfile(b *testing.B)            { benchDecodeLua(b, true
 func BenchmarkDecodeLuaProfileViaJSON(b *testing.B)     { benchDecodeLua(b, false, false) }
 func BenchmarkDecodeLuaProfileCold(b *testing.B)        { benchDecodeLua(b, true, true) }
 func BenchmarkDecodeLuaProfileViaJSONCold(b *testing.B) { benchDecodeLua(b, false, true) }
+
+// Strings are checked once, as they are read: a StringValue's too (the
+// wrapper is the one reader outside message and mapValue). An Any goes
+// through protojson inside the table.
+func TestDecodeLuaWrappersAndAny(t *testing.T) {
+	r := NewRegistry()
+	dir := writeFiles(t, map[string]string{"w.proto": `syntax = "proto3"; package w;
+import "google/protobuf/wrappers.proto"; import "google/protobuf/any.proto";
+message W { google.protobuf.StringValue s = 1; google.protobuf.Any a = 2; repeated string l = 3; }`})
+	if err := r.LoadFile(filepath.Join(dir, "w.proto"), nil); err != nil {
+		t.Fatal(err)
+	}
+	m := mustMessage(t, r, "w.W")
+	good := []byte("\x0a\x04\x0a\x02ok\x1a\x01x")
+	if !checkDecodeLua(t, m, good) {
+		t.Fatal("DecodeLua left a valid StringValue to the JSON path")
+	}
+	for _, bad := range [][]byte{
+		[]byte("\x0a\x03\x0a\x01\xff"),  // StringValue
+		[]byte("\x1a\x01\xff\x1a\x01x"), // a list element
+	} {
+		if _, ok := m.DecodeLua(nil, bad, DecodeOptions{}); ok {
+			t.Errorf("DecodeLua took invalid UTF-8: %x", bad)
+		}
+		checkDecodeLua(t, m, bad)
+	}
+	a, err := anypb.New(durationpb.New(1500 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := proto.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withAny := protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), inner)
+	if !checkDecodeLua(t, m, withAny) {
+		t.Fatal("DecodeLua left an Any to the JSON path")
+	}
+}
