@@ -194,8 +194,11 @@ function _M.run()
     while done < n do
         local b = min(BLOCK, n - done)
         for k = 1, nm do
-            -- the order rotates every round
-            local m = (k + round - 1) % nm + 1
+            -- The order rotates every round and runs backwards every
+            -- other one: a block pays for garbage (Lua's, Go's) the block
+            -- before it left, so no mode may always follow the same one.
+            local kk = round % 2 == 0 and k or nm + 1 - k
+            local m = (kk + round - 1) % nm + 1
             local s0 = ctx_switches()
             local t0, c0 = clock(CLOCK_MONOTONIC), clock(CLOCK_PROCESS_CPUTIME_ID)
             local h0 = clock(CLOCK_THREAD_CPUTIME_ID)
