@@ -110,13 +110,8 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		slices.SortStableFunc(es, func(a, b entry) int { return a.f.idx - b.f.idx })
 	}
 
-	var table, written int // lua: where the table starts, how many keys
-	if d.lua {
-		out, table = luaser.OpenTable(out)
-		d.depth++
-	} else {
-		out = append(out, '{')
-	}
+	out, table := d.open(out, '{')
+	written := 0
 	first := true
 	var ok bool
 	for i := 0; i < len(es); {
@@ -194,11 +189,30 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		first = false
 		written++
 	}
+	return d.close(out, table, written, '}')
+}
+
+// open starts an object or array: JSON's bracket, or a Lua table whose
+// header close writes at the returned offset once the size is known.
+func (d *fastDecoder) open(out []byte, bracket byte) ([]byte, int) {
 	if d.lua {
-		d.depth--
-		return luaser.CloseHash(out, table, written)
+		d.depth++
+		return luaser.OpenTable(out)
 	}
-	return append(out, '}'), true
+	return append(out, bracket), 0
+}
+
+// close ends what open started, now holding n keys or values.
+func (d *fastDecoder) close(out []byte, table, n int, bracket byte) ([]byte, bool) {
+	switch {
+	case !d.lua:
+		return append(out, bracket), true
+	case bracket == ']':
+		d.depth--
+		return luaser.CloseArray(out, table, n)
+	}
+	d.depth--
+	return luaser.CloseHash(out, table, n)
 }
 
 func isZeroScalar(k protoreflect.Kind, e entry) bool {
@@ -217,13 +231,7 @@ func isZeroScalar(k protoreflect.Kind, e entry) bool {
 }
 
 func (d *fastDecoder) list(out []byte, f *fieldPlan, group []entry) ([]byte, bool, bool) {
-	var table int
-	if d.lua {
-		out, table = luaser.OpenTable(out)
-		d.depth++
-	} else {
-		out = append(out, '[')
-	}
+	out, table := d.open(out, '[')
 	n := 0
 	var ok bool
 	one := func(e entry) {
@@ -271,12 +279,8 @@ func (d *fastDecoder) list(out []byte, f *fieldPlan, group []entry) ([]byte, boo
 	if n == 0 {
 		return out, false, true
 	}
-	if d.lua {
-		d.depth--
-		out, ok = luaser.CloseArray(out, table, n)
-		return out, true, ok
-	}
-	return append(out, ']'), true, true
+	out, ok = d.close(out, table, n, ']')
+	return out, true, ok
 }
 
 type mapItem struct {
@@ -360,13 +364,7 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 	}
 	// The last entry for a key wins; protojson writes keys in order.
 	slices.SortStableFunc(items, func(a, b mapItem) int { return compareMapKeys(f.mapKey.kind, a.key, b.key) })
-	var table int
-	if d.lua {
-		out, table = luaser.OpenTable(out)
-		d.depth++
-	} else {
-		out = append(out, '{')
-	}
+	out, table := d.open(out, '{')
 	n := 0
 	for i, it := range items {
 		if i+1 < len(items) && compareMapKeys(f.mapKey.kind, it.key, items[i+1].key) == 0 {
@@ -394,13 +392,8 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 	if n == 0 {
 		return out, false, true
 	}
-	if d.lua {
-		d.depth--
-		var ok bool
-		out, ok = luaser.CloseHash(out, table, n)
-		return out, true, ok
-	}
-	return append(out, '}'), true, true
+	out, ok := d.close(out, table, n, '}')
+	return out, true, ok
 }
 
 func compareMapKeys(k protoreflect.Kind, a, b entry) int {
