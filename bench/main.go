@@ -43,6 +43,7 @@ type params struct {
 	placeN    int    // sequential calls per run in the placement and lua-resty-ffi figures
 	gmpSeqN   int    // sequential calls per run in the GOMAXPROCS figure
 	pbSeqN    int    // sequential calls per mode per run in the protobuf figure
+	pbRuns    int    // runs of those at least: the figure is a difference of two ~110 µs ones
 	pbWrkDur  string // wrk duration of each protobuf gateway location
 	poolSeqN  int    // sequential calls per run in the pools figure
 	poolParN  int    // concurrent calls per run in the pools figure
@@ -97,12 +98,12 @@ func main() {
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 100000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
 		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 6000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000,
-		metricsN: 5000, metricsRuns: 7}
+		metricsN: 5000, metricsRuns: 7, pbRuns: 5}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
 			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s", poolSeqN: 1500, poolParN: 5000,
-			metricsN: 2000, metricsRuns: 5}
+			metricsN: 2000, metricsRuns: 5, pbRuns: 1}
 	}
 	switch {
 	case *client != "":

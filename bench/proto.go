@@ -231,7 +231,7 @@ func figureProto(e *env, p params, t *table) error {
 		return err
 	}
 	var runs []protoRun
-	for i := 0; i < p.runs; i++ {
+	for i := 0; i < max(p.pbRuns, p.runs); i++ {
 		log.Printf("proto: %d sequential calls per mode, run %d", p.pbSeqN, i+1)
 		r, err := e.nginx.protoRun(p.pbSeqN)
 		if err != nil {
@@ -240,7 +240,7 @@ func figureProto(e *env, p params, t *table) error {
 		runs = append(runs, r)
 	}
 	tw, bw := medianBy(runs, protoRun.tableUS), medianBy(runs, protoRun.bytesUS)
-	t.add(row{section: secProto, name: fmt.Sprintf("%d calls each, interleaved: time per call", p.pbSeqN),
+	t.add(row{section: secProto, name: fmt.Sprintf("%d calls each, interleaved, median of %d runs: time per call", p.pbSeqN, len(runs)),
 		subject: fmtUS(tw), baseline: fmtUS(bw), ratio: tw / bw, ratioLabel: "time ratio"})
 	tc, bc := medianBy(runs, protoRun.tableCPUUS), medianBy(runs, protoRun.bytesCPUUS)
 	t.add(cpuRow(secProto, "worker CPU per call (all its threads, Go's included)", tc, bc))
