@@ -692,3 +692,67 @@ func TestProtobufWithoutStringBuffer(t *testing.T) {
 		t.Fatalf("HTTP %d:\n%s\nwant:\n%s", st, body, want)
 	}
 }
+
+// qrpc.proto.load with import_paths: a file named by its import name
+// (found in the first directory) whose import lives in the second, both
+// usable in calls; and the option's errors.
+func TestProtoImportPaths(t *testing.T) {
+	srv := startPBServer(t)
+	root := protoDir(t)
+	files := map[string]string{
+		// wire-compatible with demo.HelloRequest / HelloReply, which the server speaks
+		"b/common/names.proto": "syntax = \"proto3\";\npackage common;\n" +
+			"message Hello { string name = 1; }\nmessage Reply { string message = 1; }\n",
+		"a/api.proto": "syntax = \"proto3\";\npackage imp;\nimport \"common/names.proto\";\n" +
+			"message Api { string name = 1; common.Hello unused = 2; }\n",
+		// loaded by path, without import paths: its import is not found
+		"b/common/more.proto": "syntax = \"proto3\";\npackage common;\nmessage More { int32 n = 1; }\n",
+		"a/other.proto": "syntax = \"proto3\";\npackage imp;\nimport \"common/more.proto\";\n" +
+			"message Other { common.More m = 1; }\n",
+	}
+	for name, src := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runBlocks(t, []block{{
+		name: "import paths",
+		conf: ngxConf{
+			Extra: map[string]string{"pb_addr": srv.addr, "imp_a": root + "/a", "imp_b": root + "/b"},
+			InitByLua: `
+        local qt = require "qtest"
+        local qrpc = require "resty.ffi.qrpc"
+        assert(qrpc.configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" })
+        assert(qrpc.proto.load("api.proto", { import_paths = { qt.imp_a, qt.imp_b } }))`,
+			Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qt.connect({}, qt.pb_addr))
+                local res, err = conn:unary("SayHello", { name = "imported" },
+                    { request = "common.Hello", response = "common.Reply" })
+                ngx.say(res and res.body.message or err)
+                res, err = conn:unary("SayHello", { name = "by name" },
+                    { request = "imp.Api", response = "common.Reply" })
+                ngx.say(res and res.body.message or err)
+                ngx.say(select(2, qrpc.proto.load("api.proto", { import_paths = "x" })))
+                ngx.say(select(2, qrpc.proto.load("api.proto", { import_paths = { "" } })))
+                ngx.say(select(2, qrpc.proto.load("api.proto", { import_paths = { qt.imp_a }, path = 1 })))
+                -- the import is not under the file's own directory
+                local ok
+                ok, err = qrpc.proto.load(qt.imp_a .. "/other.proto")
+                ngx.say(tostring(ok), " ", (tostring(err):gsub(qt.imp_a:gsub("%p", "%%%0"), "A")))`),
+		},
+		body: lines(
+			"Hello imported!",
+			"Hello by name!",
+			"bad argument #2: import_paths must be a list of directories",
+			"bad argument #2: import_paths[1] must be a directory path",
+			"bad argument #2: unknown option 'path'",
+			"nil bad proto: A/other.proto:3:8: import not found in import paths (A)",
+		),
+	}})
+}
