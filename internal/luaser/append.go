@@ -43,7 +43,8 @@ func AppendNull(out []byte) []byte { return append(out, tagNull) }
 // returns where it is; the keys and values (or the array's values) follow,
 // then CloseHash or CloseArray writes the header.
 func OpenTable(out []byte) ([]byte, int) {
-	return append(out, tagHash, 0xff, 0, 0, 0, 0), len(out)
+	at := len(out)
+	return append(out, tagHash, 0xff, 0, 0, 0, 0), at
 }
 
 // CloseHash finishes the table opened at at as an object of n keys (an

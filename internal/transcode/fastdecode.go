@@ -142,20 +142,17 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 			}
 		}
 		start := len(out)
+		if !first && !d.lua {
+			out = append(out, ',')
+		}
 		switch {
 		case d.lua && d.protoNames:
 			out = append(out, f.luaProtoKey...)
 		case d.lua:
 			out = append(out, f.luaCamelKey...)
 		case d.protoNames:
-			if !first {
-				out = append(out, ',')
-			}
 			out = append(out, f.protoKey...)
 		default:
-			if !first {
-				out = append(out, ',')
-			}
 			out = append(out, f.camelKey...)
 		}
 		var wrote bool

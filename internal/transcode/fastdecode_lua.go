@@ -13,8 +13,8 @@ import (
 // DecodeLua appends the response pb as a Lua table in LuaJIT's
 // string.buffer serialization format: the bytes luaser.FromJSON writes for
 // Decode's JSON text, byte for byte (FuzzDecodeLua checks it), read
-// straight from the wire data. The JSON text and its parse were most of
-// what a table-mode response cost on Go's side.
+// straight from the wire data. The JSON text and its parse were about
+// half of what a table-mode response cost on Go's side.
 //
 // ok == false leaves the response to Decode and FromJSON, which give the
 // answer or the error: malformed or unusual wire data (the fast decoder's
