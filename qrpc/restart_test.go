@@ -148,12 +148,22 @@ func TestServerRestartKill(t *testing.T) {
 			began := time.Now()
 			_, err = unary(c, 700*time.Millisecond, "echo", []byte("x"))
 			if sameKey {
-				if !errors.Is(err, qrpc.ErrConnLost) {
-					t.Fatalf("first call after the kill: %v, want ErrConnLost (stateless reset)", err)
-				}
+				// The call's packet brings the reset, which fails the
+				// call; or a packet the client sent on its own (a delayed
+				// ACK, a path MTU probe: seen twice in CI, once under
+				// -race after the 100 ms above) brought it first, and the
+				// call finds the client re-dialling. Either way fast: with
+				// another key (below) the call waits out its deadline.
 				var sr *quic.StatelessResetError
-				if !errors.As(err, &sr) {
-					t.Fatalf("first call after the kill: %v, want a stateless reset as the cause", err)
+				switch {
+				case errors.Is(err, qrpc.ErrConnLost):
+					if !errors.As(err, &sr) {
+						t.Fatalf("first call after the kill: %v, want a stateless reset as the cause", err)
+					}
+				case errors.Is(err, qrpc.ErrUnavailable):
+					t.Logf("the reset came before the call: %v", err)
+				default:
+					t.Fatalf("first call after the kill: %v, want ErrConnLost (stateless reset)", err)
 				}
 				if d := time.Since(began); d > 500*time.Millisecond {
 					t.Fatalf("the reset took %v", d)
