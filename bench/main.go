@@ -88,6 +88,7 @@ func main() {
 	clientN := flag.Int("n", 1000, "internal: -client calls")
 	clientSize := flag.Int("size", 100, "internal: -client body size")
 	clientC := flag.Int("c", 1, "internal: -client goroutines")
+	pingpong := flag.Int("pingpong", 0, "internal: time this many same-CPU thread round trips (handoff.go)")
 	listeners := flag.Int("listeners", 1, "internal: -serve this many servers (sockets) in the one process")
 	merge := flag.Bool("merge", false, "replace only the sections run (-only) in the report already in -out, keep the others, and redraw -svg from the result")
 	flag.Parse()
@@ -109,6 +110,11 @@ func main() {
 	case *client != "":
 		if err := runClient(*client, *clientCA, *clientKind, *clientN, *clientSize, *clientC); err != nil {
 			log.Fatalf("bench client: %v", err)
+		}
+		return
+	case *pingpong > 0:
+		if err := runPingPong(*pingpong); err != nil {
+			log.Fatalf("bench ping-pong: %v", err)
 		}
 		return
 	case *serve != "":

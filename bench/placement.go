@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"time"
 )
 
 // placement is where the client side runs: the nginx worker with the Go
@@ -107,6 +108,19 @@ func figurePlacement(e *env, p params, t *table) error {
 			return err
 		}
 		t.add(timeRow(sec, fmt.Sprintf("%s: 100 B, %d sequential calls: time", pl.name, p.placeN), l, g).withTarget("≤ 1.10"))
+		// The same calls' floor for any design that hands each call from
+		// the nginx thread to a Go thread and back (handoff.go): the Go
+		// client's time plus one same-CPU round trip per call.
+		var rtts []time.Duration
+		for i := 0; i < p.runs; i++ {
+			d, err := pingPong(p.placeN)
+			if err != nil {
+				return err
+			}
+			rtts = append(rtts, d)
+		}
+		rtt := median(rtts)
+		t.add(timeRow(sec, fmt.Sprintf("%s: floor of a two-thread hand-off: the Go client's %d calls + %d same-CPU thread round trips (eventfd ping-pong: 2 context switches, 4 system calls)", pl.name, p.placeN, p.placeN), g+rtt, g))
 		l, g, err = pair(p.runs,
 			e.nginx.measure("unary", p.parN, 100, p.conc),
 			e.goMeasure(pl, "par", p.parN, 100, p.conc))

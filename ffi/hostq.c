@@ -244,7 +244,9 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
         do {
             n = write(hq.fd, &one, sizeof one);
         } while (n < 0 && errno == EINTR);
-        // EAGAIN: the counter is full, so the submitter wakes anyway.
+        // The submitter never reads the counter (hostq.go): each write is
+        // a new edge for its edge-triggered netpoller. EAGAIN (a full
+        // counter) would take 2^64-2 writes.
     }
     q_unlock();
     return cmd->op == QRPC_OP_UNARY ? QRPC_PENDING : QRPC_OK;

@@ -1,0 +1,122 @@
+package main
+
+// The floor of any two-thread design for sequential calls on one CPU:
+// the nginx thread cannot run Go's network loop (it must return to nginx's
+// event loop), so each call crosses from the nginx thread to a Go thread
+// and back. Pinned to one CPU that is at least two context switches and
+// four system calls (each side wakes the other, then waits) on top of what
+// the Go client does. This measures exactly that, two threads pinned to
+// CPU 0 waking each other through eventfds, with nothing else, so that the
+// placement section can show how close to the floor the module is.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// runPingPong is the child's side (-pingpong n): n round trips between
+// two locked threads, printed as "SECS x". It needs GOMAXPROCS >= 2: each
+// thread blocks in a raw read holding its P.
+func runPingPong(n int) error {
+	if runtime.GOMAXPROCS(0) < 2 {
+		return fmt.Errorf("ping-pong needs GOMAXPROCS >= 2, have %d", runtime.GOMAXPROCS(0))
+	}
+	var fds [2]uintptr
+	for i := range fds {
+		fd, _, e := syscall.RawSyscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC, 0)
+		if e != 0 {
+			return fmt.Errorf("eventfd: %w", e)
+		}
+		fds[i] = fd
+	}
+	defer syscall.Close(int(fds[0]))
+	defer syscall.Close(int(fds[1]))
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		for i := 0; i < n; i++ {
+			if err := efdRead(fds[0]); err != nil {
+				errc <- err
+				return
+			}
+			if err := efdWrite(fds[1]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	runtime.LockOSThread()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if err := efdWrite(fds[0]); err != nil {
+			return err
+		}
+		if err := efdRead(fds[1]); err != nil {
+			return err
+		}
+	}
+	el := time.Since(start)
+	if err := <-errc; err != nil {
+		return err
+	}
+	fmt.Printf("SECS %.9f\n", el.Seconds())
+	return nil
+}
+
+// efdRead and efdWrite are raw, as the module's hand-off is (hostq.go):
+// through the syscall package they would also run Go's syscall bookkeeping.
+func efdRead(fd uintptr) error {
+	var v uint64
+	for {
+		_, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&v)), 8)
+		if e == syscall.EINTR {
+			continue // Go's preemption signal
+		}
+		if e != 0 {
+			return fmt.Errorf("eventfd read: %w", e)
+		}
+		return nil
+	}
+}
+
+func efdWrite(fd uintptr) error {
+	v := uint64(1)
+	for {
+		_, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&v)), 8)
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != 0 {
+			return fmt.Errorf("eventfd write: %w", e)
+		}
+		return nil
+	}
+}
+
+// pingPong runs n round trips in a child pinned to CPU 0 and returns
+// their time.
+func pingPong(n int) (time.Duration, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command("taskset", "-c", "0", self, "-pingpong", strconv.Itoa(n))
+	cmd.Env = append(withoutEnv(os.Environ(), "GOMAXPROCS"), "GOMAXPROCS=2")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("ping-pong: %w", err)
+	}
+	var secs float64
+	if _, err := fmt.Sscanf(string(out), "SECS %g", &secs); err != nil {
+		return 0, fmt.Errorf("ping-pong answered %q: %w", out, err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
