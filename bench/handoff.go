@@ -21,17 +21,27 @@ import (
 )
 
 // runPingPong is the child's side (-pingpong n): n round trips between
-// two locked threads, printed as "SECS x". It needs GOMAXPROCS >= 2: each
-// thread blocks in a raw read holding its P.
+// two locked threads, printed as "SECS x".
 func runPingPong(n int) error {
+	el, err := pingPongHere(n)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("SECS %.9f\n", el.Seconds())
+	return nil
+}
+
+// pingPongHere times n round trips in this process. It needs GOMAXPROCS
+// >= 2: each thread blocks in a raw read holding its P.
+func pingPongHere(n int) (time.Duration, error) {
 	if runtime.GOMAXPROCS(0) < 2 {
-		return fmt.Errorf("ping-pong needs GOMAXPROCS >= 2, have %d", runtime.GOMAXPROCS(0))
+		return 0, fmt.Errorf("ping-pong needs GOMAXPROCS >= 2, have %d", runtime.GOMAXPROCS(0))
 	}
 	var fds [2]uintptr
 	for i := range fds {
 		fd, _, e := syscall.RawSyscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC, 0)
 		if e != 0 {
-			return fmt.Errorf("eventfd: %w", e)
+			return 0, fmt.Errorf("eventfd: %w", e)
 		}
 		fds[i] = fd
 	}
@@ -53,21 +63,21 @@ func runPingPong(n int) error {
 		errc <- nil
 	}()
 	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		if err := efdWrite(fds[0]); err != nil {
-			return err
+			return 0, err
 		}
 		if err := efdRead(fds[1]); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	el := time.Since(start)
 	if err := <-errc; err != nil {
-		return err
+		return 0, err
 	}
-	fmt.Printf("SECS %.9f\n", el.Seconds())
-	return nil
+	return el, nil
 }
 
 // efdRead and efdWrite are raw, as the module's hand-off is (hostq.go):
