@@ -132,14 +132,20 @@ func (e *env) goClient(pl placement, kind string, calls, size, workers int) (tim
 	} else {
 		cmd.Env = withoutEnv(cmd.Env, "GOMAXPROCS")
 	}
+	return timedChild("go client", cmd)
+}
+
+// timedChild runs one of this binary's internal modes and reads the time
+// it measured ("SECS x", printed by the child).
+func timedChild(what string, cmd *exec.Cmd) (time.Duration, error) {
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return 0, fmt.Errorf("go client: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	var secs float64
 	if _, err := fmt.Sscanf(string(out), "SECS %g", &secs); err != nil {
-		return 0, fmt.Errorf("go client answered %q: %w", out, err)
+		return 0, fmt.Errorf("%s answered %q: %w", what, out, err)
 	}
 	return time.Duration(secs * float64(time.Second)), nil
 }

@@ -119,14 +119,5 @@ func pingPong(n int) (time.Duration, error) {
 	}
 	cmd := exec.Command("taskset", "-c", "0", self, "-pingpong", strconv.Itoa(n))
 	cmd.Env = append(withoutEnv(os.Environ(), "GOMAXPROCS"), "GOMAXPROCS=2")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return 0, fmt.Errorf("ping-pong: %w", err)
-	}
-	var secs float64
-	if _, err := fmt.Sscanf(string(out), "SECS %g", &secs); err != nil {
-		return 0, fmt.Errorf("ping-pong answered %q: %w", out, err)
-	}
-	return time.Duration(secs * float64(time.Second)), nil
+	return timedChild("ping-pong", cmd)
 }
