@@ -152,7 +152,7 @@ func TestPoolThreeServers(t *testing.T) {
 		srvs = append(srvs, startDemo(t, bin, dir, addr))
 		extra[fmt.Sprintf("s%d", i+1)] = addr
 	}
-	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`)) + loc("/peers", poolLua+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`)) + loc("/slowcall", poolLua+poolCallLua(`"slow", "20"`)) + loc("/peers", poolLua+`
                 local conn, err = pool()
                 if not conn then
                     ngx.say("connect: ", err)
@@ -204,8 +204,12 @@ func TestPoolThreeServers(t *testing.T) {
 	}
 
 	// kill -9 of one server under 200 concurrent requests (nginx: 1 worker,
-	// 1024 connections).
-	ld := startLoad(t, n, "/call", 200)
+	// 1024 connections). Each call takes 20 ms on the server, so that about
+	// a third of them are in flight on the victim whenever it dies: with
+	// instant calls the kill once fell in a moment with none in flight, a
+	// packet that was not a call heard the refusal, and no call failed
+	// (CI, session 9), which proves nothing about the calls in flight.
+	ld := startLoad(t, n, "/slowcall", 200)
 	time.Sleep(500 * time.Millisecond)
 	victim := srvs[1]
 	// The calls in flight on it, read just before the kill (through the
