@@ -101,9 +101,9 @@ func (s *submitter) run(f *os.File) {
 	// the fd's readiness), so a push that raced with the reset is found
 	// there, not lost. That saves the two reads a wake-up cost (the one
 	// that empties the counter and the one that finds it empty: 2 of the
-	// ~11 system calls of a sequential call, issue 13). The counter
-	// cannot fill: qrpc_submit_async adds 1 per wake-up, and 2^64-2 of
-	// them would take 500,000 years at a million a second.
+	// 13 or so system calls a sequential call cost the worker, issue 13).
+	// The counter cannot fill: qrpc_submit_async adds 1 per wake-up, and
+	// 2^64-2 of them would take over 500,000 years at a million a second.
 	var taken *C.qrpc_qitem_t
 	take := func(uintptr) bool {
 		taken = sqTake()
