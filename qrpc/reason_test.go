@@ -172,16 +172,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			t.Fatal(err)
 		}
 		addr := pc.LocalAddr().String()
-		old := e.newServer()
-		if err := old.ServePacketConn(pc, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = old.Close() })
-		c, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{BackoffBase: 5 * time.Second}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
+		_, c := e.serveOn(t, pc, &qrpc.Config{BackoffBase: 5 * time.Second})
 		// Quiet first: once the fresh socket shares the port, the kernel
 		// may hand it any packet of this client's, and a late ACK of the
 		// handshake would bring the reset before the call does (the call

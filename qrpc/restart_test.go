@@ -134,17 +134,7 @@ func restartKill(t *testing.T, e *env, sameKey bool) bool {
 		t.Fatal(err)
 	}
 	addr := pc.LocalAddr().String()
-	old := e.newServer()
-	if err := old.ServePacketConn(pc, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = old.Close() })
-	cfg := e.config(fastRedial())
-	c, err := qrpc.Dial(t.Context(), addr, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	_, c := e.serveOn(t, pc, fastRedial())
 	if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

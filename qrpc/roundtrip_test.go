@@ -137,6 +137,23 @@ func (e *env) dial(t testing.TB, cfg *qrpc.Config) *qrpc.Client {
 	return c
 }
 
+// serveOn serves a new server on pc and dials it: the set-up of tests
+// that kill or replace that server while the client stays.
+func (e *env) serveOn(t testing.TB, pc net.PacketConn, cfg *qrpc.Config) (*qrpc.Server, *qrpc.Client) {
+	t.Helper()
+	srv := e.newServer()
+	if err := srv.ServePacketConn(pc, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := qrpc.Dial(t.Context(), pc.LocalAddr().String(), e.config(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return srv, c
+}
+
 func unary(c *qrpc.Client, timeout time.Duration, method string, body []byte, headers ...[]byte) (*qrpc.Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
