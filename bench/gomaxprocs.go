@@ -3,9 +3,11 @@ package main
 // GOMAXPROCS of the nginx workers: each worker has its own Go runtime, so
 // with N workers on N CPUs Go's default gives N runtimes of N Ps each.
 // This section measures, unpinned, with 1 and 2 workers, GOMAXPROCS 1 and
-// 2 against Go's default: the worker CPU per request and requests/s under
-// wrk, and the time of a sequential call. It is the table that decides
-// the library's default.
+// 2 against the library's default (no GOMAXPROCS in the environment: 1 P
+// with the built-in host since that table chose it, so GOMAXPROCS=1 is an
+// A/A control and GOMAXPROCS=2 is Go's own default on 2 CPUs): the worker
+// CPU per request and requests/s under wrk, and the time of a sequential
+// call.
 
 import (
 	"fmt"
@@ -76,7 +78,7 @@ func figureGOMAXPROCS(e *env, p params, t *table) error {
 			wn += "s"
 		}
 		for _, g := range []string{"", "1", "2"} {
-			name := wn + ", Go's default"
+			name := wn + ", the library's default"
 			if g != "" {
 				name = fmt.Sprintf("%s, GOMAXPROCS=%s", wn, g)
 			}
@@ -100,7 +102,7 @@ func figureGOMAXPROCS(e *env, p params, t *table) error {
 			samples[j] = append(samples[j], s)
 		}
 	}
-	sec := fmt.Sprintf("GOMAXPROCS of the nginx workers (unpinned; baseline: Go's default, %d here, with the same workers; wrk -t2 -c50)", goDefaultProcs())
+	sec := fmt.Sprintf("GOMAXPROCS of the nginx workers (unpinned; baseline: the library's default, 1 P, with the same workers, so GOMAXPROCS=1 is an A/A control; Go's own default is %d here; wrk -t2 -c50)", goDefaultProcs())
 	cpu := func(s gmpSample) float64 { return cpuUS(0)(s.wrk) }
 	reqs := func(s gmpSample) float64 { return s.wrk.rps }
 	seq := func(s gmpSample) float64 { return s.seq.Seconds() * 1e6 / float64(p.gmpSeqN) }
