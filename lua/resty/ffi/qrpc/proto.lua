@@ -77,7 +77,7 @@ local use_sbuf = ebuf ~= nil
 -- 250 runs of nginx/TestProtobuf crashed the worker (a general protection
 -- fault in libluajit), and 5 and 2 saw pcall come back with the wrong
 -- values (the error text in another variable). Out of the JIT, the throw
--- happens in the interpreter: none in 500 runs. The price is that traces
+-- happens in the interpreter: none in 750 runs. The price is that traces
 -- through a call stop here (about 3 µs per table call).
 local function encode_sbuf(body)
     ebuf:reset()
