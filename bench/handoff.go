@@ -82,29 +82,19 @@ func pingPongHere(n int) (time.Duration, error) {
 
 // efdRead and efdWrite are raw, as the module's hand-off is (hostq.go):
 // through the syscall package they would also run Go's syscall bookkeeping.
-func efdRead(fd uintptr) error {
-	var v uint64
+func efdRead(fd uintptr) error  { return efdRaw(syscall.SYS_READ, "read", fd) }
+func efdWrite(fd uintptr) error { return efdRaw(syscall.SYS_WRITE, "write", fd) }
+
+// efdRaw reads or writes one eventfd counter value (a write adds 1).
+func efdRaw(op uintptr, what string, fd uintptr) error {
+	v := uint64(1)
 	for {
-		_, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&v)), 8)
+		_, _, e := syscall.RawSyscall(op, fd, uintptr(unsafe.Pointer(&v)), 8)
 		if e == syscall.EINTR {
 			continue // Go's preemption signal
 		}
 		if e != 0 {
-			return fmt.Errorf("eventfd read: %w", e)
-		}
-		return nil
-	}
-}
-
-func efdWrite(fd uintptr) error {
-	v := uint64(1)
-	for {
-		_, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&v)), 8)
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 {
-			return fmt.Errorf("eventfd write: %w", e)
+			return fmt.Errorf("eventfd %s: %w", what, e)
 		}
 		return nil
 	}

@@ -172,7 +172,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			t.Fatal(err)
 		}
 		addr := pc.LocalAddr().String()
-		_, c := e.serveOn(t, pc, &qrpc.Config{BackoffBase: 5 * time.Second})
+		c := e.serveOn(t, pc, &qrpc.Config{BackoffBase: 5 * time.Second})
 		// Quiet first: once the fresh socket shares the port, the kernel
 		// may hand it any packet of this client's, and a late ACK of the
 		// handshake would bring the reset before the call does (the call

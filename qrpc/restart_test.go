@@ -134,7 +134,7 @@ func restartKill(t *testing.T, e *env, sameKey bool) bool {
 		t.Fatal(err)
 	}
 	addr := pc.LocalAddr().String()
-	_, c := e.serveOn(t, pc, fastRedial())
+	c := e.serveOn(t, pc, fastRedial())
 	if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

@@ -138,8 +138,8 @@ func (e *env) dial(t testing.TB, cfg *qrpc.Config) *qrpc.Client {
 }
 
 // serveOn serves a new server on pc and dials it: the set-up of tests
-// that kill or replace that server while the client stays.
-func (e *env) serveOn(t testing.TB, pc net.PacketConn, cfg *qrpc.Config) (*qrpc.Server, *qrpc.Client) {
+// that kill or replace that server (through pc) while the client stays.
+func (e *env) serveOn(t testing.TB, pc net.PacketConn, cfg *qrpc.Config) *qrpc.Client {
 	t.Helper()
 	srv := e.newServer()
 	if err := srv.ServePacketConn(pc, qrpc.ServerTLSConfig(e.cert, nil)); err != nil {
@@ -151,7 +151,7 @@ func (e *env) serveOn(t testing.TB, pc net.PacketConn, cfg *qrpc.Config) (*qrpc.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return srv, c
+	return c
 }
 
 func unary(c *qrpc.Client, timeout time.Duration, method string, body []byte, headers ...[]byte) (*qrpc.Response, error) {
