@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -49,6 +51,10 @@ func runClient(addr, caFile, kind string, calls, size, workers int) error {
 	if _, err := goSeq(c, min(calls/10+1, warmupMax), size); err != nil {
 		return err
 	}
+	var ru0, ru1 syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru0); err != nil {
+		return err
+	}
 	var d time.Duration
 	switch kind {
 	case "seq":
@@ -61,7 +67,12 @@ func runClient(addr, caFile, kind string, calls, size, workers int) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("SECS %.9f\n", d.Seconds())
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru1); err != nil {
+		return err
+	}
+	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	csw := ru1.Nvcsw + ru1.Nivcsw - ru0.Nvcsw - ru0.Nivcsw
+	fmt.Printf("SECS %.9f CPU %.9f CSW %d\n", d.Seconds(), cpu.Seconds(), csw)
 	return nil
 }
 
@@ -106,16 +117,24 @@ func goPar(c *qrpc.Client, calls, size, workers int) (time.Duration, error) {
 	return time.Since(start), firstErr
 }
 
-// goMeasure is goClient as a figure for pair.
+// goMeasure is goClient's time as a figure for pair.
 func (e *env) goMeasure(pl placement, kind string, calls, size, workers int) func() (time.Duration, error) {
-	return func() (time.Duration, error) { return e.goClient(pl, kind, calls, size, workers) }
+	return func() (time.Duration, error) {
+		st, err := e.goClient(pl, kind, calls, size, workers)
+		return st.d, err
+	}
+}
+
+// goStats is goClient as a figure for pairStats.
+func (e *env) goStats(pl placement, kind string, calls, size, workers int) func() (callStats, error) {
+	return func() (callStats, error) { return e.goClient(pl, kind, calls, size, workers) }
 }
 
 // goClient runs the baseline client in a child process placed like pl.
-func (e *env) goClient(pl placement, kind string, calls, size, workers int) (time.Duration, error) {
+func (e *env) goClient(pl placement, kind string, calls, size, workers int) (callStats, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return 0, err
+		return callStats{}, err
 	}
 	args := []string{self, "-client", e.qrpcAddr, "-ca", e.caFile, "-kind", kind,
 		"-n", strconv.Itoa(calls), "-size", strconv.Itoa(size), "-c", strconv.Itoa(workers)}
@@ -132,20 +151,49 @@ func (e *env) goClient(pl placement, kind string, calls, size, workers int) (tim
 	} else {
 		cmd.Env = withoutEnv(cmd.Env, "GOMAXPROCS")
 	}
-	return timedChild("go client", cmd)
+	return childStats("go client", cmd)
 }
 
 // timedChild runs one of this binary's internal modes and reads the time
 // it measured ("SECS x", printed by the child).
 func timedChild(what string, cmd *exec.Cmd) (time.Duration, error) {
+	st, err := childStats(what, cmd)
+	return st.d, err
+}
+
+// childStats is timedChild with the child's CPU time and context switches
+// during the loop, when it prints them ("SECS x CPU y CSW n").
+func childStats(what string, cmd *exec.Cmd) (callStats, error) {
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return callStats{}, fmt.Errorf("%s: %w", what, err)
 	}
-	var secs float64
-	if _, err := fmt.Sscanf(string(out), "SECS %g", &secs); err != nil {
-		return 0, fmt.Errorf("%s answered %q: %w", what, out, err)
+	return parseChild(string(out))
+}
+
+// parseChild reads a child's answer line.
+func parseChild(out string) (callStats, error) {
+	var st callStats
+	f := strings.Fields(out)
+	if len(f) < 2 || f[0] != "SECS" {
+		return st, fmt.Errorf("child answered %q, want SECS x [CPU y CSW n]", out)
 	}
-	return time.Duration(secs * float64(time.Second)), nil
+	for i := 0; i+1 < len(f); i += 2 {
+		v, err := strconv.ParseFloat(f[i+1], 64)
+		if err != nil {
+			return st, fmt.Errorf("child answered %q: bad %s: %w", out, f[i], err)
+		}
+		switch f[i] {
+		case "SECS":
+			st.d = secs(v)
+		case "CPU":
+			st.cpu = secs(v)
+		case "CSW":
+			st.csw = int64(v)
+		default:
+			return st, fmt.Errorf("child answered %q: unknown %s", out, f[i])
+		}
+	}
+	return st, nil
 }

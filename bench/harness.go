@@ -129,6 +129,54 @@ func procCPU(pids ...int) (time.Duration, error) {
 	return sum, nil
 }
 
+// procCSW is how many times every thread of the pids so far has been
+// switched out, by choice (it waited) or not (preempted): each switch is a
+// sleep or a preemption and a wake-up, the costliest steps of a hand-off
+// between threads (issue 13).
+func procCSW(pids ...int) (int64, error) {
+	var sum int64
+	for _, pid := range pids {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return 0, err
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name()))
+			if err != nil {
+				continue // the thread has ended since the listing
+			}
+			n, err := ctxtSwitches(string(b))
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/task/%s/status: %w", pid, task.Name(), err)
+			}
+			sum += n
+		}
+	}
+	return sum, nil
+}
+
+// ctxtSwitches adds the two *_ctxt_switches counts of a status file.
+func ctxtSwitches(status string) (int64, error) {
+	var sum int64
+	found := 0
+	for _, l := range strings.Split(status, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || (k != "voluntary_ctxt_switches" && k != "nonvoluntary_ctxt_switches") {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("bad %s: %w", k, err)
+		}
+		sum += n
+		found++
+	}
+	if found != 2 {
+		return 0, errors.New("no voluntary and nonvoluntary_ctxt_switches lines")
+	}
+	return sum, nil
+}
+
 // cpuStat is the first line of /proc/stat: CPU time by state, in ticks.
 type cpuStat []uint64
 
@@ -182,6 +230,40 @@ func medianBy[T any](xs []T, f func(T) float64) float64 {
 	sort.Float64s(v)
 	return v[len(v)/2]
 }
+
+// callStats is one timed loop of calls: how long it took, and the CPU
+// time and context switches of the client side's process meanwhile (the
+// nginx worker, or the Go client).
+type callStats struct {
+	d   time.Duration
+	cpu time.Duration
+	csw int64
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// pairStats is pair for figures that report callStats; it returns the
+// runs of each side, for medianBy.
+func pairStats(runs int, subject, baseline func() (callStats, error)) ([]callStats, []callStats, error) {
+	var a, b []callStats
+	for i := 0; i < runs; i++ {
+		x, err := subject()
+		if err != nil {
+			return nil, nil, err
+		}
+		y, err := baseline()
+		if err != nil {
+			return nil, nil, err
+		}
+		a, b = append(a, x), append(b, y)
+	}
+	return a, b, nil
+}
+
+// The readings of callStats, for medianBy.
+func statSecs(s callStats) float64    { return s.d.Seconds() }
+func statCPUSecs(s callStats) float64 { return s.cpu.Seconds() }
+func statCSW(s callStats) float64     { return float64(s.csw) }
 
 // pair measures subject and baseline alternately runs times.
 func pair(runs int, subject, baseline func() (time.Duration, error)) (time.Duration, time.Duration, error) {

@@ -79,6 +79,10 @@ func httpRows(e *env, p params, t *table, sec, prefix string, sidecarTargets boo
 	// the upstream share the CPUs, each request's CPU cost decides it.
 	qw, pw := medianBy(qs, cpuUS(0)), medianBy(ps, cpuUS(0))
 	t.add(cpuRow(sec, prefix+"CPU per request, nginx worker (all its threads, Go's included)", qw, pw))
+	// Where the worker's extra CPU goes: each hand-off between the nginx
+	// thread and a Go thread is a sleep and a wake-up.
+	qc, pc := medianBy(qs, cswPer(0)), medianBy(ps, cswPer(0))
+	t.add(cswRow(sec, prefix+"context switches per request, nginx worker (all its threads)", qc, pc))
 	qu, pu := medianBy(qs, cpuUS(1)), medianBy(ps, cpuUS(1))
 	t.add(cpuRow(sec, prefix+"CPU per request, upstream: qrpc server vs Go HTTP/1.1 server", qu, pu))
 
@@ -109,6 +113,10 @@ func httpRows(e *env, p params, t *table, sec, prefix string, sidecarTargets boo
 
 func cpuRow(sec, name string, subject, baseline float64) row {
 	return row{section: sec, name: name, subject: fmtUS(subject), baseline: fmtUS(baseline), ratio: subject / baseline, ratioLabel: "CPU ratio"}
+}
+
+func cswRow(sec, name string, subject, baseline float64) row {
+	return row{section: sec, name: name, subject: fmt.Sprintf("%.2f", subject), baseline: fmt.Sprintf("%.2f", baseline), ratio: subject / baseline, ratioLabel: "switch ratio"}
 }
 
 func fmtMS(ms float64) string { return fmt.Sprintf("%.2f ms", ms) }

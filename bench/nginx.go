@@ -190,20 +190,36 @@ func (n *nginx) lua(kind string, calls, size, c int) (time.Duration, error) {
 
 // luaQuery is lua with the whole query string (kinds with more arguments).
 func (n *nginx) luaQuery(kind, query string) (time.Duration, error) {
+	st, err := n.luaStats(kind, query)
+	return st.d, err
+}
+
+// stats is luaStats as a figure for pairStats.
+func (n *nginx) stats(kind string, calls, size, c int) func() (callStats, error) {
+	return func() (callStats, error) {
+		return n.luaStats(kind, fmt.Sprintf("kind=%s&n=%d&size=%d&c=%d", kind, calls, size, c))
+	}
+}
+
+// luaStats runs one measurement inside nginx and returns its duration
+// with the worker's CPU time and context switches during it.
+func (n *nginx) luaStats(kind, query string) (callStats, error) {
 	body, err := n.get("/bench?" + query)
 	if err != nil {
-		return 0, err
+		return callStats{}, err
 	}
 	var r struct {
 		Secs   float64 `json:"secs"`
 		Calls  int     `json:"calls"`
 		Errors int     `json:"errors"`
+		CPU    float64 `json:"cpu"`
+		CSW    int64   `json:"csw"`
 	}
 	if err := json.Unmarshal([]byte(body), &r); err != nil {
-		return 0, fmt.Errorf("bad bench answer %q: %w", body, err)
+		return callStats{}, fmt.Errorf("bad bench answer %q: %w", body, err)
 	}
 	if r.Errors > 0 {
-		return 0, fmt.Errorf("%s: %d of %d calls failed; error.log:\n%s", kind, r.Errors, r.Calls, tail(filepath.Join(n.dir, "error.log")))
+		return callStats{}, fmt.Errorf("%s: %d of %d calls failed; error.log:\n%s", kind, r.Errors, r.Calls, tail(filepath.Join(n.dir, "error.log")))
 	}
-	return time.Duration(r.Secs * float64(time.Second)), nil
+	return callStats{d: secs(r.Secs), cpu: secs(r.CPU), csw: r.CSW}, nil
 }

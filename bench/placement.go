@@ -101,13 +101,21 @@ func figurePlacement(e *env, p params, t *table) error {
 			return err
 		}
 		log.Printf("placement: %s", pl.name)
-		l, g, err := pair(p.runs,
-			e.nginx.measure("unary", p.placeN, 100, 1),
-			e.goMeasure(pl, "seq", p.placeN, 100, 1))
+		ls, gs, err := pairStats(p.runs,
+			e.nginx.stats("unary", p.placeN, 100, 1),
+			e.goStats(pl, "seq", p.placeN, 100, 1))
 		if err != nil {
 			return err
 		}
+		l, g := secs(medianBy(ls, statSecs)), secs(medianBy(gs, statSecs))
 		t.add(timeRow(sec, fmt.Sprintf("%s: 100 B, %d sequential calls: time", pl.name, p.placeN), l, g).withTarget("≤ 1.10"))
+		// Pinned, the client side's CPU time is its share of each call's
+		// time, and its context switches are most of that CPU's cost.
+		n := float64(p.placeN)
+		t.add(cpuRow(sec, fmt.Sprintf("%s: 100 B sequential calls: CPU per call, client side (the worker, all its threads, vs the Go client process)", pl.name),
+			medianBy(ls, statCPUSecs)*1e6/n, medianBy(gs, statCPUSecs)*1e6/n))
+		t.add(cswRow(sec, fmt.Sprintf("%s: 100 B sequential calls: context switches per call, client side", pl.name),
+			medianBy(ls, statCSW)/n, medianBy(gs, statCSW)/n))
 		// The same calls' floor for any design that hands each call from
 		// the nginx thread to a Go thread and back (handoff.go): the Go
 		// client's time plus one same-CPU round trip per call.

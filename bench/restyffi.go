@@ -76,9 +76,12 @@ func figureRestyFFI(e *env, p params, t *table) error {
 		}
 	}
 	for _, size := range p.rfSizes {
-		calls := p.ipcParN
+		// Long enough runs: at a million calls a second, the IPC
+		// section's count takes 50 ms, and single runs of it gave ratios
+		// from 1.3 to 2.8 at 512 B.
+		calls := 10 * p.ipcParN
 		if size > 64<<10 {
-			calls /= 5 // 100 KB echoes: what keeps the full run under ten minutes
+			calls = p.ipcParN // 100 KB echoes: what keeps the full run under ten minutes
 		}
 		log.Printf("restyffi: echo %s, %d light threads", sizeName(size), p.conc)
 		q, r, err := pair(p.runs,

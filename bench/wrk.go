@@ -17,6 +17,15 @@ type wrkResult struct {
 	non2xx   int
 	reqs     int
 	cpu      []time.Duration // CPU time of each watched group of processes during the run
+	csw      []int64         // context switches of each watched group during the run
+}
+
+// cswPerReq is the context switches of the i-th watched group per request.
+func (r wrkResult) cswPerReq(i int) float64 {
+	if r.reqs == 0 {
+		return 0
+	}
+	return float64(r.csw[i]) / float64(r.reqs)
 }
 
 // cpuPerReq is the CPU time of the i-th watched group per request.
@@ -45,9 +54,13 @@ func wrk(port int, path, dur string, watch ...[]int) (wrkResult, error) {
 func wrkScript(port int, path, dur, script string, watch ...[]int) (wrkResult, error) {
 	var r wrkResult
 	before := make([]time.Duration, len(watch))
+	cswBefore := make([]int64, len(watch))
 	for i, pids := range watch {
 		var err error
 		if before[i], err = procCPU(pids...); err != nil {
+			return r, err
+		}
+		if cswBefore[i], err = procCSW(pids...); err != nil {
 			return r, err
 		}
 	}
@@ -65,6 +78,11 @@ func wrkScript(port int, path, dur, script string, watch ...[]int) (wrkResult, e
 			return r, err
 		}
 		r.cpu = append(r.cpu, after-before[i])
+		csw, err := procCSW(pids...)
+		if err != nil {
+			return r, err
+		}
+		r.csw = append(r.csw, csw-cswBefore[i])
 	}
 	s := string(out)
 	if m := reReqs.FindStringSubmatch(s); m != nil {
@@ -98,6 +116,11 @@ func wrkScript(port int, path, dur, script string, watch ...[]int) (wrkResult, e
 func rps(r wrkResult) float64   { return r.rps }
 func p50ms(r wrkResult) float64 { return r.p50.Seconds() * 1e3 }
 func p99ms(r wrkResult) float64 { return r.p99.Seconds() * 1e3 }
+
+// cswPer reads the context switches per request of the i-th watched group.
+func cswPer(i int) func(wrkResult) float64 {
+	return func(r wrkResult) float64 { return r.cswPerReq(i) }
+}
 
 // cpuUS reads the CPU per request of the i-th watched group, in µs.
 func cpuUS(i int) func(wrkResult) float64 {

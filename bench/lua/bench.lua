@@ -5,8 +5,6 @@ local qrpc = require "resty.ffi.qrpc"
 local cfg = require "bench_config"
 
 local ngx = ngx
-local ngx_now = ngx.now
-local update_time = ngx.update_time
 local spawn = ngx.thread.spawn
 local wait = ngx.thread.wait
 local tcp = ngx.socket.tcp
@@ -25,7 +23,12 @@ local function be32(n)
                     floor(n / 256) % 256, n % 256)
 end
 
-local qrpc_loop = require("bench_common").echo_loop
+local common = require "bench_common"
+local qrpc_loop = common.echo_loop
+local clock = common.clock
+local switches = common.switches
+local MONOTONIC = common.MONOTONIC
+local PROCESS_CPUTIME = common.PROCESS_CPUTIME
 
 local function ipc_loop(_, n, body)
     local errs = 0
@@ -124,8 +127,10 @@ function _M.run()
     -- a tenth of a large concurrent run took longer than the run itself
     loop(target, min(floor(n / 10) + 1, WARMUP_MAX), body)
 
-    update_time()
-    local t0 = ngx_now()
+    -- the worker's CPU time and context switches during the loop: what a
+    -- call costs the worker, beside how long it takes
+    local cpu0, csw0 = clock(PROCESS_CPUTIME), switches()
+    local t0 = clock(MONOTONIC)
     local errs = 0
     if c <= 1 then
         errs = loop(target, n, body)
@@ -141,9 +146,10 @@ function _M.run()
         end
         n = per * c
     end
-    update_time()
-    local secs = ngx_now() - t0
-    ngx.say('{"secs":', secs, ',"calls":', n, ',"errors":', errs, '}')
+    local secs = clock(MONOTONIC) - t0
+    local cpu, csw = clock(PROCESS_CPUTIME) - cpu0, switches() - csw0
+    ngx.say('{"secs":', secs, ',"calls":', n, ',"errors":', errs,
+            ',"cpu":', cpu, ',"csw":', csw, '}')
 end
 
 return _M

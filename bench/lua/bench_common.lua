@@ -9,9 +9,16 @@ local C = ffi.C
 ffi.cdef [[
 typedef struct { long sec; long nsec; } qrpc_bench_ts_t;
 int qrpc_bench_clock_gettime(int clk, qrpc_bench_ts_t *tp) __asm__("clock_gettime");
+typedef struct {
+    long utime_sec, utime_usec, stime_sec, stime_usec;
+    long maxrss, ixrss, idrss, isrss, minflt, majflt, nswap, inblock, oublock;
+    long msgsnd, msgrcv, nsignals, nvcsw, nivcsw;
+} qrpc_bench_rusage_t;
+int qrpc_bench_getrusage(int who, qrpc_bench_rusage_t *ru) __asm__("getrusage");
 ]]
 
 local ts = ffi.new("qrpc_bench_ts_t")
+local ru = ffi.new("qrpc_bench_rusage_t")
 
 local _M = {
     MONOTONIC = 1,
@@ -26,6 +33,17 @@ function _M.clock(id)
         return nil
     end
     return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
+end
+
+
+-- switches() -> how many times the worker's threads (all of them, Go's
+-- included) were switched out so far, waiting or preempted; nil when
+-- getrusage fails.
+function _M.switches()
+    if C.qrpc_bench_getrusage(0, ru) ~= 0 then -- RUSAGE_SELF
+        return nil
+    end
+    return tonumber(ru.nvcsw) + tonumber(ru.nivcsw)
 end
 
 
