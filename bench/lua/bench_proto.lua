@@ -32,21 +32,9 @@ local WARMUP = 200
 
 local state -- { tbl = Lua table, pb = bytes, json = text }, once per worker
 
--- The process's context switches (getrusage): a call that hands work to
--- more goroutines, or wakes more threads, shows here per call.
-local ffi = require "ffi"
-ffi.cdef [[
-typedef struct { long tv[4]; long f[14]; } qrpc_bench_rusage_t;
-int qrpc_bench_getrusage(int who, qrpc_bench_rusage_t *ru) __asm__("getrusage");
-]]
-local ru = ffi.new("qrpc_bench_rusage_t")
-local function ctx_switches()
-    if ffi.C.qrpc_bench_getrusage(0, ru) ~= 0 then
-        return 0
-    end
-    -- ru_nvcsw + ru_nivcsw
-    return tonumber(ru.f[12]) + tonumber(ru.f[13])
-end
+-- The process's context switches: a call that hands work to more
+-- goroutines, or wakes more threads, shows here per call.
+local ctx_switches = bc.switches
 
 local function setup()
     if state then
