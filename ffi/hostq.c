@@ -182,7 +182,8 @@ size_t qrpc_submitq_cached(void) {
 }
 
 int qrpc_submit_async(const qrpc_cmd_t *cmd) {
-    if (cmd == NULL || (cmd->op != QRPC_OP_UNARY && cmd->op != QRPC_OP_CANCEL)) {
+    if (cmd == NULL || (cmd->op != QRPC_OP_UNARY && cmd->op != QRPC_OP_ECHO &&
+                        cmd->op != QRPC_OP_CANCEL)) {
         return QRPC_ERR_BADARG;
     }
     qrpc_done_free(); // first: a big block freed there serves this command
@@ -213,7 +214,7 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     it->cmd.hash_key = copy_field(&p, cmd->hash_key, hash_key);
     it->cmd.req_type = copy_field(&p, cmd->req_type, req_type);
     it->cmd.resp_type = copy_field(&p, cmd->resp_type, resp_type);
-    // UNARY and CANCEL read none of the others: not copied, so not kept.
+    // UNARY, ECHO and CANCEL read none of the others: not copied, so not kept.
     it->cmd.addr = NULL; it->cmd.addr_len = 0;
     it->cmd.server_name = NULL; it->cmd.server_name_len = 0;
     it->cmd.ca = NULL; it->cmd.ca_len = 0;
@@ -249,7 +250,7 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
         // counter) would take 2^64-2 writes.
     }
     q_unlock();
-    return cmd->op == QRPC_OP_UNARY ? QRPC_PENDING : QRPC_OK;
+    return cmd->op == QRPC_OP_CANCEL ? QRPC_OK : QRPC_PENDING;
 }
 
 void qrpc_hostq_set_fd(int fd) {

@@ -48,6 +48,24 @@ func TestSubmitQueue(t *testing.T) {
 		}
 	})
 
+	// The IPC benchmark's queued echo: the hand-off a unary call makes,
+	// with Go's echo instead of the network.
+	t.Run("echo", func(t *testing.T) {
+		body := []byte("through the queue")
+		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 16,
+			Body: unsafe.Pointer(&body[0]), BodyLen: uintptr(len(body))}
+		if st := pushAsync(e); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		got := d.wait(16, 10*time.Second)
+		if got.Status != bridge.StatusOK {
+			t.Fatalf("status %d: %s", got.Status, text(got))
+		}
+		if _, _, b := readResult(t, got); string(b) != string(body) {
+			t.Fatalf("body %q", b)
+		}
+	})
+
 	t.Run("refusal is the completion, with qrpc_submit's message", func(t *testing.T) {
 		c := unaryCmd(h+1000, "echo", "x")
 		c.CallID = 11
@@ -90,9 +108,9 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(connectCmd(14, ts.Addr, nil)); st != bridge.ErrBadArg {
 			t.Fatalf("connect through the queue: %d", st)
 		}
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 15}
-		if st := pushAsync(e); st != bridge.ErrBadArg {
-			t.Fatalf("echo through the queue: %d", st)
+		s := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, CallID: 15}
+		if st := pushAsync(s); st != bridge.ErrBadArg {
+			t.Fatalf("stats through the queue: %d", st)
 		}
 		if st := submitAsync(nil); st != bridge.ErrBadArg {
 			t.Fatalf("NULL command: %d", st)

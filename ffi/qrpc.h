@@ -148,11 +148,11 @@ int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
  * thread that has called into Go keeps a Go scheduler slot while it runs
  * nginx, and Go then spends more CPU on its scheduler than on the call.
  *
- * qrpc_submit_async queues a UNARY or CANCEL command and returns at once:
- * it copies the command and its strings, and wakes the library's
- * submitter only when it sleeps. Returns QRPC_PENDING for UNARY (every
- * failure, bad arguments included, then comes as the call's completion,
- * with qrpc_submit's status and message), QRPC_OK for CANCEL,
+ * qrpc_submit_async queues a UNARY, ECHO or CANCEL command and returns at
+ * once: it copies the command and its strings, and wakes the library's
+ * submitter only when it sleeps. Returns QRPC_PENDING for UNARY and ECHO
+ * (every failure, bad arguments included, then comes as the call's
+ * completion, with qrpc_submit's status and message), QRPC_OK for CANCEL,
  * QRPC_ERR_CLOSED when the host is not open, QRPC_ERR_FULL when too many
  * commands wait, QRPC_ERR_BADARG for other ops. Commands run in the order
  * queued, after the qrpc_submit calls made before them. */

@@ -42,6 +42,20 @@ local function ipc_loop(_, n, body)
     return errs
 end
 
+-- the same through the C submit queue and Go's submitter goroutine: the
+-- hand-off of a unary call
+local function ipcq_loop(_, n, body)
+    local errs = 0
+    local echo = qrpc._echo
+    for _ = 1, n do
+        local res = echo(body, true)
+        if not res or #res ~= #body then
+            errs = errs + 1
+        end
+    end
+    return errs
+end
+
 -- lua-resty-ffi's own Go echo example (libffi_go_echo.so)
 local function rfecho_loop(demo, n, body)
     local errs = 0
@@ -106,6 +120,8 @@ function _M.run()
         loop, target = qrpc_loop, conn
     elseif kind == "ipc" then
         loop = ipc_loop
+    elseif kind == "ipcq" then
+        loop = ipcq_loop
     elseif kind == "rfecho" then
         local load_ffi = rawget(ngx, "load_ffi")
         local demo = load_ffi and load_ffi("ffi_go_echo")

@@ -559,14 +559,16 @@ end
 
 
 -- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
--- Returns status, value (a result table, or an error string).
+-- Returns status, value (a result table, or an error string). UNARY, and
+-- ECHO when queued, go through the C submit queue; ECHO otherwise through
+-- qrpc_submit.
 function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
-                 req_type, resp_type, flags, hash_key, retries)
+                 req_type, resp_type, flags, hash_key, retries, queued)
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
              req_type, resp_type, flags, hash_key, retries)
     local rc
-    if op == OP_UNARY then
+    if op == OP_UNARY or queued then
         -- Queued in C without entering Go (qrpc_submit_async in qrpc.h):
         -- Go's refusals come back as the completion; this fails only when
         -- the host is closed or its queue full, and writes no message.
