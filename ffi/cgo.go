@@ -65,7 +65,7 @@ static int qrpc_const(int i, long long *v) {
 	static const long long c[] = {
 		QRPC_CMD_VERSION,
 		QRPC_OP_CONNECT, QRPC_OP_UNARY, QRPC_OP_EVENT, QRPC_OP_CLOSE, QRPC_OP_CANCEL, QRPC_OP_ECHO, QRPC_OP_STATS,
-		QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE, QRPC_F_DISCARD_UNKNOWN,
+		QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE, QRPC_OP_PROFILE, QRPC_F_DISCARD_UNKNOWN,
 		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
 		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
 		QRPC_F_PROTO_NAMES, QRPC_BAD_RESPONSE, QRPC_F_LUA_TABLE, QRPC_F_LUA_REQUEST,
@@ -245,7 +245,7 @@ var cmem = bufcache.New(cMemory{}, bufcache.DefaultBudget, bufcache.DefaultTrimI
 
 const constNames = `QRPC_CMD_VERSION
 	QRPC_OP_CONNECT QRPC_OP_UNARY QRPC_OP_EVENT QRPC_OP_CLOSE QRPC_OP_CANCEL QRPC_OP_ECHO QRPC_OP_STATS
-	QRPC_OP_PEERS QRPC_OP_METRICS QRPC_OP_PROTO_LOAD QRPC_OP_CONFIGURE QRPC_F_DISCARD_UNKNOWN
+	QRPC_OP_PEERS QRPC_OP_METRICS QRPC_OP_PROTO_LOAD QRPC_OP_CONFIGURE QRPC_OP_PROFILE QRPC_F_DISCARD_UNKNOWN
 	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
 	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST
 	QRPC_F_PROTO_NAMES QRPC_BAD_RESPONSE QRPC_F_LUA_TABLE QRPC_F_LUA_REQUEST`
@@ -256,7 +256,7 @@ func abiLayoutErr() error {
 	names := strings.Fields(constNames)
 	goVals := []int64{bridge.CmdVersion,
 		bridge.OpConnect, bridge.OpUnary, bridge.OpEvent, bridge.OpClose, bridge.OpCancel, bridge.OpEcho, bridge.OpStats,
-		bridge.OpPeers, bridge.OpMetrics, bridge.OpProtoLoad, bridge.OpConfigure, bridge.FlagDiscardUnknown,
+		bridge.OpPeers, bridge.OpMetrics, bridge.OpProtoLoad, bridge.OpConfigure, bridge.OpProfile, bridge.FlagDiscardUnknown,
 		int64(bridge.StatusOK), int64(bridge.StatusPending), int64(bridge.StatusLog), int64(bridge.ErrGeneric),
 		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),
 		int64(bridge.ErrConnect), int64(bridge.ErrUnavail), int64(bridge.ErrTooBig), int64(bridge.ErrLost),

@@ -37,6 +37,10 @@
 #define QRPC_OP_CONFIGURE  11 /* opts lines "gomaxprocs=N", "metrics=on|off" (pools dialled later); none: only ask; answers the settings in force, "gomaxprocs=N
 metrics=on
 " */
+#define QRPC_OP_PROFILE    12 /* a pprof profile (gzipped protobuf, for go tool pprof) of this worker's
+                                 Go runtime: opts "kind=heap|allocs|goroutine|threadcreate\n";
+                                 "kind=cpu\nseconds=N\n" starts the CPU profile (answers nothing; it stops
+                                 by itself N+5 s later), "kind=cpu-stop\n" stops it and answers it */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */

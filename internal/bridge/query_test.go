@@ -34,7 +34,7 @@ func TestQuery(t *testing.T) {
 	h := newTestHost(t, r, true)
 
 	// Ops no feature has registered are refused.
-	for _, op := range []uint32{OpPeers, OpMetrics, OpProtoLoad, OpConfigure} {
+	for _, op := range []uint32{OpPeers, OpMetrics, OpProtoLoad, OpConfigure, OpProfile} {
 		queryMu.RLock()
 		_, registered := queries[op]
 		queryMu.RUnlock()
@@ -52,8 +52,8 @@ func TestQuery(t *testing.T) {
 	if msg := h.submit(Command{Op: OpMetrics}, ErrBadArg); msg != "bad command: op 9 is a query: use qrpc_query" {
 		t.Errorf("query op submitted: %q", msg)
 	}
-	if out, msg := r.Query(&Command{Op: 12}); out.Status != ErrBadArg || msg != "bad command: unknown op 12" {
-		t.Errorf("op 12: %d %q", out.Status, msg)
+	if out, msg := r.Query(&Command{Op: lastOp + 1}); out.Status != ErrBadArg || msg != fmt.Sprintf("bad command: unknown op %d", lastOp+1) {
+		t.Errorf("op %d: %d %q", lastOp+1, out.Status, msg)
 	}
 
 	// A registered op: its result is copied into the host's memory, its

@@ -25,10 +25,11 @@ const (
 	OpMetrics   // this worker's metrics
 	OpProtoLoad // load protobuf definitions
 	OpConfigure // runtime settings
+	OpProfile   // a pprof profile of this worker's Go runtime
 
 	// lastSubmitOp is the highest op of qrpc_submit and lua-resty-ffi.
 	lastSubmitOp = OpStats
-	lastOp       = OpConfigure
+	lastOp       = OpProfile
 )
 
 // FlagDiscardUnknown is QRPC_F_DISCARD_UNKNOWN: req_type's JSON may carry

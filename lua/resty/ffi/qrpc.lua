@@ -123,6 +123,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local get_phase = ngx.get_phase
 local ngx_now = ngx.now
+local ngx_sleep = ngx.sleep
 local decode_base64 = ngx.decode_base64
 
 local type = type
@@ -144,6 +145,7 @@ local tab_concat = table.concat
 
 local OP_UNARY = cdef.OP_UNARY
 local OP_ECHO = cdef.OP_ECHO
+local OP_PROFILE = cdef.OP_PROFILE
 local QRPC_OK = cdef.QRPC_OK
 local QRPC_ERR_CLOSED = cdef.QRPC_ERR_CLOSED
 local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
@@ -1006,6 +1008,70 @@ function _M.metrics()
         return nil, err
     end
     return metrics.text()
+end
+
+
+-- Profiles qrpc.debug_profile answers at once; "cpu" takes seconds.
+local instant_profiles = {
+    heap = true, allocs = true, goroutine = true, threadcreate = true,
+}
+local MAX_PROFILE_S = 300
+
+
+-- qrpc.debug_profile(kind [, seconds]) -> bytes | nil, err: a pprof profile
+-- (gzipped protobuf, for go tool pprof) of this worker's Go runtime. "cpu"
+-- profiles for seconds (default 10), sleeping meanwhile; the others answer
+-- at once. Opt-in by design: nothing is exposed unless a location calls it.
+function _M.debug_profile(kind, seconds)
+    if type(kind) ~= "string" then
+        return bad(1, "kind must be a string (got " .. type(kind) .. ")")
+    end
+    if kind ~= "cpu" and not instant_profiles[kind] then
+        return bad(1, "kind must be cpu, heap, allocs, goroutine or"
+                      .. " threadcreate (got '" .. str_sub(kind, 1, 64) .. "')")
+    end
+    if kind ~= "cpu" and seconds ~= nil then
+        return bad(2, "seconds is only for kind cpu")
+    end
+    if kind == "cpu" then
+        if seconds == nil then
+            seconds = 10
+        end
+        local _, err = check_count(seconds, 2, "seconds", 1, MAX_PROFILE_S)
+        if err then
+            return nil, err
+        end
+        local phase = get_phase()
+        if not yieldable[phase] then
+            return nil, "qrpc: a cpu profile cannot be taken in the " .. phase
+                        .. " phase (it sleeps)"
+        end
+    end
+    local ok, err = worker_loaded()
+    if not ok then
+        return nil, err
+    end
+    if kind ~= "cpu" then
+        local out, qerr = builtin.query(OP_PROFILE, 0, "kind=" .. kind .. "\n")
+        if not out then
+            return nil, "qrpc: " .. qerr
+        end
+        return out
+    end
+    local _, qerr = builtin.query(OP_PROFILE, 0,
+                                  "kind=cpu\nseconds=" .. seconds .. "\n")
+    if qerr then
+        return nil, "qrpc: " .. qerr
+    end
+    -- If this light thread is killed while it sleeps, Go stops the
+    -- profile by itself 5 s after its seconds.
+    ngx_sleep(seconds)
+    local out
+    out, qerr = builtin.query(OP_PROFILE, 0, "kind=cpu-stop\n")
+    if not out then
+        return nil, "qrpc: " .. qerr
+    end
+    return out
 end
 
 

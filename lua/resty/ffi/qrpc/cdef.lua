@@ -102,6 +102,7 @@ local OP_CANCEL = 5
 local OP_ECHO = 6
 local OP_PEERS = 8
 local OP_CONFIGURE = 11
+local OP_PROFILE = 12
 
 local QRPC_OK = 0
 local QRPC_PENDING = 1
@@ -142,6 +143,7 @@ local _M = {
     OP_ECHO = OP_ECHO,
     OP_PEERS = OP_PEERS,
     OP_CONFIGURE = OP_CONFIGURE,
+    OP_PROFILE = OP_PROFILE,
     QRPC_OK = QRPC_OK,
     QRPC_PENDING = QRPC_PENDING,
     QRPC_LOG = QRPC_LOG,

@@ -1,0 +1,158 @@
+package bridge
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// QRPC_OP_PROFILE: a pprof profile of this worker's Go runtime (issue 13:
+// where the Go work of a request goes, seen from inside the worker), as
+// opts lines:
+//
+//	kind=heap|allocs|goroutine|threadcreate   answers that profile now
+//	kind=cpu, seconds=N                       starts the CPU profile and
+//	                                          answers nothing
+//	kind=cpu-stop                             stops it and answers it
+//
+// Profiles are gzipped protobuf, for `go tool pprof`. Lua's
+// qrpc.debug_profile starts the CPU profile, sleeps, and stops it; if
+// nobody stops it (the light thread was killed), it stops by itself
+// cpuProfileGrace after its N seconds and is dropped, so that Go's
+// profiling signal does not run in the worker for ever.
+
+// MaxProfileSeconds bounds a CPU profile's seconds.
+const MaxProfileSeconds = 300
+
+// cpuProfileGrace is how long past its seconds an unstopped CPU profile
+// runs before it stops by itself.
+const cpuProfileGrace = 5 * time.Second
+
+// profiles the query answers at once (runtime/pprof's names); block and
+// mutex are left out: they record nothing unless their rates are set.
+var instantProfiles = map[string]bool{"heap": true, "allocs": true, "goroutine": true, "threadcreate": true}
+
+// cpuProfile is the CPU profile in progress, if any: one per process, as
+// runtime/pprof allows.
+type cpuProfile struct {
+	mu    sync.Mutex
+	buf   *bytes.Buffer // nil: none running
+	timer *time.Timer   // stops an abandoned profile; owned here, stopped by stop
+	seq   uint64        // numbers the profiles, so a late timer stops only its own
+}
+
+var cpuProf cpuProfile
+
+func init() {
+	RegisterQuery(OpProfile, func(_ *Runtime, cmd *Command) ([]byte, error) {
+		return profile(cmd.Opts)
+	})
+}
+
+// profile runs one PROFILE query (see above).
+func profile(opts []byte) ([]byte, error) {
+	if len(opts) > maxOptsLen {
+		return nil, Badf("opts: %d bytes, at most %d", len(opts), maxOptsLen)
+	}
+	var kind string
+	secs := -1
+	for _, line := range bytes.Split(opts, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		k, v, ok := bytes.Cut(line, []byte("="))
+		if !ok {
+			return nil, Badf("opts: %q is not key=value", clipOpt(string(line)))
+		}
+		switch key, val := string(k), string(v); key {
+		case "kind":
+			if kind != "" {
+				return nil, Badf("opts: kind given twice")
+			}
+			kind = val
+		case "seconds":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 || n > MaxProfileSeconds {
+				return nil, Badf("opts: seconds must be an integer 1..%d, got %q", MaxProfileSeconds, clipOpt(val))
+			}
+			secs = n
+		default:
+			return nil, Badf("opts: unknown key %q", clipOpt(key))
+		}
+	}
+	switch {
+	case kind == "cpu":
+		if secs < 0 {
+			return nil, Badf("opts: kind=cpu needs seconds")
+		}
+		return nil, cpuProf.start(time.Duration(secs) * time.Second)
+	case secs >= 0:
+		return nil, Badf("opts: seconds is only for kind=cpu")
+	case kind == "cpu-stop":
+		return cpuProf.stop()
+	case instantProfiles[kind]:
+		var b bytes.Buffer
+		if err := pprof.Lookup(kind).WriteTo(&b, 0); err != nil {
+			return nil, fmt.Errorf("profile %s: %w", kind, err)
+		}
+		return b.Bytes(), nil
+	case kind == "":
+		return nil, Badf("opts: no kind")
+	}
+	return nil, Badf("opts: unknown profile kind %q (cpu, heap, allocs, goroutine, threadcreate)", clipOpt(kind))
+}
+
+// errCPUProfileRunning and errNoCPUProfile are the state errors of the CPU
+// profile; Lua shows their text after "qrpc: ".
+var (
+	errCPUProfileRunning = errors.New("profile: a CPU profile is already running in this worker")
+	errNoCPUProfile      = errors.New("profile: no CPU profile is running in this worker")
+)
+
+func (p *cpuProfile) start(d time.Duration) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.buf != nil {
+		return errCPUProfileRunning
+	}
+	buf := new(bytes.Buffer)
+	if err := pprof.StartCPUProfile(buf); err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	p.seq++
+	seq := p.seq
+	p.buf = buf
+	p.timer = time.AfterFunc(d+cpuProfileGrace, func() { p.abandon(seq) })
+	return nil
+}
+
+// stop ends the profile and returns it. It waits for runtime/pprof to
+// write the last samples (milliseconds).
+func (p *cpuProfile) stop() ([]byte, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.buf == nil {
+		return nil, errNoCPUProfile
+	}
+	p.timer.Stop()
+	pprof.StopCPUProfile()
+	b := p.buf.Bytes()
+	p.buf, p.timer = nil, nil
+	return b, nil
+}
+
+// abandon stops profile seq if it still runs, and drops it.
+func (p *cpuProfile) abandon(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.buf == nil || p.seq != seq {
+		return
+	}
+	pprof.StopCPUProfile()
+	p.buf, p.timer = nil, nil
+}
