@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"runtime"
@@ -102,21 +101,10 @@ func init() {
 
 // Configure applies CONFIGURE's opts lines (see above).
 func (r *Runtime) Configure(opts []byte) error {
-	if len(opts) > maxOptsLen {
-		return Badf("opts: %d bytes, at most %d", len(opts), maxOptsLen)
-	}
 	var off *bool
 	procs := 0
-	for _, line := range bytes.Split(opts, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		k, v, ok := bytes.Cut(line, []byte("="))
-		if !ok {
-			return Badf("opts: %q is not key=value", clipOpt(string(line)))
-		}
-		switch key, val := string(k), string(v); key {
+	err := eachOpt(opts, func(key, val string) error {
+		switch key {
 		case "gomaxprocs":
 			n, err := strconv.Atoi(val)
 			if err != nil || n < 1 || n > maxGOMAXPROCS {
@@ -136,6 +124,10 @@ func (r *Runtime) Configure(opts []byte) error {
 		default:
 			return Badf("opts: unknown key %q", clipOpt(key))
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if off != nil {
 		r.metricsOff.Store(*off)

@@ -34,40 +34,51 @@ import (
 // maxOptsLen bounds the opts text: a few hundred addresses at most.
 const maxOptsLen = 64 << 10
 
-// poolConfig reads CONNECT's opts into the pool's addresses and config;
-// base carries the v1 fields (TLS, conns, streams, timeouts).
-func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, error) {
-	pc := &qrpc.PoolConfig{Config: *base}
-	if len(cmd.Opts) > maxOptsLen {
-		return nil, nil, Badf("opts: %d bytes, at most %d", len(cmd.Opts), maxOptsLen)
+// eachOpt calls f with the key and value of each "key=value" line of opts
+// (spaces around a line trimmed, empty lines skipped), after bounding
+// opts' length; a line without "=" or f's error ends it.
+func eachOpt(opts []byte, f func(key, val string) error) error {
+	if len(opts) > maxOptsLen {
+		return Badf("opts: %d bytes, at most %d", len(opts), maxOptsLen)
 	}
-	var addrs []string
-	seen := map[string]bool{}
-	for _, line := range bytes.Split(cmd.Opts, []byte("\n")) {
+	for _, line := range bytes.Split(opts, []byte("\n")) {
 		line = bytes.TrimSpace(line)
 		if len(line) == 0 {
 			continue
 		}
 		k, v, ok := bytes.Cut(line, []byte("="))
 		if !ok {
-			return nil, nil, Badf("opts: %q is not key=value", clipOpt(string(line)))
+			return Badf("opts: %q is not key=value", clipOpt(string(line)))
 		}
-		key, val := string(k), string(v)
+		if err := f(string(k), string(v)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// poolConfig reads CONNECT's opts into the pool's addresses and config;
+// base carries the v1 fields (TLS, conns, streams, timeouts).
+func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, error) {
+	pc := &qrpc.PoolConfig{Config: *base}
+	var addrs []string
+	seen := map[string]bool{}
+	err := eachOpt(cmd.Opts, func(key, val string) error {
 		var err error
 		switch key {
 		case "addr":
 			if _, _, e := net.SplitHostPort(val); e != nil || val == "" {
-				return nil, nil, Badf("opts: addr %q is not host:port", clipOpt(val))
+				return Badf("opts: addr %q is not host:port", clipOpt(val))
 			}
 			if seen[val] {
-				return nil, nil, Badf("opts: duplicate addr %q", clipOpt(val))
+				return Badf("opts: duplicate addr %q", clipOpt(val))
 			}
 			seen[val] = true
 			addrs = append(addrs, val)
 		case "balance":
 			pc.Balance, err = qrpc.ParseBalance(val)
 			if err != nil {
-				return nil, nil, Badf("opts: unknown balance %q (round_robin, least_inflight or hash)", clipOpt(val))
+				return Badf("opts: unknown balance %q (round_robin, least_inflight or hash)", clipOpt(val))
 			}
 		case "health_failures":
 			pc.Failures, err = optInt(key, val, 1)
@@ -90,15 +101,16 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			pc.Resolve, err = optMS(key, val)
 		case "resolver":
 			if _, _, e := net.SplitHostPort(val); e != nil {
-				return nil, nil, Badf("opts: resolver %q is not host:port", clipOpt(val))
+				return Badf("opts: resolver %q is not host:port", clipOpt(val))
 			}
 			pc.Resolver = val
 		default:
-			return nil, nil, Badf("opts: unknown key %q", clipOpt(key))
+			return Badf("opts: unknown key %q", clipOpt(key))
 		}
-		if err != nil {
-			return nil, nil, err
-		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(addrs) == 0 {
 		if len(cmd.Addr) == 0 {

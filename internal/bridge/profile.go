@@ -55,35 +55,28 @@ func init() {
 
 // profile runs one PROFILE query (see above).
 func profile(opts []byte) ([]byte, error) {
-	if len(opts) > maxOptsLen {
-		return nil, Badf("opts: %d bytes, at most %d", len(opts), maxOptsLen)
-	}
 	var kind string
 	secs := -1
-	for _, line := range bytes.Split(opts, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		k, v, ok := bytes.Cut(line, []byte("="))
-		if !ok {
-			return nil, Badf("opts: %q is not key=value", clipOpt(string(line)))
-		}
-		switch key, val := string(k), string(v); key {
+	err := eachOpt(opts, func(key, val string) error {
+		switch key {
 		case "kind":
 			if kind != "" {
-				return nil, Badf("opts: kind given twice")
+				return Badf("opts: kind given twice")
 			}
 			kind = val
 		case "seconds":
 			n, err := strconv.Atoi(val)
 			if err != nil || n < 1 || n > MaxProfileSeconds {
-				return nil, Badf("opts: seconds must be an integer 1..%d, got %q", MaxProfileSeconds, clipOpt(val))
+				return Badf("opts: seconds must be an integer 1..%d, got %q", MaxProfileSeconds, clipOpt(val))
 			}
 			secs = n
 		default:
-			return nil, Badf("opts: unknown key %q", clipOpt(key))
+			return Badf("opts: unknown key %q", clipOpt(key))
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case kind == "cpu":
