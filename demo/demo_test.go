@@ -7,7 +7,6 @@ package demo_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,9 +53,6 @@ func TestDemoUpAndDown(t *testing.T) {
 		"QRPC_DEMO_RUN=" + filepath.Join(dir, "run"),
 		"QRPC_DEMO_BIN=" + bin,
 		"QRPC_DEMO_LIB=" + lib,
-		"QRPC_DEMO_HTTP=127.0.0.1:" + freePort(t, "tcp"),
-		"QRPC_DEMO_ADDR=127.0.0.1:" + freePort(t, "udp"),
-		"QRPC_DEMO_MTLS_ADDR=127.0.0.1:" + freePort(t, "udp"),
 	}
 	// The nginx the suites run (QRPC_NGINX), with the environment its
 	// flavour needs (lua-resty-ffi: LD_LIBRARY_PATH).
@@ -103,6 +99,14 @@ func upAndDown(t *testing.T, ng *ngxtest.Nginx, root, dir string, env []string) 
 		return string(out), err
 	}
 	t.Cleanup(func() { _, _ = script("down") })
+
+	// Fresh ports for every run, from below the ephemeral range: with
+	// the kernel's own pick (port 0) a QUIC client of a suite running
+	// beside this one took the demo's UDP port between two runs in CI.
+	env = withEnv(env,
+		fmt.Sprintf("QRPC_DEMO_HTTP=127.0.0.1:%d", ngxtest.FreePort(t)),
+		fmt.Sprintf("QRPC_DEMO_ADDR=127.0.0.1:%d", ngxtest.FreePort(t)),
+		fmt.Sprintf("QRPC_DEMO_MTLS_ADDR=127.0.0.1:%d", ngxtest.FreePort(t)))
 
 	run := filepath.Join(dir, "run")
 	out, err := script("up")
@@ -183,31 +187,4 @@ func readPid(t *testing.T, file string) int {
 		t.Fatalf("%s: bad pid %q", file, b)
 	}
 	return pid
-}
-
-// freePort asks the kernel for a free port. Another process may take it
-// before the demo binds it; the demo then fails loudly, not silently.
-func freePort(t *testing.T, network string) string {
-	t.Helper()
-	var addr net.Addr
-	switch network {
-	case "tcp":
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr = l.Addr()
-		_ = l.Close()
-	case "udp":
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr = c.LocalAddr()
-		_ = c.Close()
-	default:
-		panic(fmt.Sprintf("network %q", network))
-	}
-	_, port, _ := net.SplitHostPort(addr.String())
-	return port
 }

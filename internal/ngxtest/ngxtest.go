@@ -40,8 +40,9 @@ var (
 	nextPort = 20000 + os.Getpid()%10000
 )
 
-// FreePort returns a TCP port on 127.0.0.1 that nothing listened on a
-// moment ago, and fails t when 1000 candidates in a row were taken.
+// FreePort returns a port on 127.0.0.1 that nothing used a moment ago
+// over TCP or UDP, so it serves nginx's HTTP and a QUIC server alike, and
+// fails t when 1000 candidates in a row were taken.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	portMu.Lock()
@@ -52,11 +53,17 @@ func FreePort(t testing.TB) int {
 		if nextPort >= 32000 {
 			nextPort = 20000
 		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		addr := fmt.Sprintf("127.0.0.1:%d", p)
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
 		}
 		_ = l.Close()
+		c, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			continue
+		}
+		_ = c.Close()
 		return p
 	}
 	t.Fatal("no free TCP port in 20000-32000")
