@@ -392,12 +392,18 @@ func (c *Client) session() (*session, error) {
 	n := uint32(len(c.slots))
 	start := c.rr.Add(1)
 	var sl *slot
-	var refused error
+	var refused, lost error
 	for i := uint32(0); i < n; i++ {
 		sl = c.slots[(start+i)%n]
 		s := sl.cur.Load()
 		if s != nil && !s.dead.Load() {
 			return s, nil
+		}
+		// A dead session still in place says why it died before its slot
+		// records it (fail writes err before it sets dead): without it a
+		// call in that window read "unavailable: reconnecting", no cause.
+		if s != nil && lost == nil {
+			lost = s.err
 		}
 		if refused != nil {
 			continue
@@ -412,6 +418,9 @@ func (c *Client) session() (*session, error) {
 	}
 	if refused != nil {
 		return nil, refused
+	}
+	if lost != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, lost)
 	}
 	if e := sl.lastErr.Load(); e != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, *e)

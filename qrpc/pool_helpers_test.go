@@ -328,50 +328,28 @@ func load(workers int, stop <-chan struct{}, call func() error, f func(err error
 	return &wg
 }
 
-// logCapture is a slog.Handler that keeps messages with their "addr",
-// and the "err" attribute of each line that has one.
+// logCapture is a slog.Handler that keeps messages with their "addr".
 type logCapture struct {
 	mu    sync.Mutex
 	lines []string // "message|addr"
-	errs  []string // "message|err"
 }
 
 func (l *logCapture) Enabled(context.Context, slog.Level) bool { return true }
 func (l *logCapture) Handle(_ context.Context, r slog.Record) error {
-	addr, errText := "", ""
+	addr := ""
 	r.Attrs(func(a slog.Attr) bool {
-		switch a.Key {
-		case "addr":
+		if a.Key == "addr" {
 			addr = a.Value.String()
-		case "err":
-			errText = a.Value.String()
 		}
 		return true
 	})
 	l.mu.Lock()
 	l.lines = append(l.lines, r.Message+"|"+addr)
-	if errText != "" {
-		l.errs = append(l.errs, r.Message+"|"+errText)
-	}
 	l.mu.Unlock()
 	return nil
 }
 func (l *logCapture) WithAttrs([]slog.Attr) slog.Handler { return l }
 func (l *logCapture) WithGroup(string) slog.Handler      { return l }
-
-// errContains reports whether a line with message msg had an "err"
-// containing sub.
-func (l *logCapture) errContains(msg, sub string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, s := range l.errs {
-		m, e, _ := strings.Cut(s, "|")
-		if m == msg && strings.Contains(e, sub) {
-			return true
-		}
-	}
-	return false
-}
 
 // count counts lines with message msg (and addr, unless empty).
 func (l *logCapture) count(msg, addr string) int {

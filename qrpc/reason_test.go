@@ -134,14 +134,11 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if !strings.Contains(qrpc.ErrorString(err), "server closing") {
 			t.Fatalf("%q: the detail should carry the server's message", qrpc.ErrorString(err))
 		}
-		// The next calls are not sent. Right after the loss the slot may
-		// not have recorded why yet ("unavailable: reconnecting"); then it
-		// says why: the server closing, or (once the first re-dial, made at
-		// once, has been refused by the closed port) that refusal.
-		eventually(t, 5*time.Second, "unavailable with the cause", func() bool {
-			_, err = unary(c, time.Second, "echo", nil)
-			return qrpc.ErrorString(err) != "unavailable: reconnecting"
-		})
+		// The next call is not sent, and says why at once (the dead
+		// session tells until its slot has recorded it): the server
+		// closing, or (once the first re-dial, made at once, has been
+		// refused by the closed port) that refusal.
+		_, err = unary(c, time.Second, "echo", nil)
 		if qrpc.Classify(err).Reason == qrpc.ReasonRefused {
 			checkReason(t, err, "unavailable: refused")
 		} else {
