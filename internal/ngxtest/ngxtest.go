@@ -66,7 +66,7 @@ func FreePort(t testing.TB) int {
 		_ = c.Close()
 		return p
 	}
-	t.Fatal("no free TCP port in 20000-32000")
+	t.Fatal("no port free over TCP and UDP in 20000-32000")
 	return 0
 }
 

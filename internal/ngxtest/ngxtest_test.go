@@ -50,3 +50,19 @@ func TestFreePortIsFreeAndNotRepeated(t *testing.T) {
 	}
 	_ = l.Close()
 }
+
+// A port held over UDP alone (a QUIC socket) is not handed out: the demo
+// test gives these ports to its qrpc server.
+func TestFreePortSkipsUDPTaken(t *testing.T) {
+	portMu.Lock()
+	next := nextPort
+	portMu.Unlock()
+	c, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(next))
+	if err != nil {
+		t.Skipf("port %d is taken already: %v", next, err)
+	}
+	defer c.Close()
+	if got := FreePort(t); got == next {
+		t.Fatalf("FreePort gave %d, held over UDP", got)
+	}
+}
