@@ -89,7 +89,7 @@ func BenchmarkStartSequential(b *testing.B) {
 }
 
 // BenchmarkStartPipelined64 keeps 64 calls in flight from one submitter,
-// as an nginx worker does.
+// as an nginx worker does: each with a deadline, as the FFI layer sets.
 func BenchmarkStartPipelined64(b *testing.B) {
 	e := newEnv(b)
 	c := e.dial(b, nil)
@@ -107,6 +107,7 @@ func BenchmarkStartPipelined64(b *testing.B) {
 	for b.Loop() {
 		slots <- struct{}{}
 		wg.Add(1)
+		call.Deadline = time.Now().Add(10 * time.Second)
 		if _, err := c.Start(call, cb); err != nil {
 			b.Fatal(err)
 		}

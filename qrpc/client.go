@@ -252,6 +252,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	}
 	s := &session{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{})}
 	s.pending.init()
+	s.deadlines.init(s.expire)
 	s.nextID.Store(rand.Uint64() >> 1)
 	s.streams = make([]atomic.Pointer[cstream], c.cfg.Streams)
 	for i := range s.streams {
@@ -538,6 +539,7 @@ type session struct {
 	maxAnswered atomic.Uint64 // highest request id answered, any stream
 	suspects    atomic.Int32  // streams with a stuckSince set
 	pending     pendingMap
+	deadlines   deadlines // times out the pending calls that have a deadline
 
 	dead     atomic.Bool
 	failOnce sync.Once
@@ -580,7 +582,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 		if st == nil {
 			break
 		}
-		pc := &pendingCall{done: done, st: st, deadline: call.Deadline}
+		pc := &pendingCall{id: id, done: done, st: st, deadline: call.Deadline, hidx: hidxNew}
 		st.inflight.Add(1)
 		if !s.pending.store(id, pc) {
 			// The session failed since it was picked (closeAll ran, after
@@ -592,18 +594,13 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 			}
 			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
 		}
-		// The timer is armed only once the call is in the map: one that
-		// fired before would find nothing to take, and the call would
-		// never time out. A response that comes first may miss the timer
-		// and leave it to fire on an empty slot, which is harmless.
+		// Timed only once the call is in the map: a deadline that passed
+		// before would find nothing to take, and the call would never time
+		// out. A response that comes first has removed it for good, and
+		// add then does nothing.
 		if !call.Deadline.IsZero() {
-			d := time.Until(call.Deadline)
-			pc.timer.Store(time.AfterFunc(d, func() {
-				if pc := s.take(id); pc != nil {
-					pc.done(nil, fmt.Errorf("%w: no response within %v", ErrTimeout, d))
-					st.checkStuck(id)
-				}
-			}))
+			pc.wait = time.Until(call.Deadline)
+			s.deadlines.add(pc)
 		}
 		err := st.write(buf)
 		if err == nil {
@@ -615,7 +612,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 			// called done.
 			return Pending{s: s, id: id}, nil
 		}
-		pc.stopTimer()
+		s.deadlines.remove(pc)
 		if !errors.Is(err, errStreamGone) {
 			return Pending{}, err
 		}
@@ -658,6 +655,15 @@ func (s *session) encode(k frame.Kind, req *Request) (*[]byte, error) {
 	return buf, nil
 }
 
+// expire times out a call whose deadline passed (the deadlines' timer).
+func (s *session) expire(pc *pendingCall) {
+	if s.take(pc.id) == nil {
+		return // answered, cancelled or failed meanwhile
+	}
+	pc.done(nil, fmt.Errorf("%w: no response within %v", ErrTimeout, pc.wait))
+	pc.st.checkStuck(pc.id)
+}
+
 // take removes a call from the pending map and from its stream's count.
 func (s *session) take(id uint64) *pendingCall {
 	pc := s.pending.take(id)
@@ -687,7 +693,7 @@ func (p Pending) Cancel() bool {
 	if pc == nil {
 		return false
 	}
-	pc.stopTimer()
+	p.s.deadlines.remove(pc)
 	// A caller giving up at the deadline (Unary's context fires with the
 	// timer) is a timeout: the stream may be stuck.
 	if !pc.deadline.IsZero() && !timeNow().Before(pc.deadline) {
@@ -711,8 +717,8 @@ func (s *session) fail(err error) {
 			callErr = fmt.Errorf("%w: %w", ErrConnLost, err)
 		}
 		s.dead.Store(true) // after refusal: readers of dead see it
+		s.deadlines.close()
 		s.pending.closeAll(func(pc *pendingCall) {
-			pc.stopTimer()
 			pc.done(nil, callErr)
 		})
 		if errors.Is(err, ErrProtocol) {
@@ -926,7 +932,7 @@ func (st *cstream) broken(cause error) {
 	go func() {
 		defer s.c.wg.Done()
 		s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
-			pc.stopTimer()
+			s.deadlines.remove(pc)
 			st.inflight.Add(-1)
 			pc.done(nil, err)
 		})
@@ -1095,7 +1101,7 @@ func (st *cstream) readLoop() {
 		if pc == nil {
 			continue // cancelled or timed out: drop quietly
 		}
-		pc.stopTimer()
+		s.deadlines.remove(pc)
 		// Under load the deadline's timer can run late, after the response
 		// is read: a response past the deadline is still a timeout.
 		if !pc.deadline.IsZero() {
@@ -1118,10 +1124,12 @@ func atomicMax(a *atomic.Uint64, v uint64) {
 }
 
 type pendingCall struct {
+	id       uint64
 	done     Done
-	st       *cstream  // the stream the request went on
-	deadline time.Time // zero: none
-	timer    atomic.Pointer[time.Timer]
+	st       *cstream      // the stream the request went on
+	deadline time.Time     // zero: none
+	wait     time.Duration // the deadline, from the start, for the error
+	hidx     int           // index in its deadlines heap, or hidxNew, hidxDone; under that shard's lock
 }
 
 // clock, when set, replaces time.Now for the deadline check of responses:
@@ -1134,12 +1142,6 @@ func timeNow() time.Time {
 		return (*f)()
 	}
 	return time.Now()
-}
-
-func (pc *pendingCall) stopTimer() {
-	if t := pc.timer.Load(); t != nil {
-		t.Stop()
-	}
 }
 
 const pendingShards = 64

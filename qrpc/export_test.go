@@ -51,3 +51,18 @@ func RawNetworksForTest(s *Server, c *Client) (server string, client []string) {
 	}
 	return server, client
 }
+
+// DeadlinesForTest counts the calls the client's live connections are
+// timing (their deadline heaps).
+func DeadlinesForTest(c *Client) int {
+	n := 0
+	for _, sl := range c.slots {
+		if s := sl.cur.Load(); s != nil {
+			n += s.deadlines.len()
+		}
+	}
+	return n
+}
+
+// DeadlineShards is how many deadline heaps (and timers) a connection has.
+const DeadlineShards = deadlineShards

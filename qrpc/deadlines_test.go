@@ -1,0 +1,188 @@
+package qrpc
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+// expiry records what a deadlines' timer times out, and when.
+type expiry struct {
+	mu  sync.Mutex
+	got map[uint64]time.Time
+	ch  chan uint64
+}
+
+func newExpiry(d *deadlines) *expiry {
+	e := &expiry{got: map[uint64]time.Time{}, ch: make(chan uint64, 1024)}
+	d.init(func(pc *pendingCall) {
+		e.mu.Lock()
+		if _, dup := e.got[pc.id]; dup {
+			panic("timed out twice")
+		}
+		e.got[pc.id] = time.Now()
+		e.mu.Unlock()
+		e.ch <- pc.id
+	})
+	return e
+}
+
+func (e *expiry) wait(t *testing.T, n int, within time.Duration) {
+	t.Helper()
+	timeout := time.After(within)
+	for i := 0; i < n; i++ {
+		select {
+		case <-e.ch:
+		case <-timeout:
+			t.Fatalf("%d of %d calls timed out within %v", i, n, within)
+		}
+	}
+}
+
+func dlCall(id uint64, deadline time.Time) *pendingCall {
+	return &pendingCall{id: id, deadline: deadline, hidx: hidxNew}
+}
+
+// Every call times out once, never before its deadline, the earliest first
+// in each shard; a call added with an earlier deadline than the one the
+// timer waits for re-arms it (else the 30 ms call would wait for the
+// 10 s one).
+func TestDeadlinesFireWhenDue(t *testing.T) {
+	var d deadlines
+	e := newExpiry(&d)
+	defer d.close()
+	now := time.Now()
+	long := dlCall(8, now.Add(10*time.Second))
+	d.add(long)
+	// ids that are multiples of 8 share a shard, whose order is checked;
+	// the others spread over the rest
+	offsets := []int{90, 30, 60, 30, 120, 45}
+	var calls []*pendingCall
+	for i, ms := range offsets {
+		for _, id := range []uint64{uint64(16 + 8*i), uint64(17 + 8*i)} {
+			pc := dlCall(id, now.Add(time.Duration(ms)*time.Millisecond))
+			calls = append(calls, pc)
+			d.add(pc)
+		}
+	}
+	if n := d.len(); n != len(calls)+1 {
+		t.Fatalf("len %d, want %d", n, len(calls)+1)
+	}
+	e.wait(t, len(calls), 5*time.Second)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, pc := range calls {
+		at, ok := e.got[pc.id]
+		if !ok {
+			t.Fatalf("call %d not timed out", pc.id)
+		}
+		if at.Before(pc.deadline) {
+			t.Errorf("call %d timed out %v before its deadline", pc.id, pc.deadline.Sub(at))
+		}
+		if late := at.Sub(pc.deadline); late > 2*time.Second {
+			t.Errorf("call %d timed out %v late", pc.id, late)
+		}
+		if pc.hidx != hidxDone {
+			t.Errorf("call %d hidx %d after its timeout", pc.id, pc.hidx)
+		}
+	}
+	for _, a := range calls {
+		for _, b := range calls {
+			if a.id%8 == 0 && b.id%8 == 0 && a.deadline.Before(b.deadline) && e.got[b.id].Before(e.got[a.id]) {
+				t.Errorf("shard 0: call %d (due %v) timed out before call %d (due %v)", b.id, b.deadline.Sub(now), a.id, a.deadline.Sub(now))
+			}
+		}
+	}
+	if _, ok := e.got[long.id]; ok {
+		t.Fatal("the 10 s call timed out")
+	}
+	if n := d.len(); n != 1 {
+		t.Fatalf("len %d after the timeouts, want 1 (the 10 s call)", n)
+	}
+}
+
+// A removed call never times out and leaves nothing behind; one answered
+// before its start added it (remove, then add) is not added at all; after
+// close nothing fires and nothing is added.
+func TestDeadlinesRemoveAndClose(t *testing.T) {
+	var d deadlines
+	e := newExpiry(&d)
+	due := time.Now().Add(30 * time.Millisecond)
+	var calls []*pendingCall
+	for id := uint64(1); id <= 1000; id++ {
+		pc := dlCall(id, due)
+		calls = append(calls, pc)
+		d.add(pc)
+	}
+	early := dlCall(5000, due)
+	d.remove(early)
+	d.add(early)
+	for _, pc := range calls {
+		d.remove(pc)
+	}
+	if n := d.len(); n != 0 {
+		t.Fatalf("len %d after removing every call", n)
+	}
+	last := dlCall(6000, time.Now().Add(20*time.Millisecond))
+	d.add(last)
+	e.wait(t, 1, 5*time.Second)
+	if n := d.len(); n != 0 {
+		t.Fatalf("len %d after the last timeout", n)
+	}
+	time.Sleep(100 * time.Millisecond) // past every deadline
+	e.mu.Lock()
+	if len(e.got) != 1 {
+		t.Fatalf("%d calls timed out, want only call 6000: %v", len(e.got), e.got)
+	}
+	e.mu.Unlock()
+
+	late := dlCall(7000, time.Now().Add(20*time.Millisecond))
+	d.add(late)
+	d.close()
+	d.add(dlCall(7001, time.Now()))
+	time.Sleep(100 * time.Millisecond)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.got) != 1 {
+		t.Fatalf("timed out after close: %v", e.got)
+	}
+	if n := d.len(); n != 0 {
+		t.Fatalf("len %d after close", n)
+	}
+}
+
+// The heap stays a heap whose calls know their index, through random adds
+// and removes in every position.
+func TestDeadlinesHeapInvariant(t *testing.T) {
+	var d deadlines
+	d.init(func(*pendingCall) {})
+	defer d.close()
+	rng := rand.New(rand.NewPCG(3, 4))
+	base := time.Now().Add(time.Hour)
+	var live []*pendingCall
+	for op := 0; op < 20000; op++ {
+		if len(live) == 0 || rng.IntN(3) != 0 {
+			pc := dlCall(uint64(op)*deadlineShards, base.Add(time.Duration(rng.IntN(1e6))*time.Microsecond))
+			d.add(pc)
+			live = append(live, pc)
+		} else {
+			i := rng.IntN(len(live))
+			d.remove(live[i])
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+		}
+		sh := &d.shards[0]
+		if len(sh.h) != len(live) {
+			t.Fatalf("op %d: heap holds %d, want %d", op, len(sh.h), len(live))
+		}
+		for i, pc := range sh.h {
+			if pc.hidx != i {
+				t.Fatalf("op %d: call at %d says %d", op, i, pc.hidx)
+			}
+			if i > 0 && sh.less(i, (i-1)/2) {
+				t.Fatalf("op %d: %d is due before its parent", op, i)
+			}
+		}
+	}
+}
