@@ -301,10 +301,22 @@ func cqPush(c *bridge.Completion, maxLogs int) int {
 	qunlock()
 	takeReleased(rel)
 	if rc == 2 {
-		var more unsafe.Pointer
-		rc = int(C.qrpc_cq_push((*C.qrpc_completion_t)(unsafe.Pointer(c)), C.int(maxLogs), &more))
-		takeReleased(more)
+		rc = cqPushGrow(c, maxLogs)
 	}
+	return rc
+}
+
+// cqPushGrow is qrpc_cq_push, which grows the ring. Apart, because a
+// pointer passed to C escapes: inline, every completion pushed would be
+// moved to the heap, not only the rare one that fills the ring.
+//
+//go:noinline
+func cqPushGrow(c *bridge.Completion, maxLogs int) int {
+	cc := new(bridge.Completion)
+	*cc = *c
+	var more unsafe.Pointer
+	rc := int(C.qrpc_cq_push((*C.qrpc_completion_t)(unsafe.Pointer(cc)), C.int(maxLogs), &more))
+	takeReleased(more)
 	return rc
 }
 
