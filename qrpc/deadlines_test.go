@@ -44,10 +44,10 @@ func dlCall(id uint64, deadline time.Time) *pendingCall {
 	return &pendingCall{id: id, deadline: deadline, hidx: hidxNew}
 }
 
-// Every call times out once, never before its deadline, the earliest first
-// in each shard; a call added with an earlier deadline than the one the
-// timer waits for re-arms it (else the 30 ms call would wait for the
-// 10 s one).
+// Every call times out once, never before its deadline and not long
+// after; a call added with an earlier deadline than the one the timer
+// waits for re-arms it (else the 30 ms calls would wait for the 10 s one).
+// The order a heap gives them up in is TestDeadlinesHeapInvariant's.
 func TestDeadlinesFireWhenDue(t *testing.T) {
 	var d deadlines
 	e := newExpiry(&d)
@@ -55,8 +55,8 @@ func TestDeadlinesFireWhenDue(t *testing.T) {
 	now := time.Now()
 	long := dlCall(8, now.Add(10*time.Second))
 	d.add(long)
-	// ids that are multiples of 8 share a shard, whose order is checked;
-	// the others spread over the rest
+	// ids that are multiples of 8 share the 10 s call's shard; the others
+	// are in the next one
 	offsets := []int{90, 30, 60, 30, 120, 45}
 	var calls []*pendingCall
 	for i, ms := range offsets {
@@ -80,18 +80,11 @@ func TestDeadlinesFireWhenDue(t *testing.T) {
 		if at.Before(pc.deadline) {
 			t.Errorf("call %d timed out %v before its deadline", pc.id, pc.deadline.Sub(at))
 		}
-		if late := at.Sub(pc.deadline); late > 2*time.Second {
+		if late := at.Sub(pc.deadline); late > 3*time.Second {
 			t.Errorf("call %d timed out %v late", pc.id, late)
 		}
 		if pc.hidx != hidxDone {
 			t.Errorf("call %d hidx %d after its timeout", pc.id, pc.hidx)
-		}
-	}
-	for _, a := range calls {
-		for _, b := range calls {
-			if a.id%8 == 0 && b.id%8 == 0 && a.deadline.Before(b.deadline) && e.got[b.id].Before(e.got[a.id]) {
-				t.Errorf("shard 0: call %d (due %v) timed out before call %d (due %v)", b.id, b.deadline.Sub(now), a.id, a.deadline.Sub(now))
-			}
 		}
 	}
 	if _, ok := e.got[long.id]; ok {
@@ -153,7 +146,7 @@ func TestDeadlinesRemoveAndClose(t *testing.T) {
 }
 
 // The heap stays a heap whose calls know their index, through random adds
-// and removes in every position.
+// and removes in every position, and gives its calls up earliest first.
 func TestDeadlinesHeapInvariant(t *testing.T) {
 	var d deadlines
 	d.init(func(*pendingCall) {})
@@ -184,5 +177,15 @@ func TestDeadlinesHeapInvariant(t *testing.T) {
 				t.Fatalf("op %d: %d is due before its parent", op, i)
 			}
 		}
+	}
+	sh := &d.shards[0]
+	var last time.Time
+	for n := len(sh.h); n > 0; n-- {
+		pc := sh.h[0]
+		sh.delete(0)
+		if pc.deadline.Before(last) {
+			t.Fatalf("the heap gave up a call due %v before the one before it", last.Sub(pc.deadline))
+		}
+		last = pc.deadline
 	}
 }
