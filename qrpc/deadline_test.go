@@ -76,11 +76,11 @@ func TestDeadlinesHoldOnlyCallsInFlight(t *testing.T) {
 		blocked = append(blocked, p)
 	}
 
-	// Answered 600 ms later: by then a deadline that did not fire would
+	// Answered 1200 ms later: by then a deadline that did not fire would
 	// show as "response came ... after the deadline" instead.
 	got := make(chan error, 1)
 	start := time.Now()
-	if _, err := c.Start(&qrpc.Call{Method: []byte("sleep"), Body: []byte("600"), Deadline: start.Add(50 * time.Millisecond)},
+	if _, err := c.Start(&qrpc.Call{Method: []byte("sleep"), Body: []byte("1200"), Deadline: start.Add(50 * time.Millisecond)},
 		func(_ *qrpc.Response, err error) { got <- err }); err != nil {
 		t.Fatal(err)
 	}
