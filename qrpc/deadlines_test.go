@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // expiry records what a deadlines' timer times out, and when.
@@ -191,5 +192,13 @@ func TestDeadlinesHeapInvariant(t *testing.T) {
 			t.Fatalf("the heap gave up a call due %v before the one before it", last.Sub(pc.deadline))
 		}
 		last = pc.deadline
+	}
+}
+
+// Shards fill whole cache lines, so that the submitter adding to one and a
+// reader removing from the next do not share a line.
+func TestDeadlineShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(deadlineShard{}); n%64 != 0 {
+		t.Fatalf("a deadline shard is %d bytes, not a multiple of 64: adjust its padding", n)
 	}
 }
