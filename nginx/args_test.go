@@ -28,6 +28,9 @@ func TestArgumentChecks(t *testing.T) {
                 p(c({ conns = 0/0 }))
                 p(c({ streams = 1025 }))
                 p(c({ streams = 0 }))
+                p(c({ stream_batch = 0 }))
+                p(c({ stream_batch = 1025 }))
+                p(c({ stream_batch = 2.5 }))
                 p(c({ max_frame_size = 63 }))
                 p(c({ max_frame_size = 1073741825 }))
                 p(c({ idle_timeout = -1 }))
@@ -49,7 +52,7 @@ func TestArgumentChecks(t *testing.T) {
                 p(conn:unary("echo", "x", { headers = many }))
                 p(conn:event("count", "x", { headers = many }))
                 -- the limits themselves are accepted
-                local edge = assert(c({ conns = 64, streams = 1024, idle_timeout = 0,
+                local edge = assert(c({ conns = 64, streams = 1024, stream_batch = 1024, idle_timeout = 0,
                                         max_frame_size = 64, timeout = 2147483647 }))
                 p(edge:event("count", "x"))
                 p(conn:unary("echo", "longest", { timeout = 2147483647 }).body)`)},
@@ -60,6 +63,9 @@ func TestArgumentChecks(t *testing.T) {
 			"nil | bad argument #2: conns must be a number, not NaN",
 			"nil | bad argument #2: streams must be 1..1024 (got 1025)",
 			"nil | bad argument #2: streams must be 1..1024 (got 0)",
+			"nil | bad argument #2: stream_batch must be 1..1024 (got 0)",
+			"nil | bad argument #2: stream_batch must be 1..1024 (got 1025)",
+			"nil | bad argument #2: stream_batch must be an integer 1..1024 (got 2.5)",
 			"nil | bad argument #2: max_frame_size must be 64..1073741824 (got 63)",
 			"nil | bad argument #2: max_frame_size must be 64..1073741824 (got 1073741825)",
 			"nil | bad argument #2: idle_timeout must be 0..2147483647 ms (got -1)",

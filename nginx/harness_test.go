@@ -317,7 +317,7 @@ func (s *testServer) close() error {
 
 func (s *testServer) seen(ctx context.Context) {
 	s.mu.Lock()
-	s.conns[ctx] = struct{}{}
+	s.conns[qrpc.ConnContext(ctx)] = struct{}{}
 	s.mu.Unlock()
 }
 
@@ -353,6 +353,12 @@ func (s *testServer) register(srv *qrpc.Server) {
 		s.seen(ctx)
 		resp.Code = 7
 		resp.Body = []byte("failed on purpose")
+	})
+	// stream answers the id of the QUIC stream the call came on, so that
+	// a test can tell how the client spread its calls.
+	srv.Handle("stream", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		id, _ := qrpc.StreamID(ctx)
+		resp.Body = strconv.AppendInt(nil, id, 10)
 	})
 	// who answers the server's listen address, so that a pool test can
 	// tell which server a call went to.

@@ -534,7 +534,8 @@ type session struct {
 	tr          *quic.Transport // the connection's own, on sock; closed by release
 	sock        *udpSocket
 	streams     []atomic.Pointer[cstream]
-	rr          atomic.Uint32
+	rr          atomic.Uint32 // counts small frames: StreamBatch per stream
+	rrBig       atomic.Uint32 // counts big frames: one per stream
 	nextID      atomic.Uint64
 	maxAnswered atomic.Uint64 // highest request id answered, any stream
 	suspects    atomic.Int32  // streams with a stuckSince set
@@ -554,16 +555,41 @@ type session struct {
 // written; another stream may take it.
 var errStreamGone = errors.New("qrpc: stream unavailable")
 
-// pick returns a stream in service, or nil when every one is being replaced.
-func (s *session) pick() *cstream {
+// DefaultStreamBatch is Config.StreamBatch's default.
+const DefaultStreamBatch = 16
+
+// bigFrame: frames of this size or more fill datagrams on their own; they
+// take the streams one at a time (see Config.StreamBatch).
+const bigFrame = 16 << 10
+
+// pick returns a stream in service for a frame of size bytes, or nil when
+// every one is being replaced. A suspect stream (a call on it timed out
+// with no answer since) is taken only when no other stream is in service:
+// it may be the reference server's hole (see checkStuck), and calls sent
+// into it while it is suspect would wait for their deadlines.
+func (s *session) pick(size int) *cstream {
 	n := uint32(len(s.streams))
-	start := s.rr.Add(1)
-	for i := uint32(0); i < n; i++ {
-		if st := s.streams[(start+i)%n].Load(); st != nil && !st.retired.Load() {
-			return st
-		}
+	var start uint32
+	if size >= bigFrame {
+		start = s.rrBig.Add(1)
+	} else {
+		start = s.rr.Add(1) / uint32(s.c.cfg.StreamBatch)
 	}
-	return nil
+	var suspect *cstream
+	for i := uint32(0); i < n; i++ {
+		st := s.streams[(start+i)%n].Load()
+		if st == nil || st.retired.Load() {
+			continue
+		}
+		if st.stuckSince.Load() != 0 {
+			if suspect == nil {
+				suspect = st
+			}
+			continue
+		}
+		return st
+	}
+	return suspect
 }
 
 func (s *session) start(call *Call, done Done) (Pending, error) {
@@ -578,7 +604,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 	}
 	// A stream that broke under us had not taken the frame: try another.
 	for range len(s.streams) {
-		st := s.pick()
+		st := s.pick(len(*buf))
 		if st == nil {
 			break
 		}
@@ -628,7 +654,7 @@ func (s *session) send(k frame.Kind, req *Request) error {
 		return err
 	}
 	for range len(s.streams) {
-		st := s.pick()
+		st := s.pick(len(*buf))
 		if st == nil {
 			break
 		}
@@ -1029,7 +1055,7 @@ func (s *session) replace(old *cstream) {
 			if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
 				return // the session's own end takes care of the rest
 			}
-			if s.pick() == nil {
+			if s.pick(0) == nil {
 				s.fail(fmt.Errorf("no stream in service: open stream: %w", err))
 				return
 			}

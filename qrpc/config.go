@@ -39,8 +39,17 @@ type Config struct {
 	// Conns is the number of QUIC connections (default 1).
 	Conns int
 	// Streams is the number of bidirectional streams opened per connection
-	// (default 32). Requests are spread over them round-robin.
+	// (default 32). Requests take them in turn, StreamBatch at a time.
 	Streams int
+	// StreamBatch is how many consecutive requests go to one stream before
+	// the next stream takes over (default 16; 1 is a plain round robin).
+	// Requests in flight together then share a stream, so one stream frame,
+	// one wake-up of its reader and one of the server's carry several of
+	// them: 0.85-0.9x the CPU per call on both sides at 50 calls in flight
+	// (issue 13). Frames of 16 KiB or more keep a plain round robin of
+	// their own, so that a big frame does not hold up the small ones
+	// behind it on one stream.
+	StreamBatch int
 
 	// DialTimeout bounds one connection attempt, handshake included
 	// (default 5 s).
@@ -83,6 +92,9 @@ func (c *Config) populate() (Config, error) {
 	if cfg.Streams == 0 {
 		cfg.Streams = 32
 	}
+	if cfg.StreamBatch == 0 {
+		cfg.StreamBatch = DefaultStreamBatch
+	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 5 * time.Second
 	}
@@ -112,6 +124,8 @@ func (c *Config) populate() (Config, error) {
 		return cfg, fmt.Errorf("%w: conns must be 1..64, got %d", ErrBadConfig, cfg.Conns)
 	case cfg.Streams < 1 || cfg.Streams > 1024:
 		return cfg, fmt.Errorf("%w: streams must be 1..1024, got %d", ErrBadConfig, cfg.Streams)
+	case cfg.StreamBatch < 1 || cfg.StreamBatch > 1024:
+		return cfg, fmt.Errorf("%w: stream batch must be 1..1024, got %d", ErrBadConfig, cfg.StreamBatch)
 	case cfg.DialTimeout < 0 || cfg.IdleTimeout < 0:
 		return cfg, fmt.Errorf("%w: negative timeout", ErrBadConfig)
 	case cfg.MaxFrameSize < 64 || cfg.MaxFrameSize > 1<<30:

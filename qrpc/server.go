@@ -289,13 +289,44 @@ func (s *Server) serveConn(conn *quic.Conn) {
 
 type sstream struct {
 	s       *quic.Stream
+	ctx     context.Context // the connection's, with the stream's id
 	mu      sync.Mutex     // one writer at a time
 	running sync.WaitGroup // handlers of this stream still to answer
 }
 
+// streamKey is the context key of a handler's streamInfo.
+type streamKey struct{}
+
+type streamInfo struct {
+	id   int64
+	conn context.Context
+}
+
+// StreamID returns the QUIC stream a unary handler's request came on, for
+// diagnostics (and for tests of how a client spreads its calls).
+func StreamID(ctx context.Context) (int64, bool) {
+	si, ok := ctx.Value(streamKey{}).(*streamInfo)
+	if !ok {
+		return 0, false
+	}
+	return si.id, true
+}
+
+// ConnContext returns the connection's own context from a unary handler's
+// (which is one per stream, derived from it): the same value for every
+// request of one connection, to tell connections apart.
+func ConnContext(ctx context.Context) context.Context {
+	if si, ok := ctx.Value(streamKey{}).(*streamInfo); ok {
+		return si.conn
+	}
+	return ctx
+}
+
 func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}) {
 	defer s.wg.Done()
-	st := &sstream{s: qs}
+	// once per stream, not per request: streams are long-lived
+	cctx := conn.Context()
+	st := &sstream{s: qs, ctx: context.WithValue(cctx, streamKey{}, &streamInfo{id: int64(qs.StreamID()), conn: cctx})}
 	fr := s.codec.NewReader(qs)
 	for {
 		kind, payload, err := fr.Next()
@@ -399,7 +430,7 @@ func (s *Server) runUnary(conn *quic.Conn, st *sstream, req *Request, sem chan s
 					*resp = Response{Code: CodeInternal, Body: []byte("qrpc: internal error in handler")}
 				}
 			}()
-			h(conn.Context(), req, resp)
+			h(st.ctx, req, resp)
 		}()
 	}
 	resp.RequestId = req.RequestId

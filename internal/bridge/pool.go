@@ -99,6 +99,13 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			pc.Retries, err = optInt(key, val, 0)
 		case "resolve_ms":
 			pc.Resolve, err = optMS(key, val)
+		case "stream_batch":
+			// a connection option, not the pool's: Lua sends it as a line
+			// because the command's fixed fields predate it
+			pc.StreamBatch, err = optInt(key, val, 1)
+			if err == nil && pc.StreamBatch > maxStreams {
+				err = Badf("opts: stream_batch must be 1..%d, got %q", maxStreams, clipOpt(val))
+			}
 		case "resolver":
 			if _, _, e := net.SplitHostPort(val); e != nil {
 				return Badf("opts: resolver %q is not host:port", clipOpt(val))

@@ -15,7 +15,7 @@ import (
 func TestPoolOpts(t *testing.T) {
 	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
 		"addr=10.0.0.1:8443\naddr=svc.local:8443\nbalance=hash\nhealth_failures=5\nhealth_eject_ms=2500\nhealth_stall_ms=350\n" +
-			"check_method=health\ncheck_interval_ms=1000\ncheck_timeout_ms=300\nretries=2\nresolve_ms=30000\nresolver=127.0.0.1:5353\n")}
+			"check_method=health\ncheck_interval_ms=1000\ncheck_timeout_ms=300\nretries=2\nresolve_ms=30000\nresolver=127.0.0.1:5353\nstream_batch=4\n")}
 	addrs, pc, err := connectConfig(&cmd, slog.Default())
 	if err != nil {
 		t.Fatal(err)
@@ -23,7 +23,7 @@ func TestPoolOpts(t *testing.T) {
 	if strings.Join(addrs, ",") != "10.0.0.1:8443,svc.local:8443" || pc.Balance != qrpc.Hash || pc.Failures != 5 ||
 		pc.Eject != 2500*time.Millisecond || pc.Stall != 350*time.Millisecond || pc.Check.Method != "health" || pc.Check.Interval != time.Second ||
 		pc.Check.Timeout != 300*time.Millisecond || pc.Retries != 2 || pc.Resolve != 30*time.Second ||
-		pc.Resolver != "127.0.0.1:5353" {
+		pc.Resolver != "127.0.0.1:5353" || pc.StreamBatch != 4 {
 		t.Fatalf("%v %+v", addrs, pc)
 	}
 	// No opts: the v1 address, defaults.
@@ -47,6 +47,8 @@ func TestPoolOpts(t *testing.T) {
 		{"health_stall_ms=soon", "health_stall_ms must be an integer >= 0"},
 		{"retries=two", "retries must be an integer >= 0"},
 		{"resolver=dns", `resolver "dns" is not host:port`},
+		{"stream_batch=0", "stream_batch must be an integer >= 1"},
+		{"stream_batch=1025", "stream_batch must be 1..1024"},
 		{"just words", "is not key=value"},
 	} {
 		_, _, err := connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte(tc.opts)}, slog.Default())

@@ -46,6 +46,8 @@
 --         insecure     true to skip verification (default false)
 --         conns        QUIC connections, 1..64 (default 1)
 --         streams      streams per connection, 1..1024 (default 32)
+--         stream_batch consecutive calls per stream before the next one
+--                      takes over, 1..1024 (default 16; 1 = round robin)
 --         timeout      ms: dial timeout and default call timeout (5000)
 --         idle_timeout ms (Go's default 30000)
 --         max_frame_size bytes, 64..1 GiB (default 16 MiB): the whole
@@ -305,6 +307,7 @@ end
 local counts = {
     { "conns", 1, 64 },
     { "streams", 1, 1024 },
+    { "stream_batch", 1, 1024 },
     { "max_frame_size", 64, 1073741824 },
 }
 local ms_opts = { "timeout", "idle_timeout" }
@@ -372,7 +375,7 @@ end
 local known_opts = {
     server_name = "string", ca = "string", cert = "string", key = "string",
     pins = "table", insecure = "boolean", conns = "number",
-    streams = "number", timeout = "number", idle_timeout = "number",
+    streams = "number", stream_batch = "number", timeout = "number", idle_timeout = "number",
     max_frame_size = "number", propagate = "table", methods = "table",
 }
 

@@ -131,6 +131,7 @@ end
 -- the option left out.
 local DEFAULT_IDLE_MS = 30000
 local DEFAULT_STREAMS = 32
+local DEFAULT_STREAM_BATCH = 16   -- qrpc.DefaultStreamBatch
 
 -- Only nil and 0 mean the default: anything else (a bad value included,
 -- which must then miss the cache and be reported) stays as it is.
@@ -161,6 +162,7 @@ function _M.find(addr, o, spec)
            and e.insecure == (o.insecure == true)
            and e.conns == (o.conns or 1)
            and e.streams == (o.streams or DEFAULT_STREAMS)
+           and e.stream_batch == (o.stream_batch or DEFAULT_STREAM_BATCH)
            and e.timeout == timeout and e.idle_timeout == idle
            and e.max_frame_size == (o.max_frame_size or DEFAULT_MAX_FRAME)
            and e.pool_key == spec.key
@@ -246,6 +248,7 @@ function _M.start(addr, o, pins, use_builtin, spec)
         server_name = o.server_name, ca = o.ca, cert = o.cert, key = o.key,
         insecure = o.insecure == true, conns = o.conns or 1,
         streams = o.streams or DEFAULT_STREAMS,
+        stream_batch = o.stream_batch or DEFAULT_STREAM_BATCH,
         timeout = norm_ms(o.timeout, DEFAULT_TIMEOUT_MS),
         idle_timeout = norm_ms(o.idle_timeout, DEFAULT_IDLE_MS),
         max_frame_size = o.max_frame_size or DEFAULT_MAX_FRAME,
@@ -256,7 +259,10 @@ function _M.start(addr, o, pins, use_builtin, spec)
         used = ngx_now(),
         -- the command points into these: e anchors them for the dial
         first_addr = spec.list and spec.list[1] or addr,
-        opts_lines = spec.lines,
+        -- stream_batch has no field in the command: Go reads it as a line
+        opts_lines = o.stream_batch
+                     and spec.lines .. "stream_batch=" .. o.stream_batch .. "\n"
+                     or spec.lines,
         pins = o.pins and { unpack(o.pins) },
         propagate = o.propagate and { unpack(o.propagate) },
         prop = o.propagate and propagate.check(o.propagate),
