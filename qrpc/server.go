@@ -290,8 +290,8 @@ func (s *Server) serveConn(conn *quic.Conn) {
 type sstream struct {
 	s       *quic.Stream
 	ctx     context.Context // the connection's, with the stream's id
-	mu      sync.Mutex     // one writer at a time
-	running sync.WaitGroup // handlers of this stream still to answer
+	mu      sync.Mutex      // one writer at a time
+	running sync.WaitGroup  // handlers of this stream still to answer
 }
 
 // streamKey is the context key of a handler's streamInfo.
