@@ -241,3 +241,34 @@ func TestUnusableSocketDir(t *testing.T) {
 		})
 	}
 }
+
+// TestAddressChecksRemembered: connect remembers the lone addresses it has
+// checked (the checks are string patterns LuaJIT does not compile, about
+// 1 us of every connect), at most 1024 of them; a bad address is refused
+// every time, and pool options are still checked for a remembered address.
+func TestAddressChecksRemembered(t *testing.T) {
+	runBlocks(t, []block{{
+		name: "remembered, bounded",
+		conf: ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                local pool = require "resty.ffi.qrpc.pool"
+                local a = pool.check(qt.addr, {})
+                ngx.say(a == pool.check(qt.addr, {}), " ", pool.checked(qt.addr))
+                ngx.say(select(2, qrpc.connect(qt.addr, qt.opts({ balance = "nope" }))))
+                for i = 1, 3000 do
+                    assert(pool.check("h" .. i .. ":1", {}))
+                end
+                local n = pool.lone_count()
+                ngx.say(n > 0 and n <= 1024)
+                ngx.say(select(2, qrpc.connect("nohost")))
+                ngx.say(select(2, qrpc.connect(":8443")))
+                ngx.say(conn == qrpc.connect(qt.addr, qt.opts()))`)},
+		body: lines(
+			"true true",
+			`bad argument #2: balance must be "round_robin", "least_inflight" or "hash" (got nope)`,
+			"true",
+			`bad argument #1: addr must be host:port (got "nohost")`,
+			`bad argument #1: addr must be host:port, the host is empty (got ":8443")`,
+			"true",
+		),
+	}})
+}

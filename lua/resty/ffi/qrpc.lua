@@ -165,6 +165,7 @@ local mark_closed = cache.mark_closed
 local propagate_apply = propagate.apply
 local pool_call_opts = pool.call_opts
 local pool_keys = pool.keys
+local pool_checked = pool.checked
 
 local ERR_INIT = loader.ERR_INIT
 local DEFAULT_TIMEOUT_MS = cache.DEFAULT_TIMEOUT_MS
@@ -516,12 +517,14 @@ local function connect(addr, opts)
         return bad(1, "addr must be a non-empty string host:port (got "
                       .. type(addr) .. ")")
     end
-    if type(addr) == "string" and not str_find(addr, ":%d+$") then
-        return bad(1, "addr must be host:port (got \"" .. addr .. "\")")
-    end
-    if type(addr) == "string" and str_byte(addr, 1) == 58 then -- ":"
-        return bad(1, "addr must be host:port, the host is empty (got \""
-                      .. addr .. "\")")
+    if type(addr) == "string" and not pool_checked(addr) then
+        if not str_find(addr, ":%d+$") then
+            return bad(1, "addr must be host:port (got \"" .. addr .. "\")")
+        end
+        if str_byte(addr, 1) == 58 then -- ":"
+            return bad(1, "addr must be host:port, the host is empty (got \""
+                          .. addr .. "\")")
+        end
     end
     if opts == nil then
         opts = EMPTY

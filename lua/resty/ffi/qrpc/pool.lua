@@ -202,7 +202,40 @@ end
 -- by ","), key (the normalised pool options), lines (CONNECT's opts text,
 -- "" for one address with defaults: today's behaviour), balance, retries
 -- and naddrs.
+local function no_pool_opts(o)
+    return o.balance == nil and o.health == nil and o.check == nil
+           and o.retries == nil and o.resolve == nil and o.resolver == nil
+end
+
+
+-- The spec of a lone address without pool options, by address. Checking
+-- an address takes string patterns, which LuaJIT does not compile: about
+-- 1 us of every connect, most of what a connect to a cached connection
+-- costs. Read-only once made (no caller writes a spec); emptied past
+-- MAX_LONE addresses, so that addresses made up per request cannot grow
+-- it without bound.
+local lone, nlone = {}, 0
+local MAX_LONE = 1024
+
+
+-- checked(addr): addr is a string already found to be host:port.
+function _M.checked(addr)
+    return lone[addr] ~= nil
+end
+
+
+function _M.lone_count()
+    return nlone
+end
+
+
 function _M.check(addrs, opts)
+    if type(addrs) == "string" then
+        local s = lone[addrs]
+        if s and no_pool_opts(opts) then
+            return s
+        end
+    end
     local spec = {}
     if type(addrs) == "string" then
         local ok, err = check_addr(addrs, "addr")
@@ -254,6 +287,13 @@ function _M.check(addrs, opts)
             l[i] = "addr=" .. spec.list[i]
         end
         spec.lines = tab_concat(l, "\n") .. "\n" .. spec.lines
+    end
+    if type(addrs) == "string" and no_pool_opts(opts) then
+        if nlone >= MAX_LONE then
+            lone, nlone = {}, 0
+        end
+        lone[addrs] = spec
+        nlone = nlone + 1
     end
     return spec
 end
