@@ -197,11 +197,6 @@ local function pool_spec(o, spec)
 end
 
 
--- check(addrs, opts) -> spec | nil, err. addrs is "host:port" or a list
--- of them; spec has addr (the cache's address key: the sorted list joined
--- by ","), key (the normalised pool options), lines (CONNECT's opts text,
--- "" for one address with defaults: today's behaviour), balance, retries
--- and naddrs.
 local function no_pool_opts(o)
     return o.balance == nil and o.health == nil and o.check == nil
            and o.retries == nil and o.resolve == nil and o.resolver == nil
@@ -229,6 +224,12 @@ function _M.lone_count()
 end
 
 
+-- check(addrs, opts) -> spec | nil, err. addrs is "host:port" or a list
+-- of them; spec has addr (the cache's address key: the sorted list joined
+-- by ","), key (the normalised pool options), lines (CONNECT's opts text,
+-- "" for one address with defaults: today's behaviour), balance, retries
+-- and naddrs.
+-- A lone address's spec is shared by every connect to it: read-only.
 function _M.check(addrs, opts)
     if type(addrs) == "string" then
         local s = lone[addrs]
