@@ -376,8 +376,9 @@ end
 local known_opts = {
     server_name = "string", ca = "string", cert = "string", key = "string",
     pins = "table", insecure = "boolean", conns = "number",
-    streams = "number", stream_batch = "number", timeout = "number", idle_timeout = "number",
-    max_frame_size = "number", propagate = "table", methods = "table",
+    streams = "number", stream_batch = "number", timeout = "number",
+    idle_timeout = "number", max_frame_size = "number", propagate = "table",
+    methods = "table",
 }
 
 -- every connect option name, the pool's included (for plain copies)
