@@ -58,10 +58,50 @@ static void q_lock(void) {
 
 static void q_unlock(void) { __atomic_store_n(&hq.lock, 0, __ATOMIC_RELEASE); }
 
-// Small result blocks that qrpc_release keeps for Go's next results (see
+// Small blocks kept for the next results and commands (see
 // qrpc_small_class): class c holds blocks of at least 64 << c bytes, at
-// most small_max(c) of them (about 1.4 MiB in all).
-static unsigned small_max(int c) { return c < 5 ? 256 : 64; }
+// most SMALL_MAX of them (about 4 MiB in all). Why that many: a worker
+// with 100 calls of 4 KB in flight holds 200 blocks of the 8 KiB class
+// (its commands and their results); with 64 kept, the rest went to
+// malloc and free, and glibc, finding its heap top free, gave it back to
+// the kernel (brk, a TLB shootdown on the other CPU) to fault it in again
+// on the next call: the queued 4 KB echo cost 3 times the 512 B one.
+#define SMALL_MAX 256
+
+// Keeps a free block of usable size u in the largest class it holds;
+// 0 when it is too small or its class is full (the caller frees it).
+static int small_put(void *p, size_t u) {
+    int c = QRPC_SMALL_CLASSES - 1;
+    while (c >= 0 && u < ((size_t)64 << c)) {
+        c--;
+    }
+    if (c < 0) {
+        return 0;
+    }
+    q_lock();
+    if (hq.small_n[c] >= SMALL_MAX) {
+        q_unlock();
+        return 0;
+    }
+    *(void **)p = hq.small[c];
+    hq.small[c] = p;
+    hq.small_n[c]++;
+    q_unlock();
+    return 1;
+}
+
+// A block of class c from its list, else a new one.
+static void *small_get(int c) {
+    q_lock();
+    void *p = hq.small[c];
+    if (p != NULL) {
+        hq.small[c] = *(void **)p;
+        hq.small_n[c]--;
+        hq.small_used++;
+    }
+    q_unlock();
+    return p != NULL ? p : qrpc_small_alloc_slow(c);
+}
 
 int qrpc_small_class(size_t n) {
     for (int c = 0; c < QRPC_SMALL_CLASSES; c++) {
@@ -72,7 +112,22 @@ int qrpc_small_class(size_t n) {
     return -1;
 }
 
-void *qrpc_small_alloc_slow(int c) { return malloc((size_t)64 << c); }
+static uint64_t small_news; // blocks malloc'd for a class, for tests
+
+void *qrpc_small_alloc_slow(int c) {
+    q_lock();
+    hq.small_used++; // busy: the lists are too short, not idle
+    small_news++;
+    q_unlock();
+    return malloc((size_t)64 << c);
+}
+
+uint64_t qrpc_small_allocs(void) {
+    q_lock();
+    uint64_t n = small_news;
+    q_unlock();
+    return n;
+}
 
 // Freed submit blocks of QRPC_CACHE_MIN bytes and more, kept for the next
 // big command, under the lock. Why: freeing a block that big lets glibc give
@@ -100,9 +155,18 @@ static const char *copy_field(char **dst, const char *src, size_t n) {
     return p;
 }
 
-// A block for a command of n bytes: a kept one that fits (and is at most
-// twice as big), else malloc's.
+// Commands smaller than this are malloc'd and freed: glibc's per-thread
+// cache serves blocks up to 1 KiB faster than the lists' lock, and never
+// gives them back to the kernel.
+#define ITEM_SMALL_MIN 1024
+
+// A block for a command of n bytes: a small block of its class, or a
+// kept big one that fits (and is at most twice as big), else malloc's.
 static void *item_alloc(size_t n) {
+    int c = n > ITEM_SMALL_MIN ? qrpc_small_class(n) : -1;
+    if (c >= 0) {
+        return small_get(c);
+    }
     if (n >= QRPC_CACHE_MIN) {
         q_lock();
         for (size_t i = sq_cached; i-- > 0;) {
@@ -138,6 +202,8 @@ void qrpc_submitq_free(qrpc_qitem_t *it) {
             return;
         }
         q_unlock();
+    } else if (u > ITEM_SMALL_MIN && small_put(it, u)) {
+        return;
     }
     free(it);
 }
@@ -346,24 +412,11 @@ void qrpc_release(void *p) {
     }
     size_t u = malloc_usable_size(p);
     if (u < QRPC_CACHE_MIN) {
-        // Kept for Go's next small result in the largest class it holds:
-        // Go takes blocks without a cgo call (hostq.go, smallAlloc).
-        int c = QRPC_SMALL_CLASSES - 1;
-        while (c >= 0 && u < ((size_t)64 << c)) {
-            c--;
+        // Kept for Go's next small result (Go takes blocks without a cgo
+        // call: hostq.go, smallAlloc) or the next command.
+        if (!small_put(p, u)) {
+            free(p);
         }
-        if (c >= 0) {
-            q_lock();
-            if (hq.small_n[c] < small_max(c)) {
-                *(void **)p = hq.small[c];
-                hq.small[c] = p;
-                hq.small_n[c]++;
-                q_unlock();
-                return;
-            }
-            q_unlock();
-        }
-        free(p);
         return;
     }
     q_lock();

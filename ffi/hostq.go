@@ -137,8 +137,8 @@ func (s *submitter) trim(stop chan struct{}) {
 			cmem.Tick()
 			C.qrpc_submitq_trim(0)
 			C.qrpc_done_free()
-			if smallTaken.Swap(0) == 0 {
-				C.qrpc_small_trim() // idle since the last tick
+			if smallIdle() {
+				C.qrpc_small_trim()
 			}
 		}
 	}
@@ -187,9 +187,16 @@ func sqTake() *C.qrpc_qitem_t {
 	return it
 }
 
-// smallTaken counts the small blocks taken from hostq.c's lists since the
-// trimmer last looked.
-var smallTaken atomic.Uint64
+// smallIdle reports whether no small block was handed out (to a result
+// here or a command in hostq.c, from a list or new) since it was last
+// asked.
+func smallIdle() bool {
+	qlock()
+	n := hq.small_used
+	hq.small_used = 0
+	qunlock()
+	return n == 0
+}
 
 // smallAlloc returns a block of at least n bytes (n <= smallMax) from the
 // blocks qrpc_release kept, or a new one (a cgo call) when none is left.
@@ -203,10 +210,10 @@ func smallAlloc(n int) unsafe.Pointer {
 	if p != nil {
 		hq.small[c] = *(*unsafe.Pointer)(p)
 		hq.small_n[c]--
+		hq.small_used++
 	}
 	qunlock()
 	if p != nil {
-		smallTaken.Add(1)
 		return p
 	}
 	return C.qrpc_small_alloc_slow(C.int(c))
@@ -346,6 +353,11 @@ func smallKept(c int) int {
 	defer qunlock()
 	return int(hq.small_n[c])
 }
+
+// smallAllocs is how many blocks the small classes had to malloc, and
+// smallTrim frees the kept ones, for tests.
+func smallAllocs() uint64 { return uint64(C.qrpc_small_allocs()) }
+func smallTrim()          { C.qrpc_small_trim() }
 
 // doneWaiting is how many commands wait for qrpc_done_free, for tests.
 func doneWaiting() int {

@@ -32,8 +32,9 @@ typedef struct {
     uint64_t cq_cap, cq_head, cq_len, cq_logs;
     void *rel_head;          /* big blocks released for Go's buffer cache */
     qrpc_qitem_t *done_head; /* commands Go has run, for C to free */
-    void *small[QRPC_SMALL_CLASSES]; /* free small result blocks */
+    void *small[QRPC_SMALL_CLASSES]; /* free small blocks, by class */
     uint32_t small_n[QRPC_SMALL_CLASSES];
+    uint64_t small_used; /* small blocks handed out since the trimmer looked */
 } qrpc_hostq_t;
 
 extern qrpc_hostq_t qrpc_hostq;
@@ -42,6 +43,9 @@ extern qrpc_hostq_t qrpc_hostq;
  * and a new block of class c (malloc), when its list is empty. */
 int qrpc_small_class(size_t n);
 void *qrpc_small_alloc_slow(int c);
+
+/* How many blocks qrpc_small_alloc_slow made, for tests. */
+uint64_t qrpc_small_allocs(void);
 
 /* Frees the commands Go has run (Go queues them on done_head: freeing
  * from Go would be a cgo call). The nginx thread calls it on its own

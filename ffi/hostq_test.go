@@ -303,7 +303,75 @@ func TestSmallBlocksReused(t *testing.T) {
 	if n := smallKept(0); n != 256 {
 		t.Fatalf("class 0 holds %d blocks after 300 releases, want 256", n)
 	}
+	// The same bound for the largest class.
+	ps = ps[:0]
+	for i := 0; i < 300; i++ {
+		ps = append(ps, smallAlloc(smallMax))
+	}
+	for _, p := range ps {
+		release(p)
+	}
+	if n := smallKept(7); n != 256 {
+		t.Fatalf("class 7 holds %d blocks after 300 releases, want 256", n)
+	}
 	waitLong(t, func() bool { return smallKept(0) == 0 }, "the idle lists to be freed")
+}
+
+// TestSmallBlocksServeBursts: 100 queued calls of 4 KB in flight hold
+// 200 blocks of the 8 KiB class (their commands and their results); once
+// a first burst has filled the lists, later bursts take every block from
+// them, without malloc (with 64 kept per class, glibc trimmed and faulted
+// its heap top on every burst: hostq.c, SMALL_MAX), and every body comes
+// back intact through reused blocks.
+func TestSmallBlocksServeBursts(t *testing.T) {
+	d := openBuiltin(t)
+	const n, size = 100, 4 << 10
+	burst := func(round int) {
+		t.Helper()
+		want := map[uint64][]byte{}
+		for i := 0; i < n; i++ {
+			id := uint64(round*1000 + i + 1)
+			tag := []byte(fmt.Sprintf("<%d:%d>", round, i))
+			b := bytes.Repeat(tag, size/len(tag)+1)[:size]
+			want[id] = b
+			e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+			e.Body, e.BodyLen = ptr(b)
+			if st := pushAsync(e); st != bridge.StatusPending {
+				t.Fatalf("round %d: push %d: %d", round, id, st)
+			}
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for len(d.got) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d of %d results", round, len(d.got), n)
+			}
+			d.pump(100 * time.Millisecond)
+		}
+		for id, c := range d.got {
+			_, _, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
+			if err != nil || !bytes.Equal(body, want[id]) {
+				t.Errorf("round %d call %d: %v, %d bytes came back different", round, id, err, len(body))
+			}
+			release(c.Data) // as Lua does
+			delete(d.got, id)
+		}
+	}
+	smallTrim()
+	before := smallAllocs()
+	burst(1)
+	// Every block went back to its class, commands included: a command
+	// block malloc'd to its exact size (4 KB and a bit) would be kept in
+	// the 4 KiB class instead, and missed by the next command.
+	if made, k7, k6 := smallAllocs()-before, smallKept(7), smallKept(6); uint64(k7) != made || k6 != 0 {
+		t.Fatalf("round 1: %d blocks made, the 8 KiB class keeps %d and the 4 KiB one %d; want all in the 8 KiB class", made, k7, k6)
+	}
+	for round := 2; round <= 4; round++ {
+		before := smallAllocs()
+		burst(round)
+		if k := smallAllocs() - before; k != 0 {
+			t.Fatalf("round %d: %d blocks malloc'd, want all %d from the lists (class 7 keeps %d)", round, k, 2*n, smallKept(7))
+		}
+	}
 }
 
 // TestRunCommandsFreedInC: the submitter queues the commands it ran for
