@@ -70,24 +70,29 @@ static void q_unlock(void) { __atomic_store_n(&hq.lock, 0, __ATOMIC_RELEASE); }
 
 // Keeps a free block of usable size u in the largest class it holds;
 // 0 when it is too small or its class is full (the caller frees it).
-static int small_put(void *p, size_t u) {
+// Under the lock.
+static int small_put_locked(void *p, size_t u) {
     int c = QRPC_SMALL_CLASSES - 1;
     while (c >= 0 && u < ((size_t)64 << c)) {
         c--;
     }
-    if (c < 0) {
-        return 0;
-    }
-    q_lock();
-    if (hq.small_n[c] >= SMALL_MAX) {
-        q_unlock();
+    if (c < 0 || hq.small_n[c] >= SMALL_MAX) {
         return 0;
     }
     *(void **)p = hq.small[c];
     hq.small[c] = p;
     hq.small_n[c]++;
-    q_unlock();
     return 1;
+}
+
+// Frees a chain of blocks linked through their first word (outside the
+// lock: what the lists could not keep).
+static void free_chain(void *p) {
+    while (p != NULL) {
+        void *next = *(void **)p;
+        free(p);
+        p = next;
+    }
 }
 
 // A block of class c from its list, else a new one.
@@ -186,41 +191,55 @@ static void *item_alloc(size_t n) {
     return malloc(n);
 }
 
-void qrpc_submitq_free(qrpc_qitem_t *it) {
-    if (it == NULL) {
-        return;
-    }
+// Keeps a run command's block for the next command (big ones) or the next
+// small block of its class; 0 when it is to be freed. Under the lock.
+static int item_keep_locked(qrpc_qitem_t *it) {
     size_t u = malloc_usable_size(it);
     if (u >= QRPC_CACHE_MIN) {
-        q_lock();
         if (sq_cached < SQ_CACHE_BLOCKS && sq_cache_bytes + u <= SQ_CACHE_BYTES) {
             sq_cache[sq_cached].p = it;
             sq_cache[sq_cached].n = u;
             sq_cached++;
             sq_cache_bytes += u;
-            q_unlock();
-            return;
+            return 1;
         }
-        q_unlock();
-    } else if (u > ITEM_SMALL_MIN && small_put(it, u)) {
+        return 0;
+    }
+    return u > ITEM_SMALL_MIN && small_put_locked(it, u);
+}
+
+void qrpc_submitq_free(qrpc_qitem_t *it) {
+    if (it == NULL) {
         return;
     }
-    free(it);
+    q_lock();
+    int kept = item_keep_locked(it);
+    q_unlock();
+    if (!kept) {
+        free(it);
+    }
 }
 
 void qrpc_done_free(void) {
     if (__atomic_load_n(&hq.done_head, __ATOMIC_RELAXED) == NULL) {
         return; // a hint only: a miss waits for the next call
     }
+    // One lock for the whole list: the lock's cache line moves between
+    // the two CPUs on each take, and a burst's commands come back together.
+    void *drop = NULL;
     q_lock();
     qrpc_qitem_t *it = hq.done_head;
     hq.done_head = NULL;
-    q_unlock();
     while (it != NULL) {
         qrpc_qitem_t *next = it->next;
-        qrpc_submitq_free(it);
+        if (!item_keep_locked(it)) {
+            *(void **)it = drop;
+            drop = it;
+        }
         it = next;
     }
+    q_unlock();
+    free_chain(drop);
 }
 
 void qrpc_submitq_trim(int all) {
@@ -406,23 +425,47 @@ size_t qrpc_cq_logs(void) {
     return n;
 }
 
+// Keeps a released block: a small one in its class's list for Go's next
+// small result (Go takes blocks without a cgo call: hostq.go, smallAlloc)
+// or the next command, a big one on the list Go's buffer cache takes
+// back; 0 when it is to be freed. Under the lock.
+static int release_locked(void *p) {
+    size_t u = malloc_usable_size(p);
+    if (u < QRPC_CACHE_MIN) {
+        return small_put_locked(p, u);
+    }
+    *(void **)p = hq.rel_head;
+    hq.rel_head = p;
+    return 1;
+}
+
 void qrpc_release(void *p) {
     if (p == NULL) {
         return;
     }
-    size_t u = malloc_usable_size(p);
-    if (u < QRPC_CACHE_MIN) {
-        // Kept for Go's next small result (Go takes blocks without a cgo
-        // call: hostq.go, smallAlloc) or the next command.
-        if (!small_put(p, u)) {
-            free(p);
-        }
+    q_lock();
+    int kept = release_locked(p);
+    q_unlock();
+    if (!kept) {
+        free(p);
+    }
+}
+
+void qrpc_release_n(void *const *ps, int n) {
+    if (ps == NULL || n <= 0) {
         return;
     }
+    void *drop = NULL;
     q_lock();
-    *(void **)p = hq.rel_head;
-    hq.rel_head = p;
+    for (int i = 0; i < n; i++) {
+        void *p = ps[i];
+        if (p != NULL && !release_locked(p)) {
+            *(void **)p = drop;
+            drop = p;
+        }
+    }
     q_unlock();
+    free_chain(drop);
 }
 
 void *qrpc_released_take(void) {

@@ -345,6 +345,13 @@ func submitAsync(c *cmdABI) int32 {
 
 func release(p unsafe.Pointer) { C.qrpc_release(p) }
 
+// releaseN is qrpc_release_n, for tests.
+func releaseN(ps []unsafe.Pointer) {
+	if len(ps) > 0 {
+		C.qrpc_release_n(&ps[0], C.int(len(ps)))
+	}
+}
+
 func submitqCached() int { return int(C.qrpc_submitq_cached()) }
 
 // smallKept is how many small blocks class c's list holds, for tests.

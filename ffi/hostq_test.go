@@ -317,6 +317,31 @@ func TestSmallBlocksReused(t *testing.T) {
 	waitLong(t, func() bool { return smallKept(0) == 0 }, "the idle lists to be freed")
 }
 
+// TestReleaseBatch: qrpc_release_n, what Lua's dispatcher calls once per
+// batch of completions, keeps each block as qrpc_release would (small
+// ones in their class's list up to its bound, big ones for the buffer
+// cache) and skips NULL entries.
+func TestReleaseBatch(t *testing.T) {
+	openBuiltin(t)
+	smallTrim()
+	cmem.FreeAll()
+	big := cmem.Alloc(100 << 10)
+	releaseN([]unsafe.Pointer{smallAlloc(40), nil, big, smallAlloc(64)})
+	if n := smallKept(0); n != 2 {
+		t.Fatalf("class 0 keeps %d blocks after a batch of two, want 2", n)
+	}
+	waitLong(t, func() bool { return cmem.Stats().Blocks == 1 }, "the big block to reach the cache")
+	// Past the bound, the rest of a batch is freed.
+	var ps []unsafe.Pointer
+	for i := 0; i < 300; i++ {
+		ps = append(ps, smallAlloc(64))
+	}
+	releaseN(ps)
+	if n := smallKept(0); n != 256 {
+		t.Fatalf("class 0 keeps %d blocks after a batch of 300 more, want 256", n)
+	}
+}
+
 // TestSmallBlocksServeBursts: 100 queued calls of 4 KB in flight hold
 // 200 blocks of the 8 KiB class (their commands and their results); once
 // a first burst has filled the lists, later bursts take every block from

@@ -168,6 +168,10 @@ int qrpc_poll(qrpc_completion_t *out, int max);
 /* Same as qrpc_free, in C, for the blocks of completions and queries. */
 void qrpc_release(void *p);
 
+/* qrpc_release of ps[0..n) (NULL entries skipped), under one lock: what a
+ * dispatcher calls once per qrpc_poll batch. */
+void qrpc_release_n(void *const *ps, int n);
+
 /* How many calls entered Go through this library's exports so far (this
  * one not counted): diagnostics, and the tests that check that the
  * built-in host's hot path stays in C. */

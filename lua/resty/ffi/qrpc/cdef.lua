@@ -86,6 +86,7 @@ void qrpc_free(void *p);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 int qrpc_poll(qrpc_completion_t *out, int max);
 void qrpc_release(void *p);
+void qrpc_release_n(void *const *ps, int n);
 uint64_t qrpc_go_entries(void);
 uint64_t qrpc_go_cgo_calls(void);
 void qrpc_shutdown(void);

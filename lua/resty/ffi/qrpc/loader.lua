@@ -111,7 +111,7 @@ end
 local symbols = {
     "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
     "qrpc_free", "qrpc_shutdown", "qrpc_query", "qrpc_submit_async",
-    "qrpc_poll", "qrpc_release",
+    "qrpc_poll", "qrpc_release", "qrpc_release_n",
 }
 
 local function check_symbols(l)
