@@ -96,7 +96,7 @@ func main() {
 	// Full mode must finish in under 10 minutes on 2 vCPUs (issues 5 and
 	// 13); on such a machine a sequential unary call takes 0.3-0.5 ms and
 	// a unix socket echo of 100 KB 0.2 ms, hence these counts.
-	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 100000, ipcParN: 50000, conc: 100,
+	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
 		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 6000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000,
 		metricsN: 5000, metricsRuns: 7, pbRuns: 5}
