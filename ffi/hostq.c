@@ -439,17 +439,7 @@ static int release_locked(void *p) {
     return 1;
 }
 
-void qrpc_release(void *p) {
-    if (p == NULL) {
-        return;
-    }
-    q_lock();
-    int kept = release_locked(p);
-    q_unlock();
-    if (!kept) {
-        free(p);
-    }
-}
+void qrpc_release(void *p) { qrpc_release_n(&p, 1); }
 
 void qrpc_release_n(void *const *ps, int n) {
     if (ps == NULL || n <= 0) {
@@ -486,10 +476,6 @@ void qrpc_small_trim(void) {
     }
     q_unlock();
     for (int c = 0; c < QRPC_SMALL_CLASSES; c++) {
-        for (void *p = lists[c]; p != NULL;) {
-            void *next = *(void **)p;
-            free(p);
-            p = next;
-        }
+        free_chain(lists[c]);
     }
 }
