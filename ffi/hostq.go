@@ -105,8 +105,13 @@ func (s *submitter) run(f *os.File) {
 	// The counter cannot fill: qrpc_submit_async adds 1 per wake-up, and
 	// 2^64-2 of them would take over 500,000 years at a million a second.
 	var taken *C.qrpc_qitem_t
+	woke := false
 	take := func(uintptr) bool {
+		if woke {
+			yieldAfterWake()
+		}
 		taken = sqTake()
+		woke = taken == nil
 		return taken != nil
 	}
 	for {
@@ -117,6 +122,20 @@ func (s *submitter) run(f *os.File) {
 		}
 		runQueued(taken)
 	}
+}
+
+// yieldAfterWake gives the CPU up once after each wake-up, before taking
+// the queue. The push that woke the submitter came from the nginx thread,
+// which may still be running on this CPU (pinned, or placed there by the
+// kernel's wake affinity). Without the yield the two threads fell into
+// taking turns call by call: each completion's wake byte woke the nginx
+// thread, which preempted Go at once, drained that one completion and
+// queued one command (seen with sched_switch tracing; issue 13's queued
+// echo "slow mode": 5.6 vs 1.1 us of worker CPU per 512 B echo, pinned).
+// With it the turns carry a batch each (TestSubmitterBatchesOnOneCPU).
+// On a CPU with nothing else to run it returns at once.
+func yieldAfterWake() {
+	syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 }
 
 func (s *submitter) trim(stop chan struct{}) {
@@ -231,11 +250,16 @@ func takeReleased(p unsafe.Pointer) {
 	}
 }
 
+// submitBatches counts the lists runQueued ran: how well the submitter
+// batches (TestSubmitterBatchesOnOneCPU).
+var submitBatches atomic.Uint64
+
 // runQueued runs and frees a list of queued commands, in order.
 func runQueued(it *C.qrpc_qitem_t) {
 	if it == nil {
 		return
 	}
+	submitBatches.Add(1)
 	first, last := it, it
 	for ; it != nil; it = it.next {
 		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))

@@ -1,0 +1,8 @@
+//go:build race
+
+package main
+
+// raceEnabled: the race detector slows each side of the submit queue by
+// different factors, which changes how the threads take turns; scheduling
+// outcomes are not checked under it.
+const raceEnabled = true
