@@ -89,16 +89,36 @@ func (b *builtinHost) enqueue(c bridge.Completion) bool {
 	return true
 }
 
-// push queues c in C and wakes the dispatcher when the queue was empty.
-// Returns 0 when queued, -1 when the host is closed, -2 when refused (no
-// memory, or too many log lines): c is then still the caller's.
+// push queues c in C and has the dispatcher woken when the queue was
+// empty. Returns 0 when queued, -1 when the host is closed, -2 when
+// refused (no memory, or too many log lines): c is then still the
+// caller's.
 func (b *builtinHost) push(c *bridge.Completion) int {
 	rc := cqPush(c, maxQueuedLogs)
 	if rc == 1 {
-		b.wake.signal()
+		b.wakeSoon()
 		rc = 0
 	}
 	return rc
+}
+
+// wakeSoon has the waker goroutine (hostq.go) write the wake byte once the
+// goroutines runnable now have run: the answers of one datagram batch
+// complete their calls one goroutine after another, and a byte written
+// for the first woke the nginx thread for that one completion while the
+// others were still on their way (on one CPU it preempted Go at once).
+// Inside an export, or with the submitter stopped, it writes at once.
+func (b *builtinHost) wakeSoon() {
+	if inExport.Load() == 0 {
+		if k := b.submitq.kick.Load(); k != nil {
+			select {
+			case *k <- struct{}{}:
+			default: // a kick is pending: its byte comes after this push
+			}
+			return
+		}
+	}
+	b.wake.signal()
 }
 
 // pushLog queues a log line (the runtime's LogSink); false when the host

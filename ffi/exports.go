@@ -44,6 +44,19 @@ func init() {
 // qrpc_go_entries.
 var goEntries atomic.Uint64
 
+// inExport counts the threads inside an export. A completion pushed there
+// (the direct echo, a log line) wakes the dispatcher at once: readying
+// the waker goroutine from the nginx thread would leave it on the P that
+// thread keeps while it runs nginx (see hostq.go).
+var inExport atomic.Int32
+
+func enterExport() {
+	goEntries.Add(1)
+	inExport.Add(1)
+}
+
+func leaveExport() { inExport.Add(-1) }
+
 //export qrpc_go_entries
 func qrpc_go_entries() C.uint64_t { return C.uint64_t(goEntries.Load()) }
 
@@ -69,7 +82,8 @@ func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 
 //export qrpc_init
 func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	installSignalForwarders()
 	if err := builtin.init(); err != nil {
@@ -81,7 +95,8 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 
 //export qrpc_wake_open
 func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	fail := func(status int32, msg string) C.int {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
@@ -112,7 +127,8 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 
 //export qrpc_submit
 func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	var c bridge.Command
 	status, msg := bridge.StatusOf(decodeCmd((*cmdABI)(cmd), &c))
@@ -127,7 +143,8 @@ func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int)
 
 //export qrpc_query
 func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	if out == nil || outLen == nil {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), "bad command: NULL out or out_len")
@@ -152,7 +169,8 @@ func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBu
 
 //export qrpc_stats
 func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(&rc, nil, 0)
 	if out == nil {
 		return C.int(bridge.ErrBadArg)
@@ -168,7 +186,8 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 
 //export qrpc_drain
 func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(nil, nil, 0) // n stays 0: a negative count would confuse the caller
 	if out == nil || maxN <= 0 {
 		return 0
@@ -181,14 +200,16 @@ func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
 
 //export qrpc_free
 func qrpc_free(p unsafe.Pointer) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(nil, nil, 0)
 	cmem.Free(p)
 }
 
 //export qrpc_shutdown
 func qrpc_shutdown() {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(nil, nil, 0)
 	builtin.shutdown()
 	cmem.FreeAll()
@@ -196,7 +217,8 @@ func qrpc_shutdown() {
 
 //export libffi_init
 func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
-	goEntries.Add(1)
+	enterExport()
+	defer leaveExport()
 	defer exportPanic(&rc, nil, 0)
 	installSignalForwarders()
 	var c string

@@ -45,8 +45,9 @@ const trimEvery = 500 * time.Millisecond
 type submitter struct {
 	mu   sync.Mutex
 	f    *os.File      // the eventfd; nil when stopped
-	stop chan struct{} // closed to stop the trimmer
+	stop chan struct{} // closed to stop the trimmer and the waker
 	done sync.WaitGroup
+	kick atomic.Pointer[chan struct{}] // the waker's; nil when stopped
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -64,9 +65,12 @@ func (s *submitter) start() error {
 	f := os.NewFile(fd, "qrpc-submitq")
 	s.f, s.stop = f, make(chan struct{})
 	C.qrpc_hostq_set_fd(C.int(fd))
-	s.done.Add(2)
+	kick := make(chan struct{}, 1)
+	s.kick.Store(&kick)
+	s.done.Add(3)
 	go s.run(f)
 	go s.trim(s.stop)
+	go s.waker(kick, s.stop)
 	return nil
 }
 
@@ -81,6 +85,7 @@ func (s *submitter) halt() {
 		return
 	}
 	C.qrpc_hostq_set_fd(-1)
+	s.kick.Store(nil)
 	close(stop)
 	_ = f.Close()
 	s.done.Wait()
@@ -105,13 +110,8 @@ func (s *submitter) run(f *os.File) {
 	// The counter cannot fill: qrpc_submit_async adds 1 per wake-up, and
 	// 2^64-2 of them would take over 500,000 years at a million a second.
 	var taken *C.qrpc_qitem_t
-	woke := false
 	take := func(uintptr) bool {
-		if woke {
-			yieldAfterWake()
-		}
 		taken = sqTake()
-		woke = taken == nil
 		return taken != nil
 	}
 	for {
@@ -124,18 +124,25 @@ func (s *submitter) run(f *os.File) {
 	}
 }
 
-// yieldAfterWake gives the CPU up once after each wake-up, before taking
-// the queue. The push that woke the submitter came from the nginx thread,
-// which may still be running on this CPU (pinned, or placed there by the
-// kernel's wake affinity). Without the yield the two threads fell into
-// taking turns call by call: each completion's wake byte woke the nginx
-// thread, which preempted Go at once, drained that one completion and
-// queued one command (seen with sched_switch tracing; issue 13's queued
-// echo "slow mode": 5.6 vs 1.1 us of worker CPU per 512 B echo, pinned).
-// With it the turns carry a batch each (TestSubmitterBatchesOnOneCPU).
-// On a CPU with nothing else to run it returns at once.
-func yieldAfterWake() {
-	syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+// waker writes the wake byte for completion pushes that found the queue
+// empty (wakeSoon), after a Gosched: that puts it behind the goroutines
+// runnable now, the other answers of a batch among them, which then join
+// the queue before the nginx thread wakes. A kick that arrives while it
+// writes is one more byte, never a lost one.
+func (s *submitter) waker(kick, stop chan struct{}) {
+	defer s.done.Done()
+	defer rt.RecoverLog("qrpc waker")
+	// Should it die, pushes write their bytes themselves again.
+	defer s.kick.CompareAndSwap(&kick, nil)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-kick:
+			runtime.Gosched()
+			builtin.wake.signal()
+		}
+	}
 }
 
 func (s *submitter) trim(stop chan struct{}) {
