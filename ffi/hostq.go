@@ -70,7 +70,7 @@ func (s *submitter) start() error {
 	s.done.Add(3)
 	go s.run(f)
 	go s.trim(s.stop)
-	go s.waker(kick, s.stop)
+	go s.waker(&kick, s.stop)
 	return nil
 }
 
@@ -129,16 +129,16 @@ func (s *submitter) run(f *os.File) {
 // runnable now, the other answers of a batch among them, which then join
 // the queue before the nginx thread wakes. A kick that arrives while it
 // writes is one more byte, never a lost one.
-func (s *submitter) waker(kick, stop chan struct{}) {
+func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 	defer s.done.Done()
 	defer rt.RecoverLog("qrpc waker")
 	// Should it die, pushes write their bytes themselves again.
-	defer s.kick.CompareAndSwap(&kick, nil)
+	defer s.kick.CompareAndSwap(kick, nil)
 	for {
 		select {
 		case <-stop:
 			return
-		case <-kick:
+		case <-*kick:
 			runtime.Gosched()
 			builtin.wake.signal()
 		}
@@ -257,16 +257,11 @@ func takeReleased(p unsafe.Pointer) {
 	}
 }
 
-// submitBatches counts the lists runQueued ran: how well the submitter
-// batches (TestSubmitterBatchesOnOneCPU).
-var submitBatches atomic.Uint64
-
 // runQueued runs and frees a list of queued commands, in order.
 func runQueued(it *C.qrpc_qitem_t) {
 	if it == nil {
 		return
 	}
-	submitBatches.Add(1)
 	first, last := it, it
 	for ; it != nil; it = it.next {
 		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))
