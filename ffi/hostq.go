@@ -140,10 +140,14 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 			return
 		case <-*kick:
 			runtime.Gosched()
-			builtin.wake.signal()
+			wakerSignal()
 		}
 	}
 }
+
+// wakerSignal is what the waker does for a kick; a variable for
+// TestWakerDeathFallsBack.
+var wakerSignal = func() { builtin.wake.signal() }
 
 func (s *submitter) trim(stop chan struct{}) {
 	defer s.done.Done()
