@@ -554,3 +554,68 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
 		t.Error("the dispatcher did not notice that its socket was taken")
 	}
 }
+
+// TestCompletionErrorLosesNothing makes the Lua completion of one call raise
+// (cdef.decode_result patched before the library loads) in the middle of a
+// batch of 40: the other 39 complete, the failing call gets its error at
+// once instead of its timeout, and the dispatcher's reader keeps running.
+// Before drain caught errors, the batch's later completions were lost (their
+// calls timed out, their blocks leaked) and the dead reader left every later
+// call waiting for the dispatcher's half-second poll.
+func TestCompletionErrorLosesNothing(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		InitByLua: `
+        local cdef = require "resty.ffi.qrpc.cdef"
+        local decode = cdef.decode_result
+        cdef.decode_result = function(p, len)
+            local res = decode(p, len)
+            if res and res.body == "raise" then
+                error("injected failure")
+            end
+            return res
+        end
+        local qt = require "qtest" -- it loads resty.ffi.qrpc: after the patch
+        assert(require("resty.ffi.qrpc").configure{ host = "builtin", lib = qt.lib, socket_dir = qt.dir .. "/run" })`,
+		Server: loc("/t", connectT+`
+                local function call(body)
+                    local t0 = ngx.now()
+                    local res, cerr = conn:unary("echo", body, { timeout = 3000 })
+                    ngx.update_time()
+                    return res and res.body == body, cerr, ngx.now() - t0
+                end
+                assert(call("warm"))
+                local threads = {}
+                for i = 1, 40 do
+                    threads[i] = ngx.thread.spawn(call, i == 20 and "raise" or "call " .. i)
+                end
+                local ok, failed, slow = 0, "", 0
+                for i = 1, 40 do
+                    local _, good, cerr, secs = ngx.thread.wait(threads[i])
+                    if good then ok = ok + 1 elseif i == 20 then failed = cerr end
+                    if secs > 1 then slow = slow + 1 end
+                end
+                -- after it, sequential calls: each waits for the reader's wake-up
+                local after, after_slow = 0, 0
+                for i = 1, 10 do
+                    local good, _, secs = call("after " .. i)
+                    if good then after = after + 1 end
+                    if secs > 0.25 then after_slow = after_slow + 1 end
+                end
+                ngx.say("ok=", ok, " failed=", failed, " slow=", slow,
+                        " after=", after, " after_slow=", after_slow,
+                        " waiting=", qrpc.stats().waiting)`),
+		AllowErrors: []string{`qrpc: completion of call \d+ failed: .*injected failure`},
+	})
+	st, body := n.get("/t")
+	want := "ok=39 failed=qrpc: completion failed: "
+	if st != 200 || !strings.HasPrefix(body, want) || !strings.HasSuffix(body, " slow=0 after=10 after_slow=0 waiting=0\n") ||
+		!strings.Contains(body, "injected failure") {
+		t.Fatalf("%d %q, want %q... slow=0 after=10 after_slow=0 waiting=0", st, body, want)
+	}
+	if c := n.logCount(`qrpc: completion of call \d+ failed`); c != 1 {
+		t.Errorf("%d error lines for the failed completion, want 1", c)
+	}
+}

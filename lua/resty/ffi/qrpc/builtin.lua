@@ -272,11 +272,15 @@ local function complete(c)
     local status = c.status
     local data = c.data
     local len = tonumber(c.len)
+    if data ~= nil then
+        -- Released after the batch (release_batch), so it can be read
+        -- below; queued first, so that an error below leaks no block.
+        release_later(data)
+    end
 
     if status == QRPC_LOG then
         if data ~= nil then
             log_go(c.code, ffi_string(data, len))
-            release_later(data)
         end
         return
     end
@@ -291,13 +295,8 @@ local function complete(c)
                 close_handle(c.handle)
             end
         end
-        if data ~= nil then
-            release_later(data)
-        end
         return
     end
-    pend[id] = nil
-    npend = npend - 1
 
     local op = w.op
     local val
@@ -315,9 +314,10 @@ local function complete(c)
     else
         val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
     end
-    if data ~= nil then
-        release_later(data)
-    end
+    -- forgotten only now: a completion that raised above is still pending
+    -- for complete_failed
+    pend[id] = nil
+    npend = npend - 1
 
     if op == OP_CONNECT then
         w.done(w.entry, status, val)
@@ -331,13 +331,62 @@ local function complete(c)
 end
 
 
+-- A completion whose Lua code raised (a bug, or no memory): logged, and its
+-- call, if still pending, ends with the error now rather than at its
+-- timeout.
+local function complete_failed(c, err)
+    local id = tonumber(c.call_id)
+    ngx_log(ngx_ERR, "qrpc: completion of call ", id, " failed: ", err)
+    local w = pend[id]
+    if w == nil then
+        return
+    end
+    pend[id] = nil
+    npend = npend - 1
+    local msg = "qrpc: completion failed: " .. tostring(err)
+    if w.op == OP_CONNECT then
+        local ok, derr = pcall(w.done, w.entry, QRPC_ERR, msg)
+        if not ok then
+            ngx_log(ngx_ERR, "qrpc: completion of connect ", id, " failed: ", derr)
+        end
+        return
+    end
+    w.status = QRPC_ERR
+    w.val = msg
+    if not w.inline then
+        w.sema:post(1)
+    end
+end
+
+
+-- Completes comps[pos .. n-1], advancing pos first: after an error, pos
+-- is one past the completion that raised, where drain goes on.
+local pos = 0
+
+local function complete_from(n)
+    while pos < n do
+        local i = pos
+        pos = i + 1
+        complete(comps[i])
+    end
+end
+
+
 local function drain()
-    -- first: the blocks of a batch whose completion raised an error
+    -- first: the blocks of a batch cut short by an error outside complete
     release_batch()
     local n = lib.qrpc_poll(comps, BATCH)
     while n > 0 do
-        for i = 0, n - 1 do
-            complete(comps[i])
+        -- One pcall per batch, not per completion: an error in one
+        -- completion must not lose the rest of its batch (their calls
+        -- would wait for their timeouts) nor kill the dispatcher's reader.
+        pos = 0
+        while true do
+            local ok, err = pcall(complete_from, n)
+            if ok then
+                break
+            end
+            complete_failed(comps[pos - 1], err)
         end
         release_batch()
         if n < BATCH then
@@ -638,8 +687,10 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
     if status == nil then
         -- Go never answered in time (it enforces the deadline itself), or
         -- the wait failed: forget the call.
-        pend[id] = nil
-        npend = npend - 1
+        if pend[id] == w then
+            pend[id] = nil
+            npend = npend - 1
+        end
         cancel(handle, id)
         put_waiter(w)
         if err == "timeout" or ok then
