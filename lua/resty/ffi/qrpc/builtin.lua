@@ -336,6 +336,7 @@ end
 -- timeout.
 local function complete_failed(c, err)
     local id = tonumber(c.call_id)
+    err = tostring(err) -- an error object need not be a string
     ngx_log(ngx_ERR, "qrpc: completion of call ", id, " failed: ", err)
     local w = pend[id]
     if w == nil then
@@ -343,11 +344,12 @@ local function complete_failed(c, err)
     end
     pend[id] = nil
     npend = npend - 1
-    local msg = "qrpc: completion failed: " .. tostring(err)
+    local msg = "qrpc: completion failed: " .. err
     if w.op == OP_CONNECT then
         local ok, derr = pcall(w.done, w.entry, QRPC_ERR, msg)
         if not ok then
-            ngx_log(ngx_ERR, "qrpc: completion of connect ", id, " failed: ", derr)
+            ngx_log(ngx_ERR, "qrpc: completion of connect ", id, " failed: ",
+                    tostring(derr))
         end
         return
     end
@@ -360,7 +362,8 @@ end
 
 
 -- Completes comps[pos .. n-1], advancing pos first: after an error, pos
--- is one past the completion that raised, where drain goes on.
+-- is one past the completion that raised, where drain goes on. Shared,
+-- like comps: drain is never re-entered (complete does not drain).
 local pos = 0
 
 local function complete_from(n)
