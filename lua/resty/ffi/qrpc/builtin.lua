@@ -331,12 +331,21 @@ local function complete(c)
 end
 
 
--- A completion whose Lua code raised (a bug, or no memory): logged, and its
--- call, if still pending, ends with the error now rather than at its
--- timeout.
-local function complete_failed(c, err)
-    local id = tonumber(c.call_id)
+-- Where drain is in the batch it polled: comps[pos .. npolled-1] are still
+-- to complete. After an error, pos is one past the completion that raised.
+-- Shared, like comps: drain is never re-entered (complete does not drain).
+local pos, npolled = 0, 0
+
+
+-- The completion that raised (a bug, or no memory): logged, and its call,
+-- if still pending, ends with the error now rather than at its timeout.
+local function complete_failed(err)
     err = tostring(err) -- an error object need not be a string
+    if pos == 0 then
+        ngx_log(ngx_ERR, "qrpc: completing calls failed: ", err)
+        return
+    end
+    local id = tonumber(comps[pos - 1].call_id)
     ngx_log(ngx_ERR, "qrpc: completion of call ", id, " failed: ", err)
     local w = pend[id]
     if w == nil then
@@ -361,35 +370,24 @@ local function complete_failed(c, err)
 end
 
 
--- Completes comps[pos .. n-1], advancing pos first: after an error, pos
--- is one past the completion that raised, where drain goes on. Shared,
--- like comps: drain is never re-entered (complete does not drain).
-local pos = 0
-
-local function complete_from(n)
-    while pos < n do
+-- Raises what a completion raised; the caller's pcall reports it
+-- (complete_failed) and drains again, which finishes the batch first. No
+-- pcall in here: a hot trace returning into a pcall frame aborts (NYI:
+-- return to lower frame), so the reader's pcall sits outside its loop.
+local function drain()
+    -- the rest of a batch cut short by an error
+    while pos < npolled do
         local i = pos
         pos = i + 1
         complete(comps[i])
     end
-end
-
-
-local function drain()
-    -- first: the blocks of a batch cut short by an error outside complete
     release_batch()
     local n = lib.qrpc_poll(comps, BATCH)
     while n > 0 do
-        -- One pcall per batch, not per completion: an error in one
-        -- completion must not lose the rest of its batch (their calls
-        -- would wait for their timeouts) nor kill the dispatcher's reader.
-        pos = 0
-        while true do
-            local ok, err = pcall(complete_from, n)
-            if ok then
-                break
-            end
-            complete_failed(comps[pos - 1], err)
+        pos, npolled = 0, n
+        for i = 0, n - 1 do
+            pos = i + 1
+            complete(comps[i])
         end
         release_batch()
         if n < BATCH then
@@ -398,7 +396,21 @@ local function drain()
         n = lib.qrpc_poll(comps, BATCH)
     end
 end
-_M.drain = drain
+
+
+-- drain for the callers off the hot path: an error in one completion must
+-- not lose the rest of its batch (their calls would wait for their
+-- timeouts) nor stop the caller. Each round completes at least one more.
+local function safe_drain()
+    for _ = 1, BATCH + 1 do
+        local ok, err = pcall(drain)
+        if ok then
+            return
+        end
+        complete_failed(err)
+    end
+end
+_M.drain = safe_drain
 
 
 -------------------------------------------------------------------------
@@ -445,10 +457,23 @@ local function open_wake()
 end
 
 
-local function read_wake(sock, ended)
+-- Returns the socket's error; raises what a completion raised.
+local function read_loop(sock)
     while true do
         local data, err = sock:receiveany(256)
         if not data then
+            return err
+        end
+        drain()
+    end
+end
+
+
+local function read_wake(sock, ended)
+    while true do
+        -- outside the loop: see drain
+        local ok, err = pcall(read_loop, sock)
+        if ok then
             if not worker_exiting() then
                 ngx_log(ngx_WARN, "qrpc: wake-up socket: ", err)
             end
@@ -456,7 +481,8 @@ local function read_wake(sock, ended)
             ended:post(1)
             return
         end
-        drain()
+        complete_failed(err)
+        safe_drain()
     end
 end
 
@@ -487,7 +513,7 @@ local function supervise(gen)
             end
         end
         -- completions queued before the socket was connected wake nobody
-        drain()
+        safe_drain()
         disp_beat = ngx_now()
 
         if worker_exiting() then
@@ -506,7 +532,7 @@ local function supervise(gen)
         if ok then
             reader, sock = nil, nil
         end
-        drain()
+        safe_drain()
         local now = ngx_now()
         disp_beat = now
         if now - last_sweep >= SWEEP_EVERY_S then
@@ -615,7 +641,7 @@ local function wait_inline(w, id, secs)
     local deadline = ngx_now() + secs
     local pause = 0.001
     while true do
-        drain()
+        safe_drain()
         if w.status ~= nil or w.id ~= id then
             return true
         end
