@@ -268,6 +268,16 @@ local function release_batch()
 end
 
 
+-- Hands a call its outcome (an inline waiter polls for it instead).
+local function wake(w, status, val)
+    w.status = status
+    w.val = val
+    if not w.inline then
+        w.sema:post(1)
+    end
+end
+
+
 local function complete(c)
     local status = c.status
     local data = c.data
@@ -323,11 +333,7 @@ local function complete(c)
         w.done(w.entry, status, val)
         return
     end
-    w.status = status
-    w.val = val
-    if not w.inline then
-        w.sema:post(1)
-    end
+    wake(w, status, val)
 end
 
 
@@ -362,11 +368,7 @@ local function complete_failed(err)
         end
         return
     end
-    w.status = QRPC_ERR
-    w.val = msg
-    if not w.inline then
-        w.sema:post(1)
-    end
+    wake(w, QRPC_ERR, msg)
 end
 
 
