@@ -295,10 +295,6 @@ func allCPUs() []int {
 // setAffinity pins every thread of pid to cpus. Threads started later
 // inherit the mask of the thread that starts them.
 func setAffinity(pid int, cpus []int) error {
-	var mask [16]uint64 // 1024 CPUs
-	for _, c := range cpus {
-		mask[c/64] |= 1 << (c % 64)
-	}
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		return err
@@ -308,10 +304,23 @@ func setAffinity(pid int, cpus []int) error {
 		if err != nil {
 			continue
 		}
-		_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, uintptr(tid), unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask)))
-		if errno != 0 && errno != syscall.ESRCH { // ESRCH: the thread exited meanwhile
-			return fmt.Errorf("sched_setaffinity(%d): %w", tid, errno)
+		if err := setThreadAffinity(tid, cpus); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// setThreadAffinity pins one thread to cpus; a thread that has exited is
+// not an error.
+func setThreadAffinity(tid int, cpus []int) error {
+	var mask [16]uint64 // 1024 CPUs
+	for _, c := range cpus {
+		mask[c/64] |= 1 << (c % 64)
+	}
+	_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, uintptr(tid), unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask)))
+	if errno != 0 && errno != syscall.ESRCH { // ESRCH: the thread exited meanwhile
+		return fmt.Errorf("sched_setaffinity(%d): %w", tid, errno)
 	}
 	return nil
 }

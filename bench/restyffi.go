@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 )
 
@@ -87,7 +89,7 @@ func figureRestyFFI(e *env, p params, t *table) error {
 		// Long enough runs: at a million calls a second, the IPC
 		// section's count takes 50 ms, and single runs of it gave ratios
 		// from 1.3 to 2.8 at 512 B.
-		calls := 10 * p.ipcParN
+		calls := calls512(p)
 		if size > 64<<10 {
 			calls = p.ipcParN // 100 KB echoes: what keeps the full run under ten minutes
 		}
@@ -108,6 +110,9 @@ func figureRestyFFI(e *env, p params, t *table) error {
 			t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(qs, statCPUSecs)*1e6/n, medianBy(rs, statCPUSecs)*1e6/n))
 		}
 	}
+	if err := echoPlacements(builtin, p, t, calls512(p), echoes); err != nil {
+		return err
+	}
 	log.Printf("restyffi: unary sequential")
 	q, r, err := pair(p.runs,
 		builtin.measure("unary", p.placeN, 100, 1),
@@ -124,5 +129,95 @@ func figureRestyFFI(e *env, p params, t *table) error {
 		return err
 	}
 	t.add(rateRow(secResty, fmt.Sprintf("unary 100 B, %d light threads: host builtin vs resty_ffi: throughput", p.conc), p.parN, q, r))
+	return nil
+}
+
+// calls512 is the number of calls of an echo run up to 64 KB.
+func calls512(p params) int { return 10 * p.ipcParN }
+
+// threadPlacement pins the worker's threads for the placed echo rows.
+type threadPlacement struct {
+	name  string
+	split bool // the nginx thread on CPU 0, every other thread on CPU 1
+}
+
+// The kernel places the worker's threads as it sees fit, and the echoes
+// change with it, in opposite directions: on this 2-CPU machine
+// lua-resty-ffi's echo took 0.67 s for 500,000 calls with its Go thread on
+// the other CPU and 1.29 s with it on the nginx thread's; the queued echo
+// 0.83-1.46 s and 0.70-0.78 s. So an unpinned row is whichever placement
+// the run got; these rows fix each one.
+var threadPlacements = []threadPlacement{
+	{"every thread of the worker on CPU 0", false},
+	{"the nginx thread on CPU 0, the worker's other threads on CPU 1", true},
+}
+
+// placeThreads pins the threads of worker pid as pl says. Threads started
+// later inherit the mask of the thread that starts them: it is applied
+// again before each run.
+func placeThreads(pid int, pl threadPlacement) error {
+	if !pl.split {
+		return setAffinity(pid, []int{0})
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	for _, d := range tasks {
+		tid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cpu := 1
+		if tid == pid {
+			cpu = 0
+		}
+		if err := setThreadAffinity(tid, []int{cpu}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// echoPlacements adds the 512 B echo rows for each thread placement.
+func echoPlacements(n *nginx, p params, t *table, calls int, echoes []struct{ kind, label string }) error {
+	if runtime.NumCPU() < 2 {
+		t.note("lua-resty-ffi echo by thread placement skipped: one CPU.")
+		return nil
+	}
+	pids, err := n.workers()
+	if err != nil {
+		return err
+	}
+	pid := pids[0]
+	defer func() {
+		if err := setAffinity(pid, allCPUs()); err != nil {
+			log.Printf("restyffi: unpin worker: %v", err)
+		}
+	}()
+	placed := func(pl threadPlacement, f func() (callStats, error)) func() (callStats, error) {
+		return func() (callStats, error) {
+			if err := placeThreads(pid, pl); err != nil {
+				return callStats{}, err
+			}
+			return f()
+		}
+	}
+	const size = 512
+	for _, pl := range threadPlacements {
+		for _, echo := range echoes {
+			log.Printf("restyffi: %s echo %s, %s", echo.kind, sizeName(size), pl.name)
+			qs, rs, err := pairStats(p.runs,
+				placed(pl, n.stats(echo.kind, calls, size, p.conc)),
+				placed(pl, n.stats("rfecho", calls, size, p.conc)))
+			if err != nil {
+				return err
+			}
+			name := fmt.Sprintf("%s: IPC echo %s, %d light threads%s: built-in host vs lua-resty-ffi's Go echo example", pl.name, sizeName(size), p.conc, echo.label)
+			t.add(rateRow(secResty, name+": throughput", calls, secs(medianBy(qs, statSecs)), secs(medianBy(rs, statSecs))).withTarget("≥ 2"))
+			nc := float64(calls)
+			t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(qs, statCPUSecs)*1e6/nc, medianBy(rs, statCPUSecs)*1e6/nc))
+		}
+	}
 	return nil
 }
