@@ -204,6 +204,17 @@ func echoPlacements(n *nginx, p params, t *table, calls int, echoes []struct{ ki
 		}
 	}
 	const size = 512
+	// The floor: what stock ngx_lua's wake-ups and a Lua-built result cost
+	// with no IPC at all. Its ratio to lua-resty-ffi's echo is the most any
+	// design that wakes its calls with ngx.semaphore could reach.
+	log.Printf("restyffi: ngx.semaphore floor %s", sizeName(size))
+	fs, rs, err := pairStats(p.runs, n.stats("semafloor", calls, size, p.conc), n.stats("rfecho", calls, size, p.conc))
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("floor of an ngx.semaphore wake-up (no IPC: each call's waiter woken by one light thread with a result table and a %s string built in Lua), %d light threads: vs lua-resty-ffi's Go echo example", sizeName(size), p.conc)
+	t.add(rateRow(secResty, name+": throughput", calls, secs(medianBy(fs, statSecs)), secs(medianBy(rs, statSecs))))
+	t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(fs, statCPUSecs)*1e6/float64(calls), medianBy(rs, statCPUSecs)*1e6/float64(calls)))
 	for _, pl := range threadPlacements {
 		for _, echo := range echoes {
 			log.Printf("restyffi: %s echo %s, %s", echo.kind, sizeName(size), pl.name)
