@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/template"
 	"time"
 )
@@ -87,6 +89,18 @@ func (n *nginx) stop() {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// A worker stuck in a request keeps a graceful quit waiting for good
+	// (a runaway bench loop once filled the disk with its log that way):
+	// killed, workers first.
+	log.Printf("nginx %s did not quit within 5 s; killing it", n.dir)
+	if ws, err := n.workers(); err == nil {
+		for _, w := range ws {
+			_ = syscall.Kill(w, syscall.SIGKILL)
+		}
+	}
+	if master, err := strconv.Atoi(p); err == nil {
+		_ = syscall.Kill(master, syscall.SIGKILL)
 	}
 }
 
