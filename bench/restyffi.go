@@ -89,7 +89,7 @@ func figureRestyFFI(e *env, p params, t *table) error {
 		// Long enough runs: at a million calls a second, the IPC
 		// section's count takes 50 ms, and single runs of it gave ratios
 		// from 1.3 to 2.8 at 512 B.
-		calls := calls512(p)
+		calls := echoCalls(p)
 		if size > 64<<10 {
 			calls = p.ipcParN // 100 KB echoes: what keeps the full run under ten minutes
 		}
@@ -102,15 +102,13 @@ func figureRestyFFI(e *env, p params, t *table) error {
 				return err
 			}
 			name := fmt.Sprintf("IPC echo %s, %d light threads%s: built-in host vs lua-resty-ffi's Go echo example", sizeName(size), p.conc, echo.label)
-			t.add(rateRow(secResty, name+": throughput", calls, secs(medianBy(qs, statSecs)), secs(medianBy(rs, statSecs))).withTarget("≥ 2"))
-			// The steadier figure on a shared machine: both echoes run in
-			// one worker, so its CPU clock (every thread, both Go
-			// runtimes) prices each call the same way.
-			n := float64(calls)
-			t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(qs, statCPUSecs)*1e6/n, medianBy(rs, statCPUSecs)*1e6/n))
+			addEchoRows(t, name, calls, qs, rs, "≥ 2")
 		}
 	}
-	if err := echoPlacements(builtin, p, t, calls512(p), echoes); err != nil {
+	if err := echoFloor(builtin, p, t); err != nil {
+		return err
+	}
+	if err := echoPlacements(builtin, p, t, echoes); err != nil {
 		return err
 	}
 	log.Printf("restyffi: unary sequential")
@@ -132,8 +130,39 @@ func figureRestyFFI(e *env, p params, t *table) error {
 	return nil
 }
 
-// calls512 is the number of calls of an echo run up to 64 KB.
-func calls512(p params) int { return 10 * p.ipcParN }
+// echoCalls is the number of calls of an echo run up to 64 KB.
+func echoCalls(p params) int { return 10 * p.ipcParN }
+
+// addEchoRows adds an echo pair's throughput (with target, "" for none)
+// and worker CPU per call.
+func addEchoRows(t *table, name string, calls int, subject, baseline []callStats, target string) {
+	r := rateRow(secResty, name+": throughput", calls, secs(medianBy(subject, statSecs)), secs(medianBy(baseline, statSecs)))
+	if target != "" {
+		r = r.withTarget(target)
+	}
+	t.add(r)
+	// The steadier figure on a shared machine: both echoes run in one
+	// worker, so its CPU clock (every thread, both Go runtimes) prices
+	// each call the same way.
+	n := float64(calls)
+	t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(subject, statCPUSecs)*1e6/n, medianBy(baseline, statCPUSecs)*1e6/n))
+}
+
+// echoFloor adds the floor of an ngx.semaphore wake-up against
+// lua-resty-ffi's 512 B echo: what stock ngx_lua's wake-ups and a
+// Lua-built result cost with no IPC at all, so the most any design that
+// wakes its calls with ngx.semaphore could reach.
+func echoFloor(n *nginx, p params, t *table) error {
+	const size = 512
+	calls := echoCalls(p)
+	log.Printf("restyffi: ngx.semaphore floor %s", sizeName(size))
+	fs, rs, err := pairStats(p.runs, n.stats("semafloor", calls, size, p.conc), n.stats("rfecho", calls, size, p.conc))
+	if err != nil {
+		return err
+	}
+	addEchoRows(t, fmt.Sprintf("floor of an ngx.semaphore wake-up (no IPC: each call's waiter woken by one light thread with a result table and a %s string built in Lua), %d light threads: vs lua-resty-ffi's Go echo example", sizeName(size), p.conc), calls, fs, rs, "")
+	return nil
+}
 
 // threadPlacement pins the worker's threads for the placed echo rows.
 type threadPlacement struct {
@@ -141,12 +170,11 @@ type threadPlacement struct {
 	split bool // the nginx thread on CPU 0, every other thread on CPU 1
 }
 
-// The kernel places the worker's threads as it sees fit, and the echoes
-// change with it, in opposite directions: on this 2-CPU machine
-// lua-resty-ffi's echo took 0.67 s for 500,000 calls with its Go thread on
-// the other CPU and 1.29 s with it on the nginx thread's; the queued echo
-// 0.83-1.46 s and 0.70-0.78 s. So an unpinned row is whichever placement
-// the run got; these rows fix each one.
+// Unpinned, the echoes move with where the kernel (and the hypervisor)
+// put the worker's threads: lua-resty-ffi's 512 B echo ran at about 0.7
+// or about 0.4 million calls/s on session 20's machine. With every thread
+// on CPU 0 it was always the slow one; split, it still took either speed.
+// These rows show both.
 var threadPlacements = []threadPlacement{
 	{"every thread of the worker on CPU 0", false},
 	{"the nginx thread on CPU 0, the worker's other threads on CPU 1", true},
@@ -180,7 +208,7 @@ func placeThreads(pid int, pl threadPlacement) error {
 }
 
 // echoPlacements adds the 512 B echo rows for each thread placement.
-func echoPlacements(n *nginx, p params, t *table, calls int, echoes []struct{ kind, label string }) error {
+func echoPlacements(n *nginx, p params, t *table, echoes []struct{ kind, label string }) error {
 	if runtime.NumCPU() < 2 {
 		t.note("lua-resty-ffi echo by thread placement skipped: one CPU.")
 		return nil
@@ -204,17 +232,7 @@ func echoPlacements(n *nginx, p params, t *table, calls int, echoes []struct{ ki
 		}
 	}
 	const size = 512
-	// The floor: what stock ngx_lua's wake-ups and a Lua-built result cost
-	// with no IPC at all. Its ratio to lua-resty-ffi's echo is the most any
-	// design that wakes its calls with ngx.semaphore could reach.
-	log.Printf("restyffi: ngx.semaphore floor %s", sizeName(size))
-	fs, rs, err := pairStats(p.runs, n.stats("semafloor", calls, size, p.conc), n.stats("rfecho", calls, size, p.conc))
-	if err != nil {
-		return err
-	}
-	name := fmt.Sprintf("floor of an ngx.semaphore wake-up (no IPC: each call's waiter woken by one light thread with a result table and a %s string built in Lua), %d light threads: vs lua-resty-ffi's Go echo example", sizeName(size), p.conc)
-	t.add(rateRow(secResty, name+": throughput", calls, secs(medianBy(fs, statSecs)), secs(medianBy(rs, statSecs))))
-	t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(fs, statCPUSecs)*1e6/float64(calls), medianBy(rs, statCPUSecs)*1e6/float64(calls)))
+	calls := echoCalls(p)
 	for _, pl := range threadPlacements {
 		for _, echo := range echoes {
 			log.Printf("restyffi: %s echo %s, %s", echo.kind, sizeName(size), pl.name)
@@ -224,10 +242,7 @@ func echoPlacements(n *nginx, p params, t *table, calls int, echoes []struct{ ki
 			if err != nil {
 				return err
 			}
-			name := fmt.Sprintf("%s: IPC echo %s, %d light threads%s: built-in host vs lua-resty-ffi's Go echo example", pl.name, sizeName(size), p.conc, echo.label)
-			t.add(rateRow(secResty, name+": throughput", calls, secs(medianBy(qs, statSecs)), secs(medianBy(rs, statSecs))).withTarget("≥ 2"))
-			nc := float64(calls)
-			t.add(cpuRow(secResty, name+": worker CPU per call", medianBy(qs, statCPUSecs)*1e6/nc, medianBy(rs, statCPUSecs)*1e6/nc))
+			addEchoRows(t, fmt.Sprintf("%s: IPC echo %s, %d light threads%s: built-in host vs lua-resty-ffi's Go echo example", pl.name, sizeName(size), p.conc, echo.label), calls, qs, rs, "≥ 2")
 		}
 	}
 	return nil
