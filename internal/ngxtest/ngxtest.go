@@ -6,12 +6,16 @@ package ngxtest
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -32,42 +36,92 @@ func LookPath(name string) (string, error) {
 
 // Ports for nginx come from below Linux's ephemeral range (32768 and up),
 // where outgoing connections of this very test run cannot take them, and
-// from a counter, so that parallel tests never pick the same one. The pid
-// spreads the start so that test binaries running side by side (go test
-// ./... runs packages in parallel) begin far apart.
+// from a counter that every test binary of the run shares (go test ./...
+// runs packages in parallel): a file in the temporary directory, under
+// flock. Why shared: each binary once counted on its own from a start
+// spread by its pid, the binaries of one run have close pids, and one's
+// probe of a port (a listen and a close) made the other's nginx fail its
+// first bind() of the same port: an [emerg] in its error.log, a failed
+// test (CI, session 20). Without the file (no temporary directory, no
+// flock) the counter is this process's own.
 var (
 	portMu   sync.Mutex
 	nextPort = 20000 + os.Getpid()%10000
+	portFile = filepath.Join(os.TempDir(), "qrpc-ngxtest-next-port")
 )
+
+const (
+	portLow  = 20000
+	portHigh = 32000 // exclusive
+)
+
+// withNextPort runs f on the shared counter's value and stores what f
+// returns, holding the file's lock (and this process's mutex) meanwhile.
+func withNextPort(f func(next int) int) {
+	portMu.Lock()
+	defer portMu.Unlock()
+	fh, err := os.OpenFile(portFile, os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		nextPort = f(nextPort)
+		return
+	}
+	defer func() { _ = fh.Close() }()
+	if err := syscall.Flock(int(fh.Fd()), syscall.LOCK_EX); err != nil {
+		nextPort = f(nextPort)
+		return
+	}
+	defer func() { _ = syscall.Flock(int(fh.Fd()), syscall.LOCK_UN) }()
+	b, _ := io.ReadAll(fh)
+	next, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || next < portLow || next >= portHigh {
+		next = nextPort
+	}
+	next = f(next)
+	nextPort = next
+	if err := fh.Truncate(0); err == nil {
+		_, _ = fh.WriteAt([]byte(strconv.Itoa(next)), 0)
+	}
+}
 
 // FreePort returns a port on 127.0.0.1 that nothing used a moment ago
 // over TCP or UDP, so it serves nginx's HTTP and a QUIC server alike, and
 // fails t when 1000 candidates in a row were taken.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	portMu.Lock()
-	defer portMu.Unlock()
-	for i := 0; i < 1000; i++ {
-		p := nextPort
-		nextPort++
-		if nextPort >= 32000 {
-			nextPort = 20000
+	port := 0
+	withNextPort(func(next int) int {
+		for i := 0; i < 1000; i++ {
+			p := next
+			next++
+			if next >= portHigh {
+				next = portLow
+			}
+			if portFree(p) {
+				port = p
+				break
+			}
 		}
-		addr := fmt.Sprintf("127.0.0.1:%d", p)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		c, err := net.ListenPacket("udp", addr)
-		if err != nil {
-			continue
-		}
-		_ = c.Close()
-		return p
+		return next
+	})
+	if port == 0 {
+		t.Fatal("no port free over TCP and UDP in 20000-32000")
 	}
-	t.Fatal("no port free over TCP and UDP in 20000-32000")
-	return 0
+	return port
+}
+
+func portFree(p int) bool {
+	addr := fmt.Sprintf("127.0.0.1:%d", p)
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	c, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 var severe = regexp.MustCompile(`\[(alert|crit|emerg)\]`)

@@ -1,8 +1,12 @@
 package ngxtest
 
 import (
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,9 +58,8 @@ func TestFreePortIsFreeAndNotRepeated(t *testing.T) {
 // A port held over UDP alone (a QUIC socket) is not handed out: the demo
 // test gives these ports to its qrpc server.
 func TestFreePortSkipsUDPTaken(t *testing.T) {
-	portMu.Lock()
-	next := nextPort
-	portMu.Unlock()
+	var next int
+	withNextPort(func(n int) int { next = n; return n })
 	c, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(next))
 	if err != nil {
 		t.Skipf("port %d is taken already: %v", next, err)
@@ -65,4 +68,34 @@ func TestFreePortSkipsUDPTaken(t *testing.T) {
 	if got := FreePort(t); got == next {
 		t.Fatalf("FreePort gave %d, held over UDP", got)
 	}
+}
+
+// The counter is the file's, shared by the test binaries of a run: set to
+// 31000 here, another process's FreePort continues from it. Its own
+// counter would start at 20000 + pid % 10000, below 30000.
+func TestFreePortCountsAcrossProcesses(t *testing.T) {
+	withNextPort(func(int) int { return 31000 })
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFreePortHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "QRPC_NGXTEST_PORT_HELPER=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`port=(\d+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("helper printed no port:\n%s", out)
+	}
+	got, _ := strconv.Atoi(string(m[1]))
+	if got < 31000 || got >= 32000 {
+		t.Fatalf("the other process got port %d, not from the shared counter (31000)", got)
+	}
+}
+
+// TestFreePortHelperProcess is TestFreePortCountsAcrossProcesses's other
+// process.
+func TestFreePortHelperProcess(t *testing.T) {
+	if os.Getenv("QRPC_NGXTEST_PORT_HELPER") != "1" {
+		t.Skip("run by TestFreePortCountsAcrossProcesses")
+	}
+	fmt.Printf("port=%d\n", FreePort(t))
 }
