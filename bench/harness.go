@@ -295,6 +295,11 @@ func allCPUs() []int {
 // setAffinity pins every thread of pid to cpus. Threads started later
 // inherit the mask of the thread that starts them.
 func setAffinity(pid int, cpus []int) error {
+	return forThreads(pid, func(tid int) error { return setThreadAffinity(tid, cpus) })
+}
+
+// forThreads calls f for every thread of pid, stopping at its first error.
+func forThreads(pid int, f func(tid int) error) error {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		return err
@@ -304,7 +309,7 @@ func setAffinity(pid int, cpus []int) error {
 		if err != nil {
 			continue
 		}
-		if err := setThreadAffinity(tid, cpus); err != nil {
+		if err := f(tid); err != nil {
 			return err
 		}
 	}

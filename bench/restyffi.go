@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 )
 
@@ -187,24 +186,13 @@ func placeThreads(pid int, pl threadPlacement) error {
 	if !pl.split {
 		return setAffinity(pid, []int{0})
 	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return err
-	}
-	for _, d := range tasks {
-		tid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
+	return forThreads(pid, func(tid int) error {
 		cpu := 1
 		if tid == pid {
 			cpu = 0
 		}
-		if err := setThreadAffinity(tid, []int{cpu}); err != nil {
-			return err
-		}
-	}
-	return nil
+		return setThreadAffinity(tid, []int{cpu})
+	})
 }
 
 // echoPlacements adds the 512 B echo rows for each thread placement.
