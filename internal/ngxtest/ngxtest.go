@@ -44,15 +44,15 @@ func LookPath(name string) (string, error) {
 // first bind() of the same port: an [emerg] in its error.log, a failed
 // test (CI, session 20). Without the file (no temporary directory, no
 // flock) the counter is this process's own.
-var (
-	portMu   sync.Mutex
-	nextPort = 20000 + os.Getpid()%10000
-	portFile = filepath.Join(os.TempDir(), "qrpc-ngxtest-next-port")
-)
-
 const (
 	portLow  = 20000
 	portHigh = 32000 // exclusive
+)
+
+var (
+	portMu   sync.Mutex
+	nextPort = portLow + os.Getpid()%10000
+	portFile = filepath.Join(os.TempDir(), "qrpc-ngxtest-next-port")
 )
 
 // withNextPort runs f on the shared counter's value and stores what f
@@ -104,7 +104,7 @@ func FreePort(t testing.TB) int {
 		return next
 	})
 	if port == 0 {
-		t.Fatal("no port free over TCP and UDP in 20000-32000")
+		t.Fatalf("no port free over TCP and UDP in %d-%d", portLow, portHigh)
 	}
 	return port
 }
