@@ -5,7 +5,9 @@ import (
 	"compress/gzip"
 	"errors"
 	"io"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,11 +55,17 @@ func TestProfileCPU(t *testing.T) {
 	if _, err := profile([]byte("kind=cpu\nseconds=1\n")); !errors.Is(err, errCPUProfileRunning) {
 		t.Fatalf("second start: %v", err)
 	}
-	// burn some CPU in a function the profile must name
-	deadline := time.Now().Add(300 * time.Millisecond)
-	for time.Now().Before(deadline) {
+	// Burn 300 ms of this thread's CPU in a function the profile must
+	// name: counted in CPU time, not wall time, because under the parallel
+	// -race run 300 ms of wall time once got too few samples (make test,
+	// session 20). Bounded by 10 s of wall time.
+	runtime.LockOSThread()
+	start := threadCPU(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for threadCPU(t)-start < 300*time.Millisecond && time.Now().Before(deadline) {
 		burnProfiled()
 	}
+	runtime.UnlockOSThread()
 	b, err := profile([]byte("kind=cpu-stop"))
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +77,15 @@ func TestProfileCPU(t *testing.T) {
 	if _, err := profile([]byte("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
 		t.Fatalf("second stop: %v", err)
 	}
+}
+
+// threadCPU is the calling thread's CPU time (the caller locks its thread).
+func threadCPU(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(1, &ru); err != nil { // RUSAGE_THREAD
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 var burnSink uint64
