@@ -169,9 +169,9 @@ func (t *table) chartSection(b *strings.Builder, rows []row, lw, y float64) floa
 		if v, op := targetValue(r.target); op != "" {
 			fmt.Fprintf(b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="%s" stroke-width="3"/>`+"\n", xOf(v), ry+1, xOf(v), ry+chRowH-1, chTarget)
 		}
-		text := fmt.Sprintf("%.2f× (%s vs %s)", r.ratio, r.subject, r.baseline)
+		text := fmt.Sprintf("%s× (%s vs %s)", r.ratioText(), r.subject, r.baseline)
 		if !strings.HasSuffix(r.ratioLabel, "ratio") {
-			text = fmt.Sprintf("%.2f %s (%s)", r.ratio, r.ratioLabel, r.subject)
+			text = fmt.Sprintf("%s %s (%s)", r.ratioText(), r.ratioLabel, r.subject)
 		}
 		if r.target != "" {
 			mark := "missed"

@@ -65,6 +65,21 @@ func (r row) withTarget(target string) row {
 	return r
 }
 
+// ratioText is the ratio with two decimals, or with as many more (up to
+// four) as it takes to tell it from its target: session 21's table
+// printed a missed "≥ 2" as "2.00".
+func (r row) ratioText() string {
+	s := fmt.Sprintf("%.2f", r.ratio)
+	if r.target == "" {
+		return s
+	}
+	v, _ := targetValue(r.target)
+	for digits := 3; digits <= 4 && r.ratio != v && s == fmt.Sprintf("%.*f", digits-1, v); digits++ {
+		s = fmt.Sprintf("%.*f", digits, r.ratio)
+	}
+	return s
+}
+
 // targetValue parses "≥ 1.5" into 1.5 and "≥".
 func targetValue(target string) (float64, string) {
 	op, num, ok := strings.Cut(target, " ")
@@ -129,7 +144,7 @@ func (r row) markdown() string {
 		}
 		target = fmt.Sprintf("%s (%s)", r.target, mark)
 	}
-	ratio := fmt.Sprintf("%.2f %s", r.ratio, r.ratioLabel)
+	ratio := r.ratioText() + " " + r.ratioLabel
 	if r.noRatio {
 		ratio = "—"
 	}

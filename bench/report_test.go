@@ -32,6 +32,23 @@ func TestWithTarget(t *testing.T) {
 	}
 }
 
+// A ratio that rounds onto its target shows the digits that tell it
+// from the target; others keep two decimals.
+func TestRatioTextTellsTargetApart(t *testing.T) {
+	for _, c := range []struct {
+		ratio  float64
+		target string
+		want   string
+	}{
+		{1.997, "≥ 2", "1.997"}, {2.0004, "≥ 2", "2.0004"}, {2, "≥ 2", "2.00"}, {1.5, "≥ 2", "1.50"},
+		{1.1049, "≤ 1.10", "1.105"}, {1.0951, "≤ 1.10", "1.095"}, {1.2345, "", "1.23"},
+	} {
+		if got := (row{ratio: c.ratio}).withTarget(c.target).ratioText(); got != c.want {
+			t.Errorf("ratio %v, target %q: %q, want %q", c.ratio, c.target, got, c.want)
+		}
+	}
+}
+
 // The markdown has one heading per section, in order of first
 // appearance, with every row of the section under it.
 func TestMarkdownGroupsSections(t *testing.T) {
