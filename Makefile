@@ -102,26 +102,28 @@ lint:
 	@echo "gofmt -l ."; out=$$($(GOFMT) -l .); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(LUACHECK) --codes lua demo/lua bench/lua
-	@for f in demo/scripts/* .ci/run; do bash -n "$$f" || exit 1; done
+	@for f in demo/scripts/* .ci/run nginx/flavours/*.sh; do bash -n "$$f" || exit 1; done
 
 # ---- nginx flavours --------------------------------------------------------------
 
 # The nginx, rockspec and demo suites run against the nginx QRPC_NGINX names
 # (internal/ngxtest): unset, the one installed here. These two targets build
-# an OpenResty-equivalent nginx, or Debian's nginx with real lua-resty-ffi,
-# with the scripts in ../shared/thirdparty (THIRDPARTY=...), into
-# QRPC_BUILD_DIR (default .build/; the scripts skip the build when its stamp
-# matches), then run those suites on it.
-THIRDPARTY     ?= $(abspath ../shared/thirdparty)
+# an OpenResty-equivalent nginx (with stream Lua), or Debian's nginx with real
+# lua-resty-ffi, with nginx/flavours/build-*.sh from the sources pinned in
+# nginx/flavours/sources.txt (downloaded from upstream, or taken from
+# THIRDPARTY=dir when it holds them; verified either way) into
+# QRPC_BUILD_DIR (default .build/; skipped when its stamp matches), then run
+# those suites on it.
+THIRDPARTY     ?=
 QRPC_BUILD_DIR ?= $(CURDIR)/.build
 FLAVOUR_SUITES := ./internal/ngxtest/ ./nginx/ ./rockspec/ ./demo/
+export THIRDPARTY
 
 .PHONY: test-openresty test-resty-ffi nginx-openresty nginx-resty-ffi
 
 nginx-openresty nginx-resty-ffi: nginx-%:
-	@test -x $(THIRDPARTY)/build-$*.sh || { echo "$(THIRDPARTY)/build-$*.sh not found: set THIRDPARTY=/path/to/shared/thirdparty"; exit 1; }
 	@echo "==> nginx flavour $*: $(QRPC_BUILD_DIR)/$* (a first build takes minutes)"
-	@$(THIRDPARTY)/build-$*.sh $(QRPC_BUILD_DIR)/$*
+	@nginx/flavours/build-$*.sh $(QRPC_BUILD_DIR)/$*
 
 test-openresty test-resty-ffi: test-%: nginx-% $(LIB)
 	QRPC_NGINX=$* QRPC_BUILD_DIR=$(QRPC_BUILD_DIR) QRPC_TEST_LIB=$(CURDIR)/$(LIB) \

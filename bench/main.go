@@ -81,7 +81,7 @@ func main() {
 	gmp := flag.String("gomaxprocs", "", "GOMAXPROCS of the nginx worker (placement and gomaxprocs figures aside)")
 	gdb := flag.String("godebug", "", "GODEBUG of the nginx worker (placement and gomaxprocs figures aside), e.g. "+lazySysmon)
 	aff := flag.String("affinity", "", "worker_cpu_affinity of the nginx worker, e.g. 01 (placement and gomaxprocs figures aside)")
-	restyNginx := flag.String("resty-nginx", os.Getenv("QRPC_NGINX"), "nginx built for lua-resty-ffi (thirdparty/build-resty-ffi.sh PREFIX: PREFIX/sbin/nginx) for the restyffi figure; default $QRPC_NGINX")
+	restyNginx := flag.String("resty-nginx", os.Getenv("QRPC_NGINX"), "nginx built for lua-resty-ffi (make nginx-resty-ffi: $QRPC_BUILD_DIR/resty-ffi/sbin/nginx) for the restyffi figure; default $QRPC_NGINX")
 	client := flag.String("client", "", "internal: run the Go baseline client against this address")
 	clientCA := flag.String("ca", "", "internal: CA file for -client and -sidecar")
 	clientKind := flag.String("kind", "seq", "internal: -client loop, seq or par")

@@ -23,7 +23,7 @@ const secResty = "lua-resty-ffi baseline (the same nginx binary, rebuilt for lua
 // cannot serve as lua-resty-ffi's nginx.
 func restyLibDir(bin string) (string, string) {
 	if bin == "" {
-		return "", "no nginx built for lua-resty-ffi given (-resty-nginx PATH or QRPC_NGINX=PATH; build one with thirdparty/build-resty-ffi.sh PREFIX, then PATH = PREFIX/sbin/nginx)"
+		return "", "no nginx built for lua-resty-ffi given (-resty-nginx PATH or QRPC_NGINX=PATH; build one with make nginx-resty-ffi, then PATH = $QRPC_BUILD_DIR/resty-ffi/sbin/nginx)"
 	}
 	if _, err := exec.LookPath(bin); err != nil {
 		return "", fmt.Sprintf("%s: %v", bin, err)
