@@ -6,7 +6,8 @@
 #   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/
 #                      against the nginx installed here (QRPC_NGINX=debian|openresty|resty-ffi|/path picks another)
 #   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
-#   make bench         the side-by-side benchmark (BENCH_QUICK=1 for a short run)
+#   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
+#   make bench-update  a full run into the committed bench/results.md and .svg
 #   make lint          gofmt, go vet, luacheck
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
 #   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
@@ -49,7 +50,7 @@ GO_TEST_FLAGS   ?=
 LIB_SRC := go.mod go.sum $(shell find ffi qrpc internal -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' 2>/dev/null)
 DEMO_SRC := $(shell find demo/server -type f -name '*.go' ! -name '*_test.go' 2>/dev/null)
 
-.PHONY: proto-check all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench install uninstall proto clean help
+.PHONY: proto-check all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench bench-update install uninstall proto clean help
 
 all: $(LIB)
 
@@ -133,8 +134,14 @@ test-openresty test-resty-ffi: test-%: nginx-% $(LIB)
 
 # Side by side in one run (see bench/main.go): the Lua client vs. the plain
 # Go client, the IPC path vs. a unix socket, HTTP end to end. Needs wrk.
+# `make bench` writes bench/out/results.{md,svg} (ignored by git);
+# `make bench-update` runs the full benchmark into the committed
+# bench/results.{md,svg}.
 bench: $(LIB)
 	$(GO) run ./bench $(BENCH_FLAGS)
+
+bench-update: $(LIB)
+	$(GO) run ./bench -update $(BENCH_FLAGS)
 
 # ---- install -------------------------------------------------------------------
 

@@ -69,8 +69,9 @@ func (p params) want(figure string, slow bool) bool {
 
 func main() {
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "short run (under a minute)")
-	out := flag.String("out", "bench/results.md", "markdown output file")
-	svg := flag.String("svg", "bench/results.svg", "chart output file (\"\" = none)")
+	out := flag.String("out", "", "markdown output file (default "+scratchMD+", or "+committedMD+" with -update)")
+	svg := flag.String("svg", "", "chart output file (default beside -out's; \"-\" = none)")
+	update := flag.Bool("update", false, "write the committed "+committedMD+" and "+committedSVG+" (a full run only)")
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
@@ -93,8 +94,7 @@ func main() {
 	merge := flag.Bool("merge", false, "replace only the sections run (-only) in the report already in -out, keep the others, and redraw -svg from the result")
 	flag.Parse()
 	log.SetFlags(0)
-	// Full mode must finish in under 10 minutes on 2 vCPUs (issues 5 and
-	// 13); on such a machine a sequential unary call takes 0.3-0.5 ms and
+	// Full mode must finish in under 10 minutes on 2 vCPUs; on such a machine a sequential unary call takes 0.3-0.5 ms and
 	// a unix socket echo of 100 KB 0.2 ms, hence these counts.
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
@@ -147,9 +147,52 @@ func main() {
 		}
 	}
 	p.merge = *merge
-	if err := run(p, *out, *svg); err != nil {
+	mdPath, svgPath, err := outputPaths(*quick, *update, *out, *svg)
+	if err != nil {
 		log.Fatalf("bench: %v", err)
 	}
+	log.Printf("bench: results go to %s", mdPath)
+	if err := run(p, mdPath, svgPath); err != nil {
+		log.Fatalf("bench: %v", err)
+	}
+}
+
+// The committed results are those of a full run; any other run writes to
+// scratch files under bench/out/ (ignored by git), so that a quick look
+// never leaves the tree dirty or replaces the committed table.
+const (
+	committedMD  = "bench/results.md"
+	committedSVG = "bench/results.svg"
+	scratchMD    = "bench/out/results.md"
+)
+
+// outputPaths returns where a run writes its table and chart ("" = no
+// chart). update asks for the committed files, which a quick run may not
+// write, whatever the flags say.
+func outputPaths(quick, update bool, out, svg string) (string, string, error) {
+	if out == "" {
+		out = scratchMD
+		if update {
+			out = committedMD
+		}
+	}
+	switch svg {
+	case "":
+		svg = strings.TrimSuffix(out, ".md") + ".svg"
+	case "-":
+		svg = ""
+	}
+	committed := filepath.Clean(out) == committedMD || (svg != "" && filepath.Clean(svg) == committedSVG)
+	if committed && quick {
+		return "", "", fmt.Errorf("a quick run does not write the committed %s or %s", committedMD, committedSVG)
+	}
+	if committed && !update {
+		return "", "", fmt.Errorf("writing %s or %s needs -update (make bench-update)", committedMD, committedSVG)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return "", "", fmt.Errorf("output directory: %w", err)
+	}
+	return out, svg, nil
 }
 
 type env struct {
