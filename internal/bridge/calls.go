@@ -95,22 +95,29 @@ func (t *Calls) cancel(id uint64) bool {
 	return c.cancel(p)
 }
 
-// cancelAll cancels every call; it returns how many were stopped.
+// cancelAll cancels every call; it returns how many were stopped. An
+// entry's fields are read under its shard's lock only: started may be
+// filling them in on another thread until the entry is out of the map and
+// marked.
 func (t *Calls) cancelAll() int {
 	n := 0
+	var run []callEntry
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		m := sh.m
 		sh.m = nil
+		run = run[:0]
 		for _, e := range m {
-			if !e.started {
+			if e.started {
+				run = append(run, callEntry{p: e.p, c: e.c})
+			} else {
 				e.cancelled = true
 			}
 		}
 		sh.mu.Unlock()
-		for _, e := range m {
-			if e.started && e.c.cancel(e.p) {
+		for _, e := range run {
+			if e.c.cancel(e.p) {
 				n++
 			}
 		}
