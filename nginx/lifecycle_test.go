@@ -643,3 +643,45 @@ func TestCompletionErrorLosesNothing(t *testing.T) {
 		t.Errorf("%d error lines for the failed completions, want 201", c)
 	}
 }
+
+// A call's answer and its own wait's end handled in one turn of a stalled
+// event loop: the dispatcher posts the call's semaphore, the wait's timer
+// resumes the call first, and the post's count stays on the semaphore.
+// Pooled as it is, that semaphore would end the next call at once with no
+// answer (a false "timeout" and a "no completion" warning).
+func TestStalledLoopLeavesNoStaleWakeup(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		Server: loc("/t", connectT+`
+                assert(conn:unary("echo", "warm", { timeout = 3000 }))
+                -- The wait of this call ends 100 ms + the safety slack after
+                -- it starts; its answer comes at once. The loop is stalled
+                -- past both, so nginx handles them in one turn.
+                local th = ngx.thread.spawn(function()
+                    return conn:unary("echo", "stalled", { timeout = 100 })
+                end)
+                ngx.update_time()
+                local stop = ngx.now() + 1.6
+                while ngx.now() < stop do
+                    for _ = 1, 10000 do end
+                    ngx.update_time()
+                end
+                local _, res, cerr = ngx.thread.wait(th)
+                local good = 0
+                for i = 1, 20 do
+                    local r = conn:unary("echo", "after " .. i, { timeout = 3000 })
+                    if r and r.body == "after " .. i then good = good + 1 end
+                end
+                ngx.say("stalled=", res and res.body or cerr, " after=", good)`),
+	})
+	st, body := n.get("/t")
+	// The stalled call itself may end either way; the calls after it may not.
+	if st != 200 || !strings.HasSuffix(body, " after=20\n") {
+		t.Fatalf("%d %q, want ... after=20", st, body)
+	}
+	if c := n.logCount(`no completion for call`); c != 0 {
+		t.Errorf("%d 'no completion' warnings", c)
+	}
+}

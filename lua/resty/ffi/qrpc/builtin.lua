@@ -627,7 +627,15 @@ local function get_waiter()
 end
 
 
+-- A waiter goes back to the pool only with a semaphore that counts 0: when
+-- a call's answer and the end of its wait are handled in one turn of the
+-- event loop (a stalled loop), the wait's timer resumes the call first and
+-- the dispatcher's post stays counted, which would end the next wait on
+-- that semaphore at once with no answer.
 local function put_waiter(w)
+    if w.sema:count() ~= 0 then
+        w.sema = sema_new(0)
+    end
     w.id = nil
     w.status = nil
     w.val = nil
