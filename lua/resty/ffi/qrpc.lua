@@ -747,8 +747,14 @@ function _M.unary(self, method, body, opts)
         local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, self.handle, 0, method,
                              body, nh, hstr, hlen, timeout, req, resp, flags,
                              hash_key, retries)
-        status, val = rf_decode(rf_call(cmd, method, body,
-                                        req and { hstr, req, resp } or hstr, secs))
+        -- Go reads the command after this coroutine yields, maybe after
+        -- it was killed: every string it points at stays pinned until
+        -- then (hash_key may be a fresh string from pool.call_opts).
+        local keep = hstr
+        if req or hash_key then
+            keep = { hstr, req, resp, hash_key }
+        end
+        status, val = rf_decode(rf_call(cmd, method, body, keep, secs))
     end
 
     if status == QRPC_OK then
