@@ -64,29 +64,90 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 		}
 	}
 
-	// Constants: Lua's OP_X is QRPC_OP_X, QRPC_* keep their names,
-	// CMD_VERSION is QRPC_CMD_VERSION.
+	checkConstants(t, root, string(hdrSrc), string(luaSrc))
+}
+
+// checkConstants compares every numeric #define of qrpc.h with cdef.lua's
+// constants, both ways (Lua's OP_X is QRPC_OP_X, F_X is QRPC_F_X,
+// CMD_VERSION is QRPC_CMD_VERSION, QRPC_* keep their names); checks that
+// every error status has its words in status_names, keyed by name; and
+// that no other Lua file defines an ABI constant of its own.
+func checkConstants(t *testing.T, root, hdrSrc, luaSrc string) {
+	t.Helper()
 	defs := map[string]string{}
-	for _, m := range regexp.MustCompile(`(?m)^#define\s+(QRPC_\w+)\s+(-?\d+)`).FindAllStringSubmatch(string(hdrSrc), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^#define\s+(QRPC_\w+)\s+(-?\d+)`).FindAllStringSubmatch(hdrSrc, -1) {
 		defs[m[1]] = m[2]
 	}
-	n := 0
-	for _, m := range regexp.MustCompile(`(?m)^local ((?:QRPC|OP|CMD)_\w+) = (-?\d+)`).FindAllStringSubmatch(string(luaSrc), -1) {
-		name := m[1]
-		if !strings.HasPrefix(name, "QRPC_") {
-			name = "QRPC_" + name
+	if len(defs) < 20 {
+		t.Fatalf("only %d numeric #defines found in qrpc.h", len(defs))
+	}
+	abiName := regexp.MustCompile(`^(?:QRPC|OP|F|CMD)_\w+$`)
+	cName := func(lua string) string {
+		if strings.HasPrefix(lua, "QRPC_") {
+			return lua
 		}
-		v, ok := defs[name]
+		return "QRPC_" + lua
+	}
+	lua := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^local (\w+) = (-?\d+)\s*$`).FindAllStringSubmatch(luaSrc, -1) {
+		if abiName.MatchString(m[1]) {
+			lua[cName(m[1])] = m[2]
+		}
+	}
+	for name, v := range defs {
+		lv, ok := lua[name]
 		switch {
 		case !ok:
-			t.Errorf("cdef.lua's %s = %s: no %s in qrpc.h", m[1], m[2], name)
-		case v != m[2]:
-			t.Errorf("cdef.lua's %s = %s, qrpc.h's %s = %s", m[1], m[2], name, v)
+			t.Errorf("qrpc.h's %s = %s: cdef.lua does not define it", name, v)
+		case lv != v:
+			t.Errorf("qrpc.h's %s = %s, cdef.lua's = %s", name, v, lv)
 		}
-		n++
 	}
-	if n < 10 {
-		t.Errorf("only %d constants found in cdef.lua", n)
+	for name, v := range lua {
+		if _, ok := defs[name]; !ok {
+			t.Errorf("cdef.lua's %s = %s: no such #define in qrpc.h", name, v)
+		}
+	}
+
+	// status_names: keyed by the constants' names, one entry per error.
+	i := strings.Index(luaSrc, "local status_names = {")
+	if i < 0 {
+		t.Fatal("cdef.lua: no status_names table")
+	}
+	body := luaSrc[i:]
+	body = body[:strings.Index(body, "\n}")]
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\[(\S+)\]\s*=`).FindAllStringSubmatch(body, -1) {
+		if !strings.HasPrefix(m[1], "QRPC_ERR") {
+			t.Errorf("status_names key %s: use the constant's name", m[1])
+		}
+		named[m[1]] = true
+	}
+	for name := range defs {
+		if strings.HasPrefix(name, "QRPC_ERR") && !named[name] {
+			t.Errorf("status_names has no words for %s", name)
+		}
+	}
+
+	// The other Lua files take the constants from cdef.lua.
+	files, err := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "*.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, _ := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "*.lua"))
+	files = append(files, more...)
+	own := regexp.MustCompile(`(?m)^local ((?:QRPC|OP|F|CMD)_\w+) = -?\d+`)
+	for _, f := range files {
+		if filepath.Base(f) == "cdef.lua" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range own.FindAllStringSubmatch(string(b), -1) {
+			t.Errorf("%s defines %s itself: take it from cdef.lua", filepath.Base(f), m[1])
+		}
 	}
 }
 

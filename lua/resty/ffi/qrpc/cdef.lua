@@ -93,6 +93,10 @@ void qrpc_shutdown(void);
 ]]
 end
 
+-- Every constant of the ABI, as ffi/qrpc.h defines it (QRPC_OP_X is OP_X
+-- here, QRPC_F_X is F_X, QRPC_CMD_VERSION is CMD_VERSION); the other Lua
+-- files take them from this table. nginx/abi_test.go compares the two
+-- lists, both ways.
 local CMD_VERSION = 2
 
 local OP_CONNECT = 1
@@ -101,9 +105,17 @@ local OP_EVENT = 3
 local OP_CLOSE = 4
 local OP_CANCEL = 5
 local OP_ECHO = 6
+local OP_STATS = 7
 local OP_PEERS = 8
+local OP_METRICS = 9
+local OP_PROTO_LOAD = 10
 local OP_CONFIGURE = 11
 local OP_PROFILE = 12
+
+local F_DISCARD_UNKNOWN = 1
+local F_PROTO_NAMES = 2
+local F_LUA_TABLE = 4
+local F_LUA_REQUEST = 8
 
 local QRPC_OK = 0
 local QRPC_PENDING = 1
@@ -113,17 +125,23 @@ local QRPC_ERR = -1
 local QRPC_ERR_TIMEOUT = -2
 local QRPC_ERR_CLOSED = -3
 local QRPC_ERR_FULL = -4
+local QRPC_ERR_BADARG = -5
+local QRPC_ERR_CONNECT = -6
+local QRPC_ERR_UNAVAIL = -7
+local QRPC_ERR_TOOBIG = -8
+local QRPC_ERR_LOST = -9
 
+-- The words of an error status that came without a message.
 local status_names = {
-    [-1] = "qrpc: error",
-    [-2] = "timeout",
-    [-3] = "closed",
-    [-4] = "queue full",
-    [-5] = "qrpc: malformed command",
-    [-6] = "connect: failed",
-    [-7] = "unavailable",
-    [-8] = "too large",
-    [-9] = "connection lost",
+    [QRPC_ERR] = "qrpc: error",
+    [QRPC_ERR_TIMEOUT] = "timeout",
+    [QRPC_ERR_CLOSED] = "closed",
+    [QRPC_ERR_FULL] = "queue full",
+    [QRPC_ERR_BADARG] = "qrpc: malformed command",
+    [QRPC_ERR_CONNECT] = "connect: failed",
+    [QRPC_ERR_UNAVAIL] = "unavailable",
+    [QRPC_ERR_TOOBIG] = "too large",
+    [QRPC_ERR_LOST] = "connection lost",
 }
 
 local ERRBUF_LEN = 512
@@ -145,6 +163,13 @@ local _M = {
     OP_PEERS = OP_PEERS,
     OP_CONFIGURE = OP_CONFIGURE,
     OP_PROFILE = OP_PROFILE,
+    OP_STATS = OP_STATS,
+    OP_METRICS = OP_METRICS,
+    OP_PROTO_LOAD = OP_PROTO_LOAD,
+    F_DISCARD_UNKNOWN = F_DISCARD_UNKNOWN,
+    F_PROTO_NAMES = F_PROTO_NAMES,
+    F_LUA_TABLE = F_LUA_TABLE,
+    F_LUA_REQUEST = F_LUA_REQUEST,
     QRPC_OK = QRPC_OK,
     QRPC_PENDING = QRPC_PENDING,
     QRPC_LOG = QRPC_LOG,
@@ -153,6 +178,11 @@ local _M = {
     QRPC_ERR_TIMEOUT = QRPC_ERR_TIMEOUT,
     QRPC_ERR_CLOSED = QRPC_ERR_CLOSED,
     QRPC_ERR_FULL = QRPC_ERR_FULL,
+    QRPC_ERR_BADARG = QRPC_ERR_BADARG,
+    QRPC_ERR_CONNECT = QRPC_ERR_CONNECT,
+    QRPC_ERR_UNAVAIL = QRPC_ERR_UNAVAIL,
+    QRPC_ERR_TOOBIG = QRPC_ERR_TOOBIG,
+    QRPC_ERR_LOST = QRPC_ERR_LOST,
 
     cmd_t = cmd_t,
     CMD_SIZE = ffi_sizeof(cmd_t),

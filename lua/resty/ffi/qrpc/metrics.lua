@@ -58,8 +58,8 @@ local lib              -- the loaded library, once init() ran
 local dict_name        -- configure{ metrics_dict }, or nil
 local flushing         -- the flush timer runs
 
-local ERRBUF_LEN = 512
-local OP_METRICS = 9   -- QRPC_OP_METRICS in ffi/qrpc.h
+local ERRBUF_LEN = cdef.ERRBUF_LEN
+local OP_METRICS = cdef.OP_METRICS
 local qcmd = ffi_new(cdef.cmd_t)
 local out_p = ffi_new("char *[1]")
 local out_len = ffi_new("size_t[1]")

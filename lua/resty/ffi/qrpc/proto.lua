@@ -41,10 +41,10 @@ local tab_concat = table.concat
 local bad = cdef.bad
 local QRPC_OK = cdef.QRPC_OK
 
-local OP_PROTO_LOAD = 10
-local F_DISCARD_UNKNOWN = 1
-local F_PROTO_NAMES = 2
-local F_LUA_TABLE = 4
+local OP_PROTO_LOAD = cdef.OP_PROTO_LOAD
+local F_DISCARD_UNKNOWN = cdef.F_DISCARD_UNKNOWN
+local F_PROTO_NAMES = cdef.F_PROTO_NAMES
+local F_LUA_TABLE = cdef.F_LUA_TABLE
 
 -- Replies for Lua tables come from Go in LuaJIT's serialization format
 -- (after a NUL byte) when string.buffer is there (LuaJIT 2.1 since 2021:
@@ -66,7 +66,7 @@ local dbuf = sbuf and sbuf.new()
 -- empty list still reads as []. A table string.buffer cannot encode (a
 -- function or userdata in it, more than 100 levels, a cycle) goes through
 -- json.lua, which says why or encodes it.
-local F_LUA_REQUEST = 8
+local F_LUA_REQUEST = cdef.F_LUA_REQUEST
 local ebuf = sbuf and sbuf.new({ metatable = json.array_mts })
 local use_sbuf = ebuf ~= nil
 
