@@ -132,7 +132,7 @@ func procCPU(pids ...int) (time.Duration, error) {
 // procCSW is how many times every thread of the pids so far has been
 // switched out, by choice (it waited) or not (preempted): each switch is a
 // sleep or a preemption and a wake-up, the costliest steps of a hand-off
-// between threads (issue 13).
+// between threads.
 func procCSW(pids ...int) (int64, error) {
 	var sum int64
 	for _, pid := range pids {

@@ -1,7 +1,7 @@
 package main
 
-// Metrics recording (issue 10): "changes sequential calls/s through
-// nginx by less than 3 %". The same sequential echo calls from one light
+// Metrics recording, whose target is to change sequential calls/s
+// through nginx by less than 3 %. The same sequential echo calls from one light
 // thread on connections to the same server, one recorded and one dialled
 // with configure{ metrics = false } (a pool with qrpc.NopObserver: no
 // recording at all), and a second recorded one as an A/A control (what

@@ -1,6 +1,6 @@
 package main
 
-// Pools (issue 9): the same unary calls from Lua through a pool of three
+// Pools: the same unary calls from Lua through a pool of three
 // qrpc servers and through a pool of one, all on this machine. What the
 // pool adds per call (picking a server, counting calls in flight, one
 // QUIC connection per server) must not cost throughput.

@@ -1,6 +1,6 @@
 package main
 
-// Protobuf transcoding (issue 11): what a ten-field message (demo.Profile)
+// Protobuf transcoding: what a ten-field message (demo.Profile)
 // costs as a Lua table in and out (opts.request/opts.response) over the
 // same echo call carrying its protobuf bytes, sequential calls from one
 // light thread (bench/lua/bench_proto.lua); and the JSON gateway (JSON in,

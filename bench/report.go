@@ -66,8 +66,8 @@ func (r row) withTarget(target string) row {
 }
 
 // ratioText is the ratio with two decimals, or with as many more (up to
-// four) as it takes to tell it from its target: session 21's table
-// printed a missed "≥ 2" as "2.00".
+// four) as it takes to tell it from its target: 1.997 against "≥ 2"
+// must not print as "2.00".
 func (r row) ratioText() string {
 	s := fmt.Sprintf("%.2f", r.ratio)
 	if r.target == "" {

@@ -170,10 +170,9 @@ type threadPlacement struct {
 }
 
 // Unpinned, the echoes move with where the kernel (and the hypervisor)
-// put the worker's threads: lua-resty-ffi's 512 B echo ran at about 0.7
-// or about 0.4 million calls/s on session 20's machine. With every thread
-// on CPU 0 it was always the slow one; split, it still took either speed.
-// These rows show both.
+// put the worker's threads: lua-resty-ffi's 512 B echo takes one of two
+// speeds, nearly 2x apart, from run to run. With every thread on CPU 0 it
+// takes the slow one; split, either. These rows show both.
 var threadPlacements = []threadPlacement{
 	{"every thread of the worker on CPU 0", false},
 	{"the nginx thread on CPU 0, the worker's other threads on CPU 1", true},

@@ -78,7 +78,7 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 	}
 	// Cleared in place, then filled: a composite literal assigned through
 	// the pointer is built on the stack and copied (a third of this
-	// function's time on the direct echo, issue 13).
+	// function's time on the direct echo).
 	*cmd = bridge.Command{}
 	cmd.Op, cmd.Conn, cmd.CallID, cmd.TimeoutMS, cmd.NHdrs = c.Op, c.Conn, c.CallID, c.TimeoutMS, c.NHdrs
 	cmd.Retries, cmd.Flags = c.Retries, c.Flags

@@ -26,7 +26,7 @@ type builtinHost struct {
 	mu sync.Mutex // orders init and shutdown
 	// nil when not initialised (or shut down); atomic, because every
 	// command reads it (Gen) and a mutex there was 1-2 % of the nginx
-	// thread's time on the direct echo (issue 13)
+	// thread's time on the direct echo
 	gen atomic.Pointer[bridge.Gen]
 
 	logDrops       atomic.Uint64

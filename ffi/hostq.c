@@ -2,7 +2,7 @@
 // thread calls qrpc_submit_async, qrpc_poll and qrpc_release and must not
 // enter Go there: a thread that has called into Go keeps a Go scheduler
 // slot (a P) while it runs nginx, and the goroutines it readies then wait
-// for a spinning thread or sysmon to take them (issue 13).
+// for a spinning thread or sysmon to take them.
 #include <errno.h>
 #include <malloc.h>
 #include <sched.h>

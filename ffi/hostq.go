@@ -13,7 +13,7 @@ package main
 // cgocallbackg -> reentersyscall), so the goroutines it readied wait on
 // that P's runnext until a spinning thread steals them or sysmon retakes
 // the P, and sysmon, finding a P in a syscall again and again, never
-// slows its 20 µs tick (issue 13).
+// slows its 20 µs tick.
 
 /*
 #include <stdlib.h>
@@ -37,8 +37,8 @@ import (
 
 // trimEvery is how often the submitter's timer returns idle result blocks
 // (bufcache) and idle command blocks (hostq.c), and takes back the blocks
-// qrpc_release kept: qrpc_drain did the first on the dispatcher's poll,
-// which no longer enters Go.
+// qrpc_release kept: the dispatcher's poll does not enter Go, so Go's own
+// timer does it.
 const trimEvery = 500 * time.Millisecond
 
 // submitter owns the eventfd and the goroutines that serve the queues.
@@ -106,7 +106,7 @@ func (s *submitter) run(f *os.File) {
 	// the fd's readiness), so a push that raced with the reset is found
 	// there, not lost. That saves the two reads a wake-up cost (the one
 	// that empties the counter and the one that finds it empty: 2 of the
-	// 13 or so system calls a sequential call cost the worker, issue 13).
+	// 13 or so system calls a sequential call costs the worker).
 	// The counter cannot fill: qrpc_submit_async adds 1 per wake-up, and
 	// 2^64-2 of them would take over 500,000 years at a million a second.
 	var taken *C.qrpc_qitem_t

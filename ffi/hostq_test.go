@@ -188,7 +188,7 @@ func TestSubmitQueueNoLostWakeup(t *testing.T) {
 
 // Result blocks freed in C: small ones at once, cacheable ones go back to
 // Go's buffer cache without the caller entering Go, and the trim timer
-// (not qrpc_drain, which Lua no longer calls) gives them back when idle.
+// gives them back when idle.
 func TestReleaseFeedsTheCache(t *testing.T) {
 	d := openBuiltin(t)
 	cmem.FreeAll()
@@ -612,10 +612,9 @@ func TestQueuedEchoesOnOneCPU(t *testing.T) {
 }
 
 // Unary calls over QUIC, nginx's way (playNginx), unpinned: the answers
-// that arrive together wake the thread once. Before the waker goroutine
-// the first answer's wake byte woke it while the others were still being
-// read, and each round carried a few (issue 13: context switches per
-// HTTP request).
+// that arrive together wake the thread once. Without the waker goroutine
+// the first answer's wake byte wakes it while the others are still being
+// read, and each wake-up carries a few: a context switch per call.
 func TestAnswersWakeOncePerBatch(t *testing.T) {
 	if raceEnabled {
 		t.Skip("scheduling is not measured under the race detector")

@@ -10,7 +10,7 @@ import (
 // their completions never make the nginx thread enter Go: the library
 // counts the calls into its Go exports (qrpc_go_entries), and the count
 // does not move. A thread that has entered Go keeps a Go scheduler slot
-// while it runs nginx (issue 13); the built-in host's GOMAXPROCS default
+// while it runs nginx; the built-in host's GOMAXPROCS default
 // of 1 relies on this. Nor does Go call into C on the way (Go's cgo call
 // count, qrpc_go_cgo_calls, moves by the timer's few calls only): each
 // cgo call after Go was idle would wake its sysmon thread.

@@ -206,9 +206,9 @@ func TestPoolThreeServers(t *testing.T) {
 	// kill -9 of one server under 200 concurrent requests (nginx: 1 worker,
 	// 1024 connections). Each call takes 20 ms on the server, so that about
 	// a third of them are in flight on the victim whenever it dies: with
-	// instant calls the kill once fell in a moment with none in flight, a
-	// packet that was not a call heard the refusal, and no call failed
-	// (CI, session 9), which proves nothing about the calls in flight.
+	// instant calls the kill can fall in a moment with none in flight, a
+	// packet that is not a call hears the refusal, and no call fails,
+	// which proves nothing about the calls in flight.
 	ld := startLoad(t, n, "/slowcall", 200)
 	time.Sleep(500 * time.Millisecond)
 	victim := srvs[1]

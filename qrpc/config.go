@@ -45,8 +45,8 @@ type Config struct {
 	// the next stream takes over (default 16; 1 is a plain round robin).
 	// Requests in flight together then share a stream, so one stream frame,
 	// one wake-up of its reader and one of the server's carry several of
-	// them: 0.85-0.9x the CPU per call on both sides at 50 calls in flight
-	// (issue 13). Frames of 16 KiB or more keep a plain round robin of
+	// them: 0.85-0.9x the CPU per call on both sides at 50 calls in
+	// flight. Frames of 16 KiB or more keep a plain round robin of
 	// their own, so that a big frame does not hold up the small ones
 	// behind it on one stream.
 	StreamBatch int

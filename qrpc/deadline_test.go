@@ -10,8 +10,8 @@ import (
 )
 
 // A response read after the call's deadline, before the deadline's timer
-// ran (timers run late on a loaded machine: issue 12 saw 11 answers in
-// 20,000 calls with a 5 ms timeout), is a timeout, never the answer. The
+// ran (timers run late on a loaded machine: 11 answers in 20,000 calls
+// with a 5 ms timeout were seen), is a timeout, never the answer. The
 // clock the check reads is moved past a deadline an hour away, so the
 // timer cannot fire and the order is fixed.
 func TestResponseAfterDeadlineIsTimeout(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 )
 
 // deadlines times out a session's calls with a few timers for the whole
-// connection instead of one per call (issue 13): time.AfterFunc per call
+// connection instead of one per call: time.AfterFunc per call
 // cost two allocations and a runtime timer heap insert and delete, work
 // that a call answered in microseconds never needed. Calls live in min-heaps
 // ordered by deadline, sharded by request id like the pending map so that

@@ -15,8 +15,8 @@ import (
 // A server that is killed leaves its port closed: the server's host answers
 // each packet with ICMP port unreachable. quic-go's own sockets never hear
 // of it (Linux reports ICMP errors to an unconnected UDP socket only with
-// IP_RECVERR set), so calls on the dead connection used to wait their whole
-// timeout, and a pool kept sending new ones there until enough had failed.
+// IP_RECVERR set): without it, calls on the dead connection wait their whole
+// timeout, and a pool keeps sending new ones there until enough have failed.
 // With IP_RECVERR the next read returns ECONNREFUSED about a round trip
 // after the first packet sent to the dead port; passed to quic-go, it
 // closes the transport and the connection, failing the calls in flight at

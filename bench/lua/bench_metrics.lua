@@ -1,4 +1,4 @@
--- What metrics recording costs (issue 10, bench/metricscost.go): the same
+-- What metrics recording costs (bench/metricscost.go): the same
 -- sequential echo calls on three connections to the same server from this
 -- light thread: one recorded ("on"), one dialled with configure{ metrics
 -- = false } ("off": its pool has Go's no-op observer), and a second

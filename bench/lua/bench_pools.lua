@@ -1,4 +1,4 @@
--- Pools (issue 9, bench/pools.go): the same echo calls through two
+-- Pools (bench/pools.go): the same echo calls through two
 -- connections of this worker, a pool of several servers (a) and a pool of
 -- one (b), in alternating blocks with the order flipped every round, so
 -- that the drifting load of a shared machine weighs on both alike. Each

@@ -39,12 +39,12 @@ const maxGOMAXPROCS = 1024
 // waking a second one for every hand-off. Measured under wrk (2 vCPUs,
 // unpinned, 100 B echo, interleaved with 2 Ps on the same build): 0.84x
 // the worker CPU per request, 1.17x the requests/s, and a lone sequential
-// call 0.84x as long (issue 13). Before, with the nginx thread entering Go,
-// 1 P made a lone call take 1.9x as long, because the goroutine that sends
-// its packet waited until sysmon took the only P back from the nginx
-// thread.
+// call 0.84x as long. One P relies on the nginx thread staying out of Go:
+// a thread that enters Go keeps the only P while it runs nginx, and the
+// goroutine that sends a call's packet waits until sysmon takes it back
+// (1.9x a lone call's time).
 //
-// lua-resty-ffi host: at most 2 Ps, as before (not re-measured with 1).
+// lua-resty-ffi host: at most 2 Ps.
 // Its poller goroutine blocks in a C call (ngx_http_lua_ffi_task_poll)
 // holding a P until sysmon takes it back; a second P runs the rest
 // meanwhile.

@@ -13,7 +13,7 @@ import (
 
 // Every connection of the runtime is a qrpc.Pool: with one address and no
 // pool options it behaves as a single client. CONNECT's opts lines
-// ("key=value\n", issue #9) configure it:
+// ("key=value\n") configure it:
 //
 //	addr=host:port          one per server or name (repeatable); when
 //	                        present they replace the v1 addr field

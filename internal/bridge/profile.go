@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// QRPC_OP_PROFILE: a pprof profile of this worker's Go runtime (issue 13:
-// where the Go work of a request goes, seen from inside the worker), as
+// QRPC_OP_PROFILE: a pprof profile of this worker's Go runtime (where the
+// Go work of a request goes, seen from inside the worker), as
 // opts lines:
 //
 //	kind=heap|allocs|goroutine|threadcreate   answers that profile now

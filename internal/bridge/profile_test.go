@@ -57,8 +57,8 @@ func TestProfileCPU(t *testing.T) {
 	}
 	// Burn 300 ms of this thread's CPU in a function the profile must
 	// name: counted in CPU time, not wall time, because under the parallel
-	// -race run 300 ms of wall time once got too few samples (make test,
-	// session 20). Bounded by 10 s of wall time.
+	// -race run 300 ms of wall time can get too few samples. Bounded by
+	// 10 s of wall time.
 	runtime.LockOSThread()
 	start := threadCPU(t)
 	deadline := time.Now().Add(10 * time.Second)

@@ -13,7 +13,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
-// Protobuf messages from JSON (issue 11): QRPC_OP_PROTO_LOAD fills the
+// Protobuf messages from JSON: QRPC_OP_PROTO_LOAD fills the
 // worker's schema registry; UNARY and EVENT with req_type send the JSON
 // body encoded as that message, and UNARY with resp_type answers with the
 // response body decoded to JSON.

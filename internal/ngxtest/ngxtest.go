@@ -42,7 +42,7 @@ func LookPath(name string) (string, error) {
 // spread by its pid, the binaries of one run have close pids, and one's
 // probe of a port (a listen and a close) made the other's nginx fail its
 // first bind() of the same port: an [emerg] in its error.log, a failed
-// test (CI, session 20). Without the file (no temporary directory, no
+// test. Without the file (no temporary directory, no
 // flock) the counter is this process's own.
 const (
 	portLow  = 20000

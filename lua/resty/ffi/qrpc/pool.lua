@@ -1,4 +1,4 @@
--- resty.ffi.qrpc.pool: several servers behind one connect (issue #9). The
+-- resty.ffi.qrpc.pool: several servers behind one connect. The
 -- checks of addrs and of the pool options, their normalised cache key, the
 -- CONNECT "opts" lines Go reads, the per-call hash_key / retries, and
 -- conn:peers(). Balancing, health, failover and re-resolution are Go's

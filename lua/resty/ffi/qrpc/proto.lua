@@ -1,4 +1,4 @@
--- resty.ffi.qrpc.proto: protobuf messages for unary and event (issue 11).
+-- resty.ffi.qrpc.proto: protobuf messages for unary and event.
 --
 -- Schemas are compiled in Go (the library's registry, one per worker);
 -- bodies cross as one string each way: JSON in the proto3 JSON mapping,

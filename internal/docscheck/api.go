@@ -1,0 +1,208 @@
+package docscheck
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Where the names come from: the argument checks of the Lua module. Each
+// source names a table (or a pattern) that the code itself uses to accept
+// or refuse an option, so a new option cannot be accepted without being
+// read here.
+type nameSource struct {
+	file  string // relative to the repository
+	table string // a "local NAME = {" table, or "_M.keys" for pool.lua's
+	what  string
+}
+
+var optionSources = []nameSource{
+	{"lua/resty/ffi/qrpc.lua", "known_opts", "connect option"},
+	{"lua/resty/ffi/qrpc.lua", "call_opts", "call option"},
+	{"lua/resty/ffi/qrpc.lua", "configure_opts", "configure option"},
+	{"lua/resty/ffi/qrpc/pool.lua", "keys", "pool option"},
+}
+
+// The nested pool options, read where pool.lua checks them.
+var nestedOptionRe = regexp.MustCompile(`\b(health|check)\.([a-z_]+)\b`)
+
+var (
+	luaCommentRe = regexp.MustCompile(`--[^\n]*`)
+	tableKeyRe   = regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*=`)
+	publicFuncRe = regexp.MustCompile(`(?m)^function _M\.([a-z][a-z0-9_]*)\s*\(`)
+	publicVarRe  = regexp.MustCompile(`(?m)^_M\.([a-z][a-z0-9_]*)\s*=`)
+)
+
+// tableKeys returns the keys of the Lua table `NAME = { ... }` in src.
+func tableKeys(src, name string) ([]string, error) {
+	re := regexp.MustCompile(`(?m)(?:^local |^\s+)` + regexp.QuoteMeta(name) + `\s*=\s*\{`)
+	loc := re.FindStringIndex(src)
+	if loc == nil {
+		return nil, fmt.Errorf("no table %q", name)
+	}
+	rest := luaCommentRe.ReplaceAllString(src[loc[1]:], "")
+	depth := 1
+	end := -1
+	for i, c := range rest {
+		switch c {
+		case '{':
+			depth++
+		case '}':
+			depth--
+		}
+		if depth == 0 {
+			end = i
+			break
+		}
+	}
+	if end < 0 {
+		return nil, fmt.Errorf("table %q does not end", name)
+	}
+	var keys []string
+	for _, m := range tableKeyRe.FindAllStringSubmatch(rest[:end], -1) {
+		keys = append(keys, m[1])
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("table %q has no keys", name)
+	}
+	return keys, nil
+}
+
+// Names are the documented surface the code defines.
+type Names struct {
+	Functions []string // qrpc.X and conn methods
+	Proto     []string // qrpc.proto.X
+	Options   []string // connect, call, configure and pool options
+}
+
+// ReadNames reads the public functions and the accepted options from the
+// Lua sources under root.
+func ReadNames(root string) (Names, error) {
+	var n Names
+	read := func(rel string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(root, rel))
+		return string(b), err
+	}
+	qrpc, err := read("lua/resty/ffi/qrpc.lua")
+	if err != nil {
+		return n, err
+	}
+	for _, m := range publicFuncRe.FindAllStringSubmatch(qrpc, -1) {
+		n.Functions = append(n.Functions, m[1])
+	}
+	if len(n.Functions) == 0 {
+		return n, fmt.Errorf("lua/resty/ffi/qrpc.lua: no public function found (function _M.name)")
+	}
+	proto, err := read("lua/resty/ffi/qrpc/proto.lua")
+	if err != nil {
+		return n, err
+	}
+	for _, re := range []*regexp.Regexp{publicFuncRe, publicVarRe} {
+		for _, m := range re.FindAllStringSubmatch(proto, -1) {
+			n.Proto = append(n.Proto, m[1])
+		}
+	}
+	if len(n.Proto) == 0 {
+		return n, fmt.Errorf("lua/resty/ffi/qrpc/proto.lua: no public function found")
+	}
+	for _, s := range optionSources {
+		src, err := read(s.file)
+		if err != nil {
+			return n, err
+		}
+		keys, err := tableKeys(src, s.table)
+		if err != nil {
+			return n, fmt.Errorf("%s: %v: the %ss are read from it; update internal/docscheck if they moved", s.file, err, s.what)
+		}
+		n.Options = append(n.Options, keys...)
+		if s.table == "keys" {
+			for _, m := range nestedOptionRe.FindAllStringSubmatch(src, -1) {
+				n.Options = append(n.Options, m[1]+"."+m[2])
+			}
+		}
+	}
+	n.Functions, n.Proto, n.Options = uniq(n.Functions), uniq(n.Proto), uniq(n.Options)
+	return n, nil
+}
+
+func uniq(s []string) []string {
+	sort.Strings(s)
+	out := s[:0]
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// API checks that docs/api.md names every public function and every
+// option in backticks (`name`, `qrpc.name`, `conn:name`, or `name = ...`
+// inside a code span), and docs/protobuf.md every qrpc.proto function.
+func API(root string) []Problem {
+	names, err := ReadNames(root)
+	if err != nil {
+		return []Problem{{File: "lua/resty/ffi/qrpc.lua", Msg: err.Error()}}
+	}
+	api, err := os.ReadFile(filepath.Join(root, "docs", "api.md"))
+	if err != nil {
+		return []Problem{{File: "docs/api.md", Msg: "missing: it documents every function and option"}}
+	}
+	proto, err := os.ReadFile(filepath.Join(root, "docs", "protobuf.md"))
+	if err != nil {
+		return []Problem{{File: "docs/protobuf.md", Msg: "missing: it documents qrpc.proto"}}
+	}
+	spans := codeSpans(string(api))
+	var probs []Problem
+	for _, f := range names.Functions {
+		if !spans["qrpc."+f] && !spans["conn:"+f] {
+			probs = append(probs, Problem{File: "docs/api.md", Msg: fmt.Sprintf("function %s is not documented (want `qrpc.%s` or `conn:%s`)", f, f, f)})
+		}
+	}
+	for _, o := range names.Options {
+		if !spans[o] {
+			probs = append(probs, Problem{File: "docs/api.md", Msg: fmt.Sprintf("option %s is not documented (want `%s`)", o, o)})
+		}
+	}
+	pspans := codeSpans(string(proto))
+	for _, f := range names.Proto {
+		if !pspans["qrpc.proto."+f] {
+			probs = append(probs, Problem{File: "docs/protobuf.md", Msg: fmt.Sprintf("qrpc.proto.%s is not documented (want `qrpc.proto.%s`)", f, f)})
+		}
+	}
+	return probs
+}
+
+var (
+	codeSpanRe = regexp.MustCompile("`([^`]+)`")
+	spanNameRe = regexp.MustCompile(`^([A-Za-z_][\w.:]*)`)
+)
+
+// codeSpans returns the names that start a code span: `unary`, `qrpc.connect(addr)`,
+// `timeout = 500` give unary, qrpc.connect, timeout.
+func codeSpans(text string) map[string]bool {
+	out := map[string]bool{}
+	add := func(s string) {
+		if n := spanNameRe.FindString(strings.TrimSpace(s)); n != "" {
+			out[n] = true
+			out[strings.TrimRight(n, ".:")] = true
+		}
+	}
+	inFence := false
+	for _, line := range strings.Split(text, "\n") {
+		if fenceRe.MatchString(line) {
+			inFence = !inFence
+			continue
+		}
+		if inFence {
+			continue
+		}
+		for _, m := range codeSpanRe.FindAllStringSubmatch(line, -1) {
+			add(m[1])
+		}
+	}
+	return out
+}
