@@ -211,3 +211,29 @@ func cFuncs(src string) map[string]string {
 	}
 	return out
 }
+
+// The bound of retries is checked in Lua (so that a caller gets "bad
+// argument") and again in Go (defence): both must be the same number, or
+// values between them would reach a caller as "bad command".
+func TestRetriesBoundMatchesGo(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(rel string, re *regexp.Regexp) string {
+		b, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := re.FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("%s: no match for %s", rel, re)
+		}
+		return string(m[1])
+	}
+	goMax := read("internal/bridge/command.go", regexp.MustCompile(`(?m)^\s*maxRetries\s*=\s*(\d+)`))
+	luaMax := read("lua/resty/ffi/qrpc/pool.lua", regexp.MustCompile(`(?m)^local MAX_RETRIES = (\d+)`))
+	if goMax != luaMax {
+		t.Errorf("retries: Go refuses above %s, Lua above %s", goMax, luaMax)
+	}
+}

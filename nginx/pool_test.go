@@ -468,6 +468,10 @@ func TestPoolLua(t *testing.T) {
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { stall = -1 } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ check = { interval = 100 } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = -1 })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = 17 })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = 2^40 })))
+                local ok16 = qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ retries = 16 }))
+                p(ok16 and "retries=16 accepted", ok16 and ok16:unary("echo", "x", { retries = 16 }).body)
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ resolver = "dns" })))
                 p(qrpc.configure({ max_connections = 0 }))
                 local conn = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))
@@ -486,12 +490,15 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #2: unknown health option 'fails'`,
 			`nil | bad argument #2: health.stall must be a number of milliseconds >= 0`,
 			`nil | bad argument #2: check.method must be a method name`,
-			`nil | bad argument #2: retries must be a non-negative integer`,
+			`nil | bad argument #2: retries must be an integer 0..16 (got -1)`,
+			`nil | bad argument #2: retries must be an integer 0..16 (got 17)`,
+			`nil | bad argument #2: retries must be an integer 0..16 (got 1099511627776)`,
+			`retries=16 accepted | x`,
 			`nil | bad argument #2: resolver must be a string host:port`,
 			`nil | bad argument #1: max_connections must be an integer 1..65536`,
 			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
 			`nil | bad argument #4: hash_key must be a string (got table)`,
-			`nil | bad argument #4: retries must be a non-negative integer`,
+			`nil | bad argument #4: retries must be an integer 0..16 (got 1.5)`,
 			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
 		),
 	}, {

@@ -23,6 +23,9 @@ local tab_sort = table.sort
 
 local MAX_MS = 2147483647
 local MAX_ADDRS = 256
+-- Go refuses more (maxRetries in internal/bridge/command.go; the nginx
+-- suite's TestRetriesBoundMatchesGo compares the two).
+local MAX_RETRIES = 16
 
 
 local _M = {
@@ -154,8 +157,10 @@ local function pool_spec(o, spec)
         end
     end
 
-    if retries ~= nil and not is_count(retries, 0) then
-        return bad(2, "retries must be a non-negative integer")
+    if retries ~= nil and (not is_count(retries, 0) or retries > MAX_RETRIES)
+    then
+        return bad(2, "retries must be an integer 0.." .. MAX_RETRIES
+                      .. " (got " .. tostring(retries) .. ")")
     end
     retries = retries or 0
 
@@ -316,8 +321,10 @@ function _M.call_opts(conn, opts, argn)
         end
         local r = opts.retries
         if r ~= nil then
-            if not is_count(r, 0) then
-                return bad(argn, "retries must be a non-negative integer")
+            if not is_count(r, 0) or r > MAX_RETRIES then
+                return bad(argn, "retries must be an integer 0.."
+                                 .. MAX_RETRIES .. " (got " .. tostring(r)
+                                 .. ")")
             end
             retries = r
         end
