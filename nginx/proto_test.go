@@ -120,7 +120,7 @@ end
 -- for this request; checked on a real prepare so that a case cannot pass
 -- on the other path.
 function _M.format(f)
-    local proto = qrpc.proto
+    local proto = require "resty.ffi.qrpc.proto" -- the test hooks (request_format) live there
     if not proto.request_format(f) then
         return false
     end
@@ -354,7 +354,7 @@ func TestProtobuf(t *testing.T) {
                 -- (QRPC_F_LUA_TABLE); they must read as the JSON reads
                 -- (cjson, or the module's decoder where there is no cjson)
                 local p = require "pbt"
-                local proto = require("resty.ffi.qrpc").proto
+                local proto = require "resty.ffi.qrpc.proto"
                 local json = require "resty.ffi.qrpc.json"
                 local has_sbuf, sbuf = pcall(require, "string.buffer")
                 local conn = assert(p.conn())
@@ -406,7 +406,7 @@ func TestProtobuf(t *testing.T) {
                 --   the reply's decode included (kept out of the JIT as
                 --   well, it cost 1.5-2 us more per call).
                 local p = require "pbt"
-                local proto = require("resty.ffi.qrpc").proto
+                local proto = require "resty.ffi.qrpc.proto"
                 local conn = assert(p.conn())
                 local traceerr = require("jit.vmdef").traceerr
                 local never = {}
@@ -450,7 +450,7 @@ func TestProtobuf(t *testing.T) {
                 -- the same tables through both request paths: the same
                 -- answer, or the same error, and the expected one
                 local p = require "pbt"
-                local proto = require("resty.ffi.qrpc").proto
+                local proto = require "resty.ffi.qrpc.proto"
                 local json = require "resty.ffi.qrpc.json"
                 local ok_cjson, cjson = pcall(require, "cjson.safe")
                 local conn = assert(p.conn())
@@ -706,7 +706,7 @@ func TestProtobufWithoutStringBuffer(t *testing.T) {
 		Extra:     map[string]string{"pb_addr": srv.addr, "proto_dir": dir},
 		Server: loc("/t", `
                 local p = require "pbt"
-                local proto = require("resty.ffi.qrpc").proto
+                local proto = require "resty.ffi.qrpc.proto"
                 local out = {}
                 if pcall(require, "string.buffer") then out[#out + 1] = "string.buffer still loads" end
                 if proto.request_format("buffer") then out[#out + 1] = "buffer format available" end

@@ -69,7 +69,7 @@ end
 -- Table mode with the request table sent as JSON (json.lua, then JSON →
 -- protobuf in Go): the path before string.buffer, and the one without it.
 local function table_json_req_loop(conn, st, n)
-    local proto = qrpc.proto
+    local proto = require "resty.ffi.qrpc.proto" -- the test hooks (request_format) live there
     assert(proto.request_format("json"))
     local errs = table_loop(conn, st, n)
     proto.request_format("buffer")

@@ -33,7 +33,6 @@ var (
 	luaCommentRe = regexp.MustCompile(`--[^\n]*`)
 	tableKeyRe   = regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*=`)
 	publicFuncRe = regexp.MustCompile(`(?m)^function _M\.([a-z][a-z0-9_]*)\s*\(`)
-	publicVarRe  = regexp.MustCompile(`(?m)^_M\.([a-z][a-z0-9_]*)\s*=`)
 )
 
 // tableKeys returns the keys of the Lua table `NAME = { ... }` in src.
@@ -74,7 +73,7 @@ func tableKeys(src, name string) ([]string, error) {
 // Names are the documented surface the code defines.
 type Names struct {
 	Functions []string // qrpc.X and conn methods
-	Proto     []string // qrpc.proto.X
+	Proto     []string // qrpc.proto.X (the facade table in qrpc.lua)
 	Options   []string // connect, call, configure and pool options
 }
 
@@ -96,17 +95,11 @@ func ReadNames(root string) (Names, error) {
 	if len(n.Functions) == 0 {
 		return n, fmt.Errorf("lua/resty/ffi/qrpc.lua: no public function found (function _M.name)")
 	}
-	proto, err := read("lua/resty/ffi/qrpc/proto.lua")
+	// qrpc.proto is a facade table in qrpc.lua: its keys are the public
+	// part of resty.ffi.qrpc.proto.
+	n.Proto, err = tableKeys(qrpc, "proto")
 	if err != nil {
-		return n, err
-	}
-	for _, re := range []*regexp.Regexp{publicFuncRe, publicVarRe} {
-		for _, m := range re.FindAllStringSubmatch(proto, -1) {
-			n.Proto = append(n.Proto, m[1])
-		}
-	}
-	if len(n.Proto) == 0 {
-		return n, fmt.Errorf("lua/resty/ffi/qrpc/proto.lua: no public function found")
+		return n, fmt.Errorf("lua/resty/ffi/qrpc.lua: %v: qrpc.proto's functions are read from it", err)
 	}
 	for _, s := range optionSources {
 		src, err := read(s.file)

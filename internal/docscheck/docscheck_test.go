@@ -130,6 +130,12 @@ local call_opts = {
     timeout = true, headers = true,
 }
 local configure_opts = { host = true, lib = true }
+local _M = {
+    proto = {
+        load = proto.load,
+        empty_array = proto.empty_array,
+    },
+}
 function _M.connect(addr, opts) end
 function _M.unary(self, method) end
 function _M._echo(body) end
@@ -144,18 +150,12 @@ local _M = {
 local function f(health) return health.failures end
 `
 
-const luaProto = `
-function _M.load(path) end
-_M.empty_array = {}
-`
-
 func apiTree(t *testing.T, api, proto string) string {
 	return tree(t, map[string]string{
-		"lua/resty/ffi/qrpc.lua":       luaQrpc,
-		"lua/resty/ffi/qrpc/pool.lua":  luaPool,
-		"lua/resty/ffi/qrpc/proto.lua": luaProto,
-		"docs/api.md":                  api,
-		"docs/protobuf.md":             proto,
+		"lua/resty/ffi/qrpc.lua":      luaQrpc,
+		"lua/resty/ffi/qrpc/pool.lua": luaPool,
+		"docs/api.md":                 api,
+		"docs/protobuf.md":            proto,
 	})
 }
 
@@ -191,11 +191,10 @@ func TestAPI(t *testing.T) {
 	}
 	// The options' table renamed: the check says so instead of passing.
 	root = tree(t, map[string]string{
-		"lua/resty/ffi/qrpc.lua":       strings.Replace(luaQrpc, "known_opts", "connect_options", 1),
-		"lua/resty/ffi/qrpc/pool.lua":  luaPool,
-		"lua/resty/ffi/qrpc/proto.lua": luaProto,
-		"docs/api.md":                  api,
-		"docs/protobuf.md":             proto,
+		"lua/resty/ffi/qrpc.lua":      strings.Replace(luaQrpc, "known_opts", "connect_options", 1),
+		"lua/resty/ffi/qrpc/pool.lua": luaPool,
+		"docs/api.md":                 api,
+		"docs/protobuf.md":            proto,
 	})
 	if p := API(root); len(p) != 1 || !strings.Contains(p[0].Msg, `no table "known_opts"`) {
 		t.Errorf("renamed option table: %v", p)

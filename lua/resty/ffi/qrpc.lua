@@ -182,7 +182,17 @@ local yieldable = {
 }
 
 
-local _M = { _VERSION = "0.1.0", proto = proto }
+-- qrpc.proto is what applications use of resty.ffi.qrpc.proto; the rest
+-- of that module (the loader's hooks, the call plumbing, the test hooks)
+-- is the library's own.
+local _M = {
+    _VERSION = "0.1.0",
+    proto = {
+        load = proto.load,
+        load_descriptor_set = proto.load_descriptor_set,
+        empty_array = proto.empty_array,
+    },
+}
 local mt = { __index = _M }
 cache.init(mt)
 
