@@ -118,7 +118,7 @@ lint:
 # those suites on it.
 THIRDPARTY     ?=
 QRPC_BUILD_DIR ?= $(CURDIR)/.build
-FLAVOUR_SUITES := ./internal/ngxtest/ ./nginx/ ./rockspec/ ./demo/
+FLAVOUR_SUITES := ./internal/ngxtest/ ./nginx/ ./rockspec/ ./demo/ ./examples/
 export THIRDPARTY
 
 .PHONY: test-openresty test-resty-ffi nginx-openresty nginx-resty-ffi

@@ -63,6 +63,7 @@ func TestDemoUpAndDown(t *testing.T) {
 		t.Fatalf("up does not say which nginx it started:\n%s", out)
 	}
 	nginx := m[1]
+	checkReadmeTranscript(t, root, filepath.Join(dir, "run"), out)
 
 	// The same binary by path, in the variable and in the older NGINX,
 	// which nginx itself reads (inherited sockets): given a path there,
@@ -187,4 +188,50 @@ func readPid(t *testing.T, file string) int {
 		t.Fatalf("%s: bad pid %q", file, b)
 	}
 	return pid
+}
+
+// checkReadmeTranscript compares the transcript README.md shows between
+// its demo-output markers with what the demo printed. Only what differs
+// from machine to machine is masked: the addresses (the README shows the
+// defaults), the nginx binary and the run directory.
+func checkReadmeTranscript(t *testing.T, root, run, out string) {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const begin, end = "<!-- demo-output:begin -->\n```\n", "```\n<!-- demo-output:end -->"
+	i, j := strings.Index(string(readme), begin), strings.Index(string(readme), end)
+	if i < 0 || j < i {
+		t.Fatalf("README.md has no transcript between %q and %q", strings.TrimSpace(begin), end)
+	}
+	want := string(readme[i+len(begin) : j])
+
+	m := regexp.MustCompile(`==> starting the demo qrpc server \(udp (\S+) TLS, udp (\S+) mTLS\)`).FindStringSubmatch(out)
+	n := regexp.MustCompile(`==> starting nginx \((/\S+), http://(\S+)\)`).FindStringSubmatch(out)
+	if m == nil || n == nil {
+		t.Fatalf("the demo's output lacks its starting lines:\n%s", out)
+	}
+	got := out[strings.Index(out, m[0]):]
+	got = strings.NewReplacer(
+		run, "/path/to/lua-resty-ffi-qrpc/demo/run",
+		n[1]+",", "/usr/sbin/nginx,",
+		m[1], "127.0.0.1:8443",
+		m[2], "127.0.0.1:8444",
+		n[2], "127.0.0.1:8080",
+	).Replace(got)
+	wl, gl := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for k := 0; k < len(wl) || k < len(gl); k++ {
+		var w, g string
+		if k < len(wl) {
+			w = wl[k]
+		}
+		if k < len(gl) {
+			g = gl[k]
+		}
+		if w != g {
+			t.Errorf("README.md's demo transcript differs from what the demo prints, line %d:\nREADME: %q\ndemo:   %q\n(the demo printed, masked:)\n%s", k+1, w, g, got)
+			return
+		}
+	}
 }

@@ -1,0 +1,414 @@
+// Package examples runs every nginx.conf of this directory against the
+// demo qrpc server, as a user would after replacing its placeholders, and
+// checks each request the file documents with "# try:".
+package examples
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+)
+
+// A documented request: "# try: curl ..." and the lines after it.
+type try struct {
+	line     int
+	method   string
+	url      string
+	headers  [][2]string
+	body     string
+	status   int
+	expect   string   // the answer's first line
+	contains []string // lines that must be somewhere in the answer
+}
+
+var wordRe = regexp.MustCompile(`'[^']*'|\S+`)
+
+// parseTries reads the "# try:", "# expect:", "# status:" and
+// "# contains:" lines of an example.
+func parseTries(t *testing.T, name, text string) []*try {
+	t.Helper()
+	var out []*try
+	for i, line := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(line, "# try: "):
+			tr := &try{line: i + 1, method: "GET", status: 200}
+			words := wordRe.FindAllString(strings.TrimPrefix(line, "# try: "), -1)
+			if len(words) == 0 || words[0] != "curl" {
+				t.Fatalf("%s:%d: a try is a curl command", name, i+1)
+			}
+			for j := 1; j < len(words); j++ {
+				w := strings.Trim(words[j], "'")
+				switch words[j] {
+				case "-s":
+				case "-H":
+					j++
+					k, v, _ := strings.Cut(strings.Trim(words[j], "'"), ":")
+					tr.headers = append(tr.headers, [2]string{k, strings.TrimSpace(v)})
+				case "--data-binary":
+					j++
+					tr.method, tr.body = "POST", strings.Trim(words[j], "'")
+				default:
+					if !strings.HasPrefix(w, "http://") {
+						t.Fatalf("%s:%d: curl argument %q is not understood by the test", name, i+1, w)
+					}
+					tr.url = w
+				}
+			}
+			out = append(out, tr)
+		case len(out) == 0:
+		case strings.HasPrefix(line, "# expect: "):
+			out[len(out)-1].expect = strings.TrimPrefix(line, "# expect: ")
+		case strings.HasPrefix(line, "# status: "):
+			n, err := strconv.Atoi(strings.TrimPrefix(line, "# status: "))
+			if err != nil {
+				t.Fatalf("%s:%d: %v", name, i+1, err)
+			}
+			out[len(out)-1].status = n
+		case strings.HasPrefix(line, "# contains: "):
+			out[len(out)-1].contains = append(out[len(out)-1].contains, strings.TrimPrefix(line, "# contains: "))
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s documents no request (# try:)", name)
+	}
+	for _, tr := range out {
+		if tr.expect == "" {
+			t.Fatalf("%s:%d: a try without # expect:", name, tr.line)
+		}
+	}
+	return out
+}
+
+// setup is what every example runs against: the demo server (two, on
+// 127.0.0.1 and 127.0.0.2, for the pool), a DNS server naming both, and a
+// directory laid out as a checkout.
+type setup struct {
+	ng      *ngxtest.Nginx
+	root    string // the repository
+	co      string // the stand-in checkout: lua/, libffi_qrpc.so, demo/
+	addr    string // the demo server, 127.0.0.1:port
+	port    int    // its port, also on 127.0.0.2
+	dnsName string
+	dns     *dnstest.Server
+}
+
+func openUp(t *testing.T, dir string) {
+	// nginx workers drop to www-data/nobody when the test runs as root.
+	for d := dir; d != os.TempDir() && d != "/" && d != "."; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func newSetup(t *testing.T) *setup {
+	t.Helper()
+	ng, err := ngxtest.Find()
+	if err != nil {
+		t.Skip("no nginx with Lua here:", err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &setup{ng: ng, root: root, co: filepath.Join(t.TempDir(), "checkout")}
+	for _, d := range []string{"demo/run/certs", "lua"} {
+		if err := os.MkdirAll(filepath.Join(s.co, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openUp(t, s.co)
+	// The module, with the library beside its Lua root (OpenResty's
+	// layout) and in the checkout's root.
+	if err := exec.Command("cp", "-r", filepath.Join(root, "lua", "resty"), filepath.Join(s.co, "lua")).Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "demo", "proto"), filepath.Join(s.co, "demo", "proto")); err != nil {
+		t.Fatal(err)
+	}
+	lib := library(t, root)
+	for _, dst := range []string{filepath.Join(s.co, "libffi_qrpc.so"), filepath.Join(s.co, "lua", "libffi_qrpc.so")} {
+		if out, err := exec.Command("cp", lib, dst).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+	}
+
+	bin := filepath.Join(t.TempDir(), "qrpc-demo")
+	goBuild(t, root, "-o", bin, "./demo/server")
+	s.port = ngxtest.FreePort(t)
+	s.addr = fmt.Sprintf("127.0.0.1:%d", s.port)
+	certs := filepath.Join(s.co, "demo", "run", "certs")
+	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
+		startServer(t, bin, fmt.Sprintf("%s:%d", ip, s.port), fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t)), certs)
+	}
+	s.dnsName = "qrpc.examples.test"
+	s.dns = dnstest.Start(t, s.dnsName+".")
+	s.dns.Set("127.0.0.1", "127.0.0.2")
+	return s
+}
+
+// library is the libffi_qrpc.so the tests load: QRPC_TEST_LIB (the flavour
+// targets pass it), the checkout's (make test builds it first), or one
+// built here.
+func library(t *testing.T, root string) string {
+	if lib := os.Getenv("QRPC_TEST_LIB"); lib != "" {
+		return lib
+	}
+	if lib := filepath.Join(root, "libffi_qrpc.so"); fileExists(lib) {
+		return lib
+	}
+	lib := filepath.Join(t.TempDir(), "libffi_qrpc.so")
+	goBuild(t, root, "-buildmode=c-shared", "-o", lib, "./ffi")
+	return lib
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func goBuild(t *testing.T, root string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"build", "-trimpath"}, args...)...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %v: %v\n%s", args, err, out)
+	}
+}
+
+// startServer runs the demo server until the test ends.
+func startServer(t *testing.T, bin, addr, mtls, certs string) {
+	t.Helper()
+	ready := filepath.Join(t.TempDir(), "ready")
+	cmd := exec.Command(bin, "-addr", addr, "-mtls-addr", mtls, "-certs-dir", certs, "-ready-file", ready)
+	log := filepath.Join(t.TempDir(), "server.log")
+	fh, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = fh, fh
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = fh.Close()
+	})
+	for i := 0; i < 300 && !fileExists(ready); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !fileExists(ready) {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("the demo server on %s did not get ready:\n%s", addr, b)
+	}
+}
+
+// render replaces the placeholders the example documents and returns
+// the config and the port nginx listens on.
+func (s *setup) render(t *testing.T, text string) (string, int) {
+	port := ngxtest.FreePort(t)
+	var b strings.Builder
+	b.WriteString(s.ng.MainConf())
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "load_module ") {
+			continue // the build's own come first
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	conf := b.String()
+	pkg := regexp.MustCompile(`lua_package_path "([^"]*);;";`)
+	conf = pkg.ReplaceAllStringFunc(conf, func(m string) string {
+		first := pkg.FindStringSubmatch(m)[1]
+		return `lua_package_path "` + s.ng.PackagePath(first) + `";`
+	})
+	r := strings.NewReplacer(
+		"/path/to/lua-resty-ffi-qrpc", s.co,
+		"/usr/local/openresty/site/lualib", filepath.Join(s.co, "lua"),
+		"/etc/qrpc/ca.pem", filepath.Join(s.co, "demo", "run", "certs", "ca.pem"),
+		"qrpc.example.internal:8443", fmt.Sprintf("%s:%d", s.dnsName, s.port),
+		"127.0.0.53:53", s.dns.Addr,
+		"127.0.0.1:8443", s.addr,
+		"listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", port),
+	)
+	return r.Replace(conf), port
+}
+
+// nginx runs conf until the test ends; it returns the error log's path.
+func (s *setup) nginx(t *testing.T, conf string, port int) string {
+	t.Helper()
+	prefix := t.TempDir()
+	// a build with its own prefix writes logs/ under -p
+	if err := os.MkdirAll(filepath.Join(prefix, "logs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	openUp(t, prefix)
+	confPath := filepath.Join(prefix, "nginx.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errLog := filepath.Join(prefix, "error.log")
+	pidFile := filepath.Join(prefix, "nginx.pid")
+	args := []string{"-p", prefix, "-c", confPath, "-e", errLog, "-g", "pid " + pidFile + ";"}
+	if out, err := s.ng.Command(args...).CombinedOutput(); err != nil {
+		b, _ := os.ReadFile(errLog)
+		t.Fatalf("nginx: %v\n%s\n%s\nconfig:\n%s", err, out, b, conf)
+	}
+	pid := 0
+	t.Cleanup(func() {
+		if pid == 0 {
+			return
+		}
+		_ = syscall.Kill(pid, syscall.SIGQUIT)
+		for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if syscall.Kill(pid, 0) == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("nginx %d did not quit within 10 s", pid)
+		}
+	})
+	for i := 0; i < 100; i++ {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pid == 0 {
+		t.Fatal("nginx wrote no pid file")
+	}
+	for i := 0; i < 100; i++ {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			_ = c.Close()
+			return errLog
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("nginx does not listen on %d", port)
+	return ""
+}
+
+func (tr *try) do(t *testing.T, port int) (int, string) {
+	t.Helper()
+	url := strings.Replace(tr.url, "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, tr.method, url, strings.NewReader(tr.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range tr.headers {
+		req.Header.Set(h[0], h[1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("line %d: %v", tr.line, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func hasLine(body, want string) bool {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 1<<16), 1<<22)
+	for sc.Scan() {
+		if sc.Text() == want {
+			return true
+		}
+	}
+	return false
+}
+
+var badLog = regexp.MustCompile(`\[(error|alert|crit|emerg)\]`)
+
+func TestExamples(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nginx and the demo server")
+	}
+	s := newSetup(t)
+	files, err := filepath.Glob("*.conf")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples: %v", err)
+	}
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tries := parseTries(t, f, string(b))
+			for _, tr := range tries {
+				tr.expect = strings.ReplaceAll(tr.expect, "127.0.0.1:8443", s.addr)
+				for i, c := range tr.contains {
+					tr.contains[i] = strings.ReplaceAll(c, "127.0.0.1:8443", s.addr)
+				}
+			}
+			conf, port := s.render(t, string(b))
+			errLog := s.nginx(t, conf, port)
+			for _, tr := range tries {
+				// A "contains" line may wait for the workers' metrics
+				// flush (once a second): asked again, 20 times at most.
+				for attempt := 0; ; attempt++ {
+					status, body := tr.do(t, port)
+					first, _, _ := strings.Cut(body, "\n")
+					missing := ""
+					for _, c := range tr.contains {
+						if !hasLine(body, c) {
+							missing = c
+						}
+					}
+					if status == tr.status && first == tr.expect && missing == "" {
+						break
+					}
+					if missing == "" || attempt == 20 {
+						t.Errorf("%s:%d: %s %s: got %d %q, want %d %q (and the line %q)",
+							f, tr.line, tr.method, tr.url, status, body, tr.status, tr.expect, missing)
+						break
+					}
+					time.Sleep(250 * time.Millisecond)
+				}
+			}
+			logs, _ := os.ReadFile(errLog)
+			for _, line := range strings.Split(string(logs), "\n") {
+				if badLog.MatchString(line) {
+					t.Errorf("error.log: %s", line)
+				}
+			}
+		})
+	}
+}
+
+// The test reads the documented requests the way the README describes
+// them; a try it cannot read fails instead of being skipped.
+func TestParseTries(t *testing.T) {
+	tries := parseTries(t, "x.conf", "# try: curl -s -H 'Content-Type: application/json' --data-binary '{\"a\":1}' 'http://127.0.0.1:8080/v1/x'\n"+
+		"# status: 400\n# expect: {\"error\":\"e\"}\n# contains: line two\n")
+	tr := tries[0]
+	if tr.method != "POST" || tr.body != `{"a":1}` || tr.url != "http://127.0.0.1:8080/v1/x" || tr.status != 400 ||
+		tr.expect != `{"error":"e"}` || len(tr.contains) != 1 || len(tr.headers) != 1 || tr.headers[0][0] != "Content-Type" {
+		t.Fatalf("%+v", tr)
+	}
+}
