@@ -250,7 +250,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	} else if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
 		return fail(conn, err)
 	}
-	s := &session{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{})}
+	s := &session{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{}), confirmed: confirmed.ch}
 	s.pending.init()
 	s.deadlines.init(s.expire)
 	s.nextID.Store(rand.Uint64() >> 1)
@@ -549,6 +549,9 @@ type session struct {
 	// refusal is the DialError of a connection the server refused after
 	// the client's handshake (TLS 1.3 client certificate); set before dead.
 	refusal error
+	// confirmed is closed when the server confirms the handshake (its
+	// NEW_TOKEN, next to HANDSHAKE_DONE).
+	confirmed <-chan struct{}
 }
 
 // errStreamGone: the stream picked for a frame broke before the frame was
@@ -739,6 +742,9 @@ func (s *session) fail(err error) {
 		case refusedBy(err):
 			callErr = classifyDialError(s.c.addr, err)
 			s.refusal = callErr
+		case s.droppedUnconfirmed(err):
+			callErr = &DialError{Addr: s.c.addr, Reason: ReasonTLSFailed, Err: err}
+			s.refusal = callErr
 		default:
 			callErr = fmt.Errorf("%w: %w", ErrConnLost, err)
 		}
@@ -776,6 +782,24 @@ func closeTransport(tr *quic.Transport, sock *udpSocket) {
 func refusedBy(err error) bool {
 	var tErr *quic.TransportError
 	return errors.As(err, &tErr) && tErr.Remote && tErr.ErrorCode.IsCryptoError()
+}
+
+// droppedUnconfirmed reports a connection that the server forgot before
+// it confirmed the handshake or answered anything: a stateless reset then
+// means the server ended the handshake (it refused the connection, and its
+// alert was lost or overtaken by the client's next packet), so the
+// connection was never up and the failure is the dial's, not a loss.
+func (s *session) droppedUnconfirmed(err error) bool {
+	var reset *quic.StatelessResetError
+	if !errors.As(err, &reset) || s.maxAnswered.Load() != 0 {
+		return false
+	}
+	select {
+	case <-s.confirmed:
+		return false
+	default:
+		return true
+	}
 }
 
 // connLevel reports whether err from a stream is really the connection's

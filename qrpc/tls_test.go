@@ -246,9 +246,13 @@ func TestMutualTLS(t *testing.T) {
 }
 
 // TestLateClientCertRejection: with TLS 1.3 the server judges the client
-// certificate after the client has finished its handshake, so its alert can
-// reach a call rather than Dial. The call must still say why the connection
-// was refused (connect: ...), not that it was lost.
+// certificate after the client has finished its handshake, so its verdict
+// can reach a call rather than Dial. The call must still fail as a refused
+// dial (connect: ...), never as a lost connection: with the server's alert
+// when it arrives first (the reason names the certificate), or with the
+// stateless reset the server answers the call's packet with once it has
+// dropped the connection (a loaded machine: the alert is overtaken), which
+// is a handshake failure.
 func TestLateClientCertRejection(t *testing.T) {
 	checkGoroutines(t)
 	ca := newCA(t, "late ca")
@@ -257,7 +261,8 @@ func TestLateClientCertRejection(t *testing.T) {
 	defer qrpc.SkipConfirmationForTest()()
 	for i := 0; i < 5; i++ {
 		err := dialOnce(addr, &qrpc.Config{CAPEM: ca.CertPEM})
-		if got := dialReason(t, err); got != "client certificate required by server" {
+		got := dialReason(t, err)
+		if got != "client certificate required by server" && got != "tls handshake failed" {
 			t.Fatalf("try %d: reason %q (%v)", i, got, err)
 		}
 	}
