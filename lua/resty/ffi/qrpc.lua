@@ -1,108 +1,17 @@
 -- resty.ffi.qrpc: a qrpc (RPC over QUIC) client for OpenResty / nginx Lua.
 --
--- The protocol runs in Go, in libffi_qrpc.so, inside the nginx worker. This
--- module hands work to it through the C ABI in ffi/qrpc.h, with one of two
--- hosts:
---   "builtin"   stock ngx_lua only: qrpc_submit, a per-worker completion
---               queue, a unix-socket wake-up read by one background light
---               thread (the dispatcher), one ngx.semaphore per waiting call;
---   "resty_ffi" lua-resty-ffi's ngx.load_ffi runtime (a rebuilt nginx):
---               connect, unary and _echo go through its task queue; event,
---               close and stats still call qrpc_submit/qrpc_stats directly
---               (they never wait), and Go's log lines still come through
---               the dispatcher.
+-- The reference of every function, option and error is docs/api.md; how
+-- the pieces fit is docs/design.md. This file is the public API and its
+-- argument checks. Nothing here throws because of what a caller passed
+-- in: misuse returns nil, "bad argument #N: ...", failures nil and a short
+-- stable string. The rest is under resty/ffi/qrpc/: cdef (the C ABI and the
+-- command and result codec), loader (finding and loading the library),
+-- builtin (the built-in host and its dispatcher), resty_ffi (the
+-- lua-resty-ffi host), cache and pool (connections and pools), proto and
+-- json (protobuf messages), metrics and propagate.
 --
---   local qrpc = require "resty.ffi.qrpc"
---   local conn, err = qrpc.connect("127.0.0.1:8081", { ca = pem, timeout = 3000 })
---   local res, err = conn:unary("greet", body, { headers = { ["x-id"] = "7" } })
---   -- res.code (number), res.body (string), res.headers ({ name = value })
---   local ok, err = conn:event("notify", body)
---
--- API
---   qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
---       Before the first call (any phase, init_by_lua included). Omitted
---       fields take their defaults: host: "resty_ffi" when ngx.load_ffi
---       exists and loads the library, else "builtin"; lib: searched (the
---       Lua root of this file and its parent, PREFIX/lib for a
---       PREFIX/share/lua/5.1 install, package.cpath, /usr/local/lib,
---       /usr/local/openresty/lualib, then the dynamic linker's path);
---       socket_dir: "/tmp" (where the worker creates its wake-up socket).
---       metrics_dict: a lua_shared_dict where workers add up their
---       metrics (Lua-side; may be set at any time, alone).
---       metrics: false = connections dialled from then on are not
---       recorded in qrpc.metrics() (default true; any time, alone).
---   qrpc.metrics()                -> Prometheus text (all workers with
---       metrics_dict, else this worker)
---   qrpc.init_worker()            optional, in init_worker_by_lua: load now
---   qrpc.connect(addr, opts?)     -> conn; yields while dialling. The same
---       addr + opts in one worker return the same connection (concurrent
---       callers share one dial); a ready one is returned in any phase,
---       which is how log_by_lua and filters get one. opts:
---         server_name  SNI and verified name (default: host part of addr)
---         ca           PEM roots replacing the system's
---         cert, key    PEM client certificate for mTLS (both or neither)
---         pins         { sha256-of-SPKI, ... } as 64 hex digits or base64
---                      ("sha256//" prefix allowed), checked after the chain
---         insecure     true to skip verification (default false)
---         conns        QUIC connections, 1..64 (default 1)
---         streams      streams per connection, 1..1024 (default 32)
---         stream_batch consecutive calls per stream before the next one
---                      takes over, 1..1024 (default 16; 1 = round robin)
---         timeout      ms: dial timeout and default call timeout (5000)
---         idle_timeout ms (Go's default 30000)
---         max_frame_size bytes, 64..1 GiB (default 16 MiB): the whole
---                      request frame (body, method, headers) must fit
---         propagate    { "traceparent", ... }: request headers copied
---                      into every call's headers unless set (not in timers)
---   conn:unary(method, body?, opts?) -> res; yields (rewrite, access,
---       content, timer, ssl_* phases). opts: headers ({ name = value },
---       numbers allowed; duplicate names in a response: the last wins),
---       timeout (ms, 0 = the connection's). Go enforces the deadline; Lua
---       waits 1 s longer before giving up on its own.
---   conn:event(method, body?, opts?) -> true; never yields, any worker
---       phase. opts: headers.
---   qrpc.proto.load(path, { import_paths }), qrpc.proto.load_descriptor_set(b)
---       protobuf schemas; then unary/event take opts.request, .response,
---       .json, .discard_unknown, .proto_names and connect takes methods =
---       { Name = { request = ..., response = ... } } (resty/ffi/qrpc/proto.lua)
---   conn:close() -> true (also on a closed conn); conn:stats() -> { inflight,
---       calls, events, dropped, reconnects, queued }; qrpc.stats() -> the
---       worker's totals plus loaded, host, lib, waiting, dispatcher,
---       connections.
---
--- Error rule. Nothing here throws because of what a caller passed in: every
--- function returns nil plus an error string. Misuse gives
--- "bad argument #N: <what>", where N counts arguments as in a plain call with
--- the connection as #1: conn:unary(method, body, opts) is unary(conn #1,
--- method #2, body #3, opts #4); qrpc.connect(addr #1, opts #2). Failures at
--- run time give short, stable strings:
---   "timeout"                      the call's deadline passed
---   "closed"                       the connection (or the runtime) is closed
---   "queue full"                   event refused, counted as a drop
---   "connect: <reason>"            dialling or the TLS handshake failed
---   "unavailable: <reason>"        connection lost, re-dialling in background
---   "connection lost: <reason>"    the connection died with the call in flight
---   "too large: <what>"            the request does not fit in one frame
---   "qrpc: <what>"                 anything else (library not found, phase, ...)
--- A response with a non-zero code is an answer, not an error.
---
--- A call whose light thread is killed, or whose request the client aborts
--- (with lua_check_client_abort on), is cancelled in Go within about a
--- second on the built-in host; otherwise, and always on the lua-resty-ffi
--- host (which tells nobody of an aborted task), the server's answer or the
--- call's deadline frees it.
---
--- The library is never loaded in the nginx master: a Go runtime does not
--- survive fork(). Requiring this module in init_by_lua loads nothing; it is
--- loaded on first use in a worker. http subsystem only, one Lua VM per
--- worker (the wake-up socket and the completion queue are per process).
---
--- Modules: this file is the public API and its argument checks; the rest
--- is under resty/ffi/qrpc/: cdef (the C declarations and the command and
--- result codec), loader (finding and loading the library, signal
--- masking), builtin (the built-in host and its dispatcher), resty_ffi (the
--- lua-resty-ffi host), cache (the worker's connection cache), proto and
--- json (protobuf messages).
+-- The library is never loaded in the nginx master (a Go runtime does not
+-- survive fork()): requiring this module in init_by_lua loads nothing.
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
