@@ -1,7 +1,7 @@
 /*
  * libffi_qrpc.so: the C ABI between Lua (LuaJIT FFI) and the Go runtime.
  *
- * This header is the contract. lua/resty/ffi/qrpc/cdef.lua declares the same
+ * This header is the contract. lua/resty/ffi/qrpc/abi.lua declares the same
  * types and functions in ffi.cdef (keep them in sync: a test compares them).
  * All integers are native-endian (the library and nginx share a process).
  *

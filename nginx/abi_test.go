@@ -9,7 +9,7 @@ import (
 )
 
 // TestLuaCdefMatchesHeader compares the ffi.cdef of
-// lua/resty/ffi/qrpc/cdef.lua with ffi/qrpc.h: the same structs field by
+// lua/resty/ffi/qrpc/abi.lua with ffi/qrpc.h: the same structs field by
 // field, the same prototypes, the same constant values. A drift there is silent memory corruption.
 func TestLuaCdefMatchesHeader(t *testing.T) {
 	root, err := filepath.Abs("..")
@@ -20,7 +20,7 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	luaSrc, err := os.ReadFile(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "cdef.lua"))
+	luaSrc, err := os.ReadFile(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "abi.lua"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,16 +34,16 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 	for name, fields := range hs {
 		lf, ok := ls[name]
 		if !ok {
-			t.Errorf("cdef.lua does not declare %s", name)
+			t.Errorf("abi.lua does not declare %s", name)
 			continue
 		}
 		if strings.Join(fields, "; ") != strings.Join(lf, "; ") {
-			t.Errorf("%s differs:\nqrpc.h:   %s\ncdef.lua: %s", name, strings.Join(fields, "; "), strings.Join(lf, "; "))
+			t.Errorf("%s differs:\nqrpc.h:   %s\nabi.lua:  %s", name, strings.Join(fields, "; "), strings.Join(lf, "; "))
 		}
 	}
 	for name := range ls {
 		if _, ok := hs[name]; !ok {
-			t.Errorf("cdef.lua declares %s, which qrpc.h does not have", name)
+			t.Errorf("abi.lua declares %s, which qrpc.h does not have", name)
 		}
 	}
 
@@ -53,21 +53,21 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 			continue // lua-resty-ffi declares and calls it, not this module
 		}
 		if lp, ok := lfn[name]; !ok {
-			t.Errorf("cdef.lua does not declare %s", name)
+			t.Errorf("abi.lua does not declare %s", name)
 		} else if lp != proto {
-			t.Errorf("%s differs:\nqrpc.h:   %s\ncdef.lua: %s", name, proto, lp)
+			t.Errorf("%s differs:\nqrpc.h:   %s\nabi.lua:  %s", name, proto, lp)
 		}
 	}
 	for name := range lfn {
 		if _, ok := hf[name]; !ok {
-			t.Errorf("cdef.lua declares %s, which qrpc.h does not have", name)
+			t.Errorf("abi.lua declares %s, which qrpc.h does not have", name)
 		}
 	}
 
 	checkConstants(t, root, string(hdrSrc), string(luaSrc))
 }
 
-// checkConstants compares every numeric #define of qrpc.h with cdef.lua's
+// checkConstants compares every numeric #define of qrpc.h with abi.lua's
 // constants, both ways (Lua's OP_X is QRPC_OP_X, F_X is QRPC_F_X,
 // CMD_VERSION is QRPC_CMD_VERSION, QRPC_* keep their names); checks that
 // every error status has its words in status_names, keyed by name; and
@@ -98,21 +98,21 @@ func checkConstants(t *testing.T, root, hdrSrc, luaSrc string) {
 		lv, ok := lua[name]
 		switch {
 		case !ok:
-			t.Errorf("qrpc.h's %s = %s: cdef.lua does not define it", name, v)
+			t.Errorf("qrpc.h's %s = %s: abi.lua does not define it", name, v)
 		case lv != v:
-			t.Errorf("qrpc.h's %s = %s, cdef.lua's = %s", name, v, lv)
+			t.Errorf("qrpc.h's %s = %s, abi.lua's = %s", name, v, lv)
 		}
 	}
 	for name, v := range lua {
 		if _, ok := defs[name]; !ok {
-			t.Errorf("cdef.lua's %s = %s: no such #define in qrpc.h", name, v)
+			t.Errorf("abi.lua's %s = %s: no such #define in qrpc.h", name, v)
 		}
 	}
 
 	// status_names: keyed by the constants' names, one entry per error.
 	i := strings.Index(luaSrc, "local status_names = {")
 	if i < 0 {
-		t.Fatal("cdef.lua: no status_names table")
+		t.Fatal("abi.lua: no status_names table")
 	}
 	body := luaSrc[i:]
 	body = body[:strings.Index(body, "\n}")]
@@ -129,7 +129,7 @@ func checkConstants(t *testing.T, root, hdrSrc, luaSrc string) {
 		}
 	}
 
-	// The other Lua files take the constants from cdef.lua.
+	// The other Lua files take the constants from abi.lua.
 	files, err := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "*.lua"))
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func checkConstants(t *testing.T, root, hdrSrc, luaSrc string) {
 	files = append(files, more...)
 	own := regexp.MustCompile(`(?m)^local ((?:QRPC|OP|F|CMD)_\w+) = -?\d+`)
 	for _, f := range files {
-		if filepath.Base(f) == "cdef.lua" {
+		if filepath.Base(f) == "abi.lua" {
 			continue
 		}
 		b, err := os.ReadFile(f)
@@ -146,7 +146,7 @@ func checkConstants(t *testing.T, root, hdrSrc, luaSrc string) {
 			t.Fatal(err)
 		}
 		for _, m := range own.FindAllStringSubmatch(string(b), -1) {
-			t.Errorf("%s defines %s itself: take it from cdef.lua", filepath.Base(f), m[1])
+			t.Errorf("%s defines %s itself: take it from abi.lua", filepath.Base(f), m[1])
 		}
 	}
 }
@@ -163,12 +163,12 @@ func luaCdef(t *testing.T, src string) string {
 	t.Helper()
 	i := strings.Index(src, "ffi.cdef[[\ntypedef struct")
 	if i < 0 {
-		t.Fatal("cdef.lua: no ffi.cdef[[ typedef struct ... block")
+		t.Fatal("abi.lua: no ffi.cdef[[ typedef struct ... block")
 	}
 	rest := src[i+len("ffi.cdef[["):]
 	j := strings.Index(rest, "]]")
 	if j < 0 {
-		t.Fatal("cdef.lua: unterminated cdef")
+		t.Fatal("abi.lua: unterminated cdef")
 	}
 	return stripC(rest[:j])
 }

@@ -19,7 +19,7 @@ func TestRestyFFIAnchorsEveryPointer(t *testing.T) {
 		Workers: 1,
 		InitByLua: `
         local ffi = require "ffi"
-        local cdef = require "resty.ffi.qrpc.cdef"
+        local abi = require "resty.ffi.qrpc.abi"
         local rf = require "resty.ffi.qrpc.resty_ffi"
         local pinned
         for i = 1, 64 do
@@ -43,7 +43,7 @@ func TestRestyFFIAnchorsEveryPointer(t *testing.T) {
         local rt = {}
         function rt:call(req)
             local c = ffi.cast("const qrpc_cmd_t *", req)
-            if c.op == cdef.OP_CONNECT then
+            if c.op == abi.OP_CONNECT then
                 return true, "\1\0\0\0\0\0\0\0" -- handle 1
             end
             collectgarbage()
@@ -55,7 +55,7 @@ func TestRestyFFIAnchorsEveryPointer(t *testing.T) {
                     missing[#missing + 1] = f
                 end
             end
-            return false, cdef.QRPC_ERR, "unanchored=" .. table.concat(missing, ",")
+            return false, abi.QRPC_ERR, "unanchored=" .. table.concat(missing, ",")
         end
         ngx.load_ffi = function() return rt end
         local qt = require "qtest"

@@ -556,7 +556,7 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
 }
 
 // TestCompletionErrorLosesNothing makes the Lua completion of one call raise
-// (cdef.decode_result patched before the library loads) in the middle of a
+// (abi.decode_result patched before the library loads) in the middle of a
 // batch of 40: the other 39 complete, the failing call gets its error at
 // once instead of its timeout, and the dispatcher's reader keeps running.
 // Before drain caught errors, the batch's later completions were lost (their
@@ -568,9 +568,9 @@ func TestCompletionErrorLosesNothing(t *testing.T) {
 	n := startNginx(t, ngxConf{
 		Workers: 1,
 		InitByLua: `
-        local cdef = require "resty.ffi.qrpc.cdef"
-        local decode = cdef.decode_result
-        cdef.decode_result = function(p, len)
+        local abi = require "resty.ffi.qrpc.abi"
+        local decode = abi.decode_result
+        abi.decode_result = function(p, len)
             local res = decode(p, len)
             if res and res.body:sub(1, 5) == "raise" then
                 error("injected failure")

@@ -4,9 +4,9 @@
 -- the pieces fit is docs/design.md. This file is the public API and its
 -- argument checks. Nothing here throws because of what a caller passed
 -- in: misuse returns nil, "bad argument #N: ...", failures nil and a short
--- stable string. The rest is under resty/ffi/qrpc/: cdef (the C ABI and the
+-- stable string. The rest is under resty/ffi/qrpc/: abi (the C ABI and the
 -- command and result codec), loader (finding and loading the library),
--- builtin (the built-in host and its dispatcher), resty_ffi (the
+-- host_builtin (the built-in host and its dispatcher), resty_ffi (the
 -- lua-resty-ffi host), cache and pool (connections and pools), proto and
 -- json (protobuf messages), metrics and propagate.
 --
@@ -15,9 +15,9 @@
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
-local cdef = require "resty.ffi.qrpc.cdef"
+local abi = require "resty.ffi.qrpc.abi"
 local loader = require "resty.ffi.qrpc.loader"
-local builtin = require "resty.ffi.qrpc.builtin"
+local builtin = require "resty.ffi.qrpc.host_builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local propagate = require "resty.ffi.qrpc.propagate"
@@ -54,18 +54,18 @@ local math_ceil = math.ceil
 local math_huge = math.huge
 local tab_concat = table.concat
 
-local OP_UNARY = cdef.OP_UNARY
-local OP_ECHO = cdef.OP_ECHO
-local OP_PROFILE = cdef.OP_PROFILE
-local QRPC_OK = cdef.QRPC_OK
-local QRPC_ERR_CLOSED = cdef.QRPC_ERR_CLOSED
-local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
+local OP_UNARY = abi.OP_UNARY
+local OP_ECHO = abi.OP_ECHO
+local OP_PROFILE = abi.OP_PROFILE
+local QRPC_OK = abi.QRPC_OK
+local QRPC_ERR_CLOSED = abi.QRPC_ERR_CLOSED
+local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
 local proto_prepare = proto.prepare
 local proto_finish = proto.finish
-local cmd_t = cdef.cmd_t
-local bad = cdef.bad
-local pack_headers = cdef.pack_headers
-local fill_cmd = cdef.fill_cmd
+local cmd_t = abi.cmd_t
+local bad = abi.bad
+local pack_headers = abi.pack_headers
+local fill_cmd = abi.fill_cmd
 local builtin_call = builtin.call
 local builtin_event = builtin.event
 local rf_call = resty_ffi.call
@@ -133,7 +133,7 @@ local function apply_settings()
     if gomaxprocs then
         lines = lines .. "gomaxprocs=" .. gomaxprocs .. "\n"
     end
-    local _, err = builtin.query(cdef.OP_CONFIGURE, 0, lines)
+    local _, err = builtin.query(abi.OP_CONFIGURE, 0, lines)
     if err then
         return nil, "qrpc: configure: " .. err
     end
@@ -775,12 +775,12 @@ function _M.stats(self)
         if loaded then
             -- real QUIC connections, every pool's servers counted
             s.connections = pool.parse_connections(
-                                builtin.query(cdef.OP_PEERS, 0))
+                                builtin.query(abi.OP_PEERS, 0))
         end
         s.pools = cache.count()
         if loaded then
             -- the GOMAXPROCS of this worker's Go runtime
-            local res = builtin.query(cdef.OP_CONFIGURE, 0)
+            local res = builtin.query(abi.OP_CONFIGURE, 0)
             s.gomaxprocs = res and tonumber(res:match("gomaxprocs=(%d+)"))
             -- "lazy" or "go": see loader.lua's set_godebug
             s.sysmon = res and res:match("sysmon=(%a+)")
@@ -804,7 +804,7 @@ function _M.peers(self)
         return nil, err
     end
     local text
-    text, err = builtin.query(cdef.OP_PEERS, self.handle)
+    text, err = builtin.query(abi.OP_PEERS, self.handle)
     if not text then
         if err == "closed" then
             mark_closed(self)

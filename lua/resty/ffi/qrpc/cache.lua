@@ -6,8 +6,8 @@
 
 local ffi = require "ffi"
 local semaphore = require "ngx.semaphore"
-local cdef = require "resty.ffi.qrpc.cdef"
-local builtin = require "resty.ffi.qrpc.builtin"
+local abi = require "resty.ffi.qrpc.abi"
+local builtin = require "resty.ffi.qrpc.host_builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local propagate = require "resty.ffi.qrpc.propagate"
 
@@ -26,12 +26,12 @@ local tab_remove = table.remove
 local tab_sort = table.sort
 local unpack = unpack
 
-local QRPC_OK = cdef.QRPC_OK
-local QRPC_ERR = cdef.QRPC_ERR
-local u64_ptr_t = cdef.u64_ptr_t
-local cstr_t = cdef.cstr_t
-local connect_cmd = cdef.connect_cmd
-local set_opts = cdef.set_opts
+local QRPC_OK = abi.QRPC_OK
+local QRPC_ERR = abi.QRPC_ERR
+local u64_ptr_t = abi.u64_ptr_t
+local cstr_t = abi.cstr_t
+local connect_cmd = abi.connect_cmd
+local set_opts = abi.set_opts
 local close_handle = builtin.close_handle
 local drain = builtin.drain
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S

@@ -7,7 +7,7 @@
 -- returns.
 
 local ffi = require "ffi"
-local cdef = require "resty.ffi.qrpc.cdef"
+local abi = require "resty.ffi.qrpc.abi"
 
 local ffi_new = ffi.new
 local ffi_load = ffi.load
@@ -34,10 +34,10 @@ local tab_concat = table.concat
 local debug_getinfo = debug.getinfo
 local package_cpath = package.cpath
 
-local QRPC_OK = cdef.QRPC_OK
-local errbuf = cdef.errbuf
-local ERRBUF_LEN = cdef.ERRBUF_LEN
-local submit_err = cdef.submit_err
+local QRPC_OK = abi.QRPC_OK
+local errbuf = abi.errbuf
+local ERRBUF_LEN = abi.ERRBUF_LEN
+local submit_err = abi.submit_err
 
 -- Used to keep nginx's process signals away from Go's threads (see
 -- load). pcall: another module may have declared them already.

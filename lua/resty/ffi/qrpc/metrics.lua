@@ -14,7 +14,7 @@
 -- without exiting).
 
 local ffi = require "ffi"
-local cdef = require "resty.ffi.qrpc.cdef"
+local abi = require "resty.ffi.qrpc.abi"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -58,9 +58,9 @@ local lib              -- the loaded library, once init() ran
 local dict_name        -- configure{ metrics_dict }, or nil
 local flushing         -- the flush timer runs
 
-local ERRBUF_LEN = cdef.ERRBUF_LEN
-local OP_METRICS = cdef.OP_METRICS
-local qcmd = ffi_new(cdef.cmd_t)
+local ERRBUF_LEN = abi.ERRBUF_LEN
+local OP_METRICS = abi.OP_METRICS
+local qcmd = ffi_new(abi.cmd_t)
 local out_p = ffi_new("char *[1]")
 local out_len = ffi_new("size_t[1]")
 local errbuf = ffi_new("char[?]", ERRBUF_LEN)
@@ -69,9 +69,9 @@ local errbuf = ffi_new("char[?]", ERRBUF_LEN)
 -- query asks Go for this worker's metrics: what is "" (text format),
 -- "snapshot", or "render" with body (a dump). One synchronous call.
 local function query(what, body)
-    cdef.fill_cmd(qcmd, OP_METRICS, 0, 0, what, body or "", 0, nil, 0, 0)
+    abi.fill_cmd(qcmd, OP_METRICS, 0, 0, what, body or "", 0, nil, 0, 0)
     local rc = lib.qrpc_query(qcmd, out_p, out_len, errbuf, ERRBUF_LEN)
-    if rc ~= cdef.QRPC_OK then
+    if rc ~= abi.QRPC_OK then
         return nil, "qrpc: metrics: " .. ffi_string(errbuf)
     end
     local p = out_p[0]

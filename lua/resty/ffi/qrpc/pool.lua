@@ -4,9 +4,9 @@
 -- conn:peers(). Balancing, health, failover and re-resolution are Go's
 -- (qrpc.Pool), one implementation for both hosts.
 
-local cdef = require "resty.ffi.qrpc.cdef"
+local abi = require "resty.ffi.qrpc.abi"
 
-local bad = cdef.bad
+local bad = abi.bad
 
 local type = type
 local pairs = pairs

@@ -17,7 +17,7 @@
 --   qrpc.connect(addr, { methods = { Method = { request = ..., response = ... } } })
 
 local ffi = require "ffi"
-local cdef = require "resty.ffi.qrpc.cdef"
+local abi = require "resty.ffi.qrpc.abi"
 local json = require "resty.ffi.qrpc.json"
 local json_encode = json.encode
 
@@ -38,13 +38,13 @@ local str_sub = string.sub
 local str_find = string.find
 local tab_concat = table.concat
 
-local bad = cdef.bad
-local QRPC_OK = cdef.QRPC_OK
+local bad = abi.bad
+local QRPC_OK = abi.QRPC_OK
 
-local OP_PROTO_LOAD = cdef.OP_PROTO_LOAD
-local F_DISCARD_UNKNOWN = cdef.F_DISCARD_UNKNOWN
-local F_PROTO_NAMES = cdef.F_PROTO_NAMES
-local F_LUA_TABLE = cdef.F_LUA_TABLE
+local OP_PROTO_LOAD = abi.OP_PROTO_LOAD
+local F_DISCARD_UNKNOWN = abi.F_DISCARD_UNKNOWN
+local F_PROTO_NAMES = abi.F_PROTO_NAMES
+local F_LUA_TABLE = abi.F_LUA_TABLE
 
 -- Replies for Lua tables come from Go in LuaJIT's serialization format
 -- (after a NUL byte) when string.buffer is there (LuaJIT 2.1 since 2021:
@@ -66,7 +66,7 @@ local dbuf = sbuf and sbuf.new()
 -- empty list still reads as []. A table string.buffer cannot encode (a
 -- function or userdata in it, more than 100 levels, a cycle) goes through
 -- json.lua, which says why or encodes it.
-local F_LUA_REQUEST = cdef.F_LUA_REQUEST
+local F_LUA_REQUEST = abi.F_LUA_REQUEST
 local ebuf = sbuf and sbuf.new({ metatable = json.array_mts })
 local use_sbuf = ebuf ~= nil
 
@@ -134,8 +134,8 @@ local out_len = ffi_new("size_t[1]")
 
 -- Runs one load in Go.
 local function query(rec)
-    local cmd = ffi_new(cdef.cmd_t)
-    cmd.version = cdef.CMD_VERSION
+    local cmd = ffi_new(abi.cmd_t)
+    cmd.version = abi.CMD_VERSION
     cmd.op = OP_PROTO_LOAD
     cmd.method = rec.kind
     cmd.method_len = #rec.kind
@@ -145,13 +145,13 @@ local function query(rec)
         cmd.opts = rec.opts
         cmd.opts_len = #rec.opts
     end
-    local rc = lib.qrpc_query(cmd, out_p, out_len, cdef.errbuf, cdef.ERRBUF_LEN)
+    local rc = lib.qrpc_query(cmd, out_p, out_len, abi.errbuf, abi.ERRBUF_LEN)
     if out_p[0] ~= nil then
         lib.qrpc_free(out_p[0])
         out_p[0] = nil
     end
     if rc ~= QRPC_OK then
-        return nil, cdef.submit_err(rc)
+        return nil, abi.submit_err(rc)
     end
     return true
 end

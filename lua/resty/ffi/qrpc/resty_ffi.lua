@@ -4,8 +4,8 @@
 -- operations never wait and use the built-in host's direct calls.
 
 local ffi = require "ffi"
-local cdef = require "resty.ffi.qrpc.cdef"
-local builtin = require "resty.ffi.qrpc.builtin"
+local abi = require "resty.ffi.qrpc.abi"
+local builtin = require "resty.ffi.qrpc.host_builtin"
 
 local ffi_string = ffi.string
 local ffi_cast = ffi.cast
@@ -20,14 +20,14 @@ local tostring = tostring
 local pairs = pairs
 local pcall = pcall
 
-local QRPC_OK = cdef.QRPC_OK
-local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
-local QRPC_ERR = cdef.QRPC_ERR
-local CMD_SIZE = cdef.CMD_SIZE
-local cstr_t = cdef.cstr_t
-local status_err = cdef.status_err
-local decode_result = cdef.decode_result
-local decode_bad_response = cdef.decode_bad_response
+local QRPC_OK = abi.QRPC_OK
+local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
+local QRPC_ERR = abi.QRPC_ERR
+local CMD_SIZE = abi.CMD_SIZE
+local cstr_t = abi.cstr_t
+local status_err = abi.status_err
+local decode_result = abi.decode_result
+local decode_bad_response = abi.decode_bad_response
 
 local SWEEP_EVERY_S = builtin.SWEEP_EVERY_S
 local PIN_GRACE_S = 60

@@ -1,4 +1,4 @@
--- resty.ffi.qrpc.builtin: the built-in host, on stock ngx_lua. Commands go
+-- resty.ffi.qrpc.host_builtin: the built-in host, on stock ngx_lua. Commands go
 -- in through qrpc_submit on the nginx thread; results come back on a
 -- per-worker completion queue, announced by a byte on a unix socket that
 -- one background light thread (the dispatcher) reads, drains and turns
@@ -10,7 +10,7 @@
 
 local ffi = require "ffi"
 local semaphore = require "ngx.semaphore"
-local cdef = require "resty.ffi.qrpc.cdef"
+local abi = require "resty.ffi.qrpc.abi"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -37,27 +37,27 @@ local pcall = pcall
 local math_max = math.max
 local str_match = string.match
 
-local CMD_VERSION = cdef.CMD_VERSION
-local OP_CONNECT = cdef.OP_CONNECT
-local OP_EVENT = cdef.OP_EVENT
-local OP_CLOSE = cdef.OP_CLOSE
-local OP_CANCEL = cdef.OP_CANCEL
-local OP_UNARY = cdef.OP_UNARY
-local QRPC_OK = cdef.QRPC_OK
-local QRPC_PENDING = cdef.QRPC_PENDING
-local QRPC_LOG = cdef.QRPC_LOG
-local QRPC_BAD_RESPONSE = cdef.QRPC_BAD_RESPONSE
-local QRPC_ERR = cdef.QRPC_ERR
-local QRPC_ERR_TIMEOUT = cdef.QRPC_ERR_TIMEOUT
-local cmd_t = cdef.cmd_t
-local char_arr_t = cdef.char_arr_t
-local errbuf = cdef.errbuf
-local ERRBUF_LEN = cdef.ERRBUF_LEN
-local status_err = cdef.status_err
-local submit_err = cdef.submit_err
-local decode_result = cdef.decode_result
-local decode_bad_response = cdef.decode_bad_response
-local fill_cmd = cdef.fill_cmd
+local CMD_VERSION = abi.CMD_VERSION
+local OP_CONNECT = abi.OP_CONNECT
+local OP_EVENT = abi.OP_EVENT
+local OP_CLOSE = abi.OP_CLOSE
+local OP_CANCEL = abi.OP_CANCEL
+local OP_UNARY = abi.OP_UNARY
+local QRPC_OK = abi.QRPC_OK
+local QRPC_PENDING = abi.QRPC_PENDING
+local QRPC_LOG = abi.QRPC_LOG
+local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
+local QRPC_ERR = abi.QRPC_ERR
+local QRPC_ERR_TIMEOUT = abi.QRPC_ERR_TIMEOUT
+local cmd_t = abi.cmd_t
+local char_arr_t = abi.char_arr_t
+local errbuf = abi.errbuf
+local ERRBUF_LEN = abi.ERRBUF_LEN
+local status_err = abi.status_err
+local submit_err = abi.submit_err
+local decode_result = abi.decode_result
+local decode_bad_response = abi.decode_bad_response
+local fill_cmd = abi.fill_cmd
 
 -- How much longer than Go's deadline Lua waits before it gives up on its
 -- own; Go enforces deadlines, this only guards against a lost completion.

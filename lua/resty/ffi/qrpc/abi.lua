@@ -1,4 +1,4 @@
--- resty.ffi.qrpc.cdef: the C ABI of libffi_qrpc.so as LuaJIT sees it, and
+-- resty.ffi.qrpc.abi: the C ABI of libffi_qrpc.so as LuaJIT sees it, and
 -- the codec on both sides of it: building a qrpc_cmd_t, packing headers,
 -- decoding result blobs, turning status codes into error strings.
 --
