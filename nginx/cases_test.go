@@ -295,7 +295,7 @@ func TestUnary(t *testing.T) {
 		{
 			// The built-in host cancels the call in Go within about a
 			// second; lua-resty-ffi tells nobody, so on that host Go runs
-			// it until the server answers (README).
+			// it until the server answers (docs/api.md).
 			name: "unary from a light thread killed while waiting",
 			conf: ngxConf{Workers: 1, Server: loc("/t", connectT+`
                 ngx.update_time()
@@ -1112,7 +1112,7 @@ func TestConnectFailures(t *testing.T) {
                 c, err = qrpc.connect("qrpc-test.invalid:8443", qt.opts({ timeout = 2000 }))
                 ngx.say(tostring(c), " [", err, "]")`)},
 		// A closed port: its host answers ICMP port unreachable, which the
-		// client's socket hears: refused at once (README, Errors).
+		// client's socket hears: refused at once (docs/api.md, Errors).
 		bodyRe: `^nil \[connect: refused\] bounded: true\nnil \[bad argument #1: addr must be host:port \(got "no-port-here"\)\]\nnil \[connect: cannot resolve host\]\n$`,
 	}})
 }

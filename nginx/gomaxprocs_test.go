@@ -56,7 +56,7 @@ func TestGOMAXPROCS(t *testing.T) {
 }
 
 // TestSysmonSetting: GODEBUG=schedtrace=N (N > 0) in nginx's environment
-// keeps Go's sysmon from its deep sleep (README, Tuning), and
+// keeps Go's sysmon from its deep sleep (docs/tuning.md), and
 // qrpc.stats().sysmon says which mode the worker's runtime runs in. Go
 // reads the environment the process started with, so the variable works
 // with or without an env directive.

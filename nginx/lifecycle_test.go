@@ -199,7 +199,7 @@ func TestClientAbortFreesTheCall(t *testing.T) {
 	aborted := time.Now()
 	_ = c.Close()
 	if ng.Host() == "resty_ffi" {
-		// lua-resty-ffi tells nobody that the request went away (README):
+		// lua-resty-ffi tells nobody that the request went away (docs/api.md, conn:unary):
 		// Go runs the call until the server answers (4 s after the call
 		// was sent), and waiting counts it until its deadline (10 s + 1 s).
 		if err := eventually(10*time.Second, func() error {
@@ -212,7 +212,7 @@ func TestClientAbortFreesTheCall(t *testing.T) {
 		}
 		ended := time.Since(aborted)
 		if d := time.Since(sent); d < 3900*time.Millisecond {
-			t.Errorf("the call ended %v after it was sent, before the server answered: was it cancelled after all? update the README", d)
+			t.Errorf("the call ended %v after it was sent, before the server answered: was it cancelled after all? update docs/api.md", d)
 		}
 		if _, w := stat(); w != "1" {
 			t.Errorf("waiting=%s once Go answered, want 1 until the deadline", w)

@@ -102,14 +102,14 @@ func TestDebugProfile(t *testing.T) {
 			t.Errorf("CPU profile (%d bytes) does not name %q", len(raw), want)
 		}
 	}
-	// and go tool pprof, which the README tells users to run, reads it
+	// and go tool pprof, which docs/api.md tells users to run, reads it
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	out, err := exec.Command(gobin, "tool", "pprof", "-top", "-nodecount=500", cpu).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "Type: cpu") || !strings.Contains(string(out), "quic-go") {
 		t.Errorf("go tool pprof -top: %v\n%s", err, out)
 	}
 
-	// README: afterwards Go leaves SIGPROF ignored in the worker (a late
+	// docs/api.md: afterwards Go leaves SIGPROF ignored in the worker (a late
 	// signal must not kill it), which children it starts inherit
 	if ign := sigIgnored(t, n.workerPIDs()[0]); ign&(1<<(27-1)) == 0 {
 		t.Errorf("SIGPROF not ignored in the worker after a CPU profile (SigIgn %x)", ign)

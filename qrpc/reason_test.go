@@ -323,10 +323,10 @@ func TestClassifyShapes(t *testing.T) {
 	}
 }
 
-// TestReasonsInREADME: the reasons table in README.md ("## Errors") lists
+// TestReasonsDocumented: the reasons table in docs/api.md ("## Errors") lists
 // exactly what qrpc.Reasons() returns.
-func TestReasonsInREADME(t *testing.T) {
-	f, err := os.Open("../README.md")
+func TestReasonsDocumented(t *testing.T) {
+	f, err := os.Open("../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,16 +353,16 @@ func TestReasonsInREADME(t *testing.T) {
 			}
 			r := qrpc.Reason{Word: m[1], Reason: strings.Trim(m[2], "`")}
 			if documented[r] {
-				t.Errorf("README lists %q twice", r.String())
+				t.Errorf("docs/api.md lists %q twice", r.String())
 			}
 			documented[r] = true
 		}
 	}
 	if len(documented) == 0 {
-		t.Fatal("no reasons table (| word | reason | meaning |) in README's Errors section")
+		t.Fatal("no reasons table (| word | reason | meaning |) in the Errors section of docs/api.md")
 	}
 	// "unavailable" takes every reason of connect and connection lost too;
-	// the README says so in one sentence instead of repeating them.
+	// docs/api.md says so in one sentence instead of repeating them.
 	listed := map[qrpc.Reason]bool{}
 	for _, r := range qrpc.Reasons() {
 		if listed[r] {
@@ -378,12 +378,12 @@ func TestReasonsInREADME(t *testing.T) {
 			continue
 		}
 		if !documented[r] {
-			t.Errorf("%q is missing from README's reasons table", r.String())
+			t.Errorf("%q is missing from the reasons table of docs/api.md", r.String())
 		}
 	}
 	for r := range documented {
 		if !listed[r] {
-			t.Errorf("README lists %q, which qrpc.Reasons() does not", r.String())
+			t.Errorf("docs/api.md lists %q, which qrpc.Reasons() does not", r.String())
 		}
 	}
 }

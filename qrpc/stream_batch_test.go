@@ -99,7 +99,7 @@ func TestStreamBatch(t *testing.T) {
 // TestStreamBatchConfig: the default and the bounds.
 func TestStreamBatchConfig(t *testing.T) {
 	if qrpc.DefaultStreamBatch != 16 {
-		t.Fatalf("DefaultStreamBatch %d: the README says 16", qrpc.DefaultStreamBatch)
+		t.Fatalf("DefaultStreamBatch %d: docs/api.md says 16", qrpc.DefaultStreamBatch)
 	}
 	for _, n := range []int{-1, 1025} {
 		if _, err := qrpc.Dial(t.Context(), "127.0.0.1:9", &qrpc.Config{StreamBatch: n}); err == nil ||
