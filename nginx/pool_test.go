@@ -448,6 +448,7 @@ func TestPoolLua(t *testing.T) {
 	requireNginx(t)
 	a, b := ownServer(t), ownServer(t)
 	extra := map[string]string{"s1": a.addr, "s2": b.addr}
+	aHost, aPort, _ := net.SplitHostPort(a.addr)
 	runBlocks(t, []block{{
 		name: "bad input is nil, bad argument",
 		conf: ngxConf{Extra: extra, Server: loc("/t", `
@@ -461,6 +462,16 @@ func TestPoolLua(t *testing.T) {
                 p(qrpc.connect({ qt.s1, 5 }, qt.opts()))
                 p(qrpc.connect({ qt.s1, qt.s1 }, qt.opts()))
                 p(qrpc.connect({ qt.s1, "nohost" }, qt.opts()))
+                -- one server spelt twice: a zero-padded port, the host's case
+                local host, port = qt.s1:match("^(.*):(%d+)$")
+                p(qrpc.connect({ qt.s1, host .. ":0" .. port }, qt.opts()))
+                p(qrpc.connect({ "LocalHost:" .. port, "localhost:" .. port }, qt.opts()))
+                p(qrpc.connect({ qt.s1, "" }, qt.opts()))
+                p(qrpc.connect("", qt.opts()))
+                p(qrpc.connect({ qt.s1, host .. ":70000" }, qt.opts()))
+                local boom = setmetatable({}, { __index = function() error("boom", 0) end })
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = boom })))
+                p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ check = boom })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "random" })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { failures = -1 } })))
                 p(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ health = { eject = "10s" } })))
@@ -484,6 +495,13 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #1: addrs[2] must be a non-empty string host:port (got number)`,
 			`nil | bad argument #1: duplicate address "`+a.addr+`"`,
 			`nil | bad argument #1: addrs[2] must be host:port (got "nohost")`,
+			`nil | bad argument #1: duplicate address "`+a.addr+`"`,
+			`nil | bad argument #1: duplicate address "localhost:`+aPort+`"`,
+			`nil | bad argument #1: addrs[2] must be host:port, not an empty string`,
+			`nil | bad argument #1: addr must be host:port, not an empty string`,
+			`nil | bad argument #1: addrs[2] must be host:port with a port 1..65535 (got "`+aHost+`:70000")`,
+			`nil | bad argument #2: opts.health raised an error: boom`,
+			`nil | bad argument #2: opts.check raised an error: boom`,
 			`nil | bad argument #2: balance must be "round_robin", "least_inflight" or "hash" (got random)`,
 			`nil | bad argument #2: health.failures must be a positive integer`,
 			`nil | bad argument #2: health.eject must be a number of milliseconds >= 0`,

@@ -433,9 +433,12 @@ local EMPTY = {}
 local function connect(addr, opts)
     -- addr is "host:port" or a list of them (a pool: resty.ffi.qrpc.pool
     -- checks the list and the pool options)
-    if type(addr) ~= "table" and (type(addr) ~= "string" or addr == "") then
+    if type(addr) ~= "table" and type(addr) ~= "string" then
         return bad(1, "addr must be a non-empty string host:port (got "
                       .. type(addr) .. ")")
+    end
+    if addr == "" then
+        return bad(1, "addr must be host:port, not an empty string")
     end
     if type(addr) == "string" and not pool_checked(addr) then
         if not str_find(addr, ":%d+$") then

@@ -15,11 +15,12 @@ local tonumber = tonumber
 local math_floor = math.floor
 local math_ceil = math.ceil
 local str_find = string.find
-local str_byte = string.byte
 local str_match = string.match
 local str_gmatch = string.gmatch
 local tab_concat = table.concat
 local tab_sort = table.sort
+local str_lower = string.lower
+local pcall = pcall
 
 local MAX_MS = 2147483647
 local MAX_ADDRS = 256
@@ -51,20 +52,62 @@ local function is_count(v, least)
 end
 
 
-local function check_addr(a, what)
-    if type(a) ~= "string" or a == "" then
+-- norm_addr(a, what) -> "host:port" with the host in lower case and the
+-- port as a plain number ("Host:038411" is "host:38411"), so that two
+-- spellings of one server are one server; or nil, "bad argument #1: ...".
+local function norm_addr(a, what)
+    if type(a) ~= "string" then
         return bad(1, what .. " must be a non-empty string host:port (got "
                       .. type(a) .. ")")
     end
-    if not str_find(a, ":%d+$") then
+    if a == "" then
+        return bad(1, what .. " must be host:port, not an empty string")
+    end
+    local host, port = str_match(a, "^(.*):(%d+)$")
+    if not host then
         return bad(1, what .. " must be host:port (got \"" .. a .. "\")")
     end
-    if str_byte(a, 1) == 58 then -- ":"
+    if host == "" then
         return bad(1, what .. " must be host:port, the host is empty (got \""
                       .. a .. "\")")
     end
-    return true
+    local p = tonumber(port)
+    if p < 1 or p > 65535 then
+        return bad(1, what .. " must be host:port with a port 1..65535 (got \""
+                      .. a .. "\")")
+    end
+    return str_lower(host) .. ":" .. p
 end
+
+
+-- A nested options table (health, check) read under pcall: its keys
+-- (pairs, or __pairs) and the values of names, so that a metamethod that
+-- raises gives "bad argument #2: opts.<what> raised an error" instead of
+-- throwing. Returns a plain copy and its unknown key, or nil, err.
+local function read_nested(t, names, what)
+    local copy, unknown = {}, nil
+    local ok, err = pcall(function()
+        for k in pairs(t) do
+            if not names[k] and unknown == nil then
+                unknown = k
+            end
+        end
+        for k in pairs(names) do
+            copy[k] = t[k]
+        end
+    end)
+    if not ok then
+        return bad(2, "opts." .. what .. " raised an error: " .. tostring(err))
+    end
+    if unknown ~= nil then
+        return bad(2, "unknown " .. what .. " option '" .. tostring(unknown)
+                      .. "'")
+    end
+    return copy
+end
+
+local health_names = { failures = true, eject = true, stall = true }
+local check_names = { method = true, interval = true, timeout = true }
 
 
 -- The pool options, normalised: a default written out gives the same key
@@ -97,10 +140,10 @@ local function pool_spec(o, spec)
             return bad(2, "health must be a table { failures = n, eject = ms, "
                           .. "stall = ms }")
         end
-        for k in pairs(health) do
-            if k ~= "failures" and k ~= "eject" and k ~= "stall" then
-                return bad(2, "unknown health option '" .. tostring(k) .. "'")
-            end
+        local err
+        health, err = read_nested(health, health_names, "health")
+        if not health then
+            return nil, err
         end
         if health.failures ~= nil then
             if not is_count(health.failures, 1) then
@@ -130,10 +173,10 @@ local function pool_spec(o, spec)
             return bad(2, "check must be a table { method = name, interval = "
                           .. "ms, timeout = ms }")
         end
-        for k in pairs(check) do
-            if k ~= "method" and k ~= "interval" and k ~= "timeout" then
-                return bad(2, "unknown check option '" .. tostring(k) .. "'")
-            end
+        local err
+        check, err = read_nested(check, check_names, "check")
+        if not check then
+            return nil, err
         end
         if type(check.method) ~= "string" or check.method == ""
            or str_find(check.method, "[\r\n]")
@@ -244,11 +287,11 @@ function _M.check(addrs, opts)
     end
     local spec = {}
     if type(addrs) == "string" then
-        local ok, err = check_addr(addrs, "addr")
-        if not ok then
+        local a, err = norm_addr(addrs, "addr")
+        if not a then
             return nil, err
         end
-        spec.addr, spec.naddrs = addrs, 1
+        spec.addr, spec.naddrs = a, 1
     elseif type(addrs) == "table" then
         local n, count = #addrs, 0
         for _ in pairs(addrs) do
@@ -265,9 +308,8 @@ function _M.check(addrs, opts)
         end
         local sorted, seen = {}, {}
         for i = 1, n do
-            local a = addrs[i]
-            local ok, err = check_addr(a, "addrs[" .. i .. "]")
-            if not ok then
+            local a, err = norm_addr(addrs[i], "addrs[" .. i .. "]")
+            if not a then
                 return nil, err
             end
             if seen[a] then
