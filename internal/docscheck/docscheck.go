@@ -230,7 +230,7 @@ func checkTarget(root, from, t string, anchorsOf func(string) (map[string]bool, 
 var historyRes = []*regexp.Regexp{
 	regexp.MustCompile(`(?i)\bsessions? [0-9]+`),
 	regexp.MustCompile(`(?i)\bsession [0-9]+'s\b`),
-	regexp.MustCompile(`(?i)\bthis session\b`),
+	regexp.MustCompile(`(?i)\bthis[ ]session\b`),
 	regexp.MustCompile(`(?i)\bsessions? (ago|before|earlier|later)\b`),
 	regexp.MustCompile(`(?i)\b(in|on|of) (an|the) (earlier|previous|last) session\b`),
 	regexp.MustCompile(`(?i)\bearlier runs? (gave|measured|showed|took|found|had)\b`),
