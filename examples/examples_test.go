@@ -138,7 +138,8 @@ func newSetup(t *testing.T) *setup {
 	if err := exec.Command("cp", "-r", filepath.Join(root, "lua", "resty"), filepath.Join(s.co, "lua")).Run(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(root, "demo", "proto"), filepath.Join(s.co, "demo", "proto")); err != nil {
+	// Copied, not linked: the workers' user may not read the repository.
+	if err := exec.Command("cp", "-r", filepath.Join(root, "demo", "proto"), filepath.Join(s.co, "demo")).Run(); err != nil {
 		t.Fatal(err)
 	}
 	lib := library(t, root)
