@@ -248,7 +248,13 @@ func (s *setup) render(t *testing.T, text string) (string, int) {
 		"127.0.0.1:8443", s.addr,
 		"listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", port),
 	)
-	return r.Replace(conf), port
+	conf = r.Replace(conf)
+	// An example written for an installed module has no lua_package_path:
+	// here the module is in the stand-in checkout.
+	if !strings.Contains(conf, "lua_package_path") {
+		conf = strings.Replace(conf, "\nhttp {\n", "\nhttp {\n    lua_package_path \""+s.ng.PackagePath(filepath.Join(s.co, "lua", "?.lua"))+"\";\n", 1)
+	}
+	return conf, port
 }
 
 // nginx runs conf until the test ends; it returns the error log's path.
@@ -411,5 +417,47 @@ func TestParseTries(t *testing.T) {
 	if tr.method != "POST" || tr.body != `{"a":1}` || tr.url != "http://127.0.0.1:8080/v1/x" || tr.status != 400 ||
 		tr.expect != `{"error":"e"}` || len(tr.contains) != 1 || len(tr.headers) != 1 || tr.headers[0][0] != "Content-Type" {
 		t.Fatalf("%+v", tr)
+	}
+}
+
+// exampleBody is an example without its leading comment block: the part a
+// document shows.
+func exampleBody(text string) string {
+	lines := strings.Split(text, "\n")
+	i := 0
+	for i < len(lines) && (strings.HasPrefix(lines[i], "#") || lines[i] == "") {
+		i++
+	}
+	return strings.TrimRight(strings.Join(lines[i:], "\n"), "\n") + "\n"
+}
+
+// Every nginx.conf the README shows is one of these examples, word for
+// word, so that TestExamples runs it.
+func TestReadmeConfigsAreExamples(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```nginx\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
+	if len(blocks) == 0 {
+		t.Fatal("README.md shows no nginx.conf")
+	}
+	files, err := filepath.Glob("*.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies := map[string]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies[exampleBody(string(b))] = f
+	}
+	for i, b := range blocks {
+		if _, ok := bodies[b[1]]; !ok {
+			first, _, _ := strings.Cut(strings.TrimSpace(b[1]), "\n")
+			t.Errorf("README's nginx block %d (%q...) is not the body of any examples/*.conf", i+1, first)
+		}
 	}
 }
