@@ -184,18 +184,10 @@ func codeSpans(text string) map[string]bool {
 			out[strings.TrimRight(n, ".:")] = true
 		}
 	}
-	inFence := false
-	for _, line := range strings.Split(text, "\n") {
-		if fenceRe.MatchString(line) {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			continue
-		}
+	proseLines(text, func(_ int, line string) {
 		for _, m := range codeSpanRe.FindAllStringSubmatch(line, -1) {
 			add(m[1])
 		}
-	}
+	})
 	return out
 }

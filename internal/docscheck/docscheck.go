@@ -102,25 +102,32 @@ func Slug(h string) string {
 	return b.String()
 }
 
-// Anchors returns the anchors a markdown file defines.
-func Anchors(text string) map[string]bool {
-	out := map[string]bool{}
-	seen := map[string]int{}
+// proseLines calls f with each line of a markdown text that is outside
+// fenced code blocks, and its line number.
+func proseLines(text string, f func(n int, line string)) {
 	inFence := false
-	for _, line := range strings.Split(text, "\n") {
+	for i, line := range strings.Split(text, "\n") {
 		if fenceRe.MatchString(line) {
 			inFence = !inFence
 			continue
 		}
-		if inFence {
-			continue
+		if !inFence {
+			f(i+1, line)
 		}
+	}
+}
+
+// Anchors returns the anchors a markdown file defines.
+func Anchors(text string) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	proseLines(text, func(_ int, line string) {
 		for _, m := range anchorRe.FindAllStringSubmatch(line, -1) {
 			out[m[1]] = true
 		}
 		m := headingRe.FindStringSubmatch(line)
 		if m == nil {
-			continue
+			return
 		}
 		s := Slug(m[2])
 		if n := seen[s]; n > 0 {
@@ -129,7 +136,7 @@ func Anchors(text string) map[string]bool {
 			out[s] = true
 		}
 		seen[s]++
-	}
+	})
 	return out
 }
 
@@ -158,15 +165,7 @@ func Links(root string, files []string) []Problem {
 			probs = append(probs, Problem{File: f, Msg: err.Error()})
 			continue
 		}
-		inFence := false
-		for i, line := range strings.Split(string(b), "\n") {
-			if fenceRe.MatchString(line) {
-				inFence = !inFence
-				continue
-			}
-			if inFence {
-				continue
-			}
+		proseLines(string(b), func(n int, line string) {
 			var targets []string
 			for _, m := range linkRe.FindAllStringSubmatch(stripCode(line), -1) {
 				targets = append(targets, m[1])
@@ -176,10 +175,10 @@ func Links(root string, files []string) []Problem {
 			}
 			for _, t := range targets {
 				if msg := checkTarget(root, f, t, anchorsOf); msg != "" {
-					probs = append(probs, Problem{File: f, Line: i + 1, Msg: msg})
+					probs = append(probs, Problem{File: f, Line: n, Msg: msg})
 				}
 			}
-		}
+		})
 	}
 	return probs
 }
