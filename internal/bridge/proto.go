@@ -8,7 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/transcode"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -34,7 +34,7 @@ const FlagLuaTable = 4
 // FlagLuaRequest is QRPC_F_LUA_REQUEST: req_type's body is a Lua table in
 // LuaJIT's string.buffer serialization format (buffer.encode, one C call
 // on the nginx thread) rather than JSON text. Go reads it back as the text
-// the Lua module's JSON encoder would have written (luaser.ToJSON), so
+// the Lua module's JSON encoder would have written (luaserial.ToJSON), so
 // that the transcoding, the mapping and every error stay those of JSON.
 const FlagLuaRequest = 8
 
@@ -148,9 +148,9 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 		}
 		jp := bodyPool.Get().(*[]byte)
 		defer putBody(jp)
-		js, err := luaser.ToJSON((*jp)[:0], cmd.Body)
+		js, err := luaserial.ToJSON((*jp)[:0], cmd.Body)
 		if err != nil {
-			var ve *luaser.ValueError
+			var ve *luaserial.ValueError
 			if errors.As(err, &ve) {
 				// what the Lua module says of the same table without string.buffer
 				return nil, noRelease, errors.New("bad argument #3: body: " + ve.What)
@@ -226,7 +226,7 @@ func (r *Runtime) decodedOutcome(rt *responseType, resp *qrpc.Response, err erro
 	if rt.lua {
 		sp := bodyPool.Get().(*[]byte)
 		defer putBody(sp)
-		if ser, err := luaser.FromJSON(append((*sp)[:0], 0), js); err == nil {
+		if ser, err := luaserial.FromJSON(append((*sp)[:0], 0), js); err == nil {
 			*sp = ser
 			return r.Result(resp.Code, resp.Headers, ser)
 		}

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -96,7 +96,7 @@ func TestProtoCalls(t *testing.T) {
 	// same value as the JSON.
 	h.submit(protoUnary(conn, 13, "echo", in, "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
 	_, _, body = result(t, h.wait(13, 5*time.Second))
-	want, err := luaser.FromJSON([]byte{0}, []byte(`{"i64":"-5","by_id":{"7":{"id":"s"}},"choice_text":"c"}`))
+	want, err := luaserial.FromJSON([]byte{0}, []byte(`{"i64":"-5","by_id":{"7":{"id":"s"}},"choice_text":"c"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

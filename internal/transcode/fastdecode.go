@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // fastDecoder writes the proto3 JSON form of wire data straight from the
@@ -26,17 +26,17 @@ type fastDecoder struct {
 	reg        *Registry
 	protoNames bool
 	// lua: write the value in LuaJIT's string.buffer format, the bytes
-	// luaser.FromJSON writes for the JSON text (see DecodeLua), instead
+	// luaserial.FromJSON writes for the JSON text (see DecodeLua), instead
 	// of the text.
 	lua   bool
 	depth int // lua: tables open around the value being written
 }
 
 // luaMaxDepth is where the Lua form gives up and leaves the call to the
-// JSON text and luaser.FromJSON, which know the exact limit: a message
+// JSON text and luaserial.FromJSON, which know the exact limit: a message
 // nests a list or a map, which nests messages, so one level of protobuf
 // can be two of tables.
-const luaMaxDepth = luaser.MaxDepth - 4
+const luaMaxDepth = luaserial.MaxDepth - 4
 
 // entry is one field occurrence in a message's wire data.
 type entry struct {
@@ -194,7 +194,7 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 func (d *fastDecoder) open(out []byte, bracket byte) ([]byte, int) {
 	if d.lua {
 		d.depth++
-		return luaser.OpenTable(out)
+		return luaserial.OpenTable(out)
 	}
 	return append(out, bracket), 0
 }
@@ -206,10 +206,10 @@ func (d *fastDecoder) close(out []byte, table, n int, bracket byte) ([]byte, boo
 		return append(out, bracket), true
 	case bracket == ']':
 		d.depth--
-		return luaser.CloseArray(out, table, n)
+		return luaserial.CloseArray(out, table, n)
 	}
 	d.depth--
-	return luaser.CloseHash(out, table, n)
+	return luaserial.CloseHash(out, table, n)
 }
 
 func isZeroScalar(k protoreflect.Kind, e entry) bool {
@@ -337,7 +337,7 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 				return out, false, false
 			}
 			if d.lua {
-				it.keyText, ok = luaser.AppendString(nil, it.key.b), true
+				it.keyText, ok = luaserial.AppendString(nil, it.key.b), true
 			} else {
 				it.keyText, ok = appendJSONString(nil, it.key.b)
 			}
@@ -349,7 +349,7 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 				num = num[1 : len(num)-1]
 			}
 			if d.lua {
-				it.keyText = luaser.AppendString(nil, num)
+				it.keyText = luaserial.AppendString(nil, num)
 			} else {
 				it.keyText = append(append([]byte{'"'}, num...), '"')
 			}
@@ -603,7 +603,7 @@ func (d *fastDecoder) timeValue(out []byte, p *plan, b []byte) ([]byte, bool) {
 		if !ok {
 			return out, false
 		}
-		return luaser.AppendString(out, js[1:len(js)-1]), true // no escapes in it
+		return luaserial.AppendString(out, js[1:len(js)-1]), true // no escapes in it
 	}
 	return d.jsonTimeValue(out, p, b)
 }
@@ -736,7 +736,7 @@ func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor
 		js = append(js[:start], compactJSON(js[start:])...)
 	}
 	if d.lua {
-		if out, err = luaser.AppendJSON(out, js, d.depth); err != nil {
+		if out, err = luaserial.AppendJSON(out, js, d.depth); err != nil {
 			return out, false
 		}
 		return out, true

@@ -7,11 +7,11 @@ import (
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // DecodeLua appends the response pb as a Lua table in LuaJIT's
-// string.buffer serialization format: the bytes luaser.FromJSON writes for
+// string.buffer serialization format: the bytes luaserial.FromJSON writes for
 // Decode's JSON text, byte for byte (FuzzDecodeLua checks it), read
 // straight from the wire data. The JSON text and its parse were about
 // half of what a table-mode response cost on Go's side.
@@ -37,17 +37,17 @@ func (m *Message) DecodeLua(dst, pb []byte, o DecodeOptions) ([]byte, bool) {
 func (d *fastDecoder) luaScalar(out []byte, f *fieldPlan, e entry) ([]byte, bool) {
 	switch f.kind {
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
-		return luaser.AppendNumber(out, float64(signedValue(f.kind, e.v))), true
+		return luaserial.AppendNumber(out, float64(signedValue(f.kind, e.v))), true
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
-		return luaser.AppendNumber(out, float64(uint32(e.v))), true
+		return luaserial.AppendNumber(out, float64(uint32(e.v))), true
 	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
 		var tmp [24]byte
-		return luaser.AppendString(out, strconv.AppendInt(tmp[:0], signedValue(f.kind, e.v), 10)), true
+		return luaserial.AppendString(out, strconv.AppendInt(tmp[:0], signedValue(f.kind, e.v), 10)), true
 	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
 		var tmp [24]byte
-		return luaser.AppendString(out, strconv.AppendUint(tmp[:0], e.v, 10)), true
+		return luaserial.AppendString(out, strconv.AppendUint(tmp[:0], e.v, 10)), true
 	case protoreflect.BoolKind:
-		return luaser.AppendBool(out, e.v != 0), true
+		return luaserial.AppendBool(out, e.v != 0), true
 	case protoreflect.FloatKind:
 		x := float64(math.Float32frombits(uint32(e.v)))
 		if math.IsNaN(x) || math.IsInf(x, 0) {
@@ -60,36 +60,36 @@ func (d *fastDecoder) luaScalar(out []byte, f *fieldPlan, e entry) ([]byte, bool
 		if err != nil {
 			return out, false
 		}
-		return luaser.AppendNumber(out, v), true
+		return luaserial.AppendNumber(out, v), true
 	case protoreflect.DoubleKind:
 		// The shortest text of a double reads back as the same double.
 		x := math.Float64frombits(e.v)
 		if math.IsNaN(x) || math.IsInf(x, 0) {
 			return luaNonFinite(out, x), true
 		}
-		return luaser.AppendNumber(out, x), true
+		return luaserial.AppendNumber(out, x), true
 	case protoreflect.StringKind:
 		// Valid UTF-8: message, mapValue and wrapper check every string
 		// as they read it (the JSON form checks here again, the cost of a
 		// second pass over each string).
-		return luaser.AppendString(out, e.b), true
+		return luaserial.AppendString(out, e.b), true
 	case protoreflect.BytesKind:
-		out = luaser.AppendStringHeader(out, base64.StdEncoding.EncodedLen(len(e.b)))
+		out = luaserial.AppendStringHeader(out, base64.StdEncoding.EncodedLen(len(e.b)))
 		return base64.StdEncoding.AppendEncode(out, e.b), true
 	case protoreflect.EnumKind:
 		if f.nullValue {
-			return luaser.AppendNull(out), true
+			return luaserial.AppendNull(out), true
 		}
 		n := protoreflect.EnumNumber(int32(e.v))
 		if uint64(n) < uint64(len(f.enumByNum)) && f.enumByNum[n] != "" {
-			return luaser.AppendString(out, f.enumByNum[n]), true
+			return luaserial.AppendString(out, f.enumByNum[n]), true
 		}
 		if f.enumByNum == nil {
 			if ev := f.fd.Enum().Values().ByNumber(n); ev != nil {
-				return luaser.AppendString(out, string(ev.Name())), true
+				return luaserial.AppendString(out, string(ev.Name())), true
 			}
 		}
-		return luaser.AppendNumber(out, float64(n)), true
+		return luaserial.AppendNumber(out, float64(n)), true
 	}
 	return out, false
 }
@@ -98,9 +98,9 @@ func (d *fastDecoder) luaScalar(out []byte, f *fieldPlan, e entry) ([]byte, bool
 func luaNonFinite(out []byte, x float64) []byte {
 	switch {
 	case math.IsNaN(x):
-		return luaser.AppendString(out, "NaN")
+		return luaserial.AppendString(out, "NaN")
 	case x > 0:
-		return luaser.AppendString(out, "Infinity")
+		return luaserial.AppendString(out, "Infinity")
 	}
-	return luaser.AppendString(out, "-Infinity")
+	return luaserial.AppendString(out, "-Infinity")
 }

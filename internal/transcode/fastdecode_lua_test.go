@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // checkDecodeLua compares DecodeLua with what it replaces, FromJSON of
@@ -36,7 +36,7 @@ func checkDecodeLua(t testing.TB, m *Message, pb []byte) bool {
 			took = false
 			continue
 		}
-		want, ferr := luaser.FromJSON([]byte{0}, js)
+		want, ferr := luaserial.FromJSON([]byte{0}, js)
 		if !ok {
 			took = false
 			continue
@@ -167,7 +167,7 @@ func benchDecodeLua(b *testing.B, direct, cold bool) {
 		if js, err = m.Decode(js[:0], pb, o); err != nil {
 			b.Fatal(err)
 		}
-		if ser, err = luaser.FromJSON(ser[:0], js); err != nil {
+		if ser, err = luaserial.FromJSON(ser[:0], js); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 // EncodeLua appends the protobuf encoding of ser, a Lua table in LuaJIT's
 // string.buffer serialization format (what the Lua module sends with
 // QRPC_F_LUA_REQUEST), reading the table directly. ok == false leaves the
-// call to the JSON path (internal/luaser's ToJSON, then Encode), which
+// call to the JSON path (internal/luaserial's ToJSON, then Encode), which
 // either encodes it or says what is wrong: this path covers messages of
 // string-keyed tables, scalars, enums by name, nested messages, lists,
 // Timestamp, Duration and the wrappers, and gives up on anything else
@@ -35,7 +35,7 @@ func (m *Message) EncodeLua(dst, ser []byte) ([]byte, bool) {
 	return out, true
 }
 
-// Tags of string.buffer's format (see internal/luaser).
+// Tags of string.buffer's format (see internal/luaserial).
 const (
 	luaFalse  = 0x01
 	luaTrue   = 0x02
@@ -421,7 +421,7 @@ func (e *luaEncoder) scalar(out []byte, f *fieldPlan) ([]byte, bool, bool) {
 }
 
 // luaNumberText is the JSON text the Lua module writes for a finite x
-// that is not an integer below 1e15 (json.lua's put_number, luaser's
+// that is not an integer below 1e15 (json.lua's put_number, luaserial's
 // appendNumber): the shorter of %.15g and %.17g that reads back as x.
 func luaNumberText(dst []byte, x float64) []byte {
 	if n, ok := luaInt(x); ok {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // luaSeeds are tables serialized by a real LuaJIT's string.buffer, by
@@ -31,7 +31,7 @@ func luaSeeds(t testing.TB) (types []string, sers [][]byte) {
 // viaJSON is the request path EncodeLua must agree with: the table as the
 // Lua module's JSON text, then Encode.
 func viaJSON(m *Message, ser []byte) ([]byte, error) {
-	js, err := luaser.ToJSON(nil, ser)
+	js, err := luaserial.ToJSON(nil, ser)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func BenchmarkEncodeLuaProfileViaJSON(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		var err error
-		if js, err = luaser.ToJSON(js[:0], sers[0]); err != nil {
+		if js, err = luaserial.ToJSON(js[:0], sers[0]); err != nil {
 			b.Fatal(err)
 		}
 		if out, err = m.Encode(out[:0], js, EncodeOptions{}); err != nil {

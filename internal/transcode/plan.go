@@ -8,7 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaser"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // A plan is what the fast paths (fastdecode.go, fastencode.go) need to know
@@ -39,7 +39,7 @@ type plan struct {
 	oneofs  int  // real (not synthetic) oneofs
 	ordered bool // declaration order is field number order
 	// Two fields with the same JSON name: protojson writes
-	// both keys, which luaser.FromJSON refuses, so the Lua form leaves
+	// both keys, which luaserial.FromJSON refuses, so the Lua form leaves
 	// such a message to the JSON path.
 	dupCamel bool
 }
@@ -176,8 +176,8 @@ func newFieldPlan(fd protoreflect.FieldDescriptor, idx int, built map[protorefle
 	}
 	fp.camelKey = jsonKey(fd.JSONName())
 	fp.protoKey = jsonKey(string(fd.Name()))
-	fp.luaCamelKey = luaser.AppendString(nil, fd.JSONName())
-	fp.luaProtoKey = luaser.AppendString(nil, string(fd.Name()))
+	fp.luaCamelKey = luaserial.AppendString(nil, fd.JSONName())
+	fp.luaProtoKey = luaserial.AppendString(nil, string(fd.Name()))
 	switch {
 	case fd.IsMap():
 		fp.mapKey = newFieldPlan(fd.MapKey(), 0, built)

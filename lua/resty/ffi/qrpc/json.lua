@@ -11,7 +11,7 @@
 --   unless it carries cjson's array metatable or is _M.empty_array;
 --   cjson.null / ngx.null -> null; NaN and +-inf -> "NaN", "Infinity",
 --   "-Infinity" (protojson's spellings); int64_t / uint64_t cdata (1LL,
---   2ULL) -> their digits as a string. internal/luaser's ToJSON writes the
+--   2ULL) -> their digits as a string. internal/luaserial's ToJSON writes the
 --   same text from string.buffer's encoding of the table: keep the two
 --   in step.
 -- decode(json) -> value | nil, err

@@ -61,7 +61,7 @@ local dbuf = sbuf and sbuf.new()
 -- Request tables go to Go the same way when string.buffer is there: one
 -- C call (buffer:encode) where the JSON encoder walks the table in Lua;
 -- Go reads the bytes back as the text json.lua would have written
--- (internal/luaser's ToJSON), so the mapping and the errors are the same.
+-- (internal/luaserial's ToJSON), so the mapping and the errors are the same.
 -- The array marks are listed as the encoder's metatables, so that an
 -- empty list still reads as []. A table string.buffer cannot encode (a
 -- function or userdata in it, more than 100 levels, a cycle) goes through
@@ -460,7 +460,7 @@ end
 
 -- A reply in LuaJIT's format is decoded by the C method, compiled, under
 -- pcall. It throws only on bytes Go did not write (Go writes the format
--- and checks its nesting, internal/luaser), so the hazard above is not met
+-- and checks its nesting, internal/luaserial), so the hazard above is not met
 -- on this path. Keeping it out of the JIT too cost 1.5-2 µs more per call.
 local sbuf_decode = dbuf and dbuf.decode
 -- For the test that checks it stays out of traces (nginx/TestProtobuf).

@@ -1,4 +1,4 @@
-package luaser
+package luaserial
 
 // The other direction: a request body that Lua serialized with
 // string.buffer (buffer:encode of the table, one C call) read back here

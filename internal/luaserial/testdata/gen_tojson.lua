@@ -1,7 +1,7 @@
 -- Writes tojson_vectors.txt: for each table, string.buffer's encoding (hex)
 -- and what lua/resty/ffi/qrpc/json.lua writes for it, from the same table
 -- in the same LuaJIT, so that key order agrees. Run from the repository:
---   luajit internal/luaser/testdata/gen_tojson.lua > internal/luaser/testdata/tojson_vectors.txt
+--   luajit internal/luaserial/testdata/gen_tojson.lua > internal/luaserial/testdata/tojson_vectors.txt
 -- (a LuaJIT 2.1 with string.buffer; OpenResty's works). ngx.null is not
 -- available outside nginx: null is covered by hand-written cases.
 ngx = { null = {} } -- luacheck: ignore

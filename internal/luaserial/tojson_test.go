@@ -1,4 +1,4 @@
-package luaser
+package luaserial
 
 import (
 	"bufio"

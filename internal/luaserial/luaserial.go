@@ -1,4 +1,4 @@
-// Package luaser writes JSON values in LuaJIT's string.buffer
+// Package luaserial writes JSON values in LuaJIT's string.buffer
 // serialization format (https://luajit.org/ext_buffer.html#serialize), so
 // that the Lua module turns a decoded response into a table with one C
 // call (buffer.decode) instead of parsing JSON text on the nginx thread:
@@ -14,7 +14,7 @@
 // crosses from Go to the LuaJIT of the same process and is read back at
 // once, never stored, and the Lua module falls back to JSON when the
 // string.buffer module is missing.
-package luaser
+package luaserial
 
 import (
 	"encoding/binary"
