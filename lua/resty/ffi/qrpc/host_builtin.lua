@@ -259,15 +259,6 @@ local function release_later(data)
 end
 
 
-local function release_batch()
-    if nrel > 0 then
-        local n = nrel
-        nrel = 0
-        lib.qrpc_release_n(rels, n)
-    end
-end
-
-
 -- Hands a call its outcome (an inline waiter polls for it instead).
 local function wake(w, status, val)
     w.status = status
@@ -283,7 +274,7 @@ local function complete(c)
     local data = c.data
     local len = tonumber(c.len)
     if data ~= nil then
-        -- Released after the batch (release_batch), so it can be read
+        -- Released after the batch (drain), so it can be read
         -- below; queued first, so that an error below leaks no block.
         release_later(data)
     end
@@ -376,6 +367,10 @@ end
 -- (complete_failed) and drains again, which finishes the batch first. No
 -- pcall in here: a hot trace returning into a pcall frame aborts (NYI:
 -- return to lower frame), so the reader's pcall sits outside its loop.
+--
+-- The batch's blocks are released here, not in a function of their own: a
+-- side trace starting in such a function returns into drain's frame, which
+-- LuaJIT does not compile either (NYI: return to lower frame).
 local function drain()
     -- the rest of a batch cut short by an error
     while pos < npolled do
@@ -383,7 +378,11 @@ local function drain()
         pos = i + 1
         complete(comps[i])
     end
-    release_batch()
+    if nrel > 0 then
+        local r = nrel
+        nrel = 0
+        lib.qrpc_release_n(rels, r)
+    end
     local n = lib.qrpc_poll(comps, BATCH)
     while n > 0 do
         pos, npolled = 0, n
@@ -391,7 +390,11 @@ local function drain()
             pos = i + 1
             complete(comps[i])
         end
-        release_batch()
+        if nrel > 0 then
+            local r = nrel
+            nrel = 0
+            lib.qrpc_release_n(rels, r)
+        end
         if n < BATCH then
             break
         end
