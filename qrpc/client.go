@@ -110,11 +110,11 @@ func Dial(ctx context.Context, addr string, cfg *Config) (*Client, error) {
 // connect dials every connection now and starts their slots; on error
 // the client is left closed.
 func (c *Client) connect(ctx context.Context) error {
-	sessions := make([]*session, 0, c.cfg.Conns)
+	qconns := make([]*qconn, 0, c.cfg.Conns)
 	for i := 0; i < c.cfg.Conns; i++ {
 		s, err := c.dial(ctx)
 		if err != nil {
-			for _, s := range sessions {
+			for _, s := range qconns {
 				s.fail(ErrClosed)
 			}
 			c.closed.Store(true)
@@ -122,9 +122,9 @@ func (c *Client) connect(ctx context.Context) error {
 			c.wg.Wait()
 			return err
 		}
-		sessions = append(sessions, s)
+		qconns = append(qconns, s)
 	}
-	for _, s := range sessions {
+	for _, s := range qconns {
 		sl := &slot{c: c}
 		sl.cur.Store(s)
 		c.slots = append(c.slots, sl)
@@ -218,7 +218,7 @@ func (c *Client) stateChanged() {
 // Addr returns the address the client dials.
 func (c *Client) Addr() string { return c.addr }
 
-func (c *Client) dial(ctx context.Context) (*session, error) {
+func (c *Client) dial(ctx context.Context) (*qconn, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 	qc := c.quicConf.Clone()
@@ -233,7 +233,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 		return nil, classifyDialError(c.addr, err)
 	}
 	tr := &quic.Transport{Conn: sock}
-	fail := func(conn *quic.Conn, err error) (*session, error) {
+	fail := func(conn *quic.Conn, err error) (*qconn, error) {
 		if conn != nil {
 			_ = conn.CloseWithError(0, "")
 		}
@@ -250,7 +250,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	} else if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
 		return fail(conn, err)
 	}
-	s := &session{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{}), confirmed: confirmed.ch}
+	s := &qconn{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{}), confirmed: confirmed.ch}
 	s.pending.init()
 	s.deadlines.init(s.expire)
 	s.nextID.Store(rand.Uint64() >> 1)
@@ -319,7 +319,7 @@ func (cs *confirmSignal) Put(string, *quic.ClientToken) { cs.once.Do(func() { cl
 // writer goroutine). On success done will be called exactly once, unless
 // the returned Pending is cancelled first. On error done is never called.
 func (c *Client) Start(call *Call, done Done) (Pending, error) {
-	s, err := c.session()
+	s, err := c.qconn()
 	if err != nil {
 		return Pending{}, err
 	}
@@ -328,7 +328,7 @@ func (c *Client) Start(call *Call, done Done) (Pending, error) {
 
 // Event sends a one-way event; it does not wait for anything.
 func (c *Client) Event(method []byte, headers [][]byte, body []byte) error {
-	s, err := c.session()
+	s, err := c.qconn()
 	if err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func (c *Client) linger(d time.Duration) {
 		}
 	}
 }
-func (c *Client) session() (*session, error) {
+func (c *Client) qconn() (*qconn, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -400,7 +400,7 @@ func (c *Client) session() (*session, error) {
 		if s != nil && !s.dead.Load() {
 			return s, nil
 		}
-		// A dead session still in place says why it died before its slot
+		// A dead qconn still in place says why it died before its slot
 		// records it (fail writes err before it sets dead): without it a
 		// call in that window read "unavailable: reconnecting", no cause.
 		if s != nil && lost == nil {
@@ -410,7 +410,7 @@ func (c *Client) session() (*session, error) {
 			continue
 		}
 		// A refusal says why, in every window of the re-dial: the dead
-		// session still in place, or its error recorded.
+		// qconn still in place, or its error recorded.
 		if s != nil && s.refusal != nil {
 			refused = s.refusal
 		} else if e := sl.refusal.Load(); e != nil {
@@ -429,19 +429,19 @@ func (c *Client) session() (*session, error) {
 	return nil, fmt.Errorf("%w: reconnecting", ErrUnavailable)
 }
 
-// slot owns one connection position: the live session, and the goroutine
+// slot owns one connection position: the live qconn, and the goroutine
 // that dials it (when started empty, as a pool's servers are) and re-dials
 // with backoff when it dies.
 type slot struct {
 	c       *Client
-	cur     atomic.Pointer[session]
+	cur     atomic.Pointer[qconn]
 	lastErr atomic.Pointer[error]
-	// refusal: the last connection was refused (session.refusal), until a
+	// refusal: the last connection was refused (qconn.refusal), until a
 	// new one is up.
 	refusal atomic.Pointer[error]
 }
 
-func (sl *slot) run(s *session) {
+func (sl *slot) run(s *qconn) {
 	c := sl.c
 	defer c.wg.Done()
 	// attempt counts consecutive failed dials, and connections that died
@@ -524,8 +524,9 @@ func backoff(base, maxDelay time.Duration, n int) time.Duration {
 	return time.Duration(d)
 }
 
-// session is one live QUIC connection with its streams and in-flight calls.
-type session struct {
+// qconn is one live QUIC connection of a Client, with its streams and
+// in-flight calls.
+type qconn struct {
 	c *Client
 	// conn is the QUIC connection; streams are its request streams, each
 	// replaced in place when it breaks or gets stuck (the connection
@@ -570,7 +571,7 @@ const bigFrame = 16 << 10
 // with no answer since) is taken only when no other stream is in service:
 // it may be the reference server's hole (see checkStuck), and calls sent
 // into it while it is suspect would wait for their deadlines.
-func (s *session) pick(size int) *cstream {
+func (s *qconn) pick(size int) *cstream {
 	n := uint32(len(s.streams))
 	var start uint32
 	if size >= bigFrame {
@@ -595,7 +596,7 @@ func (s *session) pick(size int) *cstream {
 	return suspect
 }
 
-func (s *session) start(call *Call, done Done) (Pending, error) {
+func (s *qconn) start(call *Call, done Done) (Pending, error) {
 	id := s.nextID.Add(1)
 	if id == 0 { // 0 marks events
 		id = s.nextID.Add(1)
@@ -614,7 +615,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 		pc := &pendingCall{id: id, done: done, st: st, deadline: call.Deadline, hidx: hidxNew}
 		st.inflight.Add(1)
 		if !s.pending.store(id, pc) {
-			// The session failed since it was picked (closeAll ran, after
+			// The qconn failed since it was picked (closeAll ran, after
 			// fail had set err and refusal).
 			st.callDone()
 			s.c.codec.PutBuffer(buf)
@@ -637,7 +638,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 		}
 		pc = s.take(id)
 		if pc == nil {
-			// The session or stream failed concurrently and has already
+			// The qconn or stream failed concurrently and has already
 			// called done.
 			return Pending{s: s, id: id}, nil
 		}
@@ -651,7 +652,7 @@ func (s *session) start(call *Call, done Done) (Pending, error) {
 }
 
 // send encodes a request or event and writes it without blocking.
-func (s *session) send(k frame.Kind, req *Request) error {
+func (s *qconn) send(k frame.Kind, req *Request) error {
 	buf, err := s.encode(k, req)
 	if err != nil {
 		return err
@@ -669,7 +670,7 @@ func (s *session) send(k frame.Kind, req *Request) error {
 	return fmt.Errorf("%w: no stream in service", ErrUnavailable)
 }
 
-func (s *session) encode(k frame.Kind, req *Request) (*[]byte, error) {
+func (s *qconn) encode(k frame.Kind, req *Request) (*[]byte, error) {
 	codec := s.c.codec
 	buf := codec.GetBuffer()
 	b, err := codec.AppendRequest((*buf)[:0], k, req)
@@ -685,7 +686,7 @@ func (s *session) encode(k frame.Kind, req *Request) (*[]byte, error) {
 }
 
 // expire times out a call whose deadline passed (the deadlines' timer).
-func (s *session) expire(pc *pendingCall) {
+func (s *qconn) expire(pc *pendingCall) {
 	if s.take(pc.id) == nil {
 		return // answered, cancelled or failed meanwhile
 	}
@@ -694,7 +695,7 @@ func (s *session) expire(pc *pendingCall) {
 }
 
 // take removes a call from the pending map and from its stream's count.
-func (s *session) take(id uint64) *pendingCall {
+func (s *qconn) take(id uint64) *pendingCall {
 	pc := s.pending.take(id)
 	if pc != nil {
 		pc.st.callDone()
@@ -704,7 +705,7 @@ func (s *session) take(id uint64) *pendingCall {
 
 // Pending identifies a started call, to cancel it.
 type Pending struct {
-	s  *session
+	s  *qconn
 	id uint64
 	pc *poolCall // set for calls started through a Pool
 }
@@ -731,9 +732,9 @@ func (p Pending) Cancel() bool {
 	return true
 }
 
-// fail marks the session dead, fails every pending call with err and
+// fail marks the qconn dead, fails every pending call with err and
 // closes the connection. Only the first call has an effect.
-func (s *session) fail(err error) {
+func (s *qconn) fail(err error) {
 	s.failOnce.Do(func() {
 		s.err = err
 		callErr := err
@@ -762,9 +763,9 @@ func (s *session) fail(err error) {
 	})
 }
 
-// release closes the session's transport and socket, once fail has closed
+// release closes the qconn's transport and socket, once fail has closed
 // the connection (and sent its CONNECTION_CLOSE through them).
-func (s *session) release() {
+func (s *qconn) release() {
 	if s.tr != nil {
 		closeTransport(s.tr, s.sock)
 	}
@@ -789,7 +790,7 @@ func refusedBy(err error) bool {
 // means the server ended the handshake (it refused the connection, and its
 // alert was lost or overtaken by the client's next packet), so the
 // connection was never up and the failure is the dial's, not a loss.
-func (s *session) droppedUnconfirmed(err error) bool {
+func (s *qconn) droppedUnconfirmed(err error) bool {
 	var reset *quic.StatelessResetError
 	if !errors.As(err, &reset) || s.maxAnswered.Load() != 0 {
 		return false
@@ -805,7 +806,7 @@ func (s *session) droppedUnconfirmed(err error) bool {
 // connLevel reports whether err from a stream is really the connection's
 // end (closed, idle timeout, stateless reset, transport error) rather than
 // the stream's own (reset, stop-sending, end of stream).
-func (s *session) connLevel(err error) bool {
+func (s *qconn) connLevel(err error) bool {
 	if s.conn.Context().Err() != nil {
 		return true
 	}
@@ -815,7 +816,7 @@ func (s *session) connLevel(err error) bool {
 
 // cstream is one client-side bidirectional stream.
 type cstream struct {
-	sess *session
+	sess *qconn
 	s    *quic.Stream
 	idx  int // position in sess.streams
 
@@ -839,7 +840,7 @@ type cstream struct {
 	eof      chan struct{} // closed when the server has closed its side
 }
 
-func newCstream(s *session, qs *quic.Stream, idx int) *cstream {
+func newCstream(s *qconn, qs *quic.Stream, idx int) *cstream {
 	return &cstream{sess: s, s: qs, idx: idx, eof: make(chan struct{})}
 }
 
@@ -891,7 +892,7 @@ func (st *cstream) write(buf *[]byte) error {
 				return errStreamGone
 			}
 			codec.PutBuffer(buf)
-			// Not on this goroutine: failing the session calls done of the
+			// Not on this goroutine: failing the qconn calls done of the
 			// calls in flight, and the caller of Start (a Pool) may hold a
 			// lock that done takes.
 			s.c.wg.Add(1)
@@ -1067,7 +1068,7 @@ func (st *cstream) cancel() {
 
 // replace opens a stream to take old's place, in the background (opening
 // may wait for the server's stream credit).
-func (s *session) replace(old *cstream) {
+func (s *qconn) replace(old *cstream) {
 	c := s.c
 	c.wg.Add(1)
 	go func() {
@@ -1077,7 +1078,7 @@ func (s *session) replace(old *cstream) {
 		qs, err := s.conn.OpenStreamSync(ctx)
 		if err != nil {
 			if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
-				return // the session's own end takes care of the rest
+				return // the qconn's own end takes care of the rest
 			}
 			if s.pick(0) == nil {
 				s.fail(fmt.Errorf("no stream in service: open stream: %w", err))

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// deadlines times out a session's calls with a few timers for the whole
+// deadlines times out a qconn's calls with a few timers for the whole
 // connection instead of one per call: time.AfterFunc per call
 // cost two allocations and a runtime timer heap insert and delete, work
 // that a call answered in microseconds never needed. Calls live in min-heaps
@@ -52,7 +52,7 @@ func (d *deadlines) shard(pc *pendingCall) *deadlineShard {
 }
 
 // add starts timing pc (pc.deadline is set). A call already finished, or
-// a closed session, is not added.
+// a closed qconn, is not added.
 func (d *deadlines) add(pc *pendingCall) {
 	sh := d.shard(pc)
 	sh.mu.Lock()

@@ -19,7 +19,7 @@ func benchPool(tb testing.TB, n int, b Balance) *Pool {
 	for i := range n {
 		pr := newPeer(p, "10.0.0."+strconv.Itoa(i+1)+":8443")
 		sl := &slot{}
-		sl.cur.Store(&session{})
+		sl.cur.Store(&qconn{})
 		pr.c = &Client{slots: []*slot{sl}}
 		peers = append(peers, pr)
 	}

@@ -135,7 +135,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			t.Fatalf("%q: the detail should carry the server's message", qrpc.ErrorString(err))
 		}
 		// The next call is not sent, and says why at once (the dead
-		// session tells until its slot has recorded it): the server
+		// qconn tells until its slot has recorded it): the server
 		// closing, or (once the first re-dial, made at once, has been
 		// refused by the closed port) that refusal.
 		_, err = unary(c, time.Second, "echo", nil)

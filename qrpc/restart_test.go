@@ -162,10 +162,8 @@ func restartKill(t *testing.T, e *env, sameKey bool) bool {
 	_, err = unary(c, 700*time.Millisecond, "echo", []byte("x"))
 	// As ErrConnLost with the error in its chain, or, when the refusal
 	// ended the connection before the call, as ErrUnavailable with it in
-	// the text only (the dead session's cause, or the refused re-dial's;
-	// before the client read the dead session's cause, a call in that
-	// window saw "unavailable: reconnecting", which failed a bare-Debian
-	// make test with another key).
+	// the text only (the dead qconn's cause, or the refused re-dial's;
+	// never a bare "unavailable: reconnecting").
 	if errors.Is(err, syscall.ECONNREFUSED) || (err != nil && strings.Contains(err.Error(), "connection refused")) {
 		return true
 	}

@@ -13,7 +13,7 @@ import (
 // once the server confirmed it or answered a call, a reset is a loss.
 func TestDroppedUnconfirmed(t *testing.T) {
 	reset := fmt.Errorf("read: %w", &quic.StatelessResetError{})
-	open := func() *session { return &session{confirmed: make(chan struct{})} }
+	open := func() *qconn { return &qconn{confirmed: make(chan struct{})} }
 
 	if s := open(); !s.droppedUnconfirmed(reset) {
 		t.Error("a reset before confirmation and before any answer is not a refusal")
@@ -28,7 +28,7 @@ func TestDroppedUnconfirmed(t *testing.T) {
 	}
 	ch := make(chan struct{})
 	close(ch)
-	if s := (&session{confirmed: ch}); s.droppedUnconfirmed(reset) {
+	if s := (&qconn{confirmed: ch}); s.droppedUnconfirmed(reset) {
 		t.Error("a reset after the server confirmed the handshake counted as a refusal")
 	}
 }
