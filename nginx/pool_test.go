@@ -552,13 +552,17 @@ func TestPoolLua(t *testing.T) {
                 ngx.say("connections: ", qrpc.stats().connections)`)},
 		body: lines("true true true true", "hash: 0,20", "round robin: up=5,up=5", "connections: 5"),
 	}, {
-		name: "max_connections closes the least recently used idle pool, refuses when all are busy",
+		name: "max_connections closes the least recently used idle pool, never one handed out and not yet called, refuses when all are busy",
 		conf: ngxConf{Workers: 1, Extra: extra, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
                 assert(qrpc.configure({ max_connections = 2 }))
                 local c1 = assert(qrpc.connect(qt.s1, qt.opts()))
                 local c2 = assert(qrpc.connect(qt.s2, qt.opts()))
+                -- both just handed out, no call made on either yet: neither
+                -- is idle, so a third pool has no room
+                ngx.say(select(2, qrpc.connect(qt.s1, qt.opts({ streams = 4 }))))
+                ngx.say(c1:unary("echo", "a").body, " ", c2:unary("echo", "b").body)
                 local c3 = assert(qrpc.connect(qt.s1, qt.opts({ streams = 4 })))
                 -- c1 was the least recently used idle pool: closed for c3
                 ngx.say(select(2, c1:unary("echo", "x")), " ", c2:unary("echo", "x").body,
@@ -572,8 +576,10 @@ func TestPoolLua(t *testing.T) {
                 ngx.thread.wait(t2)
                 local c4 = assert(qrpc.connect(qt.s2, qt.opts({ streams = 8 })))
                 ngx.say(c4:unary("echo", "z").body, " ", qrpc.stats().connections)`)},
-		body: lines("closed x y 2",
-			"qrpc: too many connections (2); every pool has calls in flight: raise qrpc.configure{ max_connections = n } or connect to fewer distinct servers/options",
+		body: lines("qrpc: too many connections (2); every pool has calls in flight or was just handed out by connect: raise qrpc.configure{ max_connections = n } or connect to fewer distinct servers/options",
+			"a b",
+			"closed x y 2",
+			"qrpc: too many connections (2); every pool has calls in flight or was just handed out by connect: raise qrpc.configure{ max_connections = n } or connect to fewer distinct servers/options",
 			"z 2"),
 	}})
 }

@@ -516,6 +516,10 @@ end
 
 function _M.connect(addr, opts)
     local conn, err = connect(addr, opts)
+    if conn then
+        -- not evicted before the caller's first call (cache.make_room)
+        conn.handed = true
+    end
     if conn and opts ~= nil and opts.methods ~= nil then
         -- message types per method name (resty.ffi.qrpc.proto)
         local ok, berr = proto.bind(conn, opts.methods)
@@ -678,6 +682,9 @@ function _M.unary(self, method, body, opts)
         end
         status, val = rf_decode(rf_call(cmd, method, body, keep, secs))
     end
+    if self.handed then
+        self.handed = nil   -- its first call is over: evictable when idle
+    end
 
     if status == QRPC_OK then
         if resp then
@@ -730,6 +737,9 @@ function _M.event(self, method, body, opts)
     local rc
     rc, err = builtin_event(self.handle, method, body, nh, hbuf, hlen, req, flags,
                             hash_key)
+    if self.handed then
+        self.handed = nil
+    end
     if rc == QRPC_OK then
         return true
     end

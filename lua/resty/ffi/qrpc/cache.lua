@@ -190,18 +190,25 @@ end
 
 
 -- Makes room for need more QUIC connections under max: closes the least
--- recently used idle pools (ready, nothing in flight). Returns true, or
--- nil and the error connect reports.
+-- recently used idle pools (ready, nothing in flight). A pool that connect
+-- has handed out and whose caller has not finished a call on it yet
+-- (conn.handed, cleared by unary and event) is not idle: its caller is
+-- about to use it. That lasts at most the pool's timeout and a second, so
+-- a caller killed in between does not pin it. Returns true, or nil and
+-- the error connect reports.
 function _M.make_room(need, max, stats)
     local total = held()
     if total + need <= max then
         return true
     end
+    local now = ngx_now()
     local idle = {}
     for _, list in pairs(conn_cache) do
         for i = 1, #list do
             local e = list[i]
-            if e.state == "ready" and not e.conn.closed then
+            if e.state == "ready" and not e.conn.closed and e.nwait == 0
+               and not (e.conn.handed and now - e.used < e.timeout / 1000 + 1)
+            then
                 local st = stats(e.conn.handle)
                 if st and st.inflight == 0 then
                     idle[#idle + 1] = e
@@ -220,7 +227,8 @@ function _M.make_room(need, max, stats)
         end
     end
     return nil, "qrpc: too many connections (" .. max .. "); every pool "
-                .. "has calls in flight: raise qrpc.configure{ "
+                .. "has calls in flight or was just handed out by connect: "
+                .. "raise qrpc.configure{ "
                 .. "max_connections = n } or connect to fewer distinct "
                 .. "servers/options"
 end
@@ -336,6 +344,7 @@ function _M.wait(e)
         e.nwait = e.nwait - 1
     end
     if e.state == "ready" then
+        e.used = ngx_now()
         return e.conn
     end
     if e.state == "failed" then
