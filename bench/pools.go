@@ -30,15 +30,19 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 )
 
 const (
-	secPools     = "Pools: a pool of 3 servers vs 1 server, same server process (3 listeners vs 1 of them)"
-	secPoolsProc = "Pools: 3 server processes vs 1 server process (same machine; for information)"
-	secPoolsConn = "Pools: a pool of 3 servers vs 1 server over 3 QUIC connections (conns = 3), same server process: what the pool itself costs"
-	poolTarget   = "≥ 0.95"
+	secBalance     = "Pools: balance = \"p2c\" vs \"round_robin\", 3 even servers (3 listeners of one process)"
+	secBalanceSlow = "Pools: balancers with one of 3 server processes paused 100 ms every 300 ms (SIGSTOP; for information)"
+	secPools       = "Pools: a pool of 3 servers vs 1 server, same server process (3 listeners vs 1 of them)"
+	secPoolsProc   = "Pools: 3 server processes vs 1 server process (same machine; for information)"
+	secPoolsConn   = "Pools: a pool of 3 servers vs 1 server over 3 QUIC connections (conns = 3), same server process: what the pool itself costs"
+	poolTarget     = "≥ 0.95"
 )
 
 // poolMode is one pool's calls in a poolRun, in seconds.
@@ -100,14 +104,18 @@ func startServers(dir string, pair certs.Pair, n int) (*child, []string, error) 
 
 // poolRun runs calls through pool a (three) and pool b (one); oneConns is
 // b's QUIC connections per server (the conns option; 0 or 1: one).
-func (n *nginx) poolRun(three, one []string, oneConns int, pids []int, calls, c, block int) (poolRun, error) {
+func (n *nginx) poolRun(three, one []string, oneConns int, pids []int, calls, c, block int, bal ...string) (poolRun, error) {
 	var r poolRun
 	ps := make([]string, len(pids))
 	for i, p := range pids {
 		ps[i] = strconv.Itoa(p)
 	}
-	body, err := n.get(fmt.Sprintf("/bench/pools?a=%s&b=%s&bconns=%d&pids=%s&n=%d&c=%d&block=%d&size=100",
-		strings.Join(three, ","), strings.Join(one, ","), oneConns, strings.Join(ps, ","), calls, c, block))
+	q := ""
+	if len(bal) == 2 {
+		q = "&abal=" + bal[0] + "&bbal=" + bal[1]
+	}
+	body, err := n.get(fmt.Sprintf("/bench/pools?a=%s&b=%s&bconns=%d&pids=%s&n=%d&c=%d&block=%d&size=100%s",
+		strings.Join(three, ","), strings.Join(one, ","), oneConns, strings.Join(ps, ","), calls, c, block, q))
 	if err != nil {
 		return r, err
 	}
@@ -147,10 +155,14 @@ func figurePools(e *env, p params, t *table) error {
 		pids       []int
 		target     string
 		seq        bool
+		bal        []string
 	}{
-		{secPools, multiAddrs, multiAddrs[:1], 1, []int{multi.pid}, poolTarget, true},
-		{secPoolsConn, multiAddrs, multiAddrs[:1], 3, []int{multi.pid}, "", false},
-		{secPoolsProc, procAddrs, procAddrs[:1], 1, procPIDs, "", true},
+		{secPools, multiAddrs, multiAddrs[:1], 1, []int{multi.pid}, poolTarget, true, nil},
+		{secPoolsConn, multiAddrs, multiAddrs[:1], 3, []int{multi.pid}, "", false, nil},
+		{secPoolsProc, procAddrs, procAddrs[:1], 1, procPIDs, "", true, nil},
+		// p2c against round-robin on the same three even servers: what
+		// drawing two servers and weighing their latency costs.
+		{secBalance, multiAddrs, multiAddrs, 1, []int{multi.pid}, poolTarget, true, []string{"p2c", "round_robin"}},
 	}
 	rows := []struct {
 		name            string
@@ -167,7 +179,7 @@ func figurePools(e *env, p params, t *table) error {
 			}
 			var got []poolRun
 			for i := 0; i < runs; i++ {
-				pr, err := e.nginx.poolRun(s.three, s.one, s.oneConns, s.pids, r.calls, r.c, r.block)
+				pr, err := e.nginx.poolRun(s.three, s.one, s.oneConns, s.pids, r.calls, r.c, r.block, s.bal...)
 				if err != nil {
 					return fmt.Errorf("%s: %w", r.name, err)
 				}
@@ -175,7 +187,11 @@ func figurePools(e *env, p params, t *table) error {
 					s.sec[:24], r.name, pr.aRate(), pr.bRate(), pr.rateRatio(), pr.aCPU(), pr.bCPU(), pr.aSrv(), pr.bSrv())
 				got = append(got, pr)
 			}
-			tr := row{section: s.sec, name: fmt.Sprintf("%s × %d runs: throughput (runs' ratios %s)", r.name, runs, ratioSpread(got, poolRun.rateRatio)),
+			name := r.name
+			if s.bal != nil {
+				name = strings.Replace(name, "per pool", "per balancer", 1)
+			}
+			tr := row{section: s.sec, name: fmt.Sprintf("%s × %d runs: throughput (runs' ratios %s)", name, runs, ratioSpread(got, poolRun.rateRatio)),
 				subject: fmt.Sprintf("%.0f calls/s", medianBy(got, poolRun.aRate)), baseline: fmt.Sprintf("%.0f calls/s", medianBy(got, poolRun.bRate)),
 				ratio: medianBy(got, poolRun.rateRatio), ratioLabel: "throughput ratio"}
 			if s.target != "" {
@@ -190,11 +206,87 @@ func figurePools(e *env, p params, t *table) error {
 				{"server processes' CPU per call", poolRun.aSrv, poolRun.bSrv, poolRun.srvRatio},
 				{"worker + servers CPU per call", poolRun.aAll, poolRun.bAll, poolRun.allRatio},
 			} {
-				cr := cpuRow(s.sec, fmt.Sprintf("%s: %s (runs' ratios %s)", r.name, c.what, ratioSpread(got, c.rat)), medianBy(got, c.a), medianBy(got, c.b))
+				cr := cpuRow(s.sec, fmt.Sprintf("%s: %s (runs' ratios %s)", name, c.what, ratioSpread(got, c.rat)), medianBy(got, c.a), medianBy(got, c.b))
 				cr.ratio = medianBy(got, c.rat)
 				t.add(cr)
 			}
 		}
+	}
+	return balanceSlow(e, p, t, procAddrs, procPIDs[0])
+}
+
+// balanceRun is one answer of GET /bench/balance.
+type balanceRun struct {
+	Calls   int            `json:"calls"`
+	Errors  int            `json:"errors"`
+	P50     float64        `json:"p50"`
+	P99     float64        `json:"p99"`
+	Servers map[string]int `json:"servers"`
+}
+
+// balanceSlow runs each balancer over the three server processes while
+// the first one is paused 100 ms in every 300 ms, the balancers in turn
+// within each round so that the machine's drift weighs on all alike: the
+// slow server's share of the calls and the calls' p99, p2c against
+// round_robin and least_inflight.
+func balanceSlow(e *env, p params, t *table, addrs []string, slowPID int) error {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(300 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_ = syscall.Kill(slowPID, syscall.SIGSTOP)
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-stop:
+			}
+			_ = syscall.Kill(slowPID, syscall.SIGCONT)
+			select {
+			case <-tick.C:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	bals := []string{"p2c", "round_robin", "least_inflight"}
+	got := map[string][]balanceRun{}
+	calls := max(p.poolSeqN, 1000)
+	for range max(p.runs, 3) {
+		for _, b := range bals {
+			body, err := e.nginx.get(fmt.Sprintf("/bench/balance?addrs=%s&balance=%s&n=%d&c=%d",
+				strings.Join(addrs, ","), b, calls, p.conc))
+			if err != nil {
+				return fmt.Errorf("balance %s: %w", b, err)
+			}
+			var r balanceRun
+			if err := json.Unmarshal([]byte(body), &r); err != nil {
+				return fmt.Errorf("bad /bench/balance answer %q: %w", body, err)
+			}
+			log.Printf("balance %s, one server paused: %d calls, %d errors, p50 %.2f ms, p99 %.2f ms, slow server %d",
+				b, r.Calls, r.Errors, r.P50, r.P99, r.Servers[addrs[0]])
+			got[b] = append(got[b], r)
+		}
+	}
+	share := func(r balanceRun) float64 {
+		all := 0
+		for _, n := range r.Servers {
+			all += n
+		}
+		return 100 * float64(r.Servers[addrs[0]]) / float64(max(all, 1))
+	}
+	p99 := func(r balanceRun) float64 { return r.P99 }
+	errs := func(r balanceRun) float64 { return float64(r.Errors) }
+	pc := got["p2c"]
+	for _, b := range bals[1:] {
+		o := got[b]
+		t.add(row{section: secBalanceSlow, name: fmt.Sprintf("%d calls from %d light threads × %d runs: p99, p2c vs %s", calls, p.conc, len(pc), b),
+			subject: fmtMS(medianBy(pc, p99)), baseline: fmtMS(medianBy(o, p99)), ratio: medianBy(pc, p99) / medianBy(o, p99), ratioLabel: "p99 ratio"})
+		t.add(row{section: secBalanceSlow, name: fmt.Sprintf("the paused server's share of the calls, p2c vs %s (errors %.0f vs %.0f)", b, medianBy(pc, errs), medianBy(o, errs)),
+			subject: fmt.Sprintf("%.1f %%", medianBy(pc, share)), baseline: fmt.Sprintf("%.1f %%", medianBy(o, share)),
+			ratio: medianBy(pc, share) / max(medianBy(o, share), 0.01), ratioLabel: "share ratio"})
 	}
 	return nil
 }

@@ -212,9 +212,9 @@ func cFuncs(src string) map[string]string {
 	return out
 }
 
-// The bound of retries is checked in Lua (so that a caller gets "bad
-// argument") and again in Go (defence): both must be the same number, or
-// values between them would reach a caller as "bad command".
+// The bounds of retries and hedge.max are checked in Lua (so that a caller
+// gets "bad argument") and again in Go (defence): both must be the same
+// numbers, or values between them would reach a caller as "bad command".
 func TestRetriesBoundMatchesGo(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -231,9 +231,14 @@ func TestRetriesBoundMatchesGo(t *testing.T) {
 		}
 		return string(m[1])
 	}
-	goMax := read("internal/bridge/command.go", regexp.MustCompile(`(?m)^\s*maxRetries\s*=\s*(\d+)`))
-	luaMax := read("lua/resty/ffi/qrpc/pool.lua", regexp.MustCompile(`(?m)^local MAX_RETRIES = (\d+)`))
-	if goMax != luaMax {
-		t.Errorf("retries: Go refuses above %s, Lua above %s", goMax, luaMax)
+	for _, b := range []struct{ goName, luaName string }{
+		{"MaxRetries", "MAX_RETRIES"},
+		{"MaxHedge", "MAX_HEDGE"},
+	} {
+		goMax := read("qrpc/pool.go", regexp.MustCompile(`(?m)^const `+b.goName+` = (\d+)`))
+		luaMax := read("lua/resty/ffi/qrpc/pool.lua", regexp.MustCompile(`(?m)^local `+b.luaName+` = (\d+)`))
+		if goMax != luaMax {
+			t.Errorf("%s: Go refuses above %s, Lua above %s", b.goName, goMax, luaMax)
+		}
 	}
 }

@@ -264,7 +264,7 @@ func TestAddressChecksRemembered(t *testing.T) {
                 ngx.say(conn == qrpc.connect(qt.addr, qt.opts()))`)},
 		body: lines(
 			"true true",
-			`bad argument #2: balance must be "round_robin", "least_inflight" or "hash" (got nope)`,
+			`bad argument #2: balance must be "round_robin", "least_inflight", "hash" or "p2c" (got nope)`,
 			"true",
 			`bad argument #1: addr must be host:port (got "nohost")`,
 			`bad argument #1: addr must be host:port, the host is empty (got ":8443")`,

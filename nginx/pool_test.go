@@ -489,7 +489,31 @@ func TestPoolLua(t *testing.T) {
                 p(conn:unary("echo", "x"))
                 p(conn:unary("echo", "x", { hash_key = {} }))
                 p(conn:unary("echo", "x", { hash_key = "k", retries = 1.5 }))
-                p(conn:event("count", "x"))`)},
+                p(conn:event("count", "x"))
+                local two = { qt.s1, qt.s2 }
+                p(qrpc.connect(two, qt.opts({ hedge = boom })))
+                p(qrpc.connect(two, qt.opts({ budget = boom })))
+                p(qrpc.connect(two, qt.opts({ health = { on = boom } })))
+                p(qrpc.connect(two, qt.opts({ try_timeout = -1 })))
+                p(qrpc.connect(two, qt.opts({ try_timeout = "150" })))
+                p(qrpc.connect(two, qt.opts({ hedge = 20 })))
+                p(qrpc.connect(two, qt.opts({ hedge = { delay = "p99" } })))
+                p(qrpc.connect(two, qt.opts({ hedge = { delay = 20, max = 5 } })))
+                p(qrpc.connect(two, qt.opts({ hedge = { delay = 20, max = 0 } })))
+                p(qrpc.connect(two, qt.opts({ hedge = { delay = 20, copies = 1 } })))
+                p(qrpc.connect(two, qt.opts({ budget = { ratio = 1.5 } })))
+                p(qrpc.connect(two, qt.opts({ budget = { min_per_s = -1 } })))
+                p(qrpc.connect(two, qt.opts({ budget = { min_per_s = 100001 } })))
+                p(qrpc.connect(two, qt.opts({ health = { on = { "timeout", "slow" } } })))
+                p(qrpc.connect(two, qt.opts({ health = { on = {} } })))
+                p(qrpc.connect(two, qt.opts({ methods = { echo = { hedge = { delay = -1 } } } })))
+                p(qrpc.connect(two, qt.opts({ methods = { echo = { try_timeout = true } } })))
+                local plain = assert(qrpc.connect(two, qt.opts()))
+                p(plain:unary("echo", "x", { try_timeout = -5 }))
+                p(plain:unary("echo", "x", { hedge = { max = 1 } }))
+                p(plain:unary("echo", "x", { hedge = { delay = 1, max = 17 } }))
+                local okh = plain:unary("echo", "x", { hedge = { delay = "p95", max = 4 }, try_timeout = 0 })
+                p(okh and okh.body, plain:unary("echo", "y", { hedge = false }).body)`)},
 		body: lines(
 			`nil | bad argument #1: addrs must not be empty`,
 			`nil | bad argument #1: addrs[2] must be a non-empty string host:port (got number)`,
@@ -502,7 +526,7 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #1: addrs[2] must be host:port with a port 1..65535 (got "`+aHost+`:70000")`,
 			`nil | bad argument #2: opts.health raised an error: boom`,
 			`nil | bad argument #2: opts.check raised an error: boom`,
-			`nil | bad argument #2: balance must be "round_robin", "least_inflight" or "hash" (got random)`,
+			`nil | bad argument #2: balance must be "round_robin", "least_inflight", "hash" or "p2c" (got random)`,
 			`nil | bad argument #2: health.failures must be a positive integer`,
 			`nil | bad argument #2: health.eject must be a number of milliseconds >= 0`,
 			`nil | bad argument #2: unknown health option 'fails'`,
@@ -518,6 +542,27 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #4: hash_key must be a string (got table)`,
 			`nil | bad argument #4: retries must be an integer 0..16 (got 1.5)`,
 			`nil | bad argument #4: hash_key is required: the connection balances by "hash"`,
+			`nil | bad argument #2: opts.hedge raised an error: boom`,
+			`nil | bad argument #2: opts.budget raised an error: boom`,
+			`nil | bad argument #2: opts.health.on raised an error: boom`,
+			`nil | bad argument #2: try_timeout must be a number of milliseconds >= 0 (got -1)`,
+			`nil | bad argument #2: try_timeout must be a number of milliseconds >= 0 (got 150)`,
+			`nil | bad argument #2: hedge must be a table { delay = ms | "p95", max = n } or false`,
+			`nil | bad argument #2: hedge.delay must be a number of milliseconds >= 0 or "p95" (got p99)`,
+			`nil | bad argument #2: hedge.max must be an integer 1..4 (got 5)`,
+			`nil | bad argument #2: hedge.max must be an integer 1..4 (got 0)`,
+			`nil | bad argument #2: unknown hedge option 'copies'`,
+			`nil | bad argument #2: budget.ratio must be a number 0..1 (got 1.5)`,
+			`nil | bad argument #2: budget.min_per_s must be an integer 0..100000 (got -1)`,
+			`nil | bad argument #2: budget.min_per_s must be an integer 0..100000 (got 100001)`,
+			`nil | bad argument #2: health.on must be a list of "connect", "reset", "timeout" (got slow)`,
+			`nil | bad argument #2: health.on must not be empty (health.failures bounds ejections)`,
+			`nil | bad argument #2: methods.echo.hedge.delay must be a number of milliseconds >= 0 or "p95" (got -1)`,
+			`nil | bad argument #2: methods.echo.try_timeout must be a number of milliseconds >= 0`,
+			`nil | bad argument #4: try_timeout must be a number of milliseconds >= 0 (got -5)`,
+			`nil | bad argument #4: hedge.delay must be a number of milliseconds >= 0 or "p95" (got nil)`,
+			`nil | bad argument #4: hedge.max must be an integer 1..4 (got 17)`,
+			`x | y`,
 		),
 	}, {
 		name: "defaults written out and address order give the same pool; a hash key keeps its server",
@@ -527,7 +572,9 @@ func TestPoolLua(t *testing.T) {
                 local c1 = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts()))
                 local c2 = assert(qrpc.connect({ qt.s2, qt.s1 }, qt.opts({
                     timeout = 5000, conns = 1, streams = 32, balance = "round_robin",
-                    health = { failures = 3, eject = 10000, stall = 200 }, retries = 0, resolve = 0 })))
+                    health = { failures = 3, eject = 10000, stall = 200, on = { "timeout", "connect", "reset" } },
+                    retries = 0, resolve = 0, try_timeout = 0, hedge = false,
+                    budget = { ratio = 0.2, min_per_s = 10 } })))
                 local c3 = assert(qrpc.connect(qt.s1, qt.opts()))
                 local c4 = assert(qrpc.connect(qt.s1, qt.opts({ timeout = 5000, idle_timeout = 30000 })))
                 local h = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash" })))

@@ -47,6 +47,12 @@ type Call struct {
 	// transport failure of a call that may have run; 0 takes the pool's
 	// PoolConfig.Retries, negative means none. A Client ignores it.
 	Retries int
+	// TryTimeout, for a Pool: each attempt's bound; 0 takes the pool's
+	// PoolConfig.TryTimeout, negative means none.
+	TryTimeout time.Duration
+	// Hedge, for a Pool: the call's hedging; zero takes the pool's
+	// PoolConfig.Hedge, Max < 0 means none.
+	Hedge Hedge
 }
 
 // Done receives the outcome of a call started with Start, exactly once. It

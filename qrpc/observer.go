@@ -28,6 +28,15 @@ type PeerObserver interface {
 	Reconnected()
 	// Ejected reports a passive or active health ejection.
 	Ejected()
+	// Retried reports a call retried on another server after err, an
+	// attempt's transport failure on this server.
+	Retried(err error)
+	// Hedged reports a copy of a call sent to another server because this
+	// server had not answered it within the hedge delay.
+	Hedged()
+	// BudgetExhausted reports a retry or copy, after a failure or delay
+	// of this server, refused by the pool's retry budget.
+	BudgetExhausted()
 	// BytesSent and BytesReceived count frame bytes on the wire.
 	BytesSent(n int)
 	BytesReceived(n int)
@@ -67,5 +76,8 @@ func (nopPeer) InflightAdd(int)                               {}
 func (nopPeer) StateChanged(PeerState)                        {}
 func (nopPeer) Reconnected()                                  {}
 func (nopPeer) Ejected()                                      {}
+func (nopPeer) Retried(error)                                 {}
+func (nopPeer) Hedged()                                       {}
+func (nopPeer) BudgetExhausted()                              {}
 func (nopPeer) BytesSent(int)                                 {}
 func (nopPeer) BytesReceived(int)                             {}

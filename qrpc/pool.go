@@ -26,9 +26,14 @@ const (
 	// keys that it wins or held move, about 1/N of them). A call without a
 	// key goes round-robin.
 	Hash
+	// P2C is the power of two choices: of two servers drawn at random, the
+	// one with the lower peak-EWMA answer time × (calls in flight + 1)
+	// takes the call (linkerd's and Finagle's balancer; the EWMA decays
+	// with a 10 s time constant).
+	P2C
 )
 
-var balanceNames = [...]string{"round_robin", "least_inflight", "hash"}
+var balanceNames = [...]string{"round_robin", "least_inflight", "hash", "p2c"}
 
 func (b Balance) String() string {
 	if int(b) < len(balanceNames) {
@@ -37,15 +42,65 @@ func (b Balance) String() string {
 	return "unknown"
 }
 
-// ParseBalance reads "round_robin", "least_inflight" or "hash".
+// ParseBalance reads "round_robin", "least_inflight", "hash" or "p2c".
 func ParseBalance(s string) (Balance, error) {
 	for i, n := range balanceNames {
 		if s == n {
 			return Balance(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: unknown balance %q (round_robin, least_inflight or hash)", ErrBadConfig, s)
+	return 0, fmt.Errorf("%w: unknown balance %q (round_robin, least_inflight, hash or p2c)", ErrBadConfig, s)
 }
+
+// Failure is a kind of transport failure, for PoolConfig.EjectOn.
+type Failure uint8
+
+const (
+	// FailConnect: the server could not be reached (dial, TLS, or the
+	// client re-dialling it).
+	FailConnect Failure = 1 << iota
+	// FailReset: the connection or stream was lost with calls in flight.
+	FailReset
+	// FailTimeout: an attempt got no answer in time (its try timeout or
+	// the call's deadline).
+	FailTimeout
+
+	failAll = FailConnect | FailReset | FailTimeout
+)
+
+// failureOf classifies a transport failure (0: not one).
+func failureOf(err error) Failure {
+	switch {
+	case errors.Is(err, ErrTimeout):
+		return FailTimeout
+	case errors.Is(err, ErrConnLost):
+		return FailReset
+	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrDial):
+		return FailConnect
+	}
+	return 0
+}
+
+// Hedge sends copies of a call that has not been answered after Delay to
+// other servers, at most Max copies besides the first; the first answer
+// (any code) wins and the other copies are cancelled. Only for calls
+// that may run twice.
+type Hedge struct {
+	// Delay before each copy. With P95 it is the pool's measured 95th
+	// percentile answer time instead (at least 1 ms; no copy is sent
+	// until the pool has that many answers to measure it from).
+	Delay time.Duration
+	P95   bool
+	// Max copies besides the first: 0 is none (for Call.Hedge: the
+	// pool's), a negative value none at all; at most MaxHedge.
+	Max int
+}
+
+// MaxHedge bounds Hedge.Max.
+const MaxHedge = 4
+
+// MaxRetries bounds PoolConfig.Retries and Call.Retries.
+const MaxRetries = 16
 
 // HealthCheck is the optional active check: a unary call of Method to
 // every server every Interval, each given Timeout. A server that fails it
@@ -86,6 +141,24 @@ type PoolConfig struct {
 	// for a call that failed in transport after it may have run (default
 	// 0: such calls are not retried). Call.Retries overrides it.
 	Retries int
+	// TryTimeout bounds each attempt (0: off): an attempt gets
+	// min(TryTimeout, the time left), and one that passes it is a timeout
+	// of that server; with retries left the call goes on to another
+	// server. Call.TryTimeout overrides it.
+	TryTimeout time.Duration
+	// Hedge is the default hedging of calls (zero: none); Call.Hedge
+	// overrides it.
+	Hedge Hedge
+	// RetryRatio and RetryMinPerS are the retry budget (Finagle's): over
+	// the last 10 s, the retries and hedged copies of the pool's calls
+	// stay within RetryMinPerS × 10 + RetryRatio × its calls. A call
+	// that would go over fails with its own error, marked "retry budget
+	// exhausted". 0 takes the defaults (0.2 and 10), negative is 0.
+	RetryRatio   float64
+	RetryMinPerS int
+	// EjectOn is the transport failures that count against a server's
+	// health (0: all of them).
+	EjectOn Failure
 	// Resolve re-resolves the host names among the addresses this often
 	// (0: once, at DialPool).
 	Resolve time.Duration
@@ -118,14 +191,21 @@ const (
 	defaultEject    = 10 * time.Second
 	// defaultStall: well above a typical call's latency, well below
 	// typical timeouts (1-5 s), so that a silent server is left in a
-	// fraction of them; the answer time shortens it (stallLimit).
+	// fraction of them; the server's own answer time shortens it
+	// (peer.stallLimit).
 	defaultStall = 200 * time.Millisecond
-	// A pool whose calls are answered fast finds a stall sooner: after
-	// stallFactor × its typical answer time, but never under stallFloor
-	// (a loaded machine's scheduling hiccups last a few tens of ms).
+	// A server whose calls are answered fast is found stalled sooner:
+	// after stallFactor × its peak-EWMA answer time, but never under
+	// stallFloor. On a loaded 2-CPU machine beside a CPU hog, healthy
+	// servers at 50 calls in flight go silent for 25-40 ms (a floor of
+	// 25 ms took 33 of 44 stall notices for such servers); 60 ms clears
+	// that and still finds a frozen server well within 250 ms.
 	stallFactor    = 8
-	stallFloor     = 25 * time.Millisecond
+	stallFloor     = 60 * time.Millisecond
 	maxEjectFactor = 10
+	// The retry budget's defaults (Finagle's).
+	defaultRetryRatio   = 0.2
+	defaultRetryMinPerS = 10
 	// maxPeers bounds a pool (names may resolve to many addresses).
 	maxPeers = 256
 )
@@ -163,7 +243,22 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 		pc.Observer = NopObserver{}
 	}
 	switch {
-	case pc.Balance > Hash:
+	case pc.RetryRatio == 0:
+		pc.RetryRatio = defaultRetryRatio
+	case pc.RetryRatio < 0:
+		pc.RetryRatio = 0
+	}
+	switch {
+	case pc.RetryMinPerS == 0:
+		pc.RetryMinPerS = defaultRetryMinPerS
+	case pc.RetryMinPerS < 0:
+		pc.RetryMinPerS = 0
+	}
+	if pc.EjectOn == 0 {
+		pc.EjectOn = failAll
+	}
+	switch {
+	case pc.Balance > P2C:
 		return pc, conf, fmt.Errorf("%w: unknown balance %d", ErrBadConfig, pc.Balance)
 	case pc.Failures < 1:
 		return pc, conf, fmt.Errorf("%w: health failures must be at least 1, got %d", ErrBadConfig, pc.Failures)
@@ -171,8 +266,14 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 		return pc, conf, fmt.Errorf("%w: negative ejection time", ErrBadConfig)
 	case pc.Check.Interval < 0 || pc.Check.Timeout < 0:
 		return pc, conf, fmt.Errorf("%w: negative health check interval or timeout", ErrBadConfig)
-	case pc.Retries < 0:
-		return pc, conf, fmt.Errorf("%w: negative retries", ErrBadConfig)
+	case pc.Retries < 0 || pc.Retries > MaxRetries:
+		return pc, conf, fmt.Errorf("%w: retries must be 0..%d, got %d", ErrBadConfig, MaxRetries, pc.Retries)
+	case pc.TryTimeout < 0:
+		return pc, conf, fmt.Errorf("%w: negative try timeout", ErrBadConfig)
+	case pc.Hedge.Max < 0 || pc.Hedge.Max > MaxHedge || pc.Hedge.Delay < 0:
+		return pc, conf, fmt.Errorf("%w: hedge max must be 0..%d and its delay >= 0", ErrBadConfig, MaxHedge)
+	case pc.EjectOn&^failAll != 0:
+		return pc, conf, fmt.Errorf("%w: unknown failure kinds 0x%x", ErrBadConfig, pc.EjectOn&^failAll)
 	case pc.Resolve < 0:
 		return pc, conf, fmt.Errorf("%w: negative resolve interval", ErrBadConfig)
 	}
@@ -197,11 +298,14 @@ type Pool struct {
 
 	// set is the servers that take calls, read without a lock on the call
 	// path and replaced (copy-on-write) when membership changes.
-	set atomic.Pointer[peerSet]
-	rr  atomic.Uint32
-	// answerTime is the pool's typical answer time (ns, a moving average
-	// of sampled answered calls, 0 until one is), for the stall limit.
-	answerTime atomic.Int64
+	set     atomic.Pointer[peerSet]
+	rr      atomic.Uint32
+	rrExtra atomic.Uint32 // turns of retries and copies (choose)
+	// lastAnswer is when a server of the pool last answered (monoNS): a
+	// server is stalled only while others answer (pool_peer.go).
+	lastAnswer atomic.Int64
+	budget     *retryBudget
+	lat        latencyHist // answer times, for hedging at the p95
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -260,6 +364,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		peers:    map[string]*peer{},
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
+		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
 	}
 	_, nop := pc.Observer.(NopObserver)
 	p.observed = !nop
@@ -342,42 +447,6 @@ func (p *Pool) startBackground() {
 		p.wg.Add(1)
 		go p.checkLoop()
 	}
-}
-
-// Start sends a call to a server that is up, as Client.Start does. A call
-// that cannot be sent to the server picked goes to another one; a call
-// that failed in transport after it may have run is retried on another
-// server only with retries (Call.Retries or PoolConfig.Retries), within the
-// call's deadline. done is called once, with the last attempt's outcome.
-func (p *Pool) Start(call *Call, done Done) (Pending, error) {
-	if p.closed.Load() {
-		return Pending{}, ErrClosed
-	}
-	retries := p.cfg.Retries
-	if call.Retries != 0 {
-		retries = max(call.Retries, 0)
-	}
-	pc := &poolCall{pool: p, done: done, retries: retries, deadline: call.Deadline}
-	if p.observed {
-		// The observer hears of the call after Start returns, when the
-		// caller's slice may be reused; without one, no copy to make.
-		pc.method = append([]byte(nil), call.Method...)
-	}
-	if retries > 0 {
-		// Later attempts outlive the caller's slices.
-		pc.call = cloneCall(call)
-		pc.key = pc.call.HashKey
-	} else {
-		pc.key = call.HashKey
-	}
-	pc.mu.Lock()
-	err := pc.attempt(call, false)
-	pc.key = pc.call.HashKey // nil unless cloned: the caller's may be reused
-	pc.mu.Unlock()
-	if err != nil {
-		return Pending{}, err
-	}
-	return Pending{pc: pc}, nil
 }
 
 // Event sends a one-way event to a server that is up.
@@ -540,139 +609,6 @@ func (p *Pool) noServer(lastErr error) error {
 		}
 	}
 	return &e
-}
-
-func cloneCall(c *Call) Call {
-	out := Call{
-		Method:   append([]byte(nil), c.Method...),
-		Body:     append([]byte(nil), c.Body...),
-		HashKey:  append([]byte(nil), c.HashKey...),
-		Deadline: c.Deadline,
-		Retries:  c.Retries,
-	}
-	if len(c.Headers) > 0 {
-		out.Headers = make([][]byte, len(c.Headers))
-		for i, h := range c.Headers {
-			out.Headers[i] = append([]byte(nil), h...)
-		}
-	}
-	return out
-}
-
-// poolCall is one call through a pool, across its attempts.
-type poolCall struct {
-	pool     *Pool
-	done     Done
-	method   []byte // copied, for the observer
-	key      []byte
-	deadline time.Time
-	call     Call // a copy, kept only when the call may be retried
-	ex       exclude
-
-	mu        sync.Mutex
-	retries   int
-	cur       Pending
-	curPeer   *peer
-	curTrial  bool
-	curBegan  time.Time
-	cancelled bool
-	finished  bool
-}
-
-// attempt starts the call on a server, moving on to others while the
-// call cannot be sent. Called with pc.mu held.
-func (pc *poolCall) attempt(call *Call, retry bool) error {
-	p := pc.pool
-	var lastErr error
-	for {
-		// The attempt's start time is also the pick's clock.
-		clk := pickClock{t: time.Now()}
-		pr, trial := p.pick(pc.key, &pc.ex, retry, &clk)
-		if pr == nil {
-			return p.noServer(lastErr)
-		}
-		began := clk.t
-		pr.startCall(began)
-		pend, err := pr.c.Start(call, func(resp *Response, err error) {
-			pc.attemptDone(pr, trial, began, resp, err)
-		})
-		if err == nil {
-			pc.cur, pc.curPeer, pc.curTrial, pc.curBegan = pend, pr, trial, began
-			return nil
-		}
-		pr.endCall()
-		if trial {
-			pr.trial.Store(false)
-		}
-		if !neverSent(err) {
-			return err
-		}
-		pc.ex.add(pr)
-		lastErr = err
-		// A retry may go back to a server it tried (when no other can take
-		// it), but not to one that just refused it: that would loop.
-		retry = false
-	}
-}
-
-// account ends an attempt: counters, observer, the server's health.
-func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
-	now := time.Now()
-	if err == nil {
-		pr.answered(now)
-		pc.pool.noteAnswerTime(pr, now.Sub(began))
-	}
-	pr.endCall()
-	var code uint32
-	if resp != nil {
-		code = resp.Code
-	}
-	pr.obs.CallDone(pc.method, code, err, now.Sub(began))
-	pc.pool.outcome(pr, trial, err)
-}
-
-func (pc *poolCall) attemptDone(pr *peer, trial bool, began time.Time, resp *Response, err error) {
-	pc.account(pr, trial, began, resp, err)
-	p := pc.pool
-	pc.mu.Lock()
-	if err != nil && pc.retries > 0 && !pc.cancelled && transportFailure(err) &&
-		(pc.deadline.IsZero() || time.Until(pc.deadline) > 0) && !p.closed.Load() {
-		pc.retries--
-		pc.ex.add(pr)
-		if pc.attempt(&pc.call, true) == nil {
-			pc.mu.Unlock()
-			return
-		}
-	}
-	pc.finished = true
-	pc.mu.Unlock()
-	pc.done(resp, err)
-}
-
-func (pc *poolCall) cancel() bool {
-	pc.mu.Lock()
-	if pc.finished || pc.cancelled {
-		pc.mu.Unlock()
-		return false
-	}
-	pc.cancelled = true
-	cur, pr, trial, began := pc.cur, pc.curPeer, pc.curTrial, pc.curBegan
-	pc.mu.Unlock()
-	if !cur.Cancel() {
-		return false // done runs (or ran), and will not retry
-	}
-	// A caller that gives up at the call's deadline (Unary's context
-	// usually beats the client's own timer) saw a timeout: the server's
-	// health must count it as one.
-	var err error = context.Canceled
-	if !pc.deadline.IsZero() && !time.Now().Before(pc.deadline) {
-		err = fmt.Errorf("%w: no response within the deadline", ErrTimeout)
-	}
-	pc.account(pr, trial, began, nil, err)
-	pc.mu.Lock()
-	pc.finished = true
-	pc.mu.Unlock()
-	return true
 }
 
 // exclude is the few servers a call has tried, kept out of its next pick.

@@ -216,6 +216,7 @@ type peerRec struct {
 	ok, failed, events       atomic.Int64
 	inflight, ejected, recon atomic.Int64
 	sent, recv               atomic.Int64
+	retried, hedged, budget  atomic.Int64
 	mu                       sync.Mutex
 	states                   []qrpc.PeerState
 	failedAt                 []time.Time
@@ -256,6 +257,9 @@ func (p *peerRec) EventDone(_ []byte, err error) {
 	}
 }
 func (p *peerRec) InflightAdd(d int) { p.inflight.Add(int64(d)) }
+func (p *peerRec) Retried(error)     { p.retried.Add(1) }
+func (p *peerRec) Hedged()           { p.hedged.Add(1) }
+func (p *peerRec) BudgetExhausted()  { p.budget.Add(1) }
 func (p *peerRec) StateChanged(s qrpc.PeerState) {
 	p.mu.Lock()
 	p.states = append(p.states, s)

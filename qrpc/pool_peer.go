@@ -1,6 +1,7 @@
 package qrpc
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -42,7 +43,17 @@ type peer struct {
 	stallSeen   atomic.Bool
 	stallLoud   atomic.Bool
 	stallLogged atomic.Int64
+
+	// ewma is the server's peak-EWMA answer time (ns; 0 before the first
+	// sample), last updated at ewmaAt (monoNS): a sample above it replaces
+	// it at once, one below pulls it down with a 10 s time constant. p2c
+	// balancing and the stall limit read it.
+	ewma   atomic.Int64
+	ewmaAt atomic.Int64
 }
+
+// ewmaDecay is the peak EWMA's time constant (linkerd's).
+const ewmaDecay = 10 * time.Second
 
 // monoBase anchors monoNS: stall times are monotonic, immune to steps of
 // the wall clock.
@@ -91,50 +102,81 @@ func (pr *peer) endCall() {
 	pr.obs.InflightAdd(-1)
 }
 
-// answered records a sign of life at now: an answer (any code) to a call,
-// or to the active check.
-func (pr *peer) answered(now time.Time) {
-	pr.progress.Store(monoNS(now))
-	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
-		pr.pool.log.Info("qrpc server answering again", "addr", pr.addr)
+// answered records a sign of life at now: an answer (any code) to a call
+// that took d, or to the active check (d = 0: no latency sample).
+func (pr *peer) answered(now time.Time, d time.Duration) {
+	ns := monoNS(now)
+	pr.progress.Store(ns)
+	p := pr.pool
+	// One store per millisecond at most: a line every call shares.
+	if ns-p.lastAnswer.Load() > int64(time.Millisecond) {
+		p.lastAnswer.Store(ns)
 	}
+	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
+		p.log.Info("qrpc server answering again", "addr", pr.addr)
+	}
+	if d > 0 {
+		pr.observeLatency(ns, d)
+		if pr.calls.Load()&3 == 0 {
+			p.lat.add(d)
+		}
+	}
+}
+
+// observeLatency folds a call's time d, ended at now (monoNS), into the
+// peak EWMA. Racing updates may drop a sample; an estimate is enough.
+func (pr *peer) observeLatency(now int64, d time.Duration) {
+	old := pr.ewma.Load()
+	last := pr.ewmaAt.Swap(now)
+	if old == 0 || int64(d) >= old {
+		pr.ewma.Store(max(int64(d), 1))
+		return
+	}
+	w := math.Exp(-float64(now-last) / float64(ewmaDecay))
+	pr.ewma.Store(max(int64(float64(old)*w+float64(d)*(1-w)), 1))
+}
+
+// cost is p2c's load of a server at now (monoNS): its peak EWMA, decayed
+// over the time since its last sample (a server that got no calls for
+// being slow is tried again), × (calls in flight + 1).
+func (pr *peer) cost(now int64) float64 {
+	e := float64(pr.ewma.Load())
+	if e > 0 {
+		if dt := now - pr.ewmaAt.Load(); dt > 0 {
+			e *= math.Exp(-float64(dt) / float64(ewmaDecay))
+		}
+	}
+	return e * float64(pr.inflight.Load()+1)
 }
 
 // stalled reports whether pr has had calls in flight and no sign of life
-// for longer than limit (ns; <= 0: never). in is its inflight count.
-func (pr *peer) stalled(in int64, clk *pickClock, limit int64) bool {
-	return limit > 0 && in > 0 && monoNS(clk.now())-pr.progress.Load() > limit
+// for longer than its stall limit, while another server of the pool has
+// answered since (an answer from none of them says more about this
+// process, starved of CPU, than about the servers). in is its inflight
+// count; stall is PoolConfig.Stall (ns; <= 0: never).
+func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
+	if stall <= 0 || in <= 0 {
+		return false
+	}
+	now := monoNS(clk.now())
+	last := pr.progress.Load()
+	if now-last <= pr.stallLimit(stall) {
+		return false
+	}
+	return pr.pool.lastAnswer.Load() > last+int64(stallFloor)/2
 }
 
-// stallLimit is how long a busy server may go without answering before it
-// is stalled (ns; <= 0: never): Stall, or less when the pool's calls are
-// answered fast. Clients that call again as soon as they have an answer
-// come back every few answer times, and each time one in n of them is
-// caught on a silent server: waiting the whole Stall would let most of
-// them be caught.
-func (p *Pool) stallLimit() int64 {
-	s := int64(p.cfg.Stall)
-	a := p.answerTime.Load()
-	if s <= 0 || a == 0 {
-		return s
+// stallLimit is how long pr may go without answering while busy before
+// it is stalled (ns): Stall, or less when the server answers fast.
+// Clients that call again as soon as they have an answer come back every
+// few answer times, and each time one in n of them is caught on a silent
+// server: waiting the whole Stall would let most of them be caught.
+func (pr *peer) stallLimit(stall int64) int64 {
+	e := pr.ewma.Load()
+	if e == 0 {
+		return stall
 	}
-	return min(s, max(int64(stallFloor), stallFactor*a))
-}
-
-// noteAnswerTime folds an answered call's time into the pool's typical
-// answer time: a moving average of one answer in 8 (sampled by the
-// server's call count: fewer stores to a line every call shares), each
-// weighing 1/8. Racing updates may drop a sample; an estimate is enough.
-func (p *Pool) noteAnswerTime(pr *peer, d time.Duration) {
-	if pr.calls.Load()&7 != 0 {
-		return
-	}
-	old := p.answerTime.Load()
-	if old == 0 {
-		p.answerTime.Store(max(int64(d), 1))
-		return
-	}
-	p.answerTime.Store(max(old+(int64(d)-old)/8, 1))
+	return min(stall, max(int64(stallFloor), stallFactor*e))
 }
 
 // noteStall runs when a pick finds pr stalled: the first time (of this
@@ -209,7 +251,7 @@ func (pr *peer) info() PeerInfo {
 		in.EjectedUntil = time.Unix(0, u)
 	}
 	var clk pickClock
-	in.Stalled = pr.stalled(int64(in.Inflight), &clk, pr.pool.stallLimit())
+	in.Stalled = pr.stalled(int64(in.Inflight), &clk, int64(pr.pool.cfg.Stall))
 	return in
 }
 
@@ -258,11 +300,21 @@ func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer,
 }
 
 func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*peer, bool) {
-	limit := p.stallLimit()
+	limit := int64(p.cfg.Stall)
 	n := uint32(len(peers))
+	// A retry, a hedged copy or a call moving on from a server that
+	// refused it takes turns of its own: taking the first attempts' turns
+	// would hand the server after the one it avoids an extra share (with
+	// a slow server hedged around, that is the slow one).
+	rr := &p.rr
+	if ex != nil && ex.n > 0 {
+		rr = &p.rrExtra
+	}
 	switch {
+	case p.cfg.Balance == P2C:
+		return p.chooseP2C(peers, ex, clk, limit, rr)
 	case p.cfg.Balance == LeastInflight:
-		start := p.rr.Add(1)
+		start := rr.Add(1)
 		// A claimed trial may fail (another call took it): then look again,
 		// at most n times.
 		for range n {
@@ -341,7 +393,7 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*
 	var i uint32
 	stalls := false
 	for range n {
-		i = p.rr.Add(1)
+		i = rr.Add(1)
 		pr, trial, st := rrTake(peers[i%n], ex, clk, limit)
 		if pr != nil {
 			return pr, trial
@@ -365,6 +417,79 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*
 		}
 	}
 	return nil, false
+}
+
+// chooseP2C draws two servers and takes the cheaper (peer.cost). When a
+// draw finds a server that may not take the call, it falls back to the
+// cheapest of all that may; a stalled server only when no other can.
+func (p *Pool) chooseP2C(peers []*peer, ex *exclude, clk *pickClock, limit int64, rr *atomic.Uint32) (*peer, bool) {
+	n := uint64(len(peers))
+	r := mix64(uint64(rr.Add(1)))
+	a := peers[r%n]
+	b := peers[(r%n+1+(r>>32)%(n-1))%n]
+	now := monoNS(clk.now())
+	if pa, ta, oka := p2cTake(a, ex, clk, limit); oka {
+		if pb, tb, okb := p2cTake(b, ex, clk, limit); okb {
+			if pb.cost(now) < pa.cost(now) {
+				pa, ta = pb, tb
+			}
+		}
+		if !ta || pa.trial.CompareAndSwap(false, true) {
+			return pa, ta
+		}
+	}
+	for range n {
+		var best, slow *peer
+		var bestTrial, slowTrial bool
+		var bestC, slowC float64
+		// From the draw's first server on: ties (servers not measured yet)
+		// are spread.
+		for k := range n {
+			pr := peers[(r+k)%n]
+			if ex != nil && ex.has(pr) {
+				continue
+			}
+			ok, trial := pr.eligible(clk)
+			if !ok {
+				continue
+			}
+			c := pr.cost(now)
+			if pr.stalled(pr.inflight.Load(), clk, limit) {
+				pr.noteStall(clk)
+				if slow == nil || c < slowC {
+					slow, slowC, slowTrial = pr, c, trial
+				}
+				continue
+			}
+			if best == nil || c < bestC {
+				best, bestC, bestTrial = pr, c, trial
+			}
+		}
+		if best == nil {
+			best, bestTrial = slow, slowTrial
+		}
+		if best == nil || !bestTrial || best.trial.CompareAndSwap(false, true) {
+			return best, bestTrial
+		}
+	}
+	return nil, false
+}
+
+// p2cTake reports whether pr may take a call without a fallback: not
+// excluded, eligible and not stalled. A trial is not claimed here.
+func p2cTake(pr *peer, ex *exclude, clk *pickClock, limit int64) (*peer, bool, bool) {
+	if ex != nil && ex.has(pr) {
+		return nil, false, false
+	}
+	ok, trial := pr.eligible(clk)
+	if !ok {
+		return nil, false, false
+	}
+	if pr.stalled(pr.inflight.Load(), clk, limit) {
+		pr.noteStall(clk)
+		return nil, false, false
+	}
+	return pr, trial, true
 }
 
 // rrTake returns pr when it may take the call, claiming its trial if it
@@ -396,8 +521,9 @@ func (p *Pool) outcome(pr *peer, trial bool, err error) {
 		}
 		return
 	}
-	if !transportFailure(err) {
-		// Cancelled, closed, too large: no verdict on the server.
+	if failureOf(err)&p.cfg.EjectOn == 0 {
+		// Cancelled, closed, too large, or a failure the pool does not
+		// eject on (health.on): no verdict on the server.
 		if trial {
 			pr.trial.Store(false) // no verdict
 		}

@@ -13,7 +13,7 @@ import (
 // for pick (no network: only the choice is measured).
 func benchPool(tb testing.TB, n int, b Balance) *Pool {
 	tb.Helper()
-	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: NopObserver{}},
+	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: NopObserver{}, EjectOn: failAll},
 		log: slogDiscard()}
 	var peers []*peer
 	for i := range n {
@@ -49,7 +49,7 @@ func benchPick(b *testing.B, bal Balance, busy bool) {
 					return
 				case now := <-t.C:
 					for _, pr := range p.set.Load().peers {
-						pr.answered(now)
+						pr.answered(now, 0)
 					}
 				}
 			}
@@ -91,7 +91,7 @@ func BenchmarkPoolPickBusyHash(b *testing.B)          { benchPick(b, Hash, true)
 // TestPickSkipsEjected: an ejected server gets no call until its time is
 // up, then exactly one (the trial) until that call's verdict.
 func TestPickSkipsEjected(t *testing.T) {
-	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash} {
+	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
 		p := benchPool(t, 3, bal)
 		victim := p.set.Load().peers[1]
 		victim.ejectedUntil.Store(time.Now().Add(time.Hour).UnixNano())
@@ -168,7 +168,7 @@ func TestRetryAttemptEnds(t *testing.T) {
 		go func() {
 			pc.mu.Lock()
 			defer pc.mu.Unlock()
-			done <- pc.attempt(&Call{Method: []byte("m")}, true)
+			done <- pc.attempt(&Call{Method: []byte("m")}, true, time.Now())
 		}()
 		select {
 		case err := <-done:
@@ -196,7 +196,7 @@ func TestPickSkipsStalled(t *testing.T) {
 	}
 	now := time.Now()
 	long := now.Add(-time.Second) // 5 × Stall ago
-	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash} {
+	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
 		p := benchPool(t, 3, bal)
 		peers := p.set.Load().peers
 		for _, pr := range peers {
@@ -204,13 +204,15 @@ func TestPickSkipsStalled(t *testing.T) {
 		}
 		victim := peers[1]
 		victim.progress.Store(monoNS(long))
+		peers[0].answered(now, 0) // the others answer: the silence is the victim's
+		peers[2].answered(now, 0)
 		if !victim.info().Stalled || peers[0].info().Stalled {
 			t.Fatalf("%v: stalled %v, %v", bal, victim.info().Stalled, peers[0].info().Stalled)
 		}
 		if got := picks(p); got[victim] != 0 || got[nil] != 0 {
 			t.Fatalf("%v: the stalled server took %d of 300 calls (%d found none)", bal, got[victim], got[nil])
 		}
-		victim.answered(time.Now())
+		victim.answered(time.Now(), 0)
 		if got := picks(p); got[victim] < 50 {
 			t.Fatalf("%v: the server that answered again took %d of 300 calls", bal, got[victim])
 		}
@@ -245,42 +247,166 @@ func TestPickSkipsStalled(t *testing.T) {
 	}
 }
 
-// TestStallLimit: Stall, shortened to 8 × the pool's typical answer time
-// when calls are answered fast, never under 25 ms; off stays off.
+// TestStallLimit: Stall, shortened to 8 × the server's own peak-EWMA
+// answer time when it answers fast, never under stallFloor.
 func TestStallLimit(t *testing.T) {
 	p := benchPool(t, 3, RoundRobin)
 	pr := p.set.Load().peers[0]
+	stall := int64(p.cfg.Stall)
 	for _, tc := range []struct {
-		answer, want time.Duration
+		ewma, want time.Duration
 	}{
 		{0, 200 * time.Millisecond}, // nothing answered yet
-		{time.Millisecond, 25 * time.Millisecond},
+		{time.Millisecond, stallFloor},
 		{10 * time.Millisecond, 80 * time.Millisecond},
 		{time.Second, 200 * time.Millisecond},
 	} {
-		p.answerTime.Store(int64(tc.answer))
-		if got := time.Duration(p.stallLimit()); got != tc.want {
-			t.Errorf("answer time %v: stall limit %v, want %v", tc.answer, got, tc.want)
+		pr.ewma.Store(int64(tc.ewma))
+		if got := time.Duration(pr.stallLimit(stall)); got != tc.want {
+			t.Errorf("ewma %v: stall limit %v, want %v", tc.ewma, got, tc.want)
 		}
 	}
-	p.cfg.Stall = -1
-	if p.stallLimit() > 0 {
-		t.Error("stall off, yet a limit")
+}
+
+// TestPeakEWMA: a slower answer raises the estimate at once, faster ones
+// bring it down over the 10 s time constant, and p2c's cost decays with
+// the time since the last sample.
+func TestPeakEWMA(t *testing.T) {
+	p := benchPool(t, 2, P2C)
+	pr := p.set.Load().peers[0]
+	base := monoNS(time.Now())
+	pr.observeLatency(base, 4*time.Millisecond)
+	pr.observeLatency(base+1e6, 100*time.Millisecond)
+	if got := time.Duration(pr.ewma.Load()); got != 100*time.Millisecond {
+		t.Fatalf("after a 100 ms answer: %v", got)
 	}
-	// The average follows the answers it samples.
-	p.answerTime.Store(0)
-	for range 400 {
-		pr.calls.Add(1)
-		p.noteAnswerTime(pr, 4*time.Millisecond)
+	// 10 s of 1 ms answers, one every 10 ms: about e^-1 of the peak left.
+	now := base + 1e6
+	for range 1000 {
+		now += int64(10 * time.Millisecond)
+		pr.observeLatency(now, time.Millisecond)
 	}
-	if got := time.Duration(p.answerTime.Load()); got != 4*time.Millisecond {
-		t.Errorf("answer time %v after answers of 4 ms", got)
+	got := time.Duration(pr.ewma.Load())
+	if got < 30*time.Millisecond || got > 45*time.Millisecond {
+		t.Fatalf("after 10 s of 1 ms answers: %v, want about 37 ms", got)
 	}
-	for range 800 {
-		pr.calls.Add(1)
-		p.noteAnswerTime(pr, 40*time.Millisecond)
+	c0 := pr.cost(now)
+	if c1 := pr.cost(now + int64(10*time.Second)); c1 > c0/2 {
+		t.Fatalf("cost %v 10 s later, was %v: no decay", c1, c0)
 	}
-	if got := time.Duration(p.answerTime.Load()); got < 39*time.Millisecond || got > 40*time.Millisecond {
-		t.Errorf("answer time %v after answers of 40 ms", got)
+	pr.inflight.Store(3)
+	if c := pr.cost(now); c < 3.9*c0 || c > 4.1*c0 {
+		t.Fatalf("cost with 3 in flight %v, want 4 × %v", c, c0)
+	}
+	pr.inflight.Store(0)
+}
+
+// TestP2CPrefersFastServer: of two servers, the one with the lower peak
+// EWMA takes most calls; both take some (a draw of the slow one against
+// itself is impossible, so the slow one only loses the draws it is in).
+func TestP2CPrefersFastServer(t *testing.T) {
+	p := benchPool(t, 3, P2C)
+	peers := p.set.Load().peers
+	now := monoNS(time.Now())
+	peers[0].observeLatency(now, 50*time.Millisecond)
+	peers[1].observeLatency(now, time.Millisecond)
+	peers[2].observeLatency(now, time.Millisecond)
+	got := map[*peer]int{}
+	for range 3000 {
+		pr, _ := p.pick(nil, nil, false, &pickClock{})
+		got[pr]++
+	}
+	if got[nil] != 0 || got[peers[0]] != 0 {
+		t.Fatalf("slow server took %d of 3000 calls (%d found none)", got[peers[0]], got[nil])
+	}
+	if got[peers[1]] < 1000 || got[peers[2]] < 1000 {
+		t.Fatalf("fast servers took %d and %d of 3000", got[peers[1]], got[peers[2]])
+	}
+	// Calls in flight make a fast server dearer: 60 in flight × 1 ms is
+	// above 50 ms × 1.
+	peers[1].inflight.Store(60)
+	peers[2].inflight.Store(60)
+	clear(got)
+	for range 3000 {
+		pr, _ := p.pick(nil, nil, false, &pickClock{})
+		got[pr]++
+	}
+	peers[1].inflight.Store(0)
+	peers[2].inflight.Store(0)
+	if got[peers[0]] < 1500 {
+		t.Fatalf("the idle slow server took %d of 3000 while the fast ones had 60 in flight", got[peers[0]])
+	}
+}
+
+// TestRetryBudget: retries stay within the reserve plus the ratio of the
+// calls of the last 10 s.
+func TestRetryBudget(t *testing.T) {
+	b := newRetryBudget(0.2, 10)
+	now := time.Unix(1_000_000, 0)
+	n := 0
+	for b.withdraw(now) {
+		n++
+		if n > 1000 {
+			t.Fatal("no bound")
+		}
+	}
+	if n != 100 {
+		t.Fatalf("reserve: %d retries, want 100 (10/s × 10 s)", n)
+	}
+	for range 1000 {
+		b.deposit(now)
+	}
+	n = 0
+	for b.withdraw(now) {
+		n++
+	}
+	if n != 200 {
+		t.Fatalf("after 1000 calls: %d more retries, want 200", n)
+	}
+	// 10 s later the window has forgotten all of it.
+	later := now.Add(11 * time.Second)
+	n = 0
+	for b.withdraw(later) {
+		n++
+	}
+	if n != 100 {
+		t.Fatalf("11 s later: %d retries, want the reserve's 100", n)
+	}
+	b.refund(later)
+	if !b.withdraw(later) {
+		t.Fatal("a refund gives no retry back")
+	}
+	if b.withdraw(later) {
+		t.Fatal("more than the budget after a refund")
+	}
+}
+
+// TestLatencyP95: the estimate is within one bucket (25 %) above the true
+// 95th percentile, and none is given before latencyMinSamples answers.
+func TestLatencyP95(t *testing.T) {
+	var h latencyHist
+	for range latencyMinSamples - 1 {
+		h.add(time.Millisecond)
+	}
+	if h.p95() != 0 {
+		t.Fatal("an estimate from too few samples")
+	}
+	var h2 latencyHist
+	for i := range 1000 {
+		d := time.Millisecond
+		if i%100 >= 94 { // 6 % slow
+			d = 200 * time.Millisecond
+		}
+		h2.add(d)
+	}
+	if got := h2.p95(); got < 200*time.Millisecond || got > 250*time.Millisecond {
+		t.Fatalf("p95 %v with 6 %% at 200 ms", got)
+	}
+	var h3 latencyHist
+	for range 1000 {
+		h3.add(3 * time.Millisecond)
+	}
+	if got := h3.p95(); got < 3*time.Millisecond || got > 3750*time.Microsecond {
+		t.Fatalf("p95 %v of 3 ms answers", got)
 	}
 }

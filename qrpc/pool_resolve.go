@@ -262,13 +262,15 @@ func (p *Pool) checkLoop() {
 func (p *Pool) check(pr *peer) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Check.Timeout)
 	defer cancel()
+	began := time.Now()
 	_, err := pr.c.Unary(ctx, p.cfg.Check.Method, nil)
 	if p.ctx.Err() != nil {
 		return
 	}
 	if err == nil {
 		// Any answer: the server is alive.
-		pr.answered(time.Now())
+		now := time.Now()
+		pr.answered(now, now.Sub(began))
 		pr.fails.Store(0)
 		if pr.ejectedUntil.Load() != 0 {
 			p.back(pr)

@@ -13,6 +13,8 @@ local tonumber = tonumber
 local tostring = tostring
 local ipairs = ipairs
 local floor = math.floor
+local tab_sort = table.sort
+local tab_concat = table.concat
 local min = math.min
 local max = math.max
 local str_rep = string.rep
@@ -66,7 +68,8 @@ end
 
 local fail = bc.fail
 
--- GET /bench/pools?a=addrs&b=addrs&n=N&c=C&block=B&pids=P,...[&aconns=K][&bconns=K]: N calls
+-- GET /bench/pools?a=addrs&b=addrs&n=N&c=C&block=B&pids=P,...[&aconns=K][&bconns=K]
+-- [&abal=B][&bbal=B]: N calls
 -- through each pool, in blocks of B calls (from C light threads each).
 -- Answers, per pool: wall seconds, this worker's CPU seconds, the server
 -- processes' CPU seconds.
@@ -97,8 +100,10 @@ function _M.run()
         -- aconns / bconns: QUIC connections per server (the `conns` option)
         local opts = CONN_OPTS
         local nc = tonumber(args[k .. "conns"])
-        if nc and nc > 1 then
-            opts = { ca = CONN_OPTS.ca, server_name = CONN_OPTS.server_name, conns = nc }
+        local bal = args[k .. "bal"]
+        if (nc and nc > 1) or bal then
+            opts = { ca = CONN_OPTS.ca, server_name = CONN_OPTS.server_name,
+                     conns = nc and nc > 1 and nc or nil, balance = bal }
         end
         local conn, err = qrpc.connect(list(args[k]), opts)
         if not conn then
@@ -130,5 +135,62 @@ function _M.run()
             ',"a":{"secs":', secs[1], ',"cpu":', cpu[1], ',"srv":', srv[1],
             '},"b":{"secs":', secs[2], ',"cpu":', cpu[2], ',"srv":', srv[2], '}}')
 end
+
+-- GET /bench/balance?addrs=a,b,c&balance=B&n=N&c=C: N echo calls of 100 B
+-- from C light threads through a pool of addrs balanced by B, each call
+-- timed. Answers the calls, errors, latency percentiles (ms) and the
+-- attempts each server took (conn:peers()).
+function _M.balance()
+    local args = ngx.req.get_uri_args()
+    local n = tonumber(args.n) or 1000
+    local c = max(tonumber(args.c) or 1, 1)
+    local body = str_rep("x", 100)
+    local conn, err = qrpc.connect(list(args.addrs), {
+        ca = CONN_OPTS.ca, server_name = CONN_OPTS.server_name,
+        balance = args.balance, timeout = 2000,
+    })
+    if not conn then
+        return fail(tostring(err))
+    end
+    local before = {}
+    for _, p in ipairs(conn:peers()) do
+        before[p.addr] = p.calls
+    end
+    local lat = {}
+    local per = floor(n / c)
+    local function run(base)
+        local errs = 0
+        for i = 1, per do
+            local t0 = clock(CLOCK_MONOTONIC)
+            local res = conn:unary("echo", body)
+            lat[base + i] = clock(CLOCK_MONOTONIC) - t0
+            if not res or #res.body ~= #body then
+                errs = errs + 1
+            end
+        end
+        return errs
+    end
+    local threads = {}
+    for i = 1, c do
+        threads[i] = spawn(run, (i - 1) * per)
+    end
+    local errs = 0
+    for i = 1, c do
+        local ok, e = wait(threads[i])
+        errs = errs + (ok and e or per)
+    end
+    tab_sort(lat)
+    local total = #lat
+    local function q(f)
+        return lat[min(total, floor(f * total) + 1)] * 1000
+    end
+    local shares = {}
+    for _, p in ipairs(conn:peers()) do
+        shares[#shares + 1] = '"' .. p.addr .. '":' .. (p.calls - (before[p.addr] or 0))
+    end
+    ngx.say('{"calls":', total, ',"errors":', errs, ',"p50":', q(0.5),
+            ',"p99":', q(0.99), ',"servers":{', tab_concat(shares, ","), '}}')
+end
+
 
 return _M

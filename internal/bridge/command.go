@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
 // Limits on what a command may carry. They only reject nonsense (a length
@@ -15,7 +17,7 @@ const (
 	maxHeaders  = 1 << 16 // entries (keys + values)
 	maxConns    = 64
 	maxStreams  = 1024
-	maxRetries  = 16
+	maxRetries  = qrpc.MaxRetries
 	maxTypeName = 1024 // req_type, resp_type: protobuf full names
 	maxHashKey  = 64 << 10
 	maxOpts     = 1 << 20 // "key=value\n" lines
@@ -157,7 +159,7 @@ func (c *Command) checkV2() error {
 // to have encoded. Each feature removes its line when it reads its field.
 func unsupported(c *Command) error {
 	switch {
-	case len(c.Opts) != 0 && c.Op <= lastSubmitOp && c.Op != OpConnect:
+	case len(c.Opts) != 0 && c.Op <= lastSubmitOp && c.Op != OpConnect && c.Op != OpUnary:
 		return Badf("opts: not supported by this library yet")
 	}
 	return nil

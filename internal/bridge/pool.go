@@ -26,6 +26,12 @@ import (
 //	check_interval_ms=N     (2000)
 //	check_timeout_ms=N      (500)
 //	retries=N               default extra attempts on another server (0)
+//	try_timeout_ms=N        each attempt's bound (0 = off)
+//	hedge_delay_ms=N|p95    hedge: delay before each copy
+//	hedge_max=N             hedge: copies besides the first (0 = off)
+//	budget_ratio=F          retry budget: share of the calls (0.2)
+//	budget_min_per_s=N      retry budget: reserve per second (10)
+//	health_on=a,b,...       failures that eject: connect, reset, timeout
 //	resolve_ms=N            re-resolve names this often (0 = once)
 //	resolver=host:port      UDP DNS server instead of the system's
 //
@@ -97,6 +103,31 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			pc.Check.Timeout, err = optMS(key, val)
 		case "retries":
 			pc.Retries, err = optInt(key, val, 0)
+			if err == nil && pc.Retries > qrpc.MaxRetries {
+				err = Badf("opts: retries must be 0..%d, got %q", qrpc.MaxRetries, clipOpt(val))
+			}
+		case "try_timeout_ms":
+			pc.TryTimeout, err = optMS(key, val)
+		case "hedge_delay_ms", "hedge_max":
+			err = hedgeOpt(key, val, &pc.Hedge)
+		case "budget_ratio":
+			var f float64
+			f, err = strconv.ParseFloat(val, 64)
+			switch {
+			case err != nil || f < 0 || f > 1 || f != f:
+				err = Badf("opts: budget_ratio must be 0..1, got %q", clipOpt(val))
+			case f == 0:
+				pc.RetryRatio = -1 // 0 is qrpc's "default"; here it means none
+			default:
+				pc.RetryRatio = f
+			}
+		case "budget_min_per_s":
+			pc.RetryMinPerS, err = optInt(key, val, 0)
+			if err == nil && pc.RetryMinPerS == 0 {
+				pc.RetryMinPerS = -1
+			}
+		case "health_on":
+			pc.EjectOn, err = failureKinds(val)
 		case "resolve_ms":
 			pc.Resolve, err = optMS(key, val)
 		case "stream_batch":
@@ -126,6 +157,79 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 		addrs = []string{string(cmd.Addr)}
 	}
 	return addrs, pc, nil
+}
+
+// hedgeOpt reads hedge_delay_ms (milliseconds, or "p95") and hedge_max.
+func hedgeOpt(key, val string, h *qrpc.Hedge) error {
+	var err error
+	switch {
+	case key == "hedge_delay_ms" && val == "p95":
+		h.P95 = true
+	case key == "hedge_delay_ms":
+		h.Delay, err = optMS(key, val)
+		h.P95 = false
+	default:
+		h.Max, err = optInt(key, val, 0)
+		if err == nil && h.Max > qrpc.MaxHedge {
+			err = Badf("opts: hedge_max must be 0..%d, got %q", qrpc.MaxHedge, clipOpt(val))
+		}
+	}
+	return err
+}
+
+// failureKinds reads health_on's comma-separated kinds; none is an error
+// (a pool that never ejects says health.failures instead).
+func failureKinds(val string) (qrpc.Failure, error) {
+	var f qrpc.Failure
+	for _, w := range strings.Split(val, ",") {
+		switch w {
+		case "connect":
+			f |= qrpc.FailConnect
+		case "reset":
+			f |= qrpc.FailReset
+		case "timeout":
+			f |= qrpc.FailTimeout
+		default:
+			return 0, Badf("opts: health_on: unknown failure %q (connect, reset, timeout)", clipOpt(w))
+		}
+	}
+	return f, nil
+}
+
+// callOpts reads UNARY's opts lines, the per-call options that override
+// the pool's: try_timeout_ms, hedge_delay_ms, hedge_max (0 turns each
+// off for this call).
+func callOpts(opts []byte, call *qrpc.Call) error {
+	var h qrpc.Hedge
+	hedged := false
+	err := eachOpt(opts, func(key, val string) error {
+		switch key {
+		case "try_timeout_ms":
+			d, err := optMS(key, val)
+			if err != nil {
+				return err
+			}
+			call.TryTimeout = d
+			if d == 0 {
+				call.TryTimeout = -1
+			}
+			return nil
+		case "hedge_delay_ms", "hedge_max":
+			hedged = true
+			return hedgeOpt(key, val, &h)
+		}
+		return Badf("opts: unknown call option %q", clipOpt(key))
+	})
+	if err != nil {
+		return err
+	}
+	if hedged {
+		if h.Max == 0 {
+			h.Max = -1
+		}
+		call.Hedge = h
+	}
+	return nil
 }
 
 func optInt(key, val string, least int) (int, error) {

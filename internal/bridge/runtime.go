@@ -287,6 +287,11 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	defer release()
 	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout),
 		HashKey: cmd.HashKey, Retries: callRetries(cmd.Retries)}
+	if len(cmd.Opts) > 0 {
+		if err := callOpts(cmd.Opts, &call); err != nil {
+			return qrpc.Pending{}, nil, err
+		}
+	}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
 	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {

@@ -76,6 +76,17 @@ func StatusOf(err error) (int32, string) {
 }
 
 func statusOfErr(err error) (int32, string) {
+	st, msg := statusWords(err)
+	// A pool call that made several attempts says how many (and whether
+	// the retry budget stopped it) after its last error's words.
+	var ae *qrpc.AttemptsError
+	if st != ErrBadArg && errors.As(err, &ae) {
+		msg = Clip(msg + ae.Suffix())
+	}
+	return st, msg
+}
+
+func statusWords(err error) (int32, string) {
 	var de *qrpc.DialError
 	switch {
 	case errors.Is(err, ErrBadCommand):

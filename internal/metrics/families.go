@@ -35,6 +35,8 @@ const (
 	nameConnections = "qrpc_client_connections"
 	nameReconnects  = "qrpc_client_reconnects_total"
 	nameEjections   = "qrpc_client_ejections_total"
+	nameRetries     = "qrpc_client_retries_total"
+	nameBudget      = "qrpc_client_retry_budget_exhausted_total"
 	nameBytes       = "qrpc_client_bytes_total"
 )
 
@@ -52,6 +54,8 @@ var families = []family{
 	{nameConnections, "gauge", "Servers of pools by state (connecting, up, ejected, draining)."},
 	{nameReconnects, "counter", "Connections re-established after a loss."},
 	{nameEjections, "counter", "Servers ejected by health checking."},
+	{nameRetries, "counter", "Extra attempts of calls by the server whose attempt failed or was slow, and why (the failure's first word, or hedge: a copy sent after the hedge delay)."},
+	{nameBudget, "counter", "Retries and hedged copies refused by the retry budget, by the server whose attempt failed or was slow."},
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
 }
 

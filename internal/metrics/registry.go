@@ -179,6 +179,8 @@ type Peer struct {
 	selfSet    bool
 	reconnects atomic.Uint64
 	ejections  atomic.Uint64
+	retries    [numResults]atomic.Uint64 // by the failure's result; resOK: hedged copies
+	budget     atomic.Uint64
 	sent, recv atomic.Uint64
 }
 
@@ -324,6 +326,15 @@ func (pe *Peer) Reconnected() { pe.reconnects.Add(1) }
 
 // Ejected counts a health ejection.
 func (pe *Peer) Ejected() { pe.ejections.Add(1) }
+
+// Retried counts a call retried after err on this server.
+func (pe *Peer) Retried(err error) { pe.retries[resultOf(err)].Add(1) }
+
+// Hedged counts a copy sent because this server was slow to answer.
+func (pe *Peer) Hedged() { pe.retries[resOK].Add(1) }
+
+// BudgetExhausted counts a retry or copy the budget refused.
+func (pe *Peer) BudgetExhausted() { pe.budget.Add(1) }
 
 // BytesSent counts frame bytes sent.
 func (pe *Peer) BytesSent(n int) { pe.sent.Add(uint64(n)) }

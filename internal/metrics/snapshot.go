@@ -92,6 +92,18 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 			}
 			counters[nameReconnects+`{server="`+srv+`"}`] += float64(pe.reconnects.Load())
 			counters[nameEjections+`{server="`+srv+`"}`] += float64(pe.ejections.Load())
+			for j := range pe.retries {
+				if n := pe.retries[j].Load(); n > 0 {
+					reason := results[j]
+					if j == resOK {
+						reason = "hedge"
+					}
+					counters[nameRetries+`{server="`+srv+`",reason="`+reason+`"}`] += float64(n)
+				}
+			}
+			if n := pe.budget.Load(); n > 0 {
+				counters[nameBudget+`{server="`+srv+`"}`] += float64(n)
+			}
 			sent += pe.sent.Load()
 			recv += pe.recv.Load()
 		}

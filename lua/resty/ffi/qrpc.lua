@@ -549,7 +549,7 @@ local call_opts = {
     request = true, response = true, json = true, discard_unknown = true,
     proto_names = true,
     -- resty.ffi.qrpc.pool
-    hash_key = true, retries = true,
+    hash_key = true, retries = true, try_timeout = true, hedge = true,
 }
 
 -- Checks method, body, opts of unary/event; packs headers.
@@ -648,8 +648,8 @@ function _M.unary(self, method, body, opts)
     if timeout == 0 then
         timeout = self.timeout
     end
-    local hash_key, retries
-    ok, hash_key, retries = pool_call_opts(self, opts, 4)
+    local hash_key, retries, copts
+    ok, hash_key, retries, copts = pool_call_opts(self, opts, 4, method)
     if not ok then
         return nil, hash_key
     end
@@ -665,20 +665,21 @@ function _M.unary(self, method, body, opts)
     if use_builtin then
         status, val = builtin_call(OP_UNARY, self.handle, method, body, nh,
                                    hbuf, hlen, timeout, secs, req, resp, flags,
-                                   hash_key, retries)
+                                   hash_key, retries, nil, copts)
     else
         -- the header buffer is shared: this call keeps its own copy across
         -- the yield
         local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
         local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, self.handle, 0, method,
                              body, nh, hstr, hlen, timeout, req, resp, flags,
-                             hash_key, retries)
+                             hash_key, retries, copts)
         -- Go reads the command after this coroutine yields, maybe after
         -- it was killed: every string it points at stays pinned until
-        -- then (hash_key may be a fresh string from pool.call_opts).
+        -- then (hash_key and copts may be fresh strings from
+        -- pool.call_opts).
         local keep = hstr
-        if req or hash_key then
-            keep = { hstr, req, resp, hash_key }
+        if req or hash_key or copts then
+            keep = { hstr, req, resp, hash_key, copts }
         end
         status, val = rf_decode(rf_call(cmd, method, body, keep, secs))
     end

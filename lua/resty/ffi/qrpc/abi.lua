@@ -11,6 +11,7 @@ local base = require "resty.core.base"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
+local str_sub = string.sub
 local ffi_cast = ffi.cast
 local ffi_copy = ffi.copy
 local ffi_sizeof = ffi.sizeof
@@ -208,7 +209,14 @@ local function status_err(status, msg)
     if status == QRPC_ERR_TIMEOUT or status == QRPC_ERR_CLOSED
        or status == QRPC_ERR_FULL
     then
-        return status_names[status]
+        -- the bare word, or the word and a pool call's attempts
+        -- ("timeout (2 attempts)")
+        local name = status_names[status]
+        if msg and #msg > #name and str_sub(msg, 1, #name + 2) == name .. " ("
+        then
+            return msg
+        end
+        return name
     end
     if msg and msg ~= "" then
         return msg
@@ -380,7 +388,8 @@ end
 -- caller anchors (as hash_key: a pool's server choice; retries: extra
 -- attempts on another server, 0 = none).
 function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
-                     timeout, req_type, resp_type, flags, hash_key, retries)
+                     timeout, req_type, resp_type, flags, hash_key, retries,
+                     copts)
     cmd.version = CMD_VERSION
     cmd.op = op
     cmd.conn = handle
@@ -413,6 +422,14 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
         cmd.hash_key_len = 0
     end
     cmd.retries = retries or 0
+    -- UNARY's per-call pool options (resty.ffi.qrpc.pool), "key=value\n"
+    if copts then
+        cmd.opts = copts
+        cmd.opts_len = #copts
+    else
+        cmd.opts = nil
+        cmd.opts_len = 0
+    end
     return cmd
 end
 

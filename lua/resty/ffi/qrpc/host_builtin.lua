@@ -681,10 +681,10 @@ end
 -- ECHO when queued, go through the C submit queue; ECHO otherwise through
 -- qrpc_submit.
 function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
-                 req_type, resp_type, flags, hash_key, retries, queued)
+                 req_type, resp_type, flags, hash_key, retries, queued, copts)
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
-             req_type, resp_type, flags, hash_key, retries)
+             req_type, resp_type, flags, hash_key, retries, copts)
     local rc
     if op == OP_UNARY or queued then
         -- Queued in C without entering Go (qrpc_submit_async in qrpc.h):

@@ -21,12 +21,15 @@ local tab_concat = table.concat
 local tab_sort = table.sort
 local str_lower = string.lower
 local pcall = pcall
+local ipairs = ipairs
 
 local MAX_MS = 2147483647
 local MAX_ADDRS = 256
--- Go refuses more (maxRetries in internal/bridge/command.go; the nginx
--- suite's TestRetriesBoundMatchesGo compares the two).
+-- Go refuses more (qrpc.MaxRetries and qrpc.MaxHedge; the nginx suite's
+-- TestRetriesBoundMatchesGo compares them).
 local MAX_RETRIES = 16
+local MAX_HEDGE = 4
+local MAX_MIN_PER_S = 100000
 
 
 local _M = {
@@ -34,11 +37,14 @@ local _M = {
     -- connection options qrpc.lua checks).
     keys = {
         balance = true, health = true, check = true, retries = true,
-        resolve = true, resolver = true,
+        resolve = true, resolver = true, try_timeout = true, hedge = true,
+        budget = true,
     },
 }
 
-local balances = { round_robin = true, least_inflight = true, hash = true }
+local balances = {
+    round_robin = true, least_inflight = true, hash = true, p2c = true,
+}
 
 
 local function is_ms(v)
@@ -84,7 +90,8 @@ end
 -- (pairs, or __pairs) and the values of names, so that a metamethod that
 -- raises gives "bad argument #2: opts.<what> raised an error" instead of
 -- throwing. Returns a plain copy and its unknown key, or nil, err.
-local function read_nested(t, names, what)
+local function read_nested(t, names, what, argn)
+    argn = argn or 2
     local copy, unknown = {}, nil
     local ok, err = pcall(function()
         for k in pairs(t) do
@@ -97,29 +104,157 @@ local function read_nested(t, names, what)
         end
     end)
     if not ok then
-        return bad(2, "opts." .. what .. " raised an error: " .. tostring(err))
+        return bad(argn, "opts." .. what .. " raised an error: "
+                         .. tostring(err))
     end
     if unknown ~= nil then
-        return bad(2, "unknown " .. what .. " option '" .. tostring(unknown)
-                      .. "'")
+        return bad(argn, "unknown " .. what .. " option '" .. tostring(unknown)
+                         .. "'")
     end
     return copy
 end
 
-local health_names = { failures = true, eject = true, stall = true }
+local health_names = { failures = true, eject = true, stall = true, on = true }
 local check_names = { method = true, interval = true, timeout = true }
+local hedge_names = { delay = true, max = true }
+local budget_names = { ratio = true, min_per_s = true }
+local failure_kinds = { connect = 1, reset = 2, timeout = 4 }
+local failure_order = { "connect", "reset", "timeout" }
+
+
+-- A list of strings read under pcall, as read_nested does for tables.
+local function read_list(t, what)
+    local copy, n = {}, 0
+    local ok, err = pcall(function()
+        for _ in pairs(t) do
+            n = n + 1
+        end
+        -- read through t[i] (its __index, if any), one past the end
+        for i = 1, n + 1 do
+            copy[i] = t[i]
+        end
+    end)
+    if not ok then
+        return bad(2, "opts." .. what .. " raised an error: " .. tostring(err))
+    end
+    return copy, n
+end
+
+
+-- health.on -> "connect,reset,timeout" (in that order), or nil, err.
+local function check_on(on)
+    if type(on) ~= "table" then
+        return bad(2, "health.on must be a list of \"connect\", \"reset\", "
+                      .. "\"timeout\"")
+    end
+    local list, n = read_list(on, "health.on")
+    if not list then
+        return nil, n
+    end
+    local mask = 0
+    for i = 1, n do
+        local k = failure_kinds[list[i]]
+        if not k or list[n + 1] ~= nil then
+            return bad(2, "health.on must be a list of \"connect\", "
+                          .. "\"reset\", \"timeout\" (got "
+                          .. tostring(list[i]) .. ")")
+        end
+        if mask % (2 * k) < k then
+            mask = mask + k
+        end
+    end
+    if mask == 0 then
+        return bad(2, "health.on must not be empty (health.failures bounds "
+                      .. "ejections)")
+    end
+    local out = {}
+    for _, name in ipairs(failure_order) do
+        local k = failure_kinds[name]
+        if mask % (2 * k) >= k then
+            out[#out + 1] = name
+        end
+    end
+    return tab_concat(out, ",")
+end
+
+
+-- hedge = { delay = ms | "p95", max = n } -> delay text, max; false (per
+-- call: none) -> "0", 0; or nil, err. argn names the argument.
+local function check_hedge(h, argn, what)
+    if h == false then
+        return "0", 0
+    end
+    if type(h) ~= "table" then
+        return bad(argn, what .. " must be a table { delay = ms | \"p95\", "
+                         .. "max = n } or false")
+    end
+    local err
+    h, err = read_nested(h, hedge_names, what, argn)
+    if not h then
+        return nil, err
+    end
+    local delay, max = h.delay, h.max
+    if delay == "p95" then
+        delay = "p95"
+    elseif is_ms(delay) then
+        delay = tostring(math_ceil(delay))
+    else
+        return bad(argn, what .. ".delay must be a number of milliseconds "
+                         .. ">= 0 or \"p95\" (got " .. tostring(delay) .. ")")
+    end
+    if max == nil then
+        max = 1
+    elseif not is_count(max, 1) or max > MAX_HEDGE then
+        return bad(argn, what .. ".max must be an integer 1.." .. MAX_HEDGE
+                         .. " (got " .. tostring(max) .. ")")
+    end
+    return delay, max
+end
 
 
 -- The pool options, normalised: a default written out gives the same key
 -- as an option left out.
-local DEFAULT_KEY = "round_robin|3|10000|200||0|0|0|0|"
+local DEFAULT_KEY = "round_robin|3|10000|200|connect,reset,timeout||0|0|0|0|"
+                    .. "|0||0|0.2|10"
+
+local function no_pool_opts(o)
+    return o.balance == nil and o.health == nil and o.check == nil
+           and o.retries == nil and o.resolve == nil and o.resolver == nil
+           and o.try_timeout == nil and o.hedge == nil and o.budget == nil
+end
+
+
+-- A connect methods entry's pool options (hedge, try_timeout; the rest of
+-- the entry is resty.ffi.qrpc.proto's) -> UNARY opts text ("" for none);
+-- or nil, err. what names the entry.
+function _M.method_opts(mo, what)
+    local lines = {}
+    if mo.try_timeout ~= nil then
+        if not is_ms(mo.try_timeout) then
+            return bad(2, what .. ".try_timeout must be a number of "
+                          .. "milliseconds >= 0")
+        end
+        lines[#lines + 1] = "try_timeout_ms=" .. math_ceil(mo.try_timeout)
+    end
+    if mo.hedge ~= nil then
+        local delay, max = check_hedge(mo.hedge, 2, what .. ".hedge")
+        if not delay then
+            return nil, max
+        end
+        lines[#lines + 1] = "hedge_delay_ms=" .. delay
+        lines[#lines + 1] = "hedge_max=" .. max
+    end
+    if #lines == 0 then
+        return ""
+    end
+    return tab_concat(lines, "\n") .. "\n"
+end
+
 
 local function pool_spec(o, spec)
     local balance, health, check = o.balance, o.health, o.check
     local retries, resolve, resolver = o.retries, o.resolve, o.resolver
-    if balance == nil and health == nil and check == nil and retries == nil
-       and resolve == nil and resolver == nil
-    then
+    if no_pool_opts(o) then
         spec.key = DEFAULT_KEY
         spec.balance = "round_robin"
         spec.retries = 0
@@ -129,16 +264,17 @@ local function pool_spec(o, spec)
 
     if balance ~= nil and (type(balance) ~= "string" or not balances[balance])
     then
-        return bad(2, "balance must be \"round_robin\", \"least_inflight\" "
-                      .. "or \"hash\" (got " .. tostring(balance) .. ")")
+        return bad(2, "balance must be \"round_robin\", \"least_inflight\", "
+                      .. "\"hash\" or \"p2c\" (got " .. tostring(balance)
+                      .. ")")
     end
     balance = balance or "round_robin"
 
-    local failures, eject, stall = 3, 10000, 200
+    local failures, eject, stall, on = 3, 10000, 200, "connect,reset,timeout"
     if health ~= nil then
         if type(health) ~= "table" then
             return bad(2, "health must be a table { failures = n, eject = ms, "
-                          .. "stall = ms }")
+                          .. "stall = ms, on = { ... } }")
         end
         local err
         health, err = read_nested(health, health_names, "health")
@@ -164,6 +300,12 @@ local function pool_spec(o, spec)
                               .. ">= 0")
             end
             stall = math_ceil(health.stall)
+        end
+        if health.on ~= nil then
+            on, err = check_on(health.on)
+            if not on then
+                return nil, err
+            end
         end
     end
 
@@ -219,8 +361,55 @@ local function pool_spec(o, spec)
     end
     resolver = resolver or ""
 
-    spec.key = tab_concat({ balance, failures, eject, stall, cmethod,
-                            cinterval, ctimeout, retries, resolve, resolver },
+    local try = o.try_timeout
+    if try ~= nil and not is_ms(try) then
+        return bad(2, "try_timeout must be a number of milliseconds >= 0 "
+                      .. "(got " .. tostring(try) .. ")")
+    end
+    try = try and math_ceil(try) or 0
+
+    local hdelay, hmax = "", 0
+    if o.hedge ~= nil and o.hedge ~= false then
+        hdelay, hmax = check_hedge(o.hedge, 2, "hedge")
+        if not hdelay then
+            return nil, hmax
+        end
+    end
+
+    local ratio, min_per_s = 0.2, 10
+    local budget = o.budget
+    if budget ~= nil then
+        if type(budget) ~= "table" then
+            return bad(2, "budget must be a table { ratio = 0..1, "
+                          .. "min_per_s = n }")
+        end
+        local err
+        budget, err = read_nested(budget, budget_names, "budget")
+        if not budget then
+            return nil, err
+        end
+        if budget.ratio ~= nil then
+            local r = budget.ratio
+            if type(r) ~= "number" or r ~= r or r < 0 or r > 1 then
+                return bad(2, "budget.ratio must be a number 0..1 (got "
+                              .. tostring(r) .. ")")
+            end
+            ratio = r
+        end
+        if budget.min_per_s ~= nil then
+            local m = budget.min_per_s
+            if not is_count(m, 0) or m > MAX_MIN_PER_S then
+                return bad(2, "budget.min_per_s must be an integer 0.."
+                              .. MAX_MIN_PER_S .. " (got " .. tostring(m)
+                              .. ")")
+            end
+            min_per_s = m
+        end
+    end
+
+    spec.key = tab_concat({ balance, failures, eject, stall, on, cmethod,
+                            cinterval, ctimeout, retries, resolve, resolver,
+                            try, hdelay, hmax, ratio, min_per_s },
                           "|")
     spec.balance = balance
     spec.retries = retries
@@ -229,9 +418,17 @@ local function pool_spec(o, spec)
         "health_failures=" .. failures,
         "health_eject_ms=" .. eject,
         "health_stall_ms=" .. stall,
+        "health_on=" .. on,
         "retries=" .. retries,
         "resolve_ms=" .. resolve,
+        "try_timeout_ms=" .. try,
+        "budget_ratio=" .. ratio,
+        "budget_min_per_s=" .. min_per_s,
     }
+    if hmax > 0 then
+        lines[#lines + 1] = "hedge_delay_ms=" .. hdelay
+        lines[#lines + 1] = "hedge_max=" .. hmax
+    end
     if cmethod ~= "" then
         lines[#lines + 1] = "check_method=" .. cmethod
         lines[#lines + 1] = "check_interval_ms=" .. cinterval
@@ -242,12 +439,6 @@ local function pool_spec(o, spec)
     end
     spec.lines = tab_concat(lines, "\n") .. "\n"
     return spec
-end
-
-
-local function no_pool_opts(o)
-    return o.balance == nil and o.health == nil and o.check == nil
-           and o.retries == nil and o.resolve == nil and o.resolver == nil
 end
 
 
@@ -347,10 +538,18 @@ function _M.check(addrs, opts)
 end
 
 
--- Per-call options: hash_key and retries (default: the connection's).
--- Returns true, hash_key (or nil), retries; or nil, err.
-function _M.call_opts(conn, opts, argn)
+-- Per-call options: hash_key and retries (default: the connection's),
+-- try_timeout and hedge (default: the method's entry in connect's methods
+-- option, else the connection's). Returns true, hash_key (or nil),
+-- retries, UNARY opts text (or nil); or nil, err.
+function _M.call_opts(conn, opts, argn, method)
     local key, retries = nil, conn.retries or 0
+    local copts = nil
+    local methods = conn.methods
+    if methods and method then
+        local m = methods[method]
+        copts = m and m.copts
+    end
     if opts ~= nil then
         key = opts.hash_key
         if key ~= nil then
@@ -370,12 +569,34 @@ function _M.call_opts(conn, opts, argn)
             end
             retries = r
         end
+        local try, hedge = opts.try_timeout, opts.hedge
+        if try ~= nil or hedge ~= nil then
+            local lines = {}
+            if try ~= nil then
+                if not is_ms(try) then
+                    return bad(argn, "try_timeout must be a number of "
+                                     .. "milliseconds >= 0 (got "
+                                     .. tostring(try) .. ")")
+                end
+                lines[1] = "try_timeout_ms=" .. math_ceil(try) .. "\n"
+            end
+            if hedge ~= nil then
+                local delay, max = check_hedge(hedge, argn, "hedge")
+                if not delay then
+                    return nil, max
+                end
+                lines[#lines + 1] = "hedge_delay_ms=" .. delay .. "\nhedge_max="
+                                    .. max .. "\n"
+            end
+            -- the method's defaults first: a line given again wins
+            copts = (copts or "") .. tab_concat(lines)
+        end
     end
     if key == nil and conn.balance == "hash" then
         return bad(argn, "hash_key is required: the connection balances by "
                          .. "\"hash\"")
     end
-    return true, key, retries
+    return true, key, retries, copts
 end
 
 

@@ -19,6 +19,7 @@
 local ffi = require "ffi"
 local abi = require "resty.ffi.qrpc.abi"
 local json = require "resty.ffi.qrpc.json"
+local pool = require "resty.ffi.qrpc.pool"
 local json_encode = json.encode
 
 local ffi_new = ffi.new
@@ -284,7 +285,8 @@ end
 -- the connection's (connections are shared by equal options).
 local function bind(conn, methods)
     if type(methods) ~= "table" then
-        return bad(2, "methods must be a table { Method = { request = ..., response = ... } }")
+        return bad(2, "methods must be a table { Method = { request = ..., "
+                      .. "response = ..., hedge = ... } }")
     end
     -- a new table: a failed check leaves the connection's as it was
     local own = {}
@@ -299,10 +301,15 @@ local function bind(conn, methods)
         end
         for k in pairs(m) do
             if k ~= "request" and k ~= "response" and k ~= "json"
-               and k ~= "discard_unknown"
+               and k ~= "discard_unknown" and k ~= "hedge" and k ~= "try_timeout"
             then
                 return bad(2, "methods." .. name .. ": unknown option '" .. tostring(k) .. "'")
             end
+        end
+        -- hedge, try_timeout: the pool's per-call options for this method
+        local copts, cerr = pool.method_opts(m, "methods." .. name)
+        if not copts then
+            return nil, cerr
         end
         local ok, err = check_type(m.request, 2, "methods." .. name .. ".request")
         if not ok then
@@ -314,7 +321,8 @@ local function bind(conn, methods)
         end
         -- a plain copy: calls read it without the caller's metamethods
         own[name] = { request = m.request, response = m.response, json = m.json,
-                      discard_unknown = m.discard_unknown }
+                      discard_unknown = m.discard_unknown,
+                      copts = copts ~= "" and copts or nil }
     end
     conn.methods = own
     conn.methods_src = methods

@@ -1,0 +1,393 @@
+package nginx
+
+import (
+	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+)
+
+// timedLoad GETs path from clients goroutines until stopped (at most 90 s
+// and 100,000 calls each), keeping every call's latency and failure.
+type timedLoad struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	lat  []time.Duration
+	errs []string
+}
+
+func startTimedLoad(t *testing.T, n *nginxProc, path string, clients int) *timedLoad {
+	l := &timedLoad{done: make(chan struct{})}
+	deadline := time.Now().Add(90 * time.Second)
+	for range clients {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-l.done:
+					return
+				default:
+				}
+				b := time.Now()
+				st, body := n.get(path)
+				d := time.Since(b)
+				l.mu.Lock()
+				l.lat = append(l.lat, d)
+				if st != 200 {
+					l.errs = append(l.errs, fmt.Sprintf("%d %s", st, strings.TrimSpace(body)))
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(l.stop)
+	return l
+}
+
+func (l *timedLoad) stop() {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+	l.wg.Wait()
+}
+
+// take returns the latencies and failures so far and starts afresh.
+func (l *timedLoad) take() ([]time.Duration, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lat, errs := l.lat, l.errs
+	l.lat, l.errs = nil, nil
+	return lat, errs
+}
+
+func pct(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// pauseProbe measures how late this machine wakes a sleeper (the longest
+// oversleep of a 5 ms sleep) while a load runs: on a loaded machine every
+// process may be descheduled for a while, and a timing bound that does not
+// add that fails for the machine, not for the code.
+type pauseProbe struct {
+	stop chan struct{}
+	out  chan time.Duration
+}
+
+func probePauses() *pauseProbe {
+	p := &pauseProbe{stop: make(chan struct{}), out: make(chan time.Duration, 1)}
+	go func() {
+		worst := time.Duration(0)
+		for {
+			select {
+			case <-p.stop:
+				p.out <- worst
+				return
+			default:
+			}
+			b := time.Now()
+			time.Sleep(5 * time.Millisecond)
+			worst = max(worst, time.Since(b)-5*time.Millisecond)
+		}
+	}()
+	return p
+}
+
+func (p *pauseProbe) end() time.Duration {
+	close(p.stop)
+	return <-p.out
+}
+
+// metricSum adds the series of a metric whose labels contain every
+// fragment given.
+func metricSum(m map[string]float64, name string, frags ...string) float64 {
+	sum := 0.0
+	for k, v := range m {
+		if !strings.HasPrefix(k, name+"{") {
+			continue
+		}
+		ok := true
+		for _, f := range frags {
+			ok = ok && strings.Contains(k, f)
+		}
+		if ok {
+			sum += v
+		}
+	}
+	return sum
+}
+
+const tailMetricsLoc = `
+                local text, err = require("resty.ffi.qrpc").metrics()
+                if not text then
+                    ngx.status = 500
+                    ngx.say("metrics: ", err)
+                    return
+                end
+                ngx.print(text)`
+
+// TestPoolTryTimeoutLua: three server processes, one SIGSTOPped for 3 s
+// under 50 concurrent calls with timeout = 1000, try_timeout = 150,
+// retries = 1. No call fails; no call takes longer than the try timeout
+// and a healthy answer (plus the machine's pauses); the frozen server is
+// stalled or ejected within 250 ms; the metrics count one retry for each
+// attempt that timed out, and every call's attempts.
+func TestPoolTryTimeoutLua(t *testing.T) {
+	requireNginx(t)
+	bin, dir := buildDemo(t)
+	var srvs []*demoProc
+	extra := map[string]string{}
+	for i := range 3 {
+		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
+		srvs = append(srvs, startDemo(t, bin, dir, addr))
+		extra[fmt.Sprintf("s%d", i+1)] = addr
+	}
+	const pool = `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({
+                        timeout = 1000, try_timeout = 150, retries = 1,
+                        health = { failures = 3, eject = 1000 },
+                    }))
+                end
+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
+		Server: loc("/call", pool+poolCallLua(`"greet", "pool"`)) + loc("/metrics", tailMetricsLoc) +
+			loc("/peers", pool+`
+                local conn = assert(pool())
+                for _, p in ipairs(conn:peers()) do
+                    ngx.say(p.addr, " ", p.state, " ", p.stalled)
+                end`),
+		AllowErrors: []string{`qrpc: (re-dial failed|connection lost)`}})
+
+	load := startTimedLoad(t, n, "/call", 50)
+	time.Sleep(1500 * time.Millisecond)
+	healthy, errs := load.take()
+	if len(errs) > 0 {
+		t.Fatalf("healthy: %d calls failed, first %s", len(errs), errs[0])
+	}
+	unit := pct(healthy, 0.99)
+
+	victim := srvs[1]
+	pz := probePauses()
+	stopped := time.Now()
+	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = victim.cmd.Process.Signal(syscall.SIGCONT) })
+	// Within 250 ms (plus the machine's pauses) new calls go elsewhere.
+	var skippedAfter time.Duration
+	for time.Since(stopped) < 3*time.Second {
+		_, body := n.get("/peers")
+		for _, l := range strings.Split(body, "\n") {
+			f := strings.Fields(l)
+			if len(f) == 3 && f[0] == victim.addr && (f[1] == "ejected" || f[2] == "true") {
+				skippedAfter = time.Since(stopped)
+			}
+		}
+		if skippedAfter > 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for time.Since(stopped) < 3*time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = victim.cmd.Process.Signal(syscall.SIGCONT)
+	time.Sleep(500 * time.Millisecond)
+	load.stop()
+	pause := pz.end()
+	lat, errs := load.take()
+	t.Logf("healthy p99 %v, longest pause %v; frozen for 3 s: %d calls, p50 %v p99 %v max %v; skipped after %v",
+		unit, pause, len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1), skippedAfter)
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d calls failed with a server frozen, first: %s", len(errs), len(lat), errs[0])
+	}
+	if skippedAfter == 0 || skippedAfter > 250*time.Millisecond+2*pause {
+		t.Errorf("the frozen server was skipped after %v, want within 250 ms (+ pauses %v)", skippedAfter, pause)
+	}
+	if worst, bound := pct(lat, 1), 150*time.Millisecond+3*unit+2*pause+20*time.Millisecond; worst > bound {
+		t.Errorf("slowest call %v, want <= try timeout + a healthy answer + pauses (%v)", worst, bound)
+	}
+
+	m, _ := scrapeAny(t, n)
+	v := `server="` + victim.addr + `"`
+	timedOut := metricSum(m, "qrpc_client_calls_total", v, `result="timeout"`)
+	retried := metricSum(m, "qrpc_client_retries_total", v)
+	if timedOut == 0 || retried != timedOut {
+		t.Errorf("frozen server: %v attempts timed out, %v retries counted", timedOut, retried)
+	}
+	attempts := metricSum(m, "qrpc_client_calls_total")
+	allRetries := metricSum(m, "qrpc_client_retries_total")
+	calls := float64(len(healthy) + len(lat))
+	// A call still in flight when the load stopped is counted by its
+	// client but may not have ended: allow the clients' count of them.
+	if attempts-allRetries < calls-50 || attempts-allRetries > calls {
+		t.Errorf("%v attempts - %v retries, want the %v calls made", attempts, allRetries, calls)
+	}
+	t.Logf("metrics: %v attempts, %v retries (%v after timeouts on the frozen server)", attempts, allRetries, retried)
+}
+
+// scrapeAny fetches /metrics (this worker's, no dict) into series -> value.
+func scrapeAny(t *testing.T, n *nginxProc) (map[string]float64, string) {
+	t.Helper()
+	return scrape(t, n)
+}
+
+// TestPoolHedgeLua: one server answers "who" after 200 ms, two at once.
+// With hedge = { delay = 20 }, the p99 stays near the delay, copies go
+// only for the slow server's calls, and the metrics count them. With
+// every server slow, the budget bounds the copies and counts what it
+// refused.
+func TestPoolHedgeLua(t *testing.T) {
+	requireNginx(t)
+	srvs := []*testServer{ownServer(t), ownServer(t), ownServer(t)}
+	extra := map[string]string{}
+	for i, s := range srvs {
+		extra[fmt.Sprintf("s%d", i+1)] = s.addr
+	}
+	hedged := func(opts string) string {
+		return `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({` + opts + `}))
+                end` + whoLua
+	}
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
+		// Round-robin sends a third of the calls to the slow server: the
+		// budget must allow a copy for each (the default allows a fifth).
+		Server: loc("/who", hedged(`hedge = { delay = 20 }, budget = { ratio = 0.5 }, health = { stall = 0 }`)) +
+			loc("/budget", hedged(`hedge = { delay = 5, max = 2 }, budget = { ratio = 0.1, min_per_s = 0 }, health = { stall = 0 }`)) +
+			loc("/metrics", tailMetricsLoc)})
+
+	const delay = 20 * time.Millisecond
+	healthy := timedGets(t, n, "/who", 600, 20)
+	unit := pct(healthy, 0.99)
+	over := 0
+	for _, d := range healthy {
+		if d > delay {
+			over++
+		}
+	}
+	before, _ := scrape(t, n)
+	srvs[0].whoDelay.Store(200)
+	pz := probePauses()
+	const calls = 2000
+	lat := timedGets(t, n, "/who", calls, 20)
+	pause := pz.end()
+	after, _ := scrape(t, n)
+	copies := metricSum(after, "qrpc_client_retries_total", `reason="hedge"`) -
+		metricSum(before, "qrpc_client_retries_total", `reason="hedge"`)
+	p99 := pct(lat, 0.99)
+	t.Logf("healthy p99 %v, longest pause %v; one server 200 ms, hedge after %v: p50 %v p99 %v; %v copies for %d calls",
+		unit, pause, delay, pct(lat, 0.5), p99, copies, calls)
+	if bound := max(50*time.Millisecond, delay+3*unit+2*pause+20*time.Millisecond); p99 > bound {
+		t.Errorf("p99 %v, want <= %v", p99, bound)
+	}
+	if allowed := float64(calls*4/10 + calls*over/len(healthy)); copies > allowed || copies == 0 {
+		t.Errorf("%v copies for %d calls, want 1..%v (40 %% + the %d of %d healthy calls over the delay)",
+			copies, calls, allowed, over, len(healthy))
+	}
+
+	// Every server slow: copies stay within 10 % of the calls.
+	for _, s := range srvs {
+		s.whoDelay.Store(60)
+	}
+	before, _ = scrape(t, n)
+	const slowCalls = 300
+	timedGets(t, n, "/budget", slowCalls, 20)
+	after, _ = scrape(t, n)
+	copies = metricSum(after, "qrpc_client_retries_total", `reason="hedge"`) -
+		metricSum(before, "qrpc_client_retries_total", `reason="hedge"`)
+	refused := metricSum(after, "qrpc_client_retry_budget_exhausted_total") -
+		metricSum(before, "qrpc_client_retry_budget_exhausted_total")
+	t.Logf("every server slow: %v copies for %d calls, %v refused by the budget", copies, slowCalls, refused)
+	if copies > slowCalls/10+1 || refused == 0 {
+		t.Errorf("every server slow: %v copies for %d calls (budget 10 %%), %v refused", copies, slowCalls, refused)
+	}
+}
+
+// timedGets makes calls GETs of path, conc at a time; every one must
+// answer 200. It returns their latencies.
+func timedGets(t *testing.T, n *nginxProc, path string, calls, conc int) []time.Duration {
+	t.Helper()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var errs []string
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls / conc {
+				b := time.Now()
+				st, body := n.get(path)
+				d := time.Since(b)
+				mu.Lock()
+				lat = append(lat, d)
+				if st != 200 {
+					errs = append(errs, fmt.Sprintf("%d %s", st, strings.TrimSpace(body)))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d calls to %s failed, first: %s", len(errs), calls, path, errs[0])
+	}
+	return lat
+}
+
+// TestNoFalseStalls: three healthy servers, 50 concurrent calls for 30 s
+// beside a CPU hog (a busy loop per CPU): no server is ever found stalled.
+func TestNoFalseStalls(t *testing.T) {
+	requireNginx(t)
+	if testing.Short() {
+		t.Skip("30 s under load")
+	}
+	bin, dir := buildDemo(t)
+	extra := map[string]string{}
+	for i := range 3 {
+		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
+		startDemo(t, bin, dir, addr)
+		extra[fmt.Sprintf("s%d", i+1)] = addr
+	}
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`))})
+	for range 2 {
+		hog := exec.Command("sh", "-c", "while :; do :; done")
+		if err := hog.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hog.Process.Kill(); _ = hog.Wait() })
+	}
+	load := startTimedLoad(t, n, "/call", 50)
+	time.Sleep(30 * time.Second)
+	load.stop()
+	lat, errs := load.take()
+	stalls := n.logCount(`qrpc server stalled`)
+	t.Logf("30 s beside a CPU hog: %d calls, p50 %v p99 %v max %v; %d failed; %d stall notices",
+		len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1), len(errs), stalls)
+	if stalls != 0 {
+		t.Errorf("%d stall notices for healthy servers", stalls)
+	}
+	if len(errs) > 0 {
+		t.Errorf("%d calls failed, first: %s", len(errs), errs[0])
+	}
+}

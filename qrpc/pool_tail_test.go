@@ -1,0 +1,271 @@
+package qrpc_test
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// healthyLatency measures the p99 of calls to a healthy pool on this
+// machine now: the unit of the timing bounds below.
+func healthyLatency(t *testing.T, p *qrpc.Pool, method string, workers, n int) time.Duration {
+	t.Helper()
+	lat := runCalls(t, workers, n, func() error {
+		_, err := poolCall(p, 5*time.Second, method, "")
+		return err
+	})
+	return percentile(lat, 0.99)
+}
+
+// runCalls makes n calls from workers goroutines; every call must succeed.
+func runCalls(t *testing.T, workers, n int, call func() error) []time.Duration {
+	t.Helper()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var errs []error
+	var wg sync.WaitGroup
+	per := n / workers
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range per {
+				began := time.Now()
+				err := call()
+				d := time.Since(began)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d calls failed, first: %v", len(errs), n, errs[0])
+	}
+	return lat
+}
+
+// pauses measures how late this process wakes up while a load runs: the
+// longest oversleep of a 5 ms sleep. On a loaded machine the whole process
+// may be descheduled for hundreds of milliseconds; a timing bound that
+// does not add it fails for the machine, not for the code.
+type pauses struct {
+	stop chan struct{}
+	done chan time.Duration
+}
+
+func measurePauses() *pauses {
+	p := &pauses{stop: make(chan struct{}), done: make(chan time.Duration, 1)}
+	go func() {
+		worst := time.Duration(0)
+		for {
+			select {
+			case <-p.stop:
+				p.done <- worst
+				return
+			default:
+			}
+			b := time.Now()
+			time.Sleep(5 * time.Millisecond)
+			worst = max(worst, time.Since(b)-5*time.Millisecond)
+		}
+	}()
+	return p
+}
+
+func (p *pauses) end() time.Duration {
+	close(p.stop)
+	return <-p.done
+}
+
+func percentile(d []time.Duration, q float64) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// TestPoolTryTimeout: with one of three servers frozen, a try timeout and
+// one retry, no call fails: an attempt caught on the frozen server ends at
+// the try timeout and the call is answered by another server, long before
+// its own timeout. The retries are counted on the frozen server.
+func TestPoolTryTimeout(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	rec := newRecorder()
+	const try = 150 * time.Millisecond
+	p := f.dial(t, addrs, &qrpc.PoolConfig{TryTimeout: try, Retries: 1, Observer: rec,
+		Stall: -1, Failures: 1 << 20, RetryMinPerS: 1000})
+	unit := healthyLatency(t, p, "who", 10, 300)
+	f.srvs[1].freeze()
+	pz := measurePauses()
+	lat := runCalls(t, 50, 1500, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who")})
+		return err
+	})
+	pause := pz.end()
+	frozen := rec.get(f.srvs[1].addr)
+	if frozen.retried.Load() == 0 {
+		t.Fatal("no call was retried off the frozen server")
+	}
+	if got, failed := frozen.retried.Load(), frozen.failed.Load(); got != failed {
+		t.Fatalf("%d retries counted for %d attempts that timed out on the frozen server", got, failed)
+	}
+	t.Logf("healthy p99 %v, longest pause %v; with a frozen server: p50 %v p99 %v max %v; %d retries",
+		unit, pause, percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1), frozen.retried.Load())
+	if worst, bound := percentile(lat, 1), try+3*unit+2*pause+20*time.Millisecond; worst > bound {
+		t.Fatalf("slowest call %v, want <= try timeout + a healthy answer + pauses (%v)", worst, bound)
+	}
+
+	// Every server frozen: each attempt ends at the try timeout and the
+	// error says how many there were.
+	f.srvs[0].freeze()
+	f.srvs[2].freeze()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who")})
+	if !errors.Is(err, qrpc.ErrTimeout) || !strings.HasSuffix(err.Error(), "(2 attempts)") {
+		t.Fatalf("all frozen: %v, want a timeout after 2 attempts", err)
+	}
+	var ae *qrpc.AttemptsError
+	if !errors.As(err, &ae) || ae.Attempts != 2 {
+		t.Fatalf("all frozen: %#v", err)
+	}
+}
+
+// TestPoolHedge: one server of three answers after 200 ms; with a hedge
+// after 20 ms, calls are answered by a copy instead, and only the calls
+// that meet the slow server send one.
+func TestPoolHedge(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+		RetryMinPerS: 1000})
+	const delay = 20 * time.Millisecond
+	healthy := runCalls(t, 20, 600, func() error {
+		_, err := poolCall(p, 5*time.Second, "work", "")
+		return err
+	})
+	unit := percentile(healthy, 0.99)
+	// Healthy calls slower than the delay (a loaded machine) are hedged
+	// too: that share is allowed on top of the 40 %.
+	over := 0
+	for _, d := range healthy {
+		if d > delay {
+			over++
+		}
+	}
+	f.srvs[0].delay.Store(200)
+	const calls = 2000
+	pz := measurePauses()
+	lat := runCalls(t, 20, calls, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("work"), Hedge: qrpc.Hedge{Delay: delay, Max: 1}})
+		return err
+	})
+	hedged := int64(0)
+	for _, a := range addrs {
+		hedged += rec.get(a).hedged.Load()
+	}
+	pause := pz.end()
+	p99 := percentile(lat, 0.99)
+	t.Logf("healthy p99 %v, longest pause %v; one slow server, hedged at %v: p50 %v p99 %v; %d copies for %d calls",
+		unit, pause, delay, percentile(lat, 0.5), p99, hedged, calls)
+	if bound := delay + 3*unit + 2*pause + 20*time.Millisecond; p99 > bound {
+		t.Fatalf("p99 %v, want <= hedge delay + a healthy answer (%v)", p99, bound)
+	}
+	if allowed := int64(calls*4/10 + calls*over/len(healthy)); hedged > allowed {
+		t.Fatalf("%d copies for %d calls, want <= 40 %% + the %d of %d healthy calls over the delay (%d)",
+			hedged, calls, over, len(healthy), allowed)
+	}
+	if rec.get(addrs[0]).hedged.Load() == 0 {
+		t.Fatal("the slow server's calls were never hedged")
+	}
+}
+
+// TestPoolHedgeBudget: when every server is slow, hedged copies stay
+// within the budget's ratio of the calls, and the refusals are counted.
+func TestPoolHedgeBudget(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	for _, m := range f.srvs {
+		m.delay.Store(60)
+	}
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+		RetryRatio: 0.1, RetryMinPerS: -1, Hedge: qrpc.Hedge{Delay: 5 * time.Millisecond, Max: 2}})
+	const calls = 400
+	runCalls(t, 20, calls, func() error {
+		_, err := poolCall(p, 5*time.Second, "work", "")
+		return err
+	})
+	var hedged, refused int64
+	for _, a := range addrs {
+		hedged += rec.get(a).hedged.Load()
+		refused += rec.get(a).budget.Load()
+	}
+	t.Logf("%d calls, all slow: %d copies, %d refused by the budget", calls, hedged, refused)
+	if hedged > calls/10+1 {
+		t.Fatalf("%d copies for %d calls: over the budget's 10 %%", hedged, calls)
+	}
+	if refused == 0 {
+		t.Fatal("no copy refused by the budget")
+	}
+}
+
+// TestPoolRetryBudgetError: a call whose retry the budget refuses fails
+// with its own error, marked.
+func TestPoolRetryBudgetError(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Stall: -1, Failures: 1 << 20, Retries: 1,
+		TryTimeout: 50 * time.Millisecond, RetryRatio: -1, RetryMinPerS: -1})
+	f.srvs[0].freeze()
+	f.srvs[1].freeze()
+	_, err := poolCall(p, time.Second, "who", "")
+	if !errors.Is(err, qrpc.ErrTimeout) || !strings.HasSuffix(err.Error(), "(1 attempt, retry budget exhausted)") {
+		t.Fatalf("%v, want a timeout marked by the budget", err)
+	}
+}
+
+// TestPoolEjectOn: a slow method called with a short timeout ejects a
+// healthy server under the default rule, and never with timeouts left
+// out of EjectOn.
+func TestPoolEjectOn(t *testing.T) {
+	for _, tc := range []struct {
+		on    qrpc.Failure
+		eject bool
+	}{
+		{0, true},
+		{qrpc.FailConnect | qrpc.FailReset, false},
+	} {
+		f := newFleet(t)
+		addrs := f.start(2)
+		f.srvs[0].delay.Store(300)
+		f.srvs[1].delay.Store(300)
+		rec := newRecorder()
+		p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 2, EjectOn: tc.on})
+		for range 6 {
+			if _, err := poolCall(p, 30*time.Millisecond, "work", ""); !errors.Is(err, qrpc.ErrTimeout) {
+				t.Fatalf("on=%v: %v, want a timeout", tc.on, err)
+			}
+		}
+		ejected := rec.get(addrs[0]).ejected.Load() + rec.get(addrs[1]).ejected.Load()
+		if (ejected > 0) != tc.eject {
+			t.Fatalf("on=%v: %d ejections, want ejection %v", tc.on, ejected, tc.eject)
+		}
+	}
+}
