@@ -3,6 +3,7 @@ package nginx
 import (
 	"fmt"
 	"os/exec"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -356,7 +357,9 @@ func timedGets(t *testing.T, n *nginxProc, path string, calls, conc int) []time.
 }
 
 // TestNoFalseStalls: three healthy servers, 50 concurrent calls for 30 s
-// beside a CPU hog (a busy loop per CPU): no server is ever found stalled.
+// beside a CPU hog: no server is ever found stalled. (With a flat 25 ms
+// limit and no check that other servers answer, the same run logs a stall
+// for every server, as often as the log allows.)
 func TestNoFalseStalls(t *testing.T) {
 	requireNginx(t)
 	if testing.Short() {
@@ -370,7 +373,9 @@ func TestNoFalseStalls(t *testing.T) {
 		extra[fmt.Sprintf("s%d", i+1)] = addr
 	}
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`))})
-	for range 2 {
+	// A busy loop per CPU: every process, nginx and the servers
+	// included, waits its turn.
+	for range runtime.NumCPU() {
 		hog := exec.Command("sh", "-c", "while :; do :; done")
 		if err := hog.Start(); err != nil {
 			t.Fatal(err)
@@ -381,7 +386,7 @@ func TestNoFalseStalls(t *testing.T) {
 	time.Sleep(30 * time.Second)
 	load.stop()
 	lat, errs := load.take()
-	stalls := n.logCount(`qrpc server stalled`)
+	stalls := n.logCount(`qrpc: server stalled`)
 	t.Logf("30 s beside a CPU hog: %d calls, p50 %v p99 %v max %v; %d failed; %d stall notices",
 		len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1), len(errs), stalls)
 	if stalls != 0 {
