@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 )
 
 // Balance is how a Pool spreads calls over its servers.
@@ -165,7 +167,9 @@ type PoolConfig struct {
 	// Resolver ("host:port", UDP DNS) replaces the system's resolver.
 	Resolver string
 	// Observer is told about every server's calls and states (nil: none).
-	Observer Observer
+	// It is this module's metrics recorder (internal/observe): not for
+	// use outside it.
+	Observer observe.Observer
 }
 
 // ErrNoServer: every server of a pool is down (ejected or not connected).
@@ -242,7 +246,7 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 		}
 	}
 	if pc.Observer == nil {
-		pc.Observer = NopObserver{}
+		pc.Observer = observe.Nop{}
 	}
 	switch {
 	case pc.RetryRatio == 0:
@@ -296,7 +300,7 @@ type Pool struct {
 	cfg      PoolConfig
 	conf     Config // every server's client config, populated
 	log      *slog.Logger
-	observed bool // cfg.Observer is not NopObserver
+	observed bool // cfg.Observer is not observe.Nop
 
 	// set is the servers that take calls, read without a lock on the call
 	// path and replaced (copy-on-write) when membership changes.
@@ -368,7 +372,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		resolver: newResolver(pc.Resolver),
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
 	}
-	_, nop := pc.Observer.(NopObserver)
+	_, nop := pc.Observer.(observe.Nop)
 	p.observed = !nop
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})

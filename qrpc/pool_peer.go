@@ -12,7 +12,7 @@ type peer struct {
 	pool *Pool
 	addr string
 	c    *Client
-	obs  PeerObserver
+	obs  peerObserver
 	seed uint64 // rendezvous hashing weight seed, from addr
 
 	inflight atomic.Int64

@@ -7,13 +7,15 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 )
 
 // benchPool is a pool of n servers whose clients look connected, enough
 // for pick (no network: only the choice is measured).
 func benchPool(tb testing.TB, n int, b Balance) *Pool {
 	tb.Helper()
-	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: NopObserver{}, EjectOn: failAll},
+	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: observe.Nop{}, EjectOn: failAll},
 		log: slogDiscard()}
 	var peers []*peer
 	for i := range n {

@@ -15,7 +15,7 @@ import (
 //	gomaxprocs=N     the Ps of the worker's Go runtime (1..1024) (see
 //	                 DefaultGOMAXPROCS).
 //	metrics=on|off   record calls in the worker's metrics (on). Off, the
-//	                 pools dialled afterwards get qrpc.NopObserver, so
+//	                 pools dialled afterwards get a no-op observer, so
 //	                 their calls cost nothing to record and show nowhere
 //	                 in the metrics; pools dialled before keep recording.
 //
