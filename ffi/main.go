@@ -12,7 +12,7 @@
 // synchronous signals, SIGPIPE (which it forwards to nginx's SIG_IGN when
 // raised outside Go code) and its preemption signal. It does wrap nginx's
 // handlers of the asynchronous signals so that they run on the nginx
-// thread, as before Go's threads existed: see the forwarders in cgo.go
+// thread, as before Go's threads existed: see the forwarders in internal/hostq/sigfwd.go
 // (QRPC_NO_SIGNAL_FORWARD=1 disables them).
 package main
 

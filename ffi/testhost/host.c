@@ -396,7 +396,7 @@ static void check_dispositions(const char *when) {
     sigaction(SIGUSR1, NULL, &usr1);
     sigaction(SIGPIPE, NULL, &pipe_now);
     /* The library routes asynchronous signals that have a handler to the
-     * thread that loaded it (see ffi/cgo.go); the behaviour checks below
+     * thread that loaded it (see internal/hostq/sigfwd.go); the behaviour checks below
      * are what matters. */
     CHECK(chld.sa_sigaction != chld_before.sa_sigaction && (chld.sa_flags & (SA_SIGINFO | SA_ONSTACK)) == (SA_SIGINFO | SA_ONSTACK),
           "%s: SIGCHLD goes through the library's forwarder to the host thread", when);

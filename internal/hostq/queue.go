@@ -1,4 +1,4 @@
-package main
+package hostq
 
 // The Go side of the built-in host's C queues (hostq.c). The nginx thread
 // queues UNARY and CANCEL commands with qrpc_submit_async, pops
@@ -16,6 +16,7 @@ package main
 // slows its 20 µs tick.
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../../ffi
 #include <stdlib.h>
 #include "qrpc.h"
 #include "hostq.h"
@@ -268,7 +269,7 @@ func runQueued(it *C.qrpc_qitem_t) {
 	}
 	first, last := it, it
 	for ; it != nil; it = it.next {
-		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))
+		runAsync((*bridge.CmdABI)(unsafe.Pointer(&it.cmd)))
 		last = it
 	}
 	// Freed by C (qrpc_done_free) on the nginx thread's next call: free()
@@ -281,7 +282,7 @@ func runQueued(it *C.qrpc_qitem_t) {
 
 // runAsync runs one queued command; a UNARY that Submit refuses completes
 // with the refusal, which Lua reports as qrpc_submit's error would be.
-func runAsync(abi *cmdABI) {
+func runAsync(abi *bridge.CmdABI) {
 	id := abi.CallID
 	// ECHO (the IPC benchmark through this queue) completes like UNARY
 	unary := abi.Op == bridge.OpUnary || abi.Op == bridge.OpEcho
@@ -294,7 +295,7 @@ func runAsync(abi *cmdABI) {
 		}
 	}()
 	var c bridge.Command
-	status, msg := bridge.StatusOf(decodeCmd(abi, &c))
+	status, msg := bridge.StatusOf(bridge.DecodeCmd(abi, &c))
 	if status == bridge.StatusOK {
 		status, msg = rt.Submit(builtin, &c)
 	}
@@ -357,7 +358,7 @@ func cqPushGrow(c *bridge.Completion, maxLogs int) int {
 	return rc
 }
 
-func cqPoll(out []completionABI) int {
+func cqPoll(out []bridge.Completion) int {
 	if len(out) == 0 {
 		return 0
 	}
@@ -369,7 +370,7 @@ func cqLogs() int { return int(C.qrpc_cq_logs()) }
 
 // submitAsync, release: qrpc_submit_async and qrpc_release, for tests
 // (which cannot use cgo).
-func submitAsync(c *cmdABI) int32 {
+func submitAsync(c *bridge.CmdABI) int32 {
 	return int32(C.qrpc_submit_async((*C.qrpc_cmd_t)(unsafe.Pointer(c))))
 }
 

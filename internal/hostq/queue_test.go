@@ -1,4 +1,4 @@
-package main
+package hostq
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 // pushAsync queues c with qrpc_submit_async. cgo refuses a struct that
 // holds unpinned Go pointers, so its strings are pinned for the call (the
 // queue copies them before it returns).
-func pushAsync(c *cmdABI) int32 {
+func pushAsync(c *bridge.CmdABI) int32 {
 	var p runtime.Pinner
 	defer p.Unpin()
 	for _, f := range []unsafe.Pointer{c.Method, c.Body, c.Hdrs, c.HashKey, c.ReqType, c.RespType, c.Addr, c.CA, c.Opts} {
@@ -56,7 +56,7 @@ func TestSubmitQueue(t *testing.T) {
 	// with Go's echo instead of the network.
 	t.Run("echo", func(t *testing.T) {
 		body := []byte("through the queue")
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 16,
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 16,
 			Body: unsafe.Pointer(&body[0]), BodyLen: uintptr(len(body))}
 		if st := pushAsync(e); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
@@ -97,7 +97,7 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
 		}
-		x := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, Conn: h, CallID: 13}
+		x := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, Conn: h, CallID: 13}
 		if st := pushAsync(x); st != bridge.StatusOK {
 			t.Fatalf("cancel: %d", st)
 		}
@@ -112,7 +112,7 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(connectCmd(14, ts.Addr, nil)); st != bridge.ErrBadArg {
 			t.Fatalf("connect through the queue: %d", st)
 		}
-		s := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, CallID: 15}
+		s := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, CallID: 15}
 		if st := pushAsync(s); st != bridge.ErrBadArg {
 			t.Fatalf("stats through the queue: %d", st)
 		}
@@ -126,7 +126,7 @@ func TestSubmitQueueClosed(t *testing.T) {
 	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
-	builtin.shutdown()
+	builtin.Shutdown()
 	c := unaryCmd(h, "echo", "x")
 	if st := pushAsync(c); st != bridge.ErrClosed {
 		t.Fatalf("push after shutdown: %d, want closed", st)
@@ -195,7 +195,7 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 	body := bytes.Repeat([]byte("r"), 100<<10)
 	const n = 20
 	for i := 0; i < n; i++ {
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: uint64(200 + i)}
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: uint64(200 + i)}
 		e.Body, e.BodyLen = ptr(body)
 		if st, msg := submit(e); st != bridge.StatusPending {
 			t.Fatalf("echo: %d %s", st, msg)
@@ -363,7 +363,7 @@ func TestSmallBlocksServeBursts(t *testing.T) {
 			tag := []byte(fmt.Sprintf("<%d:%d>", round, i))
 			b := bytes.Repeat(tag, size/len(tag)+1)[:size]
 			want[id] = b
-			e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
 			e.Body, e.BodyLen = ptr(b)
 			if st := pushAsync(e); st != bridge.StatusPending {
 				t.Fatalf("round %d: push %d: %d", round, id, st)
@@ -408,7 +408,7 @@ func TestSmallBlocksServeBursts(t *testing.T) {
 // a cgo call each.
 func TestRunCommandsFreedInC(t *testing.T) {
 	d := openBuiltin(t)
-	u := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 999}
+	u := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 999}
 	if rc := submitAsync(u); rc != bridge.StatusOK {
 		t.Fatalf("cancel: %d", rc)
 	}
@@ -425,10 +425,10 @@ func TestRunCommandsFreedInC(t *testing.T) {
 // cgo call that grows the ring is kept out of the common path, where the
 // pointer it takes would move every completion to the heap.
 func TestCompletionRingGrows(t *testing.T) {
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(builtin.shutdown)
+	t.Cleanup(builtin.Shutdown)
 	const n = 1000
 	for i := 0; i < n; i++ {
 		c := bridge.Completion{CallID: uint64(i + 1), Status: bridge.StatusOK}
@@ -439,7 +439,7 @@ func TestCompletionRingGrows(t *testing.T) {
 	if got := cqLen(); got != n {
 		t.Fatalf("%d queued, want %d", got, n)
 	}
-	out := make([]completionABI, 64)
+	out := make([]bridge.Completion, 64)
 	next := uint64(1)
 	for k := cqPoll(out); k > 0; k = cqPoll(out) {
 		for _, c := range out[:k] {
@@ -535,7 +535,7 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 		push()
 	}
 	pushed := inflight
-	out := make([]completionABI, 256)
+	out := make([]bridge.Completion, 256)
 	buf := make([]byte, 256)
 	done, rounds := 0, 0
 	deadline := time.Now().Add(time.Minute)
@@ -555,7 +555,7 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 		_, _, _ = syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), syscall.MSG_DONTWAIT, 0, 0)
 		rounds++
 		for {
-			k := builtin.drain(out)
+			k := builtin.Drain(out)
 			for _, c := range out[:k] {
 				if c.Status != bridge.StatusOK {
 					t.Fatalf("call %d: status %d %q", c.CallID, c.Status, text(c))
@@ -597,7 +597,7 @@ func TestQueuedEchoesOnOneCPU(t *testing.T) {
 	const total = 20000
 	id := uint64(5000)
 	rounds := playNginx(t, d, 100, total, func() {
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
 		e.Body, e.BodyLen = ptr(body)
 		if st := pushAsync(e); st != bridge.StatusPending {
 			t.Fatalf("push %d: %d", id, st)

@@ -1,4 +1,4 @@
-package main
+package hostq
 
 import (
 	"bytes"
@@ -25,6 +25,13 @@ import (
 // QUIC on 127.0.0.1 (internal/testsrv), with the wake-up socket read like
 // the Lua dispatcher reads it. testhost/ covers the same paths from C.
 
+// TestMain runs the tests with the Go runtime sized as the library sizes
+// it when it loads in a worker (ffi's init).
+func TestMain(m *testing.M) {
+	bridge.DefaultGOMAXPROCS()
+	os.Exit(m.Run())
+}
+
 // dispatcher plays the Lua side of the built-in host.
 type dispatcher struct {
 	t    testing.TB
@@ -35,10 +42,10 @@ type dispatcher struct {
 
 func openBuiltin(t testing.TB) *dispatcher {
 	t.Helper()
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(builtin.shutdown)
+	t.Cleanup(builtin.Shutdown)
 	dir := t.TempDir()
 	path, err := builtin.wake.open(dir, 1024, func() {
 		if builtin.Queued() > 0 {
@@ -84,9 +91,9 @@ func (d *dispatcher) pump(timeout time.Duration) int {
 	_ = d.wake.SetReadDeadline(time.Now().Add(timeout))
 	buf := make([]byte, 64)
 	n, _ := d.wake.Read(buf)
-	out := make([]completionABI, 16)
+	out := make([]bridge.Completion, 16)
 	for {
-		k := builtin.drain(out)
+		k := builtin.Drain(out)
 		for _, c := range out[:k] {
 			if c.Status == bridge.StatusLog {
 				d.logs = append(d.logs, strconv.Itoa(int(c.Code))+" "+text(c))
@@ -139,16 +146,16 @@ func readResult(t testing.TB, c bridge.Completion) (uint32, []string, []byte) {
 func text(c bridge.Completion) string { return string(bridge.Bytes(c.Data, int(c.Len))) }
 
 // submit runs a command as qrpc_submit does.
-func submit(c *cmdABI) (int32, string) {
+func submit(c *bridge.CmdABI) (int32, string) {
 	var cmd bridge.Command
-	if err := decodeCmd(c, &cmd); err != nil {
+	if err := bridge.DecodeCmd(c, &cmd); err != nil {
 		return bridge.StatusOf(err)
 	}
 	return rt.Submit(builtin, &cmd)
 }
 
-func connectCmd(id uint64, addr string, ca []byte) *cmdABI {
-	c := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, CallID: id, TimeoutMS: 3000}
+func connectCmd(id uint64, addr string, ca []byte) *bridge.CmdABI {
+	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, CallID: id, TimeoutMS: 3000}
 	c.Addr, c.AddrLen = ptr([]byte(addr))
 	c.CA, c.CALen = ptr(ca)
 	return c
@@ -194,7 +201,7 @@ func TestBuiltinHost(t *testing.T) {
 	// A burst of completions wakes the dispatcher once.
 	big := bytes.Repeat([]byte("b"), 100<<10)
 	for i := uint64(10); i < 20; i++ {
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: i}
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: i}
 		e.Body, e.BodyLen = ptr(big)
 		if st, _ := submit(e); st != bridge.StatusPending {
 			t.Fatalf("echo op: %d", st)
@@ -240,7 +247,7 @@ func TestBuiltinHost(t *testing.T) {
 	if s, _ := rt.Stats(h, builtin.Queued()); s.Inflight != 1 {
 		t.Fatalf("in flight before cancel: %d", s.Inflight)
 	}
-	cancel := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 31}
+	cancel := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 31}
 	if st, _ := submit(cancel); st != bridge.StatusOK {
 		t.Fatalf("cancel: %d", st)
 	}
@@ -263,11 +270,11 @@ func TestBuiltinHost(t *testing.T) {
 	d.wait(32, 5*time.Second)
 
 	// Stats, through the op and directly.
-	st := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, Conn: h, CallID: 40}
+	st := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, Conn: h, CallID: 40}
 	submit(st)
 	r = d.wait(40, time.Second)
 	_, _, sb := readResult(t, r)
-	s := *(*statsABI)(unsafe.Pointer(&sb[0]))
+	s := *(*bridge.Stats)(unsafe.Pointer(&sb[0]))
 	if s.Inflight != 0 || s.Calls != 5 || s.Events != 5 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -276,7 +283,7 @@ func TestBuiltinHost(t *testing.T) {
 	cmd = unaryCmd(h, "sleep", "5000")
 	cmd.CallID = 50
 	submit(cmd)
-	cl := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: h}
+	cl := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: h}
 	if st, msg := submit(cl); st != bridge.StatusOK {
 		t.Fatalf("close: %d %s", st, msg)
 	}
@@ -331,7 +338,7 @@ func TestBuiltinConnectErrors(t *testing.T) {
 }
 
 func TestBuiltinClosedHost(t *testing.T) {
-	builtin.shutdown()
+	builtin.Shutdown()
 	if st, msg := submit(unaryCmd(1, "x", "")); st != bridge.ErrClosed || !strings.Contains(msg, "qrpc_init") {
 		t.Fatalf("submit before init: %d %q", st, msg)
 	}
@@ -355,7 +362,7 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 10 {
 		t.Fatalf("in flight %d", s.Inflight)
 	}
-	builtin.shutdown()
+	builtin.Shutdown()
 	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 0 {
 		t.Fatalf("in flight after shutdown %d", s.Inflight)
 	}
@@ -369,7 +376,7 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 		t.Fatalf("read %d bytes after shutdown, want EOF", n)
 	}
 	// And init brings the host back.
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := submit(unaryCmd(h, "echo", "")); st != bridge.ErrClosed {
@@ -410,10 +417,10 @@ func TestLogsGoThroughTheQueue(t *testing.T) {
 }
 
 func TestWakeOpenRules(t *testing.T) {
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(builtin.shutdown)
+	t.Cleanup(builtin.Shutdown)
 	long := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
 	if _, err := builtin.wake.open(long, 1024, func() {}); err == nil || !strings.Contains(err.Error(), "room for 107") {
 		t.Fatalf("long path: %v", err)
@@ -465,7 +472,7 @@ func BenchmarkUnaryBuiltin(b *testing.B) {
 	d := openBuiltin(b)
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 	cmd := unaryCmd(h, "echo", "hello")
-	out := make([]completionABI, 16)
+	out := make([]bridge.Completion, 16)
 	buf := make([]byte, 64)
 	_ = d.wake.SetReadDeadline(time.Time{})
 	b.ReportAllocs()
@@ -476,7 +483,7 @@ func BenchmarkUnaryBuiltin(b *testing.B) {
 			b.Fatalf("submit: %d %s", st, msg)
 		}
 		for done := false; !done; {
-			n := builtin.drain(out)
+			n := builtin.Drain(out)
 			for _, c := range out[:n] {
 				cMemory{}.Free(c.Data)
 				done = done || c.CallID == cmd.CallID
@@ -511,24 +518,24 @@ func BenchmarkUnaryGoClient(b *testing.B) {
 // BenchmarkEchoBuiltin is the host's own cost: submit, blob, queue, drain,
 // with no network and no wake-up.
 func BenchmarkEchoBuiltin(b *testing.B) {
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(builtin.shutdown)
+	b.Cleanup(builtin.Shutdown)
 	for _, size := range []int{512, 100 << 10} {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
-			cmd := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
+			cmd := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
 			cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), size))
-			out := make([]completionABI, 1)
+			out := make([]bridge.Completion, 1)
 			b.ReportAllocs()
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				submit(cmd)
-				if builtin.drain(out) != 1 {
+				if builtin.Drain(out) != 1 {
 					b.Fatal("nothing drained")
 				}
-				qrpc_free(out[0].Data) // as Lua frees it: back to cmem
+				cmem.Free(out[0].Data) // as Lua frees it: back to cmem
 			}
 		})
 	}
@@ -540,7 +547,8 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 	t.Cleanup(func() { bridge.SetTestHook(nil) })
 
-	// In the export, on the nginx thread: an error status, not a crash.
+	// In the submitter: the call completes with "internal error" (a panic
+	// in an export is ffi/'s test).
 	bridge.SetTestHook(func(where string) {
 		if where == "submit" {
 			panic("injected in submit")
@@ -548,8 +556,11 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	})
 	cmd := unaryCmd(h, "echo", "x")
 	cmd.CallID = 2
-	if rc := qrpc_submit(unsafe.Pointer(cmd), nil, 0); int(rc) != int(bridge.ErrGeneric) {
-		t.Fatalf("qrpc_submit after a panic returned %d", rc)
+	if st := pushAsync(cmd); st != bridge.StatusPending {
+		t.Fatalf("push: %d", st)
+	}
+	if r := d.wait(2, 5*time.Second); r.Status != bridge.ErrGeneric || text(r) != "internal error" {
+		t.Fatalf("completion after a panic in the submitter: %d %q", r.Status, text(r))
 	}
 
 	// On qrpc's reader goroutine, while completing: the call still
@@ -604,11 +615,11 @@ func countLogs(logs []string, line string) int {
 // intact when its buffer was used before, what is kept stays within the
 // budget whatever the sizes, and an idle host gives it all back.
 func TestResultBuffersReusedAndBounded(t *testing.T) {
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(builtin.shutdown)
-	out := make([]completionABI, 64)
+	t.Cleanup(builtin.Shutdown)
+	out := make([]bridge.Completion, 64)
 	// burst submits n echoes of distinct bodies of about size bytes, all
 	// in flight before the first is drained, then checks and frees each
 	// through the export Lua uses.
@@ -620,20 +631,20 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 			tag := []byte(fmt.Sprintf("<%d:%d>", round, i))
 			b := bytes.Repeat(tag, (size-i)/len(tag)+1)[:size-i]
 			bodies[id] = b
-			e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
 			e.Body, e.BodyLen = ptr(b)
 			if st, msg := submit(e); st != bridge.StatusPending {
 				t.Fatalf("echo %d: %d %s", id, st, msg)
 			}
 		}
 		for got := 0; got < n; {
-			k := builtin.drain(out)
+			k := builtin.Drain(out)
 			if k == 0 {
 				t.Fatalf("round %d: %d of %d results drained", round, got, n)
 			}
 			for _, c := range out[:k] {
 				if c.Status == bridge.StatusLog {
-					qrpc_free(c.Data)
+					cmem.Free(c.Data)
 					continue
 				}
 				got++
@@ -644,7 +655,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 				if !bytes.Equal(body, bodies[c.CallID]) {
 					t.Errorf("round %d call %d: %d bytes came back different (%d sent)", round, c.CallID, len(body), len(bodies[c.CallID]))
 				}
-				qrpc_free(c.Data)
+				cmem.Free(c.Data)
 			}
 		}
 	}
@@ -666,13 +677,41 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 	if s := cmem.Stats(); s.Bytes > bufcache.DefaultBudget {
 		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
 	}
-	// Idle: the dispatcher's regular drains give everything back.
+	// Idle: the submitter's timer gives everything back.
 	deadline := time.Now().Add(20 * time.Second)
 	for cmem.Stats().Bytes > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("still keeping %+v after an idle wait", cmem.Stats())
 		}
-		qrpc_drain(unsafe.Pointer(&out[0]), 64) // as the dispatcher's poll does
+		builtin.Drain(out) // as the dispatcher's poll does
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ptr returns the address of b's first byte and its length, as a C caller
+// would fill a (pointer, length) pair.
+func ptr(b []byte) (unsafe.Pointer, uintptr) {
+	if len(b) == 0 {
+		return nil, 0
+	}
+	return unsafe.Pointer(&b[0]), uintptr(len(b))
+}
+
+func unaryCmd(conn uint64, method, body string, hdrs ...string) *bridge.CmdABI {
+	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpUnary, Conn: conn, CallID: 7, NHdrs: uint32(len(hdrs))}
+	c.Method, c.MethodLen = ptr([]byte(method))
+	c.Body, c.BodyLen = ptr([]byte(body))
+	c.Hdrs, c.HdrsLen = ptr(bridge.PackHeaders(hdrs...))
+	return c
+}
+
+// TestABILayoutMatchesHeader: the Go mirrors of qrpc.h's types and
+// constants are the C compiler's.
+func TestABILayoutMatchesHeader(t *testing.T) {
+	if err := abiLayoutErr(); err != nil {
+		t.Fatal(err)
+	}
+	if SizeofCmd != unsafe.Sizeof(bridge.CmdABI{}) {
+		t.Fatalf("SizeofCmd %d, Go mirror %d", SizeofCmd, unsafe.Sizeof(bridge.CmdABI{}))
 	}
 }
