@@ -5,7 +5,7 @@ package main
 // and encodes the answer.
 //
 // This file must not include qrpc.h: cgo re-declares every export from its
-// Go signature (e.g. "int qrpc_submit(void *cmd, ...)"), and C rejects the
+// Go signature (e.g. "int qrpc_query(void *cmd, ...)"), and C rejects the
 // header's const-qualified prototypes as conflicting. The ABI is the same:
 // every pointer is passed as an address, integers keep their C types.
 
@@ -108,22 +108,6 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 	return C.int(bridge.StatusOK)
 }
 
-//export qrpc_submit
-func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int) {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
-	var c bridge.Command
-	status, msg := bridge.StatusOf(bridge.DecodeCmd((*bridge.CmdABI)(cmd), &c))
-	if status == bridge.StatusOK {
-		status, msg = rt.Submit(builtin, &c)
-	}
-	if status < 0 {
-		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
-	}
-	return C.int(status)
-}
-
 //export qrpc_query
 func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
 	enterExport()
@@ -140,7 +124,7 @@ func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBu
 	if err := bridge.DecodeCmd((*bridge.CmdABI)(cmd), &c); err != nil {
 		res.Status, msg = bridge.StatusOf(err)
 	} else {
-		res, msg = rt.Query(&c)
+		res, msg = builtin.RunNow(&c)
 	}
 	if res.Status < 0 {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
@@ -165,28 +149,6 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	}
 	*(*bridge.Stats)(out) = s
 	return C.int(bridge.StatusOK)
-}
-
-//export qrpc_drain
-func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(nil, nil, 0) // n stays 0: a negative count would confuse the caller
-	if out == nil || maxN <= 0 {
-		return 0
-	}
-	// The dispatcher drains at least every half second, busy or idle: the
-	// moment to give back the result buffers a burst left.
-	cmem.Tick()
-	return C.int(builtin.Drain(unsafe.Slice((*bridge.Completion)(out), int(maxN))))
-}
-
-//export qrpc_free
-func qrpc_free(p unsafe.Pointer) {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(nil, nil, 0)
-	cmem.Free(p)
 }
 
 //export qrpc_shutdown

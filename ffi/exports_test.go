@@ -20,10 +20,12 @@ func TestExportPanicBecomesError(t *testing.T) {
 			panic("injected in submit")
 		}
 	})
-	method := []byte("echo")
-	cmd := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpUnary, Conn: 1, CallID: 2,
+	method := []byte("ev")
+	cmd := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEvent, Conn: 1,
 		Method: unsafe.Pointer(&method[0]), MethodLen: uintptr(len(method))}
-	if rc := qrpc_submit(unsafe.Pointer(cmd), nil, 0); int(rc) != int(bridge.ErrGeneric) {
-		t.Fatalf("qrpc_submit after a panic returned %d", rc)
+	var out unsafe.Pointer
+	var outLen _Ctype_size_t
+	if rc := qrpc_query(unsafe.Pointer(cmd), &out, &outLen, nil, 0); int(rc) != int(bridge.ErrGeneric) || out != nil {
+		t.Fatalf("qrpc_query of an EVENT after a panic returned %d", rc)
 	}
 }

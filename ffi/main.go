@@ -5,8 +5,8 @@
 //
 // qrpc.h is the C ABI. The library serves two hosts with one runtime (one
 // per process, i.e. per nginx worker): the built-in host (qrpc_init,
-// qrpc_submit, qrpc_drain, ... driven by the Lua module (lua/resty/ffi/qrpc/) on stock
-// ngx_lua) and lua-resty-ffi (libffi_init).
+// qrpc_submit_async, qrpc_poll, ... driven by the Lua module
+// (lua/resty/ffi/qrpc/) on stock ngx_lua) and lua-resty-ffi (libffi_init).
 //
 // It never imports os/signal, so Go installs handlers only for the
 // synchronous signals, SIGPIPE (which it forwards to nginx's SIG_IGN when

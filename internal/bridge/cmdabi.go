@@ -67,7 +67,7 @@ func DecodeCmd(c *CmdABI, cmd *Command) error {
 	}
 	// Cleared in place, then filled: a composite literal assigned through
 	// the pointer is built on the stack and copied (a third of this
-	// function's time on the direct echo).
+	// function's time on an echo answered inside a Go export).
 	*cmd = Command{}
 	cmd.Op, cmd.Conn, cmd.CallID, cmd.TimeoutMS, cmd.NHdrs = c.Op, c.Conn, c.CallID, c.TimeoutMS, c.NHdrs
 	cmd.Retries, cmd.Flags = c.Retries, c.Flags

@@ -23,17 +23,17 @@ import (
 // dropped and counted.
 const maxQueuedLogs = 1000
 
-// Host is the host for stock nginx + ngx_lua: Lua submits through
-// qrpc_submit (or the C submit queue, queue.go), completions wait in a
-// queue in C that qrpc_poll (or qrpc_drain) empties, and the first
-// completion after the queue was empty writes one byte to the
-// dispatcher's unix socket. It is the runtime's bridge.Host for every
-// command qrpc_submit passes on.
+// Host is the host for stock nginx + ngx_lua: Lua submits through the C
+// submit queue (qrpc_submit_async, queue.go), completions wait in a
+// queue in C that qrpc_poll empties, and the first completion after the
+// queue was empty writes one byte to the dispatcher's unix socket. It is
+// the runtime's bridge.Host for every command of both, and for the EVENT
+// and CLOSE that qrpc_query runs at once (RunNow).
 type Host struct {
 	mu sync.Mutex // orders init and shutdown
 	// nil when not initialised (or shut down); atomic, because every
 	// command reads it (Gen) and a mutex there was 1-2 % of the nginx
-	// thread's time on the direct echo
+	// thread's time on an echo answered inside a Go export
 	gen atomic.Pointer[bridge.Gen]
 
 	logDrops       atomic.Uint64
@@ -68,7 +68,7 @@ func Runtime() *bridge.Runtime { return rt }
 var goEntries atomic.Uint64
 
 // inExport counts the threads inside an export. A completion pushed there
-// (the direct echo, a log line) wakes the dispatcher at once: readying
+// (a log line) wakes the dispatcher at once: readying
 // the waker goroutine from the nginx thread would leave it on the P that
 // thread keeps while it runs nginx (see queue.go).
 var inExport atomic.Int32
@@ -246,4 +246,16 @@ func (b *Host) WakeOpen(dir string, room int) (string, error) {
 			b.wake.signal()
 		}
 	})
+}
+
+// RunNow runs a command at once on the calling thread (qrpc_query): EVENT
+// and CLOSE, whose outcome their caller needs before it goes on, and the
+// query ops. On success the completion's Data, if any, is the caller's;
+// otherwise its Status is an error and msg says why.
+func (b *Host) RunNow(c *bridge.Command) (bridge.Completion, string) {
+	if c.Op == bridge.OpEvent || c.Op == bridge.OpClose {
+		st, msg := rt.Submit(b, c)
+		return bridge.Completion{Status: st}, msg
+	}
+	return rt.Query(c)
 }

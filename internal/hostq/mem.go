@@ -45,7 +45,7 @@ func (cMemory) FreeBelow(p unsafe.Pointer, min int) int {
 	return int(C.qrpc_free_below(p, C.size_t(min)))
 }
 
-// cmem is the runtime's Memory and what qrpc_free returns blocks to.
+// cmem is the runtime's Memory; qrpc_release hands big blocks back to it.
 var cmem = bufcache.New(cMemory{}, bufcache.DefaultBudget, bufcache.DefaultTrimInterval)
 
 // Mem is the process's C memory (cmem): the exports free and trim it.

@@ -1,12 +1,11 @@
 package hostq
 
 // The Go side of the built-in host's C queues (hostq.c). The nginx thread
-// queues UNARY and CANCEL commands with qrpc_submit_async, pops
-// completions with qrpc_poll and frees their blocks with qrpc_release, all
-// plain C: it never enters Go on the hot path. The submitter goroutine
-// here sleeps in the netpoller on an eventfd, takes everything queued at
-// once and runs each command as qrpc_submit would, turning a refusal into
-// the call's completion.
+// queues commands with qrpc_submit_async, pops completions with qrpc_poll
+// and frees their blocks with qrpc_release_n, all plain C: it never enters
+// Go on the hot path. The submitter goroutine here sleeps in the
+// netpoller on an eventfd, takes everything queued at once and runs each
+// command, turning a refusal into the call's completion.
 //
 // Why not call into Go from the nginx thread: after a cgo callback the
 // thread keeps its P (a Go scheduler slot) while it runs nginx (Go 1.26,
@@ -280,16 +279,15 @@ func runQueued(it *C.qrpc_qitem_t) {
 	qunlock()
 }
 
-// runAsync runs one queued command; a UNARY that Submit refuses completes
-// with the refusal, which Lua reports as qrpc_submit's error would be.
+// runAsync runs one queued command; one that Submit refuses completes
+// with the refusal (all but CANCEL, which has no completion).
 func runAsync(abi *bridge.CmdABI) {
 	id := abi.CallID
-	// ECHO (the IPC benchmark through this queue) completes like UNARY
-	unary := abi.Op == bridge.OpUnary || abi.Op == bridge.OpEcho
+	completes := abi.Op != bridge.OpCancel
 	defer func() {
 		if p := recover(); p != nil {
 			rt.Logger().Error("qrpc panic in the submitter", "panic", fmt.Sprint(p))
-			if unary {
+			if completes {
 				builtin.Complete(rt.Message(bridge.ErrGeneric, "internal error", id))
 			}
 		}
@@ -299,7 +297,7 @@ func runAsync(abi *bridge.CmdABI) {
 	if status == bridge.StatusOK {
 		status, msg = rt.Submit(builtin, &c)
 	}
-	if status < 0 && unary {
+	if status < 0 && completes {
 		builtin.Complete(rt.Message(status, msg, id))
 	}
 }

@@ -70,7 +70,7 @@ func TestSubmitQueue(t *testing.T) {
 		}
 	})
 
-	t.Run("refusal is the completion, with qrpc_submit's message", func(t *testing.T) {
+	t.Run("refusal is the completion, with the runtime's message", func(t *testing.T) {
 		c := unaryCmd(h+1000, "echo", "x")
 		c.CallID = 11
 		if st := pushAsync(c); st != bridge.StatusPending {
@@ -85,7 +85,7 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
 		}
-		st, want := submit(c)
+		st, want := direct(c)
 		if got := d.wait(12, 10*time.Second); got.Status != st || got.Status != bridge.ErrBadArg || text(got) != want {
 			t.Fatalf("got %d %q, want %d %q", got.Status, text(got), st, want)
 		}
@@ -108,13 +108,34 @@ func TestSubmitQueue(t *testing.T) {
 		}
 	})
 
-	t.Run("other ops refused", func(t *testing.T) {
-		if st := pushAsync(connectCmd(14, ts.Addr, nil)); st != bridge.ErrBadArg {
+	t.Run("connect and stats", func(t *testing.T) {
+		if st := pushAsync(connectCmd(14, ts.Addr, ts.CA.CertPEM)); st != bridge.StatusPending {
 			t.Fatalf("connect through the queue: %d", st)
 		}
-		s := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, CallID: 15}
-		if st := pushAsync(s); st != bridge.ErrBadArg {
+		c := d.wait(14, 10*time.Second)
+		if c.Status != bridge.StatusOK || c.Handle == 0 {
+			t.Fatalf("connect through the queue: %d %q", c.Status, text(c))
+		}
+		s := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, Conn: c.Handle, CallID: 15}
+		if st := pushAsync(s); st != bridge.StatusPending {
 			t.Fatalf("stats through the queue: %d", st)
+		}
+		if r := d.wait(15, 10*time.Second); r.Status != bridge.StatusOK || r.Len != 8+unsafe.Sizeof(bridge.Stats{}) {
+			t.Fatalf("stats through the queue: %d, %d bytes", r.Status, r.Len)
+		}
+		cl := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: c.Handle}
+		if st, msg := submit(cl); st != bridge.StatusOK {
+			t.Fatalf("close: %d %s", st, msg)
+		}
+	})
+
+	t.Run("other ops refused", func(t *testing.T) {
+		for _, op := range []uint32{bridge.OpEvent, bridge.OpClose, bridge.OpPeers, bridge.OpMetrics, 42} {
+			c := unaryCmd(h, "ev", "")
+			c.Op = op
+			if st := pushAsync(c); st != bridge.ErrBadArg {
+				t.Fatalf("op %d through the queue: %d", op, st)
+			}
 		}
 		if st := submitAsync(nil); st != bridge.ErrBadArg {
 			t.Fatalf("NULL command: %d", st)
