@@ -150,8 +150,9 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * scheduler than on the call.
  *
  * qrpc_submit_async queues a CONNECT, UNARY, ECHO, STATS or CANCEL command
- * and returns at once: it copies the command and the strings its op reads,
- * and wakes the library's submitter only when it sleeps. Returns
+ * and returns at once: it copies the command and its strings (addr to
+ * pins for CONNECT only; the other ops never read them), and wakes the
+ * library's submitter only when it sleeps. Returns
  * QRPC_PENDING (a completion with cmd->call_id follows; every failure, bad
  * arguments included, then comes as that completion, with its status and
  * message; CONNECT's carries the new handle), QRPC_OK for CANCEL (no

@@ -281,7 +281,8 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     }
     qrpc_done_free(); // first: a big block freed there serves this command
     // Only CONNECT reads the connect fields: the others' are not copied
-    // (and not kept).
+    // (and not kept). opts is copied for every op: Go refuses it on an op
+    // that does not read it, as qrpc_query and lua-resty-ffi do.
     int conn = cmd->op == QRPC_OP_CONNECT;
     const size_t parts[] = {
         field_len(cmd->method, cmd->method_len),
@@ -296,7 +297,7 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
         conn ? field_len(cmd->cert, cmd->cert_len) : 0,
         conn ? field_len(cmd->key, cmd->key_len) : 0,
         conn ? field_len(cmd->pins, cmd->pins_len) : 0,
-        conn ? field_len(cmd->opts, cmd->opts_len) : 0,
+        field_len(cmd->opts, cmd->opts_len),
     };
     size_t extra = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -325,7 +326,6 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
         it->cmd.cert = copy_field(&p, cmd->cert, parts[9]);
         it->cmd.key = copy_field(&p, cmd->key, parts[10]);
         it->cmd.pins = copy_field(&p, cmd->pins, parts[11]);
-        it->cmd.opts = copy_field(&p, cmd->opts, parts[12]);
     } else {
         it->cmd.addr = NULL; it->cmd.addr_len = 0;
         it->cmd.server_name = NULL; it->cmd.server_name_len = 0;
@@ -333,8 +333,8 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
         it->cmd.cert = NULL; it->cmd.cert_len = 0;
         it->cmd.key = NULL; it->cmd.key_len = 0;
         it->cmd.pins = NULL; it->cmd.pins_len = 0;
-        it->cmd.opts = NULL; it->cmd.opts_len = 0;
     }
+    it->cmd.opts = copy_field(&p, cmd->opts, parts[12]);
 
     q_lock();
     if (hq.fd < 0 || hq.sq_len >= QRPC_SUBMITQ_MAX) {

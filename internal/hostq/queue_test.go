@@ -89,6 +89,17 @@ func TestSubmitQueue(t *testing.T) {
 		if got := d.wait(12, 10*time.Second); got.Status != st || got.Status != bridge.ErrBadArg || text(got) != want {
 			t.Fatalf("got %d %q, want %d %q", got.Status, text(got), st, want)
 		}
+		// opts reaches Go, which refuses it where the op does not read it.
+		c = unaryCmd(h, "echo", "x")
+		c.CallID = 17
+		c.Opts, c.OptsLen = ptr([]byte("k=v\n"))
+		if st := pushAsync(c); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		st, want = direct(c)
+		if got := d.wait(17, 10*time.Second); got.Status != st || got.Status != bridge.ErrBadArg || text(got) != want {
+			t.Fatalf("opts on a UNARY: got %d %q, want %d %q", got.Status, text(got), st, want)
+		}
 	})
 
 	t.Run("cancel queued after its call", func(t *testing.T) {
