@@ -3,7 +3,7 @@
 #   make               build libffi_qrpc.so
 #   make demo          install missing packages (root) or say which, build, start the demo, curl it
 #   make demo-stop     stop the demo
-#   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/
+#   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/, internal/hostq/
 #                      against the nginx installed here (QRPC_NGINX=debian|openresty|resty-ffi|/path picks another)
 #   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
@@ -93,7 +93,7 @@ test-go: $(LIB)
 # The protocol and the runtime under the race detector (the nginx suite
 # cannot be: the library runs inside nginx there).
 test-race:
-	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/...
+	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/... ./internal/hostq/... ./internal/restyhost/...
 
 # Also part of test-go; this runs it alone.
 test-rockspec:

@@ -319,7 +319,7 @@ func run(p params, out, svg string) error {
 		}
 		log.Printf("holding: nginx on 127.0.0.1:%d, prefix %s; GET /bench?kind=unary&n=100&size=100&c=1; Ctrl-C to end", e.nginx.port, dir)
 		if lib, why := restyLibDir(p.restyNginx); why == "" {
-			// the lua-resty-ffi baseline's pair, for kind=ipcq / rfecho by hand
+			// the lua-resty-ffi baseline's pair, for kind=ipc / rfecho by hand
 			for _, host := range []string{"builtin", "resty_ffi"} {
 				n, err := e.newNginx(p.restyNginx, filepath.Join(dir, "rf-"+host), host, lib)
 				if err != nil {

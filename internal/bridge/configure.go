@@ -34,7 +34,7 @@ const maxGOMAXPROCS = 1024
 // workers on all N Ps, taking CPUs from the other workers.
 //
 // Built-in host: 1 P. Its nginx thread never enters Go on the hot path
-// (the C queues of ffi/hostq.c), so the one P is never held by the nginx
+// (the C queues of internal/hostq/hostq.c), so the one P is never held by the nginx
 // thread, and one P batches the worker's Go work on one thread instead of
 // waking a second one for every hand-off. Measured under wrk (2 vCPUs,
 // unpinned, 100 B echo, interleaved with 2 Ps on the same build): 0.84x

@@ -27,7 +27,8 @@ const (
 	OpConfigure // runtime settings
 	OpProfile   // a pprof profile of this worker's Go runtime
 
-	// lastSubmitOp is the highest op of qrpc_submit and lua-resty-ffi.
+	// lastSubmitOp is the highest op of Submit (qrpc_submit_async, the
+	// synchronous EVENT and CLOSE of qrpc_query, lua-resty-ffi).
 	lastSubmitOp = OpStats
 	lastOp       = OpProfile
 )

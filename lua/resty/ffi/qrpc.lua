@@ -665,7 +665,7 @@ function _M.unary(self, method, body, opts)
     if use_builtin then
         status, val = builtin_call(OP_UNARY, self.handle, method, body, nh,
                                    hbuf, hlen, timeout, secs, req, resp, flags,
-                                   hash_key, retries, nil, copts)
+                                   hash_key, retries, copts)
     else
         -- the header buffer is shared: this call keeps its own copy across
         -- the yield
@@ -1033,13 +1033,12 @@ function _M.init_worker()
 end
 
 
--- qrpc._echo(body [, queued]) -> body | nil, err: a round trip through the
--- library and back with no network, for the IPC benchmark. With the
--- built-in host, Go answers inside the nginx thread's qrpc_submit call;
--- with queued, the echo goes through the C submit queue to the Go
--- submitter goroutine and back, the hand-off a unary call makes (and the
--- one lua-resty-ffi's own echo makes, to its Go thread).
-function _M._echo(body, queued)
+-- qrpc._echo(body) -> body | nil, err: a round trip through the library
+-- and back with no network, for the IPC benchmark. With the built-in host
+-- the echo goes through the C submit queue to the Go submitter goroutine
+-- and back, the hand-off a unary call makes (and the one lua-resty-ffi's
+-- own echo makes, to its Go thread).
+function _M._echo(body)
     if type(body) ~= "string" then
         return bad(1, "body must be a string")
     end
@@ -1059,7 +1058,7 @@ function _M._echo(body, queued)
         status, val = builtin_call(OP_ECHO, 0, "", body, 0, nil, 0,
                                    DEFAULT_TIMEOUT_MS,
                                    DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S,
-                                   nil, nil, nil, nil, nil, queued)
+                                   nil, nil, nil, nil, nil)
     else
         local cmd = fill_cmd(ffi_new(cmd_t), OP_ECHO, 0, 0, "", body, 0, nil, 0,
                              DEFAULT_TIMEOUT_MS)

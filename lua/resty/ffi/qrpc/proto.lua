@@ -148,7 +148,7 @@ local function query(rec)
     end
     local rc = lib.qrpc_query(cmd, out_p, out_len, abi.errbuf, abi.ERRBUF_LEN)
     if out_p[0] ~= nil then
-        lib.qrpc_free(out_p[0])
+        lib.qrpc_release(out_p[0])
         out_p[0] = nil
     end
     if rc ~= QRPC_OK then
