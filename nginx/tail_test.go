@@ -396,3 +396,56 @@ func TestNoFalseStalls(t *testing.T) {
 		t.Errorf("%d calls failed, first: %s", len(errs), errs[0])
 	}
 }
+
+// TestPoolCallOptionsLua: try_timeout and hedge given per call, or per
+// method in connect's methods, reach Go and take effect: with both servers
+// holding "who" for 300 ms, a per-call try timeout of 50 ms and one retry
+// fail after two attempts long before the call's timeout; with one server
+// slow, a per-call hedge answers from the other.
+func TestPoolCallOptionsLua(t *testing.T) {
+	requireNginx(t)
+	s1, s2 := ownServer(t), ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"s1": s1.addr, "s2": s2.addr}, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({
+                    timeout = 3000, health = { stall = 0, failures = 1000 },
+                    methods = { who = { try_timeout = 50 } } })))
+                local plain = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({
+                    timeout = 3000, health = { stall = 0, failures = 1000 } })))
+                local mode = ngx.var.arg_mode
+                local t0 = ngx.now()
+                local res, err
+                if mode == "call" then
+                    res, err = plain:unary("who", "", { try_timeout = 50, retries = 1 })
+                elseif mode == "method" then
+                    res, err = conn:unary("who", "", { retries = 1 })
+                elseif mode == "off" then
+                    res, err = conn:unary("who", "", { try_timeout = 0 })
+                else
+                    res, err = plain:unary("who", "", { hedge = { delay = 10 } })
+                end
+                ngx.update_time()
+                ngx.say(res and res.body or err, " ", math.floor((ngx.now() - t0) * 1000))`)})
+	s1.whoDelay.Store(300)
+	s2.whoDelay.Store(300)
+	for _, mode := range []string{"call", "method"} {
+		_, body := n.get("/t?mode=" + mode)
+		f := strings.Fields(body)
+		if len(f) < 2 || !strings.HasPrefix(body, "timeout (2 attempts) ") || atoi(f[len(f)-1]) >= 300 {
+			t.Errorf("%s: %q, want timeout (2 attempts) in under 300 ms", mode, body)
+		}
+	}
+	_, body := n.get("/t?mode=off")
+	if f := strings.Fields(body); len(f) != 2 || atoi(f[1]) < 300 {
+		t.Errorf("try_timeout = 0 per call: %q, want an answer after the 300 ms", body)
+	}
+	s1.whoDelay.Store(300)
+	s2.whoDelay.Store(0)
+	for range 4 {
+		_, body := n.get("/t?mode=hedge")
+		if f := strings.Fields(body); len(f) != 2 || f[0] != s2.addr || atoi(f[1]) >= 300 {
+			t.Errorf("hedge per call: %q, want %s in under 300 ms", body, s2.addr)
+		}
+	}
+}

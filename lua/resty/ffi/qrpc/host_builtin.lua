@@ -222,7 +222,7 @@ local qcmd = ffi_new(cmd_t)
 
 function _M.query(op, handle, opts)
     fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
-    -- fill_cmd leaves opts alone; the command is reused
+    -- fill_cmd clears opts (the command is reused): the query's go in after
     qcmd.opts = opts
     qcmd.opts_len = opts and #opts or 0
     local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
