@@ -318,34 +318,3 @@ func cFuncs(src string) map[string]string {
 	}
 	return out
 }
-
-// The bounds of retries and hedge.max are checked in Lua (so that a caller
-// gets "bad argument") and again in Go (defence): both must be the same
-// numbers, or values between them would reach a caller as "bad command".
-func TestRetriesBoundMatchesGo(t *testing.T) {
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	read := func(rel string, re *regexp.Regexp) string {
-		b, err := os.ReadFile(filepath.Join(root, rel))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := re.FindSubmatch(b)
-		if m == nil {
-			t.Fatalf("%s: no match for %s", rel, re)
-		}
-		return string(m[1])
-	}
-	for _, b := range []struct{ goName, luaName string }{
-		{"MaxRetries", "MAX_RETRIES"},
-		{"MaxHedge", "MAX_HEDGE"},
-	} {
-		goMax := read("qrpc/pool.go", regexp.MustCompile(`(?m)^const `+b.goName+` = (\d+)`))
-		luaMax := read("lua/resty/ffi/qrpc/pool.lua", regexp.MustCompile(`(?m)^local `+b.luaName+` = (\d+)`))
-		if goMax != luaMax {
-			t.Errorf("%s: Go refuses above %s, Lua above %s", b.goName, goMax, luaMax)
-		}
-	}
-}

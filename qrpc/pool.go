@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 )
 
@@ -99,10 +100,10 @@ type Hedge struct {
 }
 
 // MaxHedge bounds Hedge.Max.
-const MaxHedge = 4
+const MaxHedge = limits.Hedge
 
 // MaxRetries bounds PoolConfig.Retries and Call.Retries.
-const MaxRetries = 16
+const MaxRetries = limits.Retries
 
 // HealthCheck is the optional active check: a unary call of Method to
 // every server every Interval, each given Timeout. A server that fails it
@@ -213,7 +214,7 @@ const (
 	defaultRetryRatio   = 0.2
 	defaultRetryMinPerS = 10
 	// maxPeers bounds a pool (names may resolve to many addresses).
-	maxPeers = 256
+	maxPeers = limits.Addrs
 )
 
 func (c *PoolConfig) populate() (PoolConfig, Config, error) {

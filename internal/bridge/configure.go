@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 )
 
 // QRPC_OP_CONFIGURE: runtime settings of this worker, as opts lines
@@ -24,7 +26,7 @@ import (
 // ("gomaxprocs=N\nmetrics=on\nsysmon=lazy\n").
 
 // maxGOMAXPROCS bounds configure{ gomaxprocs }.
-const maxGOMAXPROCS = 1024
+const maxGOMAXPROCS = limits.GOMAXPROCS
 
 // The library's default GOMAXPROCS depends on the host.
 //

@@ -23,6 +23,7 @@ local cache = require "resty.ffi.qrpc.cache"
 local propagate = require "resty.ffi.qrpc.propagate"
 local metrics = require "resty.ffi.qrpc.metrics"
 local pool = require "resty.ffi.qrpc.pool"
+local limits = require "resty.ffi.qrpc.limits"
 local proto = require "resty.ffi.qrpc.proto"
 
 local ffi_new = ffi.new
@@ -78,7 +79,7 @@ local pool_checked = pool.checked
 
 local ERR_INIT = loader.ERR_INIT
 local DEFAULT_TIMEOUT_MS = cache.DEFAULT_TIMEOUT_MS
-local MAX_MS = 2147483647
+local MAX_MS = limits.MS
 -- How much longer than Go's deadline Lua waits before it gives up on its
 -- own; Go enforces deadlines, this only guards against a lost completion.
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
@@ -225,10 +226,10 @@ end
 -- Integer options of connect and their ranges (as Go's qrpc.Config checks
 -- them: a Go error would reach the caller as "bad config: ...").
 local counts = {
-    { "conns", 1, 64 },
-    { "streams", 1, 1024 },
-    { "stream_batch", 1, 1024 },
-    { "max_frame_size", 64, 1073741824 },
+    { "conns", 1, limits.CONNS },
+    { "streams", 1, limits.STREAMS },
+    { "stream_batch", 1, limits.STREAM_BATCH },
+    { "max_frame_size", limits.MIN_FRAME_SIZE, limits.MAX_FRAME_SIZE },
 }
 local ms_opts = { "timeout", "idle_timeout" }
 
@@ -881,10 +882,11 @@ function _M.configure(opts)
     end
     local gp = opts.gomaxprocs
     if gp ~= nil then
-        if type(gp) ~= "number" or gp < 1 or gp > 1024
+        if type(gp) ~= "number" or gp < 1 or gp > limits.GOMAXPROCS
            or math_floor(gp) ~= gp
         then
-            return bad(1, "gomaxprocs must be an integer 1..1024")
+            return bad(1, "gomaxprocs must be an integer 1.."
+                          .. limits.GOMAXPROCS)
         end
     end
     local me = opts.metrics
@@ -961,7 +963,7 @@ end
 local instant_profiles = {
     heap = true, allocs = true, goroutine = true, threadcreate = true,
 }
-local MAX_PROFILE_S = 300
+local MAX_PROFILE_S = limits.PROFILE_SECONDS
 
 
 -- qrpc.debug_profile(kind [, seconds]) -> bytes | nil, err: a pprof profile

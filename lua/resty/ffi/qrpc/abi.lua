@@ -8,6 +8,7 @@
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
+local limits = require "resty.ffi.qrpc.limits"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -309,8 +310,8 @@ end
 -- good.
 local HBUF_SMALL = 4096
 local hbuf_small = ffi_new(char_arr_t, HBUF_SMALL)
--- ffi/cmd.go refuses more entries (names + values) than this.
-local MAX_HDR_ENTRIES = 65536
+-- Go refuses more entries (names + values) than this.
+local MAX_HDR_ENTRIES = limits.HEADER_ENTRIES
 
 local function put_str(buf, off, s)
     local n = #s
