@@ -75,7 +75,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,metrics); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -353,6 +353,7 @@ func run(p params, out, svg string) error {
 		{"restyffi", figureRestyFFI, p.want("restyffi", false)},
 		{"proto", figureProto, p.want("proto", false)},
 		{"pools", figurePools, p.want("pools", false)},
+		{"balance", figureBalance, p.want("balance", false)},
 		{"metrics", figureMetricsCost, p.want("metrics", false)},
 	}
 	start, total := time.Now(), readCPUStat()

@@ -132,8 +132,23 @@ func (pr *peer) observeLatency(now int64, d time.Duration) {
 		pr.ewma.Store(max(int64(d), 1))
 		return
 	}
-	w := math.Exp(-float64(now-last) / float64(ewmaDecay))
+	w := decay(now - last)
 	pr.ewma.Store(max(int64(float64(old)*w+float64(d)*(1-w)), 1))
+}
+
+// decay is the peak EWMA's weight of the past after dt ns: e^(-dt/τ). For
+// the short gaps between the answers of a busy server (dt under τ/1000,
+// 10 ms) it is 1 - dt/τ, within 5e-7 of it, without math.Exp on the
+// call path.
+func decay(dt int64) float64 {
+	if dt <= 0 {
+		return 1
+	}
+	x := float64(dt) / float64(ewmaDecay)
+	if x < 1e-3 {
+		return 1 - x
+	}
+	return math.Exp(-x)
 }
 
 // cost is p2c's load of a server at now (monoNS): its peak EWMA, decayed
@@ -142,9 +157,7 @@ func (pr *peer) observeLatency(now int64, d time.Duration) {
 func (pr *peer) cost(now int64) float64 {
 	e := float64(pr.ewma.Load())
 	if e > 0 {
-		if dt := now - pr.ewmaAt.Load(); dt > 0 {
-			e *= math.Exp(-float64(dt) / float64(ewmaDecay))
-		}
+		e *= decay(now - pr.ewmaAt.Load())
 	}
 	return e * float64(pr.inflight.Load()+1)
 }

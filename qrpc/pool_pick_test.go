@@ -89,6 +89,8 @@ func BenchmarkPoolPickHash(b *testing.B)              { benchPick(b, Hash, false
 func BenchmarkPoolPickBusyRoundRobin(b *testing.B)    { benchPick(b, RoundRobin, true) }
 func BenchmarkPoolPickBusyLeastInflight(b *testing.B) { benchPick(b, LeastInflight, true) }
 func BenchmarkPoolPickBusyHash(b *testing.B)          { benchPick(b, Hash, true) }
+func BenchmarkPoolPickP2C(b *testing.B)               { benchPick(b, P2C, false) }
+func BenchmarkPoolPickBusyP2C(b *testing.B)           { benchPick(b, P2C, true) }
 
 // TestPickSkipsEjected: an ejected server gets no call until its time is
 // up, then exactly one (the trial) until that call's verdict.
