@@ -565,20 +565,9 @@ func appendJSONString(out, s []byte) ([]byte, bool) {
 			continue
 		}
 		out = append(out, '\\')
-		switch c {
-		case '"', '\\':
-			out = append(out, c)
-		case '\b':
-			out = append(out, 'b')
-		case '\f':
-			out = append(out, 'f')
-		case '\n':
-			out = append(out, 'n')
-		case '\r':
-			out = append(out, 'r')
-		case '\t':
-			out = append(out, 't')
-		default:
+		if l := escapeLetter[c]; l != 0 {
+			out = append(out, l)
+		} else {
 			out = append(out, 'u')
 			out = append(out, "0000"[1+(bits.Len32(uint32(c))-1)/4:]...)
 			out = strconv.AppendUint(out, uint64(c), 16)
@@ -586,6 +575,23 @@ func appendJSONString(out, s []byte) ([]byte, bool) {
 		i++
 	}
 	return append(out, '"'), true
+}
+
+// jsonEscapes pairs each character a JSON string writes as a backslash and
+// a letter with that letter.
+const jsonEscapes = "\"\"\\\\\bb\ff\nn\rr\tt"
+
+// escapeLetter and unescapeLetter are jsonEscapes as tables, one each way
+// (a "\/" reads as "/" too).
+var escapeLetter, unescapeLetter = jsonEscapeTables()
+
+func jsonEscapeTables() (esc, unesc [256]byte) {
+	for i := 0; i < len(jsonEscapes); i += 2 {
+		esc[jsonEscapes[i]] = jsonEscapes[i+1]
+		unesc[jsonEscapes[i+1]] = jsonEscapes[i]
+	}
+	unesc['/'] = '/'
+	return esc, unesc
 }
 
 // Limits of protojson's Timestamp and Duration.

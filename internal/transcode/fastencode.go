@@ -726,20 +726,10 @@ func (e *fastEncoder) strEscaped(start int) ([]byte, bool) {
 			return nil, false
 		}
 		i += 2
-		switch js[i-1] {
-		case '"', '\\', '/':
-			out = append(out, js[i-1])
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
+		switch c := js[i-1]; {
+		case unescapeLetter[c] != 0:
+			out = append(out, unescapeLetter[c])
+		case c == 'u':
 			r, ok := hex4(js, i)
 			if !ok {
 				return nil, false
