@@ -400,19 +400,13 @@ func (e *fastEncoder) number() ([]byte, bool) {
 	case i < len(js) && js[i] == '0':
 		i++
 	case i < len(js) && js[i] >= '1' && js[i] <= '9':
-		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
-			i++
-		}
+		i = digits(js, i)
 	default:
 		return nil, false
 	}
 	if i < len(js) && js[i] == '.' {
-		i++
-		d := i
-		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
-			i++
-		}
-		if i == d {
+		d := i + 1
+		if i = digits(js, d); i == d {
 			return nil, false
 		}
 	}
@@ -422,15 +416,20 @@ func (e *fastEncoder) number() ([]byte, bool) {
 			i++
 		}
 		d := i
-		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
-			i++
-		}
-		if i == d {
+		if i = digits(js, d); i == d {
 			return nil, false
 		}
 	}
 	e.pos = i
 	return js[start:i], true
+}
+
+// digits returns the end of the run of decimal digits at js[i:].
+func digits(js []byte, i int) int {
+	for i < len(js) && js[i] >= '0' && js[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // text reads a string, valid UTF-8. In the JSON text it scans a string
