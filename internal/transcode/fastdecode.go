@@ -9,11 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
@@ -684,40 +681,6 @@ func (d *fastDecoder) wrapper(out []byte, p *plan, b []byte) ([]byte, bool) {
 		return out, false
 	}
 	return d.scalar(out, f, e)
-}
-
-// viaProtojson decodes one value of a type the fast path leaves to
-// protojson (Struct, Any, ...).
-func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor, b []byte) (res []byte, ok bool) {
-	defer func() {
-		if recover() != nil { // see Message.Decode
-			res, ok = out, false
-		}
-	}()
-	types := d.reg.resolver()
-	msg := dynamicpb.NewMessage(md)
-	if err := (proto.UnmarshalOptions{Resolver: types}).Unmarshal(b, msg); err != nil {
-		return out, false
-	}
-	dst := out
-	if d.lua {
-		dst = nil // the text is converted into out
-	}
-	start := len(dst)
-	js, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, Resolver: types}.MarshalAppend(dst, msg)
-	if err != nil {
-		return out, false
-	}
-	if jsonSpacing {
-		js = append(js[:start], compactJSON(js[start:])...)
-	}
-	if d.lua {
-		if out, err = luaserial.AppendJSON(out, js, d.depth); err != nil {
-			return out, false
-		}
-		return out, true
-	}
-	return js, true
 }
 
 // nextField reads the field at the start of wire data b: its number, wire

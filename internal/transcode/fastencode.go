@@ -10,11 +10,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // fastEncoder writes the protobuf encoding of proto3 JSON, or of a Lua
@@ -636,21 +633,4 @@ func isPlainDigits(s string) bool {
 		}
 	}
 	return true
-}
-
-// viaProtojson encodes one value of a type the fast path leaves to
-// protojson (Struct, Any, ...).
-func (e *fastEncoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor) ([]byte, bool) {
-	start := e.pos
-	e.ws()
-	if !e.skip(0) {
-		return out, false
-	}
-	types := e.reg.resolver()
-	msg := dynamicpb.NewMessage(md)
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: e.discard, Resolver: types}).Unmarshal(e.in[start:e.pos], msg); err != nil {
-		return out, false
-	}
-	out, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(out, msg)
-	return out, err == nil
 }
