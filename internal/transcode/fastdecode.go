@@ -1,6 +1,7 @@
 package transcode
 
 import (
+	"cmp"
 	"encoding/base64"
 	"math"
 	"math/bits"
@@ -385,35 +386,18 @@ func compareMapKeys(k protoreflect.Kind, a, b entry) int {
 	case protoreflect.StringKind:
 		return bytesCompare(a.b, b.b)
 	case protoreflect.BoolKind:
-		return cmpU(boolU(a.v), boolU(b.v))
+		return cmp.Compare(boolU(a.v), boolU(b.v))
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		x, y := signedValue(k, a.v), signedValue(k, b.v)
-		switch {
-		case x < y:
-			return -1
-		case x > y:
-			return 1
-		}
-		return 0
+		return cmp.Compare(signedValue(k, a.v), signedValue(k, b.v))
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
-		return cmpU(uint64(uint32(a.v)), uint64(uint32(b.v)))
+		return cmp.Compare(uint32(a.v), uint32(b.v))
 	}
-	return cmpU(a.v, b.v)
+	return cmp.Compare(a.v, b.v)
 }
 
 func boolU(v uint64) uint64 {
 	if v != 0 {
-		return 1
-	}
-	return 0
-}
-
-func cmpU(x, y uint64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
 		return 1
 	}
 	return 0
