@@ -443,24 +443,31 @@ func (e *fastEncoder) text() ([]byte, bool) {
 		return nil, false
 	}
 	js := e.in
-	i := e.pos + 1
-	start := i
-	for i < len(js) {
-		c := js[i]
-		switch {
-		case c == '"':
-			e.pos = i + 1
-			s := js[start:i]
-			return s, utf8.Valid(s)
-		case c == '\\':
-			return e.strEscaped(start)
-		case c < ' ':
-			return nil, false
-		}
+	start := e.pos + 1
+	i := start
+	for i < len(js) && !strStop[js[i]] {
 		i++
 	}
-	return nil, false
+	switch {
+	case i == len(js) || js[i] < ' ':
+		return nil, false
+	case js[i] == '\\':
+		return e.strEscaped(start)
+	}
+	e.pos = i + 1
+	s := js[start:i]
+	return s, utf8.Valid(s)
 }
+
+// strStop marks the bytes that end a run of plain characters in a JSON
+// string: the quote, the backslash and the control characters.
+var strStop = func() (t [256]bool) {
+	for c := range ' ' {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
 
 func (e *fastEncoder) strEscaped(start int) ([]byte, bool) {
 	js := e.in
