@@ -222,7 +222,7 @@ func (d *fastDecoder) mapKeyText(s []byte) []byte {
 	if d.lua {
 		return luaserial.AppendString(nil, s)
 	}
-	out, _ := appendJSONString(nil, s)
+	out, _ := appendJSONString(make([]byte, 0, len(s)+3), s) // "s":
 	return append(out, ':')
 }
 

@@ -84,26 +84,6 @@ func (e *fastEncoder) jsonNext(closing byte, first bool) (more, ok bool) {
 	return false, false
 }
 
-// jsonIntNumber is intNumber for the JSON text: plain digits only.
-func (e *fastEncoder) jsonIntNumber(k protoreflect.Kind) (uint64, bool) {
-	tok, ok := e.number()
-	if !ok || !isPlainInt(tok) {
-		return 0, false
-	}
-	en, ok := intEntry(k, string(tok))
-	return en.v, ok
-}
-
-// jsonEnumNumber is enumNumber for the JSON text.
-func (e *fastEncoder) jsonEnumNumber() (int64, bool) {
-	tok, ok := e.number()
-	if !ok || !isPlainInt(tok) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(string(tok), 10, 32)
-	return n, err == nil
-}
-
 // fieldOrder puts a message's fields, written in input order, in the Go
 // encoder's order (by rank). The caller keeps segs, the fields written in
 // input order, on its stack (held here, behind the pointer receiver, they

@@ -2,6 +2,7 @@ package transcode
 
 import (
 	"math"
+	"strconv"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -412,12 +413,18 @@ func (e *fastEncoder) isString() bool {
 	return e.peek() == '"'
 }
 
-// intNumber reads a number as an integer of kind k, in wire form.
+// intNumber reads a number as an integer of kind k, in wire form (in
+// the JSON text, plain digits only).
 func (e *fastEncoder) intNumber(k protoreflect.Kind) (uint64, bool) {
 	if e.lua {
 		return e.luaIntNumber(k)
 	}
-	return e.jsonIntNumber(k)
+	tok, ok := e.number()
+	if !ok || !isPlainInt(tok) {
+		return 0, false
+	}
+	en, ok := intEntry(k, string(tok))
+	return en.v, ok
 }
 
 // floatNumber reads a number as a float or double field's value.
@@ -441,7 +448,12 @@ func (e *fastEncoder) enumNumber() (int64, bool) {
 	if e.lua {
 		return e.luaEnumNumber()
 	}
-	return e.jsonEnumNumber()
+	tok, ok := e.number()
+	if !ok || !isPlainInt(tok) {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(tok), 10, 32)
+	return n, err == nil
 }
 
 // boolValue reads true or false.
