@@ -416,7 +416,10 @@ func digits(js []byte, i int) int {
 // call: the walk reads every key and string through it.)
 func (e *fastEncoder) text() ([]byte, bool) {
 	if e.lua {
-		s, ok := e.luaString()
+		s, ok := e.luaShortString()
+		if !ok {
+			s, ok = e.luaString()
+		}
 		return s, ok && utf8.Valid(s)
 	}
 	if e.peek() != '"' {

@@ -73,6 +73,20 @@ func (e *fastEncoder) luaU124() (int, bool) {
 	return int(v), true
 }
 
+// luaShortString reads a string shorter than 192 bytes, whose tag holds
+// its length, without a call; ok is false for anything else, which
+// luaString then reads.
+func (e *fastEncoder) luaShortString() ([]byte, bool) {
+	in, pos := e.in, e.pos
+	if pos < len(in) && in[pos] >= luaStr && in[pos] < 0xe0 {
+		if end := pos + 1 + int(in[pos]-luaStr); end <= len(in) {
+			e.pos = end
+			return in[pos+1 : end], true
+		}
+	}
+	return nil, false
+}
+
 // luaString reads a string (its tag included); ok is false for another
 // value.
 func (e *fastEncoder) luaString() ([]byte, bool) {
@@ -99,44 +113,6 @@ func (e *fastEncoder) luaNumber() (float64, bool) {
 	return x, true
 }
 
-// luaOpenObject is openObject for the Lua table: the JSON path writes a
-// table whose keys are all strings as an object; any other key, or an
-// array part, is left to it. size is the number of keys.
-func (e *fastEncoder) luaOpenObject() (size int, ok bool) {
-	switch e.luaTag() {
-	case luaTab:
-		e.pos++
-		return 0, true
-	case luaHash:
-		e.pos++
-		h, ok := e.luaU124()
-		return h, ok && h <= len(e.in)-e.pos
-	}
-	return 0, false
-}
-
-// luaOpenList is openList for the Lua table: it takes what the JSON path
-// writes as a non-empty array from a plain list (1..n, no holes), or as []
-// from an array-marked empty table. A hole (nil) among the values fails
-// to read as one: the JSON path writes an object. size is the number of
-// values.
-func (e *fastEncoder) luaOpenList() (size int, ok bool) {
-	switch e.luaTag() {
-	case luaTabMT:
-		e.pos++
-		if _, ok := e.luaU124(); !ok || e.luaTag() != luaTab {
-			return 0, false
-		}
-		e.pos++
-		return 0, true
-	case luaArray1:
-		e.pos++
-		a, ok := e.luaU124()
-		return a - 1, ok && a >= 2 && a-1 <= len(e.in)-e.pos
-	}
-	return 0, false
-}
-
 // luaBool is boolValue for the Lua table.
 func (e *fastEncoder) luaBool() (v, ok bool) {
 	switch e.luaTag() {
@@ -150,47 +126,13 @@ func (e *fastEncoder) luaBool() (v, ok bool) {
 	return false, false
 }
 
-// luaIntNumber is intNumber for the Lua table: the number must be an
-// integer the JSON text writes as plain digits.
-func (e *fastEncoder) luaIntNumber(k protoreflect.Kind) (uint64, bool) {
-	x, ok := e.luaNumber()
-	if !ok {
-		return 0, false
-	}
-	n, ok := luaInt(x)
-	if !ok {
-		return 0, false
-	}
-	return intWire(k, n)
-}
-
-// luaEnumNumber is enumNumber for the Lua table.
-func (e *fastEncoder) luaEnumNumber() (int64, bool) {
-	x, ok := e.luaNumber()
-	if !ok {
-		return 0, false
-	}
-	n, ok := luaInt(x)
-	return n, ok && n >= math.MinInt32 && n <= math.MaxInt32
-}
-
-// luaFloatNumber is floatNumber for the Lua table: the value the JSON
-// path reads back from the text the Lua module writes.
-func (e *fastEncoder) luaFloatNumber(k protoreflect.Kind) (float64, bool) {
-	x, ok := e.luaNumber()
-	switch {
-	case !ok:
-		return 0, false
-	case math.IsNaN(x):
-		return math.NaN(), true // "NaN" in JSON, read back as Go's NaN
-	case k == protoreflect.FloatKind && !math.IsInf(x, 0) && x != 0:
-		// the JSON text rounded to float32, as the JSON path does:
-		// rounding x itself could differ (double rounding)
-		var buf [32]byte
-		y, err := strconv.ParseFloat(string(luaNumberText(buf[:0], x)), 32)
-		return y, err == nil
-	}
-	return x, true
+// luaFloat32 is a float field's value for the finite, non-zero number x:
+// the JSON text the Lua module writes for x, rounded to float32 as the
+// JSON path does (rounding x itself could differ: double rounding).
+func luaFloat32(x float64) (float64, bool) {
+	var buf [32]byte
+	y, err := strconv.ParseFloat(string(luaNumberText(buf[:0], x)), 32)
+	return y, err == nil
 }
 
 // luaInt is x as the JSON path reads it for an integer field: the JSON

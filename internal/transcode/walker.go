@@ -357,11 +357,23 @@ func nonFinite(s []byte) (float64, bool) {
 
 // openObject enters an object (a message's fields, a map's entries) and
 // returns what nextKey needs to know of it.
+// In the Lua table, the JSON path writes a table whose keys are all
+// strings as an object; any other key, or an array part, is left to it.
+// size is the number of keys.
 func (e *fastEncoder) openObject() (size int, ok bool) {
-	if e.lua {
-		return e.luaOpenObject()
+	if !e.lua {
+		return 0, e.consume('{')
 	}
-	return 0, e.consume('{')
+	switch e.luaTag() {
+	case luaTab:
+		e.pos++
+		return 0, true
+	case luaHash:
+		e.pos++
+		h, ok := e.luaU124()
+		return h, ok && h <= len(e.in)-e.pos
+	}
+	return 0, false
 }
 
 // nextKey reads the key of the object's entry i (from 0), or reports the
@@ -372,7 +384,9 @@ func (e *fastEncoder) nextKey(i, size int) (key []byte, more, ok bool) {
 		if i == size {
 			return nil, false, true
 		}
-		key, ok = e.luaString()
+		if key, ok = e.luaShortString(); !ok {
+			key, ok = e.luaString()
+		}
 		ok = ok && utf8.Valid(key)
 		return key, ok, ok
 	}
@@ -386,11 +400,28 @@ func (e *fastEncoder) nextKey(i, size int) (key []byte, more, ok bool) {
 }
 
 // openList enters a list and returns what nextItem needs to know of it.
+// In the Lua table it takes what the JSON path writes as a non-empty
+// array from a plain list (1..n, no holes), or as [] from an
+// array-marked empty table; a hole (nil) among the values fails to read
+// as one (the JSON path writes an object). size is the number of values.
 func (e *fastEncoder) openList() (size int, ok bool) {
-	if e.lua {
-		return e.luaOpenList()
+	if !e.lua {
+		return 0, e.consume('[')
 	}
-	return 0, e.consume('[')
+	switch e.luaTag() {
+	case luaTabMT:
+		e.pos++
+		if _, ok := e.luaU124(); !ok || e.luaTag() != luaTab {
+			return 0, false
+		}
+		e.pos++
+		return 0, true
+	case luaArray1:
+		e.pos++
+		a, ok := e.luaU124()
+		return a - 1, ok && a >= 2 && a-1 <= len(e.in)-e.pos
+	}
+	return 0, false
 }
 
 // nextItem tells whether the list has an item i (from 0), the next to
@@ -413,11 +444,20 @@ func (e *fastEncoder) isString() bool {
 	return e.peek() == '"'
 }
 
-// intNumber reads a number as an integer of kind k, in wire form (in
-// the JSON text, plain digits only).
+// intNumber reads a number as an integer of kind k, in wire form: in the
+// JSON text plain digits only, in the Lua table an integer the JSON text
+// would write as such.
 func (e *fastEncoder) intNumber(k protoreflect.Kind) (uint64, bool) {
 	if e.lua {
-		return e.luaIntNumber(k)
+		x, ok := e.luaNumber()
+		if !ok {
+			return 0, false
+		}
+		n, ok := luaInt(x)
+		if !ok {
+			return 0, false
+		}
+		return intWire(k, n)
 	}
 	tok, ok := e.number()
 	if !ok || !isPlainInt(tok) {
@@ -427,10 +467,21 @@ func (e *fastEncoder) intNumber(k protoreflect.Kind) (uint64, bool) {
 	return en.v, ok
 }
 
-// floatNumber reads a number as a float or double field's value.
+// floatNumber reads a number as a float or double field's value: in the
+// Lua table, the value the JSON path reads back from the text the Lua
+// module writes.
 func (e *fastEncoder) floatNumber(k protoreflect.Kind) (float64, bool) {
 	if e.lua {
-		return e.luaFloatNumber(k)
+		x, ok := e.luaNumber()
+		switch {
+		case !ok:
+			return 0, false
+		case math.IsNaN(x):
+			return math.NaN(), true // "NaN" in JSON, read back as Go's NaN
+		case k == protoreflect.FloatKind && !math.IsInf(x, 0) && x != 0:
+			return luaFloat32(x)
+		}
+		return x, true
 	}
 	tok, ok := e.number()
 	if !ok {
@@ -446,7 +497,12 @@ func (e *fastEncoder) floatNumber(k protoreflect.Kind) (float64, bool) {
 // enumNumber reads a number as an enum value.
 func (e *fastEncoder) enumNumber() (int64, bool) {
 	if e.lua {
-		return e.luaEnumNumber()
+		x, ok := e.luaNumber()
+		if !ok {
+			return 0, false
+		}
+		n, ok := luaInt(x)
+		return n, ok && n >= math.MinInt32 && n <= math.MaxInt32
 	}
 	tok, ok := e.number()
 	if !ok || !isPlainInt(tok) {
