@@ -431,6 +431,13 @@ func (e *fastEncoder) text() ([]byte, bool) {
 	for i < len(js) && !strStop[js[i]] {
 		i++
 	}
+	ascii := true // valid UTF-8 without a second look
+	if i < len(js) && js[i] >= utf8.RuneSelf {
+		ascii = false
+		for i < len(js) && (js[i] >= utf8.RuneSelf || !strStop[js[i]]) {
+			i++
+		}
+	}
 	switch {
 	case i == len(js) || js[i] < ' ':
 		return nil, false
@@ -439,16 +446,16 @@ func (e *fastEncoder) text() ([]byte, bool) {
 	}
 	e.pos = i + 1
 	s := js[start:i]
-	return s, utf8.Valid(s)
+	return s, ascii || utf8.Valid(s)
 }
 
-// strStop marks the bytes that end a run of plain characters in a JSON
-// string: the quote, the backslash and the control characters.
+// strStop marks the bytes that end a run of plain ASCII characters in a
+// JSON string: the quote, the backslash, the control characters and the
+// bytes of multi-byte UTF-8 sequences.
 var strStop = func() (t [256]bool) {
-	for c := range ' ' {
-		t[c] = true
+	for c := range 256 {
+		t[c] = c < ' ' || c == '"' || c == '\\' || c >= utf8.RuneSelf
 	}
-	t['"'], t['\\'] = true, true
 	return t
 }()
 
