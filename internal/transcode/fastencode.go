@@ -420,7 +420,7 @@ func (e *fastEncoder) text() ([]byte, bool) {
 		if !ok {
 			s, ok = e.luaString()
 		}
-		return s, ok && utf8.Valid(s)
+		return s, ok && validUTF8(s)
 	}
 	if e.peek() != '"' {
 		return nil, false

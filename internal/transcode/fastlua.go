@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -85,6 +86,20 @@ func (e *fastEncoder) luaShortString() ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// validUTF8 is utf8.Valid, taking a short ASCII string (most keys and
+// values) without a call.
+func validUTF8(s []byte) bool {
+	if len(s) > 16 {
+		return utf8.Valid(s)
+	}
+	for _, c := range s {
+		if c >= utf8.RuneSelf {
+			return utf8.Valid(s)
+		}
+	}
+	return true
 }
 
 // luaString reads a string (its tag included); ok is false for another

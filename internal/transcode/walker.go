@@ -3,7 +3,6 @@ package transcode
 import (
 	"math"
 	"strconv"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -387,7 +386,7 @@ func (e *fastEncoder) nextKey(i, size int) (key []byte, more, ok bool) {
 		if key, ok = e.luaShortString(); !ok {
 			key, ok = e.luaString()
 		}
-		ok = ok && utf8.Valid(key)
+		ok = ok && validUTF8(key)
 		return key, ok, ok
 	}
 	if more, ok = e.jsonNext('}', i == 0); !more || !ok {
