@@ -15,9 +15,9 @@ import (
 // source through the small set of methods after it (openObject, nextKey,
 // openList, nextItem, null, isString, text, intNumber, floatNumber,
 // enumNumber, boolValue, skipUnknown, other, atEnd). Each of those reads
-// the input in the encoder's format, itself or through the json* and lua*
-// methods: fastencode.go has the JSON text's reader, fastlua.go the Lua
-// table's.
+// the input in the encoder's format: the Lua table's tags itself, or
+// through the string.buffer readers of fastlua.go; the JSON text through
+// the scanner of fastencode.go.
 //
 // The source is a flag on the encoder, not a Go interface or a type
 // parameter. A walker of this shape calling its source through an
@@ -25,14 +25,17 @@ import (
 // through a dictionary, one body for all pointer types), has the source
 // moved to the heap (go build -gcflags=-m: "escapes to heap"): one
 // allocation per call where Encode makes none, and an indirect call for
-// every read. With the flag the encoder stays on its caller's stack and
-// the cost is a predictable branch per read. Measured against the two
-// separate encoders this walk replaces, in instructions per call
-// (cachegrind, the wall time on the shared test machine varying by more
-// than the difference): BenchmarkEncodeProfile 14.8k -> 15.1k (+2%),
-// BenchmarkEncodeLuaProfile 11.3k -> 12.0k (+6%), 0 allocs/op before and
-// after. nextKey and text read both formats themselves, not through one
-// more call, for that figure.
+// every read. With the flag the encoder stays on its caller's stack (0
+// allocs/op) and a read costs a predictable branch, plus a call where
+// the two encoders this walk replaced read inline. Measured against
+// them, alternating in one process (the shared test machine's wall time
+// varies by more from one run to the next), the walk cost EncodeProfile
+// +7.5% and EncodeLuaProfile +8.4% per call: that is with nextKey, text,
+// openObject, openList and the number readers reading both formats
+// themselves rather than through one more call each, and short Lua
+// strings read inline (luaShortString); through the extra calls it was
+// +13% for Lua. text's ASCII shortcut and validUTF8 then won more than
+// that back (-14% and -1% against the old encoders).
 //
 // The decoder (fastdecode.go) is the same walk the other way: it reads the
 // wire data and pushes each value into its sink, JSON text or string.buffer
