@@ -269,3 +269,41 @@ func TestPoolEjectOn(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolHedgeP95: with delay "p95", no copy is sent until the pool has
+// answers to measure; then a call that meets the slow server is answered
+// by a copy sent after about the pool's 95th percentile.
+func TestPoolHedgeP95(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+		RetryMinPerS: 1000, Hedge: qrpc.Hedge{P95: true, Max: 1}})
+	copies := func() int64 {
+		n := int64(0)
+		for _, a := range addrs {
+			n += rec.get(a).hedged.Load()
+		}
+		return n
+	}
+	// Healthy: the estimate forms, and hardly a call needs a copy.
+	healthy := runCalls(t, 10, 600, func() error {
+		_, err := poolCall(p, 5*time.Second, "work", "")
+		return err
+	})
+	before := copies()
+	f.srvs[0].delay.Store(300)
+	lat := runCalls(t, 10, 300, func() error {
+		_, err := poolCall(p, 5*time.Second, "work", "")
+		return err
+	})
+	got := copies() - before
+	t.Logf("healthy p95 %v; one server 300 ms: p50 %v p99 %v, %d copies for 300 calls (%d while healthy)",
+		percentile(healthy, 0.95), percentile(lat, 0.5), percentile(lat, 0.99), got, before)
+	if got < 50 || got > 200 {
+		t.Fatalf("%d copies for 300 calls with one server of three slow, want about a third", got)
+	}
+	if p99 := percentile(lat, 0.99); p99 >= 300*time.Millisecond {
+		t.Fatalf("p99 %v: calls waited for the slow server", p99)
+	}
+}
