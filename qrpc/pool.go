@@ -311,8 +311,11 @@ type Pool struct {
 	// lastAnswer is when a server of the pool last answered (monoNS): a
 	// server is stalled only while others answer (pool_peer.go).
 	lastAnswer atomic.Int64
-	budget     *retryBudget
-	lat        latencyHist // answer times, for hedging at the p95
+	// quietEnd is when answers came back after a pool-wide silence
+	// (monoNS): no server is stalled within its limit after it.
+	quietEnd atomic.Int64
+	budget   *retryBudget
+	lat      latencyHist // answer times, for hedging at the p95
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target

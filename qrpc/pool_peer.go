@@ -109,7 +109,13 @@ func (pr *peer) answered(now time.Time, d time.Duration) {
 	pr.progress.Store(ns)
 	p := pr.pool
 	// One store per millisecond at most: a line every call shares.
-	if ns-p.lastAnswer.Load() > int64(time.Millisecond) {
+	if last := p.lastAnswer.Load(); last == 0 || ns-last > int64(time.Millisecond) {
+		if last != 0 && ns-last > int64(stallFloor) {
+			// No server of the pool answered for a while: this process
+			// or the machine stood still. Every server gets a full limit
+			// from here before it can be stalled.
+			p.quietEnd.Store(ns)
+		}
 		p.lastAnswer.Store(ns)
 	}
 	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
@@ -165,7 +171,10 @@ func (pr *peer) cost(now int64) float64 {
 // stalled reports whether pr has had calls in flight and no sign of life
 // for longer than its stall limit, while another server of the pool has
 // answered since (an answer from none of them says more about this
-// process, starved of CPU, than about the servers). in is its inflight
+// process, starved of CPU, than about the servers), and no pool-wide
+// silence ended within the limit (after one, every server answers again
+// in its own time: a machine that stood still for seconds wakes its
+// processes one after another). in is its inflight
 // count; stall is PoolConfig.Stall (ns; <= 0: never).
 func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	if stall <= 0 || in <= 0 {
@@ -173,7 +182,11 @@ func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	}
 	now := monoNS(clk.now())
 	last := pr.progress.Load()
-	if now-last <= pr.stallLimit(stall) {
+	limit := pr.stallLimit(stall)
+	if now-last <= limit {
+		return false
+	}
+	if q := pr.pool.quietEnd.Load(); q != 0 && now-q <= limit {
 		return false
 	}
 	return pr.pool.lastAnswer.Load() > last+int64(stallFloor)/2

@@ -414,3 +414,33 @@ func TestLatencyP95(t *testing.T) {
 		t.Fatalf("p95 %v of 3 ms answers", got)
 	}
 }
+
+// TestNoStallAfterPoolSilence: when answers come back after no server of
+// the pool answered for a while (the machine or this process stood
+// still), a server still silent is not stalled until its own limit has
+// passed since: servers wake one after another.
+func TestNoStallAfterPoolSilence(t *testing.T) {
+	p := benchPool(t, 3, RoundRobin)
+	peers := p.set.Load().peers
+	start := time.Now()
+	for _, pr := range peers {
+		pr.startCall(start)
+		pr.answered(start, 0)
+	}
+	// Two seconds of silence from everyone, then one server answers.
+	now := start.Add(2 * time.Second)
+	peers[0].answered(now, 0)
+	victim := peers[1]
+	if victim.stalled(victim.inflight.Load(), &pickClock{t: now}, int64(p.cfg.Stall)) {
+		t.Fatal("stalled at once after a pool-wide silence")
+	}
+	// The others answer all along (every 10 ms) for a full limit.
+	later := now
+	for later.Before(now.Add(p.cfg.Stall + time.Millisecond)) {
+		later = later.Add(10 * time.Millisecond)
+		peers[0].answered(later, 0)
+	}
+	if !victim.stalled(victim.inflight.Load(), &pickClock{t: later}, int64(p.cfg.Stall)) {
+		t.Fatal("still silent a full limit after the others came back, yet not stalled")
+	}
+}
