@@ -749,6 +749,7 @@ type callLoad struct {
 	mu    sync.Mutex
 	byAns map[string]int
 	fails []outcome
+	lat   []time.Duration // every call's, for take
 }
 
 func startLoad(t *testing.T, n *nginxProc, path string, clients int) *callLoad {
@@ -764,9 +765,12 @@ func startLoad(t *testing.T, n *nginxProc, path string, clients int) *callLoad {
 					return
 				default:
 				}
+				began := time.Now()
 				st, body := n.get(path)
+				took := time.Since(began)
 				body = strings.TrimSpace(body)
 				l.mu.Lock()
+				l.lat = append(l.lat, took)
 				if st == 200 {
 					l.oks.Add(1)
 					l.byAns[body]++
@@ -785,6 +789,19 @@ func startLoad(t *testing.T, n *nginxProc, path string, clients int) *callLoad {
 func (l *callLoad) stop() {
 	l.once.Do(func() { close(l.done) })
 	l.wg.Wait()
+}
+
+// take returns the latencies and failures so far and starts both afresh.
+func (l *callLoad) take() ([]time.Duration, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lat := l.lat
+	errs := make([]string, len(l.fails))
+	for i, f := range l.fails {
+		errs[i] = f.err
+	}
+	l.lat, l.fails = nil, nil
+	return lat, errs
 }
 
 func (l *callLoad) failures() []outcome {

@@ -12,64 +12,8 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
-
-// timedLoad GETs path from clients goroutines until stopped (at most 90 s
-// and 100,000 calls each), keeping every call's latency and failure.
-type timedLoad struct {
-	done chan struct{}
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	lat  []time.Duration
-	errs []string
-}
-
-func startTimedLoad(t *testing.T, n *nginxProc, path string, clients int) *timedLoad {
-	l := &timedLoad{done: make(chan struct{})}
-	deadline := time.Now().Add(90 * time.Second)
-	for range clients {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
-				select {
-				case <-l.done:
-					return
-				default:
-				}
-				b := time.Now()
-				st, body := n.get(path)
-				d := time.Since(b)
-				l.mu.Lock()
-				l.lat = append(l.lat, d)
-				if st != 200 {
-					l.errs = append(l.errs, fmt.Sprintf("%d %s", st, strings.TrimSpace(body)))
-				}
-				l.mu.Unlock()
-			}
-		}()
-	}
-	t.Cleanup(l.stop)
-	return l
-}
-
-func (l *timedLoad) stop() {
-	select {
-	case <-l.done:
-	default:
-		close(l.done)
-	}
-	l.wg.Wait()
-}
-
-// take returns the latencies and failures so far and starts afresh.
-func (l *timedLoad) take() ([]time.Duration, []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lat, errs := l.lat, l.errs
-	l.lat, l.errs = nil, nil
-	return lat, errs
-}
 
 func pct(d []time.Duration, q float64) time.Duration {
 	if len(d) == 0 {
@@ -78,39 +22,6 @@ func pct(d []time.Duration, q float64) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
-
-// pauseProbe measures how late this machine wakes a sleeper (the longest
-// oversleep of a 5 ms sleep) while a load runs: on a loaded machine every
-// process may be descheduled for a while, and a timing bound that does not
-// add that fails for the machine, not for the code.
-type pauseProbe struct {
-	stop chan struct{}
-	out  chan time.Duration
-}
-
-func probePauses() *pauseProbe {
-	p := &pauseProbe{stop: make(chan struct{}), out: make(chan time.Duration, 1)}
-	go func() {
-		worst := time.Duration(0)
-		for {
-			select {
-			case <-p.stop:
-				p.out <- worst
-				return
-			default:
-			}
-			b := time.Now()
-			time.Sleep(5 * time.Millisecond)
-			worst = max(worst, time.Since(b)-5*time.Millisecond)
-		}
-	}()
-	return p
-}
-
-func (p *pauseProbe) end() time.Duration {
-	close(p.stop)
-	return <-p.out
 }
 
 // metricSum adds the series of a metric whose labels contain every
@@ -176,7 +87,7 @@ func TestPoolTryTimeoutLua(t *testing.T) {
                 end`),
 		AllowErrors: []string{`qrpc: (re-dial failed|connection lost)`}})
 
-	load := startTimedLoad(t, n, "/call", 50)
+	load := startLoad(t, n, "/call", 50)
 	time.Sleep(1500 * time.Millisecond)
 	healthy, errs := load.take()
 	if len(errs) > 0 {
@@ -185,7 +96,7 @@ func TestPoolTryTimeoutLua(t *testing.T) {
 	unit := pct(healthy, 0.99)
 
 	victim := srvs[1]
-	pz := probePauses()
+	pz := testsrv.ProbePauses()
 	stopped := time.Now()
 	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -212,7 +123,7 @@ func TestPoolTryTimeoutLua(t *testing.T) {
 	_ = victim.cmd.Process.Signal(syscall.SIGCONT)
 	time.Sleep(500 * time.Millisecond)
 	load.stop()
-	pause := pz.end()
+	pause := pz.End()
 	lat, errs := load.take()
 	t.Logf("healthy p99 %v, longest pause %v; frozen for 3 s: %d calls, p50 %v p99 %v max %v; skipped after %v",
 		unit, pause, len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1), skippedAfter)
@@ -293,10 +204,10 @@ func TestPoolHedgeLua(t *testing.T) {
 	}
 	before, _ := scrape(t, n)
 	srvs[0].whoDelay.Store(200)
-	pz := probePauses()
+	pz := testsrv.ProbePauses()
 	const calls = 2000
 	lat := timedGets(t, n, "/who", calls, 20)
-	pause := pz.end()
+	pause := pz.End()
 	after, _ := scrape(t, n)
 	copies := metricSum(after, "qrpc_client_retries_total", `reason="hedge"`) -
 		metricSum(before, "qrpc_client_retries_total", `reason="hedge"`)
@@ -387,7 +298,7 @@ func TestNoFalseStalls(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = hog.Process.Kill(); _ = hog.Wait() })
 	}
-	load := startTimedLoad(t, n, "/call", 50)
+	load := startLoad(t, n, "/call", 50)
 	time.Sleep(30 * time.Second)
 	load.stop()
 	lat, errs := load.take()

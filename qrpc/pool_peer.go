@@ -1,6 +1,7 @@
 package qrpc
 
 import (
+	"cmp"
 	"math"
 	"sync/atomic"
 	"time"
@@ -340,78 +341,11 @@ func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*
 	case p.cfg.Balance == P2C:
 		return p.chooseP2C(peers, ex, clk, limit, rr)
 	case p.cfg.Balance == LeastInflight:
-		start := rr.Add(1)
-		// A claimed trial may fail (another call took it): then look again,
-		// at most n times.
-		for range n {
-			// best among the servers that are not stalled, slow among those
-			// that are: the fallback.
-			var best, slow *peer
-			var bestTrial, slowTrial bool
-			var bestN, slowN int64
-			for i := uint32(0); i < n; i++ {
-				pr := peers[(start+i)%n]
-				if ex != nil && ex.has(pr) {
-					continue
-				}
-				ok, trial := pr.eligible(clk)
-				if !ok {
-					continue
-				}
-				in := pr.inflight.Load()
-				if pr.stalled(in, clk, limit) {
-					pr.noteStall(clk)
-					if slow == nil || in < slowN {
-						slow, slowN, slowTrial = pr, in, trial
-					}
-					continue
-				}
-				if best == nil || in < bestN {
-					best, bestN, bestTrial = pr, in, trial
-				}
-			}
-			if best == nil {
-				best, bestTrial = slow, slowTrial
-			}
-			if best == nil || !bestTrial || best.trial.CompareAndSwap(false, true) {
-				return best, bestTrial
-			}
-		}
-		return nil, false
+		return scanBest(peers, rr.Add(1), ex, clk, limit, func(pr *peer) int64 { return pr.inflight.Load() })
 	case p.cfg.Balance == Hash && len(key) > 0:
+		// rendezvous: the highest score wins (the lowest of its complement)
 		kh := fnv64b(key)
-		for range n {
-			var best, slow *peer
-			var bestTrial, slowTrial bool
-			var bestScore, slowScore uint64
-			for _, pr := range peers {
-				if ex != nil && ex.has(pr) {
-					continue
-				}
-				ok, trial := pr.eligible(clk)
-				if !ok {
-					continue
-				}
-				s := mix64(kh ^ pr.seed)
-				if pr.stalled(pr.inflight.Load(), clk, limit) {
-					pr.noteStall(clk)
-					if slow == nil || s > slowScore {
-						slow, slowScore, slowTrial = pr, s, trial
-					}
-					continue
-				}
-				if best == nil || s > bestScore {
-					best, bestScore, bestTrial = pr, s, trial
-				}
-			}
-			if best == nil {
-				best, bestTrial = slow, slowTrial
-			}
-			if best == nil || !bestTrial || best.trial.CompareAndSwap(false, true) {
-				return best, bestTrial
-			}
-		}
-		return nil, false
+		return scanBest(peers, 0, ex, clk, limit, func(pr *peer) uint64 { return ^mix64(kh ^ pr.seed) })
 	}
 	// Each probe takes a turn of its own: a server that is skipped uses up
 	// its turns instead of handing them to its neighbour, which would get
@@ -464,14 +398,23 @@ func (p *Pool) chooseP2C(peers []*peer, ex *exclude, clk *pickClock, limit int64
 			return pa, ta
 		}
 	}
+	// From the draw's first server on: ties (servers not measured yet) are
+	// spread.
+	return scanBest(peers, uint32(r%n), ex, clk, limit, func(pr *peer) float64 { return pr.cost(now) })
+}
+
+// scanBest returns the server with the lowest score among those that may
+// take the call (a stalled one only when no other can), from peers[start]
+// on, claiming its trial when it needs one; when another call claimed that
+// trial first it looks again, at most len(peers) times.
+func scanBest[S cmp.Ordered](peers []*peer, start uint32, ex *exclude, clk *pickClock, limit int64, score func(*peer) S) (*peer, bool) {
+	n := uint32(len(peers))
 	for range n {
 		var best, slow *peer
 		var bestTrial, slowTrial bool
-		var bestC, slowC float64
-		// From the draw's first server on: ties (servers not measured yet)
-		// are spread.
-		for k := range n {
-			pr := peers[(r+k)%n]
+		var bestS, slowS S
+		for i := range n {
+			pr := peers[(start+i)%n]
 			if ex != nil && ex.has(pr) {
 				continue
 			}
@@ -479,16 +422,16 @@ func (p *Pool) chooseP2C(peers []*peer, ex *exclude, clk *pickClock, limit int64
 			if !ok {
 				continue
 			}
-			c := pr.cost(now)
+			sc := score(pr)
 			if pr.stalled(pr.inflight.Load(), clk, limit) {
 				pr.noteStall(clk)
-				if slow == nil || c < slowC {
-					slow, slowC, slowTrial = pr, c, trial
+				if slow == nil || sc < slowS {
+					slow, slowS, slowTrial = pr, sc, trial
 				}
 				continue
 			}
-			if best == nil || c < bestC {
-				best, bestC, bestTrial = pr, c, trial
+			if best == nil || sc < bestS {
+				best, bestS, bestTrial = pr, sc, trial
 			}
 		}
 		if best == nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -83,39 +84,6 @@ func runCalls(t *testing.T, workers, n int, call func() error) []time.Duration {
 	return lat
 }
 
-// pauses measures how late this process wakes up while a load runs: the
-// longest oversleep of a 5 ms sleep. On a loaded machine the whole process
-// may be descheduled for hundreds of milliseconds; a timing bound that
-// does not add it fails for the machine, not for the code.
-type pauses struct {
-	stop chan struct{}
-	done chan time.Duration
-}
-
-func measurePauses() *pauses {
-	p := &pauses{stop: make(chan struct{}), done: make(chan time.Duration, 1)}
-	go func() {
-		worst := time.Duration(0)
-		for {
-			select {
-			case <-p.stop:
-				p.done <- worst
-				return
-			default:
-			}
-			b := time.Now()
-			time.Sleep(5 * time.Millisecond)
-			worst = max(worst, time.Since(b)-5*time.Millisecond)
-		}
-	}()
-	return p
-}
-
-func (p *pauses) end() time.Duration {
-	close(p.stop)
-	return <-p.done
-}
-
 func percentile(d []time.Duration, q float64) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
@@ -135,14 +103,14 @@ func TestPoolTryTimeout(t *testing.T) {
 		Stall: -1, Failures: 1 << 20, RetryMinPerS: 1000})
 	unit := healthyLatency(t, p, "who", 10, 300)
 	f.srvs[1].freeze()
-	pz := measurePauses()
+	pz := testsrv.ProbePauses()
 	lat, errs := runCallsErrs(50, 1500, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who")})
 		return err
 	})
-	pause := pz.end()
+	pause := pz.End()
 	if len(errs) > 0 {
 		// A call has a second for a try timeout and a healthy answer: only
 		// a machine that stood still for a good part of it explains a miss.
@@ -205,7 +173,7 @@ func TestPoolHedge(t *testing.T) {
 	}
 	f.srvs[0].delay.Store(200)
 	const calls = 2000
-	pz := measurePauses()
+	pz := testsrv.ProbePauses()
 	lat := runCalls(t, 20, calls, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -216,7 +184,7 @@ func TestPoolHedge(t *testing.T) {
 	for _, a := range addrs {
 		hedged += rec.get(a).hedged.Load()
 	}
-	pause := pz.end()
+	pause := pz.End()
 	p99 := percentile(lat, 0.99)
 	t.Logf("healthy p99 %v, longest pause %v; one slow server, hedged at %v: p50 %v p99 %v; %d copies for %d calls",
 		unit, pause, delay, percentile(lat, 0.5), p99, hedged, calls)
