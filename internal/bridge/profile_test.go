@@ -49,7 +49,9 @@ func TestProfileCPU(t *testing.T) {
 	if _, err := profile([]byte("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
 		t.Fatalf("stop with none running: %v", err)
 	}
-	if _, err := profile([]byte("kind=cpu\nseconds=1\n")); err != nil {
+	// 30 s: the profile stops by itself 35 s after it starts, well after
+	// the burn below ends, even on a loaded machine.
+	if _, err := profile([]byte("kind=cpu\nseconds=30\n")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := profile([]byte("kind=cpu\nseconds=1\n")); !errors.Is(err, errCPUProfileRunning) {

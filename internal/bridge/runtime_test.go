@@ -267,9 +267,11 @@ func TestEndGen(t *testing.T) {
 	cancellable := newTestHost(t, r, true)
 	plain := newTestHost(t, r, false)
 	c1, c2 := cancellable.connect(1, ts), plain.connect(1, ts)
+	// The calls sleep far longer than the test takes, even on a machine
+	// that stands still for seconds: only EndGen ends them.
 	for id := uint64(2); id < 6; id++ {
-		cancellable.submit(unary(c1, id, "sleep", "3000", 10000), StatusPending)
-		plain.submit(unary(c2, id, "sleep", "3000", 10000), StatusPending)
+		cancellable.submit(unary(c1, id, "sleep", "60000", 90000), StatusPending)
+		plain.submit(unary(c2, id, "sleep", "60000", 90000), StatusPending)
 	}
 	// CANCEL on a host without a call table does nothing.
 	plain.submit(Command{Op: OpCancel, CallID: 2}, StatusOK)
