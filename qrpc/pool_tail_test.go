@@ -84,6 +84,10 @@ func runCalls(t *testing.T, workers, n int, call func() error) []time.Duration {
 	return lat
 }
 
+// slowDial gives the dials of these tests the time a loaded machine may
+// need: what they measure starts once the pool is up.
+var slowDial = qrpc.Config{DialTimeout: 10 * time.Second}
+
 func percentile(d []time.Duration, q float64) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
@@ -99,7 +103,7 @@ func TestPoolTryTimeout(t *testing.T) {
 	addrs := f.start(3)
 	rec := newRecorder()
 	const try = 150 * time.Millisecond
-	p := f.dial(t, addrs, &qrpc.PoolConfig{TryTimeout: try, Retries: 1, Observer: rec,
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, TryTimeout: try, Retries: 1, Observer: rec,
 		Stall: -1, Failures: 1 << 20, RetryMinPerS: 1000})
 	unit := healthyLatency(t, p, "who", 10, 300)
 	f.srvs[1].freeze()
@@ -155,7 +159,7 @@ func TestPoolHedge(t *testing.T) {
 	f := newFleet(t)
 	addrs := f.start(3)
 	rec := newRecorder()
-	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Observer: rec, Stall: -1, Failures: 1 << 20,
 		RetryMinPerS: 1000})
 	const delay = 20 * time.Millisecond
 	healthy := runCalls(t, 20, 600, func() error {
@@ -209,7 +213,7 @@ func TestPoolHedgeBudget(t *testing.T) {
 		m.delay.Store(60)
 	}
 	rec := newRecorder()
-	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Observer: rec, Stall: -1, Failures: 1 << 20,
 		RetryRatio: 0.1, RetryMinPerS: -1, Hedge: qrpc.Hedge{Delay: 5 * time.Millisecond, Max: 2}})
 	const calls = 400
 	runCalls(t, 20, calls, func() error {
@@ -235,7 +239,7 @@ func TestPoolHedgeBudget(t *testing.T) {
 func TestPoolRetryBudgetError(t *testing.T) {
 	f := newFleet(t)
 	addrs := f.start(2)
-	p := f.dial(t, addrs, &qrpc.PoolConfig{Stall: -1, Failures: 1 << 20, Retries: 1,
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Stall: -1, Failures: 1 << 20, Retries: 1,
 		TryTimeout: 50 * time.Millisecond, RetryRatio: -1, RetryMinPerS: -1})
 	f.srvs[0].freeze()
 	f.srvs[1].freeze()
@@ -261,7 +265,7 @@ func TestPoolEjectOn(t *testing.T) {
 		f.srvs[0].delay.Store(300)
 		f.srvs[1].delay.Store(300)
 		rec := newRecorder()
-		p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 2, EjectOn: tc.on})
+		p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Observer: rec, Stall: -1, Failures: 2, EjectOn: tc.on})
 		for range 6 {
 			if _, err := poolCall(p, 30*time.Millisecond, "work", ""); !errors.Is(err, qrpc.ErrTimeout) {
 				t.Fatalf("on=%v: %v, want a timeout", tc.on, err)
@@ -281,7 +285,7 @@ func TestPoolHedgeP95(t *testing.T) {
 	f := newFleet(t)
 	addrs := f.start(3)
 	rec := newRecorder()
-	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Observer: rec, Stall: -1, Failures: 1 << 20,
 		RetryMinPerS: 1000, Hedge: qrpc.Hedge{P95: true, Max: 1}})
 	copies := func() int64 {
 		n := int64(0)
