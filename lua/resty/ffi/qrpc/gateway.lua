@@ -1717,6 +1717,12 @@ function _M.openapi(self)
                                          end)(),
                             } },
                         },
+                        ["4XX"] = {
+                            description = "A bad request: no route, a bad field, ...",
+                            content = { ["application/json"] = {
+                                schema = ref("qrpc.gateway.Error"),
+                            } },
+                        },
                         default = {
                             description = "An error",
                             content = { ["application/json"] = {
@@ -1807,6 +1813,7 @@ function _M.openapi(self)
     return {
         openapi = "3.1.0",
         info = { title = title, version = info.version or "1.0.0", description = desc },
+        servers = { { url = "/" } },
         tags = tags,
         paths = paths,
         components = { schemas = schemas },
