@@ -849,7 +849,7 @@ function _M.new(c)
     end
     local gw = setmetatable({ conf = conf }, mt)
     if get_phase() ~= "init" then
-        -- in a worker: the schema now, so that its errors come back here
+        -- in a worker: the schema at once, so that its errors come back here
         local bok, berr = build(gw)
         if not bok then
             return nil, berr
