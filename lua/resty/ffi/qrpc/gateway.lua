@@ -1160,21 +1160,27 @@ local function path_value(v, segs, n, last)
     return tab_concat(parts, "/")
 end
 
-local var_ok -- per worker: can ngx.var.qrpc_method / qrpc_route be set?
+-- per worker: can ngx.var.qrpc_method / qrpc_route be set (declared with
+-- `set` somewhere in the configuration)?
+local method_var_ok, route_var_ok
+local function set_method_var(v)
+    ngx_var.qrpc_method = v
+end
+local function set_route_var(v)
+    ngx_var.qrpc_route = v
+end
 local function set_vars(route)
-    if var_ok == false then
-        return
+    if method_var_ok ~= false then
+        local ok = pcall(set_method_var, route.method)
+        if method_var_ok == nil then
+            method_var_ok = ok
+        end
     end
-    local ok = pcall(function()
-        ngx_var.qrpc_method = route.method
-    end)
-    if var_ok == nil then
-        var_ok = ok
-    end
-    if ok then
-        pcall(function()
-            ngx_var.qrpc_route = route.label
-        end)
+    if route_var_ok ~= false then
+        local ok = pcall(set_route_var, route.label)
+        if route_var_ok == nil then
+            route_var_ok = ok
+        end
     end
 end
 
@@ -1406,16 +1412,20 @@ function _M.serve(self)
                                          .. ": the body must be a JSON object")
                     end
                     -- the path's fields inside the body's object win
-                    local function merge(dst, src)
-                        for k, v in pairs(src) do
-                            if type(v) == "table" and type(dst[k]) == "table" then
-                                merge(dst[k], v)
-                            else
-                                dst[k] = v
+                    for i = 1, #vars do
+                        local ch = vars[i].chain
+                        if ch[1] == f and #ch > 1 then
+                            local sub = {}
+                            for j = 2, #ch do
+                                sub[j - 1] = ch[j]
+                            end
+                            local sok, serr = set(b, sub, pathvals[i],
+                                                  "path {" .. vars[i].field .. "}")
+                            if not sok then
+                                return fail(400, serr)
                             end
                         end
                     end
-                    merge(b, msg[f.name])
                     msg[f.name] = b
                 end
             end
