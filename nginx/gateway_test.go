@@ -301,6 +301,10 @@ func gatewayInit(dir string) string {
 		`            upstream = qt.lost_addr, opts = qt.opts({ timeout = 20000 }), protos = protos,`,
 		`            prefix = "/lost",`,
 		`        })`,
+		`        package.loaded.gw_slow = assert(gateway.new{`,
+		`            upstream = qt.shop_addr, opts = qt.opts({ timeout = 1000 }), protos = protos,`,
+		`            prefix = "/slowgw",`,
+		`        })`,
 		`        package.loaded.gw_pool = assert(gateway.new{`,
 		`            upstream = { qt.pool_a, qt.pool_b }, protos = protos, prefix = "/pool",`,
 		`            opts = qt.opts({ timeout = 5000, retries = 2, health = { failures = 1, eject = 60000 } }),`,
@@ -322,6 +326,7 @@ const gatewayServer = `
         location /down/ { content_by_lua_block { package.loaded.gw_down:serve() } }
         location /lost/ { content_by_lua_block { package.loaded.gw_lost:serve() } }
         location /pool/ { content_by_lua_block { package.loaded.gw_pool:serve() } }
+        location /slowgw/ { content_by_lua_block { package.loaded.gw_slow:serve() } }
         location = /badconf {
             content_by_lua_block {
                 local gateway = require "resty.ffi.qrpc.gateway"
@@ -344,6 +349,12 @@ const gatewayServer = `
                 try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/x"] = "gwtest.Shop.Nope" } })
                 try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/{nope}"] = "gwtest.Shop.Internal" } })
                 try({ upstream = qt.shop_addr, protos = protos, forward_headers = { "a*b" } })
+                try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/**/x"] = "a.B.C" } })
+                try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/{a}/{a}"] = "a.B.C" } })
+                try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/{a=}"] = "a.B.C" } })
+                try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/x:"] = "a.B.C" } })
+                try({ upstream = qt.shop_addr, protos = protos, routes = { ["GET /v1/x"] = { method = "a.B.C", bdy = "*" } } })
+                try({ upstream = qt.shop_addr, protos = protos, routes = { ["POST /v1/x"] = { method = "gwtest.Shop.Echo", body = "nope" } } })
                 try({ upstream = qt.shop_addr, protos = { files = { "absent.proto" }, import_paths = { qt.proto_dir } } })
                 try({ upstream = qt.shop_addr, protos = protos })
             }
@@ -361,14 +372,14 @@ func TestGateway(t *testing.T) {
 	downAddr := down.addr
 	_ = down.srv.Close() // nothing listens there
 
-	// The call timeout: generous on a busy machine, derived from how long
-	// a round trip through nginx takes here.
+	// The calls' timeout: 10 s, far above any answer of a busy machine,
+	// but for /slowgw/ (1 s), where the handler takes 60 s.
 	n := startNginx(t, ngxConf{
 		Workers:   2,
 		InitByLua: gatewayInit(dir),
 		Extra: map[string]string{
 			"shop_addr": shop.addr, "down_addr": downAddr, "lost_addr": lost.addr,
-			"pool_a": poolA.addr, "pool_b": poolB.addr, "proto_dir": dir, "call_timeout": "1500",
+			"pool_a": poolA.addr, "pool_b": poolB.addr, "proto_dir": dir, "call_timeout": "10000",
 		},
 		Server: gatewayServer,
 		AllowErrors: []string{
@@ -480,7 +491,7 @@ func TestGateway(t *testing.T) {
 		}
 		expectError(t, "body over max_body", n.req(t, "POST", "/api/v1/echo", `{"id":"`+strings.Repeat("x", 2000)+`"}`), 413)
 		expectError(t, "Content-Type", n.req(t, "POST", "/api/v1/echo", `{}`, "Content-Type", "text/plain"), 415, "application/json")
-		expectError(t, "timeout", n.req(t, "GET", "/api/v1/slow/10000", ""), 504, "timeout")
+		expectError(t, "timeout", n.req(t, "GET", "/slowgw/v1/slow/60000", ""), 504, "timeout")
 		expectError(t, "garbage answer", n.req(t, "GET", "/api/v1/garbage", ""), 502, "bad response")
 		e = expectError(t, "mapped code", n.req(t, "GET", "/api/v1/fail/5?text=gone", ""), 404, "gone")
 		if e != nil && e["code"] != float64(5) {
@@ -537,6 +548,12 @@ func TestGateway(t *testing.T) {
 			`routes["GET /v1/x"]: no method gwtest.Shop.Nope in shop.proto`,
 			`GET /v1/{nope}: {nope}: no field nope in gwtest.FileRequest`,
 			`bad argument #1: forward_headers[1]: a pattern is a name or a prefix followed by one * (got "a*b")`,
+			`bad argument #1: routes["GET /v1/**/x"]: path ** must be the last segment`,
+			`bad argument #1: routes["GET /v1/{a}/{a}"]: path variable a twice`,
+			`bad argument #1: routes["GET /v1/{a=}"]: path bad variable "{a=}"`,
+			`bad argument #1: routes["GET /v1/x:"]: path bad verb ""`,
+			`bad argument #1: routes["GET /v1/x"]: unknown option 'bdy'`,
+			`POST /v1/x: body: no field nope in gwtest.Kinds`,
 			"bad proto: ",
 			"ok",
 		}
