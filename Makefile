@@ -3,7 +3,7 @@
 #   make               build libffi_qrpc.so
 #   make demo          install missing packages (root) or say which, build, start the demo, curl it
 #   make demo-stop     stop the demo
-#   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/
+#   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/, internal/hostq/
 #                      against the nginx installed here (QRPC_NGINX=debian|openresty|resty-ffi|/path picks another)
 #   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
@@ -12,6 +12,7 @@
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
 #   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
 #   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
+#   make limits        regenerate lua/resty/ffi/qrpc/limits.lua from internal/limits
 #   make proto         regenerate qrpc/qrpcpb, demo/proto/demopb and demo/proto/greeter.protoset
 #   make clean
 
@@ -50,7 +51,7 @@ GO_TEST_FLAGS   ?=
 LIB_SRC := go.mod go.sum $(shell find ffi qrpc internal -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' 2>/dev/null)
 DEMO_SRC := $(shell find demo/server -type f -name '*.go' ! -name '*_test.go' 2>/dev/null)
 
-.PHONY: proto-check all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench bench-update install uninstall proto clean help
+.PHONY: limits proto-check all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench bench-update install uninstall proto clean help
 
 all: $(LIB)
 
@@ -93,7 +94,7 @@ test-go: $(LIB)
 # The protocol and the runtime under the race detector (the nginx suite
 # cannot be: the library runs inside nginx there).
 test-race:
-	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/...
+	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/... ./internal/hostq/... ./internal/restyhost/...
 
 # Also part of test-go; this runs it alone.
 test-rockspec:
@@ -105,6 +106,7 @@ lint:
 	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run nginx/flavours/*.sh; do bash -n "$$f" || exit 1; done
 	$(GO) run ./internal/docscheck/cmd/docscheck
+	$(GO) run ./internal/limits/gen -check
 
 # ---- nginx flavours --------------------------------------------------------------
 
@@ -210,6 +212,11 @@ lint-rockspec:
 # descriptor set (read by the Lua tests) from demo/proto/greeter.proto, with the
 # plugin versions pinned in go.mod. Needs protoc and, for greeter.proto's
 # well-known imports, its include files (Debian: protobuf-compiler, libprotobuf-dev).
+# Writes lua/resty/ffi/qrpc/limits.lua, the Lua copy of internal/limits (the
+# bounds both sides check); make lint fails when the committed one differs.
+limits:
+	$(GO) run ./internal/limits/gen
+
 proto:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go

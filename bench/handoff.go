@@ -80,7 +80,7 @@ func pingPongHere(n int) (time.Duration, error) {
 	return el, nil
 }
 
-// efdRead and efdWrite are raw, as the module's hand-off is (hostq.go):
+// efdRead and efdWrite are raw, as the module's hand-off is (internal/hostq/queue.go):
 // through the syscall package they would also run Go's syscall bookkeeping.
 func efdRead(fd uintptr) error  { return efdRaw(syscall.SYS_READ, "read", fd) }
 func efdWrite(fd uintptr) error { return efdRaw(syscall.SYS_WRITE, "write", fd) }

@@ -75,7 +75,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,metrics); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -319,7 +319,7 @@ func run(p params, out, svg string) error {
 		}
 		log.Printf("holding: nginx on 127.0.0.1:%d, prefix %s; GET /bench?kind=unary&n=100&size=100&c=1; Ctrl-C to end", e.nginx.port, dir)
 		if lib, why := restyLibDir(p.restyNginx); why == "" {
-			// the lua-resty-ffi baseline's pair, for kind=ipcq / rfecho by hand
+			// the lua-resty-ffi baseline's pair, for kind=ipc / rfecho by hand
 			for _, host := range []string{"builtin", "resty_ffi"} {
 				n, err := e.newNginx(p.restyNginx, filepath.Join(dir, "rf-"+host), host, lib)
 				if err != nil {
@@ -353,6 +353,7 @@ func run(p params, out, svg string) error {
 		{"restyffi", figureRestyFFI, p.want("restyffi", false)},
 		{"proto", figureProto, p.want("proto", false)},
 		{"pools", figurePools, p.want("pools", false)},
+		{"balance", figureBalance, p.want("balance", false)},
 		{"metrics", figureMetricsCost, p.want("metrics", false)},
 	}
 	start, total := time.Now(), readCPUStat()

@@ -3,7 +3,7 @@ package main
 // Metrics recording, whose target is to change sequential calls/s
 // through nginx by less than 3 %. The same sequential echo calls from one light
 // thread on connections to the same server, one recorded and one dialled
-// with configure{ metrics = false } (a pool with qrpc.NopObserver: no
+// with configure{ metrics = false } (a pool with a no-op observer: no
 // recording at all), and a second recorded one as an A/A control (what
 // two connections differ by with nothing between them), interleaved in
 // blocks of 50 calls taken in every order in turn

@@ -212,7 +212,21 @@ func figurePools(e *env, p params, t *table) error {
 			}
 		}
 	}
-	return balanceSlow(e, p, t, procAddrs, procPIDs[0])
+	return nil
+}
+
+// figureBalance: the balancers with one of three server processes paused.
+func figureBalance(e *env, p params, t *table) error {
+	addrs, pids := []string{}, []int{}
+	for range 3 {
+		srv, err := startServerProcess(e.dir, e.pair)
+		if err != nil {
+			return fmt.Errorf("a qrpc server: %w", err)
+		}
+		defer srv.stop()
+		addrs, pids = append(addrs, srv.addr), append(pids, srv.pid)
+	}
+	return balanceSlow(e, p, t, addrs, pids[0])
 }
 
 // balanceRun is one answer of GET /bench/balance.
@@ -253,7 +267,10 @@ func balanceSlow(e *env, p params, t *table, addrs []string, slowPID int) error 
 	defer func() { close(stop); <-done }()
 	bals := []string{"p2c", "round_robin", "least_inflight"}
 	got := map[string][]balanceRun{}
-	calls := max(p.poolSeqN, 1000)
+	// Each run spans many pause cycles (about 25,000 calls/s here: 30,000
+	// calls last some 4 cycles of 300 ms), or the figures would depend on
+	// where in a cycle a run falls.
+	calls := max(6*p.poolParN, 30000)
 	for range max(p.runs, 3) {
 		for _, b := range bals {
 			body, err := e.nginx.get(fmt.Sprintf("/bench/balance?addrs=%s&balance=%s&n=%d&c=%d",

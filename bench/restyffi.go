@@ -76,13 +76,11 @@ func figureRestyFFI(e *env, p params, t *table) error {
 			return fmt.Errorf("nginx %s runs host %q, want %q", c.n.dir, got, c.host)
 		}
 	}
-	// The first echo is answered by Go inside the nginx thread's
-	// qrpc_submit call; lua-resty-ffi's crosses to its Go thread and back.
-	// The queued echo makes that crossing too (the C submit queue to Go's
-	// submitter goroutine), as every unary call of the built-in host does.
+	// Both echoes cross to a Go thread and back: lua-resty-ffi's to its
+	// Go thread, the built-in host's through the C submit queue to Go's
+	// submitter goroutine, as every unary call of the built-in host does.
 	echoes := []struct{ kind, label string }{
-		{"ipc", ""},
-		{"ipcq", ", through the submit queue to Go's submitter and back (a unary call's hand-off)"},
+		{"ipc", ", through the submit queue to Go's submitter and back (a unary call's hand-off)"},
 	}
 	for _, size := range p.rfSizes {
 		// Long enough runs: at a million calls a second, the IPC

@@ -5,7 +5,7 @@ package main
 // and encodes the answer.
 //
 // This file must not include qrpc.h: cgo re-declares every export from its
-// Go signature (e.g. "int qrpc_submit(void *cmd, ...)"), and C rejects the
+// Go signature (e.g. "int qrpc_query(void *cmd, ...)"), and C rejects the
 // header's const-qualified prototypes as conflicting. The ABI is the same:
 // every pointer is passed as an address, integers keep their C types.
 
@@ -18,51 +18,38 @@ import "C"
 import (
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/hostq"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/restyhost"
 )
 
-// rt is the one runtime of the process (= nginx worker), shared by both
-// hosts. Its log lines go through the built-in host's queue when it is
-// open.
-// (Set in init: the sink refers back to rt.)
-var rt *bridge.Runtime
+// The process's (= nginx worker's) runtime, shared by both hosts, and its
+// built-in host (internal/hostq; the lua-resty-ffi host is
+// internal/restyhost).
+var (
+	rt      = hostq.Runtime()
+	builtin = hostq.Builtin()
+	cmem    = hostq.Mem()
+)
 
 func init() {
 	// Loaded in a worker: size its Go runtime for nginx (see
 	// bridge.DefaultGOMAXPROCS; libffi_init raises it for lua-resty-ffi)
 	// before any goroutine starts.
 	bridge.DefaultGOMAXPROCS()
-	rt = bridge.New(cmem, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
 }
 
-// goEntries counts the calls that entered Go through the exports: the
-// built-in host's hot path (qrpc_submit_async, qrpc_poll, qrpc_release in
-// hostq.c) must not add to it, which the nginx tests check with
-// qrpc_go_entries.
-var goEntries atomic.Uint64
-
-// inExport counts the threads inside an export. A completion pushed there
-// (the direct echo, a log line) wakes the dispatcher at once: readying
-// the waker goroutine from the nginx thread would leave it on the P that
-// thread keeps while it runs nginx (see hostq.go).
-var inExport atomic.Int32
-
-func enterExport() {
-	goEntries.Add(1)
-	inExport.Add(1)
-}
-
-func leaveExport() { inExport.Add(-1) }
+func enterExport() { hostq.EnterExport() }
+func leaveExport() { hostq.LeaveExport() }
 
 //export qrpc_go_entries
-func qrpc_go_entries() C.uint64_t { return C.uint64_t(goEntries.Load()) }
+func qrpc_go_entries() C.uint64_t { return C.uint64_t(hostq.GoEntries()) }
 
 // qrpc_go_cgo_calls is Go's count of its calls into C (runtime.NumCgoCall):
-// the built-in host's hot path makes none in the steady state (hostq.go,
-// hq), which the nginx tests check.
+// the built-in host's hot path makes none in the steady state
+// (internal/hostq/queue.go, hq), which the nginx tests check.
 //
 //export qrpc_go_cgo_calls
 func qrpc_go_cgo_calls() C.uint64_t { return C.uint64_t(runtime.NumCgoCall()) }
@@ -85,8 +72,8 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 	enterExport()
 	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
-	installSignalForwarders()
-	if err := builtin.init(); err != nil {
+	hostq.InstallSignalForwarders()
+	if err := builtin.Init(); err != nil {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), err.Error())
 		return C.int(bridge.ErrGeneric)
 	}
@@ -113,32 +100,12 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 	if path == nil {
 		room = 0
 	}
-	p, err := builtin.wake.open(string(d), room, func() {
-		if builtin.Queued() > 0 {
-			builtin.wake.signal()
-		}
-	})
+	p, err := builtin.WakeOpen(string(d), room)
 	if err != nil {
 		return fail(bridge.StatusOf(err))
 	}
 	errString(unsafe.Pointer(path), uintptr(pathLen), p)
 	return C.int(bridge.StatusOK)
-}
-
-//export qrpc_submit
-func qrpc_submit(cmd unsafe.Pointer, errBuf *C.char, errLen C.size_t) (rc C.int) {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
-	var c bridge.Command
-	status, msg := bridge.StatusOf(decodeCmd((*cmdABI)(cmd), &c))
-	if status == bridge.StatusOK {
-		status, msg = rt.Submit(builtin, &c)
-	}
-	if status < 0 {
-		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
-	}
-	return C.int(status)
 }
 
 //export qrpc_query
@@ -154,10 +121,10 @@ func qrpc_query(cmd unsafe.Pointer, out *unsafe.Pointer, outLen *C.size_t, errBu
 	var c bridge.Command
 	var res bridge.Completion
 	var msg string
-	if err := decodeCmd((*cmdABI)(cmd), &c); err != nil {
+	if err := bridge.DecodeCmd((*bridge.CmdABI)(cmd), &c); err != nil {
 		res.Status, msg = bridge.StatusOf(err)
 	} else {
-		res, msg = rt.Query(&c)
+		res, msg = builtin.RunNow(&c)
 	}
 	if res.Status < 0 {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
@@ -180,30 +147,8 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 		st, _ := bridge.StatusOf(err)
 		return C.int(st)
 	}
-	*(*statsABI)(out) = s
+	*(*bridge.Stats)(out) = s
 	return C.int(bridge.StatusOK)
-}
-
-//export qrpc_drain
-func qrpc_drain(out unsafe.Pointer, maxN C.int) (n C.int) {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(nil, nil, 0) // n stays 0: a negative count would confuse the caller
-	if out == nil || maxN <= 0 {
-		return 0
-	}
-	// The dispatcher drains at least every half second, busy or idle: the
-	// moment to give back the result buffers a burst left.
-	cmem.Tick()
-	return C.int(builtin.drain(unsafe.Slice((*completionABI)(out), int(maxN))))
-}
-
-//export qrpc_free
-func qrpc_free(p unsafe.Pointer) {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(nil, nil, 0)
-	cmem.Free(p)
 }
 
 //export qrpc_shutdown
@@ -211,7 +156,7 @@ func qrpc_shutdown() {
 	enterExport()
 	defer leaveExport()
 	defer exportPanic(nil, nil, 0)
-	builtin.shutdown()
+	builtin.Shutdown()
 	cmem.FreeAll()
 }
 
@@ -220,15 +165,25 @@ func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
 	enterExport()
 	defer leaveExport()
 	defer exportPanic(&rc, nil, 0)
-	installSignalForwarders()
+	hostq.InstallSignalForwarders()
 	var c string
 	if cfg != nil {
 		c = C.GoString(cfg) // copied: lua-resty-ffi frees cfg after the call
 	}
-	if _, err := restyInit(c, tq); err != nil {
+	if err := restyhost.Init(rt, c, tq); err != nil {
 		bridge.StderrLog(bridge.NgxLogErr, "qrpc: libffi_init failed: "+err.Error())
 		return C.int(bridge.ErrGeneric)
 	}
 	bridge.RestyFFIGOMAXPROCS()
 	return C.int(bridge.StatusOK)
+}
+
+// errString writes msg NUL-terminated into buf (truncated to fit).
+func errString(buf unsafe.Pointer, size uintptr, msg string) {
+	if buf == nil || size == 0 {
+		return
+	}
+	b := unsafe.Slice((*byte)(buf), size)
+	n := copy(b[:size-1], msg)
+	b[n] = 0
 }

@@ -7,10 +7,12 @@
  *
  * Ownership, in one rule: every pointer passed INTO the library is borrowed
  * and only read while the command is being accepted (built-in host: until
- * qrpc_submit returns; lua-resty-ffi host: until the task is answered).
- * Every buffer passed OUT of the library (qrpc_completion_t.data, the
- * lua-resty-ffi response) comes from malloc and belongs to the receiver,
- * who frees it with free() / qrpc_free().
+ * qrpc_submit_async or qrpc_query returns; lua-resty-ffi host: until the
+ * task is answered). Every buffer passed OUT of the library
+ * (qrpc_completion_t.data, qrpc_query's answer, the lua-resty-ffi
+ * response) comes from malloc and belongs to the receiver, who frees it
+ * with free() or, on the built-in host, qrpc_release() / qrpc_release_n(),
+ * which keep blocks for reuse.
  */
 #ifndef QRPC_FFI_H
 #define QRPC_FFI_H
@@ -21,13 +23,13 @@
 /* qrpc_cmd_t.op */
 #define QRPC_OP_CONNECT 1 /* dial; completes with a connection handle */
 #define QRPC_OP_UNARY   2 /* request/response; completes with a result blob */
-#define QRPC_OP_EVENT   3 /* one-way; accepted or refused synchronously */
-#define QRPC_OP_CLOSE   4 /* close a connection; synchronous */
-#define QRPC_OP_CANCEL  5 /* forget call_id (built-in host); synchronous */
+#define QRPC_OP_EVENT   3 /* one-way; accepted or refused synchronously (built-in host: qrpc_query) */
+#define QRPC_OP_CLOSE   4 /* close a connection; synchronous (built-in host: qrpc_query) */
+#define QRPC_OP_CANCEL  5 /* forget call_id (built-in host); no completion */
 #define QRPC_OP_ECHO    6 /* IPC benchmark: completes with body, no network */
 #define QRPC_OP_STATS   7 /* counters of a connection: a result blob whose body is a qrpc_stats_t */
 
-/* Query ops: only for qrpc_query (synchronous, both hosts). An op this
+/* Query ops: only for qrpc_query (synchronous, any host). An op this
  * library does not implement fails with QRPC_ERR_BADARG "unsupported op N". */
 #define QRPC_OP_PEERS      8  /* conn -> the peers of that pool, text lines */
 #define QRPC_OP_METRICS    9  /* -> this worker's metrics snapshot */
@@ -55,11 +57,12 @@ metrics=on
                                     format (buffer.encode), not JSON text; read as the text the Lua module's
                                     JSON encoder writes for that table */
 
-/* Status codes: qrpc_submit's return value, qrpc_completion_t.status and
- * the lua-resty-ffi rc. Negative values are errors; the message is in the
- * error buffer / the completion data / the response. */
+/* Status codes: the return value of qrpc_submit_async and qrpc_query,
+ * qrpc_completion_t.status and the lua-resty-ffi rc. Negative values are
+ * errors; the message is in the completion data / qrpc_query's error
+ * buffer / the response (qrpc_submit_async's own refusals have none). */
 #define QRPC_OK           0
-#define QRPC_PENDING      1  /* qrpc_submit: accepted, a completion will follow */
+#define QRPC_PENDING      1  /* qrpc_submit_async: accepted, a completion will follow */
 #define QRPC_LOG          2  /* completion carrying a log line (code = level) */
 #define QRPC_BAD_RESPONSE 3  /* UNARY with resp_type: the answer did not decode as that message;
                                 data = [uint32 msg_len][msg][result blob with the raw body] */
@@ -118,7 +121,7 @@ typedef struct {
 #define QRPC_CMD_VERSION 2
 
 /* A finished command (built-in host). data is malloc'd (free with
- * qrpc_free) or NULL; for QRPC_OK it is a result blob:
+ * qrpc_release_n / qrpc_release) or NULL; for QRPC_OK it is a result blob:
  *   [uint32 code][uint32 hdrs_len][hdrs block as in qrpc_cmd_t][body]
  * and for errors and QRPC_LOG it is the message text (len bytes). */
 typedef struct {
@@ -143,31 +146,30 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 
-/* Submits a command without blocking. Returns QRPC_OK (done now: EVENT,
- * CLOSE, CANCEL), QRPC_PENDING (CONNECT, UNARY, ECHO: a completion with
- * cmd->call_id will follow), or an error status with err filled.
- * Connections are not cached here: the Lua module reuses its handles. */
-int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
-
-/* The hot path without Go (built-in host). qrpc_submit, qrpc_drain and
- * qrpc_free enter the Go runtime; these three are plain C and do not: a
- * thread that has called into Go keeps a Go scheduler slot while it runs
- * nginx, and Go then spends more CPU on its scheduler than on the call.
+/* The built-in host has one way in and one way out, both plain C that
+ * never enter the Go runtime: a thread that has called into Go keeps a Go
+ * scheduler slot while it runs nginx, and Go then spends more CPU on its
+ * scheduler than on the call.
  *
- * qrpc_submit_async queues a UNARY, ECHO or CANCEL command and returns at
- * once: it copies the command and its strings, and wakes the library's
- * submitter only when it sleeps. Returns QRPC_PENDING for UNARY and ECHO
- * (every failure, bad arguments included, then comes as the call's
- * completion, with qrpc_submit's status and message), QRPC_OK for CANCEL,
- * QRPC_ERR_CLOSED when the host is not open, QRPC_ERR_FULL when too many
- * commands wait, QRPC_ERR_BADARG for other ops. Commands run in the order
- * queued, after the qrpc_submit calls made before them. */
+ * qrpc_submit_async queues a CONNECT, UNARY, ECHO, STATS or CANCEL command
+ * and returns at once: it copies the command and its strings (addr to
+ * pins for CONNECT only; the other ops never read them), and wakes the
+ * library's submitter only when it sleeps. Returns
+ * QRPC_PENDING (a completion with cmd->call_id follows; every failure, bad
+ * arguments included, then comes as that completion, with its status and
+ * message; CONNECT's carries the new handle), QRPC_OK for CANCEL (no
+ * completion), QRPC_ERR_CLOSED when the host is not open, QRPC_ERR_FULL
+ * when too many commands wait, QRPC_ERR_BADARG for other ops. Commands run
+ * in the order queued. Connections are not cached here: the Lua module
+ * reuses its handles. */
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 
-/* Same as qrpc_drain, in C. */
+/* Moves up to max finished commands into out; returns how many. */
 int qrpc_poll(qrpc_completion_t *out, int max);
 
-/* Same as qrpc_free, in C, for the blocks of completions and queries. */
+/* Frees a block the library handed out (a completion's data, qrpc_query's
+ * answer): small ones are kept for the next results and commands, big
+ * ones go back to the library's buffer cache. */
 void qrpc_release(void *p);
 
 /* qrpc_release of ps[0..n) (NULL entries skipped), under one lock: what a
@@ -197,17 +199,18 @@ typedef struct {
 /* Fills out; returns QRPC_OK or QRPC_ERR_CLOSED for an unknown handle. */
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 
-/* Runs a query op (QRPC_OP_PEERS and above) now, on the calling thread;
- * any host may call it. On QRPC_OK, *out is a malloc'd blob of *out_len
- * bytes (possibly 0; free it with qrpc_free) whose format is the op's.
- * Otherwise *out is NULL and err holds the message (NUL-terminated). */
+/* Runs a command now, on the calling thread, entering Go: a query op
+ * (QRPC_OP_PEERS and above; any host may call it), or the built-in host's
+ * EVENT and CLOSE. Those two stay synchronous because conn:event and
+ * conn:close return their errors ("queue full", "closed", a bad argument)
+ * to the caller at once, where a queued command could only answer with a
+ * completion to wait for; an event is written to its stream right here,
+ * so it costs no hand-off either. On QRPC_OK, *out is a malloc'd blob
+ * of *out_len bytes (possibly 0, NULL for EVENT and CLOSE; free it with
+ * qrpc_release) whose format is the op's. Otherwise *out is NULL and err
+ * holds the message (NUL-terminated). Other ops are refused
+ * (QRPC_ERR_BADARG): they go through qrpc_submit_async. */
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
-
-/* Moves up to max finished commands into out; returns how many. */
-int qrpc_drain(qrpc_completion_t *out, int max);
-
-/* Frees a buffer the library handed out. */
-void qrpc_free(void *p);
 
 /* Stops the runtime: fails pending calls, closes connections and the wake
  * socket. Safe to call more than once. */

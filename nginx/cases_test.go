@@ -127,8 +127,8 @@ func TestUnary(t *testing.T) {
 		},
 		{
 			// Concurrent calls each keep their own headers and body: Lua
-			// reuses one header buffer for every call, so Go must be done
-			// with it when qrpc_submit returns.
+			// reuses one header buffer for every call, so the library must
+			// be done with it when qrpc_submit_async returns.
 			name: "concurrent calls keep their own headers and bodies",
 			conf: ngxConf{Server: loc("/t", connectT+`
                 local threads = {}

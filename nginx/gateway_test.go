@@ -69,11 +69,7 @@ func compileShop(t *testing.T, dir string) protoreflect.ServiceDescriptor {
 
 func startShopServer(t *testing.T, sd protoreflect.ServiceDescriptor, addr string) *shopServer {
 	t.Helper()
-	key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &shopServer{srv: qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key})}
+	s := &shopServer{srv: qrpc.NewServer(&qrpc.ServerConfig{})}
 	mds := sd.Methods()
 	for i := 0; i < mds.Len(); i++ {
 		md := mds.Get(i)

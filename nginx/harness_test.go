@@ -30,6 +30,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/srvinfo"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -263,12 +264,9 @@ func newTestServerCfg(addr string, clientCAs *x509.CertPool, cfg qrpc.ServerConf
 }
 
 func (s *testServer) start(addr string) error {
-	key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
-	if err != nil {
-		return err
-	}
+	// The server derives its stateless reset key from the certificate: a
+	// restart with the same one resets the old connections.
 	cfg := s.cfg
-	cfg.StatelessResetKey = key
 	srv := qrpc.NewServer(&cfg)
 	s.register(srv)
 	a, err := srv.Listen(addr, qrpc.ServerTLSConfig(serverTLSCert, s.clientCAs))
@@ -317,7 +315,7 @@ func (s *testServer) close() error {
 
 func (s *testServer) seen(ctx context.Context) {
 	s.mu.Lock()
-	s.conns[qrpc.ConnContext(ctx)] = struct{}{}
+	s.conns[srvinfo.Conn(ctx)] = struct{}{}
 	s.mu.Unlock()
 }
 
@@ -357,7 +355,7 @@ func (s *testServer) register(srv *qrpc.Server) {
 	// stream answers the id of the QUIC stream the call came on, so that
 	// a test can tell how the client spread its calls.
 	srv.Handle("stream", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		id, _ := qrpc.StreamID(ctx)
+		id, _ := srvinfo.StreamID(ctx)
 		resp.Body = strconv.AppendInt(nil, id, 10)
 	})
 	// who answers the server's listen address, so that a pool test can

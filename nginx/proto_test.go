@@ -25,12 +25,8 @@ type pbServer struct {
 
 func startPBServer(t *testing.T) *pbServer {
 	t.Helper()
-	key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := &pbServer{}
-	srv := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key})
+	srv := qrpc.NewServer(&qrpc.ServerConfig{})
 	srv.Handle("SayHello", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
 		s.requests.Add(1)
 		var in demopb.HelloRequest

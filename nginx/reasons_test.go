@@ -180,11 +180,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		key, err := qrpc.ResetKeyFromCertificate(serverTLSCert)
-		if err != nil {
-			t.Fatal(err)
-		}
-		victim := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
+		victim := qrpc.NewServer(&qrpc.ServerConfig{Logger: quietLog})
 		killed.register(victim)
 		mp := &testsrv.MutePacketConn{PacketConn: pc}
 		if err := victim.ServePacketConn(mp, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
@@ -236,7 +232,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		second := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
+		second := qrpc.NewServer(&qrpc.ServerConfig{Logger: quietLog})
 		killed.register(second)
 		if err := second.ServePacketConn(pc2, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
 			t.Fatal(err)
@@ -270,7 +266,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pc3.Close()
-		third := qrpc.NewServer(&qrpc.ServerConfig{StatelessResetKey: key, Logger: quietLog})
+		third := qrpc.NewServer(&qrpc.ServerConfig{Logger: quietLog})
 		killed.register(third)
 		if err := third.ServePacketConn(pc3, qrpc.ServerTLSConfig(serverTLSCert, nil)); err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
 )
@@ -80,7 +81,7 @@ type Client struct {
 
 	// obs and onState are the pool's view of this client (a peer of a
 	// Pool); a plain Client has a no-op observer and no onState.
-	obs     PeerObserver
+	obs     peerObserver
 	onState func()
 }
 
@@ -165,9 +166,9 @@ func (c *Client) liveConns() int {
 	return n
 }
 
-func newClient(addr string, conf Config, tlsConf *tls.Config, obs PeerObserver, onState func()) *Client {
+func newClient(addr string, conf Config, tlsConf *tls.Config, obs peerObserver, onState func()) *Client {
 	if obs == nil {
-		obs = nopPeer{}
+		obs = observe.Nop{}.Peer("")
 	}
 	c := &Client{
 		addr:     addr,
@@ -185,7 +186,7 @@ func newClient(addr string, conf Config, tlsConf *tls.Config, obs PeerObserver, 
 // dialBackground returns a client whose connections will be dialled (and
 // re-dialled) by its slot goroutines, started by startSlots: a pool adds
 // servers that may be down.
-func dialBackground(addr string, conf Config, obs PeerObserver, onState func()) (*Client, error) {
+func dialBackground(addr string, conf Config, obs peerObserver, onState func()) (*Client, error) {
 	tlsConf, err := conf.tlsConfig(addr)
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
 
@@ -120,15 +121,15 @@ func (c *Config) populate() (Config, error) {
 		cfg.CloseLinger = time.Second
 	}
 	switch {
-	case cfg.Conns < 1 || cfg.Conns > 64:
-		return cfg, fmt.Errorf("%w: conns must be 1..64, got %d", ErrBadConfig, cfg.Conns)
-	case cfg.Streams < 1 || cfg.Streams > 1024:
-		return cfg, fmt.Errorf("%w: streams must be 1..1024, got %d", ErrBadConfig, cfg.Streams)
-	case cfg.StreamBatch < 1 || cfg.StreamBatch > 1024:
-		return cfg, fmt.Errorf("%w: stream batch must be 1..1024, got %d", ErrBadConfig, cfg.StreamBatch)
+	case cfg.Conns < 1 || cfg.Conns > limits.Conns:
+		return cfg, fmt.Errorf("%w: conns must be 1..%d, got %d", ErrBadConfig, limits.Conns, cfg.Conns)
+	case cfg.Streams < 1 || cfg.Streams > limits.Streams:
+		return cfg, fmt.Errorf("%w: streams must be 1..%d, got %d", ErrBadConfig, limits.Streams, cfg.Streams)
+	case cfg.StreamBatch < 1 || cfg.StreamBatch > limits.StreamBatch:
+		return cfg, fmt.Errorf("%w: stream batch must be 1..%d, got %d", ErrBadConfig, limits.StreamBatch, cfg.StreamBatch)
 	case cfg.DialTimeout < 0 || cfg.IdleTimeout < 0:
 		return cfg, fmt.Errorf("%w: negative timeout", ErrBadConfig)
-	case cfg.MaxFrameSize < 64 || cfg.MaxFrameSize > 1<<30:
+	case cfg.MaxFrameSize < limits.MinFrameSize || cfg.MaxFrameSize > limits.MaxFrameSize:
 		return cfg, fmt.Errorf("%w: max frame size must be 64..1 GiB, got %d", ErrBadConfig, cfg.MaxFrameSize)
 	case (len(cfg.CertPEM) == 0) != (len(cfg.KeyPEM) == 0):
 		return cfg, fmt.Errorf("%w: cert and key go together", ErrBadConfig)

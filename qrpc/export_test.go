@@ -66,3 +66,7 @@ func DeadlinesForTest(c *Client) int {
 
 // DeadlineShards is how many deadline heaps (and timers) a connection has.
 const DeadlineShards = deadlineShards
+
+// ResetKeyFromCertificate is the key a server derives from its
+// certificate, for the tests that build servers around their own sockets.
+var ResetKeyFromCertificate = resetKeyFromCertificate

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 )
 
 // Balance is how a Pool spreads calls over its servers.
@@ -97,10 +100,10 @@ type Hedge struct {
 }
 
 // MaxHedge bounds Hedge.Max.
-const MaxHedge = 4
+const MaxHedge = limits.Hedge
 
 // MaxRetries bounds PoolConfig.Retries and Call.Retries.
-const MaxRetries = 16
+const MaxRetries = limits.Retries
 
 // HealthCheck is the optional active check: a unary call of Method to
 // every server every Interval, each given Timeout. A server that fails it
@@ -165,7 +168,9 @@ type PoolConfig struct {
 	// Resolver ("host:port", UDP DNS) replaces the system's resolver.
 	Resolver string
 	// Observer is told about every server's calls and states (nil: none).
-	Observer Observer
+	// It is this module's metrics recorder (internal/observe): not for
+	// use outside it.
+	Observer observe.Observer
 }
 
 // ErrNoServer: every server of a pool is down (ejected or not connected).
@@ -209,7 +214,7 @@ const (
 	defaultRetryRatio   = 0.2
 	defaultRetryMinPerS = 10
 	// maxPeers bounds a pool (names may resolve to many addresses).
-	maxPeers = 256
+	maxPeers = limits.Addrs
 )
 
 func (c *PoolConfig) populate() (PoolConfig, Config, error) {
@@ -242,7 +247,7 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 		}
 	}
 	if pc.Observer == nil {
-		pc.Observer = NopObserver{}
+		pc.Observer = observe.Nop{}
 	}
 	switch {
 	case pc.RetryRatio == 0:
@@ -296,7 +301,7 @@ type Pool struct {
 	cfg      PoolConfig
 	conf     Config // every server's client config, populated
 	log      *slog.Logger
-	observed bool // cfg.Observer is not NopObserver
+	observed bool // cfg.Observer is not observe.Nop
 
 	// set is the servers that take calls, read without a lock on the call
 	// path and replaced (copy-on-write) when membership changes.
@@ -306,8 +311,11 @@ type Pool struct {
 	// lastAnswer is when a server of the pool last answered (monoNS): a
 	// server is stalled only while others answer (pool_peer.go).
 	lastAnswer atomic.Int64
-	budget     *retryBudget
-	lat        latencyHist // answer times, for hedging at the p95
+	// quietEnd is when answers came back after a pool-wide silence
+	// (monoNS): no server is stalled within its limit after it.
+	quietEnd atomic.Int64
+	budget   *retryBudget
+	lat      latencyHist // answer times, for hedging at the p95
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -368,7 +376,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		resolver: newResolver(pc.Resolver),
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
 	}
-	_, nop := pc.Observer.(NopObserver)
+	_, nop := pc.Observer.(observe.Nop)
 	p.observed = !nop
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})

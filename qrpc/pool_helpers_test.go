@@ -15,6 +15,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -224,7 +225,7 @@ type peerRec struct {
 
 func newRecorder() *recorder { return &recorder{peers: map[string]*peerRec{}} }
 
-func (r *recorder) Peer(addr string) qrpc.PeerObserver {
+func (r *recorder) Peer(addr string) observe.PeerObserver {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if pr := r.peers[addr]; pr != nil {

@@ -12,7 +12,7 @@ type peer struct {
 	pool *Pool
 	addr string
 	c    *Client
-	obs  PeerObserver
+	obs  peerObserver
 	seed uint64 // rendezvous hashing weight seed, from addr
 
 	inflight atomic.Int64
@@ -109,7 +109,13 @@ func (pr *peer) answered(now time.Time, d time.Duration) {
 	pr.progress.Store(ns)
 	p := pr.pool
 	// One store per millisecond at most: a line every call shares.
-	if ns-p.lastAnswer.Load() > int64(time.Millisecond) {
+	if last := p.lastAnswer.Load(); last == 0 || ns-last > int64(time.Millisecond) {
+		if last != 0 && ns-last > int64(stallFloor) {
+			// No server of the pool answered for a while: this process
+			// or the machine stood still. Every server gets a full limit
+			// from here before it can be stalled.
+			p.quietEnd.Store(ns)
+		}
 		p.lastAnswer.Store(ns)
 	}
 	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
@@ -132,8 +138,23 @@ func (pr *peer) observeLatency(now int64, d time.Duration) {
 		pr.ewma.Store(max(int64(d), 1))
 		return
 	}
-	w := math.Exp(-float64(now-last) / float64(ewmaDecay))
+	w := decay(now - last)
 	pr.ewma.Store(max(int64(float64(old)*w+float64(d)*(1-w)), 1))
+}
+
+// decay is the peak EWMA's weight of the past after dt ns: e^(-dt/τ). For
+// the short gaps between the answers of a busy server (dt under τ/1000,
+// 10 ms) it is 1 - dt/τ, within 5e-7 of it, without math.Exp on the
+// call path.
+func decay(dt int64) float64 {
+	if dt <= 0 {
+		return 1
+	}
+	x := float64(dt) / float64(ewmaDecay)
+	if x < 1e-3 {
+		return 1 - x
+	}
+	return math.Exp(-x)
 }
 
 // cost is p2c's load of a server at now (monoNS): its peak EWMA, decayed
@@ -142,9 +163,7 @@ func (pr *peer) observeLatency(now int64, d time.Duration) {
 func (pr *peer) cost(now int64) float64 {
 	e := float64(pr.ewma.Load())
 	if e > 0 {
-		if dt := now - pr.ewmaAt.Load(); dt > 0 {
-			e *= math.Exp(-float64(dt) / float64(ewmaDecay))
-		}
+		e *= decay(now - pr.ewmaAt.Load())
 	}
 	return e * float64(pr.inflight.Load()+1)
 }
@@ -152,7 +171,10 @@ func (pr *peer) cost(now int64) float64 {
 // stalled reports whether pr has had calls in flight and no sign of life
 // for longer than its stall limit, while another server of the pool has
 // answered since (an answer from none of them says more about this
-// process, starved of CPU, than about the servers). in is its inflight
+// process, starved of CPU, than about the servers), and no pool-wide
+// silence ended within the limit (after one, every server answers again
+// in its own time: a machine that stood still for seconds wakes its
+// processes one after another). in is its inflight
 // count; stall is PoolConfig.Stall (ns; <= 0: never).
 func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	if stall <= 0 || in <= 0 {
@@ -160,7 +182,11 @@ func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	}
 	now := monoNS(clk.now())
 	last := pr.progress.Load()
-	if now-last <= pr.stallLimit(stall) {
+	limit := pr.stallLimit(stall)
+	if now-last <= limit {
+		return false
+	}
+	if q := pr.pool.quietEnd.Load(); q != 0 && now-q <= limit {
 		return false
 	}
 	return pr.pool.lastAnswer.Load() > last+int64(stallFloor)/2

@@ -7,13 +7,15 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 )
 
 // benchPool is a pool of n servers whose clients look connected, enough
 // for pick (no network: only the choice is measured).
 func benchPool(tb testing.TB, n int, b Balance) *Pool {
 	tb.Helper()
-	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: NopObserver{}, EjectOn: failAll},
+	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: observe.Nop{}, EjectOn: failAll},
 		log: slogDiscard()}
 	var peers []*peer
 	for i := range n {
@@ -87,6 +89,8 @@ func BenchmarkPoolPickHash(b *testing.B)              { benchPick(b, Hash, false
 func BenchmarkPoolPickBusyRoundRobin(b *testing.B)    { benchPick(b, RoundRobin, true) }
 func BenchmarkPoolPickBusyLeastInflight(b *testing.B) { benchPick(b, LeastInflight, true) }
 func BenchmarkPoolPickBusyHash(b *testing.B)          { benchPick(b, Hash, true) }
+func BenchmarkPoolPickP2C(b *testing.B)               { benchPick(b, P2C, false) }
+func BenchmarkPoolPickBusyP2C(b *testing.B)           { benchPick(b, P2C, true) }
 
 // TestPickSkipsEjected: an ejected server gets no call until its time is
 // up, then exactly one (the trial) until that call's verdict.
@@ -408,5 +412,35 @@ func TestLatencyP95(t *testing.T) {
 	}
 	if got := h3.p95(); got < 3*time.Millisecond || got > 3750*time.Microsecond {
 		t.Fatalf("p95 %v of 3 ms answers", got)
+	}
+}
+
+// TestNoStallAfterPoolSilence: when answers come back after no server of
+// the pool answered for a while (the machine or this process stood
+// still), a server still silent is not stalled until its own limit has
+// passed since: servers wake one after another.
+func TestNoStallAfterPoolSilence(t *testing.T) {
+	p := benchPool(t, 3, RoundRobin)
+	peers := p.set.Load().peers
+	start := time.Now()
+	for _, pr := range peers {
+		pr.startCall(start)
+		pr.answered(start, 0)
+	}
+	// Two seconds of silence from everyone, then one server answers.
+	now := start.Add(2 * time.Second)
+	peers[0].answered(now, 0)
+	victim := peers[1]
+	if victim.stalled(victim.inflight.Load(), &pickClock{t: now}, int64(p.cfg.Stall)) {
+		t.Fatal("stalled at once after a pool-wide silence")
+	}
+	// The others answer all along (every 10 ms) for a full limit.
+	later := now
+	for later.Before(now.Add(p.cfg.Stall + time.Millisecond)) {
+		later = later.Add(10 * time.Millisecond)
+		peers[0].answered(later, 0)
+	}
+	if !victim.stalled(victim.inflight.Load(), &pickClock{t: later}, int64(p.cfg.Stall)) {
+		t.Fatal("still silent a full limit after the others came back, yet not stalled")
 	}
 }

@@ -23,6 +23,34 @@ func healthyLatency(t *testing.T, p *qrpc.Pool, method string, workers, n int) t
 	return percentile(lat, 0.99)
 }
 
+// runCallsErrs makes n calls from workers goroutines and returns their
+// latencies and errors.
+func runCallsErrs(workers, n int, call func() error) ([]time.Duration, []error) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var errs []error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n / workers {
+				began := time.Now()
+				err := call()
+				d := time.Since(began)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return lat, errs
+}
+
 // runCalls makes n calls from workers goroutines; every call must succeed.
 func runCalls(t *testing.T, workers, n int, call func() error) []time.Duration {
 	t.Helper()
@@ -108,13 +136,21 @@ func TestPoolTryTimeout(t *testing.T) {
 	unit := healthyLatency(t, p, "who", 10, 300)
 	f.srvs[1].freeze()
 	pz := measurePauses()
-	lat := runCalls(t, 50, 1500, func() error {
+	lat, errs := runCallsErrs(50, 1500, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who")})
 		return err
 	})
 	pause := pz.end()
+	if len(errs) > 0 {
+		// A call has a second for a try timeout and a healthy answer: only
+		// a machine that stood still for a good part of it explains a miss.
+		if pause < 400*time.Millisecond {
+			t.Fatalf("%d of 1500 calls failed (longest pause %v), first: %v", len(errs), pause, errs[0])
+		}
+		t.Logf("%d of 1500 calls failed, the machine stood still for %v", len(errs), pause)
+	}
 	frozen := rec.get(f.srvs[1].addr)
 	if frozen.retried.Load() == 0 {
 		t.Fatal("no call was retried off the frozen server")
@@ -267,5 +303,43 @@ func TestPoolEjectOn(t *testing.T) {
 		if (ejected > 0) != tc.eject {
 			t.Fatalf("on=%v: %d ejections, want ejection %v", tc.on, ejected, tc.eject)
 		}
+	}
+}
+
+// TestPoolHedgeP95: with delay "p95", no copy is sent until the pool has
+// answers to measure; then a call that meets the slow server is answered
+// by a copy sent after about the pool's 95th percentile.
+func TestPoolHedgeP95(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Observer: rec, Stall: -1, Failures: 1 << 20,
+		RetryMinPerS: 1000, Hedge: qrpc.Hedge{P95: true, Max: 1}})
+	copies := func() int64 {
+		n := int64(0)
+		for _, a := range addrs {
+			n += rec.get(a).hedged.Load()
+		}
+		return n
+	}
+	// Healthy: the estimate forms, and hardly a call needs a copy.
+	healthy := runCalls(t, 10, 600, func() error {
+		_, err := poolCall(p, 5*time.Second, "work", "")
+		return err
+	})
+	before := copies()
+	f.srvs[0].delay.Store(300)
+	lat := runCalls(t, 10, 300, func() error {
+		_, err := poolCall(p, 5*time.Second, "work", "")
+		return err
+	})
+	got := copies() - before
+	t.Logf("healthy p95 %v; one server 300 ms: p50 %v p99 %v, %d copies for 300 calls (%d while healthy)",
+		percentile(healthy, 0.95), percentile(lat, 0.5), percentile(lat, 0.99), got, before)
+	if got < 50 || got > 200 {
+		t.Fatalf("%d copies for 300 calls with one server of three slow, want about a third", got)
+	}
+	if p99 := percentile(lat, 0.99); p99 >= 300*time.Millisecond {
+		t.Fatalf("p99 %v: calls waited for the slow server", p99)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/srvinfo"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
 
@@ -44,7 +45,7 @@ type ServerConfig struct {
 	// process that their connection is gone, so they re-dial at once instead
 	// of waiting for their idle timeout. Keep it secret and stable across
 	// restarts. Default: derived from the private key of the first
-	// certificate in the TLS config (ResetKeyFromCertificate), so a server
+	// certificate in the TLS config, so a server
 	// restarted with the same certificate gets this for free.
 	StatelessResetKey *quic.StatelessResetKey
 	// Logger receives the server's log lines. Default: slog.Default().
@@ -146,10 +147,10 @@ func ServerTLSConfig(cert tls.Certificate, clientCAs *x509.CertPool) *tls.Config
 	return t
 }
 
-// ResetKeyFromCertificate derives a stateless-reset key from the private key
+// resetKeyFromCertificate derives a stateless-reset key from the private key
 // of cert, so a server restarted with the same certificate can reset the
 // connections of its previous process.
-func ResetKeyFromCertificate(cert tls.Certificate) (*quic.StatelessResetKey, error) {
+func resetKeyFromCertificate(cert tls.Certificate) (*quic.StatelessResetKey, error) {
 	der, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
 	if err != nil {
 		return nil, fmt.Errorf("reset key: %w", err)
@@ -218,7 +219,7 @@ func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config, ownSocket bool) e
 	}
 	key := s.cfg.StatelessResetKey
 	if key == nil && len(tlsConf.Certificates) > 0 {
-		k, err := ResetKeyFromCertificate(tlsConf.Certificates[0])
+		k, err := resetKeyFromCertificate(tlsConf.Certificates[0])
 		if err != nil {
 			// A key that cannot be exported (an HSM signer): serve without.
 			s.cfg.Logger.Warn("qrpc: no stateless reset key; restarts will look like timeouts to clients", "err", err)
@@ -294,39 +295,11 @@ type sstream struct {
 	running sync.WaitGroup  // handlers of this stream still to answer
 }
 
-// streamKey is the context key of a handler's streamInfo.
-type streamKey struct{}
-
-type streamInfo struct {
-	id   int64
-	conn context.Context
-}
-
-// StreamID returns the QUIC stream a unary handler's request came on, for
-// diagnostics (and for tests of how a client spreads its calls).
-func StreamID(ctx context.Context) (int64, bool) {
-	si, ok := ctx.Value(streamKey{}).(*streamInfo)
-	if !ok {
-		return 0, false
-	}
-	return si.id, true
-}
-
-// ConnContext returns the connection's own context from a unary handler's
-// (which is one per stream, derived from it): the same value for every
-// request of one connection, to tell connections apart.
-func ConnContext(ctx context.Context) context.Context {
-	if si, ok := ctx.Value(streamKey{}).(*streamInfo); ok {
-		return si.conn
-	}
-	return ctx
-}
-
 func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}) {
 	defer s.wg.Done()
 	// once per stream, not per request: streams are long-lived
 	cctx := conn.Context()
-	st := &sstream{s: qs, ctx: context.WithValue(cctx, streamKey{}, &streamInfo{id: int64(qs.StreamID()), conn: cctx})}
+	st := &sstream{s: qs, ctx: srvinfo.With(cctx, int64(qs.StreamID()), cctx)}
 	fr := s.codec.NewReader(qs)
 	for {
 		kind, payload, err := fr.Next()

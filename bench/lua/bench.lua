@@ -34,13 +34,13 @@ local switches = common.switches
 local MONOTONIC = common.MONOTONIC
 local PROCESS_CPUTIME = common.PROCESS_CPUTIME
 
--- queued: through the C submit queue and Go's submitter goroutine (the
--- hand-off of a unary call) instead of Go answering inside qrpc_submit
-local function ipc_loop(queued, n, body)
+-- through the C submit queue and Go's submitter goroutine and back (the
+-- hand-off of a unary call)
+local function ipc_loop(_, n, body)
     local errs = 0
     local echo = qrpc._echo
     for _ = 1, n do
-        local res = echo(body, queued)
+        local res = echo(body)
         if not res or #res ~= #body then
             errs = errs + 1
         end
@@ -163,8 +163,6 @@ function _M.run()
         loop, target = qrpc_loop, conn
     elseif kind == "ipc" then
         loop, target = ipc_loop, false
-    elseif kind == "ipcq" then
-        loop, target = ipc_loop, true
     elseif kind == "rfecho" then
         local load_ffi = rawget(ngx, "load_ffi")
         local demo = load_ffi and load_ffi("ffi_go_echo")

@@ -152,12 +152,10 @@ func start(o options, logger *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	resetKey, err := qrpc.ResetKeyFromCertificate(mat.cert)
-	if err != nil {
-		return nil, err
-	}
 	in := &instance{demo: &demo{maxSleep: o.maxSleep}, certs: mat.where}
-	cfg := &qrpc.ServerConfig{StatelessResetKey: resetKey, Logger: logger}
+	// The stateless reset key comes from the certificate (the server's
+	// default): a restarted demo resets its old connections.
+	cfg := &qrpc.ServerConfig{Logger: logger}
 
 	listen := func(addr string, clientCAs *x509.CertPool) (string, error) {
 		s := qrpc.NewServer(cfg)

@@ -292,11 +292,8 @@ static int headers_equal(const char *h, uint32_t len, int n, const char **kv) {
 static void *lib;
 static __typeof__(qrpc_init) *p_init;
 static __typeof__(qrpc_wake_open) *p_wake_open;
-static __typeof__(qrpc_submit) *p_submit;
 static __typeof__(qrpc_stats) *p_stats;
 static __typeof__(qrpc_query) *p_query;
-static __typeof__(qrpc_drain) *p_drain;
-static __typeof__(qrpc_free) *p_free;
 static __typeof__(qrpc_shutdown) *p_shutdown;
 static __typeof__(libffi_init) *p_libffi_init;
 static __typeof__(qrpc_submit_async) *p_submit_async;
@@ -316,11 +313,8 @@ static void load(const char *path) {
     if (!lib) { fprintf(stderr, "dlopen: %s\n", dlerror()); exit(2); }
     p_init = sym("qrpc_init");
     p_wake_open = sym("qrpc_wake_open");
-    p_submit = sym("qrpc_submit");
     p_stats = sym("qrpc_stats");
     p_query = sym("qrpc_query");
-    p_drain = sym("qrpc_drain");
-    p_free = sym("qrpc_free");
     p_shutdown = sym("qrpc_shutdown");
     p_libffi_init = sym("libffi_init");
     p_submit_async = sym("qrpc_submit_async");
@@ -396,7 +390,7 @@ static void check_dispositions(const char *when) {
     sigaction(SIGUSR1, NULL, &usr1);
     sigaction(SIGPIPE, NULL, &pipe_now);
     /* The library routes asynchronous signals that have a handler to the
-     * thread that loaded it (see ffi/cgo.go); the behaviour checks below
+     * thread that loaded it (see internal/hostq/sigfwd.go); the behaviour checks below
      * are what matters. */
     CHECK(chld.sa_sigaction != chld_before.sa_sigaction && (chld.sa_flags & (SA_SIGINFO | SA_ONSTACK)) == (SA_SIGINFO | SA_ONSTACK),
           "%s: SIGCHLD goes through the library's forwarder to the host thread", when);
@@ -691,25 +685,23 @@ static int nlogs;
 static char last_log[512];
 static unsigned last_log_level;
 
-/* Set: drain with qrpc_poll and free with qrpc_release, as the Lua
- * module does (plain C, no Go); else qrpc_drain and qrpc_free. */
-static int in_c;
-
+/* Drains with qrpc_poll and frees with qrpc_release, as the Lua module
+ * does (plain C, no Go). */
 static void drain_all(void) {
     qrpc_completion_t out[8];
     for (;;) {
-        int n = in_c ? p_poll(out, 8) : p_drain(out, 8);
+        int n = p_poll(out, 8);
         for (int i = 0; i < n; i++) {
             if (out[i].status == QRPC_LOG) {
                 printf("log level %u: %.*s\n", out[i].code, (int)out[i].len, out[i].data);
                 snprintf(last_log, sizeof last_log, "%.*s", (int)out[i].len, out[i].data);
                 last_log_level = out[i].code;
-                if (in_c) p_release(out[i].data); else p_free(out[i].data);
+                p_release(out[i].data);
                 nlogs++;
             } else if (ngot < MAXC) {
                 got[ngot++] = out[i];
             } else {
-                p_free(out[i].data);
+                p_release(out[i].data);
             }
         }
         if (n < 8) return;
@@ -765,31 +757,39 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
           "builtin: qrpc_wake_open with a tiny path buffer -> %s", err);
     /* ... and it must not have replaced the live wake connection. */
 
+    /* The built-in host's one way in: CONNECT, UNARY, ECHO and CANCEL
+     * through qrpc_submit_async, completions through qrpc_poll, blocks
+     * back through qrpc_release (drain_all). */
+    uint64_t entries = p_go_entries();
+
     /* CONNECT. */
     qrpc_cmd_t cc = connect_cmd(1, addr, ca, ca_len, 3000);
-    rc = p_submit(&cc, err, sizeof err);
+    rc = p_submit_async(&cc);
     CHECK(rc == QRPC_PENDING, "builtin: CONNECT pending (%d)", rc);
     qrpc_completion_t c;
     int have = wait_completion(1, 10000, &c);
     uint64_t h = (have && c.status == QRPC_OK) ? c.handle : 0;
     CHECK(h != 0, "builtin: CONNECT completed with handle %llu", (unsigned long long)h);
-    if (have) p_free(c.data);
+    if (have) p_release(c.data);
     if (!h) return;
 
     /* A failed dial: its completion, and Go's log line about it arrives
-     * as a QRPC_LOG completion (NOTICE) for the dispatcher to ngx.log. */
-    cc = connect_cmd(7, addr, "junk", 4, 3000);
-    p_submit(&cc, err, sizeof err);
+     * as a QRPC_LOG completion (NOTICE) for the dispatcher to ngx.log.
+     * The command is copied: its strings may change once submitted. */
+    char junk[] = "junk";
+    cc = connect_cmd(7, addr, junk, 4, 3000);
+    p_submit_async(&cc);
+    memcpy(junk, "JUNK", 4);
     have = wait_completion(7, 5000, &c);
     CHECK(have && c.status == QRPC_ERR_BADARG && c.len > 0 && strncmp(c.data, "bad config: ", 12) == 0,
           "builtin: CONNECT with a junk CA -> status %d \"%.*s\"", have ? c.status : 0, have ? (int)c.len : 0, have ? c.data : "");
-    if (have) p_free(c.data);
+    if (have) p_release(c.data);
     qrpc_cmd_t cc2 = connect_cmd(8, "127.0.0.1:1", ca, ca_len, 200);
-    p_submit(&cc2, err, sizeof err);
+    p_submit_async(&cc2);
     have = wait_completion(8, 5000, &c);
     CHECK(have && c.status == QRPC_ERR_CONNECT && c.len > 9 && strncmp(c.data, "connect: ", 9) == 0,
           "builtin: CONNECT to a closed port -> status %d \"%.*s\"", have ? c.status : 0, have ? (int)c.len : 0, have ? c.data : "");
-    if (have) p_free(c.data);
+    if (have) p_release(c.data);
     drain_all();
     CHECK(nlogs >= 1 && last_log_level == 6 && strncmp(last_log, "qrpc: connect failed addr=127.0.0.1:1 ", 38) == 0,
           "builtin: Go's log line came through the queue at NOTICE: %s", last_log);
@@ -800,58 +800,54 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     uc.nhdrs = 2;
     uc.hdrs = hdrbuf;
     uc.hdrs_len = pack_headers(2, kv);
-    rc = p_submit(&uc, err, sizeof err);
+    rc = p_submit_async(&uc);
+    memset(&uc, 0, sizeof uc); /* copied: the library must not read it again */
     int woke = read_wake(5000);
     have = wait_completion(2, 5000, &c);
     result_t r;
     CHECK(rc == QRPC_PENDING && woke >= 1 && have && c.status == QRPC_OK && parse_result(c.data, c.len, &r) == 0 &&
           r.body_len == 12 && memcmp(r.body, "builtin body", 12) == 0 && headers_equal(r.hdrs, r.hdrs_len, 2, kv),
           "builtin: UNARY completes after a wake byte (%d bytes read)", woke);
-    if (have) p_free(c.data);
+    if (have) p_release(c.data);
 
     /* Timeout. */
     uc = unary_cmd(h, 3, "sleep", "3000", 100);
-    p_submit(&uc, err, sizeof err);
+    p_submit_async(&uc);
     have = wait_completion(3, 5000, &c);
     CHECK(have && c.status == QRPC_ERR_TIMEOUT && c.len == 7 && memcmp(c.data, "timeout", 7) == 0,
           "builtin: UNARY deadline -> status %d", have ? c.status : 0);
-    if (have) p_free(c.data);
+    if (have) p_release(c.data);
 
-    /* Cancel: no completion, nothing left in flight. */
+    /* Cancel, queued after its call: no completion, nothing left in flight. */
     uc = unary_cmd(h, 4, "sleep", "300", 5000);
-    p_submit(&uc, err, sizeof err);
-    qrpc_stats_t st;
-    p_stats(h, &st);
-    CHECK(st.inflight == 1, "builtin: 1 call in flight before CANCEL (%llu)", (unsigned long long)st.inflight);
+    p_submit_async(&uc);
     qrpc_cmd_t xc;
     memset(&xc, 0, sizeof xc);
     xc.version = QRPC_CMD_VERSION;
     xc.op = QRPC_OP_CANCEL;
     xc.conn = h;
     xc.call_id = 4;
-    CHECK(p_submit(&xc, err, sizeof err) == QRPC_OK, "builtin: CANCEL is synchronous");
+    CHECK(p_submit_async(&xc) == QRPC_OK, "builtin: CANCEL through the queue");
     usleep(500 * 1000);
     CHECK(!wait_completion(4, 200, &c), "builtin: no completion for the cancelled call");
+    qrpc_stats_t st;
+    p_stats(h, &st);
+    CHECK(st.inflight == 0, "builtin: nothing in flight after CANCEL (%llu)", (unsigned long long)st.inflight);
 
-    /* EVENT. */
-    uc = unary_cmd(h, 0, "ev", "builtin event", 0);
-    uc.op = QRPC_OP_EVENT;
-    CHECK(p_submit(&uc, err, sizeof err) == QRPC_OK, "builtin: EVENT accepted synchronously");
-    /* The connection is closed below: qrpc's Close does not drain what the
-     * server has not read yet, so give the event time to be handled. */
-    usleep(300 * 1000);
-
-    /* Bad commands: the error buffer says why. */
+    /* Bad commands: the completion says why. */
     uc = unary_cmd(h, 5, "", "", 0);
-    rc = p_submit(&uc, err, sizeof err);
-    CHECK(rc == QRPC_ERR_BADARG && strstr(err, "empty method"), "builtin: empty method -> %d \"%s\"", rc, err);
-    uc = unary_cmd(h, 5, "echo", "", -5);
-    rc = p_submit(&uc, err, sizeof err);
-    CHECK(rc == QRPC_ERR_BADARG && strstr(err, "negative timeout"), "builtin: negative timeout -> %d \"%s\"", rc, err);
-    rc = p_submit(NULL, err, sizeof err);
-    CHECK(rc == QRPC_ERR_BADARG, "builtin: NULL command -> %d \"%s\"", rc, err);
-    rc = p_submit(&uc, NULL, 0);
-    CHECK(rc == QRPC_ERR_BADARG, "builtin: no error buffer is fine (%d)", rc);
+    rc = p_submit_async(&uc);
+    have = wait_completion(5, 5000, &c);
+    CHECK(rc == QRPC_PENDING && have && c.status == QRPC_ERR_BADARG && c.len > 0 && memmem(c.data, c.len, "empty method", 12),
+          "builtin: empty method -> %d \"%.*s\"", have ? c.status : 0, have ? (int)c.len : 0, have ? c.data : "");
+    if (have) p_release(c.data);
+    uc = unary_cmd(h, 9, "echo", "", -5);
+    p_submit_async(&uc);
+    have = wait_completion(9, 5000, &c);
+    CHECK(have && c.status == QRPC_ERR_BADARG && c.len > 0 && memmem(c.data, c.len, "negative timeout", 16),
+          "builtin: negative timeout -> %d \"%.*s\"", have ? c.status : 0, have ? (int)c.len : 0, have ? c.data : "");
+    if (have) p_release(c.data);
+    CHECK(p_submit_async(NULL) == QRPC_ERR_BADARG, "builtin: NULL command refused");
 
     /* A burst: one wake byte, every completion drained once. */
     drain_all();
@@ -859,64 +855,57 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     for (int i = 0; i < 50; i++) {
         qrpc_cmd_t ec = unary_cmd(0, 100 + i, "x", "burst", 0);
         ec.op = QRPC_OP_ECHO;
-        p_submit(&ec, err, sizeof err);
+        p_submit_async(&ec);
     }
     int bytes = read_wake(1000);
     int seen = 0;
     for (int i = 0; i < 50; i++) {
         if (wait_completion(100 + i, 1000, &c)) {
             seen++;
-            p_free(c.data);
+            p_release(c.data);
         }
     }
     CHECK(bytes == 1 && seen == 50, "builtin: 50 ECHO completions, %d wake byte(s)", bytes);
 
-    /* The hot path in C, from this thread, which like nginx's is not a Go
-     * thread: qrpc_submit_async, qrpc_poll, qrpc_release never enter Go. */
-    drain_all();
-    in_c = 1;
-    uint64_t entries = p_go_entries();
-    uc = unary_cmd(h, 20, "echo", "async body", 5000);
-    uc.nhdrs = 2;
-    uc.hdrs = hdrbuf;
-    uc.hdrs_len = pack_headers(2, kv);
-    rc = p_submit_async(&uc);
-    memset(&uc, 0, sizeof uc); /* copied: the library must not read it again */
-    have = wait_completion(20, 5000, &c);
-    CHECK(rc == QRPC_PENDING && have && c.status == QRPC_OK && parse_result(c.data, c.len, &r) == 0 &&
-          r.body_len == 10 && memcmp(r.body, "async body", 10) == 0 && headers_equal(r.hdrs, r.hdrs_len, 2, kv),
-          "builtin: UNARY through qrpc_submit_async and qrpc_poll (%d)", rc);
-    if (have) p_release(c.data);
-    uc = unary_cmd(h, 21, "", "x", 0);
-    rc = p_submit_async(&uc);
-    have = wait_completion(21, 5000, &c);
-    CHECK(rc == QRPC_PENDING && have && c.status == QRPC_ERR_BADARG && c.len > 0 && strstr(c.data, "empty method"),
-          "builtin: a bad UNARY through the queue completes with qrpc_submit's error: %d \"%.*s\"",
-          have ? c.status : 0, have ? (int)c.len : 0, have ? c.data : "");
-    if (have) p_release(c.data);
-    uc = unary_cmd(h, 22, "sleep", "300", 5000);
-    p_submit_async(&uc);
-    xc.call_id = 22;
-    CHECK(p_submit_async(&xc) == QRPC_OK, "builtin: CANCEL through the queue");
-    usleep(500 * 1000);
-    CHECK(!wait_completion(22, 200, &c), "builtin: no completion for the call cancelled through the queue");
-    CHECK(p_go_entries() == entries, "builtin: the C hot path entered Go %llu times",
-          (unsigned long long)(p_go_entries() - entries));
-    CHECK(p_submit_async(&cc) == QRPC_ERR_BADARG, "builtin: CONNECT refused by qrpc_submit_async");
-    in_c = 0;
+    /* All of the above from this thread, which like nginx's is not a Go
+     * thread: qrpc_submit_async, qrpc_poll, qrpc_release never enter Go
+     * (qrpc_stats does, once). */
+    CHECK(p_go_entries() == entries + 1, "builtin: the C way in and out entered Go %llu times besides qrpc_stats",
+          (unsigned long long)(p_go_entries() - entries - 1));
+
+    /* EVENT and CLOSE answer at once, through qrpc_query. */
+    char *out = (char *)&uc;
+    size_t out_len = 1;
+    uc = unary_cmd(h, 0, "ev", "builtin event", 0);
+    uc.op = QRPC_OP_EVENT;
+    rc = p_query(&uc, &out, &out_len, err, sizeof err);
+    CHECK(rc == QRPC_OK && out == NULL && out_len == 0, "builtin: EVENT accepted synchronously (%d)", rc);
+    CHECK(p_submit_async(&uc) == QRPC_ERR_BADARG, "builtin: EVENT refused by qrpc_submit_async");
+    /* The connection is closed below: qrpc's Close does not drain what the
+     * server has not read yet, so give the event time to be handled. */
+    usleep(300 * 1000);
+    uc = unary_cmd(h, 0, "", "", 0);
+    uc.op = QRPC_OP_EVENT;
+    rc = p_query(&uc, &out, &out_len, err, sizeof err);
+    CHECK(rc == QRPC_ERR_BADARG && strstr(err, "empty method"), "builtin: EVENT with an empty method -> %d \"%s\"", rc, err);
 
     /* CLOSE fails pending calls with "closed". */
     uc = unary_cmd(h, 6, "sleep", "5000", 10000);
-    p_submit(&uc, err, sizeof err);
+    p_submit_async(&uc);
+    usleep(100 * 1000); /* run by the submitter before the CLOSE below */
     qrpc_cmd_t clc;
     memset(&clc, 0, sizeof clc);
     clc.version = QRPC_CMD_VERSION;
     clc.op = QRPC_OP_CLOSE;
     clc.conn = h;
-    CHECK(p_submit(&clc, err, sizeof err) == QRPC_OK, "builtin: CLOSE");
+    CHECK(p_submit_async(&clc) == QRPC_ERR_BADARG, "builtin: CLOSE refused by qrpc_submit_async");
+    rc = p_query(&clc, &out, &out_len, err, sizeof err);
+    CHECK(rc == QRPC_OK && out == NULL, "builtin: CLOSE (%d)", rc);
     have = wait_completion(6, 5000, &c);
     CHECK(have && c.status == QRPC_ERR_CLOSED, "builtin: call pending at CLOSE -> status %d", have ? c.status : 0);
-    if (have) p_free(c.data);
+    if (have) p_release(c.data);
+    rc = p_query(&clc, &out, &out_len, err, sizeof err);
+    CHECK(rc == QRPC_ERR_CLOSED && strcmp(err, "closed") == 0, "builtin: a second CLOSE -> %d \"%s\"", rc, err);
     CHECK(p_stats(h, &st) == QRPC_ERR_CLOSED, "builtin: stats of a closed handle -> QRPC_ERR_CLOSED");
 
     p_stats(0, &st);
@@ -930,10 +919,12 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     struct pollfd pfd = { .fd = wake_fd, .events = POLLIN };
     int eof = poll(&pfd, 1, 2000) == 1 && recv(wake_fd, &b, 1, 0) == 0;
     CHECK(eof, "builtin: the wake socket is closed by qrpc_shutdown");
-    rc = p_submit(&uc, err, sizeof err);
-    CHECK(rc == QRPC_ERR_CLOSED, "builtin: submit after shutdown -> %d \"%s\"", rc, err);
+    uc = unary_cmd(h, 10, "echo", "", 0);
     rc = p_submit_async(&uc);
     CHECK(rc == QRPC_ERR_CLOSED, "builtin: qrpc_submit_async after shutdown -> %d", rc);
+    uc.op = QRPC_OP_EVENT;
+    rc = p_query(&uc, &out, &out_len, err, sizeof err);
+    CHECK(rc == QRPC_ERR_CLOSED, "builtin: EVENT after shutdown -> %d \"%s\"", rc, err);
     close(wake_fd);
 }
 
@@ -964,7 +955,7 @@ static void query_checks(void) {
     CHECK(prc == QRPC_OK && out != NULL && out_len >= 12 && strncmp(out, "connections=", 12) == 0,
           "query: PEERS of conn 0 -> %d \"%s\"", prc, err);
     if (prc == QRPC_OK)
-        p_free(out);
+        p_release(out);
     q.conn = 987654321;
     prc = query(&q, &out, &out_len, err, sizeof err);
     CHECK(prc == QRPC_ERR_CLOSED && out == NULL && out_len == 0 && strcmp(err, "closed") == 0,
@@ -989,7 +980,7 @@ static void query_checks(void) {
     CHECK(prc == QRPC_OK && out != NULL && out_len > 11 && strncmp(out, "gomaxprocs=", 11) == 0,
           "query: CONFIGURE without lines -> %d \"%.*s\"", prc, prc == QRPC_OK ? (int)out_len : 0, prc == QRPC_OK ? out : "");
     if (prc == QRPC_OK)
-        p_free(out);
+        p_release(out);
     q.opts = "gomaxprocs=0\n";
     q.opts_len = strlen(q.opts);
     prc = query(&q, &out, &out_len, err, sizeof err);
@@ -1001,7 +992,7 @@ static void query_checks(void) {
 
     /* The error paths: every one answers BADARG with a reason, out NULL. */
     struct { const char *what; uint32_t version, op, reserved2; const char *want; } bad[] = {
-        { "an op of qrpc_submit", QRPC_CMD_VERSION, QRPC_OP_UNARY, 0, "bad command: op 2 is not a query: use qrpc_submit" },
+        { "an op of qrpc_submit_async", QRPC_CMD_VERSION, QRPC_OP_UNARY, 0, "bad command: op 2 is not a query: use qrpc_submit_async" },
         { "an unknown op", QRPC_CMD_VERSION, 42, 0, "bad command: unknown op 42" },
         { "version 1", 1, QRPC_OP_METRICS, 0, "bad command: version 1, this library speaks 2" },
         { "reserved2 set", QRPC_CMD_VERSION, QRPC_OP_METRICS, 7, "bad command: reserved2 must be 0, got 7" },
@@ -1040,13 +1031,12 @@ static void query_checks(void) {
     ev.op = QRPC_OP_EVENT;
     ev.resp_type = "pkg.Resp";
     ev.resp_type_len = 8;
-    rc = p_submit(&ev, err, sizeof err);
+    rc = query(&ev, &out, &out_len, err, sizeof err);
     CHECK(rc == QRPC_ERR_BADARG && strcmp(err, "bad command: resp_type: only for UNARY") == 0,
-          "submit: resp_type on an EVENT -> %d \"%s\"", rc, err);
+          "query: resp_type on an EVENT -> %d \"%s\"", rc, err);
     q.op = QRPC_OP_METRICS;
-    rc = p_submit(&q, err, sizeof err);
-    CHECK(rc == QRPC_ERR_BADARG && strcmp(err, "bad command: op 9 is a query: use qrpc_query") == 0,
-          "submit: a query op -> %d \"%s\"", rc, err);
+    rc = p_submit_async(&q);
+    CHECK(rc == QRPC_ERR_BADARG, "submit: a query op refused by qrpc_submit_async -> %d", rc);
 }
 
 int main(int argc, char **argv) {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 )
 
 // Limits on what a command may carry. They only reject nonsense (a length
@@ -14,12 +14,12 @@ import (
 // qrpc when the request is encoded.
 const (
 	maxFieldLen = 1<<31 - 1
-	maxHeaders  = 1 << 16 // entries (keys + values)
-	maxConns    = 64
-	maxStreams  = 1024
-	maxRetries  = qrpc.MaxRetries
-	maxTypeName = 1024 // req_type, resp_type: protobuf full names
-	maxHashKey  = 64 << 10
+	maxHeaders  = limits.HeaderEntries // keys + values
+	maxConns    = limits.Conns
+	maxStreams  = limits.Streams
+	maxRetries  = limits.Retries
+	maxTypeName = limits.TypeName // req_type, resp_type: protobuf full names
+	maxHashKey  = limits.HashKey
 	maxOpts     = 1 << 20 // "key=value\n" lines
 )
 

@@ -218,7 +218,7 @@ func TestStatusOf(t *testing.T) {
 	}
 }
 
-// Every successful qrpc_submit maps its nil error: that must not allocate
+// Every successful submit maps its nil error: that must not allocate
 // (it did, through the *DialError that errors.As needs, seen in perf).
 func TestStatusOfNilAllocatesNothing(t *testing.T) {
 	var err error

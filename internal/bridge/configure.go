@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 )
 
 // QRPC_OP_CONFIGURE: runtime settings of this worker, as opts lines
@@ -15,7 +17,7 @@ import (
 //	gomaxprocs=N     the Ps of the worker's Go runtime (1..1024) (see
 //	                 DefaultGOMAXPROCS).
 //	metrics=on|off   record calls in the worker's metrics (on). Off, the
-//	                 pools dialled afterwards get qrpc.NopObserver, so
+//	                 pools dialled afterwards get a no-op observer, so
 //	                 their calls cost nothing to record and show nowhere
 //	                 in the metrics; pools dialled before keep recording.
 //
@@ -24,7 +26,7 @@ import (
 // ("gomaxprocs=N\nmetrics=on\nsysmon=lazy\n").
 
 // maxGOMAXPROCS bounds configure{ gomaxprocs }.
-const maxGOMAXPROCS = 1024
+const maxGOMAXPROCS = limits.GOMAXPROCS
 
 // The library's default GOMAXPROCS depends on the host.
 //
@@ -34,7 +36,7 @@ const maxGOMAXPROCS = 1024
 // workers on all N Ps, taking CPUs from the other workers.
 //
 // Built-in host: 1 P. Its nginx thread never enters Go on the hot path
-// (the C queues of ffi/hostq.c), so the one P is never held by the nginx
+// (the C queues of internal/hostq/hostq.c), so the one P is never held by the nginx
 // thread, and one P batches the worker's Go work on one thread instead of
 // waking a second one for every hand-off. Measured under wrk (2 vCPUs,
 // unpinned, 100 B echo, interleaved with 2 Ps on the same build): 0.84x

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -102,7 +103,7 @@ func (r *Runtime) dial(owner *Gen, addrs []string, cfg *qrpc.PoolConfig) (*conn,
 	// With metrics off the pool gets the no-op observer, exactly what a
 	// pool without metrics runs: the cost of recording is then nothing.
 	if r.metricsOff.Load() {
-		cfg.Observer = qrpc.NopObserver{}
+		cfg.Observer = observe.Nop{}
 	} else {
 		cfg.Observer = r.metrics.Pool(addr)
 	}

@@ -68,9 +68,17 @@ func TestMetricsRecording(t *testing.T) {
 	// Two connections to one server: up while either is open.
 	conn2 := h.connect(2, ts)
 	h.submit(Command{Op: OpClose, Conn: conn2}, StatusOK)
-	time.Sleep(200 * time.Millisecond) // the close runs on a goroutine
-	if out, _ := r.MetricsQuery("", nil); !strings.Contains(string(out), `qrpc_client_connections{`+srv+`,state="up"} 1`+"\n") {
-		t.Fatalf("one of two connections closed, the server is no longer up:\n%s", out)
+	// The close runs on a goroutine: wait (bounded) for the gauge to move
+	// off 2; it must stop at 1.
+	var cur []byte
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		cur, _ = r.MetricsQuery("", nil)
+		if !strings.Contains(string(cur), `qrpc_client_connections{`+srv+`,state="up"} 2`+"\n") {
+			break
+		}
+	}
+	if !strings.Contains(string(cur), `qrpc_client_connections{`+srv+`,state="up"} 1`+"\n") {
+		t.Fatalf("one of two connections closed, the server is no longer up:\n%s", cur)
 	}
 
 	// Closed: the connection leaves the "up" state.

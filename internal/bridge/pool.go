@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -123,6 +124,9 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			}
 		case "budget_min_per_s":
 			pc.RetryMinPerS, err = optInt(key, val, 0)
+			if err == nil && pc.RetryMinPerS > limits.BudgetMinPerS {
+				err = Badf("opts: budget_min_per_s must be 0..%d, got %q", limits.BudgetMinPerS, clipOpt(val))
+			}
 			if err == nil && pc.RetryMinPerS == 0 {
 				pc.RetryMinPerS = -1
 			}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 )
 
 // QRPC_OP_PROFILE: a pprof profile of this worker's Go runtime (where the
@@ -26,7 +28,7 @@ import (
 // profiling signal does not run in the worker for ever.
 
 // MaxProfileSeconds bounds a CPU profile's seconds.
-const MaxProfileSeconds = 300
+const MaxProfileSeconds = limits.ProfileSeconds
 
 // cpuProfileGrace is how long past its seconds an unstopped CPU profile
 // runs before it stops by itself.

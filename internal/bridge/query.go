@@ -47,7 +47,7 @@ func (r *Runtime) Query(cmd *Command) (out Completion, msg string) {
 		return out, msg
 	}
 	if cmd.Op <= lastSubmitOp {
-		return Completion{Status: ErrBadArg}, fmt.Sprintf("bad command: op %d is not a query: use qrpc_submit", cmd.Op)
+		return Completion{Status: ErrBadArg}, fmt.Sprintf("bad command: op %d is not a query: use qrpc_submit_async", cmd.Op)
 	}
 	queryMu.RLock()
 	fn := queries[cmd.Op]

@@ -45,8 +45,8 @@ func TestQuery(t *testing.T) {
 			t.Errorf("op %d: %d %q", op, out.Status, msg)
 		}
 	}
-	// Commands of qrpc_submit are not queries, and the reverse.
-	if out, msg := r.Query(&Command{Op: OpStats}); out.Status != ErrBadArg || msg != "bad command: op 7 is not a query: use qrpc_submit" {
+	// Commands of qrpc_submit_async are not queries, and the reverse.
+	if out, msg := r.Query(&Command{Op: OpStats}); out.Status != ErrBadArg || msg != "bad command: op 7 is not a query: use qrpc_submit_async" {
 		t.Errorf("stats as a query: %d %q", out.Status, msg)
 	}
 	if msg := h.submit(Command{Op: OpMetrics}, ErrBadArg); msg != "bad command: op 9 is a query: use qrpc_query" {

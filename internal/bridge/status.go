@@ -28,7 +28,8 @@ const (
 	OpProfile       // a pprof profile of this worker's Go runtime
 	OpProtoDescribe // services, HTTP rules and messages of a .proto file
 
-	// lastSubmitOp is the highest op of qrpc_submit and lua-resty-ffi.
+	// lastSubmitOp is the highest op of Submit (qrpc_submit_async, the
+	// synchronous EVENT and CLOSE of qrpc_query, lua-resty-ffi).
 	lastSubmitOp = OpStats
 	lastOp       = OpProtoDescribe
 )

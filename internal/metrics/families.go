@@ -3,7 +3,7 @@
 // exposition format (version 0.0.4) from one worker's figures or from the
 // sum of several workers' figures kept in a lua_shared_dict.
 //
-// One Registry lives in each worker. Every pool gets its own qrpc.Observer
+// One Registry lives in each worker. Every pool gets its own observe.Observer
 // from Registry.Pool, with its own table of method names (at most
 // MaxMethods, the rest counted as method="other"); there is no pool label,
 // so two pools that call the same server add up in the same series.

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -46,7 +47,7 @@ func (r *Registry) Pool(key string) *Pool {
 
 // Peer makes the Registry itself an Observer: that of the pool with the
 // empty key.
-func (r *Registry) Peer(addr string) qrpc.PeerObserver { return r.Pool("").Peer(addr) }
+func (r *Registry) Peer(addr string) observe.PeerObserver { return r.Pool("").Peer(addr) }
 
 // serverLabel returns addr, or Other once MaxServers labels are in use.
 // Called with r.mu held.
@@ -64,7 +65,7 @@ func (r *Registry) serverLabel(addr string) string {
 	return addr
 }
 
-// Pool is the qrpc.Observer of one pool: its own method-name table and the
+// Pool is the observe.Observer of one pool: its own method-name table and the
 // servers it has reported.
 type Pool struct {
 	r *Registry
@@ -89,7 +90,9 @@ const otherIndex = MaxMethods
 // recorder of that address, which every pool with the same key shares (and
 // which a server that left and came back gets again, so its counters never
 // go back); the view counts this pool's server in the connections gauge.
-func (p *Pool) Peer(addr string) qrpc.PeerObserver { return &peerView{Peer: p.PeerOf(addr), cur: -1} }
+func (p *Pool) Peer(addr string) observe.PeerObserver {
+	return &peerView{Peer: p.PeerOf(addr), cur: -1}
+}
 
 // PeerOf is Peer with the concrete type, for a caller that records with
 // Series handles.
@@ -165,7 +168,7 @@ func (p *Pool) methodName(i int) string {
 }
 
 // Peer records the events of one server of a pool. It implements
-// qrpc.PeerObserver.
+// observe.PeerObserver.
 type Peer struct {
 	pool   *Pool
 	server string
@@ -343,7 +346,7 @@ func (pe *Peer) BytesSent(n int) { pe.sent.Add(uint64(n)) }
 func (pe *Peer) BytesReceived(n int) { pe.recv.Add(uint64(n)) }
 
 var (
-	_ qrpc.Observer     = (*Registry)(nil)
-	_ qrpc.Observer     = (*Pool)(nil)
-	_ qrpc.PeerObserver = (*Peer)(nil)
+	_ observe.Observer     = (*Registry)(nil)
+	_ observe.Observer     = (*Pool)(nil)
+	_ observe.PeerObserver = (*Peer)(nil)
 )

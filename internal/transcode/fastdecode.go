@@ -1,6 +1,7 @@
 package transcode
 
 import (
+	"cmp"
 	"encoding/base64"
 	"math"
 	"math/bits"
@@ -9,11 +10,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
@@ -66,17 +64,11 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		return out, false
 	}
 	for pos := 0; len(b) > 0; pos++ {
-		num, wt, n := protowire.ConsumeTag(b)
-		if n < 0 || num > protowire.MaxValidNumber {
+		num, wt, val, n := nextField(b)
+		if n < 0 {
 			return out, false
 		}
 		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, wt, b)
-		if m < 0 {
-			return out, false
-		}
-		val := b[:m]
-		b = b[m:]
 		f := p.byNumber(num)
 		if f == nil {
 			continue // unknown: protojson leaves it out too
@@ -112,7 +104,6 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 
 	out, table := d.open(out, '{')
 	written := 0
-	first := true
 	var ok bool
 	for i := 0; i < len(es); {
 		f := es[i].f
@@ -142,19 +133,7 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 			}
 		}
 		start := len(out)
-		if !first && !d.lua {
-			out = append(out, ',')
-		}
-		switch {
-		case d.lua && d.protoNames:
-			out = append(out, f.luaProtoKey...)
-		case d.lua:
-			out = append(out, f.luaCamelKey...)
-		case d.protoNames:
-			out = append(out, f.protoKey...)
-		default:
-			out = append(out, f.camelKey...)
-		}
+		out = d.fieldKey(d.sep(out, written), f)
 		var wrote bool
 		switch {
 		case f.isMap:
@@ -183,11 +162,14 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 			out = out[:start]
 			continue
 		}
-		first = false
 		written++
 	}
 	return d.close(out, table, written, '}')
 }
+
+// The sink: what the walk writes through, in the decoder's output format
+// (JSON text, or with lua string.buffer bytes): open and close, sep,
+// fieldKey and mapKeyText, scalar, timeValue, viaProtojson.
 
 // open starts an object or array: JSON's bracket, or a Lua table whose
 // header close writes at the returned offset once the size is known.
@@ -212,6 +194,38 @@ func (d *fastDecoder) close(out []byte, table, n int, bracket byte) ([]byte, boo
 	return luaserial.CloseHash(out, table, n)
 }
 
+// sep writes what goes before the value (or key and value) n, from 0, of
+// an array or object.
+func (d *fastDecoder) sep(out []byte, n int) []byte {
+	if n > 0 && !d.lua {
+		return append(out, ',')
+	}
+	return out
+}
+
+// fieldKey writes the key of field f (in JSON, with its ':').
+func (d *fastDecoder) fieldKey(out []byte, f *fieldPlan) []byte {
+	switch {
+	case d.lua && d.protoNames:
+		return append(out, f.luaProtoKey...)
+	case d.lua:
+		return append(out, f.luaCamelKey...)
+	case d.protoNames:
+		return append(out, f.protoKey...)
+	}
+	return append(out, f.camelKey...)
+}
+
+// mapKeyText is a map key as fieldKey writes a field's: s is the key's
+// text, valid UTF-8 (a string key's bytes, or "12", "true").
+func (d *fastDecoder) mapKeyText(s []byte) []byte {
+	if d.lua {
+		return luaserial.AppendString(nil, s)
+	}
+	out, _ := appendJSONString(make([]byte, 0, len(s)+3), s) // "s":
+	return append(out, ':')
+}
+
 func isZeroScalar(k protoreflect.Kind, e entry) bool {
 	switch k {
 	case protoreflect.StringKind, protoreflect.BytesKind:
@@ -232,9 +246,7 @@ func (d *fastDecoder) list(out []byte, f *fieldPlan, group []entry) ([]byte, boo
 	n := 0
 	var ok bool
 	one := func(e entry) {
-		if n > 0 && !d.lua {
-			out = append(out, ',')
-		}
+		out = d.sep(out, n)
 		n++
 		if f.kind == protoreflect.MessageKind {
 			out, ok = d.message(out, f.msg, e.b)
@@ -284,7 +296,7 @@ type mapItem struct {
 	key     entry
 	val     entry
 	hasVal  bool
-	keyText []byte // the key as a JSON string
+	keyText []byte // the key as the sink writes it (mapKeyText)
 }
 
 func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte, bool, bool) {
@@ -294,17 +306,11 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 		b := g.b
 		vals := 0
 		for len(b) > 0 {
-			num, wt, n := protowire.ConsumeTag(b)
-			if n < 0 || num > protowire.MaxValidNumber {
+			num, wt, val, n := nextField(b)
+			if n < 0 {
 				return out, false, false
 			}
 			b = b[n:]
-			m := protowire.ConsumeFieldValue(num, wt, b)
-			if m < 0 {
-				return out, false, false
-			}
-			val := b[:m]
-			b = b[m:]
 			var target *entry
 			var fp *fieldPlan
 			switch num {
@@ -330,33 +336,20 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 		if vals > 1 && f.mapVal.kind == protoreflect.MessageKind {
 			return out, false, false // merged: protojson's job
 		}
-		var ok bool
-		switch {
-		case f.mapKey.kind == protoreflect.StringKind:
-			if !utf8.Valid(it.key.b) {
+		text := it.key.b
+		if f.mapKey.kind != protoreflect.StringKind {
+			// JSON keys are strings: "12", "true"
+			var ok bool
+			if text, ok = d.jsonScalar(nil, f.mapKey, it.key); !ok {
 				return out, false, false
 			}
-			if d.lua {
-				it.keyText, ok = luaserial.AppendString(nil, it.key.b), true
-			} else {
-				it.keyText, ok = appendJSONString(nil, it.key.b)
+			if len(text) > 0 && text[0] == '"' {
+				text = text[1 : len(text)-1]
 			}
-		default:
-			// JSON keys are strings: "12", "true"
-			var num []byte
-			num, ok = d.jsonScalar(nil, f.mapKey, it.key)
-			if len(num) > 0 && num[0] == '"' {
-				num = num[1 : len(num)-1]
-			}
-			if d.lua {
-				it.keyText = luaserial.AppendString(nil, num)
-			} else {
-				it.keyText = append(append([]byte{'"'}, num...), '"')
-			}
-		}
-		if !ok {
+		} else if !utf8.Valid(text) {
 			return out, false, false
 		}
+		it.keyText = d.mapKeyText(text)
 		items = append(items, it)
 	}
 	// The last entry for a key wins; protojson writes keys in order.
@@ -367,14 +360,9 @@ func (d *fastDecoder) mapValue(out []byte, f *fieldPlan, group []entry) ([]byte,
 		if i+1 < len(items) && compareMapKeys(f.mapKey.kind, it.key, items[i+1].key) == 0 {
 			continue
 		}
-		if n > 0 && !d.lua {
-			out = append(out, ',')
-		}
+		out = d.sep(out, n)
 		n++
 		out = append(out, it.keyText...)
-		if !d.lua {
-			out = append(out, ':')
-		}
 		var ok bool
 		switch {
 		case f.mapVal.kind == protoreflect.MessageKind:
@@ -398,35 +386,18 @@ func compareMapKeys(k protoreflect.Kind, a, b entry) int {
 	case protoreflect.StringKind:
 		return bytesCompare(a.b, b.b)
 	case protoreflect.BoolKind:
-		return cmpU(boolU(a.v), boolU(b.v))
+		return cmp.Compare(boolU(a.v), boolU(b.v))
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		x, y := signedValue(k, a.v), signedValue(k, b.v)
-		switch {
-		case x < y:
-			return -1
-		case x > y:
-			return 1
-		}
-		return 0
+		return cmp.Compare(signedValue(k, a.v), signedValue(k, b.v))
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
-		return cmpU(uint64(uint32(a.v)), uint64(uint32(b.v)))
+		return cmp.Compare(uint32(a.v), uint32(b.v))
 	}
-	return cmpU(a.v, b.v)
+	return cmp.Compare(a.v, b.v)
 }
 
 func boolU(v uint64) uint64 {
 	if v != 0 {
-		return 1
-	}
-	return 0
-}
-
-func cmpU(x, y uint64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
 		return 1
 	}
 	return 0
@@ -565,20 +536,9 @@ func appendJSONString(out, s []byte) ([]byte, bool) {
 			continue
 		}
 		out = append(out, '\\')
-		switch c {
-		case '"', '\\':
-			out = append(out, c)
-		case '\b':
-			out = append(out, 'b')
-		case '\f':
-			out = append(out, 'f')
-		case '\n':
-			out = append(out, 'n')
-		case '\r':
-			out = append(out, 'r')
-		case '\t':
-			out = append(out, 't')
-		default:
+		if l := escapeLetter[c]; l != 0 {
+			out = append(out, l)
+		} else {
 			out = append(out, 'u')
 			out = append(out, "0000"[1+(bits.Len32(uint32(c))-1)/4:]...)
 			out = strconv.AppendUint(out, uint64(c), 16)
@@ -586,6 +546,23 @@ func appendJSONString(out, s []byte) ([]byte, bool) {
 		i++
 	}
 	return append(out, '"'), true
+}
+
+// jsonEscapes pairs each character a JSON string writes as a backslash and
+// a letter with that letter.
+const jsonEscapes = "\"\"\\\\\bb\ff\nn\rr\tt"
+
+// escapeLetter and unescapeLetter are jsonEscapes as tables, one each way
+// (a "\/" reads as "/" too).
+var escapeLetter, unescapeLetter = jsonEscapeTables()
+
+func jsonEscapeTables() (esc, unesc [256]byte) {
+	for i := 0; i < len(jsonEscapes); i += 2 {
+		esc[jsonEscapes[i]] = jsonEscapes[i+1]
+		unesc[jsonEscapes[i+1]] = jsonEscapes[i]
+	}
+	unesc['/'] = '/'
+	return esc, unesc
 }
 
 // Limits of protojson's Timestamp and Duration.
@@ -612,24 +589,19 @@ func (d *fastDecoder) timeValue(out []byte, p *plan, b []byte) ([]byte, bool) {
 func (d *fastDecoder) jsonTimeValue(out []byte, p *plan, b []byte) ([]byte, bool) {
 	var secs, nanos int64
 	for len(b) > 0 {
-		num, wt, n := protowire.ConsumeTag(b)
-		if n < 0 || num > protowire.MaxValidNumber {
+		num, wt, val, n := nextField(b)
+		if n < 0 {
 			return out, false
 		}
 		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, wt, b)
-		if m < 0 {
-			return out, false
-		}
 		if wt == protowire.VarintType && (num == 1 || num == 2) {
-			v, _ := protowire.ConsumeVarint(b[:m])
+			v, _ := fieldValue(wt, val)
 			if num == 1 {
 				secs = int64(v)
 			} else {
 				nanos = int64(int32(v))
 			}
 		}
-		b = b[m:]
 	}
 	if p.wkt == wktTimestamp {
 		if secs < minTimestampSeconds || secs > maxTimestampSeconds || nanos < 0 || nanos > maxNanos {
@@ -680,29 +652,14 @@ func (d *fastDecoder) wrapper(out []byte, p *plan, b []byte) ([]byte, bool) {
 	f := p.byNumber(1)
 	e := entry{wt: wireType(f.kind)}
 	for len(b) > 0 {
-		num, wt, n := protowire.ConsumeTag(b)
-		if n < 0 || num > protowire.MaxValidNumber {
+		num, wt, val, n := nextField(b)
+		if n < 0 {
 			return out, false
 		}
 		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, wt, b)
-		if m < 0 {
-			return out, false
-		}
 		if num == 1 && wt == e.wt {
-			switch wt {
-			case protowire.VarintType:
-				e.v, _ = protowire.ConsumeVarint(b[:m])
-			case protowire.Fixed32Type:
-				v, _ := protowire.ConsumeFixed32(b[:m])
-				e.v = uint64(v)
-			case protowire.Fixed64Type:
-				e.v, _ = protowire.ConsumeFixed64(b[:m])
-			case protowire.BytesType:
-				e.b, _ = protowire.ConsumeBytes(b[:m])
-			}
+			e.v, e.b = fieldValue(wt, val)
 		}
-		b = b[m:]
 	}
 	if f.kind == protoreflect.StringKind && !utf8.Valid(e.b) {
 		return out, false
@@ -710,38 +667,18 @@ func (d *fastDecoder) wrapper(out []byte, p *plan, b []byte) ([]byte, bool) {
 	return d.scalar(out, f, e)
 }
 
-// viaProtojson decodes one value of a type the fast path leaves to
-// protojson (Struct, Any, ...).
-func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor, b []byte) (res []byte, ok bool) {
-	defer func() {
-		if recover() != nil { // see Message.Decode
-			res, ok = out, false
-		}
-	}()
-	types := d.reg.resolver()
-	msg := dynamicpb.NewMessage(md)
-	if err := (proto.UnmarshalOptions{Resolver: types}).Unmarshal(b, msg); err != nil {
-		return out, false
+// nextField reads the field at the start of wire data b: its number, wire
+// type and value bytes, and the length of the whole (n < 0: malformed).
+func nextField(b []byte) (num protowire.Number, wt protowire.Type, val []byte, n int) {
+	num, wt, n = protowire.ConsumeTag(b)
+	if n < 0 || num > protowire.MaxValidNumber {
+		return 0, 0, nil, -1
 	}
-	dst := out
-	if d.lua {
-		dst = nil // the text is converted into out
+	m := protowire.ConsumeFieldValue(num, wt, b[n:])
+	if m < 0 {
+		return 0, 0, nil, -1
 	}
-	start := len(dst)
-	js, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, Resolver: types}.MarshalAppend(dst, msg)
-	if err != nil {
-		return out, false
-	}
-	if jsonSpacing {
-		js = append(js[:start], compactJSON(js[start:])...)
-	}
-	if d.lua {
-		if out, err = luaserial.AppendJSON(out, js, d.depth); err != nil {
-			return out, false
-		}
-		return out, true
-	}
-	return js, true
+	return num, wt, b[n : n+m], n + m
 }
 
 // fieldValue reads one field's value of wire type wt from val (already

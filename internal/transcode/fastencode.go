@@ -2,7 +2,6 @@ package transcode
 
 import (
 	"encoding/base64"
-	"math"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -11,23 +10,23 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/dynamicpb"
 )
 
-// fastEncoder writes the protobuf encoding of proto3 JSON straight from the
-// text, in the bytes proto.MarshalOptions{Deterministic: true} gives
+// fastEncoder writes the protobuf encoding of proto3 JSON, or of a Lua
+// table in string.buffer's format (lua, see EncodeLua), straight from the
+// input, in the bytes proto.MarshalOptions{Deterministic: true} gives
 // (fields by number, map entries by key). ok == false means "let protojson
 // do it": invalid or unusual input (see plan), which protojson then either
-// accepts or explains.
+// accepts or explains. The walk is in walker.go; this file has the JSON
+// text's reader, fastlua.go the Lua table's.
 type fastEncoder struct {
 	reg     *Registry
 	discard bool
-	js      []byte
-	i       int
+	lua     bool
+	in      []byte // the input
+	pos     int    // the read position in it
 	depth   int
 }
 
@@ -42,10 +41,10 @@ type segment struct {
 }
 
 func (e *fastEncoder) ws() {
-	for e.i < len(e.js) {
-		switch e.js[e.i] {
+	for e.pos < len(e.in) {
+		switch e.in[e.pos] {
 		case ' ', '\t', '\n', '\r':
-			e.i++
+			e.pos++
 		default:
 			return
 		}
@@ -54,81 +53,35 @@ func (e *fastEncoder) ws() {
 
 func (e *fastEncoder) peek() byte {
 	e.ws()
-	if e.i < len(e.js) {
-		return e.js[e.i]
+	if e.pos < len(e.in) {
+		return e.in[e.pos]
 	}
 	return 0
 }
 
 func (e *fastEncoder) consume(c byte) bool {
 	if e.peek() == c {
-		e.i++
+		e.pos++
 		return true
 	}
 	return false
 }
 
-// encode encodes a whole top-level JSON object of type p.
-func (e *fastEncoder) encode(out []byte, p *plan) ([]byte, bool) {
-	if p.wkt != wktNone {
-		return out, false
+// jsonNext reads what comes after an object's or array's opening bracket
+// (first) or after one of its values: a ',' and more to come, or the
+// closing bracket.
+func (e *fastEncoder) jsonNext(closing byte, first bool) (more, ok bool) {
+	switch c := e.peek(); {
+	case c == closing:
+		e.pos++
+		return false, true
+	case first:
+		return true, true
+	case c == ',':
+		e.pos++
+		return true, true
 	}
-	out, ok := e.message(out, p)
-	if !ok {
-		return out, false
-	}
-	e.ws()
-	return out, e.i == len(e.js)
-}
-
-// message encodes the object at e.i as the fields of p.
-func (e *fastEncoder) message(out []byte, p *plan) ([]byte, bool) {
-	if !e.consume('{') || e.depth >= maxFastDepth {
-		return out, false
-	}
-	e.depth++
-	defer func() { e.depth-- }()
-	base := len(out)
-	if len(p.fields) > 64 || p.oneofs > 64 {
-		return out, false
-	}
-	var segStack [16]segment
-	segs := segStack[:0]
-	order := newFieldOrder()
-	if !e.consume('}') {
-		for {
-			key, ok := e.str()
-			if !ok || !e.consume(':') {
-				return out, false
-			}
-			var f *fieldPlan
-			if s := p.names.find(key); s != nil {
-				f = s.f
-			}
-			if f == nil {
-				if !e.discard || (len(key) > 0 && key[0] == '[') || !e.skip(0) {
-					return out, false
-				}
-			} else {
-				if !order.claim(f) {
-					return out, false
-				}
-				start := len(out)
-				if out, ok = e.field(out, f); !ok {
-					return out, false
-				}
-				segs = order.wrote(segs, f, start, len(out))
-			}
-			if e.consume(',') {
-				continue
-			}
-			if e.consume('}') {
-				break
-			}
-			return out, false
-		}
-	}
-	return order.finish(out, base, segs), true
+	return false, false
 }
 
 // fieldOrder puts a message's fields, written in input order, in the Go
@@ -203,58 +156,6 @@ func reorder(out []byte, base int, segs []segment) []byte {
 	return out[:base+copy(out[base:], out[end:])]
 }
 
-func (e *fastEncoder) field(out []byte, f *fieldPlan) ([]byte, bool) {
-	switch {
-	case e.peek() == 'n':
-		return out, false // null: protojson's rules for it have exceptions
-	case f.isMap:
-		return e.mapField(out, f)
-	case f.list:
-		return e.listField(out, f)
-	case f.kind == protoreflect.MessageKind:
-		out = protowire.AppendTag(out, f.num, protowire.BytesType)
-		return e.nested(out, f.msg)
-	}
-	start := len(out)
-	out = protowire.AppendTag(out, f.num, wireType(f.kind))
-	out, zero, ok := e.scalar(out, f)
-	if !ok {
-		return out, false
-	}
-	if zero && !f.presence {
-		out = out[:start] // proto3: a zero value is not written
-	}
-	return out, true
-}
-
-// nested appends a length-prefixed message of type p.
-func (e *fastEncoder) nested(out []byte, p *plan) ([]byte, bool) {
-	lenPos := len(out)
-	out = append(out, 0)
-	var ok bool
-	switch p.wkt {
-	case wktNone:
-		out, ok = e.message(out, p)
-	case wktTimestamp, wktDuration:
-		out, ok = e.timeValue(out, p)
-	case wktWrapper:
-		f := p.byNumber(1)
-		start := len(out)
-		out = protowire.AppendTag(out, 1, wireType(f.kind))
-		var zero bool
-		out, zero, ok = e.scalar(out, f)
-		if zero {
-			out = out[:start]
-		}
-	default:
-		out, ok = e.viaProtojson(out, p.md)
-	}
-	if !ok {
-		return out, false
-	}
-	return finishLen(out, lenPos), true
-}
-
 // finishLen writes the length of out[lenPos+1:] at lenPos, where one byte
 // was reserved, moving the contents when the length needs more.
 func finishLen(out []byte, lenPos int) []byte {
@@ -270,101 +171,9 @@ func finishLen(out []byte, lenPos int) []byte {
 	return out
 }
 
-func (e *fastEncoder) listField(out []byte, f *fieldPlan) ([]byte, bool) {
-	if !e.consume('[') {
-		return out, false
-	}
-	if e.consume(']') {
-		return out, true
-	}
-	packed := f.packed
-	lenPos := 0
-	if packed {
-		out = protowire.AppendTag(out, f.num, protowire.BytesType)
-		lenPos = len(out)
-		out = append(out, 0)
-	}
-	for {
-		if e.peek() == 'n' {
-			return out, false
-		}
-		var ok bool
-		switch {
-		case packed:
-			out, _, ok = e.scalar(out, f)
-		case f.kind == protoreflect.MessageKind:
-			out = protowire.AppendTag(out, f.num, protowire.BytesType)
-			out, ok = e.nested(out, f.msg)
-		default:
-			out = protowire.AppendTag(out, f.num, wireType(f.kind))
-			out, _, ok = e.scalar(out, f)
-		}
-		if !ok {
-			return out, false
-		}
-		if e.consume(',') {
-			continue
-		}
-		if e.consume(']') {
-			break
-		}
-		return out, false
-	}
-	if packed {
-		out = finishLen(out, lenPos)
-	}
-	return out, true
-}
-
-type mapEntry struct {
-	key        entry
-	start, end int
-}
-
-func (e *fastEncoder) mapField(out []byte, f *fieldPlan) ([]byte, bool) {
-	if !e.consume('{') {
-		return out, false
-	}
-	base := len(out)
-	var entStack [8]mapEntry
-	ents := entStack[:0]
-	if !e.consume('}') {
-		for {
-			key, ok := e.str()
-			if !ok || !e.consume(':') || e.peek() == 'n' {
-				return out, false
-			}
-			start := len(out)
-			out = protowire.AppendTag(out, f.num, protowire.BytesType)
-			lenPos := len(out)
-			out = append(out, 0)
-			k, ok := e.mapKey(f.mapKey, key)
-			if !ok {
-				return out, false
-			}
-			out = appendKey(out, f.mapKey, k)
-			if f.mapVal.kind == protoreflect.MessageKind {
-				out = protowire.AppendTag(out, 2, protowire.BytesType)
-				out, ok = e.nested(out, f.mapVal.msg)
-			} else {
-				out = protowire.AppendTag(out, 2, wireType(f.mapVal.kind))
-				out, _, ok = e.scalar(out, f.mapVal)
-			}
-			if !ok {
-				return out, false
-			}
-			out = finishLen(out, lenPos)
-			ents = append(ents, mapEntry{key: k, start: start, end: len(out)})
-			if e.consume(',') {
-				continue
-			}
-			if e.consume('}') {
-				break
-			}
-			return out, false
-		}
-	}
-	kind := f.mapKey.kind
+// sortMapEntries puts the map entries written as out[base:] in key order,
+// or reports false for a key given twice (which protojson refuses).
+func sortMapEntries(out []byte, base int, kind protoreflect.Kind, ents []mapEntry) ([]byte, bool) {
 	byKey := func(a, b mapEntry) int { return compareMapKeys(kind, a.key, b.key) }
 	if !slices.IsSortedFunc(ents, byKey) {
 		slices.SortStableFunc(ents, byKey)
@@ -377,14 +186,14 @@ func (e *fastEncoder) mapField(out []byte, f *fieldPlan) ([]byte, bool) {
 	}
 	for i := 1; i < len(ents); i++ {
 		if byKey(ents[i-1], ents[i]) == 0 {
-			return out, false // a key twice: protojson refuses it
+			return out, false
 		}
 	}
 	return out, true
 }
 
-// mapKey parses a JSON object key as a map key of kind f.kind.
-func (e *fastEncoder) mapKey(f *fieldPlan, key []byte) (entry, bool) {
+// parseMapKey parses an object key as a map key of kind f.kind.
+func parseMapKey(f *fieldPlan, key []byte) (entry, bool) {
 	switch f.kind {
 	case protoreflect.StringKind:
 		return entry{b: key}, true
@@ -473,135 +282,6 @@ func isPlainInt(s []byte) bool {
 	return true
 }
 
-// scalar appends the value at e.i as kind f.kind (without tag) and tells
-// whether it is the zero value.
-func (e *fastEncoder) scalar(out []byte, f *fieldPlan) ([]byte, bool, bool) {
-	c := e.peek()
-	switch f.kind {
-	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
-		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind,
-		protoreflect.Uint32Kind, protoreflect.Fixed32Kind,
-		protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		var tok []byte
-		var ok bool
-		if c == '"' {
-			tok, ok = e.str()
-		} else {
-			tok, ok = e.number()
-		}
-		if !ok || !isPlainInt(tok) {
-			return out, false, false
-		}
-		en, ok := intEntry(f.kind, string(tok))
-		if !ok {
-			return out, false, false
-		}
-		return appendWire(out, f.kind, en.v), en.v == 0, true
-	case protoreflect.FloatKind, protoreflect.DoubleKind:
-		bitSize := 64
-		if f.kind == protoreflect.FloatKind {
-			bitSize = 32
-		}
-		var x float64
-		if c == '"' {
-			s, ok := e.str()
-			if !ok {
-				return out, false, false
-			}
-			switch string(s) {
-			case "NaN":
-				x = math.NaN()
-			case "Infinity":
-				x = math.Inf(1)
-			case "-Infinity":
-				x = math.Inf(-1)
-			default:
-				return out, false, false
-			}
-		} else {
-			tok, ok := e.number()
-			if !ok {
-				return out, false, false
-			}
-			if x, ok = parseFloat(tok, bitSize); !ok {
-				return out, false, false
-			}
-		}
-		if bitSize == 32 {
-			bits := math.Float32bits(float32(x))
-			return protowire.AppendFixed32(out, bits), bits == 0, true
-		}
-		bits := math.Float64bits(x)
-		return protowire.AppendFixed64(out, bits), bits == 0, true
-	case protoreflect.BoolKind:
-		switch {
-		case e.lit("true"):
-			return append(out, 1), false, true
-		case e.lit("false"):
-			return append(out, 0), true, true
-		}
-		return out, false, false
-	case protoreflect.StringKind:
-		s, ok := e.str()
-		if !ok {
-			return out, false, false
-		}
-		return protowire.AppendBytes(out, s), len(s) == 0, true
-	case protoreflect.BytesKind:
-		s, ok := e.str()
-		if !ok {
-			return out, false, false
-		}
-		enc := base64.StdEncoding
-		if strings.ContainsAny(string(s), "-_") {
-			enc = base64.URLEncoding
-		}
-		if len(s)%4 != 0 {
-			enc = enc.WithPadding(base64.NoPadding)
-		}
-		n := enc.DecodedLen(len(s))
-		out = protowire.AppendVarint(out, uint64(n)) // rewritten below
-		lenPos := len(out) - protowire.SizeVarint(uint64(n))
-		dataPos := len(out)
-		out = slices.Grow(out, n)[:dataPos+n]
-		m, err := enc.Decode(out[dataPos:], s)
-		if err != nil {
-			return out, false, false
-		}
-		out = out[:dataPos+m]
-		if m != n {
-			out = finishLenAt(out, lenPos, dataPos)
-		}
-		return out, m == 0, true
-	case protoreflect.EnumKind:
-		if f.nullValue {
-			return out, false, false
-		}
-		if c == '"' {
-			s, ok := e.str()
-			if !ok {
-				return out, false, false
-			}
-			ev := f.enumByName.find(s)
-			if ev == nil {
-				return out, false, false
-			}
-			v := uint64(int64(ev.v))
-			return protowire.AppendVarint(out, v), v == 0, true
-		}
-		tok, ok := e.number()
-		if !ok || !isPlainInt(tok) {
-			return out, false, false
-		}
-		n, err := strconv.ParseInt(string(tok), 10, 32)
-		if err != nil {
-			return out, false, false
-		}
-		return protowire.AppendVarint(out, uint64(n)), n == 0, true
-	}
-	return out, false, false
-}
-
 // finishLenAt rewrites the varint at lenPos (ending at dataPos) as the
 // length of out[dataPos:].
 func finishLenAt(out []byte, lenPos, dataPos int) []byte {
@@ -616,6 +296,58 @@ func finishLenAt(out []byte, lenPos, dataPos int) []byte {
 	return append(out, data...)
 }
 
+// appendBase64 appends the bytes field written as s, standard or URL
+// base64 with or without padding as protojson reads it, and tells whether
+// it is empty.
+func appendBase64(out, s []byte) ([]byte, bool, bool) {
+	enc := base64.StdEncoding
+	if strings.ContainsAny(string(s), "-_") {
+		enc = base64.URLEncoding
+	}
+	if len(s)%4 != 0 {
+		enc = enc.WithPadding(base64.NoPadding)
+	}
+	n := enc.DecodedLen(len(s))
+	out = protowire.AppendVarint(out, uint64(n)) // rewritten below
+	lenPos := len(out) - protowire.SizeVarint(uint64(n))
+	dataPos := len(out)
+	out = slices.Grow(out, n)[:dataPos+n]
+	m, err := enc.Decode(out[dataPos:], s)
+	if err != nil {
+		return out, false, false
+	}
+	out = out[:dataPos+m]
+	if m != n {
+		out = finishLenAt(out, lenPos, dataPos)
+	}
+	return out, m == 0, true
+}
+
+// appendTime appends the fields of a Timestamp or Duration (p) written
+// as the string s.
+func appendTime(out []byte, p *plan, s []byte) ([]byte, bool) {
+	var secs int64
+	var nanos int32
+	var ok bool
+	if p.wkt == wktTimestamp {
+		secs, nanos, ok = parseTimestamp(string(s))
+	} else {
+		secs, nanos, ok = parseDuration(string(s))
+	}
+	if !ok {
+		return out, false
+	}
+	if secs != 0 {
+		out = protowire.AppendTag(out, 1, protowire.VarintType)
+		out = protowire.AppendVarint(out, uint64(secs))
+	}
+	if nanos != 0 {
+		out = protowire.AppendTag(out, 2, protowire.VarintType)
+		out = protowire.AppendVarint(out, uint64(int64(nanos)))
+	}
+	return out, true
+}
+
 func parseFloat(tok []byte, bitSize int) (float64, bool) {
 	x, err := strconv.ParseFloat(string(tok), bitSize)
 	return x, err == nil
@@ -623,10 +355,10 @@ func parseFloat(tok []byte, bitSize int) (float64, bool) {
 
 func (e *fastEncoder) lit(s string) bool {
 	e.ws()
-	// Not strings.HasPrefix(string(e.js[e.i:]), s): that copies the rest
+	// Not strings.HasPrefix(string(e.in[e.pos:]), s): that copies the rest
 	// of the input to the heap.
-	if len(e.js)-e.i >= len(s) && string(e.js[e.i:e.i+len(s)]) == s {
-		e.i += len(s)
+	if len(e.in)-e.pos >= len(s) && string(e.in[e.pos:e.pos+len(s)]) == s {
+		e.pos += len(s)
 		return true
 	}
 	return false
@@ -635,9 +367,9 @@ func (e *fastEncoder) lit(s string) bool {
 // number scans a JSON number token.
 func (e *fastEncoder) number() ([]byte, bool) {
 	e.ws()
-	start := e.i
-	js := e.js
-	i := e.i
+	start := e.pos
+	js := e.in
+	i := e.pos
 	if i < len(js) && js[i] == '-' {
 		i++
 	}
@@ -645,19 +377,13 @@ func (e *fastEncoder) number() ([]byte, bool) {
 	case i < len(js) && js[i] == '0':
 		i++
 	case i < len(js) && js[i] >= '1' && js[i] <= '9':
-		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
-			i++
-		}
+		i = digits(js, i)
 	default:
 		return nil, false
 	}
 	if i < len(js) && js[i] == '.' {
-		i++
-		d := i
-		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
-			i++
-		}
-		if i == d {
+		d := i + 1
+		if i = digits(js, d); i == d {
 			return nil, false
 		}
 	}
@@ -667,53 +393,81 @@ func (e *fastEncoder) number() ([]byte, bool) {
 			i++
 		}
 		d := i
-		for i < len(js) && js[i] >= '0' && js[i] <= '9' {
-			i++
-		}
-		if i == d {
+		if i = digits(js, d); i == d {
 			return nil, false
 		}
 	}
-	e.i = i
+	e.pos = i
 	return js[start:i], true
 }
 
-// str scans a JSON string and returns its value: a slice of the input when
-// it has no escapes, else of e.tmp-independent fresh memory. Invalid UTF-8
-// and lone surrogates are left to protojson.
-func (e *fastEncoder) str() ([]byte, bool) {
+// digits returns the end of the run of decimal digits at js[i:].
+func digits(js []byte, i int) int {
+	for i < len(js) && js[i] >= '0' && js[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// text reads a string, valid UTF-8. In the JSON text it scans a string
+// and returns its value: a slice of the input when it has no escapes,
+// else fresh memory. Invalid UTF-8 and lone surrogates are left to
+// protojson. (The Lua table's case is here rather than behind one more
+// call: the walk reads every key and string through it.)
+func (e *fastEncoder) text() ([]byte, bool) {
+	if e.lua {
+		s, ok := e.luaShortString()
+		if !ok {
+			s, ok = e.luaString()
+		}
+		return s, ok && validUTF8(s)
+	}
 	if e.peek() != '"' {
 		return nil, false
 	}
-	js := e.js
-	i := e.i + 1
-	start := i
-	for i < len(js) {
-		c := js[i]
-		switch {
-		case c == '"':
-			e.i = i + 1
-			s := js[start:i]
-			return s, utf8.Valid(s)
-		case c == '\\':
-			return e.strEscaped(start)
-		case c < ' ':
-			return nil, false
-		}
+	js := e.in
+	start := e.pos + 1
+	i := start
+	for i < len(js) && !strStop[js[i]] {
 		i++
 	}
-	return nil, false
+	ascii := true // valid UTF-8 without a second look
+	if i < len(js) && js[i] >= utf8.RuneSelf {
+		ascii = false
+		for i < len(js) && (js[i] >= utf8.RuneSelf || !strStop[js[i]]) {
+			i++
+		}
+	}
+	switch {
+	case i == len(js) || js[i] < ' ':
+		return nil, false
+	case js[i] == '\\':
+		return e.strEscaped(start)
+	}
+	e.pos = i + 1
+	s := js[start:i]
+	return s, ascii || utf8.Valid(s)
 }
 
+// strStop marks the bytes that end a run of plain ASCII characters in a
+// JSON string: the quote, the backslash, the control characters and the
+// bytes of multi-byte UTF-8 sequences.
+var strStop = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c < ' ' || c == '"' || c == '\\' || c >= utf8.RuneSelf
+	}
+	return t
+}()
+
 func (e *fastEncoder) strEscaped(start int) ([]byte, bool) {
-	js := e.js
+	js := e.in
 	var out []byte
 	i := start
 	for i < len(js) {
 		c := js[i]
 		switch {
 		case c == '"':
-			e.i = i + 1
+			e.pos = i + 1
 			return out, utf8.Valid(out)
 		case c < ' ':
 			return nil, false
@@ -726,20 +480,10 @@ func (e *fastEncoder) strEscaped(start int) ([]byte, bool) {
 			return nil, false
 		}
 		i += 2
-		switch js[i-1] {
-		case '"', '\\', '/':
-			out = append(out, js[i-1])
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
+		switch c := js[i-1]; {
+		case unescapeLetter[c] != 0:
+			out = append(out, unescapeLetter[c])
+		case c == 'u':
 			r, ok := hex4(js, i)
 			if !ok {
 				return nil, false
@@ -781,37 +525,26 @@ func (e *fastEncoder) skip(depth int) bool {
 	if depth > 64 {
 		return false
 	}
-	switch e.peek() {
-	case '{':
-		e.i++
-		if e.consume('}') {
-			return true
-		}
-		for {
-			if _, ok := e.str(); !ok || !e.consume(':') || !e.skip(depth+1) {
-				return false
+	switch c := e.peek(); c {
+	case '{', '[':
+		e.pos++
+		closing := c + 2 // '}' or ']'
+		for i := 0; ; i++ {
+			more, ok := e.jsonNext(closing, i == 0)
+			if !ok || !more {
+				return ok
 			}
-			if e.consume(',') {
-				continue
+			if c == '{' {
+				if _, ok := e.text(); !ok || !e.consume(':') {
+					return false
+				}
 			}
-			return e.consume('}')
-		}
-	case '[':
-		e.i++
-		if e.consume(']') {
-			return true
-		}
-		for {
 			if !e.skip(depth + 1) {
 				return false
 			}
-			if e.consume(',') {
-				continue
-			}
-			return e.consume(']')
 		}
 	case '"':
-		_, ok := e.str()
+		_, ok := e.text()
 		return ok
 	case 't':
 		return e.lit("true")
@@ -822,32 +555,6 @@ func (e *fastEncoder) skip(depth int) bool {
 	}
 	_, ok := e.number()
 	return ok
-}
-
-func (e *fastEncoder) timeValue(out []byte, p *plan) ([]byte, bool) {
-	s, ok := e.str()
-	if !ok {
-		return out, false
-	}
-	var secs int64
-	var nanos int32
-	if p.wkt == wktTimestamp {
-		secs, nanos, ok = parseTimestamp(string(s))
-	} else {
-		secs, nanos, ok = parseDuration(string(s))
-	}
-	if !ok {
-		return out, false
-	}
-	if secs != 0 {
-		out = protowire.AppendTag(out, 1, protowire.VarintType)
-		out = protowire.AppendVarint(out, uint64(secs))
-	}
-	if nanos != 0 {
-		out = protowire.AppendTag(out, 2, protowire.VarintType)
-		out = protowire.AppendVarint(out, uint64(int64(nanos)))
-	}
-	return out, true
 }
 
 // parseTimestamp accepts the common form only, "2006-01-02T15:04:05Z"
@@ -923,21 +630,4 @@ func isPlainDigits(s string) bool {
 		}
 	}
 	return true
-}
-
-// viaProtojson encodes one value of a type the fast path leaves to
-// protojson (Struct, Any, ...).
-func (e *fastEncoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor) ([]byte, bool) {
-	start := e.i
-	e.ws()
-	if !e.skip(0) {
-		return out, false
-	}
-	types := e.reg.resolver()
-	msg := dynamicpb.NewMessage(md)
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: e.discard, Resolver: types}).Unmarshal(e.js[start:e.i], msg); err != nil {
-		return out, false
-	}
-	out, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(out, msg)
-	return out, err == nil
 }

@@ -38,7 +38,7 @@ func TestFastEncodeMatchesProtojson(t *testing.T) {
 	}{"demo.AllKinds", []byte(`{"maybe":0,"choiceNum":"-1","counts":{"b":"2","a":"1"},"byId":{"9":{},"-9":{"id":"\u00e9\ud83d\ude00\n\"\/"}},"text":"` + string(bytes.Repeat([]byte("x"), 200)) + `","i32":-1}`)})
 	for _, in := range inputs {
 		m := mustMessage(t, r, in.msg)
-		fe := fastEncoder{reg: r, js: in.js}
+		fe := fastEncoder{reg: r, in: in.js}
 		fast, ok := fe.encode(nil, m.plan)
 		if !ok {
 			t.Fatalf("fast path gave up on %s", in.js)
@@ -75,7 +75,7 @@ func FuzzEncode(f *testing.F) {
 	r := demoRegistry(f)
 	m := mustMessage(f, r, "demo.AllKinds")
 	f.Fuzz(func(t *testing.T, js []byte, discard bool) {
-		fe := fastEncoder{reg: r, js: js, discard: discard}
+		fe := fastEncoder{reg: r, in: js, discard: discard}
 		fast, ok := fe.encode(nil, m.plan)
 		slow, err := m.encodeSlow(nil, js, EncodeOptions{DiscardUnknown: discard})
 		if !ok {

@@ -1,12 +1,9 @@
 package transcode
 
 import (
-	"encoding/base64"
 	"encoding/binary"
 	"math"
-	"slices"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -24,12 +21,9 @@ import (
 // 64-bit cdata...). When it succeeds its bytes are the JSON path's, byte
 // for byte: FuzzEncodeLua checks that.
 func (m *Message) EncodeLua(dst, ser []byte) ([]byte, bool) {
-	if m.plan.wkt != wktNone {
-		return dst, false
-	}
-	le := luaEncoder{in: ser}
-	out, ok := le.message(dst, m.plan)
-	if !ok || le.pos != len(ser) {
+	le := fastEncoder{in: ser, lua: true}
+	out, ok := le.encode(dst, m.plan)
+	if !ok {
 		return dst, false
 	}
 	return out, true
@@ -47,20 +41,14 @@ const (
 	luaStr    = 0x20 // (0x20+len).U bytes
 )
 
-type luaEncoder struct {
-	in    []byte
-	pos   int
-	depth int
-}
-
-func (e *luaEncoder) tag() byte {
+func (e *fastEncoder) luaTag() byte {
 	if e.pos < len(e.in) {
 		return e.in[e.pos]
 	}
 	return 0
 }
 
-func (e *luaEncoder) u124() (int, bool) {
+func (e *fastEncoder) luaU124() (int, bool) {
 	in := e.in
 	if e.pos >= len(in) {
 		return 0, false
@@ -86,12 +74,41 @@ func (e *luaEncoder) u124() (int, bool) {
 	return int(v), true
 }
 
-// str reads a string (its tag included); ok is false for another value.
-func (e *luaEncoder) str() ([]byte, bool) {
-	if e.tag() < luaStr {
+// luaShortString reads a string shorter than 192 bytes, whose tag holds
+// its length, without a call; ok is false for anything else, which
+// luaString then reads.
+func (e *fastEncoder) luaShortString() ([]byte, bool) {
+	in, pos := e.in, e.pos
+	if pos < len(in) && in[pos] >= luaStr && in[pos] < 0xe0 {
+		if end := pos + 1 + int(in[pos]-luaStr); end <= len(in) {
+			e.pos = end
+			return in[pos+1 : end], true
+		}
+	}
+	return nil, false
+}
+
+// validUTF8 is utf8.Valid, taking a short ASCII string (most keys and
+// values) without a call.
+func validUTF8(s []byte) bool {
+	if len(s) > 16 {
+		return utf8.Valid(s)
+	}
+	for _, c := range s {
+		if c >= utf8.RuneSelf {
+			return utf8.Valid(s)
+		}
+	}
+	return true
+}
+
+// luaString reads a string (its tag included); ok is false for another
+// value.
+func (e *fastEncoder) luaString() ([]byte, bool) {
+	if e.luaTag() < luaStr {
 		return nil, false
 	}
-	v, ok := e.u124()
+	v, ok := e.luaU124()
 	n := v - luaStr
 	if !ok || n < 0 || n > len(e.in)-e.pos {
 		return nil, false
@@ -101,9 +118,9 @@ func (e *luaEncoder) str() ([]byte, bool) {
 	return s, true
 }
 
-// num reads a number.
-func (e *luaEncoder) num() (float64, bool) {
-	if e.tag() != luaNum || e.pos+9 > len(e.in) {
+// luaNumber reads a number.
+func (e *fastEncoder) luaNumber() (float64, bool) {
+	if e.luaTag() != luaNum || e.pos+9 > len(e.in) {
 		return 0, false
 	}
 	x := math.Float64frombits(binary.LittleEndian.Uint64(e.in[e.pos+1:]))
@@ -111,152 +128,26 @@ func (e *luaEncoder) num() (float64, bool) {
 	return x, true
 }
 
-// message encodes the table at pos as the fields of p. The JSON path
-// writes a table whose keys are all strings as an object; any other key,
-// or an array part, is left to it.
-func (e *luaEncoder) message(out []byte, p *plan) ([]byte, bool) {
-	if e.depth >= maxFastDepth || len(p.fields) > 64 || p.oneofs > 64 {
-		return out, false
-	}
-	var h int
-	switch e.tag() {
-	case luaTab:
+// luaBool is boolValue for the Lua table.
+func (e *fastEncoder) luaBool() (v, ok bool) {
+	switch e.luaTag() {
+	case luaTrue:
 		e.pos++
-		return out, true
-	case luaHash:
+		return true, true
+	case luaFalse:
 		e.pos++
-		var ok bool
-		if h, ok = e.u124(); !ok || h > len(e.in)-e.pos {
-			return out, false
-		}
-	default:
-		return out, false
+		return false, true
 	}
-	e.depth++
-	defer func() { e.depth-- }()
-	base := len(out)
-	var segStack [16]segment
-	segs := segStack[:0]
-	order := newFieldOrder()
-	for i := 0; i < h; i++ {
-		key, ok := e.str()
-		if !ok || !utf8.Valid(key) {
-			return out, false
-		}
-		var f *fieldPlan
-		if s := p.names.find(key); s != nil {
-			f = s.f
-		}
-		if f == nil || !order.claim(f) {
-			return out, false
-		}
-		start := len(out)
-		if out, ok = e.field(out, f); !ok {
-			return out, false
-		}
-		segs = order.wrote(segs, f, start, len(out))
-	}
-	return order.finish(out, base, segs), true
+	return false, false
 }
 
-func (e *luaEncoder) field(out []byte, f *fieldPlan) ([]byte, bool) {
-	switch {
-	case f.isMap:
-		return out, false
-	case f.list:
-		return e.listField(out, f)
-	case f.kind == protoreflect.MessageKind:
-		out = protowire.AppendTag(out, f.num, protowire.BytesType)
-		return e.nested(out, f.msg)
-	}
-	start := len(out)
-	out = protowire.AppendTag(out, f.num, wireType(f.kind))
-	out, zero, ok := e.scalar(out, f)
-	if !ok {
-		return out, false
-	}
-	if zero && !f.presence {
-		out = out[:start]
-	}
-	return out, true
-}
-
-func (e *luaEncoder) nested(out []byte, p *plan) ([]byte, bool) {
-	lenPos := len(out)
-	out = append(out, 0)
-	var ok bool
-	switch p.wkt {
-	case wktNone:
-		out, ok = e.message(out, p)
-	case wktTimestamp, wktDuration:
-		s, isStr := e.str()
-		if !isStr || !utf8.Valid(s) {
-			return out, false
-		}
-		out, ok = appendTime(out, p, string(s))
-	case wktWrapper:
-		f := p.byNumber(1)
-		start := len(out)
-		out = protowire.AppendTag(out, 1, wireType(f.kind))
-		var zero bool
-		out, zero, ok = e.scalar(out, f)
-		if zero {
-			out = out[:start]
-		}
-	}
-	if !ok {
-		return out, false
-	}
-	return finishLen(out, lenPos), true
-}
-
-// listField takes what the JSON path writes as a non-empty array from a
-// plain list (1..n, no holes), or as [] from an array-marked empty table.
-func (e *luaEncoder) listField(out []byte, f *fieldPlan) ([]byte, bool) {
-	switch e.tag() {
-	case luaTabMT:
-		e.pos++
-		if _, ok := e.u124(); !ok || e.tag() != luaTab {
-			return out, false
-		}
-		e.pos++
-		return out, true
-	case luaArray1:
-	default:
-		return out, false
-	}
-	e.pos++
-	a, ok := e.u124()
-	if !ok || a < 2 || a-1 > len(e.in)-e.pos {
-		return out, false
-	}
-	packed := f.packed
-	lenPos := 0
-	if packed {
-		out = protowire.AppendTag(out, f.num, protowire.BytesType)
-		lenPos = len(out)
-		out = append(out, 0)
-	}
-	for i := 1; i < a; i++ {
-		switch {
-		case packed:
-			out, _, ok = e.scalar(out, f)
-		case f.kind == protoreflect.MessageKind:
-			out = protowire.AppendTag(out, f.num, protowire.BytesType)
-			out, ok = e.nested(out, f.msg)
-		default:
-			out = protowire.AppendTag(out, f.num, wireType(f.kind))
-			out, _, ok = e.scalar(out, f)
-		}
-		if !ok {
-			// a hole (nil) among them too: the JSON path writes an object
-			return out, false
-		}
-	}
-	if packed {
-		out = finishLen(out, lenPos)
-	}
-	return out, true
+// luaFloat32 is a float field's value for the finite, non-zero number x:
+// the JSON text the Lua module writes for x, rounded to float32 as the
+// JSON path does (rounding x itself could differ: double rounding).
+func luaFloat32(x float64) (float64, bool) {
+	var buf [32]byte
+	y, err := strconv.ParseFloat(string(luaNumberText(buf[:0], x)), 32)
+	return y, err == nil
 }
 
 // luaInt is x as the JSON path reads it for an integer field: the JSON
@@ -301,125 +192,6 @@ func intWire(k protoreflect.Kind, n int64) (uint64, bool) {
 	return 0, false
 }
 
-// scalar appends the value at pos as kind f.kind (without tag) and tells
-// whether it is the zero value, as fastEncoder.scalar does for the JSON
-// text the Lua module would have written.
-func (e *luaEncoder) scalar(out []byte, f *fieldPlan) ([]byte, bool, bool) {
-	t := e.tag()
-	switch f.kind {
-	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
-		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind,
-		protoreflect.Uint32Kind, protoreflect.Fixed32Kind,
-		protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		var v uint64
-		if t == luaNum {
-			x, _ := e.num()
-			n, ok := luaInt(x)
-			if !ok {
-				return out, false, false
-			}
-			if v, ok = intWire(f.kind, n); !ok {
-				return out, false, false
-			}
-		} else {
-			s, ok := e.str()
-			if !ok || !isPlainInt(s) {
-				return out, false, false
-			}
-			en, ok := intEntry(f.kind, string(s))
-			if !ok {
-				return out, false, false
-			}
-			v = en.v
-		}
-		return appendWire(out, f.kind, v), v == 0, true
-	case protoreflect.FloatKind, protoreflect.DoubleKind:
-		var x float64
-		if t == luaNum {
-			x, _ = e.num()
-			switch {
-			case math.IsNaN(x):
-				x = math.NaN() // "NaN" in JSON, read back as Go's NaN
-			case f.kind == protoreflect.FloatKind && !math.IsInf(x, 0) && x != 0:
-				// the JSON text rounded to float32, as the JSON path does:
-				// rounding x itself could differ (double rounding)
-				var buf [32]byte
-				y, err := strconv.ParseFloat(string(luaNumberText(buf[:0], x)), 32)
-				if err != nil {
-					return out, false, false
-				}
-				x = y
-			}
-		} else {
-			s, ok := e.str()
-			if !ok {
-				return out, false, false
-			}
-			switch string(s) {
-			case "NaN":
-				x = math.NaN()
-			case "Infinity":
-				x = math.Inf(1)
-			case "-Infinity":
-				x = math.Inf(-1)
-			default:
-				return out, false, false
-			}
-		}
-		if f.kind == protoreflect.FloatKind {
-			b := math.Float32bits(float32(x))
-			return protowire.AppendFixed32(out, b), b == 0, true
-		}
-		b := math.Float64bits(x)
-		return protowire.AppendFixed64(out, b), b == 0, true
-	case protoreflect.BoolKind:
-		switch t {
-		case luaTrue:
-			e.pos++
-			return append(out, 1), false, true
-		case luaFalse:
-			e.pos++
-			return append(out, 0), true, true
-		}
-		return out, false, false
-	case protoreflect.StringKind:
-		s, ok := e.str()
-		if !ok || !utf8.Valid(s) {
-			return out, false, false
-		}
-		return protowire.AppendBytes(out, s), len(s) == 0, true
-	case protoreflect.BytesKind:
-		s, ok := e.str()
-		if !ok || !utf8.Valid(s) {
-			return out, false, false
-		}
-		return appendBase64(out, s)
-	case protoreflect.EnumKind:
-		if f.nullValue {
-			return out, false, false
-		}
-		if t == luaNum {
-			x, _ := e.num()
-			n, ok := luaInt(x)
-			if !ok || n < math.MinInt32 || n > math.MaxInt32 {
-				return out, false, false
-			}
-			return protowire.AppendVarint(out, uint64(n)), n == 0, true
-		}
-		s, ok := e.str()
-		if !ok || !utf8.Valid(s) {
-			return out, false, false
-		}
-		ev := f.enumByName.find(s)
-		if ev == nil {
-			return out, false, false
-		}
-		v := uint64(int64(ev.v))
-		return protowire.AppendVarint(out, v), v == 0, true
-	}
-	return out, false, false
-}
-
 // luaNumberText is the JSON text the Lua module writes for a finite x
 // that is not an integer below 1e15 (json.lua's put_number, luaserial's
 // appendNumber): the shorter of %.15g and %.17g that reads back as x.
@@ -432,53 +204,4 @@ func luaNumberText(dst []byte, x float64) []byte {
 		out = strconv.AppendFloat(dst[:0], x, 'g', 17, 64)
 	}
 	return out
-}
-
-// appendBase64 is fastEncoder.scalar's bytes case.
-func appendBase64(out, s []byte) ([]byte, bool, bool) {
-	enc := base64.StdEncoding
-	if strings.ContainsAny(string(s), "-_") {
-		enc = base64.URLEncoding
-	}
-	if len(s)%4 != 0 {
-		enc = enc.WithPadding(base64.NoPadding)
-	}
-	n := enc.DecodedLen(len(s))
-	out = protowire.AppendVarint(out, uint64(n))
-	lenPos := len(out) - protowire.SizeVarint(uint64(n))
-	dataPos := len(out)
-	out = slices.Grow(out, n)[:dataPos+n]
-	m, err := enc.Decode(out[dataPos:], s)
-	if err != nil {
-		return out, false, false
-	}
-	out = out[:dataPos+m]
-	if m != n {
-		out = finishLenAt(out, lenPos, dataPos)
-	}
-	return out, m == 0, true
-}
-
-// appendTime is fastEncoder.timeValue for the string s.
-func appendTime(out []byte, p *plan, s string) ([]byte, bool) {
-	var secs int64
-	var nanos int32
-	var ok bool
-	if p.wkt == wktTimestamp {
-		secs, nanos, ok = parseTimestamp(s)
-	} else {
-		secs, nanos, ok = parseDuration(s)
-	}
-	if !ok {
-		return out, false
-	}
-	if secs != 0 {
-		out = protowire.AppendTag(out, 1, protowire.VarintType)
-		out = protowire.AppendVarint(out, uint64(secs))
-	}
-	if nanos != 0 {
-		out = protowire.AppendTag(out, 2, protowire.VarintType)
-		out = protowire.AppendVarint(out, uint64(int64(nanos)))
-	}
-	return out, true
 }

@@ -78,7 +78,7 @@ func (e *MessageError) Error() string {
 // proto3 JSON mapping. Map entries are written in key order, so equal
 // input gives equal bytes.
 func (m *Message) Encode(dst, js []byte, o EncodeOptions) ([]byte, error) {
-	fe := fastEncoder{reg: m.reg, discard: o.DiscardUnknown, js: js}
+	fe := fastEncoder{reg: m.reg, discard: o.DiscardUnknown, in: js}
 	if out, ok := fe.encode(dst, m.plan); ok {
 		return out, nil
 	}

@@ -23,6 +23,7 @@ local cache = require "resty.ffi.qrpc.cache"
 local propagate = require "resty.ffi.qrpc.propagate"
 local metrics = require "resty.ffi.qrpc.metrics"
 local pool = require "resty.ffi.qrpc.pool"
+local limits = require "resty.ffi.qrpc.limits"
 local proto = require "resty.ffi.qrpc.proto"
 
 local ffi_new = ffi.new
@@ -78,7 +79,7 @@ local pool_checked = pool.checked
 
 local ERR_INIT = loader.ERR_INIT
 local DEFAULT_TIMEOUT_MS = cache.DEFAULT_TIMEOUT_MS
-local MAX_MS = 2147483647
+local MAX_MS = limits.MS
 -- How much longer than Go's deadline Lua waits before it gives up on its
 -- own; Go enforces deadlines, this only guards against a lost completion.
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
@@ -225,10 +226,10 @@ end
 -- Integer options of connect and their ranges (as Go's qrpc.Config checks
 -- them: a Go error would reach the caller as "bad config: ...").
 local counts = {
-    { "conns", 1, 64 },
-    { "streams", 1, 1024 },
-    { "stream_batch", 1, 1024 },
-    { "max_frame_size", 64, 1073741824 },
+    { "conns", 1, limits.CONNS },
+    { "streams", 1, limits.STREAMS },
+    { "stream_batch", 1, limits.STREAM_BATCH },
+    { "max_frame_size", limits.MIN_FRAME_SIZE, limits.MAX_FRAME_SIZE },
 }
 local ms_opts = { "timeout", "idle_timeout" }
 
@@ -665,7 +666,7 @@ function _M.unary(self, method, body, opts)
     if use_builtin then
         status, val = builtin_call(OP_UNARY, self.handle, method, body, nh,
                                    hbuf, hlen, timeout, secs, req, resp, flags,
-                                   hash_key, retries, nil, copts)
+                                   hash_key, retries, copts)
     else
         -- the header buffer is shared: this call keeps its own copy across
         -- the yield
@@ -881,10 +882,11 @@ function _M.configure(opts)
     end
     local gp = opts.gomaxprocs
     if gp ~= nil then
-        if type(gp) ~= "number" or gp < 1 or gp > 1024
+        if type(gp) ~= "number" or gp < 1 or gp > limits.GOMAXPROCS
            or math_floor(gp) ~= gp
         then
-            return bad(1, "gomaxprocs must be an integer 1..1024")
+            return bad(1, "gomaxprocs must be an integer 1.."
+                          .. limits.GOMAXPROCS)
         end
     end
     local me = opts.metrics
@@ -961,7 +963,7 @@ end
 local instant_profiles = {
     heap = true, allocs = true, goroutine = true, threadcreate = true,
 }
-local MAX_PROFILE_S = 300
+local MAX_PROFILE_S = limits.PROFILE_SECONDS
 
 
 -- qrpc.debug_profile(kind [, seconds]) -> bytes | nil, err: a pprof profile
@@ -1033,13 +1035,12 @@ function _M.init_worker()
 end
 
 
--- qrpc._echo(body [, queued]) -> body | nil, err: a round trip through the
--- library and back with no network, for the IPC benchmark. With the
--- built-in host, Go answers inside the nginx thread's qrpc_submit call;
--- with queued, the echo goes through the C submit queue to the Go
--- submitter goroutine and back, the hand-off a unary call makes (and the
--- one lua-resty-ffi's own echo makes, to its Go thread).
-function _M._echo(body, queued)
+-- qrpc._echo(body) -> body | nil, err: a round trip through the library
+-- and back with no network, for the IPC benchmark. With the built-in host
+-- the echo goes through the C submit queue to the Go submitter goroutine
+-- and back, the hand-off a unary call makes (and the one lua-resty-ffi's
+-- own echo makes, to its Go thread).
+function _M._echo(body)
     if type(body) ~= "string" then
         return bad(1, "body must be a string")
     end
@@ -1059,7 +1060,7 @@ function _M._echo(body, queued)
         status, val = builtin_call(OP_ECHO, 0, "", body, 0, nil, 0,
                                    DEFAULT_TIMEOUT_MS,
                                    DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S,
-                                   nil, nil, nil, nil, nil, queued)
+                                   nil, nil, nil, nil, nil)
     else
         local cmd = fill_cmd(ffi_new(cmd_t), OP_ECHO, 0, 0, "", body, 0, nil, 0,
                              DEFAULT_TIMEOUT_MS)

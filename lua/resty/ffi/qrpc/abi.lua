@@ -8,6 +8,7 @@
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
+local limits = require "resty.ffi.qrpc.limits"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -79,11 +80,8 @@ typedef struct {
 int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
-int qrpc_submit(const qrpc_cmd_t *cmd, char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
-int qrpc_drain(qrpc_completion_t *out, int max);
-void qrpc_free(void *p);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 int qrpc_poll(qrpc_completion_t *out, int max);
 void qrpc_release(void *p);
@@ -193,7 +191,7 @@ local _M = {
     u64_ptr_t = ffi_typeof("const uint64_t *"),
     cstr_t = ffi_typeof("const char *"),
 
-    -- The library writes its error messages here (qrpc_init, qrpc_submit,
+    -- The library writes its error messages here (qrpc_init, qrpc_query,
     -- qrpc_wake_open); read right after the call, on the nginx thread.
     ERRBUF_LEN = ERRBUF_LEN,
     errbuf = ffi_new(char_arr_t, ERRBUF_LEN),
@@ -306,15 +304,16 @@ function _M.decode_bad_response(p, len)
 end
 
 
--- Headers are packed into a small shared buffer: Go reads it before
--- qrpc_submit returns, and a call that keeps headers across a yield copies
--- them out first. Bigger blocks get a buffer of their own, which the GC
--- takes back after the call: a shared buffer grown for one huge header
--- would stay that big in the worker for good.
+-- Headers are packed into a small shared buffer: the library copies it
+-- before qrpc_submit_async (or qrpc_query) returns, and a call that keeps
+-- headers across a yield copies them out first. Bigger blocks get a
+-- buffer of their own, which the GC takes back after the call: a shared
+-- buffer grown for one huge header would stay that big in the worker for
+-- good.
 local HBUF_SMALL = 4096
 local hbuf_small = ffi_new(char_arr_t, HBUF_SMALL)
--- ffi/cmd.go refuses more entries (names + values) than this.
-local MAX_HDR_ENTRIES = 65536
+-- Go refuses more entries (names + values) than this.
+local MAX_HDR_ENTRIES = limits.HEADER_ENTRIES
 
 local function put_str(buf, off, s)
     local n = #s
@@ -385,7 +384,7 @@ function _M.pack_headers(h, argn, limit)
 end
 
 
--- hdrs is the packed buffer (read by Go before qrpc_submit returns) or, for
+-- hdrs is the packed buffer (copied before qrpc_submit_async returns) or, for
 -- a call that crosses a yield with the lua-resty-ffi host, a string the
 -- caller anchors (as hash_key: a pool's server choice; retries: extra
 -- attempts on another server, 0 = none).

@@ -1,8 +1,11 @@
 -- resty.ffi.qrpc.host_builtin: the built-in host, on stock ngx_lua. Commands go
--- in through qrpc_submit on the nginx thread; results come back on a
--- per-worker completion queue, announced by a byte on a unix socket that
--- one background light thread (the dispatcher) reads, drains and turns
--- into ngx.semaphore posts for the waiting calls.
+-- in through qrpc_submit_async on the nginx thread (plain C: a queue that
+-- Go's submitter takes from); results come back on a per-worker
+-- completion queue, announced by a byte on a unix socket that one
+-- background light thread (the dispatcher) reads, drains with qrpc_poll
+-- and turns into ngx.semaphore posts for the waiting calls. Events,
+-- closes and queries, whose callers get their answer at once, go through
+-- qrpc_query.
 --
 -- The lua-resty-ffi host uses parts of it too: the direct calls that never
 -- wait (event, close, cancel, stats) and the dispatcher, through which Go's
@@ -42,7 +45,6 @@ local OP_CONNECT = abi.OP_CONNECT
 local OP_EVENT = abi.OP_EVENT
 local OP_CLOSE = abi.OP_CLOSE
 local OP_CANCEL = abi.OP_CANCEL
-local OP_UNARY = abi.OP_UNARY
 local QRPC_OK = abi.QRPC_OK
 local QRPC_PENDING = abi.QRPC_PENDING
 local QRPC_LOG = abi.QRPC_LOG
@@ -98,7 +100,8 @@ local wake_path         -- a wake-up socket opened by init(), for the dispatcher
 local wake_broken       -- init() could not open one: do not try again
 
 local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
--- Reused: qrpc_submit reads a command synchronously, never after it returns.
+-- Reused: qrpc_submit_async and qrpc_query copy or read a command before
+-- they return, never after.
 local ucmd = ffi_new(cmd_t)
 local xcmd = ffi_new(cmd_t)
 local stats_buf = ffi_new("qrpc_stats_t")
@@ -170,14 +173,34 @@ local function cancel(handle, id)
 end
 
 
+-- qrpc_query's answer.
+local qout = ffi_new("char *[1]")
+local qlen = ffi_new("size_t[1]")
+
+
+-- Runs cmd with qrpc_query when its answer is no data (EVENT, CLOSE):
+-- returns the status and, on failure, the error.
+local function run_now(cmd)
+    local rc = lib.qrpc_query(cmd, qout, qlen, errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return rc, submit_err(rc)
+    end
+    local p = qout[0]
+    if p ~= nil then
+        lib.qrpc_release(p)
+    end
+    return rc
+end
+
+
 local function close_handle(handle)
     xcmd.version = CMD_VERSION
     xcmd.op = OP_CLOSE
     xcmd.conn = handle
     xcmd.call_id = 0
-    local rc = lib.qrpc_submit(xcmd, errbuf, ERRBUF_LEN)
+    local rc, err = run_now(xcmd)
     if rc ~= QRPC_OK then
-        return nil, submit_err(rc)
+        return nil, err
     end
     return true
 end
@@ -189,23 +212,17 @@ function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
                   hash_key)
     fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
              req_type, nil, flags, hash_key)
-    local rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
-    if rc == QRPC_OK then
-        return rc
-    end
-    return rc, submit_err(rc)
+    return run_now(ucmd)
 end
 
 
 -- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with opts lines if
 -- given; returns the answer as a string.
 local qcmd = ffi_new(cmd_t)
-local qout = ffi_new("char *[1]")
-local qlen = ffi_new("size_t[1]")
 
 function _M.query(op, handle, opts)
     fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
-    -- fill_cmd leaves opts alone; the command is reused
+    -- fill_cmd clears opts (the command is reused): the query's go in after
     qcmd.opts = opts
     qcmd.opts_len = opts and #opts or 0
     local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
@@ -215,8 +232,11 @@ function _M.query(op, handle, opts)
         return nil, submit_err(rc)
     end
     local p = qout[0]
+    if p == nil then
+        return ""
+    end
     local out = ffi_string(p, qlen[0])
-    lib.qrpc_free(p)
+    lib.qrpc_release(p)
     return out
 end
 
@@ -677,31 +697,18 @@ end
 
 
 -- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
--- Returns status, value (a result table, or an error string). UNARY, and
--- ECHO when queued, go through the C submit queue; ECHO otherwise through
--- qrpc_submit.
+-- Returns status, value (a result table, or an error string).
 function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
-                 req_type, resp_type, flags, hash_key, retries, queued, copts)
+                 req_type, resp_type, flags, hash_key, retries, copts)
     local id = next_call_id()
     fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
              req_type, resp_type, flags, hash_key, retries, copts)
-    local rc
-    if op == OP_UNARY or queued then
-        -- Queued in C without entering Go (qrpc_submit_async in qrpc.h):
-        -- Go's refusals come back as the completion; this fails only when
-        -- the host is closed or its queue full, and writes no message.
-        rc = lib.qrpc_submit_async(ucmd)
-        if rc ~= QRPC_PENDING then
-            return rc, status_err(rc)
-        end
-    else
-        rc = lib.qrpc_submit(ucmd, errbuf, ERRBUF_LEN)
-    end
+    -- Queued in C without entering Go (qrpc_submit_async in qrpc.h): Go's
+    -- refusals come back as the completion; this fails only when the host
+    -- is closed or its queue full, and writes no message.
+    local rc = lib.qrpc_submit_async(ucmd)
     if rc ~= QRPC_PENDING then
-        if rc == QRPC_OK then
-            return QRPC_ERR, "qrpc: unexpected synchronous completion"
-        end
-        return rc, submit_err(rc)
+        return rc, status_err(rc)
     end
 
     local now = ngx_now()
@@ -750,19 +757,17 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
 end
 
 
--- Submits a CONNECT command for connection cache entry e; its completion
--- calls done(e, status, handle | err). Returns the call id, or nil, status,
--- err when the library refused it at once. inline: no dispatcher runs, the
--- waiters must poll with drain().
+-- Submits a CONNECT command for connection cache entry e (through the
+-- C submit queue, like a call; a refusal by Go is its completion); its
+-- completion calls done(e, status, handle | err). Returns the call id, or
+-- nil, status, err when the queue refused it (closed or full). inline: no
+-- dispatcher runs, the waiters must poll with drain().
 function _M.connect(cmd, e, done)
     local id = next_call_id()
     cmd.call_id = id
-    local rc = lib.qrpc_submit(cmd, errbuf, ERRBUF_LEN)
+    local rc = lib.qrpc_submit_async(cmd)
     if rc ~= QRPC_PENDING then
-        if rc == QRPC_OK then
-            return nil, QRPC_ERR, "qrpc: unexpected synchronous connect"
-        end
-        return nil, rc, submit_err(rc)
+        return nil, rc, status_err(rc)
     end
     local disp_ok = ensure_dispatcher()
     pend[id] = { op = OP_CONNECT, entry = e, id = id, done = done }

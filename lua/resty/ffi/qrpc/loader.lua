@@ -109,9 +109,9 @@ end
 
 
 local symbols = {
-    "qrpc_init", "qrpc_wake_open", "qrpc_submit", "qrpc_stats", "qrpc_drain",
-    "qrpc_free", "qrpc_shutdown", "qrpc_query", "qrpc_submit_async",
-    "qrpc_poll", "qrpc_release", "qrpc_release_n",
+    "qrpc_init", "qrpc_wake_open", "qrpc_stats", "qrpc_shutdown",
+    "qrpc_query", "qrpc_submit_async", "qrpc_poll", "qrpc_release",
+    "qrpc_release_n",
 }
 
 local function check_symbols(l)
@@ -262,8 +262,9 @@ local function load_masked(cfg_host, cfg_lib)
         end
     end
 
-    -- Both hosts need the synchronous entry points (event, close, cancel,
-    -- stats), which run on the nginx thread through qrpc_submit.
+    -- Both hosts need the built-in host's entry points that never wait
+    -- (event and close through qrpc_query, cancel, stats) and its
+    -- dispatcher, through which Go's log lines arrive.
     local ok, err = init_runtime(l)
     if not ok then
         return nil, err

@@ -76,7 +76,7 @@ local function query(what, body)
     end
     local p = out_p[0]
     local text = ffi_string(p, out_len[0])
-    lib.qrpc_free(p)
+    lib.qrpc_release(p)
     return text
 end
 

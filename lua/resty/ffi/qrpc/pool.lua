@@ -5,6 +5,7 @@
 -- (qrpc.Pool), one implementation for both hosts.
 
 local abi = require "resty.ffi.qrpc.abi"
+local limits = require "resty.ffi.qrpc.limits"
 
 local bad = abi.bad
 
@@ -23,13 +24,11 @@ local str_lower = string.lower
 local pcall = pcall
 local ipairs = ipairs
 
-local MAX_MS = 2147483647
-local MAX_ADDRS = 256
--- Go refuses more (qrpc.MaxRetries and qrpc.MaxHedge; the nginx suite's
--- TestRetriesBoundMatchesGo compares them).
-local MAX_RETRIES = 16
-local MAX_HEDGE = 4
-local MAX_MIN_PER_S = 100000
+local MAX_MS = limits.MS
+local MAX_ADDRS = limits.ADDRS
+local MAX_RETRIES = limits.RETRIES
+local MAX_HEDGE = limits.HEDGE
+local MAX_MIN_PER_S = limits.BUDGET_MIN_PER_S
 
 
 local _M = {

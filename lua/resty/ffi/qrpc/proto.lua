@@ -154,7 +154,7 @@ local function query(rec, op)
         if op and rc == QRPC_OK then
             out = ffi_string(out_p[0], out_len[0])
         end
-        lib.qrpc_free(out_p[0])
+        lib.qrpc_release(out_p[0])
         out_p[0] = nil
     end
     if rc ~= QRPC_OK then

@@ -1,17 +1,14 @@
-package main
+package bridge
 
-import (
-	"unsafe"
+import "unsafe"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
-)
+// Go mirrors of the C types in ffi/qrpc.h. internal/hostq checks at
+// start-up that every size, offset and constant equals the C compiler's,
+// so a drift between Go and qrpc.h disables the library instead of
+// corrupting memory.
 
-// Go mirrors of the C types in qrpc.h. cgo.go checks at start-up that
-// every size, offset and constant equals the C compiler's, so a drift
-// between Go and qrpc.h disables the library instead of corrupting memory.
-
-// cmdABI is qrpc_cmd_t.
-type cmdABI struct {
+// CmdABI is qrpc_cmd_t.
+type CmdABI struct {
 	Version       uint32
 	Op            uint32
 	Conn          uint64
@@ -55,31 +52,23 @@ type cmdABI struct {
 	OptsLen     uintptr
 }
 
-// completionABI is qrpc_completion_t: the runtime's Completion is laid out
-// as it, so that qrpc_drain fills the caller's array without converting.
-type completionABI = bridge.Completion
-
-// statsABI is qrpc_stats_t: the runtime's Stats, for the same reason (the
-// STATS op's blob body is one).
-type statsABI = bridge.Stats
-
-// decodeCmd views a qrpc_cmd_t as a bridge.Command without copying, after
+// decodeCmd views a qrpc_cmd_t as a Command without copying, after
 // checking that every (pointer, length) pair can be real; Runtime.Submit
 // checks the rest.
-func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
+func DecodeCmd(c *CmdABI, cmd *Command) error {
 	if c == nil {
-		return bridge.Badf("NULL command")
+		return Badf("NULL command")
 	}
-	if c.Version != bridge.CmdVersion {
-		return bridge.Badf("version %d, this library speaks %d", c.Version, bridge.CmdVersion)
+	if c.Version != CmdVersion {
+		return Badf("version %d, this library speaks %d", c.Version, CmdVersion)
 	}
 	if c.Reserved2 != 0 {
-		return bridge.Badf("reserved2 must be 0, got %d", c.Reserved2)
+		return Badf("reserved2 must be 0, got %d", c.Reserved2)
 	}
 	// Cleared in place, then filled: a composite literal assigned through
 	// the pointer is built on the stack and copied (a third of this
-	// function's time on the direct echo).
-	*cmd = bridge.Command{}
+	// function's time on an echo answered inside a Go export).
+	*cmd = Command{}
 	cmd.Op, cmd.Conn, cmd.CallID, cmd.TimeoutMS, cmd.NHdrs = c.Op, c.Conn, c.CallID, c.TimeoutMS, c.NHdrs
 	cmd.Retries, cmd.Flags = c.Retries, c.Flags
 	// A closure rather than a table of field pointers: this runs for every
@@ -90,7 +79,7 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 			return nil
 		}
 		var b []byte
-		b, err = bridge.View(p, n, what)
+		b, err = View(p, n, what)
 		return b
 	}
 	cmd.Method = view(c.Method, c.MethodLen, "method")
@@ -100,7 +89,7 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 	cmd.ReqType = view(c.ReqType, c.ReqTypeLen, "req_type")
 	cmd.RespType = view(c.RespType, c.RespTypeLen, "resp_type")
 	cmd.Opts = view(c.Opts, c.OptsLen, "opts")
-	if c.Op == bridge.OpConnect {
+	if c.Op == OpConnect {
 		cmd.Addr = view(c.Addr, c.AddrLen, "addr")
 		cmd.ServerName = view(c.ServerName, c.ServerNameLen, "server_name")
 		cmd.CA = view(c.CA, c.CALen, "ca")
@@ -114,10 +103,10 @@ func decodeCmd(c *cmdABI, cmd *bridge.Command) error {
 	return err
 }
 
-// cmdOffsets lists the offsets of cmdABI's fields in declaration order, for
+// CmdOffsets lists the offsets of CmdABI's fields in declaration order, for
 // the comparison with the C layout.
-func cmdOffsets() []uintptr {
-	var c cmdABI
+func CmdOffsets() []uintptr {
+	var c CmdABI
 	return []uintptr{
 		unsafe.Offsetof(c.Version), unsafe.Offsetof(c.Op), unsafe.Offsetof(c.Conn),
 		unsafe.Offsetof(c.CallID), unsafe.Offsetof(c.TimeoutMS), unsafe.Offsetof(c.NHdrs),
@@ -139,16 +128,18 @@ func cmdOffsets() []uintptr {
 	}
 }
 
-func completionOffsets() []uintptr {
-	var c completionABI
+// CompletionOffsets and StatsOffsets: the same for Completion
+// (qrpc_completion_t) and Stats (qrpc_stats_t).
+func CompletionOffsets() []uintptr {
+	var c Completion
 	return []uintptr{
 		unsafe.Offsetof(c.CallID), unsafe.Offsetof(c.Handle), unsafe.Offsetof(c.Status),
 		unsafe.Offsetof(c.Code), unsafe.Offsetof(c.Data), unsafe.Offsetof(c.Len),
 	}
 }
 
-func statsOffsets() []uintptr {
-	var s statsABI
+func StatsOffsets() []uintptr {
+	var s Stats
 	return []uintptr{
 		unsafe.Offsetof(s.Inflight), unsafe.Offsetof(s.Calls), unsafe.Offsetof(s.Events),
 		unsafe.Offsetof(s.Dropped), unsafe.Offsetof(s.Reconnects), unsafe.Offsetof(s.Queued),

@@ -1,12 +1,11 @@
-package main
+package hostq
 
 // The Go side of the built-in host's C queues (hostq.c). The nginx thread
-// queues UNARY and CANCEL commands with qrpc_submit_async, pops
-// completions with qrpc_poll and frees their blocks with qrpc_release, all
-// plain C: it never enters Go on the hot path. The submitter goroutine
-// here sleeps in the netpoller on an eventfd, takes everything queued at
-// once and runs each command as qrpc_submit would, turning a refusal into
-// the call's completion.
+// queues commands with qrpc_submit_async, pops completions with qrpc_poll
+// and frees their blocks with qrpc_release_n, all plain C: it never enters
+// Go on the hot path. The submitter goroutine here sleeps in the
+// netpoller on an eventfd, takes everything queued at once and runs each
+// command, turning a refusal into the call's completion.
 //
 // Why not call into Go from the nginx thread: after a cgo callback the
 // thread keeps its P (a Go scheduler slot) while it runs nginx (Go 1.26,
@@ -16,6 +15,7 @@ package main
 // slows its 20 µs tick.
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../../ffi
 #include <stdlib.h>
 #include "qrpc.h"
 #include "hostq.h"
@@ -268,7 +268,7 @@ func runQueued(it *C.qrpc_qitem_t) {
 	}
 	first, last := it, it
 	for ; it != nil; it = it.next {
-		runAsync((*cmdABI)(unsafe.Pointer(&it.cmd)))
+		runAsync((*bridge.CmdABI)(unsafe.Pointer(&it.cmd)))
 		last = it
 	}
 	// Freed by C (qrpc_done_free) on the nginx thread's next call: free()
@@ -279,26 +279,25 @@ func runQueued(it *C.qrpc_qitem_t) {
 	qunlock()
 }
 
-// runAsync runs one queued command; a UNARY that Submit refuses completes
-// with the refusal, which Lua reports as qrpc_submit's error would be.
-func runAsync(abi *cmdABI) {
+// runAsync runs one queued command; one that Submit refuses completes
+// with the refusal (all but CANCEL, which has no completion).
+func runAsync(abi *bridge.CmdABI) {
 	id := abi.CallID
-	// ECHO (the IPC benchmark through this queue) completes like UNARY
-	unary := abi.Op == bridge.OpUnary || abi.Op == bridge.OpEcho
+	completes := abi.Op != bridge.OpCancel
 	defer func() {
 		if p := recover(); p != nil {
 			rt.Logger().Error("qrpc panic in the submitter", "panic", fmt.Sprint(p))
-			if unary {
+			if completes {
 				builtin.Complete(rt.Message(bridge.ErrGeneric, "internal error", id))
 			}
 		}
 	}()
 	var c bridge.Command
-	status, msg := bridge.StatusOf(decodeCmd(abi, &c))
+	status, msg := bridge.StatusOf(bridge.DecodeCmd(abi, &c))
 	if status == bridge.StatusOK {
 		status, msg = rt.Submit(builtin, &c)
 	}
-	if status < 0 && unary {
+	if status < 0 && completes {
 		builtin.Complete(rt.Message(status, msg, id))
 	}
 }
@@ -357,7 +356,7 @@ func cqPushGrow(c *bridge.Completion, maxLogs int) int {
 	return rc
 }
 
-func cqPoll(out []completionABI) int {
+func cqPoll(out []bridge.Completion) int {
 	if len(out) == 0 {
 		return 0
 	}
@@ -369,7 +368,7 @@ func cqLogs() int { return int(C.qrpc_cq_logs()) }
 
 // submitAsync, release: qrpc_submit_async and qrpc_release, for tests
 // (which cannot use cgo).
-func submitAsync(c *cmdABI) int32 {
+func submitAsync(c *bridge.CmdABI) int32 {
 	return int32(C.qrpc_submit_async((*C.qrpc_cmd_t)(unsafe.Pointer(c))))
 }
 

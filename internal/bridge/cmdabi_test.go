@@ -1,4 +1,4 @@
-package main
+package bridge_test
 
 import (
 	"bytes"
@@ -10,18 +10,8 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
-// The command checks themselves are internal/bridge's (tested there
-// without cgo); these tests cover what ffi/ adds: the layout against
-// qrpc.h and the decoding of qrpc_cmd_t into a bridge.Command.
-
-func TestABILayoutMatchesHeader(t *testing.T) {
-	if err := abiLayoutErr(); err != nil {
-		t.Fatal(err)
-	}
-	if sizeofCmd != unsafe.Sizeof(cmdABI{}) {
-		t.Fatalf("sizeofCmd %d, Go mirror %d", sizeofCmd, unsafe.Sizeof(cmdABI{}))
-	}
-}
+// The decoding of qrpc_cmd_t into a bridge.Command (the layout against
+// qrpc.h is internal/hostq's test: it needs the C compiler).
 
 // ptr returns the address of b's first byte and its length, as a C caller
 // would fill a (pointer, length) pair.
@@ -32,8 +22,8 @@ func ptr(b []byte) (unsafe.Pointer, uintptr) {
 	return unsafe.Pointer(&b[0]), uintptr(len(b))
 }
 
-func unaryCmd(conn uint64, method, body string, hdrs ...string) *cmdABI {
-	c := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpUnary, Conn: conn, CallID: 7, NHdrs: uint32(len(hdrs))}
+func unaryCmd(conn uint64, method, body string, hdrs ...string) *bridge.CmdABI {
+	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpUnary, Conn: conn, CallID: 7, NHdrs: uint32(len(hdrs))}
 	c.Method, c.MethodLen = ptr([]byte(method))
 	c.Body, c.BodyLen = ptr([]byte(body))
 	c.Hdrs, c.HdrsLen = ptr(bridge.PackHeaders(hdrs...))
@@ -43,7 +33,7 @@ func unaryCmd(conn uint64, method, body string, hdrs ...string) *cmdABI {
 func TestDecodeCmd(t *testing.T) {
 	good := unaryCmd(3, "greet", "hello", "x-id", "7")
 	var cmd bridge.Command
-	if err := decodeCmd(good, &cmd); err != nil {
+	if err := bridge.DecodeCmd(good, &cmd); err != nil {
 		t.Fatal(err)
 	}
 	if cmd.Op != bridge.OpUnary || cmd.Conn != 3 || cmd.CallID != 7 || string(cmd.Method) != "greet" || string(cmd.Body) != "hello" || cmd.NHdrs != 2 {
@@ -59,28 +49,28 @@ func TestDecodeCmd(t *testing.T) {
 
 	cases := []struct {
 		name string
-		mod  func(c *cmdABI)
+		mod  func(c *bridge.CmdABI)
 		want string
 	}{
-		{"version", func(c *cmdABI) { c.Version = 9 }, "version 9"},
-		{"null with length", func(c *cmdABI) { c.Body, c.BodyLen = nil, 5 }, "body: NULL pointer with length 5"},
-		{"huge length", func(c *cmdABI) { c.BodyLen = 1 << 40 }, "body: length"},
-		{"null method", func(c *cmdABI) { c.Method = nil }, "method: NULL pointer"},
-		{"reserved2", func(c *cmdABI) { c.Reserved2 = 1 }, "reserved2 must be 0, got 1"},
-		{"null opts", func(c *cmdABI) { c.OptsLen = 3 }, "opts: NULL pointer with length 3"},
-		{"null hash key", func(c *cmdABI) { c.HashKeyLen = 3 }, "hash_key: NULL pointer with length 3"},
+		{"version", func(c *bridge.CmdABI) { c.Version = 9 }, "version 9"},
+		{"null with length", func(c *bridge.CmdABI) { c.Body, c.BodyLen = nil, 5 }, "body: NULL pointer with length 5"},
+		{"huge length", func(c *bridge.CmdABI) { c.BodyLen = 1 << 40 }, "body: length"},
+		{"null method", func(c *bridge.CmdABI) { c.Method = nil }, "method: NULL pointer"},
+		{"reserved2", func(c *bridge.CmdABI) { c.Reserved2 = 1 }, "reserved2 must be 0, got 1"},
+		{"null opts", func(c *bridge.CmdABI) { c.OptsLen = 3 }, "opts: NULL pointer with length 3"},
+		{"null hash key", func(c *bridge.CmdABI) { c.HashKeyLen = 3 }, "hash_key: NULL pointer with length 3"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := *good
 			tc.mod(&c)
-			err := decodeCmd(&c, &cmd)
+			err := bridge.DecodeCmd(&c, &cmd)
 			if err == nil || !errors.Is(err, bridge.ErrBadCommand) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want a bad command error containing %q", err, tc.want)
 			}
 		})
 	}
-	if err := decodeCmd(nil, &cmd); err == nil {
+	if err := bridge.DecodeCmd(nil, &cmd); err == nil {
 		t.Fatal("NULL command accepted")
 	}
 }
@@ -93,7 +83,7 @@ func TestDecodeVersion2(t *testing.T) {
 	c.RespType, c.RespTypeLen = ptr([]byte("pkg.Resp"))
 	c.Opts, c.OptsLen = ptr([]byte("k=v\n"))
 	var cmd bridge.Command
-	if err := decodeCmd(c, &cmd); err != nil {
+	if err := bridge.DecodeCmd(c, &cmd); err != nil {
 		t.Fatal(err)
 	}
 	if cmd.Retries != 2 || cmd.Flags != bridge.FlagDiscardUnknown || string(cmd.HashKey) != "user-42" ||
@@ -103,7 +93,7 @@ func TestDecodeVersion2(t *testing.T) {
 }
 
 func TestDecodeConnect(t *testing.T) {
-	c := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, TimeoutMS: 1500, Conns: 2, Streams: 8, IdleTimeoutMS: 9000, MaxFrameSize: 1 << 20, Insecure: 1}
+	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, TimeoutMS: 1500, Conns: 2, Streams: 8, IdleTimeoutMS: 9000, MaxFrameSize: 1 << 20, Insecure: 1}
 	c.Addr, c.AddrLen = ptr([]byte("127.0.0.1:9"))
 	c.ServerName, c.ServerNameLen = ptr([]byte("qrpc.example"))
 	c.CA, c.CALen = ptr([]byte("CA PEM"))
@@ -111,7 +101,7 @@ func TestDecodeConnect(t *testing.T) {
 	c.Key, c.KeyLen = ptr([]byte("KEY"))
 	c.Pins, c.PinsLen = ptr(bytes.Repeat([]byte{0xab}, 64))
 	var cmd bridge.Command
-	if err := decodeCmd(c, &cmd); err != nil {
+	if err := bridge.DecodeCmd(c, &cmd); err != nil {
 		t.Fatal(err)
 	}
 	if string(cmd.Addr) != "127.0.0.1:9" || string(cmd.ServerName) != "qrpc.example" || string(cmd.CA) != "CA PEM" ||
@@ -121,7 +111,7 @@ func TestDecodeConnect(t *testing.T) {
 	}
 	// Connect-only fields are not read for other ops.
 	c.Op = bridge.OpEcho
-	if err := decodeCmd(c, &cmd); err != nil || cmd.Addr != nil || cmd.Conns != 0 {
+	if err := bridge.DecodeCmd(c, &cmd); err != nil || cmd.Addr != nil || cmd.Conns != 0 {
 		t.Fatalf("echo decoded connect fields: %v %+v", err, cmd)
 	}
 }

@@ -19,7 +19,7 @@ typedef struct qrpc_qitem {
 /* Classes of small result blocks kept for reuse: 64 B << c, c < 8. */
 #define QRPC_SMALL_CLASSES 8
 
-/* The queues' state (hostq.c), read and written by Go too (hostq.go)
+/* The queues' state (hostq.c), read and written by Go too (queue.go)
  * under lock, a spinlock taken with atomics on both sides. */
 typedef struct {
     uint32_t lock;

@@ -1,4 +1,7 @@
-package main
+// Package restyhost is the lua-resty-ffi host of libffi_qrpc.so
+// (libffi_init): a goroutine polls lua-resty-ffi's task queue and runs
+// each task's command on the shared runtime.
+package restyhost
 
 import (
 	"encoding/binary"
@@ -10,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/hostq"
 )
 
 // restyStopWait bounds how long a lua-resty-ffi host, told to stop, waits
@@ -28,6 +32,7 @@ const restyStopWait = 10 * time.Second
 // coroutine is parked on its own task, and Go's deadline ends every call.
 // Errors: rc is the negative status and the data is the message.
 type restyHost struct {
+	rt      *bridge.Runtime
 	tq      unsafe.Pointer
 	cfg     string
 	gen     *bridge.Gen
@@ -46,7 +51,7 @@ type restyTask struct {
 
 func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
 	if !t.answered.CompareAndSwap(false, true) {
-		cmem.Free(data)
+		hostq.Mem().Free(data)
 		return
 	}
 	taskRespond(t.task, rc, data, n)
@@ -54,7 +59,7 @@ func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
 }
 
 func (t *restyTask) fail(status int32, msg string) {
-	c := rt.Message(status, msg, 0)
+	c := t.h.rt.Message(status, msg, 0)
 	t.answer(status, c.Data, int(c.Len))
 }
 
@@ -69,7 +74,7 @@ func (t *restyTask) Queued() int { return 0 }
 // bytes.
 func (t *restyTask) Complete(c bridge.Completion) {
 	if c.Status == bridge.StatusOK && c.Handle != 0 {
-		p := cmem.Alloc(8)
+		p := hostq.Mem().Alloc(8)
 		if p == nil {
 			t.fail(bridge.ErrGeneric, "out of memory")
 			return
@@ -80,9 +85,14 @@ func (t *restyTask) Complete(c bridge.Completion) {
 	t.answer(c.Status, c.Data, int(c.Len))
 }
 
-// restyInit starts a host. cfg is copied by the caller.
-func restyInit(cfg string, tq unsafe.Pointer) (*restyHost, error) {
-	if err := checkLayout(); err != nil {
+// Init starts a host on runtime rt. cfg is copied by the caller.
+func Init(rt *bridge.Runtime, cfg string, tq unsafe.Pointer) error {
+	_, err := start(rt, cfg, tq)
+	return err
+}
+
+func start(rt *bridge.Runtime, cfg string, tq unsafe.Pointer) (*restyHost, error) {
+	if err := hostq.CheckLayout(); err != nil {
 		return nil, fmt.Errorf("libffi_qrpc.so does not match qrpc.h: %w", err)
 	}
 	if tq == nil {
@@ -94,12 +104,13 @@ func restyInit(cfg string, tq unsafe.Pointer) (*restyHost, error) {
 	if err := rt.ApplyHostConfig(cfg); err != nil {
 		return nil, err
 	}
-	h := &restyHost{tq: tq, cfg: cfg, gen: bridge.NewGen()}
+	h := &restyHost{rt: rt, tq: tq, cfg: cfg, gen: bridge.NewGen()}
 	go h.run()
 	return h, nil
 }
 
 func (h *restyHost) run() {
+	rt := h.rt
 	defer rt.RecoverLog("lua-resty-ffi poll loop")
 	// The poll call blocks its thread in a condition wait: keep it on one
 	// thread rather than have the scheduler spread it.
@@ -119,6 +130,7 @@ func (h *restyHost) run() {
 // handle decodes a task's command and runs it; synchronous results are
 // answered here, the others by Complete.
 func (h *restyHost) handle(task unsafe.Pointer) {
+	rt := h.rt
 	t := &restyTask{h: h, task: task}
 	h.pending.Add(1)
 	defer func() {
@@ -128,12 +140,12 @@ func (h *restyHost) handle(task unsafe.Pointer) {
 		}
 	}()
 	req, n := taskReq(task)
-	if req == nil || n != sizeofCmd {
-		t.fail(bridge.ErrBadArg, fmt.Sprintf("bad command: request is %d bytes, want sizeof(qrpc_cmd_t) = %d", n, sizeofCmd))
+	if req == nil || n != hostq.SizeofCmd {
+		t.fail(bridge.ErrBadArg, fmt.Sprintf("bad command: request is %d bytes, want sizeof(qrpc_cmd_t) = %d", n, hostq.SizeofCmd))
 		return
 	}
 	var cmd bridge.Command
-	if err := decodeCmd((*cmdABI)(req), &cmd); err != nil {
+	if err := bridge.DecodeCmd((*bridge.CmdABI)(req), &cmd); err != nil {
 		t.fail(bridge.StatusOf(err))
 		return
 	}
@@ -150,6 +162,7 @@ func (h *restyHost) handle(task unsafe.Pointer) {
 // closed (their pending calls answer "closed"), then it waits, bounded, for
 // the remaining answers.
 func (h *restyHost) stop() {
+	rt := h.rt
 	defer rt.RecoverLog("lua-resty-ffi stop")
 	rt.EndGen(h.gen, nil, true) // waiting is fine: we are on our own goroutine
 	done := make(chan struct{})

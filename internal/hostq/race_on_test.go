@@ -1,6 +1,6 @@
 //go:build race
 
-package main
+package hostq
 
 // raceEnabled: the race detector slows each side of the submit queue by
 // different factors, which changes how the threads take turns; scheduling

@@ -1,5 +1,5 @@
 // The built-in host's queues (hostq.h): plain C on purpose. The nginx
-// thread calls qrpc_submit_async, qrpc_poll and qrpc_release and must not
+// thread calls qrpc_submit_async, qrpc_poll and qrpc_release_n and must not
 // enter Go there: a thread that has called into Go keeps a Go scheduler
 // slot (a P) while it runs nginx, and the goroutines it readies then wait
 // for a spinning thread or sysmon to take them.
@@ -266,20 +266,40 @@ size_t qrpc_submitq_cached(void) {
     return n;
 }
 
+// The ops that go through the submit queue: those that complete later
+// (CONNECT, UNARY, ECHO, STATS) and CANCEL, which must not overtake the
+// call it cancels. EVENT, CLOSE and the query ops answer at once
+// (qrpc_query).
+static int queued_op(uint32_t op) {
+    return op == QRPC_OP_CONNECT || op == QRPC_OP_UNARY || op == QRPC_OP_ECHO ||
+           op == QRPC_OP_STATS || op == QRPC_OP_CANCEL;
+}
+
 int qrpc_submit_async(const qrpc_cmd_t *cmd) {
-    if (cmd == NULL || (cmd->op != QRPC_OP_UNARY && cmd->op != QRPC_OP_ECHO &&
-                        cmd->op != QRPC_OP_CANCEL)) {
+    if (cmd == NULL || !queued_op(cmd->op)) {
         return QRPC_ERR_BADARG;
     }
     qrpc_done_free(); // first: a big block freed there serves this command
-    size_t method = field_len(cmd->method, cmd->method_len);
-    size_t body = field_len(cmd->body, cmd->body_len);
-    size_t hdrs = field_len(cmd->hdrs, cmd->hdrs_len);
-    size_t hash_key = field_len(cmd->hash_key, cmd->hash_key_len);
-    size_t req_type = field_len(cmd->req_type, cmd->req_type_len);
-    size_t resp_type = field_len(cmd->resp_type, cmd->resp_type_len);
+    // Only CONNECT reads the connect fields: the others' are not copied
+    // (and not kept). opts is copied for every op: Go refuses it on an op
+    // that does not read it, as qrpc_query and lua-resty-ffi do.
+    int conn = cmd->op == QRPC_OP_CONNECT;
+    const size_t parts[] = {
+        field_len(cmd->method, cmd->method_len),
+        field_len(cmd->body, cmd->body_len),
+        field_len(cmd->hdrs, cmd->hdrs_len),
+        field_len(cmd->hash_key, cmd->hash_key_len),
+        field_len(cmd->req_type, cmd->req_type_len),
+        field_len(cmd->resp_type, cmd->resp_type_len),
+        conn ? field_len(cmd->addr, cmd->addr_len) : 0,
+        conn ? field_len(cmd->server_name, cmd->server_name_len) : 0,
+        conn ? field_len(cmd->ca, cmd->ca_len) : 0,
+        conn ? field_len(cmd->cert, cmd->cert_len) : 0,
+        conn ? field_len(cmd->key, cmd->key_len) : 0,
+        conn ? field_len(cmd->pins, cmd->pins_len) : 0,
+        field_len(cmd->opts, cmd->opts_len),
+    };
     size_t extra = 0;
-    const size_t parts[] = {method, body, hdrs, hash_key, req_type, resp_type};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (parts[i] > SIZE_MAX - sizeof(qrpc_qitem_t) - extra) {
             return QRPC_ERR_TOOBIG;
@@ -293,20 +313,28 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     it->next = NULL;
     it->cmd = *cmd;
     char *p = (char *)(it + 1);
-    it->cmd.method = copy_field(&p, cmd->method, method);
-    it->cmd.body = copy_field(&p, cmd->body, body);
-    it->cmd.hdrs = copy_field(&p, cmd->hdrs, hdrs);
-    it->cmd.hash_key = copy_field(&p, cmd->hash_key, hash_key);
-    it->cmd.req_type = copy_field(&p, cmd->req_type, req_type);
-    it->cmd.resp_type = copy_field(&p, cmd->resp_type, resp_type);
-    // UNARY, ECHO and CANCEL read none of the others: not copied, so not kept.
-    it->cmd.addr = NULL; it->cmd.addr_len = 0;
-    it->cmd.server_name = NULL; it->cmd.server_name_len = 0;
-    it->cmd.ca = NULL; it->cmd.ca_len = 0;
-    it->cmd.cert = NULL; it->cmd.cert_len = 0;
-    it->cmd.key = NULL; it->cmd.key_len = 0;
-    it->cmd.pins = NULL; it->cmd.pins_len = 0;
-    it->cmd.opts = NULL; it->cmd.opts_len = 0;
+    it->cmd.method = copy_field(&p, cmd->method, parts[0]);
+    it->cmd.body = copy_field(&p, cmd->body, parts[1]);
+    it->cmd.hdrs = copy_field(&p, cmd->hdrs, parts[2]);
+    it->cmd.hash_key = copy_field(&p, cmd->hash_key, parts[3]);
+    it->cmd.req_type = copy_field(&p, cmd->req_type, parts[4]);
+    it->cmd.resp_type = copy_field(&p, cmd->resp_type, parts[5]);
+    if (conn) {
+        it->cmd.addr = copy_field(&p, cmd->addr, parts[6]);
+        it->cmd.server_name = copy_field(&p, cmd->server_name, parts[7]);
+        it->cmd.ca = copy_field(&p, cmd->ca, parts[8]);
+        it->cmd.cert = copy_field(&p, cmd->cert, parts[9]);
+        it->cmd.key = copy_field(&p, cmd->key, parts[10]);
+        it->cmd.pins = copy_field(&p, cmd->pins, parts[11]);
+    } else {
+        it->cmd.addr = NULL; it->cmd.addr_len = 0;
+        it->cmd.server_name = NULL; it->cmd.server_name_len = 0;
+        it->cmd.ca = NULL; it->cmd.ca_len = 0;
+        it->cmd.cert = NULL; it->cmd.cert_len = 0;
+        it->cmd.key = NULL; it->cmd.key_len = 0;
+        it->cmd.pins = NULL; it->cmd.pins_len = 0;
+    }
+    it->cmd.opts = copy_field(&p, cmd->opts, parts[12]);
 
     q_lock();
     if (hq.fd < 0 || hq.sq_len >= QRPC_SUBMITQ_MAX) {

@@ -1,4 +1,4 @@
-package main
+package hostq
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 // pushAsync queues c with qrpc_submit_async. cgo refuses a struct that
 // holds unpinned Go pointers, so its strings are pinned for the call (the
 // queue copies them before it returns).
-func pushAsync(c *cmdABI) int32 {
+func pushAsync(c *bridge.CmdABI) int32 {
 	var p runtime.Pinner
 	defer p.Unpin()
 	for _, f := range []unsafe.Pointer{c.Method, c.Body, c.Hdrs, c.HashKey, c.ReqType, c.RespType, c.Addr, c.CA, c.Opts} {
@@ -56,7 +56,7 @@ func TestSubmitQueue(t *testing.T) {
 	// with Go's echo instead of the network.
 	t.Run("echo", func(t *testing.T) {
 		body := []byte("through the queue")
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 16,
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: 16,
 			Body: unsafe.Pointer(&body[0]), BodyLen: uintptr(len(body))}
 		if st := pushAsync(e); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
@@ -70,7 +70,7 @@ func TestSubmitQueue(t *testing.T) {
 		}
 	})
 
-	t.Run("refusal is the completion, with qrpc_submit's message", func(t *testing.T) {
+	t.Run("refusal is the completion, with the runtime's message", func(t *testing.T) {
 		c := unaryCmd(h+1000, "echo", "x")
 		c.CallID = 11
 		if st := pushAsync(c); st != bridge.StatusPending {
@@ -85,9 +85,20 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
 		}
-		st, want := submit(c)
+		st, want := direct(c)
 		if got := d.wait(12, 10*time.Second); got.Status != st || got.Status != bridge.ErrBadArg || text(got) != want {
 			t.Fatalf("got %d %q, want %d %q", got.Status, text(got), st, want)
+		}
+		// opts reaches Go, which refuses it where the op does not read it.
+		c = unaryCmd(h, "echo", "x")
+		c.CallID = 17
+		c.Opts, c.OptsLen = ptr([]byte("k=v\n"))
+		if st := pushAsync(c); st != bridge.StatusPending {
+			t.Fatalf("push: %d", st)
+		}
+		st, want = direct(c)
+		if got := d.wait(17, 10*time.Second); got.Status != st || got.Status != bridge.ErrBadArg || text(got) != want {
+			t.Fatalf("opts on a UNARY: got %d %q, want %d %q", got.Status, text(got), st, want)
 		}
 	})
 
@@ -97,7 +108,7 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
 		}
-		x := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, Conn: h, CallID: 13}
+		x := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, Conn: h, CallID: 13}
 		if st := pushAsync(x); st != bridge.StatusOK {
 			t.Fatalf("cancel: %d", st)
 		}
@@ -108,13 +119,34 @@ func TestSubmitQueue(t *testing.T) {
 		}
 	})
 
-	t.Run("other ops refused", func(t *testing.T) {
-		if st := pushAsync(connectCmd(14, ts.Addr, nil)); st != bridge.ErrBadArg {
+	t.Run("connect and stats", func(t *testing.T) {
+		if st := pushAsync(connectCmd(14, ts.Addr, ts.CA.CertPEM)); st != bridge.StatusPending {
 			t.Fatalf("connect through the queue: %d", st)
 		}
-		s := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, CallID: 15}
-		if st := pushAsync(s); st != bridge.ErrBadArg {
+		c := d.wait(14, 10*time.Second)
+		if c.Status != bridge.StatusOK || c.Handle == 0 {
+			t.Fatalf("connect through the queue: %d %q", c.Status, text(c))
+		}
+		s := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, Conn: c.Handle, CallID: 15}
+		if st := pushAsync(s); st != bridge.StatusPending {
 			t.Fatalf("stats through the queue: %d", st)
+		}
+		if r := d.wait(15, 10*time.Second); r.Status != bridge.StatusOK || r.Len != 8+unsafe.Sizeof(bridge.Stats{}) {
+			t.Fatalf("stats through the queue: %d, %d bytes", r.Status, r.Len)
+		}
+		cl := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: c.Handle}
+		if st, msg := submit(cl); st != bridge.StatusOK {
+			t.Fatalf("close: %d %s", st, msg)
+		}
+	})
+
+	t.Run("other ops refused", func(t *testing.T) {
+		for _, op := range []uint32{bridge.OpEvent, bridge.OpClose, bridge.OpPeers, bridge.OpMetrics, 42} {
+			c := unaryCmd(h, "ev", "")
+			c.Op = op
+			if st := pushAsync(c); st != bridge.ErrBadArg {
+				t.Fatalf("op %d through the queue: %d", op, st)
+			}
 		}
 		if st := submitAsync(nil); st != bridge.ErrBadArg {
 			t.Fatalf("NULL command: %d", st)
@@ -126,7 +158,7 @@ func TestSubmitQueueClosed(t *testing.T) {
 	ts := testsrv.Start(t, testsrv.Options{})
 	d := openBuiltin(t)
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
-	builtin.shutdown()
+	builtin.Shutdown()
 	c := unaryCmd(h, "echo", "x")
 	if st := pushAsync(c); st != bridge.ErrClosed {
 		t.Fatalf("push after shutdown: %d, want closed", st)
@@ -195,7 +227,7 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 	body := bytes.Repeat([]byte("r"), 100<<10)
 	const n = 20
 	for i := 0; i < n; i++ {
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: uint64(200 + i)}
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: uint64(200 + i)}
 		e.Body, e.BodyLen = ptr(body)
 		if st, msg := submit(e); st != bridge.StatusPending {
 			t.Fatalf("echo: %d %s", st, msg)
@@ -363,7 +395,7 @@ func TestSmallBlocksServeBursts(t *testing.T) {
 			tag := []byte(fmt.Sprintf("<%d:%d>", round, i))
 			b := bytes.Repeat(tag, size/len(tag)+1)[:size]
 			want[id] = b
-			e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
 			e.Body, e.BodyLen = ptr(b)
 			if st := pushAsync(e); st != bridge.StatusPending {
 				t.Fatalf("round %d: push %d: %d", round, id, st)
@@ -408,7 +440,7 @@ func TestSmallBlocksServeBursts(t *testing.T) {
 // a cgo call each.
 func TestRunCommandsFreedInC(t *testing.T) {
 	d := openBuiltin(t)
-	u := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 999}
+	u := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 999}
 	if rc := submitAsync(u); rc != bridge.StatusOK {
 		t.Fatalf("cancel: %d", rc)
 	}
@@ -425,10 +457,10 @@ func TestRunCommandsFreedInC(t *testing.T) {
 // cgo call that grows the ring is kept out of the common path, where the
 // pointer it takes would move every completion to the heap.
 func TestCompletionRingGrows(t *testing.T) {
-	if err := builtin.init(); err != nil {
+	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(builtin.shutdown)
+	t.Cleanup(builtin.Shutdown)
 	const n = 1000
 	for i := 0; i < n; i++ {
 		c := bridge.Completion{CallID: uint64(i + 1), Status: bridge.StatusOK}
@@ -439,7 +471,7 @@ func TestCompletionRingGrows(t *testing.T) {
 	if got := cqLen(); got != n {
 		t.Fatalf("%d queued, want %d", got, n)
 	}
-	out := make([]completionABI, 64)
+	out := make([]bridge.Completion, 64)
 	next := uint64(1)
 	for k := cqPoll(out); k > 0; k = cqPoll(out) {
 		for _, c := range out[:k] {
@@ -535,7 +567,7 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 		push()
 	}
 	pushed := inflight
-	out := make([]completionABI, 256)
+	out := make([]bridge.Completion, 256)
 	buf := make([]byte, 256)
 	done, rounds := 0, 0
 	deadline := time.Now().Add(time.Minute)
@@ -555,7 +587,7 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 		_, _, _ = syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), syscall.MSG_DONTWAIT, 0, 0)
 		rounds++
 		for {
-			k := builtin.drain(out)
+			k := builtin.Drain(out)
 			for _, c := range out[:k] {
 				if c.Status != bridge.StatusOK {
 					t.Fatalf("call %d: status %d %q", c.CallID, c.Status, text(c))
@@ -597,7 +629,7 @@ func TestQueuedEchoesOnOneCPU(t *testing.T) {
 	const total = 20000
 	id := uint64(5000)
 	rounds := playNginx(t, d, 100, total, func() {
-		e := &cmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
+		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
 		e.Body, e.BodyLen = ptr(body)
 		if st := pushAsync(e); st != bridge.StatusPending {
 			t.Fatalf("push %d: %d", id, st)
@@ -672,5 +704,54 @@ func TestWakerDeathFallsBack(t *testing.T) {
 	for _, id := range []uint64{1, 2} {
 		c := d.got[id]
 		rt.Free(&c)
+	}
+}
+
+// BenchmarkEchoQueued is the built-in host's way in and out without the
+// network, as the dispatcher drives it: batches of 64 echoes through
+// qrpc_submit_async and the submitter, a wait for the wake byte,
+// qrpc_poll, their blocks freed with qrpc_release_n.
+func BenchmarkEchoQueued(b *testing.B) {
+	d := openBuiltin(b)
+	_ = d.wake.SetReadDeadline(time.Time{})
+	const batch = 64
+	for _, size := range []int{512, 100 << 10} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			body := bytes.Repeat([]byte("x"), size)
+			cmd := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
+			cmd.Body, cmd.BodyLen = ptr(body)
+			var pin runtime.Pinner
+			pin.Pin(&body[0])
+			defer pin.Unpin()
+			out := make([]bridge.Completion, batch)
+			rel := make([]unsafe.Pointer, batch)
+			buf := make([]byte, 64)
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				n := min(batch, b.N-done)
+				for i := 0; i < n; i++ {
+					cmd.CallID = uint64(done + i + 1)
+					if st := submitAsync(cmd); st != bridge.StatusPending {
+						b.Fatalf("push: %d", st)
+					}
+				}
+				for got := 0; got < n; {
+					k := builtin.Drain(out[:n-got])
+					if k == 0 {
+						if _, err := d.wake.Read(buf); err != nil {
+							b.Fatal(err)
+						}
+						continue
+					}
+					for i := range out[:k] {
+						rel[i] = out[i].Data
+					}
+					releaseN(rel[:k])
+					got += k
+				}
+				done += n
+			}
+		})
 	}
 }
