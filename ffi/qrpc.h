@@ -43,6 +43,8 @@ metrics=on
                                  Go runtime: opts "kind=heap|allocs|goroutine|threadcreate\n";
                                  "kind=cpu\nseconds=N\n" starts the CPU profile (answers nothing; it stops
                                  by itself N+5 s later), "kind=cpu-stop\n" stops it and answers it */
+#define QRPC_OP_PROTO_DESCRIBE 13 /* body = .proto path, method = "file", opts as PROTO_LOAD: loads it if
+                                     needed and answers JSON: services, google.api.http rules, messages */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */

@@ -56,6 +56,16 @@ function _M.init(opts)
     conf.mtls_opts = { ca = ca, cert = cert, key = key, server_name = "localhost", timeout = 3000 }
 end
 
+-- gateway(protos) runs in init_by_lua too: the REST gateway of
+-- demo/proto/greeter_http.proto, on the demo server's connection.
+function _M.gateway(protos)
+    local gateway = require "resty.ffi.qrpc.gateway"
+    _M.gw = assert(gateway.new{
+        upstream = conf.addr, opts = conf.opts, protos = protos,
+        prefix = "/api", openapi = true,
+    })
+end
+
 function _M.conn()
     return qrpc.connect(conf.addr, conf.opts)
 end

@@ -50,21 +50,49 @@ var schemas = transcode.NewRegistry()
 
 func init() {
 	RegisterQuery(OpProtoLoad, protoLoad)
+	RegisterQuery(OpProtoDescribe, protoDescribe)
 }
 
-// protoLoad answers QRPC_OP_PROTO_LOAD: method "file" (body: the path) or
-// "descriptor_set" (body: the bytes); opts: "import_path=DIR" lines.
-func protoLoad(_ *Runtime, cmd *Command) ([]byte, error) {
+// protoDescribe answers QRPC_OP_PROTO_DESCRIBE: the file (body: its path;
+// opts: "import_path=DIR" lines, as for a load) is loaded if it is not
+// yet, and described as JSON text (transcode.Schema): its services, their
+// methods' google.api.http rules, and the messages and enums they reach.
+func protoDescribe(_ *Runtime, cmd *Command) ([]byte, error) {
+	importPaths, err := importPathLines(cmd.Opts, "proto describe")
+	if err != nil {
+		return nil, err
+	}
+	if string(cmd.Method) != "file" {
+		return nil, Badf("proto describe: method must be \"file\", got %q", cmd.Method)
+	}
+	if len(cmd.Body) == 0 {
+		return nil, Badf("proto describe: empty path")
+	}
+	return schemas.Describe(string(cmd.Body), importPaths)
+}
+
+// importPathLines reads "import_path=DIR" lines.
+func importPathLines(opts []byte, what string) ([]string, error) {
 	var importPaths []string
-	for _, line := range strings.Split(string(cmd.Opts), "\n") {
+	for _, line := range strings.Split(string(opts), "\n") {
 		if line == "" {
 			continue
 		}
 		k, v, ok := strings.Cut(line, "=")
 		if !ok || k != "import_path" || v == "" {
-			return nil, Badf("proto load: unknown option line %q (want import_path=DIR)", line)
+			return nil, Badf("%s: unknown option line %q (want import_path=DIR)", what, line)
 		}
 		importPaths = append(importPaths, v)
+	}
+	return importPaths, nil
+}
+
+// protoLoad answers QRPC_OP_PROTO_LOAD: method "file" (body: the path) or
+// "descriptor_set" (body: the bytes); opts: "import_path=DIR" lines.
+func protoLoad(_ *Runtime, cmd *Command) ([]byte, error) {
+	importPaths, err := importPathLines(cmd.Opts, "proto load")
+	if err != nil {
+		return nil, err
 	}
 	switch string(cmd.Method) {
 	case "file":

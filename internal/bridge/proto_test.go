@@ -224,3 +224,40 @@ func TestLuaRequestBodyAllocs(t *testing.T) {
 		}
 	}
 }
+
+func TestProtoDescribeQuery(t *testing.T) {
+	r := New(newGoMemory(t), nil)
+	cmd := &Command{Op: OpProtoDescribe, Method: []byte("file"), Body: []byte("greeter_http.proto"),
+		Opts: []byte("import_path=../../demo/proto\n")}
+	out, msg := r.Query(cmd)
+	if out.Status != StatusOK {
+		t.Fatalf("describe: %d %q", out.Status, msg)
+	}
+	js := string(Bytes(out.Data, int(out.Len)))
+	r.Free(&out)
+	for _, want := range []string{`"name":"demo.Greeter"`, `"method":"GET","path":"/v1/hello/{name}"`,
+		`"method":"POST","path":"/v1/hello","body":"*"`, `"demo.HelloRequest":{`} {
+		if !strings.Contains(js, want) {
+			t.Errorf("describe: no %s in %s", want, js)
+		}
+	}
+	// the file is loaded too: its messages are known to calls
+	if _, err := schemas.Message("demo.HelloReply"); err != nil {
+		t.Error(err)
+	}
+	for _, c := range []struct {
+		cmd    *Command
+		status int32
+		msg    string
+	}{
+		{&Command{Op: OpProtoDescribe, Method: []byte("set"), Body: []byte("x")}, ErrBadArg, `bad command: proto describe: method must be "file"`},
+		{&Command{Op: OpProtoDescribe, Method: []byte("file")}, ErrBadArg, "bad command: proto describe: empty path"},
+		{&Command{Op: OpProtoDescribe, Method: []byte("file"), Body: []byte("/nonexistent/x.proto")}, ErrGeneric, "bad proto: /nonexistent/x.proto: file not found"},
+	} {
+		out, msg := r.Query(c.cmd)
+		if out.Status != c.status || !strings.HasPrefix(msg, c.msg) {
+			t.Errorf("%s: %d %q, want %d %q", c.cmd.Body, out.Status, msg, c.status, c.msg)
+		}
+		r.Free(&out)
+	}
+}

@@ -21,16 +21,17 @@ const (
 
 	// Query ops (qrpc_query): answered synchronously by a registered
 	// QueryFunc.
-	OpPeers     // conn -> the peers of that pool
-	OpMetrics   // this worker's metrics
-	OpProtoLoad // load protobuf definitions
-	OpConfigure // runtime settings
-	OpProfile   // a pprof profile of this worker's Go runtime
+	OpPeers         // conn -> the peers of that pool
+	OpMetrics       // this worker's metrics
+	OpProtoLoad     // load protobuf definitions
+	OpConfigure     // runtime settings
+	OpProfile       // a pprof profile of this worker's Go runtime
+	OpProtoDescribe // services, HTTP rules and messages of a .proto file
 
 	// lastSubmitOp is the highest op of Submit (qrpc_submit_async, the
 	// synchronous EVENT and CLOSE of qrpc_query, lua-resty-ffi).
 	lastSubmitOp = OpStats
-	lastOp       = OpProfile
+	lastOp       = OpProtoDescribe
 )
 
 // FlagDiscardUnknown is QRPC_F_DISCARD_UNKNOWN: req_type's JSON may carry

@@ -160,6 +160,7 @@ func API(root string) []Problem {
 			probs = append(probs, Problem{File: "docs/api.md", Msg: fmt.Sprintf("option %s is not documented (want `%s`)", o, o)})
 		}
 	}
+	probs = append(probs, gatewayOptions(root)...)
 	pspans := codeSpans(string(proto))
 	for _, f := range names.Proto {
 		if !pspans["qrpc.proto."+f] {
@@ -190,4 +191,38 @@ func codeSpans(text string) map[string]bool {
 		}
 	})
 	return out
+}
+
+// gatewayOptions checks that docs/gateway.md names every option
+// resty.ffi.qrpc.gateway accepts (its OPTIONS table) and its functions.
+func gatewayOptions(root string) []Problem {
+	const src = "lua/resty/ffi/qrpc/gateway.lua"
+	b, err := os.ReadFile(filepath.Join(root, src))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return []Problem{{File: src, Msg: err.Error()}}
+	}
+	keys, err := tableKeys(string(b), "OPTIONS")
+	if err != nil {
+		return []Problem{{File: src, Msg: fmt.Sprintf("%v: the gateway options are read from it; update internal/docscheck if they moved", err)}}
+	}
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "gateway.md"))
+	if err != nil {
+		return []Problem{{File: "docs/gateway.md", Msg: "missing: it documents resty.ffi.qrpc.gateway"}}
+	}
+	spans := codeSpans(string(doc))
+	var probs []Problem
+	for _, k := range uniq(keys) {
+		if !spans[k] {
+			probs = append(probs, Problem{File: "docs/gateway.md", Msg: fmt.Sprintf("gateway option %s is not documented (want `%s`)", k, k)})
+		}
+	}
+	for _, m := range publicFuncRe.FindAllStringSubmatch(string(b), -1) {
+		if !spans["gateway."+m[1]] && !spans["gw:"+m[1]] {
+			probs = append(probs, Problem{File: "docs/gateway.md", Msg: fmt.Sprintf("function %s is not documented (want `gateway.%s` or `gw:%s`)", m[1], m[1], m[1])})
+		}
+	}
+	return probs
 }

@@ -44,9 +44,14 @@ import (
 	_ "google.golang.org/protobuf/types/known/timestamppb"
 	_ "google.golang.org/protobuf/types/known/typepb"
 	_ "google.golang.org/protobuf/types/known/wrapperspb"
+
+	// google/api/annotations.proto and google/api/http.proto: the HTTP
+	// rules a REST gateway reads (Describe), importable without files.
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 )
 
-// wellKnownFiles are the files of the well-known types, as protoc ships them.
+// wellKnownFiles are the files of the well-known types, as protoc ships
+// them, and the two files of google.api.http.
 var wellKnownFiles = []string{
 	"google/protobuf/any.proto",
 	"google/protobuf/api.proto",
@@ -59,6 +64,8 @@ var wellKnownFiles = []string{
 	"google/protobuf/timestamp.proto",
 	"google/protobuf/type.proto",
 	"google/protobuf/wrappers.proto",
+	"google/api/http.proto",
+	"google/api/annotations.proto",
 }
 
 // Registry holds the schemas loaded so far and the message types built from
@@ -176,7 +183,7 @@ func (r *Registry) LoadFile(path string, importPaths []string) error {
 	comp := protocompile.Compiler{
 		Resolver:       resolve,
 		MaxParallelism: 1,
-		SourceInfoMode: protocompile.SourceInfoNone,
+		SourceInfoMode: protocompile.SourceInfoStandard, // comments, for Describe
 	}
 	// The compiler has no work to cancel that matters here: files are local.
 	compiled, err := comp.Compile(context.Background(), name)

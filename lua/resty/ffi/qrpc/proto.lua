@@ -132,12 +132,14 @@ end
 
 local out_p = ffi_new("char *[1]")
 local out_len = ffi_new("size_t[1]")
+local ffi_string = ffi.string
 
--- Runs one load in Go.
-local function query(rec)
+-- Runs one load in Go (or, with op OP_PROTO_DESCRIBE, a description of
+-- the file, returned as its JSON text).
+local function query(rec, op)
     local cmd = ffi_new(abi.cmd_t)
     cmd.version = abi.CMD_VERSION
-    cmd.op = OP_PROTO_LOAD
+    cmd.op = op or OP_PROTO_LOAD
     cmd.method = rec.kind
     cmd.method_len = #rec.kind
     cmd.body = rec.arg
@@ -147,14 +149,18 @@ local function query(rec)
         cmd.opts_len = #rec.opts
     end
     local rc = lib.qrpc_query(cmd, out_p, out_len, abi.errbuf, abi.ERRBUF_LEN)
+    local out = true
     if out_p[0] ~= nil then
+        if op and rc == QRPC_OK then
+            out = ffi_string(out_p[0], out_len[0])
+        end
         lib.qrpc_release(out_p[0])
         out_p[0] = nil
     end
     if rc ~= QRPC_OK then
         return nil, abi.submit_err(rc)
     end
-    return true
+    return out
 end
 
 
@@ -259,6 +265,29 @@ function _M.load(path, opts)
     end
     return load("file", where, tab_concat(lines))
 end
+
+
+-- describe(path, import_paths) -> JSON text | nil, err: the services,
+-- HTTP rules and messages of a .proto file (loaded first when it is not
+-- yet), for resty.ffi.qrpc.gateway. Worker phases only. The arguments are
+-- those of load, already checked (import_paths absolute).
+function _M.describe(path, import_paths)
+    local ok, err = ready()
+    if not ok then
+        return nil, err
+    end
+    local lines = {}
+    for i = 1, #import_paths do
+        lines[i] = "import_path=" .. import_paths[i] .. "\n"
+    end
+    local where = path
+    if #lines == 0 or str_sub(path, 1, 1) == "/" then
+        where = absolute(path)
+    end
+    return query({ kind = "file", arg = where, opts = tab_concat(lines) },
+                 abi.OP_PROTO_DESCRIBE)
+end
+_M.absolute = absolute
 
 
 function _M.load_descriptor_set(bytes)
