@@ -223,8 +223,12 @@ func (e *env) newNginx(bin, dir, host, restyLib string) (*nginx, error) {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		return nil, err
 	}
-	cfgLua := fmt.Sprintf("return { addr = %q, ca = [[\n%s]], uds = %q, proto = %q }\n", e.qrpcAddr, e.caPEM, e.udsPath,
-		filepath.Join(e.root, "demo", "proto", "greeter.proto"))
+	cfgLua := fmt.Sprintf("return { addr = %q, ca = [[\n%s]], uds = %q, proto = %q, rest_proto = %q, rest_dir = %q, proto_dir = %q }\n",
+		e.qrpcAddr, e.caPEM, e.udsPath,
+		filepath.Join(e.root, "demo", "proto", "greeter.proto"),
+		filepath.Join(e.root, "bench", "proto", "bench_http.proto"),
+		filepath.Join(e.root, "bench", "proto"),
+		filepath.Join(e.root, "demo", "proto"))
 	if err := os.WriteFile(filepath.Join(dir, "bench_config.lua"), []byte(cfgLua), 0o644); err != nil {
 		return nil, err
 	}

@@ -266,6 +266,53 @@ end
 -- POST /gw/proto/json (JSON body, JSON answer: the gateway) and
 -- POST /gw/proto/raw (protobuf body, protobuf answer: its baseline): one
 -- echo call per request, connected as /e2e/qrpc does.
+-- The REST gateway over the same echo call: POST /gw/rest/v1/echo with
+-- the JSON body (bench/proto/bench_http.proto), built once per worker.
+local rest_gw
+function _M.rest()
+    if not rest_gw then
+        local gateway = require "resty.ffi.qrpc.gateway"
+        local gw, err = gateway.new{
+            upstream = cfg.addr, opts = CONN_OPTS, prefix = "/gw/rest",
+            protos = { files = { cfg.rest_proto },
+                       import_paths = { cfg.rest_dir, cfg.proto_dir } },
+        }
+        if not gw then
+            ngx.status = 500
+            ngx.say(err)
+            return
+        end
+        rest_gw = gw
+    end
+    rest_gw:serve()
+end
+
+
+-- GET /gw/hand/<name>?age=N&email=E, by hand: what the REST route
+-- GET /gw/rest/v1/profile/{name} does, for the benchmark's baseline.
+function _M.hand()
+    local name = ngx.var.uri:match("^/gw/hand/([^/]+)$")
+    local args = ngx.req.get_uri_args()
+    local body = json.encode({ name = name, age = tonumber(args.age),
+                               email = args.email })
+    local conn, err = qrpc.connect(cfg.addr, CONN_OPTS)
+    if not conn then
+        ngx.status = 502
+        ngx.say(err)
+        return
+    end
+    local res
+    res, err = conn:unary("echo", body, JSON_OPTS)
+    if not res then
+        ngx.status = 502
+        ngx.say(err)
+        return
+    end
+    ngx.header["Content-Type"] = "application/json"
+    ngx.print(res.body)
+end
+
+
 function _M.gateway(as_json)
     local _, err = setup()
     if err then
