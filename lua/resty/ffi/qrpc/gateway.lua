@@ -725,6 +725,7 @@ local function build(gw)
     end
     index(schema)
     gw.schema = schema
+    gw.chains = {} -- query parameter names -> field chains (query_chain)
 
     local routes, seen = {}, {}
     local function add(r, m)
@@ -971,7 +972,7 @@ end
 
 -- set(t, ch, v): t[ch[1].name]...[ch[n].name] = v, through tables that
 -- the body may already hold under either field name
-local function set(t, ch, v, from)
+local function set(t, ch, v, from, qkey)
     for i = 1, #ch - 1 do
         local f = ch[i]
         local k = f.name
@@ -984,6 +985,10 @@ local function set(t, ch, v, from)
             sub = {}
             t[k] = sub
         elseif type(sub) ~= "table" then
+            if qkey then
+                -- a query parameter: its name is quoted only on this error
+                from = "query parameter " .. quote(qkey)
+            end
             return nil, from .. ": " .. f.name .. " is not an object in the body"
         end
         t = sub
@@ -998,40 +1003,81 @@ end
 
 -- add_query(gw, route, msg, bound) adds the query parameters to msg;
 -- bound: the field paths the path sets, and the body's field
+-- The field chain of a query parameter's name in message input, with its
+-- dotted path (ch.path), looked up once per gateway and name: a request
+-- repeats the names of the last. Misses are kept too (false, err), up to
+-- MAX_CHAINS names per message, so that made-up names cannot grow it.
+local MAX_CHAINS = 256
+
+local function query_chain(gw, input, name)
+    local cache = gw.chains[input]
+    if not cache then
+        cache = { n = 0 }
+        gw.chains[input] = cache
+    end
+    local hit = cache[name]
+    if hit ~= nil then
+        return hit, cache[name .. "\0err"]
+    end
+    local ch, cerr = chain(gw.schema, input, name)
+    if cache.n < MAX_CHAINS then
+        cache.n = cache.n + 1
+        if ch then
+            ch.path = path_of(ch)
+            cache[name] = ch
+        else
+            cache[name] = false
+            cache[name .. "\0err"] = cerr
+        end
+    elseif ch then
+        ch.path = path_of(ch)
+    end
+    return ch, cerr
+end
+
+-- the start of a query parameter's error
+local function query_err(k)
+    return "query parameter " .. quote(k)
+end
+
 local function add_query(gw, route, msg, bound)
     local args, err = get_uri_args(100)
     if err == "truncated" then
         return nil, "more than 100 query parameters"
     end
-    local schema = gw.schema
     for k, v in pairs(args) do
-        local name, mkey = str_match(k, "^([^%[]+)%[(.*)%]$")
-        name = name or k
-        local ch, cerr = chain(schema, route.input, name)
+        local name, mkey = k, nil
+        if str_find(k, "[", 1, true) then
+            local n2, m2 = str_match(k, "^([^%[]+)%[(.*)%]$")
+            if n2 then
+                name, mkey = n2, m2
+            end
+        end
+        local ch, cerr = query_chain(gw, route.input, name)
         if not ch then
             if not gw.conf.discard_unknown then
                 return nil, "query parameter " .. quote(k) .. ": " .. cerr
             end
-        elseif bound[ch[1].name] or bound[path_of(ch)] then -- luacheck: ignore 542
+        elseif bound[ch[1].name] or bound[ch.path] then -- luacheck: ignore 542
             -- set by the path or the body: they win
         else
             local f = ch[#ch]
             local kind = value_kind(f)
-            local where = "query parameter " .. quote(k)
+            local where = k
             if mkey then
                 if not f.map then
-                    return nil, where .. ": " .. f.name .. " is not a map"
+                    return nil, query_err(where) .. ": " .. f.name .. " is not a map"
                 end
                 if type(v) == "table" then
-                    return nil, where .. ": given " .. #v .. " times"
+                    return nil, query_err(where) .. ": given " .. #v .. " times"
                 end
                 if not kind then
-                    return nil, where .. ": map values of type " .. tostring(f.type)
-                                .. " cannot come from the query string"
+                    return nil, query_err(where) .. ": map values of type "
+                                .. tostring(f.type) .. " cannot come from the query string"
                 end
                 local cv, e = conv(kind, v)
                 if cv == nil then
-                    return nil, where .. ": " .. e
+                    return nil, query_err(where) .. ": " .. e
                 end
                 -- the map's table, then the key
                 local mapv = {}
@@ -1045,7 +1091,7 @@ local function add_query(gw, route, msg, bound)
                 mapv[mkey] = cv
                 parent[f.name] = mapv
             elseif f.map or not kind then
-                return nil, where .. ": " .. f.name .. " is a "
+                return nil, query_err(where) .. ": " .. f.name .. " is a "
                             .. (f.map and "map: use " .. f.name .. "[key]=value"
                                 or "message: give its fields as " .. name .. ".<field>")
             elseif f.repeated then
@@ -1056,23 +1102,24 @@ local function add_query(gw, route, msg, bound)
                 for i = 1, #v do
                     local cv, e = conv(kind, v[i])
                     if cv == nil then
-                        return nil, where .. ": " .. e
+                        return nil, query_err(where) .. ": " .. e
                     end
                     list[i] = cv
                 end
-                local ok, serr = set(msg, ch, list, where)
+                local ok, serr = set(msg, ch, list, nil, where)
                 if not ok then
                     return nil, serr
                 end
             else
                 if type(v) == "table" then
-                    return nil, where .. ": given " .. #v .. " times for a single field"
+                    return nil, query_err(where) .. ": given " .. #v
+                                .. " times for a single field"
                 end
                 local cv, e = conv(kind, v)
                 if cv == nil then
-                    return nil, where .. ": " .. e
+                    return nil, query_err(where) .. ": " .. e
                 end
-                local ok, serr = set(msg, ch, cv, where)
+                local ok, serr = set(msg, ch, cv, nil, where)
                 if not ok then
                     return nil, serr
                 end
