@@ -3,6 +3,7 @@ package nginx
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -733,4 +734,54 @@ func redoclyLint(t *testing.T, b []byte) {
 		return
 	}
 	t.Errorf("redocly lint: %v\n%s", err, s)
+}
+
+// TestGatewayMetrics: qrpc.metrics() counts the gateway's requests by
+// route template (never the raw path), method and status, with their
+// durations, beside the pool's own series.
+func TestGatewayMetrics(t *testing.T) {
+	dir := gatewayDir(t)
+	sd := compileShop(t, dir)
+	shop := startShopServer(t, sd, "127.0.0.1:0")
+	n := startNginx(t, ngxConf{
+		Workers:   1,
+		InitByLua: gatewayInit(dir),
+		Extra: map[string]string{
+			"shop_addr": shop.addr, "down_addr": shop.addr, "lost_addr": shop.addr,
+			"pool_a": shop.addr, "pool_b": shop.addr, "proto_dir": dir, "call_timeout": "10000",
+		},
+		Server: `
+        location /api/ { content_by_lua_block { package.loaded.gw_main:serve() } }
+        location = /metrics { content_by_lua_block { ngx.print((require "resty.ffi.qrpc").metrics()) } }`,
+		AllowErrors: []string{`qrpc gateway: routes\["GET /v1/x"\]: no method gwtest.Shop.Nope`, `bad proto: .*absent.proto`},
+	})
+	const calls = 7
+	for i := range calls {
+		if r := n.req(t, "GET", fmt.Sprintf("/api/v1/items/%d", 40+i), ""); r.status != 200 {
+			t.Fatalf("GET item: %d %s", r.status, r.body)
+		}
+	}
+	if r := n.req(t, "GET", "/api/no/such/route", ""); r.status != 404 {
+		t.Fatalf("no route: %d %s", r.status, r.body)
+	}
+	st, text := n.get("/metrics")
+	if st != 200 {
+		t.Fatalf("/metrics: %d %s", st, text)
+	}
+	for _, want := range []string{
+		`qrpc_gateway_requests_total{route="GET /api/v1/items/{id}",method="GET",status="200"} 7`,
+		`qrpc_gateway_requests_total{route="none",method="GET",status="404"} 1`,
+		`qrpc_gateway_request_duration_seconds_count{route="GET /api/v1/items/{id}"} 7`,
+		`qrpc_gateway_request_duration_seconds_bucket{route="GET /api/v1/items/{id}",le="+Inf"} 7`,
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("missing %s", want)
+		}
+	}
+	if strings.Contains(text, "/v1/items/4") || strings.Contains(text, "/no/such") {
+		t.Error("a raw path in the metrics")
+	}
+	if t.Failed() {
+		t.Log(text)
+	}
 }

@@ -38,6 +38,11 @@ const (
 	nameRetries     = "qrpc_client_retries_total"
 	nameBudget      = "qrpc_client_retry_budget_exhausted_total"
 	nameBytes       = "qrpc_client_bytes_total"
+
+	// Recorded in Lua by resty.ffi.qrpc.gateway and added to a worker's
+	// snapshot there (lua/resty/ffi/qrpc/metrics.lua): rendered here.
+	nameGWRequests = "qrpc_gateway_requests_total"
+	nameGWDuration = "qrpc_gateway_request_duration_seconds"
 )
 
 // family is one metric as the exposition lists it.
@@ -57,6 +62,8 @@ var families = []family{
 	{nameRetries, "counter", "Extra attempts of calls by the server whose attempt failed or was slow, and why (the failure's first word, or hedge: a copy sent after the hedge delay)."},
 	{nameBudget, "counter", "Retries and hedged copies refused by the retry budget, by the server whose attempt failed or was slow."},
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
+	{nameGWRequests, "counter", "REST gateway requests by route (its template, never the raw path), HTTP method and status."},
+	{nameGWDuration, "histogram", "Duration of REST gateway requests by route, from serve() to the answer written, in seconds."},
 }
 
 // Results of a call: ok, code, then the first words of errors with the

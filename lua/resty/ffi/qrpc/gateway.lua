@@ -14,6 +14,8 @@
 local qrpc = require "resty.ffi.qrpc"
 local proto = require "resty.ffi.qrpc.proto"
 local json = require "resty.ffi.qrpc.json"
+local metrics = require "resty.ffi.qrpc.metrics"
+local ffi = require "ffi"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -1321,10 +1323,7 @@ function _M.openapi_json(self)
 end
 
 
-function _M.serve(self)
-    if type(self) ~= "table" or getmetatable(self) ~= mt then
-        return nil, "bad argument #1: a gateway is expected (use gw:serve(), not gw.serve())"
-    end
+local function serve(self)
     local ok, err = ensure(self)
     if not ok then
         return fail(500, "gateway not ready: " .. err)
@@ -1382,7 +1381,7 @@ function _M.serve(self)
     then
         if route.resp_field then
             return fail(406, route.label .. " answers a field of " .. route.output
-                             .. " (response_body): JSON only")
+                             .. " (response_body): JSON only"), route
         end
         want_pb = true
     end
@@ -1396,11 +1395,11 @@ function _M.serve(self)
         local f = v.chain[#v.chain]
         local cv, cerr = conv(value_kind(f), s)
         if cv == nil then
-            return fail(400, "path {" .. v.field .. "}: " .. cerr)
+            return fail(400, "path {" .. v.field .. "}: " .. cerr), route
         end
         local sok, serr = set(msg, v.chain, cv, "path")
         if not sok then
-            return fail(400, serr)
+            return fail(400, serr), route
         end
         pathvals[i] = cv
         bound[v.path] = true
@@ -1411,11 +1410,11 @@ function _M.serve(self)
     if body_mode ~= "" then
         local data, st = read_body(self)
         if not data then
-            return fail(st, "request body larger than " .. conf.max_body .. " bytes")
+            return fail(st, "request body larger than " .. conf.max_body .. " bytes"), route
         end
         if data ~= "" and not json_type(ngx_var.content_type) then
             return fail(415, "Content-Type must be application/json (got "
-                             .. tostring(ngx_var.content_type or "none") .. ")")
+                             .. tostring(ngx_var.content_type or "none") .. ")"), route
         end
         if body_mode == "*" then
             if #vars == 0 then
@@ -1423,17 +1422,17 @@ function _M.serve(self)
             elseif data ~= "" then
                 local b, derr = body_decode(data)
                 if b == nil then
-                    return fail(400, "bad JSON body: " .. tostring(derr))
+                    return fail(400, "bad JSON body: " .. tostring(derr)), route
                 end
                 if type(b) ~= "table" or (#b > 0) then
                     return fail(400, "bad message: " .. route.input
-                                     .. ": the body must be a JSON object")
+                                     .. ": the body must be a JSON object"), route
                 end
                 for i = 1, #vars do
                     local v = vars[i]
                     local sok, serr = set(b, v.chain, pathvals[i], "path {" .. v.field .. "}")
                     if not sok then
-                        return fail(400, serr)
+                        return fail(400, serr), route
                     end
                 end
                 msg = b
@@ -1446,17 +1445,17 @@ function _M.serve(self)
                     -- not bound by the path: the body is the field's value as sent
                     local b, derr = body_decode(data)
                     if b == nil then
-                        return fail(400, "bad JSON body: " .. tostring(derr))
+                        return fail(400, "bad JSON body: " .. tostring(derr)), route
                     end
                     msg[f.name] = b
                 else
                     local b, derr = body_decode(data)
                     if b == nil then
-                        return fail(400, "bad JSON body: " .. tostring(derr))
+                        return fail(400, "bad JSON body: " .. tostring(derr)), route
                     end
                     if type(b) ~= "table" then
                         return fail(400, "bad message: " .. route.input .. ": " .. f.name
-                                         .. ": the body must be a JSON object")
+                                         .. ": the body must be a JSON object"), route
                     end
                     -- the path's fields inside the body's object win
                     for i = 1, #vars do
@@ -1469,7 +1468,7 @@ function _M.serve(self)
                             local sok, serr = set(b, sub, pathvals[i],
                                                   "path {" .. vars[i].field .. "}")
                             if not sok then
-                                return fail(400, serr)
+                                return fail(400, serr), route
                             end
                         end
                     end
@@ -1481,14 +1480,14 @@ function _M.serve(self)
     if body_mode ~= "*" then
         local qok, qerr = add_query(self, route, msg, bound)
         if not qok then
-            return fail(400, qerr)
+            return fail(400, qerr), route
         end
     end
     if not text then
         local eerr
         text, eerr = json_encode(msg)
         if not text then
-            return fail(400, "bad message: " .. route.input .. ": " .. tostring(eerr))
+            return fail(400, "bad message: " .. route.input .. ": " .. tostring(eerr)), route
         end
     end
 
@@ -1507,7 +1506,7 @@ function _M.serve(self)
 
     local conn, cerr = qrpc.connect(conf.upstream, conf.opts)
     if not conn then
-        return upstream_error(self, cerr, route)
+        return upstream_error(self, cerr, route), route
     end
     local res, uerr = conn:unary(route.method, text, {
         request = route.input,
@@ -1518,7 +1517,7 @@ function _M.serve(self)
         headers = headers,
     })
     if not res then
-        return upstream_error(self, uerr, route)
+        return upstream_error(self, uerr, route), route
     end
     local rh = conf.response_headers
     if rh and res.headers then
@@ -1532,27 +1531,102 @@ function _M.serve(self)
         local status = conf.codes[res.code] or 500
         local body = res.body
         local message = body ~= "" and is_text(body) and body or ("code " .. res.code)
-        return write_error(status, res.code, message)
+        return write_error(status, res.code, message), route
     end
     if want_pb then
         ngx_header["Content-Type"] = "application/x-protobuf"
         ngx_print(res.body)
-        return 200
+        return 200, route
     end
     local out = res.body
     if route.resp_field then
         local rerr
         out, rerr = response_field(self, route, out)
         if not out then
-            return upstream_error(self, rerr, route)
+            return upstream_error(self, rerr, route), route
         end
     end
     ngx_header["Content-Type"] = "application/json"
     ngx_print(out)
-    return 200
+    return 200, route
 end
 
 
+-- Metrics: per worker, series -> cumulative value, added to qrpc.metrics()
+-- (resty.ffi.qrpc.metrics' add_source). route is the template, never the
+-- raw path: the label set is bounded by the routes (and "none" for a
+-- request that matched none).
+local counters = {}
+metrics.add_source(counters)
+local BOUNDS = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+local LE = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005",
+             "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5",
+             "10" }
+local series_of = {} -- route label -> its histogram's series names
+
+local function label(s)
+    return (str_gsub(s, '[\\"\n]', { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+end
+
+local function record(route, method, status, secs)
+    local r = route and route.label or "none"
+    local ser = series_of[r]
+    if not ser then
+        local l = 'route="' .. label(r) .. '"'
+        ser = { l = l, b = {}, sum = "qrpc_gateway_request_duration_seconds_sum{" .. l .. "}",
+                count = "qrpc_gateway_request_duration_seconds_count{" .. l .. "}",
+                inf = "qrpc_gateway_request_duration_seconds_bucket{" .. l .. ',le="+Inf"}' }
+        for i = 1, #LE do
+            ser.b[i] = "qrpc_gateway_request_duration_seconds_bucket{" .. l .. ',le="'
+                       .. LE[i] .. '"}'
+        end
+        series_of[r] = ser
+    end
+    local key = "qrpc_gateway_requests_total{" .. ser.l .. ',method="' .. label(method)
+                .. '",status="' .. status .. '"}'
+    counters[key] = (counters[key] or 0) + 1
+    for i = #BOUNDS, 1, -1 do
+        if secs > BOUNDS[i] then
+            break
+        end
+        local b = ser.b[i]
+        counters[b] = (counters[b] or 0) + 1
+    end
+    counters[ser.inf] = (counters[ser.inf] or 0) + 1
+    counters[ser.count] = (counters[ser.count] or 0) + 1
+    counters[ser.sum] = (counters[ser.sum] or 0) + secs
+end
+
+
+-- The durations come from CLOCK_MONOTONIC (ngx.now() has millisecond
+-- steps, coarser than the histogram's first buckets). Declared under
+-- pcall: another module may have declared them already.
+pcall(ffi.cdef, "struct timespec { long tv_sec; long tv_nsec; };")
+pcall(ffi.cdef, "int clock_gettime(int clk_id, struct timespec *tp);")
+local C = ffi.C
+local ts = ffi.new("struct timespec")
+local CLOCK_MONOTONIC = 1
+
+local function mono()
+    C.clock_gettime(CLOCK_MONOTONIC, ts)
+    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+
+-- gw:serve(): answers this request (content phase).
+function _M.serve(self)
+    if type(self) ~= "table" or getmetatable(self) ~= mt then
+        return nil, "bad argument #1: a gateway is expected (use gw:serve(), not gw.serve())"
+    end
+    local t0 = mono()
+    local status, route = serve(self)
+    record(route, get_method(), status or ngx.status, mono() - t0)
+    return status
+end
+
+
+-------------------------------------------------------------------------
 -------------------------------------------------------------------------
 -- OpenAPI 3.1
 -------------------------------------------------------------------------

@@ -54,6 +54,7 @@ local failed_once      -- this worker has met a full dict
 local last = {}        -- counter series -> value this worker has added
 local gauge_keys = {}  -- dict keys of this worker's gauges
 
+local sources = {}     -- add_source: Lua-side counters (the REST gateway)
 local lib              -- the loaded library, once init() ran
 local dict_name        -- configure{ metrics_dict }, or nil
 local flushing         -- the flush timer runs
@@ -65,6 +66,29 @@ local out_p = ffi_new("char *[1]")
 local out_len = ffi_new("size_t[1]")
 local errbuf = ffi_new("char[?]", ERRBUF_LEN)
 
+
+-- add_source(t): t is a table of Lua-side counters of this worker,
+-- series -> cumulative value (e.g. the REST gateway's); they go into
+-- qrpc.metrics() with Go's. Series must be of a family internal/metrics
+-- renders (internal/metrics/families.go).
+function _M.add_source(t)
+    sources[#sources + 1] = t
+end
+
+-- extra: the sources' counters as snapshot lines ("c <series> <value>").
+local function extra()
+    if #sources == 0 then
+        return ""
+    end
+    local buf, n = {}, 0
+    for i = 1, #sources do
+        for series, v in pairs(sources[i]) do
+            n = n + 1
+            buf[n] = "c " .. series .. " " .. str_format("%.17g", v) .. "\n"
+        end
+    end
+    return tab_concat(buf)
+end
 
 -- query asks Go for this worker's metrics: what is "" (text format),
 -- "snapshot", or "render" with body (a dump). One synchronous call.
@@ -213,7 +237,7 @@ local function flush_timer(premature)
     end
     local snap, err = query("snapshot")
     if snap then
-        _M.flush(dict, name, snap)
+        _M.flush(dict, name, snap .. extra())
     else
         ngx_log(ngx_ERR, err)
     end
@@ -264,7 +288,14 @@ end
 -- dict, or this worker's figures without one.
 function _M.text()
     if not dict_name then
-        return query("")
+        if #sources == 0 then
+            return query("")
+        end
+        local snap, err = query("snapshot")
+        if not snap then
+            return nil, err
+        end
+        return query("render", snap .. extra())
     end
     local dict = shared[dict_name]
     if not dict then
