@@ -450,16 +450,16 @@ type ngxConf struct {
 }
 
 type nginxProc struct {
-	t      *testing.T
-	dir    string
-	port   int
+	t    *testing.T
+	dir  string
+	port int
 	// streamPort, streamPort2: the ports ngxConf.Stream may listen on
 	streamPort, streamPort2 int
-	conf   string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	client *http.Client
-	allow  []*regexp.Regexp
+	conf                    string
+	cmd                     *exec.Cmd
+	exited                  chan struct{}
+	client                  *http.Client
+	allow                   []*regexp.Regexp
 
 	stopOnce sync.Once
 }
