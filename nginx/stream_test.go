@@ -124,7 +124,6 @@ func TestStreamContract(t *testing.T) {
 		"closed":           "ERR closed / nil closed",
 		"stats":            "OK subsystem=stream host=builtin loaded=true calls=true",
 		"peers":            "OK 1 up",
-		"metrics":          "OK true",
 		"kill k":           "OK killed k",
 		"timer tm":         "OK OK 0 tm",
 	}
@@ -154,6 +153,17 @@ func TestStreamContract(t *testing.T) {
 	}
 	if got, w := httpAsk(t, n, "stats"), "OK subsystem=http host="+ng.Host(); !strings.HasPrefix(got, w) {
 		t.Errorf("http stats: %q, want %q...", got, w)
+	}
+
+	// this VM's completions are a series of the worker's metrics
+	for _, ask := range []struct {
+		sub string
+		f   func(string) string
+	}{{"stream", func(l string) string { return streamAsk(t, p, l) }}, {"http", func(l string) string { return httpAsk(t, n, l) }}} {
+		got := ask.f("metrics")
+		if f := strings.Fields(got); len(f) != 3 || f[0] != "OK" || f[1] != "true" || f[2] == "none" || f[2] == "0" {
+			t.Errorf("%s metrics: %q, want OK true <completions of the %s VM>", ask.sub, got, ask.sub)
+		}
 	}
 
 	// preread_by_lua yields for its call

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/metrics"
 )
 
 // maxQueuedLogs bounds the log lines waiting in the completion queue: with
@@ -61,7 +62,10 @@ type VM struct {
 	b     *Host
 	idx   int
 	name  string // under b.mu; "" while unregistered
-	calls bridge.Calls
+	label atomic.Pointer[string] // name, for the metrics
+	// completions pushed to its queue, log lines not counted
+	completed atomic.Uint64
+	calls     bridge.Calls
 	wake  wakeState
 }
 
@@ -82,6 +86,17 @@ var rt *bridge.Runtime
 
 func init() {
 	rt = bridge.New(cmem, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
+	rt.Metrics().SetExtraCounters(builtin.vmCounters)
+}
+
+// vmCounters reports each registered VM's completions (metrics).
+func (b *Host) vmCounters(add func(series string, v float64)) {
+	for i := range b.vms {
+		v := &b.vms[i]
+		if name := v.label.Load(); name != nil {
+			add(metrics.NameVMCompletions+`{subsystem="`+*name+`"}`, float64(v.completed.Load()))
+		}
+	}
 }
 
 // Builtin is the process's built-in host.
@@ -145,8 +160,8 @@ func (b *Host) Gen() (*bridge.Gen, error) {
 // the index it already has, else VM 0 when no VM has registered yet, else
 // the next free one.
 func (b *Host) VMOpen(name string) (int, error) {
-	if name == "" || len(name) > 64 {
-		return -1, fmt.Errorf("%w: a VM name is 1..64 bytes", bridge.ErrBadCommand)
+	if !vmName(name) {
+		return -1, fmt.Errorf("%w: a VM name is 1..64 bytes of a-z, 0-9 and _ (got %q)", bridge.ErrBadCommand, bridge.Clip(name))
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -165,8 +180,22 @@ func (b *Host) VMOpen(name string) (int, error) {
 		return -1, fmt.Errorf("%w: %d Lua VMs are registered already, the most one process serves", bridge.ErrBadCommand, MaxVMs)
 	}
 	b.vms[free].name = name
+	b.vms[free].label.Store(&name)
 	vmMarkOpen(free)
 	return free, nil
+}
+
+// vmName: a VM's name is a metrics label value too.
+func vmName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
 }
 
 // VMAt is VM i, or nil when i is out of range.
@@ -215,6 +244,9 @@ func (v *VM) enqueue(c bridge.Completion) bool {
 // caller's.
 func (v *VM) push(c *bridge.Completion) int {
 	rc := cqPush(v.idx, c, maxQueuedLogs)
+	if rc >= 0 && c.Status != bridge.StatusLog {
+		v.completed.Add(1)
+	}
 	if rc == 1 {
 		v.wakeSoon()
 		rc = 0

@@ -762,18 +762,18 @@ func BenchmarkEchoQueued(b *testing.B) {
 // wake-up socket wakes it, and each drains exactly its own completions.
 func TestVMsKeepTheirCompletions(t *testing.T) {
 	openBuiltin(t)
-	a, err := builtin.VMOpen("test-vm-a")
+	a, err := builtin.VMOpen("test_vm_a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := builtin.VMOpen("test-vm-b")
+	b, err := builtin.VMOpen("test_vm_b")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a == b {
 		t.Fatalf("two names, one VM index %d", a)
 	}
-	if again, _ := builtin.VMOpen("test-vm-b"); again != b {
+	if again, _ := builtin.VMOpen("test_vm_b"); again != b {
 		t.Fatalf("VMOpen of a registered name: %d, want %d", again, b)
 	}
 	if b != bridge.MaxVMs-1 {

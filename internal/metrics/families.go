@@ -38,6 +38,8 @@ const (
 	nameRetries     = "qrpc_client_retries_total"
 	nameBudget      = "qrpc_client_retry_budget_exhausted_total"
 	nameBytes       = "qrpc_client_bytes_total"
+	// NameVMCompletions is counted by the built-in host (SetExtraCounters).
+	NameVMCompletions = "qrpc_client_vm_completions_total"
 )
 
 // family is one metric as the exposition lists it.
@@ -57,6 +59,7 @@ var families = []family{
 	{nameRetries, "counter", "Extra attempts of calls by the server whose attempt failed or was slow, and why (the failure's first word, or hedge: a copy sent after the hedge delay)."},
 	{nameBudget, "counter", "Retries and hedged copies refused by the retry budget, by the server whose attempt failed or was slow."},
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
+	{NameVMCompletions, "counter", "Completions (answers, errors, connects) the built-in host delivered to each Lua VM of the worker, by the VM's nginx subsystem (http, stream)."},
 }
 
 // Results of a call: ok, code, then the first words of errors with the

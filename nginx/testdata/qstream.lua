@@ -143,6 +143,8 @@ function ops.metrics()
         return "ERR " .. err
     end
     return "OK " .. tostring(text:find("qrpc_client_calls_total", 1, true) ~= nil)
+           .. " " .. (text:match('qrpc_client_vm_completions_total{subsystem="'
+                                 .. ngx.config.subsystem .. '"} (%d+)') or "none")
 end
 
 -- kill: a light thread killed while its call waits, then a call that works
