@@ -243,7 +243,10 @@ function _M.log()
     end
     local ok, err = c:event("count", "log-" .. ngx.config.subsystem)
     local _, uerr = c:unary("echo", "x")
-    d:set("lastlog", "event=" .. tostring(ok or err) .. " unary=" .. tostring(uerr))
+    -- a connection not dialled yet cannot be dialled here
+    local _, cerr = qtest.connect({ conns = 3 })
+    d:set("lastlog", "event=" .. tostring(ok or err) .. " unary=" .. tostring(uerr)
+                     .. " connect=" .. tostring(cerr))
 end
 
 return _M

@@ -273,8 +273,8 @@ local function load_masked(cfg_host, cfg_lib, subsystem)
     if not ok then
         return nil, err
     end
-    ngx_log(ngx_NOTICE, "qrpc: loaded ", where, " (host ", want, ", ",
-            subsystem or "http", " subsystem)")
+    ngx_log(ngx_NOTICE, "qrpc: loaded ", where, " (host ", want, ")",
+            subsystem == "stream" and " for the stream subsystem" or "")
     return { lib = l, host = want, where = where, rt = rt }
 end
 
