@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,6 +140,18 @@ func TestStreamContract(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Errorf("event k-stream counted %d times, want 1", srv.eventCount("k-stream"))
+	}
+
+	// qrpc.proto: a schema loaded and used in each VM
+	if err := os.WriteFile(filepath.Join(n.dir, "qstream.proto"),
+		[]byte("syntax = \"proto3\";\npackage qs;\nmessage Msg { string name = 1; int32 n = 2; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := streamAsk(t, p, "proto"); got != "OK 0 stream 7" {
+		t.Errorf("stream proto: %q", got)
+	}
+	if got := httpAsk(t, n, "proto"); got != "OK 0 http 7" {
+		t.Errorf("http proto: %q", got)
 	}
 
 	// The same misuse answers the same errors in both subsystems.
@@ -471,5 +484,75 @@ func TestStreamAndHTTPMemory(t *testing.T) {
 	// under a tenth of the warm RSS.
 	if grew := rss[rounds-1] - rss[1]; grew > rss[1]/10 {
 		t.Errorf("RSS grew %d KiB from round 2 to round %d (%v)", grew, rounds, rss)
+	}
+}
+
+// TestStreamAndHTTPQuit: nginx -s quit with calls in flight in both Lua
+// VMs of a worker: each VM's dispatcher keeps the worker until its own
+// calls have answered, and every caller gets its answer.
+func TestStreamAndHTTPQuit(t *testing.T) {
+	requireStreamLua(t)
+	t.Parallel()
+	srv := ownServer(t)
+	c := streamConf(1)
+	c.QServer = srv
+	n := startNginx(t, c)
+	// warm both VMs (library loaded, connections dialled)
+	if got := streamAsk(t, n.streamPort, "unary echo warm"); got != "OK 0 warm" {
+		t.Fatalf("stream warm-up: %q", got)
+	}
+	if got := httpAsk(t, n, "unary echo warm"); got != "OK 0 warm" {
+		t.Fatalf("http warm-up: %q", got)
+	}
+	const each = 20
+	m := &mixResult{}
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := 0; i < each; i++ {
+		wg.Add(2)
+		go func(i int) {
+			defer wg.Done()
+			body := fmt.Sprintf("http-quit-%d", i)
+			resp, err := client.Get(n.url("/line?l=" + url.QueryEscape("slowecho 2000 "+body)))
+			got := ""
+			if err == nil {
+				b, rerr := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				got, err = strings.TrimSuffix(string(b), "\n"), rerr
+			}
+			m.check("OK 0 "+body, got, err)
+		}(i)
+		go func(i int) {
+			defer wg.Done()
+			body := fmt.Sprintf("stream-quit-%d", i)
+			l, err := dialLines(n.streamPort, 10*time.Second)
+			got := ""
+			if err == nil {
+				got, err = l.ask("slowecho 2000 "+body, 60*time.Second)
+				l.close()
+			}
+			m.check("OK 0 "+body, got, err)
+		}(i)
+	}
+	// all 40 held by the server (2 s each), then quit
+	if err := eventually(30*time.Second, func() error {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if srv.slow < 2*each {
+			return errNotYet
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the calls did not all reach the server: %v", err)
+	}
+	start := time.Now()
+	n.signal("quit")
+	wg.Wait()
+	if !n.waitExit(30 * time.Second) {
+		t.Fatalf("nginx did not exit after quit")
+	}
+	t.Logf("quit with %d http and %d stream calls in flight: %s; nginx exited %s after the quit", each, each, m, time.Since(start))
+	if m.ok.Load() != 2*each {
+		t.Errorf("%s", m)
 	}
 }

@@ -29,15 +29,19 @@ function ops.unary(arg)
     return "OK " .. res.code .. " " .. res.body
 end
 
--- slowecho <body>: a call the server holds 300 ms, then an echo of body
--- (calls in flight across a reload)
+-- slowecho [<ms>] <body>: a call the server holds ms (300) ms, then an
+-- echo of body (calls in flight across a reload or a quit)
 function ops.slowecho(arg)
     local c, err = conn()
     if not c then
         return "ERR " .. err
     end
+    local ms, rest = arg:match("^(%d+) (.*)$")
+    if ms then
+        arg = rest
+    end
     local res
-    res, err = c:unary("slow", "300", { timeout = 10000 })
+    res, err = c:unary("slow", ms or "300", { timeout = 10000 })
     if not res then
         return "ERR " .. err
     end
@@ -108,6 +112,27 @@ function ops.badargs()
     add(qrpc.configure{ host = "nope" })
     add(qrpc.proto.load("/nonexistent/x.proto"))
     return "ERR " .. table.concat(out, " | ")
+end
+
+-- proto: a schema loaded here (qstream.proto in the prefix, written by
+-- the test), a Lua table in and out through the echo method
+function ops.proto()
+    local ok, err = qrpc.proto.load(qtest.dir .. "/qstream.proto")
+    if not ok then
+        return "ERR " .. err
+    end
+    local c
+    c, err = conn()
+    if not c then
+        return "ERR " .. err
+    end
+    local res
+    res, err = c:unary("echo", { name = ngx.config.subsystem, n = 7 },
+                       { request = "qs.Msg", response = "qs.Msg" })
+    if not res then
+        return "ERR " .. err
+    end
+    return "OK " .. res.code .. " " .. tostring(res.body.name) .. " " .. tostring(res.body.n)
 end
 
 -- stats: qrpc.stats() and the connection's
