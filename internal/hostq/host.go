@@ -61,12 +61,12 @@ const MaxVMs = bridge.MaxVMs
 type VM struct {
 	b     *Host
 	idx   int
-	name  string // under b.mu; "" while unregistered
+	name  string                 // under b.mu; "" while unregistered
 	label atomic.Pointer[string] // name, for the metrics
 	// completions pushed to its queue, log lines not counted
 	completed atomic.Uint64
 	calls     bridge.Calls
-	wake  wakeState
+	wake      wakeState
 }
 
 var builtin = &Host{}
