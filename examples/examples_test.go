@@ -34,6 +34,10 @@ type try struct {
 	status   int
 	expect   string   // the answer's first line
 	contains []string // lines that must be somewhere in the answer
+	// tcp: a "# tcp: <line>" of a stream {} example: the line sent on a
+	// TCP connection to the example's port; expect is the line answered
+	tcp   string
+	isTCP bool
 }
 
 var wordRe = regexp.MustCompile(`'[^']*'|\S+`)
@@ -45,6 +49,9 @@ func parseTries(t *testing.T, name, text string) []*try {
 	var out []*try
 	for i, line := range strings.Split(text, "\n") {
 		switch {
+		case line == "# tcp:" || strings.HasPrefix(line, "# tcp: "):
+			out = append(out, &try{line: i + 1, status: 200, isTCP: true,
+				tcp: strings.TrimPrefix(strings.TrimPrefix(line, "# tcp:"), " ")})
 		case strings.HasPrefix(line, "# try: "):
 			tr := &try{line: i + 1, method: "GET", status: 200}
 			words := wordRe.FindAllString(strings.TrimPrefix(line, "# try: "), -1)
@@ -84,7 +91,7 @@ func parseTries(t *testing.T, name, text string) []*try {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("%s documents no request (# try:)", name)
+		t.Fatalf("%s documents no request (# try: or # tcp:)", name)
 	}
 	for _, tr := range out {
 		if tr.expect == "" {
@@ -316,6 +323,9 @@ func (s *setup) nginx(t *testing.T, conf string, port int) string {
 
 func (tr *try) do(t *testing.T, port int) (int, string) {
 	t.Helper()
+	if tr.isTCP {
+		return tr.doTCP(t, port)
+	}
 	url := strings.Replace(tr.url, "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port), 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -337,6 +347,30 @@ func (tr *try) do(t *testing.T, port int) (int, string) {
 	}
 	return resp.StatusCode, string(b)
 }
+
+// doTCP sends a "# tcp:" line on a connection of its own and returns
+// the answer line (status 200: a line came).
+func (tr *try) doTCP(t *testing.T, port int) (int, string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second)
+	if err != nil {
+		t.Fatalf("line %d: %v", tr.line, err)
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, tr.tcp+"\n"); err != nil {
+		t.Fatalf("line %d: %v", tr.line, err)
+	}
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("line %d: %q: %v", tr.line, tr.tcp, err)
+	}
+	return 200, answer
+}
+
+// needsStreamLua: a stream {} example runs only on an nginx with
+// ngx_stream_lua (the openresty flavour; Debian's nginx has none).
+func needsStreamLua(text string) bool { return strings.Contains(text, "\nstream {") }
 
 func hasLine(body, want string) bool {
 	sc := bufio.NewScanner(strings.NewReader(body))
@@ -365,6 +399,9 @@ func TestExamples(t *testing.T) {
 			b, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if needsStreamLua(string(b)) && !s.ng.StreamLua {
+				t.Skipf("%s: %s needs ngx_stream_lua (run it with QRPC_NGINX=openresty: make test-openresty)", s.ng.NoStreamLua, f)
 			}
 			tries := parseTries(t, f, string(b))
 			for _, tr := range tries {
@@ -413,6 +450,10 @@ func TestExamples(t *testing.T) {
 func TestParseTries(t *testing.T) {
 	tries := parseTries(t, "x.conf", "# try: curl -s -H 'Content-Type: application/json' --data-binary '{\"a\":1}' 'http://127.0.0.1:8080/v1/x'\n"+
 		"# status: 400\n# expect: {\"error\":\"e\"}\n# contains: line two\n")
+	if tt := parseTries(t, "s.conf", "# tcp: greet x\n# expect: 0 Hello x!\n# tcp:\n# expect: ERR\n"); len(tt) != 2 ||
+		!tt[0].isTCP || tt[0].tcp != "greet x" || tt[0].expect != "0 Hello x!" || !tt[1].isTCP || tt[1].tcp != "" {
+		t.Fatalf("tcp tries: %+v %+v", tt[0], tt[len(tt)-1])
+	}
 	tr := tries[0]
 	if tr.method != "POST" || tr.body != `{"a":1}` || tr.url != "http://127.0.0.1:8080/v1/x" || tr.status != 400 ||
 		tr.expect != `{"error":"e"}` || len(tr.contains) != 1 || len(tr.headers) != 1 || tr.headers[0][0] != "Content-Type" {

@@ -80,8 +80,30 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 	return C.int(bridge.StatusOK)
 }
 
+//export qrpc_vm_open
+func qrpc_vm_open(name *C.char, nameLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	enterExport()
+	defer leaveExport()
+	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
+	n, err := bridge.View(unsafe.Pointer(name), uintptr(nameLen), "name")
+	if err == nil {
+		var i int
+		if i, err = builtin.VMOpen(string(n)); err == nil {
+			return C.int(i)
+		}
+	}
+	st, msg := bridge.StatusOf(err)
+	errString(unsafe.Pointer(errBuf), uintptr(errLen), msg)
+	return C.int(st)
+}
+
 //export qrpc_wake_open
 func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+	return qrpc_vm_wake_open(0, dir, dirLen, path, pathLen, errBuf, errLen)
+}
+
+//export qrpc_vm_wake_open
+func qrpc_vm_wake_open(vm C.int, dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
 	enterExport()
 	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
@@ -92,6 +114,10 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 	if _, err := builtin.Gen(); err != nil {
 		return fail(bridge.ErrClosed, err.Error())
 	}
+	v := builtin.VMAt(int(vm))
+	if v == nil {
+		return fail(bridge.ErrBadArg, fmt.Sprintf("bad command: vm must be 0..%d, got %d", hostq.MaxVMs-1, int(vm)))
+	}
 	d, err := bridge.View(unsafe.Pointer(dir), uintptr(dirLen), "dir")
 	if err != nil {
 		return fail(bridge.StatusOf(err))
@@ -100,7 +126,7 @@ func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t
 	if path == nil {
 		room = 0
 	}
-	p, err := builtin.WakeOpen(string(d), room)
+	p, err := v.WakeOpen(string(d), room)
 	if err != nil {
 		return fail(bridge.StatusOf(err))
 	}
@@ -142,7 +168,7 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	if out == nil {
 		return C.int(bridge.ErrBadArg)
 	}
-	s, err := rt.Stats(uint64(conn), builtin.Queued())
+	s, err := rt.Stats(uint64(conn), builtin.QueuedAll())
 	if err != nil {
 		st, _ := bridge.StatusOf(err)
 		return C.int(st)

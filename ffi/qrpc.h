@@ -78,7 +78,7 @@ metrics=on
 
 /* One command, the same for both hosts. Unused fields are zero: a
  * version 2 field set on an op that does not read it is refused
- * (QRPC_ERR_BADARG), as are unknown flags and a non-zero reserved2.
+ * (QRPC_ERR_BADARG), as are unknown flags and a vm of QRPC_MAX_VMS or more.
  * Strings are (pointer, length); they need not be NUL-terminated.
  * hdrs is a packed block of alternating key, value entries, each
  * [uint32 length][bytes]; nhdrs counts entries (keys + values). */
@@ -113,12 +113,17 @@ typedef struct {
     const char *resp_type;   size_t resp_type_len;  /* UNARY: the response body is decoded as this
                                                        message, to JSON (<= 1024) */
     uint32_t    flags;       /* QRPC_F_* */
-    uint32_t    reserved2;   /* 0 */
+    uint32_t    vm;          /* built-in host: the Lua VM (qrpc_vm_open) whose queue gets
+                                this command's completion; 0 = the first VM. The
+                                lua-resty-ffi host ignores it */
     const char *opts;        size_t opts_len;       /* CONNECT: pool options; other ops: op-specific;
                                                        "key=value\n" lines (<= 1 MiB) */
 } qrpc_cmd_t;
 
 #define QRPC_CMD_VERSION 2
+
+/* How many Lua VMs one process's built-in host serves (qrpc_vm_open). */
+#define QRPC_MAX_VMS 8
 
 /* A finished command (built-in host). data is malloc'd (free with
  * qrpc_release_n / qrpc_release) or NULL; for QRPC_OK it is a result blob:
@@ -146,6 +151,19 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
                    char *err, size_t err_len);
 
+/* Registers a Lua VM of this process by name (the nginx subsystem of
+ * ngx_http_lua or ngx_stream_lua: "http", "stream"): each VM gets a
+ * completion queue and a wake-up socket of its own, so that no VM takes
+ * another's completions. Returns the VM's index (0 .. QRPC_MAX_VMS-1; the
+ * same index again for a name already registered; the first name gets 0),
+ * or a negative status with a message in err. Commands carry the index in
+ * qrpc_cmd_t.vm. */
+int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
+
+/* qrpc_wake_open for VM vm: its wake-up socket. qrpc_wake_open is VM 0's. */
+int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
+                      size_t path_len, char *err, size_t err_len);
+
 /* The built-in host has one way in and one way out, both plain C that
  * never enter the Go runtime: a thread that has called into Go keeps a Go
  * scheduler slot while it runs nginx, and Go then spends more CPU on its
@@ -159,13 +177,17 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * arguments included, then comes as that completion, with its status and
  * message; CONNECT's carries the new handle), QRPC_OK for CANCEL (no
  * completion), QRPC_ERR_CLOSED when the host is not open, QRPC_ERR_FULL
- * when too many commands wait, QRPC_ERR_BADARG for other ops. Commands run
+ * when too many commands wait, QRPC_ERR_BADARG for other ops and for a
+ * cmd->vm that qrpc_vm_open did not return (VM 0 is always open). Commands run
  * in the order queued. Connections are not cached here: the Lua module
  * reuses its handles. */
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 
-/* Moves up to max finished commands into out; returns how many. */
+/* Moves up to max finished commands of VM 0 into out; returns how many. */
 int qrpc_poll(qrpc_completion_t *out, int max);
+
+/* qrpc_poll for VM vm's queue (0 for a VM that is not open). */
+int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max);
 
 /* Frees a block the library handed out (a completion's data, qrpc_query's
  * answer): small ones are kept for the next results and commands, big

@@ -439,17 +439,27 @@ type ngxConf struct {
 	Extra map[string]string
 	// AllowErrors are regexps of [error] lines this test expects.
 	AllowErrors []string
+	// Stream, when set, is the inside of a stream {} block (servers),
+	// a template: {{.StreamPort}} and {{.StreamPort2}} are free ports for
+	// its listen directives (nginxProc.streamPort, streamPort2). Its
+	// init_by_lua is StreamInitByLua, by default the configure of the
+	// library path and socket directory (host chosen by the library: the
+	// stream subsystem has the built-in host only). Needs ngx_stream_lua.
+	Stream          string
+	StreamInitByLua string
 }
 
 type nginxProc struct {
-	t      *testing.T
-	dir    string
-	port   int
-	conf   string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	client *http.Client
-	allow  []*regexp.Regexp
+	t    *testing.T
+	dir  string
+	port int
+	// streamPort, streamPort2: the ports ngxConf.Stream may listen on
+	streamPort, streamPort2 int
+	conf                    string
+	cmd                     *exec.Cmd
+	exited                  chan struct{}
+	client                  *http.Client
+	allow                   []*regexp.Regexp
 
 	stopOnce sync.Once
 }
@@ -520,11 +530,31 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 			envNames = append(envNames, e)
 		}
 	}
+	var streamPort, streamPort2 int
+	stream := ""
+	if c.Stream != "" {
+		streamPort, streamPort2 = ngxtest.FreePort(t), ngxtest.FreePort(t)
+		tmpl, err := template.New("stream").Parse(c.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := tmpl.Execute(&b, map[string]int{"StreamPort": streamPort, "StreamPort2": streamPort2}); err != nil {
+			t.Fatal(err)
+		}
+		stream = b.String()
+	}
+	streamInit := c.StreamInitByLua
+	if streamInit == "" {
+		streamInit = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ lib = %q, socket_dir = %q })",
+			libPath, filepath.Join(dir, "run"))
+	}
 	data := map[string]any{
 		"Dir": dir, "LuaDir": lua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
 		"EnvNames": envNames, "Main": c.Main, "HTTP": c.HTTP, "Server": c.Server,
 		"InitByLua": init, "InitWorkerByLua": c.InitWorkerByLua,
 		"NginxMain": ng.MainConf(), "LuaPath": ng.PackagePath(dir+"/?.lua", lua+"/?.lua"), "HostInit": ng.InitLua(),
+		"Stream": stream, "StreamInitByLua": streamInit,
 	}
 	var conf bytes.Buffer
 	if err := confTmpl.Execute(&conf, data); err != nil {
@@ -539,7 +569,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 	}
 
 	n := &nginxProc{
-		t: t, dir: dir, port: port, conf: confPath, exited: make(chan struct{}),
+		t: t, dir: dir, port: port, streamPort: streamPort, streamPort2: streamPort2, conf: confPath, exited: make(chan struct{}),
 		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}},
 	}
 	for _, re := range c.AllowErrors {

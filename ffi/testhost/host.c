@@ -991,17 +991,17 @@ static void query_checks(void) {
     q.opts_len = 0;
 
     /* The error paths: every one answers BADARG with a reason, out NULL. */
-    struct { const char *what; uint32_t version, op, reserved2; const char *want; } bad[] = {
+    struct { const char *what; uint32_t version, op, vm; const char *want; } bad[] = {
         { "an op of qrpc_submit_async", QRPC_CMD_VERSION, QRPC_OP_UNARY, 0, "bad command: op 2 is not a query: use qrpc_submit_async" },
         { "an unknown op", QRPC_CMD_VERSION, 42, 0, "bad command: unknown op 42" },
         { "version 1", 1, QRPC_OP_METRICS, 0, "bad command: version 1, this library speaks 2" },
-        { "reserved2 set", QRPC_CMD_VERSION, QRPC_OP_METRICS, 7, "bad command: reserved2 must be 0, got 7" },
+        { "vm out of range", QRPC_CMD_VERSION, QRPC_OP_METRICS, QRPC_MAX_VMS, "bad command: vm must be below 8, got 8" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&q, 0, sizeof q);
         q.version = bad[i].version;
         q.op = bad[i].op;
-        q.reserved2 = bad[i].reserved2;
+        q.vm = bad[i].vm;
         if (q.op == QRPC_OP_UNARY) {
             q.conn = 1;
             q.method = "m";
@@ -1014,7 +1014,7 @@ static void query_checks(void) {
     int rc = query(NULL, &out, &out_len, err, sizeof err);
     CHECK(rc == QRPC_ERR_BADARG && out == NULL && strcmp(err, "bad command: NULL command") == 0,
           "query: NULL command -> %d \"%s\"", rc, err);
-    q.reserved2 = 0;
+    q.vm = 0;
     q.op = QRPC_OP_METRICS;
     rc = p_query(&q, NULL, NULL, err, sizeof err);
     CHECK(rc == QRPC_ERR_BADARG && strstr(err, "NULL out"), "query: NULL out -> %d \"%s\"", rc, err);

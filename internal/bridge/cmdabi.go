@@ -47,7 +47,7 @@ type CmdABI struct {
 	RespType    unsafe.Pointer
 	RespTypeLen uintptr
 	Flags       uint32
-	Reserved2   uint32
+	VM          uint32
 	Opts        unsafe.Pointer
 	OptsLen     uintptr
 }
@@ -62,15 +62,15 @@ func DecodeCmd(c *CmdABI, cmd *Command) error {
 	if c.Version != CmdVersion {
 		return Badf("version %d, this library speaks %d", c.Version, CmdVersion)
 	}
-	if c.Reserved2 != 0 {
-		return Badf("reserved2 must be 0, got %d", c.Reserved2)
+	if c.VM >= MaxVMs {
+		return Badf("vm must be below %d, got %d", MaxVMs, c.VM)
 	}
 	// Cleared in place, then filled: a composite literal assigned through
 	// the pointer is built on the stack and copied (a third of this
 	// function's time on an echo answered inside a Go export).
 	*cmd = Command{}
 	cmd.Op, cmd.Conn, cmd.CallID, cmd.TimeoutMS, cmd.NHdrs = c.Op, c.Conn, c.CallID, c.TimeoutMS, c.NHdrs
-	cmd.Retries, cmd.Flags = c.Retries, c.Flags
+	cmd.Retries, cmd.Flags, cmd.VM = c.Retries, c.Flags, c.VM
 	// A closure rather than a table of field pointers: this runs for every
 	// call and must not allocate.
 	var err error
@@ -124,7 +124,7 @@ func CmdOffsets() []uintptr {
 		unsafe.Offsetof(c.HashKey), unsafe.Offsetof(c.HashKeyLen),
 		unsafe.Offsetof(c.ReqType), unsafe.Offsetof(c.ReqTypeLen),
 		unsafe.Offsetof(c.RespType), unsafe.Offsetof(c.RespTypeLen),
-		unsafe.Offsetof(c.Flags), unsafe.Offsetof(c.Reserved2), unsafe.Offsetof(c.Opts), unsafe.Offsetof(c.OptsLen),
+		unsafe.Offsetof(c.Flags), unsafe.Offsetof(c.VM), unsafe.Offsetof(c.Opts), unsafe.Offsetof(c.OptsLen),
 	}
 }
 

@@ -56,7 +56,7 @@ func TestDecodeCmd(t *testing.T) {
 		{"null with length", func(c *bridge.CmdABI) { c.Body, c.BodyLen = nil, 5 }, "body: NULL pointer with length 5"},
 		{"huge length", func(c *bridge.CmdABI) { c.BodyLen = 1 << 40 }, "body: length"},
 		{"null method", func(c *bridge.CmdABI) { c.Method = nil }, "method: NULL pointer"},
-		{"reserved2", func(c *bridge.CmdABI) { c.Reserved2 = 1 }, "reserved2 must be 0, got 1"},
+		{"vm", func(c *bridge.CmdABI) { c.VM = bridge.MaxVMs }, "vm must be below 8, got 8"},
 		{"null opts", func(c *bridge.CmdABI) { c.OptsLen = 3 }, "opts: NULL pointer with length 3"},
 		{"null hash key", func(c *bridge.CmdABI) { c.HashKeyLen = 3 }, "hash_key: NULL pointer with length 3"},
 	}

@@ -37,6 +37,7 @@ func Badf(format string, args ...any) error {
 // accepted, see qrpc.h.
 type Command struct {
 	Op        uint32
+	VM        uint32 // the built-in host's Lua VM (qrpc_vm_open)
 	Conn      uint64
 	CallID    uint64
 	TimeoutMS int32

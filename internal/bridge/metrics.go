@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/metrics"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -23,6 +24,9 @@ func init() {
 		return out, nil
 	})
 }
+
+// Metrics is the worker's registry.
+func (r *Runtime) Metrics() *metrics.Registry { return r.metrics }
 
 // MetricsQuery answers QRPC_OP_METRICS: what is "" (this worker's figures,
 // text format), "snapshot" (the same for a shared dict) or "render" (the

@@ -61,6 +61,10 @@ const (
 // CmdVersion is QRPC_CMD_VERSION, the layout of qrpc_cmd_t this runtime reads.
 const CmdVersion = 2
 
+// MaxVMs is QRPC_MAX_VMS: how many Lua VMs (one per nginx subsystem) one
+// process's built-in host serves; qrpc_cmd_t.vm is below it.
+const MaxVMs = 8
+
 // maxMsgLen bounds error messages handed to Lua: they end up in logs and
 // HTTP answers, and a wrapped quic-go error can be long.
 const maxMsgLen = 256

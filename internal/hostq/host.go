@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/metrics"
 )
 
 // maxQueuedLogs bounds the log lines waiting in the completion queue: with
@@ -29,8 +30,14 @@ const maxQueuedLogs = 1000
 // queue was empty writes one byte to the dispatcher's unix socket. It is
 // the runtime's bridge.Host for every command of both, and for the EVENT
 // and CLOSE that qrpc_query runs at once (RunNow).
+//
+// A process runs one Lua VM per nginx subsystem that uses the library
+// (ngx_http_lua's, ngx_stream_lua's), each with its own dispatcher: each
+// VM has a completion queue, a wake-up socket and a call table of its own
+// (VM, qrpc_vm_open), and every command names its VM (qrpc_cmd_t.vm), so
+// that a VM never drains another's completions. The embedded VM is VM 0.
 type Host struct {
-	mu sync.Mutex // orders init and shutdown
+	mu sync.Mutex // orders init and shutdown, and VM registration
 	// nil when not initialised (or shut down); atomic, because every
 	// command reads it (Gen) and a mutex there was 1-2 % of the nginx
 	// thread's time on an echo answered inside a Go export
@@ -38,12 +45,38 @@ type Host struct {
 
 	logDrops       atomic.Uint64
 	lastDropReport atomic.Int64 // unix nanoseconds
-	calls          bridge.Calls
-	wake           wakeState
-	submitq        submitter
+	*VM
+	vms      [MaxVMs]VM
+	wakeMask atomic.Uint64 // VMs whose wake byte the waker owes (bit i: VM i)
+	submitq  submitter
+}
+
+// MaxVMs is QRPC_MAX_VMS: the Lua VMs one process serves.
+const MaxVMs = bridge.MaxVMs
+
+// VM is one Lua VM's side of the built-in host: its completion queue (in
+// C), its wake-up socket and its call table (CANCEL finds only its own
+// VM's calls: call ids are chosen by each VM). It is a bridge.Host: the
+// outcome of a command goes to the queue of the VM that submitted it.
+type VM struct {
+	b     *Host
+	idx   int
+	name  string                 // under b.mu; "" while unregistered
+	label atomic.Pointer[string] // name, for the metrics
+	// completions pushed to its queue, log lines not counted
+	completed atomic.Uint64
+	calls     bridge.Calls
+	wake      wakeState
 }
 
 var builtin = &Host{}
+
+func init() {
+	for i := range builtin.vms {
+		builtin.vms[i].b, builtin.vms[i].idx = builtin, i
+	}
+	builtin.VM = &builtin.vms[0]
+}
 
 // rt is the one runtime of the process (= nginx worker), shared by both
 // hosts. Its log lines go through the built-in host's queue when it is
@@ -53,6 +86,17 @@ var rt *bridge.Runtime
 
 func init() {
 	rt = bridge.New(cmem, func(level uint32, line string) bool { return builtin.pushLog(level, line) })
+	rt.Metrics().SetExtraCounters(builtin.vmCounters)
+}
+
+// vmCounters reports each registered VM's completions (metrics).
+func (b *Host) vmCounters(add func(series string, v float64)) {
+	for i := range b.vms {
+		v := &b.vms[i]
+		if name := v.label.Load(); name != nil {
+			add(metrics.NameVMCompletions+`{subsystem="`+*name+`"}`, float64(v.completed.Load()))
+		}
+	}
 }
 
 // Builtin is the process's built-in host.
@@ -102,7 +146,8 @@ func (b *Host) Init() error {
 	return nil
 }
 
-// Gen, Calls, Queued and Complete make the host a bridge.Host.
+// Gen is the host's current lifetime (bridge.Host, with VM 0's Calls,
+// Queued and Complete).
 func (b *Host) Gen() (*bridge.Gen, error) {
 	g := b.gen.Load()
 	if g == nil {
@@ -111,13 +156,69 @@ func (b *Host) Gen() (*bridge.Gen, error) {
 	return g, nil
 }
 
-func (b *Host) Calls() *bridge.Calls { return &b.calls }
+// VMOpen registers a Lua VM by name (qrpc_vm_open) and returns its index:
+// the index it already has, else VM 0 when no VM has registered yet, else
+// the next free one.
+func (b *Host) VMOpen(name string) (int, error) {
+	if !vmName(name) {
+		return -1, fmt.Errorf("%w: a VM name is 1..64 bytes of a-z, 0-9 and _ (got %q)", bridge.ErrBadCommand, bridge.Clip(name))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	free := -1
+	for i := range b.vms {
+		switch b.vms[i].name {
+		case name:
+			return i, nil
+		case "":
+			if free < 0 {
+				free = i
+			}
+		}
+	}
+	if free < 0 {
+		return -1, fmt.Errorf("%w: %d Lua VMs are registered already, the most one process serves", bridge.ErrBadCommand, MaxVMs)
+	}
+	b.vms[free].name = name
+	b.vms[free].label.Store(&name)
+	vmMarkOpen(free)
+	return free, nil
+}
 
-func (b *Host) Queued() int { return cqLen() }
+// vmName: a VM's name is a metrics label value too.
+func vmName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// VMAt is VM i, or nil when i is out of range.
+func (b *Host) VMAt(i int) *VM {
+	if i < 0 || i >= MaxVMs {
+		return nil
+	}
+	return &b.vms[i]
+}
+
+// QueuedAll is how many completions wait in all VMs' queues.
+func (b *Host) QueuedAll() int { return cqLen(-1) }
+
+// Gen, Calls, Queued and Complete make a VM a bridge.Host.
+func (v *VM) Gen() (*bridge.Gen, error) { return v.b.Gen() }
+
+func (v *VM) Calls() *bridge.Calls { return &v.calls }
+
+func (v *VM) Queued() int { return cqLen(v.idx) }
 
 // Complete queues a completion (the host is closed: frees it).
-func (b *Host) Complete(c bridge.Completion) {
-	if !b.enqueue(c) {
+func (v *VM) Complete(c bridge.Completion) {
+	if !v.enqueue(c) {
 		rt.Free(&c)
 	}
 }
@@ -125,8 +226,8 @@ func (b *Host) Complete(c bridge.Completion) {
 // enqueue appends c and wakes the dispatcher when the queue was empty;
 // false when the host is closed. Called from qrpc's goroutines and from
 // the nginx thread.
-func (b *Host) enqueue(c bridge.Completion) bool {
-	switch b.push(&c) {
+func (v *VM) enqueue(c bridge.Completion) bool {
+	switch v.push(&c) {
 	case 0:
 	case -2:
 		// Out of memory: the call's waiter times out in Lua.
@@ -141,10 +242,13 @@ func (b *Host) enqueue(c bridge.Completion) bool {
 // empty. Returns 0 when queued, -1 when the host is closed, -2 when
 // refused (no memory, or too many log lines): c is then still the
 // caller's.
-func (b *Host) push(c *bridge.Completion) int {
-	rc := cqPush(c, maxQueuedLogs)
+func (v *VM) push(c *bridge.Completion) int {
+	rc := cqPush(v.idx, c, maxQueuedLogs)
+	if rc >= 0 && c.Status != bridge.StatusLog {
+		v.completed.Add(1)
+	}
 	if rc == 1 {
-		b.wakeSoon()
+		v.wakeSoon()
 		rc = 0
 	}
 	return rc
@@ -156,9 +260,11 @@ func (b *Host) push(c *bridge.Completion) int {
 // for the first woke the nginx thread for that one completion while the
 // others were still on their way (on one CPU it preempted Go at once).
 // Inside an export, or with the submitter stopped, it writes at once.
-func (b *Host) wakeSoon() {
+func (v *VM) wakeSoon() {
+	b := v.b
 	if inExport.Load() == 0 {
 		if k := b.submitq.kick.Load(); k != nil {
+			b.wakeMask.Or(1 << v.idx)
 			select {
 			case *k <- struct{}{}:
 			default: // a kick is pending: its byte comes after this push
@@ -166,7 +272,28 @@ func (b *Host) wakeSoon() {
 			return
 		}
 	}
-	b.wake.signal()
+	v.wake.signal()
+}
+
+// signalVMs writes a wake byte to each VM of mask (bit i: VM i).
+func (b *Host) signalVMs(mask uint64) {
+	for i := 0; mask != 0 && i < MaxVMs; i++ {
+		if mask&(1<<i) != 0 {
+			mask &^= 1 << i
+			b.vms[i].wake.signal()
+		}
+	}
+}
+
+// logVM is the VM that gets Go's log lines: the first whose dispatcher is
+// connected, else VM 0.
+func (b *Host) logVM() *VM {
+	for i := range b.vms {
+		if b.vms[i].wake.conn.Load() != nil {
+			return &b.vms[i]
+		}
+	}
+	return &b.vms[0]
 }
 
 // pushLog queues a log line (the runtime's LogSink); false when the host
@@ -176,7 +303,8 @@ func (b *Host) pushLog(level uint32, line string) bool {
 	if !open {
 		return false
 	}
-	if cqLogs() >= maxQueuedLogs {
+	v := b.logVM()
+	if cqLogs(v.idx) >= maxQueuedLogs {
 		b.dropLog()
 		return true
 	}
@@ -187,7 +315,7 @@ func (b *Host) pushLog(level uint32, line string) bool {
 	}
 	c.Code = level
 	// The queue checks the bound again, under its lock.
-	switch b.push(&c) {
+	switch v.push(&c) {
 	case 0:
 	case -2:
 		rt.Free(&c)
@@ -211,39 +339,43 @@ func (b *Host) dropLog() {
 
 const logDropReport = 10 * time.Second
 
-// Drain moves up to len(out) completions into out.
-func (b *Host) Drain(out []bridge.Completion) int { return cqPoll(out) }
+// Drain moves up to len(out) of the VM's completions into out.
+func (v *VM) Drain(out []bridge.Completion) int { return cqPoll(v.idx, out) }
 
 // Shutdown fails nothing into the void: pending calls are cancelled (no
 // completion will be produced), queued completions are freed, the host's
-// connections are closed in the background, and the wake socket closed.
+// connections are closed in the background, and the wake sockets closed.
 func (b *Host) Shutdown() {
 	// First, while the host is open: queued calls start (or are refused)
 	// before the generation ends, which then cancels them like the others.
-	// Closes the completion queue too.
+	// Closes the completion queues too.
 	b.submitq.halt()
 	b.mu.Lock()
 	gen := b.gen.Swap(nil)
 	b.mu.Unlock()
 	var q [64]bridge.Completion
-	for n := cqPoll(q[:]); n > 0; n = cqPoll(q[:]) {
-		for i := range q[:n] {
-			rt.Free(&q[i])
+	for i := range b.vms {
+		v := &b.vms[i]
+		for n := v.Drain(q[:]); n > 0; n = v.Drain(q[:]) {
+			for i := range q[:n] {
+				rt.Free(&q[i])
+			}
 		}
+		if gen != nil {
+			rt.EndGen(gen, &v.calls, false)
+		}
+		v.wake.close()
 	}
-	if gen != nil {
-		rt.EndGen(gen, &b.calls, false)
-	}
-	b.wake.close()
 }
 
-// WakeOpen creates a new wake-up socket in dir (qrpc_wake_open): room is
-// the caller's buffer for its path, NUL included. Completions queued
-// before the dispatcher connects are announced once it has.
-func (b *Host) WakeOpen(dir string, room int) (string, error) {
-	return b.wake.open(dir, room, func() {
-		if b.Queued() > 0 {
-			b.wake.signal()
+// WakeOpen creates a new wake-up socket for the VM in dir
+// (qrpc_vm_wake_open): room is the caller's buffer for its path, NUL
+// included. Completions queued before the dispatcher connects are
+// announced once it has.
+func (v *VM) WakeOpen(dir string, room int) (string, error) {
+	return v.wake.open(dir, room, func() {
+		if v.Queued() > 0 {
+			v.wake.signal()
 		}
 	})
 }
@@ -254,7 +386,7 @@ func (b *Host) WakeOpen(dir string, room int) (string, error) {
 // otherwise its Status is an error and msg says why.
 func (b *Host) RunNow(c *bridge.Command) (bridge.Completion, string) {
 	if c.Op == bridge.OpEvent || c.Op == bridge.OpClose {
-		st, msg := rt.Submit(b, c)
+		st, msg := rt.Submit(b.VMAt(int(c.VM)), c)
 		return bridge.Completion{Status: st}, msg
 	}
 	return rt.Query(c)

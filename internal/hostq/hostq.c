@@ -30,7 +30,7 @@
 // least a millisecond; a worker went idle and busy again several times
 // per call, and those wake-ups were a third or more of its CPU (README,
 // Tuning). The lock is held for a few loads and stores only.
-qrpc_hostq_t qrpc_hostq = {.fd = -1};
+qrpc_hostq_t qrpc_hostq = {.fd = -1, .vms = 1};
 
 #define hq qrpc_hostq
 
@@ -275,8 +275,21 @@ static int queued_op(uint32_t op) {
            op == QRPC_OP_STATS || op == QRPC_OP_CANCEL;
 }
 
+// Whether VM vm is open (qrpc_vm_open); VM 0 always is. Read without
+// the lock: a VM is opened once, before its first command, on the thread
+// that submits.
+static int vm_open(uint32_t vm) {
+    return vm < QRPC_MAX_VMS && (__atomic_load_n(&hq.vms, __ATOMIC_ACQUIRE) >> vm) & 1;
+}
+
+void qrpc_vm_mark_open(int vm) {
+    if (vm >= 0 && vm < QRPC_MAX_VMS) {
+        __atomic_fetch_or(&hq.vms, (uint64_t)1 << vm, __ATOMIC_RELEASE);
+    }
+}
+
 int qrpc_submit_async(const qrpc_cmd_t *cmd) {
-    if (cmd == NULL || !queued_op(cmd->op)) {
+    if (cmd == NULL || !queued_op(cmd->op) || !vm_open(cmd->vm)) {
         return QRPC_ERR_BADARG;
     }
     qrpc_done_free(); // first: a big block freed there serves this command
@@ -373,82 +386,96 @@ void qrpc_hostq_set_fd(int fd) {
     q_unlock();
 }
 
-// Grows the ring to hold one more; 0 on failure. Under the lock.
-static int cq_grow(void) {
-    size_t ncap = hq.cq_cap ? 2 * hq.cq_cap : 256;
+// Grows VM q's ring to hold one more; 0 on failure. Under the lock.
+static int cq_grow(qrpc_cq_t *q) {
+    size_t ncap = q->cap ? 2 * q->cap : 256;
     qrpc_completion_t *nb = malloc(ncap * sizeof *nb);
     if (nb == NULL) {
         return 0;
     }
-    for (size_t i = 0; i < hq.cq_len; i++) {
-        nb[i] = hq.cq_buf[(hq.cq_head + i) % hq.cq_cap];
+    for (size_t i = 0; i < q->len; i++) {
+        nb[i] = q->buf[(q->head + i) % q->cap];
     }
-    free(hq.cq_buf);
-    hq.cq_buf = nb;
-    hq.cq_cap = ncap;
-    hq.cq_head = 0;
+    free(q->buf);
+    q->buf = nb;
+    q->cap = ncap;
+    q->head = 0;
     return 1;
 }
 
-int qrpc_cq_push(const qrpc_completion_t *c, int max_logs, void **released) {
+int qrpc_cq_push(int vm, const qrpc_completion_t *c, int max_logs, void **released) {
     q_lock();
     if (released != NULL) {
         *released = hq.rel_head;
         hq.rel_head = NULL;
     }
-    if (hq.fd < 0) {
+    if (hq.fd < 0 || vm < 0 || vm >= QRPC_MAX_VMS) {
         q_unlock();
         return -1;
     }
+    qrpc_cq_t *q = &hq.cq[vm];
     int is_log = c->status == QRPC_LOG;
-    if ((is_log && hq.cq_logs >= (size_t)max_logs) || (hq.cq_len == hq.cq_cap && !cq_grow())) {
+    if ((is_log && q->logs >= (size_t)max_logs) || (q->len == q->cap && !cq_grow(q))) {
         q_unlock();
         return -2;
     }
-    hq.cq_buf[(hq.cq_head + hq.cq_len) % hq.cq_cap] = *c;
-    hq.cq_len++;
-    hq.cq_logs += is_log;
-    int was_empty = hq.cq_len == 1;
+    q->buf[(q->head + q->len) % q->cap] = *c;
+    q->len++;
+    q->logs += is_log;
+    int was_empty = q->len == 1;
     q_unlock();
     return was_empty;
 }
 
-int qrpc_poll(qrpc_completion_t *out, int max) {
-    if (out == NULL || max <= 0) {
+int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max) {
+    if (out == NULL || max <= 0 || vm < 0 || vm >= QRPC_MAX_VMS) {
         return 0;
     }
     qrpc_done_free();
     q_lock();
-    size_t n = hq.cq_len < (size_t)max ? hq.cq_len : (size_t)max;
+    qrpc_cq_t *q = &hq.cq[vm];
+    size_t n = q->len < (size_t)max ? q->len : (size_t)max;
     for (size_t i = 0; i < n; i++) {
-        out[i] = hq.cq_buf[hq.cq_head];
-        hq.cq_logs -= out[i].status == QRPC_LOG;
-        hq.cq_head = (hq.cq_head + 1) % hq.cq_cap;
+        out[i] = q->buf[q->head];
+        q->logs -= out[i].status == QRPC_LOG;
+        q->head = (q->head + 1) % q->cap;
     }
-    hq.cq_len -= n;
-    if (hq.cq_len == 0) {
-        hq.cq_head = 0;
-        if (hq.cq_cap > 4096) {
+    q->len -= n;
+    if (q->len == 0) {
+        q->head = 0;
+        if (q->cap > 4096) {
             // A burst's ring need not stay.
-            free(hq.cq_buf);
-            hq.cq_buf = NULL;
-            hq.cq_cap = 0;
+            free(q->buf);
+            q->buf = NULL;
+            q->cap = 0;
         }
     }
     q_unlock();
     return (int)n;
 }
 
-size_t qrpc_cq_len(void) {
+int qrpc_poll(qrpc_completion_t *out, int max) { return qrpc_vm_poll(0, out, max); }
+
+size_t qrpc_cq_len(int vm) {
+    size_t n = 0;
     q_lock();
-    size_t n = hq.cq_len;
+    for (int i = 0; i < QRPC_MAX_VMS; i++) {
+        if (vm < 0 || vm == i) {
+            n += hq.cq[i].len;
+        }
+    }
     q_unlock();
     return n;
 }
 
-size_t qrpc_cq_logs(void) {
+size_t qrpc_cq_logs(int vm) {
+    size_t n = 0;
     q_lock();
-    size_t n = hq.cq_logs;
+    for (int i = 0; i < QRPC_MAX_VMS; i++) {
+        if (vm < 0 || vm == i) {
+            n += hq.cq[i].logs;
+        }
+    }
     q_unlock();
     return n;
 }

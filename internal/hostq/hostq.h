@@ -19,6 +19,12 @@ typedef struct qrpc_qitem {
 /* Classes of small result blocks kept for reuse: 64 B << c, c < 8. */
 #define QRPC_SMALL_CLASSES 8
 
+/* One Lua VM's completion queue, a ring (see qrpc_vm_open). */
+typedef struct {
+    qrpc_completion_t *buf;
+    uint64_t cap, head, len, logs;
+} qrpc_cq_t;
+
 /* The queues' state (hostq.c), read and written by Go too (queue.go)
  * under lock, a spinlock taken with atomics on both sides. */
 typedef struct {
@@ -28,8 +34,8 @@ typedef struct {
     int32_t pad_;
     qrpc_qitem_t *sq_head, *sq_tail; /* submit queue */
     uint64_t sq_len;
-    qrpc_completion_t *cq_buf; /* completion queue, a ring */
-    uint64_t cq_cap, cq_head, cq_len, cq_logs;
+    qrpc_cq_t cq[QRPC_MAX_VMS]; /* a completion queue per Lua VM */
+    uint64_t vms;                /* bit i: VM i is open (VM 0 always is) */
     void *rel_head;          /* big blocks released for Go's buffer cache */
     qrpc_qitem_t *done_head; /* commands Go has run, for C to free */
     void *small[QRPC_SMALL_CLASSES]; /* free small blocks, by class */
@@ -75,11 +81,15 @@ size_t qrpc_submitq_cached(void);
  * needs a wake byte), 0 when not, -1 when closed, -2 when it cannot take
  * it (no memory; for a log line, max_logs reached). *released receives the
  * list of released blocks (linked through their first word), or NULL. */
-int qrpc_cq_push(const qrpc_completion_t *c, int max_logs, void **released);
+int qrpc_cq_push(int vm, const qrpc_completion_t *c, int max_logs, void **released);
 
-/* Completions waiting, and the log lines among them. */
-size_t qrpc_cq_len(void);
-size_t qrpc_cq_logs(void);
+/* Completions waiting in VM vm's queue (all VMs' with vm < 0), and the log
+ * lines among them. */
+size_t qrpc_cq_len(int vm);
+size_t qrpc_cq_logs(int vm);
+
+/* Marks VM vm open: qrpc_submit_async then takes its commands. */
+void qrpc_vm_mark_open(int vm);
 
 /* Takes the released blocks list (see qrpc_cq_push). */
 void *qrpc_released_take(void);

@@ -26,7 +26,7 @@ static size_t qrpc_cmd_offset(int i) {
 		offsetof(qrpc_cmd_t, hash_key), offsetof(qrpc_cmd_t, hash_key_len),
 		offsetof(qrpc_cmd_t, req_type), offsetof(qrpc_cmd_t, req_type_len),
 		offsetof(qrpc_cmd_t, resp_type), offsetof(qrpc_cmd_t, resp_type_len),
-		offsetof(qrpc_cmd_t, flags), offsetof(qrpc_cmd_t, reserved2),
+		offsetof(qrpc_cmd_t, flags), offsetof(qrpc_cmd_t, vm),
 		offsetof(qrpc_cmd_t, opts), offsetof(qrpc_cmd_t, opts_len),
 	};
 	return i < (int)(sizeof o / sizeof o[0]) ? o[i] : (size_t)-1;
@@ -42,6 +42,7 @@ static int qrpc_const(int i, long long *v) {
 		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
 		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
 		QRPC_F_PROTO_NAMES, QRPC_BAD_RESPONSE, QRPC_F_LUA_TABLE, QRPC_F_LUA_REQUEST,
+		QRPC_MAX_VMS,
 	};
 	if (i < 0 || i >= (int)(sizeof c / sizeof c[0])) return 0;
 	if (v != NULL) *v = c[i];
@@ -82,7 +83,8 @@ const constNames = `QRPC_CMD_VERSION
 	QRPC_OP_PEERS QRPC_OP_METRICS QRPC_OP_PROTO_LOAD QRPC_OP_CONFIGURE QRPC_OP_PROFILE QRPC_F_DISCARD_UNKNOWN
 	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
 	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST
-	QRPC_F_PROTO_NAMES QRPC_BAD_RESPONSE QRPC_F_LUA_TABLE QRPC_F_LUA_REQUEST`
+	QRPC_F_PROTO_NAMES QRPC_BAD_RESPONSE QRPC_F_LUA_TABLE QRPC_F_LUA_REQUEST
+	QRPC_MAX_VMS`
 
 // abiLayoutErr compares the Go mirrors (internal/bridge/cmdabi.go) and the runtime's
 // constants with the C compiler's view of qrpc.h.
@@ -94,7 +96,8 @@ func abiLayoutErr() error {
 		int64(bridge.StatusOK), int64(bridge.StatusPending), int64(bridge.StatusLog), int64(bridge.ErrGeneric),
 		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),
 		int64(bridge.ErrConnect), int64(bridge.ErrUnavail), int64(bridge.ErrTooBig), int64(bridge.ErrLost),
-		bridge.FlagProtoNames, bridge.StatusBadResponse, bridge.FlagLuaTable, bridge.FlagLuaRequest}
+		bridge.FlagProtoNames, bridge.StatusBadResponse, bridge.FlagLuaTable, bridge.FlagLuaRequest,
+		bridge.MaxVMs}
 	if len(names) != len(goVals) || C.qrpc_const(C.int(len(goVals)), nil) != 0 {
 		return fmt.Errorf("the constant lists of layout.go differ in length")
 	}

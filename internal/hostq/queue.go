@@ -140,14 +140,14 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 			return
 		case <-*kick:
 			runtime.Gosched()
-			wakerSignal()
+			wakerSignal(builtin.wakeMask.Swap(0))
 		}
 	}
 }
 
-// wakerSignal is what the waker does for a kick; a variable for
-// TestWakerDeathFallsBack.
-var wakerSignal = func() { builtin.wake.signal() }
+// wakerSignal is what the waker does for a kick: a wake byte to each VM
+// of mask (bit i: VM i); a variable for TestWakerDeathFallsBack.
+var wakerSignal = func(mask uint64) { builtin.signalVMs(mask) }
 
 func (s *submitter) trim(stop chan struct{}) {
 	defer s.done.Done()
@@ -284,60 +284,68 @@ func runQueued(it *C.qrpc_qitem_t) {
 func runAsync(abi *bridge.CmdABI) {
 	id := abi.CallID
 	completes := abi.Op != bridge.OpCancel
+	// qrpc_submit_async took only commands of open VMs: the outcome goes
+	// to the queue of the VM that submitted it.
+	v := builtin.VMAt(int(abi.VM))
+	if v == nil {
+		v = builtin.VM
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			rt.Logger().Error("qrpc panic in the submitter", "panic", fmt.Sprint(p))
 			if completes {
-				builtin.Complete(rt.Message(bridge.ErrGeneric, "internal error", id))
+				v.Complete(rt.Message(bridge.ErrGeneric, "internal error", id))
 			}
 		}
 	}()
 	var c bridge.Command
 	status, msg := bridge.StatusOf(bridge.DecodeCmd(abi, &c))
 	if status == bridge.StatusOK {
-		status, msg = rt.Submit(builtin, &c)
+		status, msg = rt.Submit(v, &c)
 	}
 	if status < 0 && completes {
-		builtin.Complete(rt.Message(status, msg, id))
+		v.Complete(rt.Message(status, msg, id))
 	}
 }
 
-// cqPush queues c in C: 1 when the queue was empty, 0 when not, -1 when
-// closed, -2 when refused (no memory, or too many log lines).
+// cqPush queues c in VM vm's queue in C: 1 when that queue was empty, 0
+// when not, -1 when closed, -2 when refused (no memory, or too many log
+// lines).
 //
 // It is qrpc_cq_push done in Go, without a cgo call (see hq); only a full
 // ring goes to C, which grows it.
-func cqPush(c *bridge.Completion, maxLogs int) int {
+func cqPush(vm int, c *bridge.Completion, maxLogs int) int {
 	isLog := c.Status == bridge.StatusLog
 	qlock()
 	rel := hq.rel_head
 	hq.rel_head = nil
 	rc := 0
+	q := &hq.cq[vm]
 	switch {
 	case hq.fd < 0:
 		rc = -1
-	case isLog && hq.cq_logs >= C.uint64_t(maxLogs):
+	case isLog && q.logs >= C.uint64_t(maxLogs):
 		rc = -2
-	case hq.cq_len == hq.cq_cap:
+	case q.len == q.cap:
 		rc = 2 // grow, in C
 	default:
 		const size = unsafe.Sizeof(bridge.Completion{})
-		i := (hq.cq_head + hq.cq_len) % hq.cq_cap
-		slot := unsafe.Add(unsafe.Pointer(hq.cq_buf), uintptr(i)*size)
+		i := (q.head + q.len) % q.cap
+		slot := unsafe.Add(unsafe.Pointer(q.buf), uintptr(i)*size)
 		// bytes: no write barrier for the pointers into C memory
 		*(*[size]byte)(slot) = *(*[size]byte)(unsafe.Pointer(c))
-		hq.cq_len++
+		q.len++
 		if isLog {
-			hq.cq_logs++
+			q.logs++
 		}
-		if hq.cq_len == 1 {
+		if q.len == 1 {
 			rc = 1
 		}
 	}
 	qunlock()
 	takeReleased(rel)
 	if rc == 2 {
-		rc = cqPushGrow(c, maxLogs)
+		rc = cqPushGrow(vm, c, maxLogs)
 	}
 	return rc
 }
@@ -347,24 +355,27 @@ func cqPush(c *bridge.Completion, maxLogs int) int {
 // moved to the heap, not only the rare one that fills the ring.
 //
 //go:noinline
-func cqPushGrow(c *bridge.Completion, maxLogs int) int {
+func cqPushGrow(vm int, c *bridge.Completion, maxLogs int) int {
 	cc := new(bridge.Completion)
 	*cc = *c
 	var more unsafe.Pointer
-	rc := int(C.qrpc_cq_push((*C.qrpc_completion_t)(unsafe.Pointer(cc)), C.int(maxLogs), &more))
+	rc := int(C.qrpc_cq_push(C.int(vm), (*C.qrpc_completion_t)(unsafe.Pointer(cc)), C.int(maxLogs), &more))
 	takeReleased(more)
 	return rc
 }
 
-func cqPoll(out []bridge.Completion) int {
+func cqPoll(vm int, out []bridge.Completion) int {
 	if len(out) == 0 {
 		return 0
 	}
-	return int(C.qrpc_poll((*C.qrpc_completion_t)(unsafe.Pointer(&out[0])), C.int(len(out))))
+	return int(C.qrpc_vm_poll(C.int(vm), (*C.qrpc_completion_t)(unsafe.Pointer(&out[0])), C.int(len(out))))
 }
 
-func cqLen() int  { return int(C.qrpc_cq_len()) }
-func cqLogs() int { return int(C.qrpc_cq_logs()) }
+// cqLen and cqLogs count VM vm's queue, or every VM's with vm < 0.
+func cqLen(vm int) int  { return int(C.qrpc_cq_len(C.int(vm))) }
+func cqLogs(vm int) int { return int(C.qrpc_cq_logs(C.int(vm))) }
+
+func vmMarkOpen(vm int) { C.qrpc_vm_mark_open(C.int(vm)) }
 
 // submitAsync, release: qrpc_submit_async and qrpc_release, for tests
 // (which cannot use cgo).

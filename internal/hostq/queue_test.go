@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -464,16 +465,16 @@ func TestCompletionRingGrows(t *testing.T) {
 	const n = 1000
 	for i := 0; i < n; i++ {
 		c := bridge.Completion{CallID: uint64(i + 1), Status: bridge.StatusOK}
-		if rc := cqPush(&c, maxQueuedLogs); rc < 0 {
+		if rc := cqPush(0, &c, maxQueuedLogs); rc < 0 {
 			t.Fatalf("push %d: %d", i, rc)
 		}
 	}
-	if got := cqLen(); got != n {
+	if got := cqLen(0); got != n {
 		t.Fatalf("%d queued, want %d", got, n)
 	}
 	out := make([]bridge.Completion, 64)
 	next := uint64(1)
-	for k := cqPoll(out); k > 0; k = cqPoll(out) {
+	for k := cqPoll(0, out); k > 0; k = cqPoll(0, out) {
 		for _, c := range out[:k] {
 			if c.CallID != next {
 				t.Fatalf("completion %d came as number %d", c.CallID, next)
@@ -490,7 +491,7 @@ func TestCompletionRingGrows(t *testing.T) {
 		if !builtin.enqueue(c) {
 			t.Fatal("host closed")
 		}
-		if cqPoll(out) != 1 {
+		if cqPoll(0, out) != 1 {
 			t.Fatal("nothing polled")
 		}
 	}); a != 0 {
@@ -682,11 +683,11 @@ func TestAnswersWakeOncePerBatch(t *testing.T) {
 func TestWakerDeathFallsBack(t *testing.T) {
 	d := openBuiltin(t)
 	var died atomic.Bool
-	wakerSignal = func() {
+	wakerSignal = func(uint64) {
 		died.Store(true)
 		panic("injected")
 	}
-	t.Cleanup(func() { wakerSignal = func() { builtin.wake.signal() } })
+	t.Cleanup(func() { wakerSignal = func(mask uint64) { builtin.signalVMs(mask) } })
 
 	builtin.Complete(rt.Message(bridge.ErrGeneric, "first", 1))
 	waitFor(t, func() bool { return died.Load() && builtin.submitq.kick.Load() == nil }, "the waker to die and step aside")
@@ -753,5 +754,84 @@ func BenchmarkEchoQueued(b *testing.B) {
 				done += n
 			}
 		})
+	}
+}
+
+// TestVMsKeepTheirCompletions: two Lua VMs of one process (nginx's http
+// and stream subsystems) submit echoes with the same call ids; each VM's
+// wake-up socket wakes it, and each drains exactly its own completions.
+func TestVMsKeepTheirCompletions(t *testing.T) {
+	openBuiltin(t)
+	a, err := builtin.VMOpen("test_vm_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := builtin.VMOpen("test_vm_b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b {
+		t.Fatalf("two names, one VM index %d", a)
+	}
+	if again, _ := builtin.VMOpen("test_vm_b"); again != b {
+		t.Fatalf("VMOpen of a registered name: %d, want %d", again, b)
+	}
+	if b != bridge.MaxVMs-1 {
+		if st, _ := submit(&bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, VM: bridge.MaxVMs - 1, CallID: 1}); st != bridge.ErrBadArg {
+			t.Fatalf("submit for a VM never opened: %d, want %d", st, bridge.ErrBadArg)
+		}
+	}
+	socks := map[int]*net.UnixConn{}
+	for _, vm := range []int{a, b} {
+		v := builtin.VMAt(vm)
+		path, err := v.WakeOpen(t.TempDir(), 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		socks[vm] = c
+		waitFor(t, func() bool { return v.wake.conn.Load() != nil }, "the VM's dispatcher to be accepted")
+	}
+	const n = 200
+	for i := 0; i < n; i++ {
+		for _, vm := range []int{a, b} {
+			body := fmt.Sprintf("vm%d-%d", vm, i)
+			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, VM: uint32(vm), CallID: uint64(i + 1)}
+			e.Body, e.BodyLen = ptr([]byte(body))
+			if st, msg := submit(e); st != bridge.StatusPending {
+				t.Fatalf("submit: %d %s", st, msg)
+			}
+		}
+	}
+	out := make([]bridge.Completion, 64)
+	for _, vm := range []int{a, b} {
+		got := map[uint64]bool{}
+		deadline := time.Now().Add(20 * time.Second)
+		for len(got) < n && time.Now().Before(deadline) {
+			k := builtin.VMAt(vm).Drain(out)
+			if k == 0 {
+				_ = socks[vm].SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+				_, _ = socks[vm].Read(make([]byte, 64))
+			}
+			for _, c := range out[:k] {
+				if c.Status == bridge.StatusLog {
+					rt.Free(&c)
+					continue
+				}
+				body := text(c)
+				if want := fmt.Sprintf("vm%d-%d", vm, c.CallID-1); !strings.HasSuffix(body, want) {
+					t.Errorf("VM %d drained %q for call %d, want %q", vm, body, c.CallID, want)
+				}
+				got[c.CallID] = true
+				rt.Free(&c)
+			}
+		}
+		if len(got) != n {
+			t.Fatalf("VM %d: %d of %d completions", vm, len(got), n)
+		}
 	}
 }

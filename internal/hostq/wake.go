@@ -27,7 +27,6 @@ const maxSunPath = 107
 // the dispatcher, then the one accepted connection that wake bytes go to.
 type wakeState struct {
 	mu   sync.Mutex
-	seq  int               // numbers the socket files of this process
 	ln   *net.UnixListener // waiting for a dispatcher, or nil
 	path string            // ln's file
 	conn atomic.Pointer[wakeConn]
@@ -39,6 +38,10 @@ type wakeConn struct {
 }
 
 var wakeByte = []byte{1}
+
+// wakeSeq numbers the socket files of this process, all VMs' (each VM has
+// its own wakeState, and two files must never share a name).
+var wakeSeq atomic.Int64
 
 // signal writes one wake byte. It never blocks and never raises SIGPIPE:
 // a full socket buffer means a byte is already waiting to be read, and a
@@ -72,8 +75,7 @@ func (w *wakeState) open(dir string, room int, onConnect func()) (string, error)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.seq++
-	path := filepath.Join(dir, fmt.Sprintf("qrpc-%d-%d.sock", os.Getpid(), w.seq))
+	path := filepath.Join(dir, fmt.Sprintf("qrpc-%d-%d.sock", os.Getpid(), wakeSeq.Add(1)))
 	if len(path) > maxSunPath {
 		return "", fmt.Errorf("wake socket: path %q is %d bytes, a unix socket path has room for %d", path, len(path), maxSunPath)
 	}

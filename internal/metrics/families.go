@@ -43,6 +43,8 @@ const (
 	// snapshot there (lua/resty/ffi/qrpc/metrics.lua): rendered here.
 	nameGWRequests = "qrpc_gateway_requests_total"
 	nameGWDuration = "qrpc_gateway_request_duration_seconds"
+	// NameVMCompletions is counted by the built-in host (SetExtraCounters).
+	NameVMCompletions = "qrpc_client_vm_completions_total"
 )
 
 // family is one metric as the exposition lists it.
@@ -62,6 +64,7 @@ var families = []family{
 	{nameRetries, "counter", "Extra attempts of calls by the server whose attempt failed or was slow, and why (the failure's first word, or hedge: a copy sent after the hedge delay)."},
 	{nameBudget, "counter", "Retries and hedged copies refused by the retry budget, by the server whose attempt failed or was slow."},
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
+	{NameVMCompletions, "counter", "Completions (answers, errors, connects) the built-in host delivered to each Lua VM of the worker, by the VM's nginx subsystem (http, stream)."},
 	{nameGWRequests, "counter", "REST gateway requests by route (its template, never the raw path), HTTP method and status."},
 	{nameGWDuration, "histogram", "Duration of REST gateway requests by route, from serve() to the answer written, in seconds."},
 }

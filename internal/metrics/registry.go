@@ -20,6 +20,14 @@ type Registry struct {
 	pools   map[string]*Pool
 	order   []*Pool        // pools in creation order, for a stable snapshot
 	servers map[string]int // server labels handed out, capped at MaxServers
+	extra   atomic.Pointer[func(add func(series string, v float64))]
+}
+
+// SetExtraCounters has each snapshot add the counters f reports (series
+// as the exposition prints them, of a family listed in families, with
+// bounded label values): the built-in host's per-VM completions.
+func (r *Registry) SetExtraCounters(f func(add func(series string, v float64))) {
+	r.extra.Store(&f)
 }
 
 // New returns an empty registry.

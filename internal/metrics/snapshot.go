@@ -110,6 +110,9 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 	}
 	counters[nameBytes+`{direction="sent"}`] += float64(sent)
 	counters[nameBytes+`{direction="received"}`] += float64(recv)
+	if f := r.extra.Load(); f != nil {
+		(*f)(func(series string, v float64) { counters[series] += v })
+	}
 	return counters, gauges
 }
 

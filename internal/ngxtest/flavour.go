@@ -61,6 +61,11 @@ type Nginx struct {
 	CorePath   string // the resty/core.lua that init_by_lua loaded
 	CoreVer    string // its version
 	LoadFFIFun bool   // ngx.load_ffi exists after the host's init code
+
+	// StreamLua: ngx_stream_lua is compiled in (stream {} blocks run Lua);
+	// NoStreamLua says why not when it is false.
+	StreamLua   bool
+	NoStreamLua string
 }
 
 // MainConf returns the main-level directives the binary needs: its
@@ -235,6 +240,9 @@ var (
 	// ngx_lua compiled in: OpenResty's bundle calls it ngx_lua-*, its
 	// repository lua-nginx-module, Debian's source package http-lua.
 	reStaticLua = regexp.MustCompile(`--add-module=\S*(ngx_lua|lua-nginx-module|http-lua)`)
+	// ngx_stream_lua compiled in: its repository stream-lua-nginx-module,
+	// OpenResty's bundle ngx_stream_lua-*.
+	reStreamLua = regexp.MustCompile(`--add-module=\S*(stream-lua-nginx-module|ngx_stream_lua)`)
 )
 
 // Probe describes the nginx at bin from `bin -V`, the files next to its
@@ -256,6 +264,14 @@ func Probe(bin string) (*Nginx, error) {
 	}
 	if m := rePrefix.FindSubmatch(v); m != nil {
 		n.Prefix = strings.TrimSuffix(string(m[1]), "/")
+	}
+	switch {
+	case reStreamLua.Match(v) && strings.Contains(string(v), "--with-stream"):
+		n.StreamLua = true
+	case !strings.Contains(string(v), "--with-stream"):
+		n.NoStreamLua = n.Version + " is built without the stream module (no --with-stream)"
+	default:
+		n.NoStreamLua = n.Version + " has no ngx_stream_lua (stream-lua-nginx-module) built in"
 	}
 	if !reStaticLua.Match(v) {
 		dir := filepath.Join(n.Prefix, "modules")

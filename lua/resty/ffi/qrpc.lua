@@ -84,12 +84,32 @@ local MAX_MS = limits.MS
 -- own; Go enforces deadlines, this only guards against a lost completion.
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
 
--- Phases in which a light thread may yield.
+-- The nginx subsystem of this Lua VM: "http" (ngx_http_lua) or "stream"
+-- (ngx_stream_lua). A worker runs one Lua VM per subsystem, and each VM
+-- has its own connections, completion queue and dispatcher.
+local subsystem = ngx.config and ngx.config.subsystem or "http"
+local in_stream = subsystem == "stream"
+
+-- Phases in which a light thread may yield (http's and stream's names:
+-- ngx_stream_lua yields in preread, content and timers).
 local yieldable = {
     rewrite = true, server_rewrite = true, access = true, content = true,
     timer = true, ssl_cert = true, ssl_client_hello = true,
-    ssl_session_fetch = true,
+    ssl_session_fetch = true, preread = true,
 }
+
+-- The phase as error messages name it: stream's are marked, since http
+-- has phases of the same names.
+local function phase_name(phase)
+    if in_stream then
+        return "stream " .. phase
+    end
+    return phase
+end
+
+-- Where a call that yields can be made, for error messages.
+local YIELD_WHERE = in_stream and "preread, content or a timer"
+                    or "rewrite, access, content or a timer"
 
 
 -- qrpc.proto is what applications use of resty.ffi.qrpc.proto; the rest
@@ -149,11 +169,11 @@ local function ensure_loaded()
         end
         return true
     end
-    local st, err = loader.load(cfg_host, cfg_lib)
+    local st, err = loader.load(cfg_host, cfg_lib, subsystem)
     if not st then
         return nil, err
     end
-    local wake_ok, wake_err = builtin.init(st.lib, cfg_socket_dir)
+    local wake_ok, wake_err = builtin.init(st.lib, cfg_socket_dir, subsystem)
     proto.attach(st.lib)
     if st.rt then
         resty_ffi.init(st.rt)
@@ -489,9 +509,9 @@ local function connect(addr, opts)
     end
 
     if not yieldable[phase] then
-        return nil, "qrpc: cannot connect in the " .. phase .. " phase "
-                    .. "(connect yields); connect in rewrite, access, content "
-                    .. "or a timer first, later calls reuse that connection"
+        return nil, "qrpc: cannot connect in the " .. phase_name(phase)
+                    .. " phase (connect yields); connect in " .. YIELD_WHERE
+                    .. " first, later calls reuse that connection"
     end
 
     if not e then
@@ -657,7 +677,7 @@ function _M.unary(self, method, body, opts)
 
     local phase = get_phase()
     if not yieldable[phase] then
-        return nil, "qrpc: unary cannot be used in the " .. phase
+        return nil, "qrpc: unary cannot be used in the " .. phase_name(phase)
                     .. " phase (it yields); use conn:event, or a timer"
     end
 
@@ -784,6 +804,7 @@ function _M.stats(self)
         end
         s.loaded = loaded == true
         s.host = host
+        s.subsystem = subsystem
         s.lib = lib_where
         s.waiting, s.dispatcher = builtin.waiting()
         s.connections = 0
@@ -916,6 +937,12 @@ function _M.configure(opts)
     if h ~= nil and h ~= "builtin" and h ~= "resty_ffi" then
         return bad(1, "host must be \"builtin\" or \"resty_ffi\"")
     end
+    if h == "resty_ffi" and in_stream then
+        -- lua-resty-ffi patches ngx_http_lua only
+        return nil, "qrpc: host resty_ffi is not available in the stream "
+                    .. "subsystem (lua-resty-ffi serves ngx_http_lua only); "
+                    .. "stream uses the built-in host"
+    end
     if l ~= nil and (type(l) ~= "string" or l == "") then
         return bad(1, "lib must be a path")
     end
@@ -991,8 +1018,8 @@ function _M.debug_profile(kind, seconds)
         end
         local phase = get_phase()
         if not yieldable[phase] then
-            return nil, "qrpc: a cpu profile cannot be taken in the " .. phase
-                        .. " phase (it sleeps)"
+            return nil, "qrpc: a cpu profile cannot be taken in the "
+                        .. phase_name(phase) .. " phase (it sleeps)"
         end
     end
     local ok, err = worker_loaded()
@@ -1049,7 +1076,8 @@ function _M._echo(body)
         return nil, ERR_INIT
     end
     if not yieldable[phase] then
-        return nil, "qrpc: _echo cannot be used in the " .. phase .. " phase"
+        return nil, "qrpc: _echo cannot be used in the " .. phase_name(phase)
+                    .. " phase"
     end
     local ok, err = ensure_loaded()
     if not ok then

@@ -55,7 +55,7 @@ typedef struct {
     const char *req_type;    size_t req_type_len;
     const char *resp_type;   size_t resp_type_len;
     uint32_t    flags;
-    uint32_t    reserved2;
+    uint32_t    vm;
     const char *opts;        size_t opts_len;
 } qrpc_cmd_t;
 
@@ -84,6 +84,10 @@ int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 int qrpc_poll(qrpc_completion_t *out, int max);
+int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
+int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
+                      size_t path_len, char *err, size_t err_len);
+int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max);
 void qrpc_release(void *p);
 void qrpc_release_n(void *const *ps, int n);
 uint64_t qrpc_go_entries(void);
@@ -130,6 +134,9 @@ local QRPC_ERR_CONNECT = -6
 local QRPC_ERR_UNAVAIL = -7
 local QRPC_ERR_TOOBIG = -8
 local QRPC_ERR_LOST = -9
+
+-- Lua VMs (one per nginx subsystem) one process serves: qrpc_vm_open.
+local QRPC_MAX_VMS = 8
 
 -- The words of an error status that came without a message.
 local status_names = {
@@ -184,6 +191,7 @@ local _M = {
     QRPC_ERR_UNAVAIL = QRPC_ERR_UNAVAIL,
     QRPC_ERR_TOOBIG = QRPC_ERR_TOOBIG,
     QRPC_ERR_LOST = QRPC_ERR_LOST,
+    QRPC_MAX_VMS = QRPC_MAX_VMS,
 
     cmd_t = cmd_t,
     CMD_SIZE = ffi_sizeof(cmd_t),

@@ -7,6 +7,11 @@
 -- closes and queries, whose callers get their answer at once, go through
 -- qrpc_query.
 --
+-- Each Lua VM of a worker (ngx_http_lua's, ngx_stream_lua's) registers
+-- with qrpc_vm_open and gets its own completion queue, wake-up socket and
+-- dispatcher: its commands carry its VM index (qrpc_cmd_t.vm), so that no
+-- VM drains another's completions.
+--
 -- The lua-resty-ffi host uses parts of it too: the direct calls that never
 -- wait (event, close, cancel, stats) and the dispatcher, through which Go's
 -- log lines arrive with either host.
@@ -88,6 +93,7 @@ local _M = {
 
 
 local lib               -- the loaded library; nil until init()
+local vm = 0            -- this Lua VM's index (qrpc_vm_open)
 local socket_dir = "/tmp"
 local comps             -- qrpc_completion_t[BATCH]
 -- The result blocks of the batch being completed, released together with
@@ -104,6 +110,7 @@ local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
 -- they return, never after.
 local ucmd = ffi_new(cmd_t)
 local xcmd = ffi_new(cmd_t)
+local qcmd = ffi_new(cmd_t)
 local stats_buf = ffi_new("qrpc_stats_t")
 
 local pend = {}         -- call id -> waiter of a call in flight
@@ -127,8 +134,8 @@ local ensure_dispatcher
 
 local function wake_listen()
     local dir = socket_dir
-    local rc = lib.qrpc_wake_open(dir, #dir, pathbuf, PATHBUF_LEN, errbuf,
-                                  ERRBUF_LEN)
+    local rc = lib.qrpc_vm_wake_open(vm, dir, #dir, pathbuf, PATHBUF_LEN,
+                                     errbuf, ERRBUF_LEN)
     if rc ~= QRPC_OK then
         return nil, submit_err(rc)
     end
@@ -136,15 +143,26 @@ local function wake_listen()
 end
 
 
--- Called once the library is loaded, before any other function here.
+-- Called once the library is loaded, before any other function here;
+-- subsystem is ngx.config.subsystem ("http", "stream"): this VM's name.
 -- Opens the first wake-up socket now, so that an unusable socket_dir fails
 -- the call that loads the library at once, rather than leaving every call
 -- to wait for the dispatcher's slow poll. Returns true, or nil and
 -- "qrpc: socket_dir <dir>: <reason>" (the library stays usable for the
 -- direct calls; the dispatcher then only polls).
-function _M.init(l, dir)
+function _M.init(l, dir, subsystem)
     lib = l
     socket_dir = dir
+    -- this VM's completion queue: every command names it
+    local idx = lib.qrpc_vm_open(subsystem, #subsystem, errbuf, ERRBUF_LEN)
+    if idx < 0 then
+        wake_broken = true
+        return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx)
+    end
+    vm = idx
+    ucmd.vm = vm
+    xcmd.vm = vm
+    qcmd.vm = vm
     comps = ffi_new("qrpc_completion_t[?]", BATCH)
     rels = ffi_new("void *[?]", BATCH)
     local path, err = wake_listen()
@@ -218,8 +236,6 @@ end
 
 -- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with opts lines if
 -- given; returns the answer as a string.
-local qcmd = ffi_new(cmd_t)
-
 function _M.query(op, handle, opts)
     fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
     -- fill_cmd clears opts (the command is reused): the query's go in after
@@ -403,7 +419,7 @@ local function drain()
         nrel = 0
         lib.qrpc_release_n(rels, r)
     end
-    local n = lib.qrpc_poll(comps, BATCH)
+    local n = lib.qrpc_vm_poll(vm, comps, BATCH)
     while n > 0 do
         pos, npolled = 0, n
         for i = 0, n - 1 do
@@ -418,7 +434,7 @@ local function drain()
         if n < BATCH then
             break
         end
-        n = lib.qrpc_poll(comps, BATCH)
+        n = lib.qrpc_vm_poll(vm, comps, BATCH)
     end
 end
 
@@ -765,6 +781,7 @@ end
 function _M.connect(cmd, e, done)
     local id = next_call_id()
     cmd.call_id = id
+    cmd.vm = vm
     local rc = lib.qrpc_submit_async(cmd)
     if rc ~= QRPC_PENDING then
         return nil, rc, status_err(rc)

@@ -111,7 +111,7 @@ end
 local symbols = {
     "qrpc_init", "qrpc_wake_open", "qrpc_stats", "qrpc_shutdown",
     "qrpc_query", "qrpc_submit_async", "qrpc_poll", "qrpc_release",
-    "qrpc_release_n",
+    "qrpc_release_n", "qrpc_vm_open", "qrpc_vm_wake_open", "qrpc_vm_poll",
 }
 
 local function check_symbols(l)
@@ -224,7 +224,7 @@ local function restore_signals(prev)
 end
 
 
-local function load_masked(cfg_host, cfg_lib)
+local function load_masked(cfg_host, cfg_lib, subsystem)
     local l, where = open_library(cfg_lib)
     if not l then
         return nil, where
@@ -233,7 +233,11 @@ local function load_masked(cfg_host, cfg_lib)
     local want = cfg_host
     local rt
     local load_ffi = rawget(ngx, "load_ffi")
-    if want == nil then
+    if subsystem == "stream" then
+        -- lua-resty-ffi patches ngx_http_lua only: the stream VM uses the
+        -- built-in host, whatever the http VM of this worker uses
+        want, load_ffi = "builtin", nil
+    elseif want == nil then
         want = type(load_ffi) == "function" and "resty_ffi" or "builtin"
     end
 
@@ -269,20 +273,22 @@ local function load_masked(cfg_host, cfg_lib)
     if not ok then
         return nil, err
     end
-    ngx_log(ngx_NOTICE, "qrpc: loaded ", where, " (host ", want, ")")
+    ngx_log(ngx_NOTICE, "qrpc: loaded ", where, " (host ", want, ")",
+            subsystem == "stream" and " for the stream subsystem" or "")
     return { lib = l, host = want, where = where, rt = rt }
 end
 
 
--- load(cfg_host, cfg_lib) -> { lib, host, where, rt } | nil, err.
+-- load(cfg_host, cfg_lib, subsystem) -> { lib, host, where, rt } | nil, err.
 -- cfg_host: "builtin", "resty_ffi" or nil (resty_ffi when ngx.load_ffi
--- exists and loads the library); cfg_lib: a path, or nil to search.
-function _M.load(cfg_host, cfg_lib)
+-- exists and loads the library; always builtin in the stream subsystem);
+-- cfg_lib: a path, or nil to search; subsystem: ngx.config.subsystem.
+function _M.load(cfg_host, cfg_lib, subsystem)
     if get_phase() == "init" then
         return nil, _M.ERR_INIT
     end
     local prev = block_ngx_signals()
-    local ok, res, err = pcall(load_masked, cfg_host, cfg_lib)
+    local ok, res, err = pcall(load_masked, cfg_host, cfg_lib, subsystem)
     restore_signals(prev)
     if not ok then
         return nil, "qrpc: loading failed: " .. tostring(res)

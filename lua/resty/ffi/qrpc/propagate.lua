@@ -1,7 +1,7 @@
 -- Trace context: connect's opts.propagate = { "traceparent", ... } copies
 -- those headers of the current HTTP request into each call's qrpc headers
 -- when the caller did not set them. Nothing is copied where there is no
--- request (timers, init_worker).
+-- request (timers, init_worker, the stream subsystem).
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -17,11 +17,15 @@ local new_tab = require("resty.core.base").new_tab
 
 local _M = {}
 
--- Phases that have a request whose headers ngx.var can read.
+-- Phases that have a request whose headers ngx.var can read: none in
+-- the stream subsystem (a TCP/UDP session has no HTTP headers).
 local request_phases = {
     set = true, rewrite = true, server_rewrite = true, access = true,
     content = true, header_filter = true, body_filter = true, log = true,
 }
+if ngx.config and ngx.config.subsystem == "stream" then
+    request_phases = {}
+end
 
 -- check validates opts.propagate; it returns the list the connection keeps
 -- ({ { name = "traceparent", var = "http_traceparent" }, ... }), or nil
