@@ -57,6 +57,21 @@ func buildDemo(t *testing.T) (bin, certDir string) {
 	return bin, dir
 }
 
+// startDemos starts n demo server processes on free ports; extra names
+// their addresses s1..sn for the qtest module.
+func startDemos(t *testing.T, n int) ([]*demoProc, map[string]string) {
+	t.Helper()
+	bin, dir := buildDemo(t)
+	var srvs []*demoProc
+	extra := map[string]string{}
+	for i := range n {
+		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
+		srvs = append(srvs, startDemo(t, bin, dir, addr))
+		extra[fmt.Sprintf("s%d", i+1)] = addr
+	}
+	return srvs, extra
+}
+
 func startDemo(t *testing.T, bin, dir, addr string) *demoProc {
 	t.Helper()
 	d := &demoProc{t: t, bin: bin, dir: dir, addr: addr}
@@ -144,14 +159,7 @@ const poolLua = `
 // conn:peers() shows each step.
 func TestPoolThreeServers(t *testing.T) {
 	requireNginx(t)
-	bin, dir := buildDemo(t)
-	var srvs []*demoProc
-	extra := map[string]string{}
-	for i := range 3 {
-		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
-		srvs = append(srvs, startDemo(t, bin, dir, addr))
-		extra[fmt.Sprintf("s%d", i+1)] = addr
-	}
+	srvs, extra := startDemos(t, 3)
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`)) + loc("/slowcall", poolLua+poolCallLua(`"slow", "20"`)) + loc("/peers", poolLua+`
                 local conn, err = pool()
                 if not conn then

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -60,14 +59,7 @@ const tailMetricsLoc = `
 // attempt that timed out, and every call's attempts.
 func TestPoolTryTimeoutLua(t *testing.T) {
 	requireNginx(t)
-	bin, dir := buildDemo(t)
-	var srvs []*demoProc
-	extra := map[string]string{}
-	for i := range 3 {
-		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
-		srvs = append(srvs, startDemo(t, bin, dir, addr))
-		extra[fmt.Sprintf("s%d", i+1)] = addr
-	}
+	srvs, extra := startDemos(t, 3)
 	const pool = `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
@@ -281,13 +273,7 @@ func TestNoFalseStalls(t *testing.T) {
 	if testing.Short() {
 		t.Skip("30 s under load")
 	}
-	bin, dir := buildDemo(t)
-	extra := map[string]string{}
-	for i := range 3 {
-		addr := fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t))
-		startDemo(t, bin, dir, addr)
-		extra[fmt.Sprintf("s%d", i+1)] = addr
-	}
+	_, extra := startDemos(t, 3)
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`))})
 	// A busy loop per CPU: every process, nginx and the servers
 	// included, waits its turn.

@@ -207,8 +207,12 @@ const (
 	// a stall of a healthy server 5 times in 30 s, and this rule none
 	// (nginx/tail_test.go, TestNoFalseStalls); a server frozen under
 	// load is still skipped about 160 ms after it stops.
-	stallFactor    = 8
-	stallFloor     = 60 * time.Millisecond
+	stallFactor = 8
+	stallFloor  = 60 * time.Millisecond
+	// stallEvidence: how long other servers must have gone on answering
+	// after a server's last sign of life for its silence to be its own
+	// (peer.stalled).
+	stallEvidence  = 5 * time.Millisecond
 	maxEjectFactor = 10
 	// The retry budget's defaults (Finagle's).
 	defaultRetryRatio   = 0.2

@@ -170,9 +170,12 @@ func (pr *peer) cost(now int64) float64 {
 }
 
 // stalled reports whether pr has had calls in flight and no sign of life
-// for longer than its stall limit, while another server of the pool has
-// answered since (an answer from none of them says more about this
-// process, starved of CPU, than about the servers), and no pool-wide
+// for longer than its stall limit, while another server of the pool went
+// on answering for at least stallEvidence after its last sign of life
+// (when this process is starved of CPU every server goes quiet at once:
+// their last answers lie within a millisecond or so; when one server
+// freezes under load, the others answer on until clients pile onto it,
+// tens of answers later), and no pool-wide
 // silence ended within the limit (after one, every server answers again
 // in its own time: a machine that stood still for seconds wakes its
 // processes one after another). in is its inflight
@@ -190,7 +193,7 @@ func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	if q := pr.pool.quietEnd.Load(); q != 0 && now-q <= limit {
 		return false
 	}
-	return pr.pool.lastAnswer.Load() > last+int64(stallFloor)/2
+	return pr.pool.lastAnswer.Load()-last > int64(stallEvidence)
 }
 
 // stallLimit is how long pr may go without answering while busy before
@@ -388,11 +391,10 @@ func (p *Pool) chooseP2C(peers []*peer, ex *exclude, clk *pickClock, limit int64
 	a := peers[r%n]
 	b := peers[(r%n+1+(r>>32)%(n-1))%n]
 	now := monoNS(clk.now())
-	if pa, ta, oka := p2cTake(a, ex, clk, limit); oka {
-		if pb, tb, okb := p2cTake(b, ex, clk, limit); okb {
-			if pb.cost(now) < pa.cost(now) {
-				pa, ta = pb, tb
-			}
+	if oka, ta, _ := takeable(a, ex, clk, limit); oka {
+		pa := a
+		if okb, tb, _ := takeable(b, ex, clk, limit); okb && b.cost(now) < a.cost(now) {
+			pa, ta = b, tb
 		}
 		if !ta || pa.trial.CompareAndSwap(false, true) {
 			return pa, ta
@@ -444,39 +446,30 @@ func scanBest[S cmp.Ordered](peers []*peer, start uint32, ex *exclude, clk *pick
 	return nil, false
 }
 
-// p2cTake reports whether pr may take a call without a fallback: not
-// excluded, eligible and not stalled. A trial is not claimed here.
-func p2cTake(pr *peer, ex *exclude, clk *pickClock, limit int64) (*peer, bool, bool) {
+// takeable reports whether pr may take the call: not excluded, eligible
+// (trial: it needs a trial call, not claimed here) and not stalled
+// (stalled: skipped only for being stalled).
+func takeable(pr *peer, ex *exclude, clk *pickClock, limit int64) (ok, trial, stalled bool) {
 	if ex != nil && ex.has(pr) {
-		return nil, false, false
+		return false, false, false
 	}
-	ok, trial := pr.eligible(clk)
+	ok, trial = pr.eligible(clk)
 	if !ok {
-		return nil, false, false
+		return false, false, false
 	}
 	if pr.stalled(pr.inflight.Load(), clk, limit) {
 		pr.noteStall(clk)
-		return nil, false, false
+		return false, false, true
 	}
-	return pr, trial, true
+	return true, trial, false
 }
 
 // rrTake returns pr when it may take the call, claiming its trial if it
 // needs one; stalled reports a server skipped only for being stalled.
 func rrTake(pr *peer, ex *exclude, clk *pickClock, limit int64) (_ *peer, trial, stalled bool) {
-	if ex != nil && ex.has(pr) {
-		return nil, false, false
-	}
-	ok, trial := pr.eligible(clk)
-	if !ok {
-		return nil, false, false
-	}
-	if pr.stalled(pr.inflight.Load(), clk, limit) {
-		pr.noteStall(clk)
-		return nil, false, true
-	}
-	if trial && !pr.trial.CompareAndSwap(false, true) {
-		return nil, false, false
+	ok, trial, stalled := takeable(pr, ex, clk, limit)
+	if !ok || trial && !pr.trial.CompareAndSwap(false, true) {
+		return nil, false, stalled
 	}
 	return pr, trial, false
 }

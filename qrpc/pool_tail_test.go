@@ -55,29 +55,7 @@ func runCallsErrs(workers, n int, call func() error) ([]time.Duration, []error) 
 // runCalls makes n calls from workers goroutines; every call must succeed.
 func runCalls(t *testing.T, workers, n int, call func() error) []time.Duration {
 	t.Helper()
-	var mu sync.Mutex
-	var lat []time.Duration
-	var errs []error
-	var wg sync.WaitGroup
-	per := n / workers
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range per {
-				began := time.Now()
-				err := call()
-				d := time.Since(began)
-				mu.Lock()
-				if err != nil {
-					errs = append(errs, err)
-				}
-				lat = append(lat, d)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	lat, errs := runCallsErrs(workers, n, call)
 	if len(errs) > 0 {
 		t.Fatalf("%d of %d calls failed, first: %v", len(errs), n, errs[0])
 	}
