@@ -12,10 +12,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log"
 	"math"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -318,47 +316,33 @@ func figureProto(e *env, p params, t *table) error {
 	if err := os.WriteFile(getScript, []byte("wrk.method = \"GET\"\n"), 0o644); err != nil {
 		return err
 	}
+	// load runs wrk on one path; any non-2xx answer fails the figure.
+	load := func(path, script string) (wrkResult, error) {
+		r, err := wrkScript(e.nginx.port, path, p.pbWrkDur, script, worker)
+		if err == nil && r.non2xx > 0 {
+			err = fmt.Errorf("%s: %d non-2xx answers; error.log:\n%s", path, r.non2xx, tail(filepath.Join(e.dir, "error.log")))
+		}
+		return r, err
+	}
+	const getQuery = "ada?age=36&email=ada%40example.org"
 	for i := 0; i < p.runs; i++ {
 		log.Printf("proto: JSON gateway, run %d", i+1)
-		j, err := wrkScript(e.nginx.port, "/gw/proto/json", p.pbWrkDur, jsonScript, worker)
-		if err != nil {
-			return err
-		}
-		r, err := wrkScript(e.nginx.port, "/gw/rest/v1/echo", p.pbWrkDur, jsonScript, worker)
-		if err != nil {
-			return err
-		}
-		if r.non2xx > 0 {
-			js, _, _ := profileData()
-			var ans string
-			if resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/gw/rest/v1/echo", e.nginx.port), "application/json", bytes.NewReader(js)); err == nil {
-				b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-				resp.Body.Close()
-				ans = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		for _, l := range []struct {
+			path, script string
+			into         *[]wrkResult
+		}{
+			{"/gw/proto/json", jsonScript, &js},
+			{"/gw/rest/v1/echo", jsonScript, &rs},
+			{"/gw/rest/v1/profile/" + getQuery, getScript, &rgs},
+			{"/gw/hand/" + getQuery, getScript, &hgs},
+			{"/gw/proto/raw", pbScript, &pbs},
+		} {
+			r, err := load(l.path, l.script)
+			if err != nil {
+				return err
 			}
-			return fmt.Errorf("REST gateway: %d non-2xx answers (one: %s); error.log:\n%s", r.non2xx, ans, tail(filepath.Join(e.dir, "error.log")))
+			*l.into = append(*l.into, r)
 		}
-		rs = append(rs, r)
-		rg, err := wrkScript(e.nginx.port, "/gw/rest/v1/profile/ada?age=36&email=ada%40example.org", p.pbWrkDur, getScript, worker)
-		if err != nil {
-			return err
-		}
-		hg, err := wrkScript(e.nginx.port, "/gw/hand/ada?age=36&email=ada%40example.org", p.pbWrkDur, getScript, worker)
-		if err != nil {
-			return err
-		}
-		if rg.non2xx > 0 || hg.non2xx > 0 {
-			return fmt.Errorf("GET routes: non-2xx answers: gateway %d, by hand %d; error.log:\n%s", rg.non2xx, hg.non2xx, tail(filepath.Join(e.dir, "error.log")))
-		}
-		rgs, hgs = append(rgs, rg), append(hgs, hg)
-		b, err := wrkScript(e.nginx.port, "/gw/proto/raw", p.pbWrkDur, pbScript, worker)
-		if err != nil {
-			return err
-		}
-		if j.non2xx > 0 || b.non2xx > 0 {
-			return fmt.Errorf("non-2xx answers: JSON %d, raw %d; error.log:\n%s", j.non2xx, b.non2xx, tail(filepath.Join(e.dir, "error.log")))
-		}
-		js, pbs = append(js, j), append(pbs, b)
 	}
 	jr, br := medianBy(js, rps), medianBy(pbs, rps)
 	t.add(row{section: secProtoGW, name: "requests/s", subject: fmt.Sprintf("%.0f req/s", jr), baseline: fmt.Sprintf("%.0f req/s", br),
