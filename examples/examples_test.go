@@ -6,6 +6,7 @@ package examples
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -38,6 +39,11 @@ type try struct {
 	// TCP connection to the example's port; expect is the line answered
 	tcp   string
 	isTCP bool
+	// sni: a "# tls: <server name>" of a stream {} example: a TLS
+	// connection to the example's port with that server name; expect is
+	// the first line the backend it reaches sends
+	sni   string
+	isTLS bool
 }
 
 var wordRe = regexp.MustCompile(`'[^']*'|\S+`)
@@ -52,6 +58,9 @@ func parseTries(t *testing.T, name, text string) []*try {
 		case line == "# tcp:" || strings.HasPrefix(line, "# tcp: "):
 			out = append(out, &try{line: i + 1, status: 200, isTCP: true,
 				tcp: strings.TrimPrefix(strings.TrimPrefix(line, "# tcp:"), " ")})
+		case strings.HasPrefix(line, "# tls: "):
+			out = append(out, &try{line: i + 1, status: 200, isTLS: true,
+				sni: strings.TrimPrefix(line, "# tls: ")})
 		case strings.HasPrefix(line, "# try: "):
 			tr := &try{line: i + 1, method: "GET", status: 200}
 			words := wordRe.FindAllString(strings.TrimPrefix(line, "# try: "), -1)
@@ -91,7 +100,7 @@ func parseTries(t *testing.T, name, text string) []*try {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("%s documents no request (# try: or # tcp:)", name)
+		t.Fatalf("%s documents no request (# try:, # tcp: or # tls:)", name)
 	}
 	for _, tr := range out {
 		if tr.expect == "" {
@@ -254,6 +263,9 @@ func (s *setup) render(t *testing.T, text string) (string, int) {
 		"127.0.0.53:53", s.dns.Addr,
 		"127.0.0.1:8443", s.addr,
 		"listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", port),
+		// the backends of a stream example
+		"127.0.0.1:8081", fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t)),
+		"127.0.0.1:8082", fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t)),
 	)
 	conf = r.Replace(conf)
 	// An example written for an installed module has no lua_package_path:
@@ -326,6 +338,9 @@ func (tr *try) do(t *testing.T, port int) (int, string) {
 	if tr.isTCP {
 		return tr.doTCP(t, port)
 	}
+	if tr.isTLS {
+		return tr.doTLS(t, port)
+	}
 	url := strings.Replace(tr.url, "127.0.0.1:8080", fmt.Sprintf("127.0.0.1:%d", port), 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -364,6 +379,29 @@ func (tr *try) doTCP(t *testing.T, port int) (int, string) {
 	answer, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		t.Fatalf("line %d: %q: %v", tr.line, tr.tcp, err)
+	}
+	return 200, answer
+}
+
+// doTLS opens a TLS connection with the try's server name and returns
+// the first line the server at the other end sends (status 200: a line
+// came). The backends use the demo's certificate, for localhost: the
+// client checks the chain, not the name, which routes and does not match.
+func (tr *try) doTLS(t *testing.T, port int) (int, string) {
+	t.Helper()
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	c, err := tls.DialWithDialer(d, "tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{
+		ServerName:         tr.sni,
+		InsecureSkipVerify: true, //nolint:gosec // the name routes; the test checks which backend answers
+	})
+	if err != nil {
+		t.Fatalf("line %d: TLS to %s: %v", tr.line, tr.sni, err)
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("line %d: %q: %v", tr.line, tr.sni, err)
 	}
 	return 200, answer
 }

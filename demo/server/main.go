@@ -15,6 +15,9 @@
 //	slow    body = milliseconds     -> sleeps (capped by -max-sleep), "slept <n> ms"
 //	fail    body = code (optional)  -> non-zero code (default 1) and a message
 //	stats                           -> {"notify":N,"calls":M}
+//	route   body = TLS server name  -> the backend to send it to: the name's
+//	                                   first label when it is "blue" or "green",
+//	                                   else "green"
 //	notify  (event)                 -> counted
 //	SayHello      demo.HelloRequest -> demo.HelloReply{message: "Hello <name>!"}
 //	EchoAllKinds  demo.AllKinds     -> the same message (demo/proto/greeter.proto)
@@ -192,6 +195,7 @@ func (d *demo) register(s *qrpc.Server) {
 	s.Handle("slow", d.slow)
 	s.Handle("fail", d.fail)
 	s.Handle("stats", d.stats)
+	s.Handle("route", d.route)
 	s.HandleEvent("notify", func(context.Context, *qrpc.Request) { d.notify.Add(1) })
 	d.registerProto(s)
 }
@@ -248,6 +252,20 @@ func (d *demo) fail(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
 	}
 	resp.Code = code
 	resp.Body = []byte(fmt.Sprintf("failed on purpose with code %d", code))
+}
+
+// route stands for a routing service (a table of tenants, a canary
+// split): the stream example's preread phase asks it where a TLS
+// connection goes, by the server name the client sent.
+func (d *demo) route(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+	d.calls.Add(1)
+	label, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(string(req.Body))), ".")
+	switch label {
+	case "blue", "green":
+		resp.Body = []byte(label)
+	default:
+		resp.Body = []byte("green")
+	}
 }
 
 func (d *demo) stats(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) {

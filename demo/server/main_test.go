@@ -82,6 +82,10 @@ func TestMethods(t *testing.T) {
 		{"fail", "", codeFailDefault, "failed on purpose with code 1"},
 		{"fail", "42", 42, "failed on purpose with code 42"},
 		{"fail", "0", codeBadRequest, "fail: body must be a non-zero code"},
+		{"route", "blue.example.test", 0, "blue"},
+		{"route", "Green.example.test", 0, "green"},
+		{"route", "", 0, "green"},
+		{"route", "red.example.test", 0, "green"},
 		{"nope", "", qrpc.CodeUnknownMethod, `qrpc: unknown method "nope"`},
 	}
 	for _, tc := range cases {
