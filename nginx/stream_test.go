@@ -235,47 +235,45 @@ func (m *mixResult) String() string {
 func mixRound(n *nginxProc, r, calls int, timeout time.Duration, m *mixResult) {
 	client := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
 	defer client.CloseIdleConnections()
+	viaHTTP := func(line string) (string, error) {
+		resp, err := client.Get(n.url("/line?l=" + url.QueryEscape(line)))
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return strings.TrimSuffix(string(b), "\n"), err
+	}
+	viaStream := func(line string) (string, error) {
+		l, err := dialLines(n.streamPort, timeout)
+		if err != nil {
+			return "", err
+		}
+		defer l.close()
+		return l.ask(line, timeout)
+	}
+	ask := func(subsystem string, i int, send func(string) (string, error)) {
+		body := fmt.Sprintf("%s-%d-%d", subsystem, r, i)
+		line, want := "unary echo "+body, "OK 0 "+body
+		switch {
+		case i == 0:
+			line, want = "kill "+body, "OK killed "+body
+		case i%20 == 1:
+			line = "slowecho " + body
+		}
+		got, err := send(line)
+		m.check(want, got, err)
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < calls; i++ {
 		wg.Add(2)
 		go func(i int) {
 			defer wg.Done()
-			body := fmt.Sprintf("http-%d-%d", r, i)
-			line := "unary echo " + body
-			want := "OK 0 " + body
-			switch {
-			case i == 0:
-				line, want = "kill "+body, "OK killed "+body
-			case i%20 == 1:
-				line = "slowecho " + body
-			}
-			resp, err := client.Get(n.url("/line?l=" + url.QueryEscape(line)))
-			got := ""
-			if err == nil {
-				b, rerr := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				got, err = strings.TrimSuffix(string(b), "\n"), rerr
-			}
-			m.check(want, got, err)
+			ask("http", i, viaHTTP)
 		}(i)
 		go func(i int) {
 			defer wg.Done()
-			body := fmt.Sprintf("stream-%d-%d", r, i)
-			line := "unary echo " + body
-			want := "OK 0 " + body
-			switch {
-			case i == 0:
-				line, want = "kill "+body, "OK killed "+body
-			case i%20 == 1:
-				line = "slowecho " + body
-			}
-			l, err := dialLines(n.streamPort, timeout)
-			got := ""
-			if err == nil {
-				got, err = l.ask(line, timeout)
-				l.close()
-			}
-			m.check(want, got, err)
+			ask("stream", i, viaStream)
 		}(i)
 	}
 	wg.Wait()
