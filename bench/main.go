@@ -55,10 +55,11 @@ type params struct {
 	metricsRuns int  // runs of the metrics figure at least (its effect is small)
 	merge       bool // -merge: see merge.go
 
-	streamSeqN  int    // sequential calls per subsystem per run in the stream figure
-	streamRuns  int    // runs of those, and rounds of its loads
-	streamDur   string // duration of each load of the stream figure
-	streamNginx string // nginx with ngx_stream_lua ("" = the openresty flavour's build)
+	streamSeqN    int    // sequential calls per subsystem per run in the stream figure
+	streamSeqRuns int    // runs of those, each subsystem in turn
+	streamRounds  int    // rounds of the stream figure's loads
+	streamDur     string // duration of each of those loads
+	streamNginx   string // nginx with ngx_stream_lua ("" = the openresty flavour's build)
 
 	main       nginxOpts // of the main nginx
 	restyNginx string    // nginx built for lua-resty-ffi ("" = none)
@@ -106,12 +107,12 @@ func main() {
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
 		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 6000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000,
-		metricsN: 5000, metricsRuns: 7, pbRuns: 5, streamSeqN: 5000, streamRuns: 5, streamDur: "2s"}
+		metricsN: 5000, metricsRuns: 7, pbRuns: 5, streamSeqN: 2000, streamSeqRuns: 15, streamRounds: 5, streamDur: "2s"}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
 			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s", poolSeqN: 1500, poolParN: 5000,
-			metricsN: 2000, metricsRuns: 5, pbRuns: 1, streamSeqN: 1500, streamRuns: 3, streamDur: "1s"}
+			metricsN: 2000, metricsRuns: 5, pbRuns: 1, streamSeqN: 500, streamSeqRuns: 9, streamRounds: 3, streamDur: "1s"}
 	}
 	switch {
 	case *client != "":

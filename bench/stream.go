@@ -133,8 +133,10 @@ func figureStream(e *env, p params, t *table) error {
 // worker by one stream {} handler or one http {} request, alternately.
 func streamUnaryRows(n *nginx, port int, p params, t *table) error {
 	calls := p.streamSeqN
-	log.Printf("stream: %d sequential calls of %s, stream vs http, %d runs", calls, sizeName(streamSize), p.streamRuns)
-	ss, hs, err := alternate(p.streamRuns,
+	log.Printf("stream: %d sequential calls of %s, stream vs http, %d runs", calls, sizeName(streamSize), p.streamSeqRuns)
+	// Many short runs in turn rather than a few long ones: on a shared
+	// machine the load of the others then weighs on both sides alike.
+	ss, hs, err := alternate(p.streamSeqRuns,
 		func() (callStats, error) {
 			line, err := askLine(port, fmt.Sprintf("loop %d %d", calls, streamSize), 10*time.Minute)
 			if err != nil {
@@ -152,12 +154,33 @@ func streamUnaryRows(n *nginx, port int, p params, t *table) error {
 	if err != nil {
 		return err
 	}
-	name := fmt.Sprintf("%s, %d sequential calls: stream {} vs http {}", sizeName(streamSize), calls)
-	t.add(rateRow(secStreamUnary, name+": calls/s", calls, secs(medianBy(ss, statSecs)), secs(medianBy(hs, statSecs))))
+	name := fmt.Sprintf("%s, %d sequential calls × %d runs: stream {} vs http {}", sizeName(streamSize), calls, p.streamSeqRuns)
+	t.add(rateRow(secStreamUnary, fmt.Sprintf("%s: calls/s (runs' ratios %s)", name, spread(pairRatios(hs, ss, statSecs))),
+		calls, secs(medianBy(ss, statSecs)), secs(medianBy(hs, statSecs))))
 	c := float64(calls)
-	t.add(cpuRow(secStreamUnary, name+": worker CPU per call (all its threads)", medianBy(ss, statCPUSecs)*1e6/c, medianBy(hs, statCPUSecs)*1e6/c))
+	t.add(cpuRow(secStreamUnary, fmt.Sprintf("%s: worker CPU per call, all its threads (runs' ratios %s)", name, spread(pairRatios(ss, hs, statCPUSecs))),
+		medianBy(ss, statCPUSecs)*1e6/c, medianBy(hs, statCPUSecs)*1e6/c))
 	t.add(cswRow(secStreamUnary, name+": context switches per call, worker", medianBy(ss, statCSW)/c, medianBy(hs, statCSW)/c))
 	return nil
+}
+
+// pairRatios is f(a[i]) / f(b[i]) for each run i.
+func pairRatios(a, b []callStats, f func(callStats) float64) []float64 {
+	out := make([]float64, len(a))
+	for i := range a {
+		out[i] = f(a[i]) / f(b[i])
+	}
+	return out
+}
+
+// spread is "lo–hi" of a figure's per-run ratios.
+func spread(v []float64) string {
+	if len(v) == 0 {
+		return "none"
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return fmt.Sprintf("%.2f–%.2f", s[0], s[len(s)-1])
 }
 
 // alternate is pairStats with the order of the two turned every other
@@ -308,7 +331,7 @@ func streamLoadRows(n *nginx, port int, p params, t *table) error {
 	// the order turns each round, so that no load always follows another
 	orders := [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}}
 	var rounds []loadRound
-	for i := 0; i < p.streamRuns; i++ {
+	for i := 0; i < p.streamRounds; i++ {
 		log.Printf("stream: load round %d: http alone, stream alone, both at once (%s each)", i+1, dur)
 		r, err := streamRound(n, port, dur, worker, orders[i%len(orders)])
 		if err != nil {
@@ -329,11 +352,13 @@ func addStreamLoadRows(t *table, rounds []loadRound) {
 	sb, sa := med(func(r loadRound) float64 { return r.bothStream.rps }), med(func(r loadRound) float64 { return r.stream.rps })
 	t.add(row{section: secStreamLoad, name: fmt.Sprintf("stream lines/s (%d TCP connections): both subsystems loaded at once vs stream alone", streamConns),
 		subject: fmt.Sprintf("%.0f lines/s", sb), baseline: fmt.Sprintf("%.0f lines/s", sa), ratio: sb / sa, ratioLabel: "throughput ratio"})
-	t.add(cpuRow(secStreamLoad, "worker CPU per call (all its threads): both at once vs each alone, weighted by the calls of each kind at once",
+	t.add(cpuRow(secStreamLoad, fmt.Sprintf("worker CPU per call, all its threads: both at once vs each alone, weighted by the calls of each kind at once (rounds' ratios %s)",
+		spread(values(rounds, func(r loadRound) float64 { return r.bothCPUPerCall() / r.aloneCPUForMix() }))),
 		med(loadRound.bothCPUPerCall), med(loadRound.aloneCPUForMix)))
 	t.add(cswRow(secStreamLoad, "context switches per call, worker: both at once vs each alone, weighted the same way",
 		med(loadRound.bothCSWPerCall), med(loadRound.aloneCSWForMix)))
-	t.add(cpuRow(secStreamLoad, "worker CPU per call, alone: a stream line vs an http request",
+	t.add(cpuRow(secStreamLoad, fmt.Sprintf("worker CPU per call, alone: a stream line vs an http request (rounds' ratios %s)",
+		spread(values(rounds, func(r loadRound) float64 { return cpuUS(0)(r.stream) / cpuUS(0)(r.http) }))),
 		med(func(r loadRound) float64 { return cpuUS(0)(r.stream) }), med(func(r loadRound) float64 { return cpuUS(0)(r.http) })))
 	s99, h99 := med(func(r loadRound) float64 { return p99ms(r.stream) }), med(func(r loadRound) float64 { return p99ms(r.http) })
 	t.add(row{section: secStreamLoad, name: "p99 latency, alone: a stream line vs an http request", subject: fmtMS(s99), baseline: fmtMS(h99),

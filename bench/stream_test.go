@@ -196,3 +196,18 @@ func TestStreamNginxMissing(t *testing.T) {
 		}
 	}
 }
+
+func TestSpread(t *testing.T) {
+	a := []callStats{{cpu: 30}, {cpu: 10}, {cpu: 22}}
+	b := []callStats{{cpu: 20}, {cpu: 10}, {cpu: 20}}
+	r := pairRatios(a, b, statCPUSecs)
+	if len(r) != 3 || math.Abs(r[0]-1.5) > 1e-9 || math.Abs(r[1]-1) > 1e-9 || math.Abs(r[2]-1.1) > 1e-9 {
+		t.Errorf("pairRatios: %v", r)
+	}
+	if got := spread(r); got != "1.00–1.50" {
+		t.Errorf("spread: %q", got)
+	}
+	if got := spread(nil); got != "none" {
+		t.Errorf("spread of none: %q", got)
+	}
+}
