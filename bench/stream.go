@@ -208,45 +208,45 @@ func alternate(runs int, a, b func() (callStats, error)) ([]callStats, []callSta
 	return as, bs, nil
 }
 
+// loadCost is what one load cost the worker: calls answered, CPU time
+// of all its threads and of its nginx thread, context switches.
+type loadCost struct {
+	calls     int
+	cpu, main time.Duration
+	csw       int64
+}
+
+func usPer(d time.Duration, calls int) float64 {
+	if calls == 0 {
+		return 0
+	}
+	return d.Seconds() * 1e6 / float64(calls)
+}
+
+func (c loadCost) cpuUS() float64   { return usPer(c.cpu, c.calls) }
+func (c loadCost) mainUS() float64  { return usPer(c.main, c.calls) }
+func (c loadCost) otherUS() float64 { return usPer(c.cpu-c.main, c.calls) }
+func (c loadCost) cswPer() float64 {
+	if c.calls == 0 {
+		return 0
+	}
+	return float64(c.csw) / float64(c.calls)
+}
+
 // loadRound is one round of the load rows: each subsystem alone, and
 // both at once.
 type loadRound struct {
-	http, stream         wrkResult     // alone; cpu[0] is the worker's
-	bothHTTP, bothStream wrkResult     // at once
-	bothCPU              time.Duration // the worker's during both at once
-	bothCSW              int64         // the worker's context switches then
+	http, stream         wrkResult // alone
+	bothHTTP, bothStream wrkResult // at once
+	httpCost, streamCost loadCost  // alone
+	bothCost             loadCost  // at once, both kinds of calls
 }
 
-// bothCPUPerCall is the worker's CPU per call of either kind while both
-// loads ran, in µs.
-func (r loadRound) bothCPUPerCall() float64 {
-	calls := r.bothHTTP.reqs + r.bothStream.reqs
-	if calls == 0 {
-		return 0
-	}
-	return r.bothCPU.Seconds() * 1e6 / float64(calls)
-}
-
-// bothCSWPerCall is the worker's context switches per call of either
-// kind while both loads ran.
-func (r loadRound) bothCSWPerCall() float64 {
-	calls := r.bothHTTP.reqs + r.bothStream.reqs
-	if calls == 0 {
-		return 0
-	}
-	return float64(r.bothCSW) / float64(calls)
-}
-
-// aloneCSWForMix is aloneCPUForMix for context switches.
-func (r loadRound) aloneCSWForMix() float64 {
-	return mixCPU(r.bothHTTP.reqs, r.bothStream.reqs, cswPer(0)(r.http), cswPer(0)(r.stream))
-}
-
-// aloneCPUForMix is what the calls of the both-at-once run would cost the
-// worker at each subsystem's CPU per call alone, per call, in µs: the
-// baseline of bothCPUPerCall.
-func (r loadRound) aloneCPUForMix() float64 {
-	return mixCPU(r.bothHTTP.reqs, r.bothStream.reqs, cpuUS(0)(r.http), cpuUS(0)(r.stream))
+// aloneForMix is what the calls of the both-at-once run would cost at
+// each subsystem's cost alone (f per call), per call: the baseline of
+// f(r.bothCost).
+func (r loadRound) aloneForMix(f func(loadCost) float64) float64 {
+	return mixCPU(r.bothHTTP.reqs, r.bothStream.reqs, f(r.httpCost), f(r.streamCost))
 }
 
 // mixCPU is the mean cost per call (CPU, or context switches) of h calls
@@ -258,58 +258,80 @@ func mixCPU(h, s int, hUS, sUS float64) float64 {
 	return (float64(h)*hUS + float64(s)*sUS) / float64(h+s)
 }
 
-// round runs the three loads, in the given order of kinds (0 http alone,
-// 1 stream alone, 2 both).
-func streamRound(n *nginx, port int, dur time.Duration, worker []int, order []int) (loadRound, error) {
+// costOf runs load and measures what it costs worker pid.
+func costOf(pid int, load func() (calls int, err error)) (loadCost, error) {
+	cpu0, err := procCPU(pid)
+	if err != nil {
+		return loadCost{}, err
+	}
+	main0, err := threadCPU(pid, pid)
+	if err != nil {
+		return loadCost{}, err
+	}
+	csw0, err := procCSW(pid)
+	if err != nil {
+		return loadCost{}, err
+	}
+	calls, err := load()
+	if err != nil {
+		return loadCost{}, err
+	}
+	cpu1, err1 := procCPU(pid)
+	main1, err2 := threadCPU(pid, pid)
+	csw1, err3 := procCSW(pid)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return loadCost{}, err
+	}
+	return loadCost{calls: calls, cpu: cpu1 - cpu0, main: main1 - main0, csw: csw1 - csw0}, nil
+}
+
+// streamRound runs the three loads in the given order of kinds (0 http
+// alone, 1 stream alone, 2 both at once).
+func streamRound(n *nginx, port int, dur time.Duration, pid int, order []int) (loadRound, error) {
 	var r loadRound
 	path := fmt.Sprintf("/call?size=%d", streamSize)
 	line := fmt.Sprintf("call %d", streamSize)
+	httpLoad := func(into *wrkResult) func() (int, error) {
+		return func() (int, error) {
+			w, err := wrk(n.port, path, durArg(dur))
+			if err == nil && w.non2xx > 0 {
+				err = fmt.Errorf("http: %d non-2xx answers", w.non2xx)
+			}
+			*into = w
+			return w.reqs, err
+		}
+	}
+	streamLoad := func(into *wrkResult) func() (int, error) {
+		return func() (int, error) {
+			l, err := lineLoad(port, streamConns, dur, line)
+			*into = l
+			return l.reqs, err
+		}
+	}
 	for _, k := range order {
 		var err error
 		switch k {
 		case 0:
-			r.http, err = wrk(n.port, path, durArg(dur), worker)
-			if err == nil && r.http.non2xx > 0 {
-				err = fmt.Errorf("http alone: %d non-2xx answers", r.http.non2xx)
-			}
+			r.httpCost, err = costOf(pid, httpLoad(&r.http))
 		case 1:
-			r.stream, err = watchedLineLoad(port, streamConns, dur, line, worker)
+			r.streamCost, err = costOf(pid, streamLoad(&r.stream))
 		case 2:
-			r.bothHTTP, r.bothStream, r.bothCPU, r.bothCSW, err = bothLoads(n.port, path, port, line, dur, worker)
+			r.bothCost, err = costOf(pid, func() (int, error) {
+				var hn, sn int
+				var herr, serr error
+				var wg sync.WaitGroup
+				wg.Add(2)
+				go func() { defer wg.Done(); hn, herr = httpLoad(&r.bothHTTP)() }()
+				go func() { defer wg.Done(); sn, serr = streamLoad(&r.bothStream)() }()
+				wg.Wait()
+				return hn + sn, errors.Join(herr, serr)
+			})
 		}
 		if err != nil {
-			return r, fmt.Errorf("%w; error.log:\n%s", err, tail(filepath.Join(n.dir, "error.log")))
+			return r, fmt.Errorf("load %s: %w; error.log:\n%s", []string{"http alone", "stream alone", "both at once"}[k], err, tail(filepath.Join(n.dir, "error.log")))
 		}
 	}
 	return r, nil
-}
-
-// bothLoads runs wrk on http and the line load on stream at once, and
-// measures the worker's CPU time and context switches around both.
-func bothLoads(httpPort int, path string, streamPort int, line string, dur time.Duration, worker []int) (h, s wrkResult, cpu time.Duration, csw int64, err error) {
-	cpu0, err := procCPU(worker...)
-	if err != nil {
-		return h, s, 0, 0, err
-	}
-	csw0, err := procCSW(worker...)
-	if err != nil {
-		return h, s, 0, 0, err
-	}
-	var herr, serr error
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); h, herr = wrk(httpPort, path, durArg(dur)) }()
-	go func() { defer wg.Done(); s, serr = lineLoad(streamPort, streamConns, dur, line) }()
-	wg.Wait()
-	cpu1, cerr := procCPU(worker...)
-	csw1, werr := procCSW(worker...)
-	if err := errors.Join(herr, serr, cerr, werr); err != nil {
-		return h, s, 0, 0, fmt.Errorf("both at once: %w", err)
-	}
-	if h.non2xx > 0 {
-		return h, s, 0, 0, fmt.Errorf("both at once: http: %d non-2xx answers", h.non2xx)
-	}
-	return h, s, cpu1 - cpu0, csw1 - csw0, nil
 }
 
 func streamLoadRows(n *nginx, port int, p params, t *table) error {
@@ -333,7 +355,7 @@ func streamLoadRows(n *nginx, port int, p params, t *table) error {
 	var rounds []loadRound
 	for i := 0; i < p.streamRounds; i++ {
 		log.Printf("stream: load round %d: http alone, stream alone, both at once (%s each)", i+1, dur)
-		r, err := streamRound(n, port, dur, worker, orders[i%len(orders)])
+		r, err := streamRound(n, port, dur, worker[0], orders[i%len(orders)])
 		if err != nil {
 			return err
 		}
@@ -352,14 +374,24 @@ func addStreamLoadRows(t *table, rounds []loadRound) {
 	sb, sa := med(func(r loadRound) float64 { return r.bothStream.rps }), med(func(r loadRound) float64 { return r.stream.rps })
 	t.add(row{section: secStreamLoad, name: fmt.Sprintf("stream lines/s (%d TCP connections): both subsystems loaded at once vs stream alone", streamConns),
 		subject: fmt.Sprintf("%.0f lines/s", sb), baseline: fmt.Sprintf("%.0f lines/s", sa), ratio: sb / sa, ratioLabel: "throughput ratio"})
-	t.add(cpuRow(secStreamLoad, fmt.Sprintf("worker CPU per call, all its threads: both at once vs each alone, weighted by the calls of each kind at once (rounds' ratios %s)",
-		spread(values(rounds, func(r loadRound) float64 { return r.bothCPUPerCall() / r.aloneCPUForMix() }))),
-		med(loadRound.bothCPUPerCall), med(loadRound.aloneCPUForMix)))
+	// at once against each kind's calls at their cost alone
+	for _, c := range []struct {
+		what string
+		f    func(loadCost) float64
+	}{
+		{"worker CPU per call, all its threads", loadCost.cpuUS},
+		{"of which the nginx thread", loadCost.mainUS},
+		{"of which the other threads (Go's)", loadCost.otherUS},
+	} {
+		ratios := values(rounds, func(r loadRound) float64 { return c.f(r.bothCost) / r.aloneForMix(c.f) })
+		t.add(cpuRow(secStreamLoad, fmt.Sprintf("%s: both at once vs each alone, weighted by the calls of each kind at once (rounds' ratios %s)", c.what, spread(ratios)),
+			med(func(r loadRound) float64 { return c.f(r.bothCost) }), med(func(r loadRound) float64 { return r.aloneForMix(c.f) })))
+	}
 	t.add(cswRow(secStreamLoad, "context switches per call, worker: both at once vs each alone, weighted the same way",
-		med(loadRound.bothCSWPerCall), med(loadRound.aloneCSWForMix)))
+		med(func(r loadRound) float64 { return r.bothCost.cswPer() }), med(func(r loadRound) float64 { return r.aloneForMix(loadCost.cswPer) })))
 	t.add(cpuRow(secStreamLoad, fmt.Sprintf("worker CPU per call, alone: a stream line vs an http request (rounds' ratios %s)",
-		spread(values(rounds, func(r loadRound) float64 { return cpuUS(0)(r.stream) / cpuUS(0)(r.http) }))),
-		med(func(r loadRound) float64 { return cpuUS(0)(r.stream) }), med(func(r loadRound) float64 { return cpuUS(0)(r.http) })))
+		spread(values(rounds, func(r loadRound) float64 { return r.streamCost.cpuUS() / r.httpCost.cpuUS() }))),
+		med(func(r loadRound) float64 { return r.streamCost.cpuUS() }), med(func(r loadRound) float64 { return r.httpCost.cpuUS() })))
 	s99, h99 := med(func(r loadRound) float64 { return p99ms(r.stream) }), med(func(r loadRound) float64 { return p99ms(r.http) })
 	t.add(row{section: secStreamLoad, name: "p99 latency, alone: a stream line vs an http request", subject: fmtMS(s99), baseline: fmtMS(h99),
 		ratio: s99 / h99, ratioLabel: "latency ratio"})
@@ -398,33 +430,6 @@ func checkAnswer(s string) (string, error) {
 		return "", fmt.Errorf("stream server: %s", s)
 	}
 	return s, nil
-}
-
-// watchedLineLoad is lineLoad with the CPU time and context switches of
-// the processes in watch during it, as wrk measures them.
-func watchedLineLoad(port, conns int, dur time.Duration, line string, watch []int) (wrkResult, error) {
-	cpu0, err := procCPU(watch...)
-	if err != nil {
-		return wrkResult{}, err
-	}
-	csw0, err := procCSW(watch...)
-	if err != nil {
-		return wrkResult{}, err
-	}
-	r, err := lineLoad(port, conns, dur, line)
-	if err != nil {
-		return r, err
-	}
-	cpu1, err := procCPU(watch...)
-	if err != nil {
-		return r, err
-	}
-	csw1, err := procCSW(watch...)
-	if err != nil {
-		return r, err
-	}
-	r.cpu, r.csw = []time.Duration{cpu1 - cpu0}, []int64{csw1 - csw0}
-	return r, nil
 }
 
 // lineLoad is wrk's shape on the stream server: conns connections, each

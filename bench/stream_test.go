@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -60,25 +61,61 @@ func TestMixCPU(t *testing.T) {
 		t.Errorf("mixCPU with no calls = %g, want 0", got)
 	}
 	r := loadRound{
-		http:       wrkResult{reqs: 1000, cpu: []time.Duration{40 * time.Millisecond}, csw: []int64{500}},
-		stream:     wrkResult{reqs: 1000, cpu: []time.Duration{20 * time.Millisecond}, csw: []int64{100}},
 		bothHTTP:   wrkResult{reqs: 300},
 		bothStream: wrkResult{reqs: 100},
-		bothCPU:    12 * time.Millisecond,
-		bothCSW:    200,
+		httpCost:   loadCost{calls: 1000, cpu: 40 * time.Millisecond, main: 30 * time.Millisecond, csw: 500},
+		streamCost: loadCost{calls: 1000, cpu: 20 * time.Millisecond, main: 10 * time.Millisecond, csw: 100},
+		bothCost:   loadCost{calls: 400, cpu: 12 * time.Millisecond, main: 8 * time.Millisecond, csw: 200},
 	}
 	for _, c := range []struct {
 		name      string
 		got, want float64
 	}{
-		{"aloneCPUForMix", r.aloneCPUForMix(), 35},
-		{"bothCPUPerCall", r.bothCPUPerCall(), 30},
-		{"aloneCSWForMix", r.aloneCSWForMix(), 0.4},
-		{"bothCSWPerCall", r.bothCSWPerCall(), 0.5},
+		{"alone CPU for the mix", r.aloneForMix(loadCost.cpuUS), 35},
+		{"both CPU", r.bothCost.cpuUS(), 30},
+		{"alone nginx thread for the mix", r.aloneForMix(loadCost.mainUS), 25},
+		{"both nginx thread", r.bothCost.mainUS(), 20},
+		{"alone other threads for the mix", r.aloneForMix(loadCost.otherUS), 10},
+		{"both other threads", r.bothCost.otherUS(), 10},
+		{"alone switches for the mix", r.aloneForMix(loadCost.cswPer), 0.4},
+		{"both switches", r.bothCost.cswPer(), 0.5},
+		{"no calls", loadCost{cpu: time.Second}.cpuUS(), 0},
 	} {
 		if math.Abs(c.got-c.want) > 1e-9 {
 			t.Errorf("%s = %g, want %g", c.name, c.got, c.want)
 		}
+	}
+}
+
+// costOf reads the CPU time of the process and of its main thread.
+func TestCostOf(t *testing.T) {
+	c, err := costOf(os.Getpid(), func() (int, error) {
+		end := time.Now().Add(30 * time.Millisecond)
+		for time.Now().Before(end) { // the test's own thread, busy
+		}
+		return 3, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.calls != 3 || c.cpu < c.main || c.cpu < 0 || c.main < 0 {
+		t.Errorf("costOf: %+v", c)
+	}
+	boom := errors.New("boom")
+	if _, err := costOf(os.Getpid(), func() (int, error) { return 0, boom }); !errors.Is(err, boom) {
+		t.Errorf("a failed load: %v", err)
+	}
+}
+
+func TestParseStatCPU(t *testing.T) {
+	// pid (comm with) spaces) state ppid ... utime=fields 14, stime=15
+	line := "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 125 0 0 20 0 1 0 10 1000 100"
+	d, err := parseStatCPU("stat", line)
+	if err != nil || d != 3750*time.Millisecond {
+		t.Errorf("parseStatCPU: %v %v, want 3.75s", d, err)
+	}
+	if _, err := parseStatCPU("stat", "42 (x) S 1"); err == nil {
+		t.Error("a short line: no error")
 	}
 }
 
