@@ -89,6 +89,7 @@ func (e *env) startStreamNginx(ng *ngxtest.Nginx, o nginxOpts) (*nginx, int, err
 	n.env = ng.Environ([]string{})
 	o.workers = 1
 	if err := n.start(o); err != nil {
+		n.stop() // it may have started without answering
 		return nil, 0, err
 	}
 	return n, port, nil
