@@ -108,25 +108,42 @@ func withoutEnv(env []string, name string) []string {
 func procCPU(pids ...int) (time.Duration, error) {
 	var sum time.Duration
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		d, err := statCPU(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
 			return 0, err
 		}
-		// The command name, field 2, may hold spaces: count from its ')'.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			return 0, fmt.Errorf("/proc/%d/stat: short line", pid)
-		}
-		utime, err1 := strconv.ParseInt(f[11], 10, 64)
-		stime, err2 := strconv.ParseInt(f[12], 10, 64)
-		if err1 != nil || err2 != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
-		}
-		// USER_HZ is 100 on every Linux architecture Go supports for this.
-		sum += time.Duration(utime+stime) * 10 * time.Millisecond
+		sum += d
 	}
 	return sum, nil
+}
+
+// threadCPU is the user+system CPU time of one thread of pid so far.
+func threadCPU(pid, tid int) (time.Duration, error) {
+	return statCPU(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+}
+
+// statCPU reads utime+stime from a stat file of /proc.
+func statCPU(path string) (time.Duration, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return parseStatCPU(path, string(b))
+}
+
+func parseStatCPU(path, s string) (time.Duration, error) {
+	// The command name, field 2, may hold spaces: count from its ')'.
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%s: short line", path)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("%s: bad utime/stime", path)
+	}
+	// USER_HZ is 100 on every Linux architecture Go supports for this.
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // procCSW is how many times every thread of the pids so far has been

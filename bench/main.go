@@ -5,7 +5,7 @@
 // several runs; nothing here passes or fails on time.
 //
 // One file per section (ipc, unary, http with the sidecar, memory,
-// placement, gomaxprocs, restyffi, proto, pools, metricscost), sharing harness.go; the report is
+// placement, gomaxprocs, restyffi, proto, pools, metricscost, stream), sharing harness.go; the report is
 // report.go and chart.go; the processes the figures call are servers.go
 // and goclient.go.
 package main
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 )
 
 type params struct {
@@ -54,6 +55,12 @@ type params struct {
 	metricsRuns int  // runs of the metrics figure at least (its effect is small)
 	merge       bool // -merge: see merge.go
 
+	streamSeqN    int    // sequential calls per subsystem per run in the stream figure
+	streamSeqRuns int    // runs of those, each subsystem in turn
+	streamRounds  int    // rounds of the stream figure's loads
+	streamDur     string // duration of each of those loads
+	streamNginx   string // nginx with ngx_stream_lua ("" = the openresty flavour's build)
+
 	main       nginxOpts // of the main nginx
 	restyNginx string    // nginx built for lua-resty-ffi ("" = none)
 }
@@ -75,7 +82,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics,stream); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -83,6 +90,7 @@ func main() {
 	gdb := flag.String("godebug", "", "GODEBUG of the nginx worker (placement and gomaxprocs figures aside), e.g. "+lazySysmon)
 	aff := flag.String("affinity", "", "worker_cpu_affinity of the nginx worker, e.g. 01 (placement and gomaxprocs figures aside)")
 	restyNginx := flag.String("resty-nginx", os.Getenv("QRPC_NGINX"), "nginx built for lua-resty-ffi (make nginx-resty-ffi: $QRPC_BUILD_DIR/resty-ffi/sbin/nginx) for the restyffi figure; default $QRPC_NGINX")
+	streamNginx := flag.String("stream-nginx", "", "nginx with ngx_stream_lua for the stream figure; default $"+ngxtest.EnvBuildDir+"/openresty/sbin/nginx (make nginx-openresty)")
 	client := flag.String("client", "", "internal: run the Go baseline client against this address")
 	clientCA := flag.String("ca", "", "internal: CA file for -client and -sidecar")
 	clientKind := flag.String("kind", "seq", "internal: -client loop, seq or par")
@@ -99,12 +107,12 @@ func main() {
 	p := params{quick: *quick, runs: 3, seqN: 20000, parN: 100000, ipcSeqN: 50000, ipcParN: 50000, conc: 100,
 		wrkDur: "3s", gmpWrkDur: "2s", memN: 500000, sizes: []int{512, 4096, 102400}, unSizes: []int{100, 4096},
 		rfSizes: []int{512, 4096, 102400}, placeN: 3000, gmpSeqN: 2000, pbSeqN: 6000, pbWrkDur: "2s", poolSeqN: 10000, poolParN: 50000,
-		metricsN: 5000, metricsRuns: 7, pbRuns: 5}
+		metricsN: 5000, metricsRuns: 7, pbRuns: 5, streamSeqN: 2000, streamSeqRuns: 15, streamRounds: 5, streamDur: "2s"}
 	if p.quick {
 		p = params{quick: true, runs: 1, seqN: 5000, parN: 10000, ipcSeqN: 5000, ipcParN: 10000, conc: 100,
 			wrkDur: "2s", gmpWrkDur: "1s", memN: 20000, sizes: []int{512, 102400}, unSizes: []int{100, 4096},
 			rfSizes: []int{512, 4096, 102400}, placeN: 1000, gmpSeqN: 500, pbSeqN: 1500, pbWrkDur: "1s", poolSeqN: 1500, poolParN: 5000,
-			metricsN: 2000, metricsRuns: 5, pbRuns: 1}
+			metricsN: 2000, metricsRuns: 5, pbRuns: 1, streamSeqN: 500, streamSeqRuns: 9, streamRounds: 3, streamDur: "1s"}
 	}
 	switch {
 	case *client != "":
@@ -140,6 +148,7 @@ func main() {
 	}
 	p.main = nginxOpts{workers: 1, gomaxprocs: *gmp, godebug: *gdb, affinity: *aff}
 	p.restyNginx = *restyNginx
+	p.streamNginx = *streamNginx
 	p.only = map[string]bool{}
 	for _, f := range strings.Split(*only, ",") {
 		if f != "" {
@@ -359,6 +368,7 @@ func run(p params, out, svg string) error {
 		{"pools", figurePools, p.want("pools", false)},
 		{"balance", figureBalance, p.want("balance", false)},
 		{"metrics", figureMetricsCost, p.want("metrics", false)},
+		{"stream", figureStream, p.want("stream", false)},
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {

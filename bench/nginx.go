@@ -222,15 +222,26 @@ func (n *nginx) luaStats(kind, query string) (callStats, error) {
 	if err != nil {
 		return callStats{}, err
 	}
-	var r struct {
-		Secs   float64 `json:"secs"`
-		Calls  int     `json:"calls"`
-		Errors int     `json:"errors"`
-		CPU    float64 `json:"cpu"`
-		CSW    int64   `json:"csw"`
-	}
+	return n.parseStats(kind, body)
+}
+
+// benchAnswer is the JSON answer of a measurement run inside nginx.
+type benchAnswer struct {
+	Secs   float64 `json:"secs"`
+	Calls  int     `json:"calls"`
+	Errors int     `json:"errors"`
+	CPU    float64 `json:"cpu"`
+	CSW    int64   `json:"csw"`
+}
+
+// parseStats reads a measurement's answer; a failed call fails it.
+func (n *nginx) parseStats(kind, body string) (callStats, error) {
+	var r benchAnswer
 	if err := json.Unmarshal([]byte(body), &r); err != nil {
 		return callStats{}, fmt.Errorf("bad bench answer %q: %w", body, err)
+	}
+	if r.Calls < 1 {
+		return callStats{}, fmt.Errorf("bench answer %q: no calls", body)
 	}
 	if r.Errors > 0 {
 		return callStats{}, fmt.Errorf("%s: %d of %d calls failed; error.log:\n%s", kind, r.Errors, r.Calls, tail(filepath.Join(n.dir, "error.log")))
