@@ -104,6 +104,35 @@ func TestProtoCalls(t *testing.T) {
 		t.Fatalf("Lua table reply: %x, want %x", body, want)
 	}
 
+	// A reply nested deeper than a Lua table holds (LuaJIT decodes 100
+	// levels): a bad response with the answer as it came, for tables
+	// only; one level less is a table.
+	nested := func(levels int) string {
+		s := `{"id":"x"}`
+		for i := 2; i < levels; i++ {
+			s = `{"child":` + s + `}`
+		}
+		return `{"inner":` + s + `}`
+	}
+	h.submit(protoUnary(conn, 15, "echo", nested(luaserial.MaxDepth), "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
+	if c := h.wait(15, 5*time.Second); c.Status != StatusOK || Bytes(c.Data, int(c.Len))[0] != 0 {
+		t.Fatalf("reply of %d levels: status %d", luaserial.MaxDepth, c.Status)
+	}
+	h.submit(protoUnary(conn, 16, "echo", nested(luaserial.MaxDepth+1), "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
+	c := h.wait(16, 5*time.Second)
+	if c.Status != StatusBadResponse {
+		t.Fatalf("reply of %d levels: status %d %q", luaserial.MaxDepth+1, c.Status, text(c))
+	}
+	msg, _, _, raw, err := ParseBadResponse(Bytes(c.Data, int(c.Len)))
+	wantMsg := "bad response: demo.AllKinds: nested more than 100 levels, more than a Lua table reply holds (json = true gives the JSON text)"
+	if err != nil || msg != wantMsg || len(raw) == 0 {
+		t.Fatalf("reply of %d levels: %q (%d bytes) %v", luaserial.MaxDepth+1, msg, len(raw), err)
+	}
+	h.submit(protoUnary(conn, 17, "echo", nested(luaserial.MaxDepth+1), "demo.AllKinds", "demo.AllKinds", 0), StatusPending)
+	if _, _, body := result(t, h.wait(17, 5*time.Second)); string(body) != nested(luaserial.MaxDepth+1) {
+		t.Fatalf("JSON reply of %d levels: %s", luaserial.MaxDepth+1, body)
+	}
+
 	// A Lua table in string.buffer's format (FlagLuaRequest): as its JSON.
 	// { name = "lua" }, then { nmae = "x" }, { name = 5 }, { [true] = 1 },
 	// and bytes no Lua wrote, as buffer.encode writes them.
@@ -155,7 +184,7 @@ func TestProtoCalls(t *testing.T) {
 	// A response that is not the declared message: the reason and the
 	// answer as it came.
 	h.submit(protoUnary(conn, 11, "echo", "\xff", "", "demo.HelloReply", 0), StatusPending)
-	c := h.wait(11, 5*time.Second)
+	c = h.wait(11, 5*time.Second)
 	if c.Status != StatusBadResponse {
 		t.Fatalf("bad response: status %d %q", c.Status, text(c))
 	}
