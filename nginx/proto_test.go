@@ -383,6 +383,9 @@ func TestProtobuf(t *testing.T) {
                 if not jres then return ngx.say("json call: ", err) end
                 local d = p.diff(json.decode(jres.body), tres.body, "body")
                 if d then out[#out + 1] = "vs JSON: " .. d end
+                -- a nil body is the empty message, sent as a table
+                local nres, nerr = conn:unary("SayHello", nil)
+                if not nres or nres.body.message ~= "Hello !" then out[#out + 1] = "nil body: " .. tostring(nerr) end
                 -- the Lua side alone: the format, malformed data, JSON text
                 local want = { a = { 1, "x" }, b = ngx.null }
                 local res = proto.finish({ code = 0, body = "\0" .. sbuf.encode(want) }, "m")
