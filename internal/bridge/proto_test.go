@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
@@ -288,5 +289,49 @@ func TestProtoDescribeQuery(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d %q", c.cmd.Body, out.Status, msg, c.status, c.msg)
 		}
 		r.Free(&out)
+	}
+}
+
+// Two fields with one JSON name (proto2 allows it): a Lua table cannot
+// hold both keys, so with lowerCamelCase names the reply is a bad
+// response; with .proto names (distinct) it is a table.
+func TestProtoReplyDuplicateJSONName(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	r := New(newGoMemory(t), nil)
+	str := descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum()
+	opt := descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum()
+	set, err := proto.Marshal(&descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{{
+		Name: proto.String("dupjson.proto"), Package: proto.String("dupjson"), Syntax: proto.String("proto2"),
+		MessageType: []*descriptorpb.DescriptorProto{{Name: proto.String("M"), Field: []*descriptorpb.FieldDescriptorProto{
+			{Name: proto.String("foo_bar"), Number: proto.Int32(1), Type: str, Label: opt},
+			{Name: proto.String("fooBar"), Number: proto.Int32(2), Type: str, Label: opt},
+		}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, msg := r.Query(protoLoadCmd("descriptor_set", string(set), ""))
+	if out.Status != StatusOK {
+		t.Fatalf("load: %q", msg)
+	}
+	r.Free(&out)
+	h := newTestHost(t, r, true)
+	conn := h.connect(1, ts)
+	wire := "\x0a\x01a\x12\x01b" // foo_bar = "a", fooBar = "b"
+
+	h.submit(protoUnary(conn, 2, "echo", wire, "", "dupjson.M", FlagLuaTable), StatusPending)
+	c := h.wait(2, 5*time.Second)
+	if c.Status != StatusBadResponse {
+		t.Fatalf("lowerCamelCase names: status %d %q", c.Status, text(c))
+	}
+	msg, _, _, raw, err := ParseBadResponse(Bytes(c.Data, int(c.Len)))
+	want := "bad response: dupjson.M: two fields with one JSON name, which a Lua table reply cannot hold (proto_names = true or json = true gives both)"
+	if err != nil || msg != want || string(raw) != wire {
+		t.Fatalf("lowerCamelCase names: %q %q %v", msg, raw, err)
+	}
+	h.submit(protoUnary(conn, 3, "echo", wire, "", "dupjson.M", FlagLuaTable|FlagProtoNames), StatusPending)
+	_, _, body := result(t, h.wait(3, 5*time.Second))
+	if want, err := luaserial.FromJSON([]byte{0}, []byte(`{"foo_bar":"a","fooBar":"b"}`)); err != nil || !bytes.Equal(body, want) {
+		t.Fatalf(".proto names: %x, want %x (%v)", body, want, err)
 	}
 }
