@@ -127,10 +127,6 @@ type protoRun struct {
 	// JSON text in and out (json = true): Go's transcoding without Lua's
 	// table work, to split table mode's added cost between the two
 	JSON protoMode `json:"json"`
-	// table mode with the request table sent as JSON text (json.lua):
-	// the path before requests crossed in string.buffer's format, and
-	// the one without string.buffer
-	TableJSONReq protoMode `json:"table_json_req"`
 	// one side typed: a table request with a bytes answer, and bytes
 	// with a table answer
 	ReqOnly  protoMode `json:"req_only"`
@@ -148,9 +144,6 @@ func (r protoRun) bytesThreadUS() float64 { return r.us(r.Bytes.ThreadCPU) }
 func (r protoRun) jsonUS() float64        { return r.us(r.JSON.Secs) }
 func (r protoRun) jsonCPUUS() float64     { return r.us(r.JSON.CPU) }
 func (r protoRun) jsonThreadUS() float64  { return r.us(r.JSON.ThreadCPU) }
-func (r protoRun) oldUS() float64         { return r.us(r.TableJSONReq.Secs) }
-func (r protoRun) oldCPUUS() float64      { return r.us(r.TableJSONReq.CPU) }
-func (r protoRun) oldThreadUS() float64   { return r.us(r.TableJSONReq.ThreadCPU) }
 func (r protoRun) reqUS() float64         { return r.us(r.ReqOnly.Secs) }
 func (r protoRun) reqCPUUS() float64      { return r.us(r.ReqOnly.CPU) }
 func (r protoRun) reqThreadUS() float64   { return r.us(r.ReqOnly.ThreadCPU) }
@@ -254,14 +247,6 @@ func figureProto(e *env, p params, t *table) error {
 	t.add(infoRow("for comparison, JSON in/out (json = true, no Lua table): time added per call", values(runs, protoRun.jsonUS), values(runs, protoRun.bytesUS)))
 	t.add(infoRow("for comparison, JSON in/out: worker CPU added per call", values(runs, protoRun.jsonCPUUS), values(runs, protoRun.bytesCPUUS)))
 	t.add(infoRow("for comparison, JSON in/out: nginx thread CPU added per call", values(runs, protoRun.jsonThreadUS), values(runs, protoRun.bytesThreadUS)))
-	// The request path's own gain, measured in the same runs: table mode
-	// with the request as string.buffer bytes vs as JSON text.
-	t.add(infoRow("request table as JSON text (json.lua; the path without string.buffer): time added per call", values(runs, protoRun.oldUS), values(runs, protoRun.bytesUS)))
-	t.add(infoRow("request table as JSON text: worker CPU added per call", values(runs, protoRun.oldCPUUS), values(runs, protoRun.bytesCPUUS)))
-	t.add(infoRow("request table as JSON text: nginx thread CPU added per call", values(runs, protoRun.oldThreadUS), values(runs, protoRun.bytesThreadUS)))
-	t.add(infoRow("string.buffer request minus JSON request (negative: saved), paired in each run: time per call", values(runs, protoRun.tableUS), values(runs, protoRun.oldUS)))
-	t.add(infoRow("string.buffer request minus JSON request: worker CPU per call", values(runs, protoRun.tableCPUUS), values(runs, protoRun.oldCPUUS)))
-	t.add(infoRow("string.buffer request minus JSON request: nginx thread CPU per call", values(runs, protoRun.tableThreadUS), values(runs, protoRun.oldThreadUS)))
 	// Which side costs what: only the request typed (a table in, bytes
 	// out), only the response (bytes in, a table out).
 	t.add(infoRow("request only (table in, bytes out): time added per call", values(runs, protoRun.reqUS), values(runs, protoRun.bytesUS)))
@@ -274,10 +259,9 @@ func figureProto(e *env, p params, t *table) error {
 	csw := func(f func(protoRun) protoMode) float64 {
 		return medianBy(runs, func(r protoRun) float64 { return f(r).CtxSwitches / float64(r.Calls) })
 	}
-	ow2 := csw(func(r protoRun) protoMode { return r.TableJSONReq })
 	qw2 := csw(func(r protoRun) protoMode { return r.ReqOnly })
 	pw2 := csw(func(r protoRun) protoMode { return r.RespOnly })
-	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f; request as JSON text: %.2f; request only: %.2f; response only: %.2f)", jw2, ow2, qw2, pw2),
+	t.add(row{section: secProto, name: fmt.Sprintf("worker context switches per call (JSON in/out: %.2f; request only: %.2f; response only: %.2f)", jw2, qw2, pw2),
 		subject: fmt.Sprintf("%.2f", tw2), baseline: fmt.Sprintf("%.2f", bw2), ratio: tw2 / bw2, ratioLabel: "ratio"})
 
 	// Sequential calls leave the worker's threads idle between calls, and

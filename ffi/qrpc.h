@@ -51,11 +51,10 @@ metrics=on
 #define QRPC_F_PROTO_NAMES     2 /* resp_type: JSON field names as in the .proto (user_name), not lowerCamelCase */
 #define QRPC_F_LUA_TABLE       4 /* resp_type: the reply is a NUL byte then the value in LuaJIT's
                                     string.buffer serialization format (decoding gives what cjson.decode
-                                    gives for the JSON), not JSON text; a reply that does not start with
-                                    NUL is JSON (the format could not hold it) */
+                                    gives for the JSON), not JSON text; a reply the format cannot hold
+                                    (nested more than 100 levels, a key twice) is QRPC_BAD_RESPONSE */
 #define QRPC_F_LUA_REQUEST     8 /* req_type: the body is a Lua table in LuaJIT's string.buffer serialization
-                                    format (buffer.encode), not JSON text; read as the text the Lua module's
-                                    JSON encoder writes for that table */
+                                    format (buffer.encode), not JSON text */
 
 /* Status codes: the return value of qrpc_submit_async and qrpc_query,
  * qrpc_completion_t.status and the lua-resty-ffi rc. Negative values are

@@ -66,16 +66,6 @@ local function table_loop(conn, st, n)
     return errs
 end
 
--- Table mode with the request table sent as JSON (json.lua, then JSON →
--- protobuf in Go): the path before string.buffer, and the one without it.
-local function table_json_req_loop(conn, st, n)
-    local proto = require "resty.ffi.qrpc.proto" -- the test hooks (request_format) live there
-    assert(proto.request_format("json"))
-    local errs = table_loop(conn, st, n)
-    proto.request_format("buffer")
-    return errs
-end
-
 -- One side typed, the other bytes: where table mode's added cost is, the
 -- request (table -> protobuf) or the response (protobuf -> table).
 local REQ_OPTS = { request = "demo.Profile" }
@@ -152,7 +142,7 @@ function _M.run()
         return
     end
     local warm_errs = table_loop(conn, st, WARMUP) + bytes_loop(conn, st, WARMUP)
-                      + json_loop(conn, st, WARMUP) + table_json_req_loop(conn, st, WARMUP)
+                      + json_loop(conn, st, WARMUP)
                       + req_only_loop(conn, st, WARMUP) + resp_only_loop(conn, st, WARMUP)
     if warm_errs > 0 then
         -- say why once, rather than count failures
@@ -162,8 +152,7 @@ function _M.run()
                     or tostring(e))
     end
 
-    local loops = { table_loop, bytes_loop, json_loop, table_json_req_loop, req_only_loop,
-                    resp_only_loop }
+    local loops = { table_loop, bytes_loop, json_loop, req_only_loop, resp_only_loop }
     -- ?only=k: mode k alone, for profiling by hand (bench -hold)
     local only = tonumber(ngx.var.arg_only)
     if only and loops[only] then
@@ -208,7 +197,7 @@ function _M.run()
     end
     ngx.say('{"calls":', floor(done), ',"errors":', nerr,
             ',"table":', mode(1), ',"bytes":', mode(2), ',"json":', mode(3),
-            ',"table_json_req":', mode(4), ',"req_only":', mode(5), ',"resp_only":', mode(6), '}')
+            ',"req_only":', mode(4), ',"resp_only":', mode(5), '}')
 end
 
 -- GET /bench/proto_par?n=N&c=C: N calls in each mode (table, bytes) from

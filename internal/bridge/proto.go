@@ -27,15 +27,17 @@ const FlagProtoNames = 2
 // the value in LuaJIT's string.buffer serialization format, rather than
 // JSON text, so that Lua builds its table with one buffer decode (a C call
 // that sizes every table once) instead of parsing JSON on the nginx
-// thread. A reply the format cannot hold (a duplicate key, nesting deeper
-// than LuaJIT decodes) stays JSON, which never starts with a NUL byte.
+// thread. A reply the format cannot hold (nesting deeper than LuaJIT
+// decodes, two fields with one JSON name) is a StatusBadResponse.
 const FlagLuaTable = 4
 
 // FlagLuaRequest is QRPC_F_LUA_REQUEST: req_type's body is a Lua table in
 // LuaJIT's string.buffer serialization format (buffer.encode, one C call
-// on the nginx thread) rather than JSON text. Go reads it back as the text
-// the Lua module's JSON encoder would have written (luaserial.ToJSON), so
-// that the transcoding, the mapping and every error stay those of JSON.
+// on the nginx thread) rather than JSON text. EncodeLua reads ordinary
+// tables straight to protobuf; the rest (maps, well-known types, unknown
+// fields, discard_unknown, a value that does not match) goes through the
+// JSON text luaserial.ToJSON writes, which protojson's mapping and error
+// diagnosis read.
 const FlagLuaRequest = 8
 
 // StatusBadResponse is QRPC_BAD_RESPONSE: a UNARY with resp_type whose
@@ -180,7 +182,7 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 		if err != nil {
 			var ve *luaserial.ValueError
 			if errors.As(err, &ve) {
-				// what the Lua module says of the same table without string.buffer
+				// a table no message can be read from, in the Lua module's words
 				return nil, noRelease, errors.New("bad argument #3: body: " + ve.What)
 			}
 			return nil, noRelease, &transcode.MessageError{Message: m.Name(), What: err.Error()}
@@ -254,13 +256,28 @@ func (r *Runtime) decodedOutcome(rt *responseType, resp *qrpc.Response, err erro
 	if rt.lua {
 		sp := bodyPool.Get().(*[]byte)
 		defer putBody(sp)
-		if ser, err := luaserial.FromJSON(append((*sp)[:0], 0), js); err == nil {
-			*sp = ser
-			return r.Result(resp.Code, resp.Headers, ser)
+		ser, err := luaserial.FromJSON(append((*sp)[:0], 0), js)
+		if err != nil {
+			return r.badResponse(luaTableError(rt.m.Name(), err), resp)
 		}
-		// JSON, which Lua also reads: see FlagLuaTable
+		*sp = ser
+		return r.Result(resp.Code, resp.Headers, ser)
 	}
 	return r.Result(resp.Code, resp.Headers, js)
+}
+
+// luaTableError is the bad response of a decoded reply that a Lua table
+// cannot hold: LuaJIT's decoder refuses more than luaserial.MaxDepth
+// levels and a key twice in one table. The words are in docs/protobuf.md.
+func luaTableError(msg string, err error) string {
+	what := "cannot be a Lua table: " + err.Error()
+	switch {
+	case errors.Is(err, luaserial.ErrTooDeep):
+		what = fmt.Sprintf("nested more than %d levels, more than a Lua table reply holds (json = true gives the JSON text)", luaserial.MaxDepth)
+	case errors.Is(err, luaserial.ErrDuplicateKey):
+		what = "two fields with one JSON name, which a Lua table reply cannot hold (proto_names = true or json = true gives both)"
+	}
+	return (&transcode.MessageError{Response: true, Message: msg, What: what}).Error()
 }
 
 // putBody returns a buffer of bodyPool, unless a huge message grew it.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
@@ -104,6 +105,35 @@ func TestProtoCalls(t *testing.T) {
 		t.Fatalf("Lua table reply: %x, want %x", body, want)
 	}
 
+	// A reply nested deeper than a Lua table holds (LuaJIT decodes 100
+	// levels): a bad response with the answer as it came, for tables
+	// only; one level less is a table.
+	nested := func(levels int) string {
+		s := `{"id":"x"}`
+		for i := 2; i < levels; i++ {
+			s = `{"child":` + s + `}`
+		}
+		return `{"inner":` + s + `}`
+	}
+	h.submit(protoUnary(conn, 15, "echo", nested(luaserial.MaxDepth), "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
+	if c := h.wait(15, 5*time.Second); c.Status != StatusOK || Bytes(c.Data, int(c.Len))[0] != 0 {
+		t.Fatalf("reply of %d levels: status %d", luaserial.MaxDepth, c.Status)
+	}
+	h.submit(protoUnary(conn, 16, "echo", nested(luaserial.MaxDepth+1), "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
+	c := h.wait(16, 5*time.Second)
+	if c.Status != StatusBadResponse {
+		t.Fatalf("reply of %d levels: status %d %q", luaserial.MaxDepth+1, c.Status, text(c))
+	}
+	msg, _, _, raw, err := ParseBadResponse(Bytes(c.Data, int(c.Len)))
+	wantMsg := "bad response: demo.AllKinds: nested more than 100 levels, more than a Lua table reply holds (json = true gives the JSON text)"
+	if err != nil || msg != wantMsg || len(raw) == 0 {
+		t.Fatalf("reply of %d levels: %q (%d bytes) %v", luaserial.MaxDepth+1, msg, len(raw), err)
+	}
+	h.submit(protoUnary(conn, 17, "echo", nested(luaserial.MaxDepth+1), "demo.AllKinds", "demo.AllKinds", 0), StatusPending)
+	if _, _, body := result(t, h.wait(17, 5*time.Second)); string(body) != nested(luaserial.MaxDepth+1) {
+		t.Fatalf("JSON reply of %d levels: %s", luaserial.MaxDepth+1, body)
+	}
+
 	// A Lua table in string.buffer's format (FlagLuaRequest): as its JSON.
 	// { name = "lua" }, then { nmae = "x" }, { name = 5 }, { [true] = 1 },
 	// and bytes no Lua wrote, as buffer.encode writes them.
@@ -155,7 +185,7 @@ func TestProtoCalls(t *testing.T) {
 	// A response that is not the declared message: the reason and the
 	// answer as it came.
 	h.submit(protoUnary(conn, 11, "echo", "\xff", "", "demo.HelloReply", 0), StatusPending)
-	c := h.wait(11, 5*time.Second)
+	c = h.wait(11, 5*time.Second)
 	if c.Status != StatusBadResponse {
 		t.Fatalf("bad response: status %d %q", c.Status, text(c))
 	}
@@ -259,5 +289,49 @@ func TestProtoDescribeQuery(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d %q", c.cmd.Body, out.Status, msg, c.status, c.msg)
 		}
 		r.Free(&out)
+	}
+}
+
+// Two fields with one JSON name (proto2 allows it): a Lua table cannot
+// hold both keys, so with lowerCamelCase names the reply is a bad
+// response; with .proto names (distinct) it is a table.
+func TestProtoReplyDuplicateJSONName(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	r := New(newGoMemory(t), nil)
+	str := descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum()
+	opt := descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum()
+	set, err := proto.Marshal(&descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{{
+		Name: proto.String("dupjson.proto"), Package: proto.String("dupjson"), Syntax: proto.String("proto2"),
+		MessageType: []*descriptorpb.DescriptorProto{{Name: proto.String("M"), Field: []*descriptorpb.FieldDescriptorProto{
+			{Name: proto.String("foo_bar"), Number: proto.Int32(1), Type: str, Label: opt},
+			{Name: proto.String("fooBar"), Number: proto.Int32(2), Type: str, Label: opt},
+		}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, msg := r.Query(protoLoadCmd("descriptor_set", string(set), ""))
+	if out.Status != StatusOK {
+		t.Fatalf("load: %q", msg)
+	}
+	r.Free(&out)
+	h := newTestHost(t, r, true)
+	conn := h.connect(1, ts)
+	wire := "\x0a\x01a\x12\x01b" // foo_bar = "a", fooBar = "b"
+
+	h.submit(protoUnary(conn, 2, "echo", wire, "", "dupjson.M", FlagLuaTable), StatusPending)
+	c := h.wait(2, 5*time.Second)
+	if c.Status != StatusBadResponse {
+		t.Fatalf("lowerCamelCase names: status %d %q", c.Status, text(c))
+	}
+	msg, _, _, raw, err := ParseBadResponse(Bytes(c.Data, int(c.Len)))
+	want := "bad response: dupjson.M: two fields with one JSON name, which a Lua table reply cannot hold (proto_names = true or json = true gives both)"
+	if err != nil || msg != want || string(raw) != wire {
+		t.Fatalf("lowerCamelCase names: %q %q %v", msg, raw, err)
+	}
+	h.submit(protoUnary(conn, 3, "echo", wire, "", "dupjson.M", FlagLuaTable|FlagProtoNames), StatusPending)
+	_, _, body := result(t, h.wait(3, 5*time.Second))
+	if want, err := luaserial.FromJSON([]byte{0}, []byte(`{"foo_bar":"a","fooBar":"b"}`)); err != nil || !bytes.Equal(body, want) {
+		t.Fatalf(".proto names: %x, want %x (%v)", body, want, err)
 	}
 }

@@ -12,8 +12,7 @@
 // LuaJIT documents the format and keeps it upwards compatible; it only
 // asks that it not be used as a general data exchange format. Here it
 // crosses from Go to the LuaJIT of the same process and is read back at
-// once, never stored, and the Lua module falls back to JSON when the
-// string.buffer module is missing.
+// once, never stored; the Lua module requires string.buffer.
 package luaserial
 
 import (
@@ -43,12 +42,18 @@ const (
 )
 
 // ErrDuplicateKey is returned for an object with a key twice: LuaJIT's
-// decoder refuses it (cjson keeps the last), so such JSON stays JSON.
+// decoder refuses a table with a key twice.
 var ErrDuplicateKey = errors.New("duplicate key")
 
+// ErrTooDeep is returned (wrapped with the offset) for nesting deeper
+// than MaxDepth, which LuaJIT's decoder refuses.
+var ErrTooDeep = fmt.Errorf("nested more than %d levels", MaxDepth)
+
 // FromJSON appends the serialization of the JSON value js to dst. It
-// fails on invalid JSON, nesting deeper than MaxDepth, a duplicate key in
-// an object, and a \u escape that is not valid UTF-16 (a lone surrogate).
+// fails on invalid JSON, nesting deeper than MaxDepth (ErrTooDeep), a
+// duplicate key in an object (ErrDuplicateKey), an object or array of
+// 2^26 values or more, and a \u escape that is not valid UTF-16 (a lone
+// surrogate).
 func FromJSON(dst, js []byte) ([]byte, error) {
 	return AppendJSON(dst, js, 0)
 }
@@ -136,7 +141,7 @@ func (p *parser) literal(word string, tag byte) error {
 
 func (p *parser) object(depth int) error {
 	if depth >= MaxDepth {
-		return p.errorf("nested more than %d levels", MaxDepth)
+		return fmt.Errorf("at offset %d: %w", p.pos, ErrTooDeep)
 	}
 	p.pos++ // {
 	p.skipSpace()
@@ -208,7 +213,7 @@ func (p *parser) duplicate(keys []int, kstart int) bool {
 
 func (p *parser) array(depth int) error {
 	if depth >= MaxDepth {
-		return p.errorf("nested more than %d levels", MaxDepth)
+		return fmt.Errorf("at offset %d: %w", p.pos, ErrTooDeep)
 	}
 	p.pos++ // [
 	p.skipSpace()

@@ -1,22 +1,23 @@
 package luaserial
 
 // The other direction: a request body that Lua serialized with
-// string.buffer (buffer:encode of the table, one C call) read back here
-// as the JSON text the Lua module's own encoder (lua/resty/ffi/qrpc/json.lua)
-// writes for the same table, so that the JSON → protobuf transcoder, its
-// mapping and its errors are the same whichever way the table crossed.
+// string.buffer (buffer:encode of the table, one C call) read as JSON
+// text in the proto3 JSON mapping, for the requests that
+// internal/transcode's EncodeLua leaves to protojson (maps, well-known
+// types, unknown fields, discard_unknown, values that do not match, whose
+// errors protojson's diagnosis words).
 //
-// Rules of json.lua that the text must follow:
+// The table → JSON mapping:
 //   - a table whose keys are exactly 1..n (n ≥ 1) is an array, any other
 //     an object; an empty table is {} unless it carries one of the array
 //     metatables (Lua lists them in the encoder's metatable dictionary,
 //     so they arrive as tab_mt);
 //   - object keys are strings, or integers in (-1e15, 1e15) written with
 //     %d; any other key is an error;
-//   - numbers: NaN and ±inf as "NaN", "Infinity", "-Infinity"; integers in
-//     (-1e14, 1e14) as Lua's tostring writes them ("-0" for -0), up to
-//     1e15 with %d, others with the shorter of %.15g and %.17g that reads
-//     back the same double;
+//   - numbers: NaN and ±inf as "NaN", "Infinity", "-Infinity" (protojson's
+//     spellings); integers in (-1e15, 1e15) as digits ("-0" for -0),
+//     others with the shorter of %.15g and %.17g that reads back the same
+//     double;
 //   - strings: ", \ and the control characters (0-31, 127) escaped, the
 //     other bytes as they are;
 //   - JSON null for the NULL light userdata (ngx.null, cjson.null); a
@@ -38,8 +39,8 @@ import (
 // writes is at most six times the input plus a constant per value.
 const MaxInput = 64 << 20
 
-// ValueError is a table the Lua module's JSON encoder refuses too, with
-// its words: "cannot encode a userdata value", "table keys must be
+// ValueError is a table no JSON (and so no message) is read from, in the
+// Lua module's words for a refused request table: "cannot encode a userdata value", "table keys must be
 // strings or integers (got boolean)". Lua shows it as
 // "bad argument #3: body: <What>".
 type ValueError struct{ What string }
@@ -107,7 +108,7 @@ func (d *decoder) release() {
 // entry is a slot of a table: its key (kind and where to read it) and
 // where its value starts.
 type entry struct {
-	kind  byte    // tagNum (number key, in num), tagStr (bytes at key..keyEnd), or another tag: a key json.lua refuses
+	kind  byte    // tagNum (number key, in num), tagStr (bytes at key..keyEnd), or another tag: a key refused
 	num   float64 // tagNum
 	key   int     // tagStr: offset of the bytes
 	klen  int
@@ -179,8 +180,8 @@ func (d *decoder) str() (int, int, error) {
 	return at, n, nil
 }
 
-// skip moves past one value, checking its structure only: errors of
-// json.lua's are found when the value is written, in json.lua's order.
+// skip moves past one value, checking its structure only: ValueErrors are
+// found when the value is written, in the order pairs() gives.
 func (d *decoder) skip(depth int) error {
 	if err := d.need(1); err != nil {
 		return err
@@ -297,7 +298,7 @@ func (d *decoder) table(depth int, keep bool) (first int, marked bool, err error
 		}
 	}
 	// string.buffer writes the hash part from its last node to its first;
-	// pairs() (and so json.lua) goes the other way
+	// pairs() goes the other way
 	for i, j := hfirst, len(d.entries)-1; i < j; i, j = i+1, j-1 {
 		d.entries[i], d.entries[j] = d.entries[j], d.entries[i]
 	}
@@ -337,7 +338,7 @@ func (d *decoder) key(depth int) (entry, error) {
 	case t == tagNil || t == tagStrDict || t > tagComplex && t < tagStr:
 		return entry{}, d.malformed(fmt.Sprintf("unexpected key tag 0x%02x", t))
 	}
-	// a key json.lua refuses (boolean, table, userdata, cdata): its
+	// a key the mapping refuses (boolean, table, userdata, cdata): its
 	// structure checked now, refused when written
 	e := entry{kind: d.in[d.pos]}
 	return e, d.skip(depth + 1)
@@ -487,8 +488,8 @@ func (d *decoder) writeTable(depth int) error {
 	return nil
 }
 
-// keyName is what json.lua says of a key it refuses: tostring of a
-// number, else the key's Lua type.
+// keyName names a refused key as Lua would: tostring of a number, else
+// the key's Lua type.
 func keyName(e entry) string {
 	switch {
 	case e.kind == tagNum:
@@ -516,7 +517,7 @@ func luaNumber(f float64) string {
 	return strconv.FormatFloat(f, 'g', 14, 64)
 }
 
-// appendNumber writes f as json.lua's put_number does.
+// appendNumber writes f by the mapping's number rule (see the top).
 func appendNumber(out []byte, f float64) []byte {
 	switch {
 	case math.IsNaN(f):
@@ -539,7 +540,7 @@ func appendNumber(out []byte, f float64) []byte {
 	return out
 }
 
-// appendString writes s quoted, escaped as json.lua's put_string does.
+// appendString writes s quoted, escaped by the mapping's string rule.
 func appendString(out, s []byte) []byte {
 	out = append(out, '"')
 	start := 0

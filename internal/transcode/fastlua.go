@@ -192,9 +192,9 @@ func intWire(k protoreflect.Kind, n int64) (uint64, bool) {
 	return 0, false
 }
 
-// luaNumberText is the JSON text the Lua module writes for a finite x
-// that is not an integer below 1e15 (json.lua's put_number, luaserial's
-// appendNumber): the shorter of %.15g and %.17g that reads back as x.
+// luaNumberText is the JSON text luaserial.ToJSON writes for a finite x
+// (its number rule): digits for an integer below 1e15, else the shorter
+// of %.15g and %.17g that reads back as x.
 func luaNumberText(dst []byte, x float64) []byte {
 	if n, ok := luaInt(x); ok {
 		return strconv.AppendInt(dst, n, 10)

@@ -1,5 +1,6 @@
--- resty.ffi.qrpc.json: Lua tables <-> JSON text for protobuf calls (the
--- proto3 JSON mapping is what crosses to Go: one string each way).
+-- resty.ffi.qrpc.json: Lua tables <-> JSON text for the HTTP side of
+-- resty.ffi.qrpc.gateway (request bodies, answers, error bodies, the
+-- OpenAPI document), in the proto3 JSON mapping's spellings.
 --
 -- encode(v) -> json | nil, err
 --   Written here rather than by cjson: lua-cjson writes numbers with at
@@ -11,9 +12,7 @@
 --   unless it carries cjson's array metatable or is _M.empty_array;
 --   cjson.null / ngx.null -> null; NaN and +-inf -> "NaN", "Infinity",
 --   "-Infinity" (protojson's spellings); int64_t / uint64_t cdata (1LL,
---   2ULL) -> their digits as a string. internal/luaserial's ToJSON writes the
---   same text from string.buffer's encoding of the table: keep the two
---   in step.
+--   2ULL) -> their digits as a string.
 -- decode(json) -> value | nil, err
 --   cjson.decode when lua-cjson is installed (OpenResty bundles it;
 --   Debian: package lua-cjson), else a decoder of its own. JSON null ->
@@ -29,7 +28,6 @@ local tonumber = tonumber
 local getmetatable = getmetatable
 local setmetatable = setmetatable
 local pcall = pcall
-local select = select
 local math_floor = math.floor
 local math_huge = math.huge
 local str_format = string.format
@@ -65,7 +63,7 @@ if cjson then
 end
 local cjson_empty_array = cjson and cjson.empty_array
 -- Every metatable that marks an array, as a list (string.buffer's
--- encoder option: proto.lua sends tables in that format).
+-- encoder option: proto.lua sends request tables in that format).
 _M.array_mts = { array_mt }
 for mt in pairs(cjson_array_mts) do
     _M.array_mts[#_M.array_mts + 1] = mt
@@ -81,32 +79,9 @@ local function escape_char(c)
     return escapes[c] or str_format("\\u%04x", str_byte(c))
 end
 
--- The output goes into a string.buffer (LuaJIT 2.1's, in OpenResty and
--- Debian's luajit2) or, without one, a list of pieces: either way no
--- intermediate strings are made for quotes and separators.
-local ok_sbuf, sbuf = pcall(require, "string.buffer")
-local out_buf = ok_sbuf and sbuf.new(512) or nil
-
-local function list_buffer()
-    local t, n = {}, 0
-    local b = {}
-    function b.put(_, ...)
-        for i = 1, select("#", ...) do
-            n = n + 1
-            t[n] = select(i, ...)
-        end
-        return b
-    end
-    function b.get()
-        local s = tab_concat(t, "", 1, n)
-        t, n = {}, 0
-        return s
-    end
-    function b.reset()
-        t, n = {}, 0
-    end
-    return b
-end
+-- The output goes into a string.buffer: no intermediate strings are
+-- made for quotes and separators.
+local out_buf = require("string.buffer").new(512)
 
 -- Whether s needs no escaping. string.find with a pattern is not compiled
 -- by LuaJIT (each call ends the trace and goes through the interpreter);
@@ -116,22 +91,19 @@ local ESCAPED = '"\\' .. str_char(127)
 for c = 1, 31 do
     ESCAPED = ESCAPED .. str_char(c)
 end
+local ffi = require "ffi"
 local plain_string
 do
-    local ok_ffi, ffi = pcall(require, "ffi")
-    if ok_ffi then
-        -- under a name of our own (another module may declare strcspn);
-        -- int: strings are shorter than 2^31 bytes
-        pcall(ffi.cdef, "int qrpc_json_strcspn(const char *s, const char *reject) "
-                        .. "__asm__(\"strcspn\");")
-        local ok_sym, strcspn = pcall(function() return ffi.C.qrpc_json_strcspn end)
-        if ok_sym then
-            plain_string = function(s)
-                return strcspn(s, ESCAPED) == #s
-            end
+    -- under a name of our own (another module may declare strcspn);
+    -- int: strings are shorter than 2^31 bytes
+    pcall(ffi.cdef, "int qrpc_json_strcspn(const char *s, const char *reject) "
+                    .. "__asm__(\"strcspn\");")
+    local ok_sym, strcspn = pcall(function() return ffi.C.qrpc_json_strcspn end)
+    if ok_sym then
+        plain_string = function(s)
+            return strcspn(s, ESCAPED) == #s
         end
-    end
-    if not plain_string then
+    else
         plain_string = function(s)
             return not str_find(s, '[%c"\\]')
         end
@@ -198,17 +170,10 @@ end
 -- LuaJIT's 64-bit integers (1LL, 2ULL) are written exactly, as strings.
 local is_int64
 do
-    local ok_ffi, ffi = pcall(require, "ffi")
-    if ok_ffi then
-        local istype = ffi.istype
-        local int64_t, uint64_t = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
-        is_int64 = function(v)
-            return istype(int64_t, v) or istype(uint64_t, v)
-        end
-    else
-        is_int64 = function()
-            return false
-        end
+    local istype = ffi.istype
+    local int64_t, uint64_t = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
+    is_int64 = function(v)
+        return istype(int64_t, v) or istype(uint64_t, v)
     end
 end
 
@@ -299,24 +264,13 @@ put_value = function(b, v, depth)
 end
 
 
-local function encode_into(b, v)
-    local ok, err = put_value(b, v, 0)
+function _M.encode(v)
+    local ok, err = put_value(out_buf, v, 0)
     if not ok then
-        b:reset()
+        out_buf:reset()
         return nil, err
     end
-    return b:get()
-end
-
-
-function _M.encode(v)
-    return encode_into(out_buf or list_buffer(), v)
-end
-
-
--- encode_list is encode without string.buffer (public for its tests).
-function _M.encode_list(v)
-    return encode_into(list_buffer(), v)
+    return out_buf:get()
 end
 
 

@@ -1,9 +1,9 @@
 -- resty.ffi.qrpc.proto: protobuf messages for unary and event.
 --
 -- Schemas are compiled in Go (the library's registry, one per worker);
--- bodies cross as one string each way: JSON in the proto3 JSON mapping,
--- or, for Lua tables when LuaJIT has string.buffer, that module's
--- serialization format (read in Go as the same JSON would be).
+-- bodies cross as one string each way: for Lua tables, LuaJIT's
+-- string.buffer serialization format (required: see below); with
+-- json = true, JSON text in the proto3 JSON mapping.
 --
 --   qrpc.proto.load(path, { import_paths = { dir, ... } }) -> true | nil, err
 --   qrpc.proto.load_descriptor_set(bytes)                   -> true | nil, err
@@ -20,7 +20,6 @@ local ffi = require "ffi"
 local abi = require "resty.ffi.qrpc.abi"
 local json = require "resty.ffi.qrpc.json"
 local pool = require "resty.ffi.qrpc.pool"
-local json_encode = json.encode
 
 local ffi_new = ffi.new
 
@@ -37,6 +36,9 @@ local tostring = tostring
 local io_open = io.open
 local str_sub = string.sub
 local str_find = string.find
+local str_gsub = string.gsub
+local str_match = string.match
+local str_byte = string.byte
 local tab_concat = table.concat
 
 local bad = abi.bad
@@ -46,30 +48,21 @@ local OP_PROTO_LOAD = abi.OP_PROTO_LOAD
 local F_DISCARD_UNKNOWN = abi.F_DISCARD_UNKNOWN
 local F_PROTO_NAMES = abi.F_PROTO_NAMES
 local F_LUA_TABLE = abi.F_LUA_TABLE
-
--- Replies for Lua tables come from Go in LuaJIT's serialization format
--- (after a NUL byte) when string.buffer is there (LuaJIT 2.1 since 2021:
--- OpenResty's and Debian's): one C call builds the table, each table at
--- its final size, where cjson.decode parses text and grows tables as it
--- goes. Without it, or for a reply Go had to leave as JSON: json.decode.
-local ok_sbuf, sbuf = pcall(require, "string.buffer")
-if not ok_sbuf then
-    sbuf = nil
-end
-local reply_flag = sbuf and F_LUA_TABLE or 0
-local dbuf = sbuf and sbuf.new()
-
--- Request tables go to Go the same way when string.buffer is there: one
--- C call (buffer:encode) where the JSON encoder walks the table in Lua;
--- Go reads the bytes back as the text json.lua would have written
--- (internal/luaserial's ToJSON), so the mapping and the errors are the same.
--- The array marks are listed as the encoder's metatables, so that an
--- empty list still reads as []. A table string.buffer cannot encode (a
--- function or userdata in it, more than 100 levels, a cycle) goes through
--- json.lua, which says why or encodes it.
 local F_LUA_REQUEST = abi.F_LUA_REQUEST
-local ebuf = sbuf and sbuf.new({ metatable = json.array_mts })
-local use_sbuf = ebuf ~= nil
+
+-- Lua tables cross in LuaJIT's string.buffer serialization format both
+-- ways (LuaJIT 2.1 since 2021-01; Debian 12's 2.1-20230119, OpenResty's
+-- and lua-resty-ffi's builds have it). A request table is one C call
+-- (buffer:encode) where a JSON encoder walks the table in Lua; Go reads
+-- the bytes (internal/luaserial, internal/transcode's EncodeLua). A reply
+-- comes back after a NUL byte in the same format: one C call builds the
+-- table, each table at its final size, where a JSON decoder parses text
+-- and grows tables as it goes.
+local sbuf = require "string.buffer"
+local dbuf = sbuf.new()
+-- The array marks are listed as the encoder's metatables, so that an
+-- empty list still reads as [] in Go.
+local ebuf = sbuf.new({ metatable = json.array_mts })
 
 -- Never compiled. string.buffer's encode throws for the tables it
 -- refuses, and LuaJIT (Debian 12's 2.1-20230119 and OpenResty's
@@ -86,8 +79,23 @@ local function encode_sbuf(body)
     return ebuf:get()
 end
 jit.off(encode_sbuf)
-local str_byte = string.byte
-local str_gsub = string.gsub
+local EMPTY_TABLE = sbuf.encode({})
+
+-- refusal(msg) is string.buffer's error for a table it does not encode,
+-- in the words docs/protobuf.md lists: "cannot encode a function value"
+-- (thread, userdata), "nested too deep (more than 100 levels, or a cycle)".
+local MAX_DEPTH = 100
+local function refusal(msg)
+    msg = str_gsub(tostring(msg), "^[^:]*:%d+: ", "")
+    local t = str_match(msg, "^cannot serialize '(%w+)'")
+    if t then
+        return "cannot encode a " .. t .. " value"
+    end
+    if msg == "too deep to serialize" then
+        return "nested too deep (more than " .. MAX_DEPTH .. " levels, or a cycle)"
+    end
+    return msg
+end
 
 local _M = {
     F_DISCARD_UNKNOWN = F_DISCARD_UNKNOWN,
@@ -373,7 +381,7 @@ end
 
 -- prepare(conn, method, body, opts) -> body, req, resp, flags, json
 -- The message types of a call (opts over connect's methods) and its body,
--- a Lua table encoded to JSON (or a JSON string with json = true). Without
+-- a Lua table in string.buffer's format (or a JSON string with json = true). Without
 -- types it returns body unchanged and nothing else. On error: false, err.
 function _M.prepare(conn, method, body, opts)
     local m = conn.methods and conn.methods[method]
@@ -425,32 +433,20 @@ function _M.prepare(conn, method, body, opts)
             end
         else
             if body == nil then
-                body = "{}"
+                body = EMPTY_TABLE
+                lua_req = true
             elseif type(body) ~= "table" then
                 return false, "bad argument #3: body must be a table for request "
                               .. req .. " (got " .. type(body)
                               .. "; pass json = true for a JSON string)"
             else
-                local enc_ok, ser
-                if use_sbuf then
-                    enc_ok, ser = pcall(encode_sbuf, body)
+                local enc_ok, ser = pcall(encode_sbuf, body)
+                if not enc_ok then
+                    ebuf:reset()
+                    return false, "bad argument #3: body: " .. refusal(ser)
                 end
-                if enc_ok then
-                    body = ser
-                    lua_req = true
-                else
-                    -- pcall: the table's metamethods are the caller's
-                    local js, enc_err
-                    enc_ok, js, enc_err = pcall(json_encode, body)
-                    if not enc_ok then
-                        return false, "bad argument #3: body raised an error: "
-                                      .. tostring(js)
-                    end
-                    if not js then
-                        return false, "bad argument #3: body: " .. enc_err
-                    end
-                    body = js
-                end
+                body = ser
+                lua_req = true
             end
         end
     end
@@ -469,7 +465,7 @@ function _M.prepare(conn, method, body, opts)
         flags = flags + F_PROTO_NAMES
     end
     if resp and not as_json then
-        flags = flags + reply_flag
+        flags = flags + F_LUA_TABLE
     end
     if lua_req then
         flags = flags + F_LUA_REQUEST
@@ -478,28 +474,11 @@ function _M.prepare(conn, method, body, opts)
 end
 
 
--- request_format(f): "buffer" (string.buffer, the default when LuaJIT
--- has it) or "json" (json.lua, the fallback): how request tables cross.
--- For the tests and the benchmark, which compare the two in one worker.
--- Returns true, or nil, err when string.buffer is missing.
-function _M.request_format(f)
-    if f == "json" then
-        use_sbuf = false
-        return true
-    end
-    if f == "buffer" and ebuf then
-        use_sbuf = true
-        return true
-    end
-    return nil, "request format " .. tostring(f) .. " unavailable"
-end
-
-
 -- A reply in LuaJIT's format is decoded by the C method, compiled, under
 -- pcall. It throws only on bytes Go did not write (Go writes the format
 -- and checks its nesting, internal/luaserial), so the hazard above is not met
 -- on this path. Keeping it out of the JIT too cost 1.5-2 µs more per call.
-local sbuf_decode = dbuf and dbuf.decode
+local sbuf_decode = dbuf.decode
 -- For the test that checks it stays out of traces (nginx/TestProtobuf).
 _M._not_compiled = { encode_sbuf }
 
@@ -513,7 +492,7 @@ function _M.finish(res, resp, as_json)
     end
     local body = res.body
     local v, err
-    if dbuf and str_byte(body, 1) == 0 then
+    if str_byte(body, 1) == 0 then
         dbuf:set(body):skip(1)
         local ok
         ok, v = pcall(sbuf_decode, dbuf)
@@ -526,7 +505,8 @@ function _M.finish(res, resp, as_json)
             v, err = nil, "malformed reply: trailing bytes"
         end
     else
-        v, err = json.decode(body)
+        -- Go writes every table reply in the format (QRPC_F_LUA_TABLE)
+        err = "malformed reply: not in string.buffer's format"
     end
     if v == nil then
         return nil, "bad response: " .. resp .. ": " .. tostring(err), res
