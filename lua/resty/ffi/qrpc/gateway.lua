@@ -175,7 +175,7 @@ local function serve(self)
     if not conn then
         return upstream_error(self, cerr, route), route
     end
-    local res, uerr = conn:unary(route.method, text, {
+    local res, uerr, raw = conn:unary(route.method, text, {
         request = route.input,
         response = not want_pb and route.output or nil,
         json = true,
@@ -183,6 +183,7 @@ local function serve(self)
         proto_names = conf.proto_names or nil,
         headers = request.headers(conf),
     })
+    vars.attempts(res or raw, uerr)
     if not res then
         return upstream_error(self, uerr, route), route
     end

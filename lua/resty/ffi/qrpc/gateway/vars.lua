@@ -1,10 +1,13 @@
 -- resty.ffi.qrpc.gateway.vars: the access-log variables a gateway sets
--- when the configuration declares them (`set $qrpc_method "";`).
+-- when the configuration declares them (`set $qrpc_method "";`): the
+-- route and method of the request, and the attempts of its call.
 
 local ngx = ngx
 local ngx_var = ngx.var
 
 local pcall = pcall
+local tonumber = tonumber
+local str_match = string.match
 
 local _M = {}
 
@@ -31,6 +34,20 @@ end
 function _M.route(route)
     set("qrpc_method", route.method)
     set("qrpc_route", route.label)
+end
+
+-- attempts(res, err): $qrpc_attempts of the call: res.attempts of an
+-- answer (or of the raw answer of a bad response), else the count a
+-- failed pool call ends its error with (" (2 attempts)"); left as the
+-- configuration set it when neither gives one.
+function _M.attempts(res, err)
+    local n = res and res.attempts
+    if not n and err then
+        n = tonumber(str_match(err, " %((%d+) attempts?[,)]"))
+    end
+    if n then
+        set("qrpc_attempts", n)
+    end
 end
 
 return _M
