@@ -153,11 +153,11 @@ bench-update: $(LIB)
 install: $(LIB)
 	$(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi $(DESTDIR)$(LIB_DIR)
 	$(INSTALL) -m 644 lua/resty/ffi/qrpc.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua
-	@if [ -d lua/resty/ffi/qrpc ]; then \
-	  echo "$(INSTALL) -m 644 lua/resty/ffi/qrpc/*.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc/"; \
-	  $(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc && \
-	  $(INSTALL) -m 644 lua/resty/ffi/qrpc/*.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc/; \
-	fi
+	@for d in $$(cd lua && find resty/ffi/qrpc -type d | sort); do \
+	  echo "$(INSTALL) -m 644 lua/$$d/*.lua $(DESTDIR)$(LUA_LIB_DIR)/$$d/"; \
+	  $(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/$$d && \
+	  $(INSTALL) -m 644 lua/$$d/*.lua $(DESTDIR)$(LUA_LIB_DIR)/$$d/ || exit 1; \
+	done
 	$(INSTALL) -m 755 $(LIB) $(DESTDIR)$(LIB_DIR)/.$(LIB).new
 	mv -f $(DESTDIR)$(LIB_DIR)/.$(LIB).new $(DESTDIR)$(LIB_DIR)/$(LIB)
 

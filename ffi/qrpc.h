@@ -126,8 +126,12 @@ typedef struct {
 
 /* A finished command (built-in host). data is malloc'd (free with
  * qrpc_release_n / qrpc_release) or NULL; for QRPC_OK it is a result blob:
- *   [uint32 code][uint32 hdrs_len][hdrs block as in qrpc_cmd_t][body]
- * and for errors and QRPC_LOG it is the message text (len bytes). */
+ *   [uint32 code][uint32 hdrs_len][uint32 attempts][hdrs block as in qrpc_cmd_t][body]
+ * and for errors and QRPC_LOG it is the message text (len bytes).
+ * attempts: for UNARY, how many attempts the call made through its pool
+ * (the first, its retries and the hedged copies sent: 1 for a call its
+ * first attempt answered alone); 1 for the other ops. */
+#define QRPC_RESULT_HEAD 12 /* bytes of a result blob before its hdrs block */
 typedef struct {
     uint64_t call_id;
     uint64_t handle;   /* CONNECT: the new connection's handle */

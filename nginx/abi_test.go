@@ -236,7 +236,8 @@ func checkConstants(t *testing.T, root, hdrSrc, luaSrc string) {
 		t.Fatal(err)
 	}
 	more, _ := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "*.lua"))
-	files = append(files, more...)
+	deeper, _ := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "*", "*.lua"))
+	files = append(append(files, more...), deeper...)
 	own := regexp.MustCompile(`(?m)^\s*(?:local\s+)?((?:QRPC|OP|F|CMD)_\w+)\s*=\s*-?\d+`)
 	reads := regexp.MustCompile(`\babi\.((?:QRPC|OP|F|CMD)_\w+)`)
 	for _, f := range files {

@@ -785,3 +785,82 @@ func TestGatewayMetrics(t *testing.T) {
 		t.Log(text)
 	}
 }
+
+// TestGatewayAttempts: $qrpc_attempts, declared, shows each call's
+// attempts in the access log and to a header filter. The pool's first
+// server holds GetItem until the attempt is given up (try_timeout), so a
+// request whose first attempt went there is answered by the shop on its
+// retry: 2, as many as the attempts the held server got in the metrics;
+// the others 1. A request that matches no route makes no call: nothing.
+func TestGatewayAttempts(t *testing.T) {
+	dir := gatewayDir(t)
+	sd := compileShop(t, dir)
+	shop := startShopServer(t, sd, "127.0.0.1:0")
+	held := qrpc.NewServer(&qrpc.ServerConfig{})
+	held.Handle("GetItem", func(ctx context.Context, _ *qrpc.Request, _ *qrpc.Response) { <-ctx.Done() })
+	a, err := held.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(serverTLSCert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Close() })
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		InitByLua: lines(
+			`        local qrpc = require "resty.ffi.qrpc"`,
+			`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+			`        local gateway = require "resty.ffi.qrpc.gateway"`,
+			`        local qt = require "qtest"`,
+			`        package.loaded.gw = assert(gateway.new{`,
+			`            upstream = { qt.held_addr, qt.shop_addr }, prefix = "/a",`,
+			`            protos = { files = { "shop.proto" }, import_paths = { qt.proto_dir } },`,
+			`            opts = qt.opts({ timeout = 10000, try_timeout = 1000, retries = 1,`,
+			`                             health = { stall = 0, failures = 1000 } }),`,
+			`        })`,
+		),
+		Extra: map[string]string{"held_addr": a.String(), "shop_addr": shop.addr, "proto_dir": dir},
+		HTTP:  `    log_format attempts '$uri $status a=$qrpc_attempts';`,
+		Server: `
+        location /a/ {
+            set $qrpc_attempts "";
+            access_log attempts.log attempts;
+            content_by_lua_block { package.loaded.gw:serve() }
+            header_filter_by_lua_block { ngx.header["X-Attempts"] = ngx.var.qrpc_attempts }
+        }
+        location = /metrics { content_by_lua_block { ngx.print((require "resty.ffi.qrpc").metrics()) } }`,
+	})
+	const calls = 4
+	retried := 0
+	var want []string
+	for i := range calls {
+		path := fmt.Sprintf("/a/v1/items/%d", i)
+		r := n.req(t, "GET", path, "")
+		att := r.hdr.Get("X-Attempts")
+		if r.status != 200 || (att != "1" && att != "2") {
+			t.Fatalf("%s: %d, X-Attempts %q: want 200 after 1 or 2 attempts (%s)", path, r.status, att, r.body)
+		}
+		if att == "2" {
+			retried++
+		}
+		want = append(want, path+" 200 a="+att)
+	}
+	if r := n.req(t, "GET", "/a/no/route", ""); r.status != 404 || r.hdr.Get("X-Attempts") != "" {
+		t.Errorf("no route: %d, X-Attempts %q: want 404 and none", r.status, r.hdr.Get("X-Attempts"))
+	}
+	want = append(want, "/a/no/route 404 a=")
+	m, _ := scrape(t, n)
+	if atHeld := metricSum(m, "qrpc_client_calls_total", `server="`+a.String()+`"`); retried == 0 || float64(retried) != atHeld {
+		t.Errorf("%d requests made 2 attempts, %v attempts went to the held server: want as many, and some", retried, atHeld)
+	}
+	// The log phase may end after the answer is out: a bounded wait for
+	// the lines.
+	var got string
+	for i := 0; i < 200; i++ {
+		if got = n.readFile("attempts.log"); strings.Count(got, "\n") >= len(want) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got != strings.Join(want, "\n")+"\n" {
+		t.Errorf("access log:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}

@@ -360,3 +360,49 @@ func TestPoolCallOptionsLua(t *testing.T) {
 		}
 	}
 }
+
+// TestUnaryAttemptsLua: res.attempts counts a call's attempts, on the
+// flavour's host. s1 holds "who" until the attempt is given up, so a call
+// whose first attempt went there is answered by s2 on its retry: 2
+// attempts, as many such calls as "who" attempts at s1 in the metrics.
+// A call that s2 answered first, and a plain call, made 1.
+func TestUnaryAttemptsLua(t *testing.T) {
+	requireNginx(t)
+	s1, s2 := ownServer(t), ownServer(t)
+	s1.whoDelay.Store(int64(time.Hour / time.Millisecond))
+	const calls = 4
+	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"s1": s1.addr, "s2": s2.addr}, Server: loc("/t", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({
+                    timeout = 10000, health = { stall = 0, failures = 1000 } })))
+                for _ = 1, %d do
+                    local res, err = conn:unary("who", "", { try_timeout = 1000, retries = 1 })
+                    ngx.say(res and res.body .. " " .. tostring(res.attempts) or err)
+                end
+                local res, err = conn:unary("echo", "plain")
+                ngx.say(res and res.body .. " " .. tostring(res.attempts) or err)`, calls)) +
+		loc("/metrics", tailMetricsLoc)})
+	st, body := n.get("/t")
+	got := strings.Split(strings.TrimSuffix(body, "\n"), "\n")
+	if st != 200 || len(got) != calls+1 {
+		t.Fatalf("%d %q", st, body)
+	}
+	retried := 0
+	for _, l := range got[:calls] {
+		switch l {
+		case s2.addr + " 2":
+			retried++
+		case s2.addr + " 1":
+		default:
+			t.Errorf("who: %q, want %s and 1 or 2 attempts", l, s2.addr)
+		}
+	}
+	if got[calls] != "plain 1" {
+		t.Errorf("plain call: %q, want \"plain 1\"", got[calls])
+	}
+	m, _ := scrapeAny(t, n)
+	if atS1 := metricSum(m, "qrpc_client_calls_total", `method="who"`, `server="`+s1.addr+`"`); retried == 0 || float64(retried) != atS1 {
+		t.Errorf("%d calls made 2 attempts, %v attempts went to %s: want as many, and some", retried, atS1, s1.addr)
+	}
+}

@@ -16,6 +16,22 @@ import (
 // while the call is unanswered. done is called once, with the first answer
 // or the last attempt's error.
 func (p *Pool) Start(call *Call, done Done) (Pending, error) {
+	return p.start(call, done, nil)
+}
+
+// DoneAttempts is Done with the number of attempts the call made: the
+// first, its retries and the hedged copies it sent (1 for a call answered
+// by its first attempt alone).
+type DoneAttempts func(resp *Response, attempts int, err error)
+
+// StartAttempts is Start for a caller that reports how many attempts a
+// call took, whatever its outcome.
+func (p *Pool) StartAttempts(call *Call, done DoneAttempts) (Pending, error) {
+	return p.start(call, nil, done)
+}
+
+// start is Start and StartAttempts: exactly one of done and doneN is set.
+func (p *Pool) start(call *Call, done Done, doneN DoneAttempts) (Pending, error) {
 	if p.closed.Load() {
 		return Pending{}, ErrClosed
 	}
@@ -34,7 +50,7 @@ func (p *Pool) Start(call *Call, done Done) (Pending, error) {
 	}
 	now := time.Now()
 	p.budget.deposit(now)
-	pc := &poolCall{pool: p, done: done, retries: retries, try: try, deadline: call.Deadline}
+	pc := &poolCall{pool: p, done: done, doneN: doneN, retries: retries, try: try, deadline: call.Deadline}
 	if p.observed {
 		// The observer hears of the call after Start returns, when the
 		// caller's slice may be reused; without one, no copy to make.
@@ -92,7 +108,8 @@ type attemptRec struct {
 // its retries (one after another) and its hedged copies (side by side).
 type poolCall struct {
 	pool     *Pool
-	done     Done
+	done     Done // or doneN: see finish
+	doneN    DoneAttempts
 	method   []byte // copied, for the observer
 	key      []byte
 	deadline time.Time
@@ -209,8 +226,9 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 	if err == nil {
 		// An answer, whatever its code: the first one wins.
 		losers := pc.end()
+		attempts := pc.attempts
 		pc.mu.Unlock()
-		pc.done(resp, nil)
+		pc.finish(resp, attempts, nil)
 		pc.cancelAll(losers, nil)
 		return
 	}
@@ -239,7 +257,16 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 	pc.end()
 	attempts := pc.attempts
 	pc.mu.Unlock()
-	pc.done(resp, attemptsError(err, attempts, budget))
+	pc.finish(resp, attempts, attemptsError(err, attempts, budget))
+}
+
+// finish delivers the call's outcome to its caller, once.
+func (pc *poolCall) finish(resp *Response, attempts int, err error) {
+	if pc.doneN != nil {
+		pc.doneN(resp, attempts, err)
+		return
+	}
+	pc.done(resp, err)
 }
 
 // end marks the call finished and stops its hedge timer; it returns the

@@ -593,6 +593,47 @@ func TestPoolRetries(t *testing.T) {
 	}
 }
 
+// TestPoolStartAttempts: StartAttempts reports the attempts of each call:
+// 1 for a call the good server answered first, 2 for one retried after
+// the resetting server failed it; a call that fails on every server
+// reports them all, as its error says.
+func TestPoolStartAttempts(t *testing.T) {
+	e := newEnv(t)
+	f := &fleet{t: t, ca: e.ca, cert: e.cert, key: e.resetKey}
+	good := f.add("127.0.0.1:0")
+	bad := resettingServer(t, e)
+	type outcome struct {
+		attempts int
+		err      error
+	}
+	start := func(p *qrpc.Pool, retries int) outcome {
+		ch := make(chan outcome, 1)
+		call := &qrpc.Call{Method: []byte("who"), Retries: retries, Deadline: time.Now().Add(5 * time.Second)}
+		if _, err := p.StartAttempts(call, func(_ *qrpc.Response, n int, err error) {
+			ch <- outcome{n, err}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return <-ch
+	}
+	p := f.dial(t, []string{bad, good.addr}, &qrpc.PoolConfig{Failures: 1 << 20})
+	seen := map[int]int{}
+	for range 40 {
+		o := start(p, 1)
+		if o.err != nil {
+			t.Fatalf("with a retry: %v", o.err)
+		}
+		seen[o.attempts]++
+	}
+	if seen[1] == 0 || seen[2] == 0 || seen[1]+seen[2] != 40 {
+		t.Fatalf("attempts per call %v, want 1 and 2 only, both seen", seen)
+	}
+	both := f.dial(t, []string{bad, resettingServer(t, e)}, &qrpc.PoolConfig{Failures: 1 << 20})
+	if o := start(both, 1); o.attempts != 2 || o.err == nil || !strings.HasSuffix(o.err.Error(), " (2 attempts)") {
+		t.Fatalf("on two resetting servers: %d attempts, err %v; want 2 and its count in the error", o.attempts, o.err)
+	}
+}
+
 // TestPoolEjectionKeepsFailures: calls made one at a time to a silent
 // server: the ejection comes after exactly health.failures of them, and
 // Peers() still shows that run of failures while the server is out.

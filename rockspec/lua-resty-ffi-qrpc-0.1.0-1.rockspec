@@ -7,8 +7,8 @@
 --
 -- Building (source rock, checkout) runs the Makefile: Go 1.26+ (`go` on PATH
 -- or at /usr/local/go/bin/go, or GO=/path/to/go), gcc and make. It installs
---   resty/ffi/qrpc.lua (and resty/ffi/qrpc/*.lua) -> <tree>/share/lua/5.1/
---   libffi_qrpc.so                              -> <tree>/lib/lua/5.1/
+--   resty/ffi/qrpc.lua (and resty/ffi/qrpc/**/*.lua) -> <tree>/share/lua/5.1/
+--   libffi_qrpc.so                               -> <tree>/lib/lua/5.1/
 -- The release tarball (`make dist`) carries its Go dependencies in vendor/:
 -- a source-rock install needs no network beyond the rocks server.
 rockspec_format = "3.0"

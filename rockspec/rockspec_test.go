@@ -131,16 +131,23 @@ func TestMakeInstallThenNginx(t *testing.T) {
 }
 
 // luaModules lists where every Lua file of the checkout's module family
-// (resty/ffi/qrpc.lua and resty/ffi/qrpc/*.lua) must be under luaRoot.
+// (resty/ffi/qrpc.lua, resty/ffi/qrpc/*.lua and resty/ffi/qrpc/*/*.lua,
+// e.g. the gateway's) must be under luaRoot.
 func luaModules(t *testing.T, root, luaRoot string) []string {
 	t.Helper()
-	subs, err := filepath.Glob(filepath.Join(root, "lua", "resty", "ffi", "qrpc", "*.lua"))
+	lua := filepath.Join(root, "lua")
+	subs, err := filepath.Glob(filepath.Join(lua, "resty", "ffi", "qrpc", "*.lua"))
 	if err != nil || len(subs) == 0 {
 		t.Fatalf("no lua/resty/ffi/qrpc/*.lua in the checkout (%v)", err)
 	}
+	deeper, _ := filepath.Glob(filepath.Join(lua, "resty", "ffi", "qrpc", "*", "*.lua"))
 	out := []string{filepath.Join(luaRoot, "resty", "ffi", "qrpc.lua")}
-	for _, s := range subs {
-		out = append(out, filepath.Join(luaRoot, "resty", "ffi", "qrpc", filepath.Base(s)))
+	for _, s := range append(subs, deeper...) {
+		rel, err := filepath.Rel(lua, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, filepath.Join(luaRoot, rel))
 	}
 	return out
 }

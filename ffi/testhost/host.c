@@ -258,17 +258,19 @@ static qrpc_cmd_t connect_cmd(uint64_t id, const char *addr, const char *ca, siz
 typedef struct {
     uint32_t code;
     const char *hdrs; uint32_t hdrs_len;
+    uint32_t attempts;
     const char *body; size_t body_len;
 } result_t;
 
 static int parse_result(const char *p, size_t n, result_t *r) {
-    if (!p || n < 8) return -1;
+    if (!p || n < QRPC_RESULT_HEAD) return -1;
     memcpy(&r->code, p, 4);
     memcpy(&r->hdrs_len, p + 4, 4);
-    if ((size_t)r->hdrs_len > n - 8) return -1;
-    r->hdrs = p + 8;
-    r->body = p + 8 + r->hdrs_len;
-    r->body_len = n - 8 - r->hdrs_len;
+    memcpy(&r->attempts, p + 8, 4);
+    if ((size_t)r->hdrs_len > n - QRPC_RESULT_HEAD) return -1;
+    r->hdrs = p + QRPC_RESULT_HEAD;
+    r->body = r->hdrs + r->hdrs_len;
+    r->body_len = n - QRPC_RESULT_HEAD - r->hdrs_len;
     return 0;
 }
 
@@ -532,8 +534,9 @@ static void resty_host(const char *addr, const char *ca, size_t ca_len, const ch
     n = wait_answer(t, 5000);
     result_t r;
     CHECK(n == 1 && t->rc == 0 && parse_result(t->rsp, t->rsp_len, &r) == 0 && r.code == 0 &&
-          r.body_len == 12 && memcmp(r.body, "hello from C", 12) == 0 && headers_equal(r.hdrs, r.hdrs_len, 4, kv),
-          "resty: UNARY echo returns the body and headers");
+          r.attempts == 1 && r.body_len == 12 && memcmp(r.body, "hello from C", 12) == 0 &&
+          headers_equal(r.hdrs, r.hdrs_len, 4, kv),
+          "resty: UNARY echo returns the body and headers, in 1 attempt");
 
     /* A non-zero code is an answer. */
     uc = unary_cmd(h, 0, "code", "", 5000);
@@ -806,8 +809,9 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     have = wait_completion(2, 5000, &c);
     result_t r;
     CHECK(rc == QRPC_PENDING && woke >= 1 && have && c.status == QRPC_OK && parse_result(c.data, c.len, &r) == 0 &&
-          r.body_len == 12 && memcmp(r.body, "builtin body", 12) == 0 && headers_equal(r.hdrs, r.hdrs_len, 2, kv),
-          "builtin: UNARY completes after a wake byte (%d bytes read)", woke);
+          r.attempts == 1 && r.body_len == 12 && memcmp(r.body, "builtin body", 12) == 0 &&
+          headers_equal(r.hdrs, r.hdrs_len, 2, kv),
+          "builtin: UNARY completes in 1 attempt after a wake byte (%d bytes read)", woke);
     if (have) p_release(c.data);
 
     /* Timeout. */

@@ -196,18 +196,58 @@ func headersSize(hdrs [][]byte) int {
 	return n
 }
 
+// ResultHead is QRPC_RESULT_HEAD, the bytes of a result blob before its
+// headers block: code, hdrs_len, attempts.
+const ResultHead = 12
+
 // ResultSize is the size of a result blob.
 func ResultSize(hdrs [][]byte, body []byte) int {
-	return 8 + headersSize(hdrs) + len(body)
+	return ResultHead + headersSize(hdrs) + len(body)
 }
 
 // WriteResult fills dst (exactly ResultSize bytes) with the result blob
-// [u32 code][u32 hdrs_len][hdrs block][body].
+// [u32 code][u32 hdrs_len][u32 attempts][hdrs block][body]; attempts is
+// 1 until SetAttempts writes a unary's count.
 func WriteResult(dst []byte, code uint32, hdrs [][]byte, body []byte) {
 	ne := binary.NativeEndian
 	ne.PutUint32(dst, code)
 	ne.PutUint32(dst[4:], uint32(headersSize(hdrs)))
-	copy(dst[8+writeHeaders(dst[8:], hdrs):], body)
+	ne.PutUint32(dst[8:], 1)
+	copy(dst[ResultHead+writeHeaders(dst[ResultHead:], hdrs):], body)
+}
+
+// SetAttempts writes a unary's attempt count into the result blob its
+// completion carries: a StatusOK one's, or the one after a
+// StatusBadResponse's message. The count is known only once the pool
+// delivers the call, after whichever path built the blob; other
+// completions are left as they are.
+func SetAttempts(c Completion, attempts int) {
+	if c.Data == nil {
+		return
+	}
+	b := Bytes(c.Data, int(c.Len))
+	switch c.Status {
+	case StatusOK:
+	case StatusBadResponse:
+		if len(b) < 4 || uint64(binary.NativeEndian.Uint32(b)) > uint64(len(b)-4) {
+			return
+		}
+		b = b[4+binary.NativeEndian.Uint32(b):]
+	default:
+		return
+	}
+	if len(b) >= ResultHead {
+		binary.NativeEndian.PutUint32(b[8:], uint32(attempts))
+	}
+}
+
+// ResultAttempts is the attempt count of a result blob (0 if it is too
+// short to hold one).
+func ResultAttempts(b []byte) uint32 {
+	if len(b) < ResultHead {
+		return 0
+	}
+	return binary.NativeEndian.Uint32(b[8:])
 }
 
 // writeHeaders packs hdrs at the start of dst; it returns the length.
@@ -234,15 +274,15 @@ func PackHeaders(kv ...string) []byte {
 
 // ParseResult splits a result blob; the parts alias b.
 func ParseResult(b []byte) (code uint32, hdrs [][]byte, body []byte, err error) {
-	if len(b) < 8 {
+	if len(b) < ResultHead {
 		return 0, nil, nil, fmt.Errorf("result blob of %d bytes", len(b))
 	}
 	code = binary.NativeEndian.Uint32(b)
 	hl := binary.NativeEndian.Uint32(b[4:])
-	if uint64(hl) > uint64(len(b)-8) {
+	if uint64(hl) > uint64(len(b)-ResultHead) {
 		return 0, nil, nil, fmt.Errorf("hdrs_len %d in a blob of %d bytes", hl, len(b))
 	}
-	block := b[8 : 8+hl]
+	block := b[ResultHead : ResultHead+hl]
 	for len(block) > 0 {
 		if len(block) < 4 || uint64(binary.NativeEndian.Uint32(block)) > uint64(len(block)-4) {
 			return 0, nil, nil, fmt.Errorf("headers block truncated")
@@ -251,5 +291,5 @@ func ParseResult(b []byte) (code uint32, hdrs [][]byte, body []byte, err error) 
 		hdrs = append(hdrs, block[4:4+n:4+n])
 		block = block[4+n:]
 	}
-	return code, hdrs, b[8+hl:], nil
+	return code, hdrs, b[ResultHead+hl:], nil
 }

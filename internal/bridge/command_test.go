@@ -157,11 +157,28 @@ func TestResultBlob(t *testing.T) {
 	if code != 42 || !bytes.Equal(b, body) || h != "content-type|text/plain|x|" {
 		t.Fatalf("code %d, headers %q, body %d bytes", code, h, len(b))
 	}
+	SetAttempts(c, 3)
+	if n := ResultAttempts(Bytes(c.Data, int(c.Len))); n != 3 {
+		t.Fatalf("attempts %d after SetAttempts(3)", n)
+	}
+	if code, h, b = result(t, c); code != 42 || !bytes.Equal(b, body) || h != "content-type|text/plain|x|" {
+		t.Fatalf("after SetAttempts: code %d, headers %q, body %d bytes", code, h, len(b))
+	}
 	r.Free(&c)
 
+	// A bad response's blob follows its message.
+	bad := r.badResponse("bad response: x", &qrpc.Response{Code: 7, Body: []byte("raw")})
+	SetAttempts(bad, 2)
+	msg, bcode, _, bbody, err := ParseBadResponse(Bytes(bad.Data, int(bad.Len)))
+	blob := Bytes(bad.Data, int(bad.Len))[4+len(msg):]
+	if err != nil || bcode != 7 || string(bbody) != "raw" || ResultAttempts(blob) != 2 {
+		t.Fatalf("bad response after SetAttempts(2): %q code %d body %q attempts %d (%v)", msg, bcode, bbody, ResultAttempts(blob), err)
+	}
+	r.Free(&bad)
+
 	empty := r.Result(0, nil, nil)
-	if empty.Len != 8 {
-		t.Fatalf("empty result is %d bytes", empty.Len)
+	if empty.Len != ResultHead || ResultAttempts(Bytes(empty.Data, ResultHead)) != 1 {
+		t.Fatalf("empty result is %d bytes, want %d with 1 attempt", empty.Len, ResultHead)
 	}
 	r.Free(&empty)
 

@@ -294,15 +294,18 @@ func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pendi
 	}
 	c.inflight.Add(1)
 	r.inflight.Add(1)
-	p, err := c.client.Start(&call, func(resp *qrpc.Response, err error) {
+	p, err := c.client.StartAttempts(&call, func(resp *qrpc.Response, attempts int, err error) {
 		defer r.RecoverLog("complete")
 		c.inflight.Add(-1)
 		r.inflight.Add(-1)
+		var out Completion
 		if rt != nil {
-			deliver(r.decodedOutcome(rt, resp, err))
-			return
+			out = r.decodedOutcome(rt, resp, err)
+		} else {
+			out = r.outcome(resp, err)
 		}
-		deliver(r.outcome(resp, err))
+		SetAttempts(out, attempts)
+		deliver(out)
 	})
 	if err != nil {
 		c.inflight.Add(-1)

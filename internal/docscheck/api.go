@@ -194,9 +194,10 @@ func codeSpans(text string) map[string]bool {
 }
 
 // gatewayOptions checks that docs/gateway.md names every option
-// resty.ffi.qrpc.gateway accepts (its OPTIONS table) and its functions.
+// resty.ffi.qrpc.gateway accepts (the OPTIONS table of its config module)
+// and the functions of the module itself.
 func gatewayOptions(root string) []Problem {
-	const src = "lua/resty/ffi/qrpc/gateway.lua"
+	const src, conf = "lua/resty/ffi/qrpc/gateway.lua", "lua/resty/ffi/qrpc/gateway/config.lua"
 	b, err := os.ReadFile(filepath.Join(root, src))
 	if os.IsNotExist(err) {
 		return nil
@@ -204,9 +205,13 @@ func gatewayOptions(root string) []Problem {
 	if err != nil {
 		return []Problem{{File: src, Msg: err.Error()}}
 	}
-	keys, err := tableKeys(string(b), "OPTIONS")
+	var keys []string
+	cb, err := os.ReadFile(filepath.Join(root, conf))
+	if err == nil {
+		keys, err = tableKeys(string(cb), "OPTIONS")
+	}
 	if err != nil {
-		return []Problem{{File: src, Msg: fmt.Sprintf("%v: the gateway options are read from it; update internal/docscheck if they moved", err)}}
+		return []Problem{{File: conf, Msg: fmt.Sprintf("%v: the gateway options are read from it; update internal/docscheck if they moved", err)}}
 	}
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "gateway.md"))
 	if err != nil {

@@ -132,7 +132,7 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(s); st != bridge.StatusPending {
 			t.Fatalf("stats through the queue: %d", st)
 		}
-		if r := d.wait(15, 10*time.Second); r.Status != bridge.StatusOK || r.Len != 8+unsafe.Sizeof(bridge.Stats{}) {
+		if r := d.wait(15, 10*time.Second); r.Status != bridge.StatusOK || r.Len != bridge.ResultHead+unsafe.Sizeof(bridge.Stats{}) {
 			t.Fatalf("stats through the queue: %d, %d bytes", r.Status, r.Len)
 		}
 		cl := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: c.Handle}

@@ -138,6 +138,9 @@ local QRPC_ERR_LOST = -9
 -- Lua VMs (one per nginx subsystem) one process serves: qrpc_vm_open.
 local QRPC_MAX_VMS = 8
 
+-- The bytes of a result blob before its headers: code, hdrs_len, attempts.
+local QRPC_RESULT_HEAD = 12
+
 -- The words of an error status that came without a message.
 local status_names = {
     [QRPC_ERR] = "qrpc: error",
@@ -192,6 +195,7 @@ local _M = {
     QRPC_ERR_TOOBIG = QRPC_ERR_TOOBIG,
     QRPC_ERR_LOST = QRPC_ERR_LOST,
     QRPC_MAX_VMS = QRPC_MAX_VMS,
+    QRPC_RESULT_HEAD = QRPC_RESULT_HEAD,
 
     cmd_t = cmd_t,
     CMD_SIZE = ffi_sizeof(cmd_t),
@@ -273,24 +277,26 @@ local function decode_headers(p, n)
 end
 
 
--- A result blob: [u32 code][u32 hdrs_len][hdrs][body].
+-- A result blob: [u32 code][u32 hdrs_len][u32 attempts][hdrs][body]
+-- (attempts: a unary's, through its pool; 1 for the other ops).
 function _M.decode_result(p, len)
-    if p == nil or len < 8 then
+    if p == nil or len < QRPC_RESULT_HEAD then
         return nil
     end
     local code = read_u32(p, 0)
     local hlen = read_u32(p, 4)
-    if hlen > len - 8 then
+    if hlen > len - QRPC_RESULT_HEAD then
         return nil
     end
-    local hdrs = decode_headers(p + 8, hlen)
+    local hdrs = decode_headers(p + QRPC_RESULT_HEAD, hlen)
     if not hdrs then
         return nil
     end
     return {
         code = code,
         headers = hdrs,
-        body = ffi_string(p + 8 + hlen, len - 8 - hlen),
+        body = ffi_string(p + QRPC_RESULT_HEAD + hlen, len - QRPC_RESULT_HEAD - hlen),
+        attempts = read_u32(p, 8),
     }
 end
 

@@ -1,0 +1,155 @@
+-- resty.ffi.qrpc.gateway.response: the answer to an HTTP request from the
+-- qrpc result: JSON (the whole message or its response_body field), or
+-- the protobuf bytes for a client that accepts only those; a code other
+-- than 0 as an error answer.
+
+local json = require "resty.ffi.qrpc.json"
+local schema = require "resty.ffi.qrpc.gateway.schema"
+local errors = require "resty.ffi.qrpc.gateway.errors"
+local config = require "resty.ffi.qrpc.gateway.config"
+
+local ngx = ngx
+local ngx_var = ngx.var
+local ngx_header = ngx.header
+local ngx_print = ngx.print
+
+local type = type
+local pairs = pairs
+local tostring = tostring
+local str_byte = string.byte
+local str_find = string.find
+local str_lower = string.lower
+
+local json_encode = json.encode
+local WKT_SCALAR = schema.WKT_SCALAR
+local write_error = errors.write_error
+local upstream_error = errors.upstream_error
+local pattern_match = config.pattern_match
+
+local _M = {}
+
+-- is s valid UTF-8 text (no NUL)?
+local function is_text(s)
+    if str_find(s, "%z") then
+        return false
+    end
+    if not str_find(s, "[\128-\255]") then
+        return true
+    end
+    local i, n = 1, #s
+    while i <= n do
+        local c = str_byte(s, i)
+        local k
+        if c < 0x80 then
+            k = 0
+        elseif c >= 0xC2 and c <= 0xDF then
+            k = 1
+        elseif c >= 0xE0 and c <= 0xEF then
+            k = 2
+        elseif c >= 0xF0 and c <= 0xF4 then
+            k = 3
+        else
+            return false
+        end
+        for j = i + 1, i + k do
+            local d = str_byte(s, j)
+            if not d or d < 0x80 or d > 0xBF then
+                return false
+            end
+        end
+        i = i + k + 1
+    end
+    return true
+end
+
+
+local DEFAULT_JSON = {
+    bool = "false", string = "\"\"", bytes = "\"\"",
+    double = "0", float = "0", int32 = "0", sint32 = "0", sfixed32 = "0",
+    uint32 = "0", fixed32 = "0", int64 = "\"0\"", sint64 = "\"0\"",
+    sfixed64 = "\"0\"", uint64 = "\"0\"", fixed64 = "\"0\"",
+}
+
+-- the response_body field of the answer's JSON text
+local function response_field(gw, route, text)
+    local f = route.resp_field
+    local v, err = json.decode(text)
+    if type(v) ~= "table" then
+        return nil, "bad response: " .. route.output .. ": " .. tostring(err or "not an object")
+    end
+    local x = v[gw.conf.proto_names and f.name or f.json]
+    if x == nil then
+        x = v[f.name] or v[f.json]
+    end
+    if x == nil then
+        if f.map then
+            return "{}"
+        elseif f.repeated then
+            return "[]"
+        elseif f.kind == "enum" then
+            local e = gw.schema.enums[f.type]
+            return e and json_encode(e.values[1]) or "0"
+        elseif f.kind == "message" then
+            return WKT_SCALAR[f.type] and "null" or "{}"
+        end
+        return DEFAULT_JSON[f.kind] or "null"
+    end
+    if f.repeated and type(x) == "table" and #x == 0 then
+        return "[]"
+    end
+    return json_encode(x)
+end
+
+-- protobuf(route) -> true (the client accepts only protobuf), false | nil,
+-- 406, err (a response_body route, which answers JSON only)
+function _M.protobuf(route)
+    local accept = ngx_var.http_accept
+    if accept and (str_find(accept, "application/x-protobuf", 1, true)
+                   or str_find(accept, "application/protobuf", 1, true))
+       and not str_find(accept, "application/json", 1, true)
+    then
+        if route.resp_field then
+            return nil, 406, route.label .. " answers a field of " .. route.output
+                             .. " (response_body): JSON only"
+        end
+        return true
+    end
+    return false
+end
+
+-- write(gw, route, res, want_pb) -> status: answers with the unary's result
+function _M.write(gw, route, res, want_pb)
+    local conf = gw.conf
+    local rh = conf.response_headers
+    if rh and res.headers then
+        for k, v in pairs(res.headers) do
+            if pattern_match(rh, str_lower(k)) then
+                ngx_header[k] = v
+            end
+        end
+    end
+    if res.code ~= 0 then
+        local status = conf.codes[res.code] or 500
+        local body = res.body
+        local message = body ~= "" and is_text(body) and body or ("code " .. res.code)
+        return write_error(status, res.code, message)
+    end
+    if want_pb then
+        ngx_header["Content-Type"] = "application/x-protobuf"
+        ngx_print(res.body)
+        return 200
+    end
+    local out = res.body
+    if route.resp_field then
+        local rerr
+        out, rerr = response_field(gw, route, out)
+        if not out then
+            return upstream_error(gw, rerr, route)
+        end
+    end
+    ngx_header["Content-Type"] = "application/json"
+    ngx_print(out)
+    return 200
+end
+
+return _M
