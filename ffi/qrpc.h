@@ -119,7 +119,11 @@ typedef struct {
                                                        "key=value\n" lines (<= 1 MiB) */
 } qrpc_cmd_t;
 
-#define QRPC_CMD_VERSION 2
+/* The version of this interface: qrpc_cmd_t's layout and the result
+ * blob's (3: the blob's attempts word). A caller built for another one
+ * gets QRPC_ERR_BADARG "version N, this library speaks M" for every
+ * command, never a misread answer. */
+#define QRPC_CMD_VERSION 3
 
 /* How many Lua VMs one process's built-in host serves (qrpc_vm_open). */
 #define QRPC_MAX_VMS 8

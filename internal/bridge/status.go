@@ -58,8 +58,9 @@ const (
 	ErrLost                        // "connection lost: ..." while in flight
 )
 
-// CmdVersion is QRPC_CMD_VERSION, the layout of qrpc_cmd_t this runtime reads.
-const CmdVersion = 2
+// CmdVersion is QRPC_CMD_VERSION: the layout of qrpc_cmd_t this runtime
+// reads and of the result blobs it writes.
+const CmdVersion = 3
 
 // MaxVMs is QRPC_MAX_VMS: how many Lua VMs (one per nginx subsystem) one
 // process's built-in host serves; qrpc_cmd_t.vm is below it.

@@ -63,8 +63,6 @@ local mono = gw_metrics.mono
 local _M = { _VERSION = "0.1.0" }
 local mt = { __index = _M }
 
-_M._parse_template = routes.parse_template
-
 
 function _M.new(c)
     local conf, err = config.check(c)
