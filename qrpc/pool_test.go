@@ -655,14 +655,18 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 		t.Fatal("no key of 100 maps to s1")
 	}
 	f.srvs[1].freeze()
+	var errs []string
 	for i := 1; i <= 3; i++ {
-		if _, err := poolCall(p, 300*time.Millisecond, "who", key); err == nil {
+		start := time.Now()
+		_, err := poolCall(p, 300*time.Millisecond, "who", key)
+		if err == nil {
 			t.Fatalf("call %d to the frozen server succeeded", i)
 		}
+		errs = append(errs, fmt.Sprintf("%v after %s", err, time.Since(start).Round(time.Millisecond)))
 	}
 	in, _ := peerState(p, addrs[1])
 	if in.State != qrpc.PeerEjected || in.Failures != 3 {
-		t.Fatalf("after 3 failed calls: state %v, %d failures shown; want ejected with 3", in.State, in.Failures)
+		t.Fatalf("after 3 failed calls: state %v, %d failures shown; want ejected with 3 (the calls: %q)", in.State, in.Failures, errs)
 	}
 	resp, err := poolCall(p, 5*time.Second, "who", key)
 	if err != nil || string(resp.Body) != "s0" {
