@@ -995,10 +995,12 @@ static void query_checks(void) {
     q.opts_len = 0;
 
     /* The error paths: every one answers BADARG with a reason, out NULL. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
     struct { const char *what; uint32_t version, op, vm; const char *want; } bad[] = {
         { "an op of qrpc_submit_async", QRPC_CMD_VERSION, QRPC_OP_UNARY, 0, "bad command: op 2 is not a query: use qrpc_submit_async" },
         { "an unknown op", QRPC_CMD_VERSION, 42, 0, "bad command: unknown op 42" },
-        { "version 1", 1, QRPC_OP_METRICS, 0, "bad command: version 1, this library speaks 2" },
+        { "version 1", 1, QRPC_OP_METRICS, 0, "bad command: version 1, this library speaks " STR(QRPC_CMD_VERSION) },
         { "vm out of range", QRPC_CMD_VERSION, QRPC_OP_METRICS, QRPC_MAX_VMS, "bad command: vm must be below 8, got 8" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
