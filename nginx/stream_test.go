@@ -424,7 +424,8 @@ func TestStreamAndHTTPMemory(t *testing.T) {
 	if len(pids) != 1 {
 		t.Fatalf("workers %v", pids)
 	}
-	const conns, perConn = 20, 100 // 2000 calls per VM a round
+	// 8 rounds of 12,500 calls: 100,000 in all, half in each VM
+	const conns, perConn = 25, 250
 	round := func(r int) (lost int64) {
 		var bad atomic.Int64
 		var wg sync.WaitGroup
@@ -474,7 +475,7 @@ func TestStreamAndHTTPMemory(t *testing.T) {
 		lost += round(r)
 		rss = append(rss, workerRSS(t, pids[0]))
 	}
-	t.Logf("%d calls per VM; worker RSS after each round (KiB): %v; lost %d", rounds*conns*perConn, rss, lost)
+	t.Logf("%d calls in each VM; worker RSS after each round (KiB): %v; lost %d", rounds*conns*perConn, rss, lost)
 	if lost != 0 {
 		t.Errorf("%d calls lost", lost)
 	}
