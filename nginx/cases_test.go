@@ -251,7 +251,8 @@ func TestUnary(t *testing.T) {
 			name: "echo through the library (IPC benchmark path)",
 			conf: ngxConf{Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
-                ngx.say(qrpc._echo("hello"), " ", #qrpc._echo(string.rep("x", 100000)))`)},
+                local echo = require("resty.ffi.qrpc.testing").echo
+                ngx.say(echo("hello"), " ", #echo(string.rep("x", 100000)))`)},
 			body: "hello 100000\n",
 		},
 		{
@@ -271,7 +272,7 @@ func TestUnary(t *testing.T) {
                         local size = sizes[(t + i) % #sizes + 1] + t
                         local tag = string.format("<%03d:%03d>", t, i)
                         local body = string.rep(tag, math.floor(size / #tag)) .. tag:sub(1, size % #tag)
-                        local res, err = qrpc._echo(body)
+                        local res, err = require("resty.ffi.qrpc.testing").echo(body)
                         if res ~= body then
                             bad = bad + 1
                             ngx.log(ngx.ERR, "echo ", tag, " of ", #body, " bytes came back ",
@@ -483,7 +484,7 @@ func TestBadArguments(t *testing.T) {
                 p(qrpc.configure("x"))
                 p(qrpc.configure({ host = "other" }))
                 p(qrpc.configure({ lbi = "x" }))
-                p(qrpc._echo(1))
+                p(require("resty.ffi.qrpc.testing").echo(1))
                 -- body over the frame limit
                 local small = assert(qt.connect({ max_frame_size = 1024 }))
                 p(small:unary("echo", string.rep("x", 2048)))
@@ -626,7 +627,7 @@ func TestInitPhase(t *testing.T) {
         local qt = require "qtest"
         local ok, err = qrpc.configure{ lib = qt.lib, socket_dir = qt.dir .. "/run" }
         local c, cerr = qrpc.connect("127.0.0.1:1")
-        local e, eerr = qrpc._echo("x")
+        local e, eerr = require("resty.ffi.qrpc.testing").echo("x")
         package.loaded.init_result = table.concat({ tostring(ok), tostring(err), tostring(c),
             cerr, tostring(e), eerr, "loaded=" .. tostring(qrpc.stats().loaded) }, "\n")`,
 		Server: loc("/t", connectT+`
@@ -980,7 +981,7 @@ func restyFFICalls(fake bool) string {
                 ngx.update_time()
                 ngx.say(tostring(res), " ", err, " within 1s: ", ngx.now() - t0 < 1)
                 ngx.say("event: ", tostring(conn:event("count", "resty_ffi")))
-                ngx.say("echo: ", qrpc._echo("via the task queue"))
+                ngx.say("echo: ", require("resty.ffi.qrpc.testing").echo("via the task queue"))
                 local threads = {}
                 for i = 1, 20 do
                     threads[i] = ngx.thread.spawn(function()

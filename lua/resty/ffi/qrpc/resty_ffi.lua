@@ -1,5 +1,5 @@
 -- resty.ffi.qrpc.resty_ffi: the lua-resty-ffi host (a rebuilt nginx with
--- ngx.load_ffi). connect, unary and _echo go to Go as lua-resty-ffi tasks:
+-- ngx.load_ffi). connect, unary and the testing echo go to Go as lua-resty-ffi tasks:
 -- the calling light thread yields in rt:call until Go answers. The other
 -- operations never wait and use the built-in host's direct calls.
 
