@@ -7,8 +7,10 @@
 -- stable string. The rest is under resty/ffi/qrpc/: abi (the C ABI and the
 -- command and result codec), loader (finding and loading the library),
 -- host_builtin (the built-in host and its dispatcher), resty_ffi (the
--- lua-resty-ffi host), cache and pool (connections and pools), proto and
--- json (protobuf messages), metrics and propagate.
+-- lua-resty-ffi host), cache and pool (connections and pools), proto
+-- (protobuf messages), metrics and propagate, gateway and json (the
+-- REST/JSON gateway and its HTTP JSON), testing (the library's own test
+-- hooks).
 --
 -- The library is never loaded in the nginx master (a Go runtime does not
 -- survive fork()): requiring this module in init_by_lua loads nothing.
