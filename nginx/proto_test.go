@@ -236,6 +236,11 @@ func TestProtobuf(t *testing.T) {
                 ngx.say(res.body.message)
                 res = assert(conn:unary("SayHello", '{"name":"json"}', { json = true }))
                 ngx.say(res.body)
+                -- JSON on one side: a table in and JSON text out, and back
+                res = assert(conn:unary("SayHello", { name = "table" }, { json = "response" }))
+                ngx.say(res.body)
+                res = assert(conn:unary("SayHello", '{"name":"text"}', { json = "request" }))
+                ngx.say(res.body.message)
                 res = assert(conn:unary("SayHello", { name = "x", extra = 1 }, { discard_unknown = true }))
                 ngx.say(res.body.message)
                 -- types only name bytes: a HelloReply read as a HelloRequest
@@ -263,6 +268,8 @@ func TestProtobuf(t *testing.T) {
                 show(conn:unary("SayHello", '{"name":', { json = true }))
                 show(conn:unary("SayHello", {}, { request = "demo.Nope" }))
                 show(conn:unary("SayHello", "raw", {}))
+                show(conn:unary("SayHello", { name = "x" }, { json = "request" }))
+                show(conn:unary("SayHello", { name = "x" }, { json = "yes" }))
                 show(conn:unary("SayHello", { name = function() end }))
                 local cyc = {}
                 cyc.next = cyc
@@ -578,7 +585,7 @@ func TestProtobuf(t *testing.T) {
 	if got := get("/json"); got != "ok\n" {
 		t.Errorf("JSON round trip: %s", got)
 	}
-	if got := get("/hello"); got != "Hello per call!\n{\"message\":\"Hello json!\"}\nHello x!\n{\"name\":\"Hello !\"}\nevent sent\n" {
+	if got := get("/hello"); got != "Hello per call!\n{\"message\":\"Hello json!\"}\n{\"message\":\"Hello table!\"}\nHello text!\nHello x!\n{\"name\":\"Hello !\"}\nevent sent\n" {
 		t.Errorf("hello: %q", got)
 	}
 	if err := eventually(5e9, func() error {
@@ -602,6 +609,8 @@ func TestProtobuf(t *testing.T) {
 		"bad message: demo.HelloRequest: invalid JSON at offset 8: unexpected end of JSON input",
 		"bad message: demo.Nope: unknown message type",
 		"bad argument #3: body must be a table for request demo.HelloRequest (got string; pass json = true for a JSON string)",
+		`bad argument #3: body must be a JSON string with json = "request" (got table)`,
+		`bad argument #4: json must be true, false, "request" or "response"`,
 		"bad argument #3: body: cannot encode a function value",
 		"bad argument #3: body: nested too deep (more than 100 levels, or a cycle)",
 		"bad argument #3: body: nested too deep (more than 100 levels, or a cycle)",

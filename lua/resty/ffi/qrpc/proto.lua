@@ -381,7 +381,8 @@ end
 
 -- prepare(conn, method, body, opts) -> body, req, resp, flags, json
 -- The message types of a call (opts over connect's methods) and its body,
--- a Lua table in string.buffer's format (or a JSON string with json = true). Without
+-- a Lua table in string.buffer's format (or a JSON string with json = true
+-- or "request"); json is whether the answer stays JSON text. Without
 -- types it returns body unchanged and nothing else. On error: false, err.
 function _M.prepare(conn, method, body, opts)
     local m = conn.methods and conn.methods[method]
@@ -415,9 +416,16 @@ function _M.prepare(conn, method, body, opts)
     if not ok then
         return false, err
     end
-    if as_json ~= nil and type(as_json) ~= "boolean" then
-        return false, "bad argument #4: json must be a boolean"
+    if as_json ~= nil and type(as_json) ~= "boolean" and as_json ~= "request"
+       and as_json ~= "response"
+    then
+        return false, 'bad argument #4: json must be true, false, "request" or "response"'
     end
+    -- JSON text on one side only: "response" is a table in and JSON text
+    -- out (what a gateway writes to its HTTP client), "request" the other
+    -- way round.
+    local json_req = as_json == true or as_json == "request"
+    local json_resp = as_json == true or as_json == "response"
     if discard ~= nil and type(discard) ~= "boolean" then
         return false, "bad argument #4: discard_unknown must be a boolean"
     end
@@ -426,10 +434,11 @@ function _M.prepare(conn, method, body, opts)
     end
     local lua_req
     if req then
-        if as_json then
+        if json_req then
             if type(body) ~= "string" then
                 return false, "bad argument #3: body must be a JSON string with "
-                              .. "json = true (got " .. type(body) .. ")"
+                              .. "json = " .. (as_json == true and "true" or '"request"')
+                              .. " (got " .. type(body) .. ")"
             end
         else
             if body == nil then
@@ -459,18 +468,18 @@ function _M.prepare(conn, method, body, opts)
         flags = flags + F_DISCARD_UNKNOWN
     end
     if names == nil then
-        names = not as_json
+        names = not json_resp
     end
     if names and resp then
         flags = flags + F_PROTO_NAMES
     end
-    if resp and not as_json then
+    if resp and not json_resp then
         flags = flags + F_LUA_TABLE
     end
     if lua_req then
         flags = flags + F_LUA_REQUEST
     end
-    return body, req, resp, flags, as_json == true
+    return body, req, resp, flags, json_resp
 end
 
 

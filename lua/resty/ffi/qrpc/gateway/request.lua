@@ -25,7 +25,6 @@ local str_match = string.match
 local tab_concat = table.concat
 local io_open = io.open
 
-local json_encode = json.encode
 local chain = schema.chain
 local path_of = schema.path_of
 local value_kind = schema.value_kind
@@ -291,8 +290,10 @@ local function json_type(ct)
 end
 
 
--- message(gw, route, segs, n, last) -> JSON text | nil, status, err: the
--- request message of a matched route (find's segs, n, last)
+-- message(gw, route, segs, n, last) -> body | nil, status, err: the
+-- request message of a matched route (find's segs, n, last): the body's
+-- JSON text as it came when it is the whole message, else a Lua table
+-- (which crosses to Go in string.buffer's format, as any request table)
 function _M.message(gw, route, segs, n, last)
     -- the message: path variables, then the body, then the query string
     local msg, bound, pathvals = {}, {}, {}
@@ -391,14 +392,7 @@ function _M.message(gw, route, segs, n, last)
             return nil, 400, qerr
         end
     end
-    if not text then
-        local eerr
-        text, eerr = json_encode(msg)
-        if not text then
-            return nil, 400, "bad message: " .. route.input .. ": " .. tostring(eerr)
-        end
-    end
-    return text
+    return text or msg
 end
 
 -- headers(conf) -> the request headers forward_headers names (nil: none)
