@@ -163,9 +163,9 @@ local function serve(self)
     if want_pb == nil then
         return fail(status, perr), route
     end
-    local body, merr
-    body, status, merr = request.message(self, route, segs, n, last)
-    if not body then
+    local text, merr
+    text, status, merr = request.message(self, route, segs, n, last)
+    if not text then
         return fail(status, merr), route
     end
 
@@ -173,11 +173,10 @@ local function serve(self)
     if not conn then
         return upstream_error(self, cerr, route), route
     end
-    local res, uerr, raw = conn:unary(route.method, body, {
+    local res, uerr, raw = conn:unary(route.method, text, {
         request = route.input,
         response = not want_pb and route.output or nil,
-        -- the answer is JSON text for the client, whatever the body is
-        json = type(body) == "string" or "response",
+        json = true,
         discard_unknown = conf.discard_unknown or nil,
         proto_names = conf.proto_names or nil,
         headers = request.headers(conf),

@@ -25,6 +25,7 @@ local str_match = string.match
 local tab_concat = table.concat
 local io_open = io.open
 
+local json_encode = json.encode
 local chain = schema.chain
 local path_of = schema.path_of
 local value_kind = schema.value_kind
@@ -290,10 +291,8 @@ local function json_type(ct)
 end
 
 
--- message(gw, route, segs, n, last) -> body | nil, status, err: the
--- request message of a matched route (find's segs, n, last): the body's
--- JSON text as it came when it is the whole message, else a Lua table
--- (which crosses to Go in string.buffer's format, as any request table)
+-- message(gw, route, segs, n, last) -> JSON text | nil, status, err: the
+-- request message of a matched route (find's segs, n, last)
 function _M.message(gw, route, segs, n, last)
     -- the message: path variables, then the body, then the query string
     local msg, bound, pathvals = {}, {}, {}
@@ -392,7 +391,14 @@ function _M.message(gw, route, segs, n, last)
             return nil, 400, qerr
         end
     end
-    return text or msg
+    if not text then
+        local eerr
+        text, eerr = json_encode(msg)
+        if not text then
+            return nil, 400, "bad message: " .. route.input .. ": " .. tostring(eerr)
+        end
+    end
+    return text
 end
 
 -- headers(conf) -> the request headers forward_headers names (nil: none)
