@@ -8,30 +8,14 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 )
 
 // The decoding of qrpc_cmd_t into a bridge.Command (the layout against
 // qrpc.h is internal/hostq's test: it needs the C compiler).
 
-// ptr returns the address of b's first byte and its length, as a C caller
-// would fill a (pointer, length) pair.
-func ptr(b []byte) (unsafe.Pointer, uintptr) {
-	if len(b) == 0 {
-		return nil, 0
-	}
-	return unsafe.Pointer(&b[0]), uintptr(len(b))
-}
-
-func unaryCmd(conn uint64, method, body string, hdrs ...string) *bridge.CmdABI {
-	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpUnary, Conn: conn, CallID: 7, NHdrs: uint32(len(hdrs))}
-	c.Method, c.MethodLen = ptr([]byte(method))
-	c.Body, c.BodyLen = ptr([]byte(body))
-	c.Hdrs, c.HdrsLen = ptr(bridge.PackHeaders(hdrs...))
-	return c
-}
-
 func TestDecodeCmd(t *testing.T) {
-	good := unaryCmd(3, "greet", "hello", "x-id", "7")
+	good := cmdtest.Unary(3, "greet", "hello", "x-id", "7")
 	var cmd bridge.Command
 	if err := bridge.DecodeCmd(good, &cmd); err != nil {
 		t.Fatal(err)
@@ -78,12 +62,12 @@ func TestDecodeCmd(t *testing.T) {
 }
 
 func TestDecodeVersion2(t *testing.T) {
-	c := unaryCmd(3, "greet", "{}")
+	c := cmdtest.Unary(3, "greet", "{}")
 	c.Retries, c.Flags = 2, bridge.FlagDiscardUnknown
-	c.HashKey, c.HashKeyLen = ptr([]byte("user-42"))
-	c.ReqType, c.ReqTypeLen = ptr([]byte("pkg.Req"))
-	c.RespType, c.RespTypeLen = ptr([]byte("pkg.Resp"))
-	c.Opts, c.OptsLen = ptr([]byte("k=v\n"))
+	c.HashKey, c.HashKeyLen = cmdtest.Ptr([]byte("user-42"))
+	c.ReqType, c.ReqTypeLen = cmdtest.Ptr([]byte("pkg.Req"))
+	c.RespType, c.RespTypeLen = cmdtest.Ptr([]byte("pkg.Resp"))
+	c.Opts, c.OptsLen = cmdtest.Ptr([]byte("k=v\n"))
 	var cmd bridge.Command
 	if err := bridge.DecodeCmd(c, &cmd); err != nil {
 		t.Fatal(err)
@@ -96,12 +80,12 @@ func TestDecodeVersion2(t *testing.T) {
 
 func TestDecodeConnect(t *testing.T) {
 	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, TimeoutMS: 1500, Conns: 2, Streams: 8, IdleTimeoutMS: 9000, MaxFrameSize: 1 << 20, Insecure: 1}
-	c.Addr, c.AddrLen = ptr([]byte("127.0.0.1:9"))
-	c.ServerName, c.ServerNameLen = ptr([]byte("qrpc.example"))
-	c.CA, c.CALen = ptr([]byte("CA PEM"))
-	c.Cert, c.CertLen = ptr([]byte("CERT"))
-	c.Key, c.KeyLen = ptr([]byte("KEY"))
-	c.Pins, c.PinsLen = ptr(bytes.Repeat([]byte{0xab}, 64))
+	c.Addr, c.AddrLen = cmdtest.Ptr([]byte("127.0.0.1:9"))
+	c.ServerName, c.ServerNameLen = cmdtest.Ptr([]byte("qrpc.example"))
+	c.CA, c.CALen = cmdtest.Ptr([]byte("CA PEM"))
+	c.Cert, c.CertLen = cmdtest.Ptr([]byte("CERT"))
+	c.Key, c.KeyLen = cmdtest.Ptr([]byte("KEY"))
+	c.Pins, c.PinsLen = cmdtest.Ptr(bytes.Repeat([]byte{0xab}, 64))
 	var cmd bridge.Command
 	if err := bridge.DecodeCmd(c, &cmd); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
@@ -173,8 +174,8 @@ func direct(c *bridge.CmdABI) (int32, string) {
 
 func connectCmd(id uint64, addr string, ca []byte) *bridge.CmdABI {
 	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpConnect, CallID: id, TimeoutMS: 3000}
-	c.Addr, c.AddrLen = ptr([]byte(addr))
-	c.CA, c.CALen = ptr(ca)
+	c.Addr, c.AddrLen = cmdtest.Ptr([]byte(addr))
+	c.CA, c.CALen = cmdtest.Ptr(ca)
 	return c
 }
 
@@ -197,7 +198,7 @@ func TestBuiltinHost(t *testing.T) {
 	h := c.Handle
 
 	// Unary with headers and a non-zero code is an answer.
-	cmd := unaryCmd(h, "echo", "hello", "x-id", "7")
+	cmd := cmdtest.Unary(h, "echo", "hello", "x-id", "7")
 	cmd.CallID = 2
 	if st, msg := submit(cmd); st != bridge.StatusPending {
 		t.Fatalf("unary: %d %s", st, msg)
@@ -207,7 +208,7 @@ func TestBuiltinHost(t *testing.T) {
 	if r.Status != bridge.StatusOK || code != 0 || string(body) != "hello" || strings.Join(hdrs, "=") != "x-id=7" {
 		t.Fatalf("echo: status %d code %d headers %q body %q", r.Status, code, hdrs, body)
 	}
-	cmd = unaryCmd(h, "code", "")
+	cmd = cmdtest.Unary(h, "code", "")
 	cmd.CallID = 3
 	submit(cmd)
 	r = d.wait(3, 5*time.Second)
@@ -220,7 +221,7 @@ func TestBuiltinHost(t *testing.T) {
 	big := bytes.Repeat([]byte("b"), 100<<10)
 	for i := uint64(10); i < 20; i++ {
 		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: i}
-		e.Body, e.BodyLen = ptr(big)
+		e.Body, e.BodyLen = cmdtest.Ptr(big)
 		if st, _ := direct(e); st != bridge.StatusPending {
 			t.Fatalf("echo op: %d", st)
 		}
@@ -237,7 +238,7 @@ func TestBuiltinHost(t *testing.T) {
 
 	// Events are synchronous and reach the server.
 	for i := 0; i < 5; i++ {
-		ev := unaryCmd(h, "ev", "e")
+		ev := cmdtest.Unary(h, "ev", "e")
 		ev.Op, ev.CallID = bridge.OpEvent, 0
 		if st, msg := submit(ev); st != bridge.StatusOK {
 			t.Fatalf("event: %d %s", st, msg)
@@ -246,7 +247,7 @@ func TestBuiltinHost(t *testing.T) {
 	waitFor(t, func() bool { return ts.Events("ev") == 5 }, "5 events at the server")
 
 	// Go enforces the deadline.
-	cmd = unaryCmd(h, "sleep", "2000")
+	cmd = cmdtest.Unary(h, "sleep", "2000")
 	cmd.CallID, cmd.TimeoutMS = 30, 100
 	start := time.Now()
 	submit(cmd)
@@ -259,7 +260,7 @@ func TestBuiltinHost(t *testing.T) {
 	}
 
 	// A cancelled call produces no completion and leaves nothing in flight.
-	cmd = unaryCmd(h, "sleep", "300")
+	cmd = cmdtest.Unary(h, "sleep", "300")
 	cmd.CallID = 31
 	submit(cmd)
 	waitFor(t, func() bool {
@@ -281,7 +282,7 @@ func TestBuiltinHost(t *testing.T) {
 
 	// A call_id in flight cannot be reused: the second one completes at
 	// once with the refusal, the first when its answer comes.
-	cmd = unaryCmd(h, "sleep", "200")
+	cmd = cmdtest.Unary(h, "sleep", "200")
 	cmd.CallID = 32
 	submit(cmd)
 	submit(cmd)
@@ -303,7 +304,7 @@ func TestBuiltinHost(t *testing.T) {
 	}
 
 	// Close: pending calls complete with "closed", later ones fail at once.
-	cmd = unaryCmd(h, "sleep", "5000")
+	cmd = cmdtest.Unary(h, "sleep", "5000")
 	cmd.CallID = 50
 	submit(cmd)
 	cl := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpClose, Conn: h}
@@ -355,7 +356,7 @@ func TestBuiltinConnectErrors(t *testing.T) {
 		t.Fatalf("failed dials left %d connections", rt.Conns())
 	}
 	// Unknown handle.
-	u := unaryCmd(12345, "echo", "")
+	u := cmdtest.Unary(12345, "echo", "")
 	u.CallID = 4
 	submit(u)
 	if r := d.wait(4, 5*time.Second); r.Status != bridge.ErrClosed || text(r) != "closed" {
@@ -365,10 +366,10 @@ func TestBuiltinConnectErrors(t *testing.T) {
 
 func TestBuiltinClosedHost(t *testing.T) {
 	builtin.Shutdown()
-	if st, _ := submit(unaryCmd(1, "x", "")); st != bridge.ErrClosed {
+	if st, _ := submit(cmdtest.Unary(1, "x", "")); st != bridge.ErrClosed {
 		t.Fatalf("qrpc_submit_async before init: %d", st)
 	}
-	ev := unaryCmd(1, "x", "")
+	ev := cmdtest.Unary(1, "x", "")
 	ev.Op, ev.CallID = bridge.OpEvent, 0
 	if st, msg := submit(ev); st != bridge.ErrClosed || !strings.Contains(msg, "qrpc_init") {
 		t.Fatalf("event before init: %d %q", st, msg)
@@ -385,7 +386,7 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 	d := openBuiltin(t)
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 	for i := uint64(2); i < 12; i++ {
-		cmd := unaryCmd(h, "sleep", "3000")
+		cmd := cmdtest.Unary(h, "sleep", "3000")
 		cmd.CallID = i
 		submit(cmd)
 	}
@@ -410,7 +411,7 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 	if err := builtin.Init(); err != nil {
 		t.Fatal(err)
 	}
-	old := unaryCmd(h, "echo", "")
+	old := cmdtest.Unary(h, "echo", "")
 	old.CallID = 20
 	submit(old)
 	if r := d.wait(20, 5*time.Second); r.Status != bridge.ErrClosed {
@@ -505,7 +506,7 @@ func BenchmarkUnaryBuiltin(b *testing.B) {
 	ts := testsrv.Start(b, testsrv.Options{})
 	d := openBuiltin(b)
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
-	cmd := unaryCmd(h, "echo", "hello")
+	cmd := cmdtest.Unary(h, "echo", "hello")
 	out := make([]bridge.Completion, 16)
 	buf := make([]byte, 64)
 	_ = d.wake.SetReadDeadline(time.Time{})
@@ -559,7 +560,7 @@ func BenchmarkEchoBuiltin(b *testing.B) {
 	for _, size := range []int{512, 100 << 10} {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
 			cmd := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
-			cmd.Body, cmd.BodyLen = ptr(bytes.Repeat([]byte("x"), size))
+			cmd.Body, cmd.BodyLen = cmdtest.Ptr(bytes.Repeat([]byte("x"), size))
 			out := make([]bridge.Completion, 1)
 			b.ReportAllocs()
 			b.SetBytes(int64(size))
@@ -588,7 +589,7 @@ func TestPanicsBecomeErrors(t *testing.T) {
 			panic("injected in submit")
 		}
 	})
-	cmd := unaryCmd(h, "echo", "x")
+	cmd := cmdtest.Unary(h, "echo", "x")
 	cmd.CallID = 2
 	if st := pushAsync(cmd); st != bridge.StatusPending {
 		t.Fatalf("push: %d", st)
@@ -666,7 +667,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 			b := bytes.Repeat(tag, (size-i)/len(tag)+1)[:size-i]
 			bodies[id] = b
 			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
-			e.Body, e.BodyLen = ptr(b)
+			e.Body, e.BodyLen = cmdtest.Ptr(b)
 			if st, msg := submit(e); st != bridge.StatusPending {
 				t.Fatalf("echo %d: %d %s", id, st, msg)
 			}
@@ -725,23 +726,6 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 		builtin.Drain(out) // as the dispatcher's poll does
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// ptr returns the address of b's first byte and its length, as a C caller
-// would fill a (pointer, length) pair.
-func ptr(b []byte) (unsafe.Pointer, uintptr) {
-	if len(b) == 0 {
-		return nil, 0
-	}
-	return unsafe.Pointer(&b[0]), uintptr(len(b))
-}
-
-func unaryCmd(conn uint64, method, body string, hdrs ...string) *bridge.CmdABI {
-	c := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpUnary, Conn: conn, CallID: 7, NHdrs: uint32(len(hdrs))}
-	c.Method, c.MethodLen = ptr([]byte(method))
-	c.Body, c.BodyLen = ptr([]byte(body))
-	c.Hdrs, c.HdrsLen = ptr(bridge.PackHeaders(hdrs...))
-	return c
 }
 
 // TestABILayoutMatchesHeader: the Go mirrors of qrpc.h's types and

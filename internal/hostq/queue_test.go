@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -39,7 +40,7 @@ func TestSubmitQueue(t *testing.T) {
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 
 	t.Run("unary", func(t *testing.T) {
-		c := unaryCmd(h, "echo", "hello", "x-id", "7")
+		c := cmdtest.Unary(h, "echo", "hello", "x-id", "7")
 		c.CallID = 10
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
@@ -72,7 +73,7 @@ func TestSubmitQueue(t *testing.T) {
 	})
 
 	t.Run("refusal is the completion, with the runtime's message", func(t *testing.T) {
-		c := unaryCmd(h+1000, "echo", "x")
+		c := cmdtest.Unary(h+1000, "echo", "x")
 		c.CallID = 11
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
@@ -81,7 +82,7 @@ func TestSubmitQueue(t *testing.T) {
 		if got.Status != bridge.ErrClosed || text(got) != "closed" {
 			t.Fatalf("got %d %q, want closed", got.Status, text(got))
 		}
-		c = unaryCmd(h, "", "x")
+		c = cmdtest.Unary(h, "", "x")
 		c.CallID = 12
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
@@ -91,9 +92,9 @@ func TestSubmitQueue(t *testing.T) {
 			t.Fatalf("got %d %q, want %d %q", got.Status, text(got), st, want)
 		}
 		// opts reaches Go, which refuses it where the op does not read it.
-		c = unaryCmd(h, "echo", "x")
+		c = cmdtest.Unary(h, "echo", "x")
 		c.CallID = 17
-		c.Opts, c.OptsLen = ptr([]byte("k=v\n"))
+		c.Opts, c.OptsLen = cmdtest.Ptr([]byte("k=v\n"))
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
 		}
@@ -104,7 +105,7 @@ func TestSubmitQueue(t *testing.T) {
 	})
 
 	t.Run("cancel queued after its call", func(t *testing.T) {
-		c := unaryCmd(h, "sleep", "3000")
+		c := cmdtest.Unary(h, "sleep", "3000")
 		c.CallID = 13
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push: %d", st)
@@ -143,7 +144,7 @@ func TestSubmitQueue(t *testing.T) {
 
 	t.Run("other ops refused", func(t *testing.T) {
 		for _, op := range []uint32{bridge.OpEvent, bridge.OpClose, bridge.OpPeers, bridge.OpMetrics, 42} {
-			c := unaryCmd(h, "ev", "")
+			c := cmdtest.Unary(h, "ev", "")
 			c.Op = op
 			if st := pushAsync(c); st != bridge.ErrBadArg {
 				t.Fatalf("op %d through the queue: %d", op, st)
@@ -160,14 +161,14 @@ func TestSubmitQueueClosed(t *testing.T) {
 	d := openBuiltin(t)
 	h := d.connect(1, ts.Addr, ts.CA.CertPEM).Handle
 	builtin.Shutdown()
-	c := unaryCmd(h, "echo", "x")
+	c := cmdtest.Unary(h, "echo", "x")
 	if st := pushAsync(c); st != bridge.ErrClosed {
 		t.Fatalf("push after shutdown: %d, want closed", st)
 	}
 	// and open again with the next init
 	d = openBuiltin(t)
 	h = d.connect(2, ts.Addr, ts.CA.CertPEM).Handle
-	c = unaryCmd(h, "echo", "again")
+	c = cmdtest.Unary(h, "echo", "again")
 	c.CallID = 3
 	if st := pushAsync(c); st != bridge.StatusPending {
 		t.Fatalf("push after re-init: %d", st)
@@ -196,9 +197,9 @@ func TestSubmitQueueNoLostWakeup(t *testing.T) {
 	for i := 0; i < rounds; i++ {
 		// An unknown handle: refused by Go, so the completion comes from
 		// the submitter itself, with no network in between.
-		first := unaryCmd(1<<40, "echo", "x")
+		first := cmdtest.Unary(1<<40, "echo", "x")
 		first.CallID = uint64(2*i + 100)
-		second := unaryCmd(1<<40, "echo", "y")
+		second := cmdtest.Unary(1<<40, "echo", "y")
 		second.CallID = first.CallID + 1
 		if st := pushAsync(first); st != bridge.StatusPending {
 			t.Fatalf("push %d: %d", i, st)
@@ -229,7 +230,7 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 	const n = 20
 	for i := 0; i < n; i++ {
 		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: uint64(200 + i)}
-		e.Body, e.BodyLen = ptr(body)
+		e.Body, e.BodyLen = cmdtest.Ptr(body)
 		if st, msg := submit(e); st != bridge.StatusPending {
 			t.Fatalf("echo: %d %s", st, msg)
 		}
@@ -288,7 +289,7 @@ func TestSubmitBlocksReused(t *testing.T) {
 			id++
 			tag := fmt.Sprintf("<%d:%d>", round, i)
 			body := strings.Repeat(tag, (100<<10)/len(tag))
-			c := unaryCmd(h, "echo", body)
+			c := cmdtest.Unary(h, "echo", body)
 			c.CallID = id
 			if st := pushAsync(c); st != bridge.StatusPending {
 				t.Fatalf("push: %d", st)
@@ -397,7 +398,7 @@ func TestSmallBlocksServeBursts(t *testing.T) {
 			b := bytes.Repeat(tag, size/len(tag)+1)[:size]
 			want[id] = b
 			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
-			e.Body, e.BodyLen = ptr(b)
+			e.Body, e.BodyLen = cmdtest.Ptr(b)
 			if st := pushAsync(e); st != bridge.StatusPending {
 				t.Fatalf("round %d: push %d: %d", round, id, st)
 			}
@@ -631,7 +632,7 @@ func TestQueuedEchoesOnOneCPU(t *testing.T) {
 	id := uint64(5000)
 	rounds := playNginx(t, d, 100, total, func() {
 		e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, CallID: id}
-		e.Body, e.BodyLen = ptr(body)
+		e.Body, e.BodyLen = cmdtest.Ptr(body)
 		if st := pushAsync(e); st != bridge.StatusPending {
 			t.Fatalf("push %d: %d", id, st)
 		}
@@ -663,7 +664,7 @@ func TestAnswersWakeOncePerBatch(t *testing.T) {
 	const total = 20000
 	id := uint64(100)
 	rounds := playNginx(t, d, 100, total, func() {
-		c := unaryCmd(h, "echo", "hello")
+		c := cmdtest.Unary(h, "echo", "hello")
 		c.CallID = id
 		if st := pushAsync(c); st != bridge.StatusPending {
 			t.Fatalf("push %d: %d", id, st)
@@ -720,7 +721,7 @@ func BenchmarkEchoQueued(b *testing.B) {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
 			body := bytes.Repeat([]byte("x"), size)
 			cmd := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho}
-			cmd.Body, cmd.BodyLen = ptr(body)
+			cmd.Body, cmd.BodyLen = cmdtest.Ptr(body)
 			var pin runtime.Pinner
 			pin.Pin(&body[0])
 			defer pin.Unpin()
@@ -801,7 +802,7 @@ func TestVMsKeepTheirCompletions(t *testing.T) {
 		for _, vm := range []int{a, b} {
 			body := fmt.Sprintf("vm%d-%d", vm, i)
 			e := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpEcho, VM: uint32(vm), CallID: uint64(i + 1)}
-			e.Body, e.BodyLen = ptr([]byte(body))
+			e.Body, e.BodyLen = cmdtest.Ptr([]byte(body))
 			if st, msg := submit(e); st != bridge.StatusPending {
 				t.Fatalf("submit: %d %s", st, msg)
 			}
