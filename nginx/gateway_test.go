@@ -331,7 +331,11 @@ const gatewayServer = `
                 local protos = { files = { "shop.proto" }, import_paths = { qt.proto_dir } }
                 local function try(c)
                     local gw, err = gateway.new(c)
-                    ngx.say(gw and "ok" or err)
+                    local doc = gw and gw:openapi()
+                    local skipped = doc and doc["x-qrpc-skipped"]
+                    ngx.say(not gw and err or skipped and ("skipped " .. skipped[1].rule .. " of "
+                            .. skipped[1].method .. " (" .. skipped[1].file .. "): "
+                            .. skipped[1].reason) or "ok")
                 end
                 try("x")
                 try({ upstream = qt.shop_addr, protos = protos, tiemout = 1 })
@@ -380,7 +384,7 @@ func TestGateway(t *testing.T) {
 		},
 		Server: gatewayServer,
 		AllowErrors: []string{
-			`qrpc gateway: routes\["GET /v1/x"\]: no method gwtest.Shop.Nope`,
+			`qrpc gateway: skipped (GET /v1/x|GET /v1/\{nope\}|POST /v1/x) of `,
 			`bad proto: .*absent.proto`,
 		},
 	})
@@ -542,15 +546,15 @@ func TestGateway(t *testing.T) {
 			"bad argument #1: max_body must be an integer 0..2147483647 (bytes)",
 			`bad argument #1: routes: key /v1/x must be "VERB /path/{field}"`,
 			`bad argument #1: routes["GET /v1/{x"]: path bad variable "{x"`,
-			`routes["GET /v1/x"]: no method gwtest.Shop.Nope in shop.proto`,
-			`GET /v1/{nope}: {nope}: no field nope in gwtest.FileRequest`,
+			`skipped GET /v1/x of gwtest.Shop.Nope (routes): no method gwtest.Shop.Nope in shop.proto`,
+			`skipped GET /v1/{nope} of gwtest.Shop.Internal (routes): {nope}: no field nope in gwtest.FileRequest`,
 			`bad argument #1: forward_headers[1]: a pattern is a name or a prefix followed by one * (got "a*b")`,
 			`bad argument #1: routes["GET /v1/**/x"]: path ** must be the last segment`,
 			`bad argument #1: routes["GET /v1/{a}/{a}"]: path variable a twice`,
 			`bad argument #1: routes["GET /v1/{a=}"]: path bad variable "{a=}"`,
 			`bad argument #1: routes["GET /v1/x:"]: path bad verb ""`,
 			`bad argument #1: routes["GET /v1/x"]: unknown option 'bdy'`,
-			`POST /v1/x: body: no field nope in gwtest.Kinds`,
+			`skipped POST /v1/x of gwtest.Shop.Echo (routes): body: no field nope in gwtest.Kinds`,
 			"bad proto: ",
 			"ok",
 		}

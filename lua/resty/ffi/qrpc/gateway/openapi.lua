@@ -326,6 +326,15 @@ function _M.document(gw)
         tags[#tags + 1] = { name = s.name,
                             description = (s.comment or "") ~= "" and s.comment or nil }
     end
+    -- bindings the gateway does not serve, so a reader of the document
+    -- knows what is missing and why
+    local skipped
+    if gw.skipped and #gw.skipped > 0 then
+        skipped = {}
+        for i, s in ipairs(gw.skipped) do
+            skipped[i] = { rule = s.rule, method = s.method, file = s.file, reason = s.reason }
+        end
+    end
     return {
         openapi = "3.1.0",
         info = { title = title, version = info.version or "1.0.0", description = desc },
@@ -333,6 +342,7 @@ function _M.document(gw)
         tags = tags,
         paths = paths,
         components = { schemas = schemas },
+        ["x-qrpc-skipped"] = skipped,
     }
 end
 

@@ -132,6 +132,15 @@ function _M.write(gw, route, res, want_pb)
         local status = conf.codes[res.code] or 500
         local body = res.body
         local message = body ~= "" and is_text(body) and body or ("code " .. res.code)
+        if status == 401 then
+            -- HTTP requires a challenge with 401: the service's own, else
+            -- the message (what grpc-gateway sends)
+            local hdrs = res.headers
+            local challenge = hdrs and (hdrs["www-authenticate"] or hdrs["WWW-Authenticate"])
+            return write_error(status, res.code, message,
+                               { ["WWW-Authenticate"] = type(challenge) == "string"
+                                                        and challenge or message })
+        end
         return write_error(status, res.code, message)
     end
     if want_pb then

@@ -54,9 +54,11 @@ local function split_top(s)
     return out
 end
 
+-- http.proto's LITERAL is RFC 3986 pchars: ":" included
 local function check_literal(s)
-    return s ~= "" and not str_find(s, "[{}*/:?#%s]")
+    return s ~= "" and not str_find(s, "[{}*/?#%s]")
 end
+local check_verb = check_literal
 
 -- parse_template(tpl) -> { pattern, vars, verb, dstar, key } | nil, err
 -- pattern: literals (strings), STAR, DSTAR; vars: { field = "a.b",
@@ -68,22 +70,28 @@ local function parse_template(tpl)
     local body = str_sub(tpl, 2)
     local verb
     local segs = split_top(body)
-    -- the verb: ":name" after the last segment, outside braces
+    -- the verb: ":name" after the last segment, outside braces. As
+    -- grpc-gateway reads it: after a variable, everything past the first
+    -- colon ("{uuid}:custom:custom" has the verb "custom:custom"); after a
+    -- literal, past the last one (a literal may hold colons).
     local last = segs[#segs]
-    local depth, colon = 0, nil
+    local depth, colon, var_end = 0, nil, nil
     for i = 1, #last do
         local c = str_byte(last, i)
         if c == 123 then
             depth = depth + 1
         elseif c == 125 then
             depth = depth - 1
-        elseif c == 58 and depth == 0 then
+            if depth == 0 then
+                var_end, colon = i, nil
+            end
+        elseif c == 58 and depth == 0 and not (var_end and colon) then
             colon = i
         end
     end
     if colon then
         verb = str_sub(last, colon + 1)
-        if not check_literal(verb) then
+        if not check_verb(verb) then
             return nil, "bad verb \"" .. verb .. "\""
         end
         segs[#segs] = str_sub(last, 1, colon - 1)
@@ -235,7 +243,7 @@ local function bind_route(gw, r, m)
         local err
         t, err = parse_template(r.tpl)
         if not t then
-            return nil, label .. ": path " .. err
+            return nil, "path " .. err
         end
     end
     local route = {
@@ -250,11 +258,11 @@ local function bind_route(gw, r, m)
     for _, v in ipairs(t.vars) do
         local ch, err = chain(schema, m.input, v.field)
         if not ch then
-            return nil, label .. ": {" .. v.field .. "}: " .. err
+            return nil, "{" .. v.field .. "}: " .. err
         end
         local leaf = ch[#ch]
         if leaf.repeated or leaf.map or (leaf.kind == "message" and not WKT_SCALAR[leaf.type]) then
-            return nil, label .. ": {" .. v.field .. "} must name a scalar field"
+            return nil, "{" .. v.field .. "} must name a scalar field"
         end
         v.chain = ch
         v.path = path_of(ch)
@@ -262,15 +270,14 @@ local function bind_route(gw, r, m)
     if route.body ~= "" and route.body ~= "*" then
         local f = field_of(schema, m.input, route.body)
         if not f then
-            return nil, label .. ": body: no field " .. route.body .. " in " .. m.input
+            return nil, "body: no field " .. route.body .. " in " .. m.input
         end
         route.body_field = f
     end
     if route.response_body ~= "" then
         local f = field_of(schema, m.output, route.response_body)
         if not f then
-            return nil, label .. ": response_body: no field " .. route.response_body
-                        .. " in " .. m.output
+            return nil, "response_body: no field " .. route.response_body .. " in " .. m.output
         end
         route.resp_field = f
     end
@@ -286,21 +293,29 @@ local function build(gw)
     gw.schema = schema
     gw.chains = {} -- query parameter names -> field chains (query_chain)
 
-    local routes, seen = {}, {}
-    local function add(r, m)
+    -- A binding that cannot be served costs its own route, not the API:
+    -- it is logged once, left out of the table and of the OpenAPI
+    -- document (which names it under x-qrpc-skipped).
+    local routes, seen, skipped = {}, {}, {}
+    local function skip(file, method, rule, reason)
+        skipped[#skipped + 1] = { file = file, method = method, rule = rule, reason = reason }
+        ngx_log(ngx_ERR, "qrpc gateway: skipped ", rule, " of ", method, " (", file,
+                "): ", reason)
+    end
+    local function add(r, m, file)
+        local rule = r.verb .. " " .. conf.prefix .. r.tpl
         local route, err = bind_route(gw, r, m)
         if not route then
-            return nil, err
+            return skip(file, m.full, rule, err)
         end
         local k = route.verb .. " " .. route.t.key .. " " .. str_gsub(r.tpl, "{[^}]*}", "{}")
         local prev = seen[k]
         if prev then
             if prev.hand and not route.hand then
-                return true
+                return
             end
             if not (route.hand and not prev.hand) then
-                return nil, route.label .. " is bound twice (" .. prev.full .. ", "
-                            .. route.full .. ")"
+                return skip(file, m.full, rule, "the same path as " .. prev.full)
             end
             for i, x in ipairs(routes) do
                 if x == prev then
@@ -311,32 +326,27 @@ local function build(gw)
         end
         seen[k] = route
         routes[#routes + 1] = route
-        return true
     end
     for _, r in ipairs(conf.hand) do
         local m = methods[r.method]
-        if not m then
-            return nil, "routes[\"" .. r.verb .. " " .. r.tpl .. "\"]: no method "
-                        .. r.method .. " in " .. tab_concat(conf.files, ", ")
-        end
-        local ok, err = add(r, m)
-        if not ok then
-            return nil, err
+        if m then
+            add(r, m, "routes")
+        else
+            skip("routes", r.method, r.verb .. " " .. conf.prefix .. r.tpl,
+                 "no method " .. r.method .. " in " .. tab_concat(conf.files, ", "))
         end
     end
     for _, svc in ipairs(schema.services) do
         for _, m in ipairs(svc.methods) do
             if not m.stream then
                 for _, h in ipairs(m.http or {}) do
-                    local ok, err = add({ verb = h.method, tpl = h.path, body = h.body,
-                                          response_body = h.response_body }, m)
-                    if not ok then
-                        return nil, err
-                    end
+                    add({ verb = h.method, tpl = h.path, body = h.body,
+                          response_body = h.response_body }, m, m.file)
                 end
             end
         end
     end
+    gw.skipped = skipped
     -- most specific first; then in declaration order
     for i, r in ipairs(routes) do
         r.order = i

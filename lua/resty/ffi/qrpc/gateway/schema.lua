@@ -129,6 +129,7 @@ function _M.load(conf)
                 m.service = svc.name
                 m.full = svc.name .. "." .. m.name
                 m.comment = m.comment or ""
+                m.file = file
                 methods[m.full] = m
             end
         end
