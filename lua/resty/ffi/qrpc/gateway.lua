@@ -49,6 +49,9 @@ local getmetatable = getmetatable
 local str_byte = string.byte
 local str_find = string.find
 local str_sub = string.sub
+local str_match = string.match
+local tonumber = tonumber
+local ceil = math.ceil
 local tab_concat = table.concat
 local tab_sort = table.sort
 
@@ -108,6 +111,20 @@ function _M.openapi_json(self)
     return self.openapi_text
 end
 
+
+-- Grpc-Timeout: at most 8 digits and a unit (gRPC over HTTP/2)
+local TIMEOUT_UNITS = { H = 3600000, M = 60000, S = 1000, m = 1, u = 0.001, n = 0.000001 }
+
+local function grpc_timeout_ms(v)
+    if type(v) ~= "string" then
+        return nil
+    end
+    local digits, unit = str_match(v, "^(%d%d?%d?%d?%d?%d?%d?%d?)([HMSmun])$")
+    if not digits then
+        return nil
+    end
+    return tonumber(digits) * TIMEOUT_UNITS[unit]
+end
 
 local function serve(self)
     local ok, err = ensure(self)
@@ -169,6 +186,25 @@ local function serve(self)
         return fail(status, merr), route
     end
 
+    -- a Grpc-Timeout caps the call's deadline and travels to the server
+    local headers = request.headers(conf)
+    local timeout
+    local gt = ngx_var.http_grpc_timeout
+    if gt then
+        local ms = grpc_timeout_ms(gt)
+        if not ms then
+            return fail(400, "invalid grpc-timeout: " .. gt), route
+        end
+        if ms < conf.timeout then
+            timeout = ms
+            if ms <= 0 then
+                return fail(504, "timeout"), route
+            end
+        end
+        headers = headers or {}
+        headers["grpc-timeout"] = ceil(timeout or conf.timeout) .. "m"
+    end
+
     local conn, cerr = qrpc.connect(conf.upstream, conf.opts)
     if not conn then
         return upstream_error(self, cerr, route), route
@@ -179,7 +215,8 @@ local function serve(self)
         json = true,
         discard_unknown = conf.discard_unknown or nil,
         proto_names = conf.proto_names or nil,
-        headers = request.headers(conf),
+        headers = headers,
+        timeout = timeout,
     })
     vars.attempts(res or raw, uerr)
     if not res then

@@ -5,6 +5,7 @@
 local proto = require "resty.ffi.qrpc.proto"
 local routes = require "resty.ffi.qrpc.gateway.routes"
 local errors = require "resty.ffi.qrpc.gateway.errors"
+local cache = require "resty.ffi.qrpc.cache"
 
 local type = type
 local pairs = pairs
@@ -29,6 +30,17 @@ local OPTIONS = {
     codes = true, max_body = true, method_name = true, discard_unknown = true,
     forward_headers = true, response_headers = true, openapi = true,
     retry_after = true, proto_names = true,
+    compat = true, default_content_type = true, grpc_metadata = true,
+    patch_update_mask = true, form_body = true,
+}
+
+-- compat = "grpc-gateway": the defaults of the options a grpc-gateway
+-- client relies on (an option given explicitly wins)
+local PRESETS = {
+    ["grpc-gateway"] = {
+        default_content_type = "application/json", grpc_metadata = true,
+        patch_update_mask = true, form_body = true,
+    },
 }
 
 local function bad(what)
@@ -141,6 +153,9 @@ local function check_conf(c)
         return bad("opts must be a table of qrpc.connect options (got " .. type(c.opts) .. ")")
     end
     conf.opts = c.opts or {}
+    -- the calls' deadline, which a Grpc-Timeout may shorten
+    local copt_t = conf.opts.timeout
+    conf.timeout = type(copt_t) == "number" and copt_t > 0 and copt_t or cache.DEFAULT_TIMEOUT_MS
 
     local p = c.protos
     if type(p) ~= "table" then
@@ -198,6 +213,31 @@ local function check_conf(c)
         end
         conf[k] = c[k] == true
     end
+
+    local preset = {}
+    if c.compat ~= nil then
+        preset = PRESETS[c.compat]
+        if not preset then
+            return bad("compat must be \"grpc-gateway\" (got " .. tostring(c.compat) .. ")")
+        end
+    end
+    conf.compat = c.compat
+    for _, k in ipairs({ "grpc_metadata", "patch_update_mask", "form_body" }) do
+        local v = c[k]
+        if v == nil then
+            v = preset[k] or false
+        elseif type(v) ~= "boolean" then
+            return bad(k .. " must be a boolean")
+        end
+        conf[k] = v
+    end
+    local dct = c.default_content_type
+    if dct == nil then
+        dct = preset.default_content_type
+    elseif dct ~= "application/json" and dct ~= false then
+        return bad("default_content_type must be \"application/json\" or false")
+    end
+    conf.default_content_type = dct or nil
 
     local oa = c.openapi
     if oa ~= nil and type(oa) ~= "boolean" and type(oa) ~= "table" then

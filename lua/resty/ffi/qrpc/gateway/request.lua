@@ -22,11 +22,19 @@ local math_huge = math.huge
 local str_find = string.find
 local str_lower = string.lower
 local str_match = string.match
+local str_sub = string.sub
+local ipairs = ipairs
 local tab_concat = table.concat
+local tab_sort = table.sort
+local str_gsub = string.gsub
+local str_upper = string.upper
+local next = next
 local io_open = io.open
+local decode_args = ngx.decode_args
 
 local json_encode = json.encode
 local chain = schema.chain
+local field_of = schema.field_of
 local path_of = schema.path_of
 local value_kind = schema.value_kind
 local path_value = routes.path_value
@@ -54,6 +62,8 @@ if ok_cjson and cjson.new then
 end
 
 local _M = {}
+
+local form_message, update_mask -- defined below, used by message
 
 local INT_KINDS = {
     int32 = true, sint32 = true, sfixed32 = true, uint32 = true, fixed32 = true,
@@ -100,7 +110,7 @@ local function conv(kind, s)
 end
 
 -- the body may already hold under either field name
-local function set(t, ch, v, from, qkey)
+local function set(t, ch, v, from, qkey, label)
     for i = 1, #ch - 1 do
         local f = ch[i]
         local k = f.name
@@ -115,7 +125,7 @@ local function set(t, ch, v, from, qkey)
         elseif type(sub) ~= "table" then
             if qkey then
                 -- a query parameter: its name is quoted only on this error
-                from = "query parameter " .. quote(qkey)
+                from = (label or "query parameter") .. " " .. quote(qkey)
             end
             return nil, from .. ": " .. f.name .. " is not an object in the body"
         end
@@ -161,17 +171,12 @@ local function query_chain(gw, input, name)
     return ch, cerr
 end
 
--- the start of a query parameter's error
-local function query_err(k)
-    return "query parameter " .. quote(k)
-end
-
--- add_query(gw, route, msg, bound) adds the query parameters to msg;
--- bound: the field paths the path sets, and the body's field
-local function add_query(gw, route, msg, bound)
-    local args, err = get_uri_args(100)
-    if err == "truncated" then
-        return nil, "more than 100 query parameters"
+-- add_args(gw, input, msg, bound, args, label) sets msg's fields (of
+-- message type input) from decoded URL arguments (the query string, a
+-- form body); bound: the field paths set otherwise, which win
+local function add_args(gw, input, msg, bound, args, label)
+    local function query_err(k)
+        return label .. " " .. quote(k)
     end
     for k, v in pairs(args) do
         local name, mkey = k, nil
@@ -181,10 +186,10 @@ local function add_query(gw, route, msg, bound)
                 name, mkey = n2, m2
             end
         end
-        local ch, cerr = query_chain(gw, route.input, name)
+        local ch, cerr = query_chain(gw, input, name)
         if not ch then
             if not gw.conf.discard_unknown then
-                return nil, "query parameter " .. quote(k) .. ": " .. cerr
+                return nil, query_err(k) .. ": " .. cerr
             end
         elseif bound[ch[1].name] or bound[ch.path] then -- luacheck: ignore 542
             -- set by the path or the body: they win
@@ -234,7 +239,7 @@ local function add_query(gw, route, msg, bound)
                     end
                     list[i] = cv
                 end
-                local ok, serr = set(msg, ch, list, nil, where)
+                local ok, serr = set(msg, ch, list, nil, where, label)
                 if not ok then
                     return nil, serr
                 end
@@ -247,7 +252,7 @@ local function add_query(gw, route, msg, bound)
                 if cv == nil then
                     return nil, query_err(where) .. ": " .. e
                 end
-                local ok, serr = set(msg, ch, cv, nil, where)
+                local ok, serr = set(msg, ch, cv, nil, where, label)
                 if not ok then
                     return nil, serr
                 end
@@ -255,6 +260,14 @@ local function add_query(gw, route, msg, bound)
         end
     end
     return true
+end
+
+local function add_query(gw, route, msg, bound)
+    local args, err = get_uri_args(100)
+    if err == "truncated" then
+        return nil, "more than 100 query parameters"
+    end
+    return add_args(gw, route.input, msg, bound, args, "query parameter")
 end
 
 local function read_body(gw)
@@ -291,6 +304,94 @@ local function json_type(ct)
 end
 
 
+local function form_type(ct)
+    return str_lower(str_match(ct or "", "^%s*([^;%s]+)") or "")
+           == "application/x-www-form-urlencoded"
+end
+
+-- A form body sets fields as the query string does: of the whole message
+-- (body "*"), or of the body's field.
+function form_message(gw, route, msg, bound, data)
+    local args, err = decode_args(data, 100)
+    if err == "truncated" then
+        return nil, 400, "more than 100 form fields"
+    end
+    local target, input = msg, route.input
+    local f = route.body_field
+    if f then
+        if f.kind ~= "message" then
+            return nil, 415, "a form body needs a message field as the body ("
+                             .. f.name .. " is not one)"
+        end
+        target = msg[f.name] or {}
+        msg[f.name] = target
+        input = f.type
+        bound[f.name] = true
+    end
+    local ok, ferr = add_args(gw, input, target, {}, args, "form field")
+    if not ok then
+        return nil, 400, ferr
+    end
+    return true
+end
+
+-- The dynamic JSON types: a mask goes into their objects by key.
+local DYNAMIC = {
+    ["google.protobuf.Struct"] = true, ["google.protobuf.Value"] = true,
+}
+
+local function lower_camel(name)
+    return (str_gsub(name, "_(%l)", str_upper))
+end
+
+-- update_mask(schema, msgname, body) -> the FieldMask (JSON form) of the
+-- fields a PATCH body sets, as grpc-gateway derives it: each leaf's path;
+-- a repeated or map field, an empty object and a non-object value end a
+-- path; inside Struct and Value fields the object's keys are the path.
+function update_mask(sch, msgname, body)
+    local paths = {}
+    local function blind(path, v, depth)
+        if type(v) == "table" and next(v) ~= nil and #v == 0 and depth < 32 then
+            for k, sub in pairs(v) do
+                blind(path .. "." .. tostring(k), sub, depth + 1)
+            end
+        else
+            paths[#paths + 1] = path
+        end
+    end
+    local function walk(mname, node, prefix, depth)
+        if depth > 32 then
+            return nil, "the body nests too deep for an update mask"
+        end
+        for k, v in pairs(node) do
+            local f = type(k) == "string" and field_of(sch, mname, k)
+            if not f then
+                return nil, "no field " .. tostring(k) .. " in " .. mname
+            end
+            local path = prefix and (prefix .. "." .. lower_camel(f.name)) or lower_camel(f.name)
+            if f.kind == "message" and DYNAMIC[f.type] and not f.repeated and not f.map then
+                blind(path, v, depth)
+            elseif f.repeated or f.map then
+                paths[#paths + 1] = path
+            elseif f.kind == "message" and type(v) == "table" and next(v) ~= nil then
+                local ok, err = walk(f.type, v, path, depth + 1)
+                if not ok then
+                    return nil, err
+                end
+            else
+                paths[#paths + 1] = path
+            end
+        end
+        return true
+    end
+    local ok, err = walk(msgname, body, nil, 0)
+    if not ok then
+        return nil, err
+    end
+    tab_sort(paths)
+    return tab_concat(paths, ",")
+end
+
 -- message(gw, route, segs, n, last) -> JSON text | nil, status, err: the
 -- request message of a matched route (find's segs, n, last)
 function _M.message(gw, route, segs, n, last)
@@ -313,18 +414,33 @@ function _M.message(gw, route, segs, n, last)
         bound[v.path] = true
     end
 
-    local text
+    local text, form, mask
     local body_mode = route.body
     if body_mode ~= "" then
         local data, st = read_body(gw)
         if not data then
             return nil, st, "request body larger than " .. gw.conf.max_body .. " bytes"
         end
-        if data ~= "" and not json_type(ngx_var.content_type) then
-            return nil, 415, "Content-Type must be application/json (got "
-                          .. tostring(ngx_var.content_type or "none") .. ")"
+        local conf = gw.conf
+        local ct = ngx_var.content_type
+        if data ~= "" and not json_type(ct) then
+            if (ct == nil or ct == "") and conf.default_content_type then -- luacheck: ignore 542
+                -- read as JSON, as grpc-gateway reads a body without a type
+            elseif conf.form_body and form_type(ct) then
+                local fok, fst, ferr = form_message(gw, route, msg, bound, data)
+                if not fok then
+                    return nil, fst, ferr
+                end
+                data = ""
+                form = true
+            else
+                return nil, 415, "Content-Type must be application/json (got "
+                              .. tostring(ct or "none") .. ")"
+            end
         end
-        if body_mode == "*" then
+        if form then -- luacheck: ignore 542
+            -- the fields are set
+        elseif body_mode == "*" then
             if #vars == 0 then
                 text = data ~= "" and data or "{}"
             elseif data ~= "" then
@@ -355,6 +471,12 @@ function _M.message(gw, route, segs, n, last)
                     if b == nil then
                         return nil, 400, "bad JSON body: " .. tostring(derr)
                     end
+                    if route.mask_field and gw.conf.patch_update_mask and type(b) == "table" then
+                        mask, derr = update_mask(gw.schema, f.type, b)
+                        if not mask then
+                            return nil, 400, "bad message: " .. route.input .. ": " .. derr
+                        end
+                    end
                     msg[f.name] = b
                 else
                     local b, derr = body_decode(data)
@@ -364,6 +486,14 @@ function _M.message(gw, route, segs, n, last)
                     if type(b) ~= "table" then
                         return nil, 400, "bad message: " .. route.input .. ": " .. f.name
                                           .. ": the body must be a JSON object"
+                    end
+                    if route.mask_field and gw.conf.patch_update_mask then
+                        -- the fields of the body as sent, before the path's
+                        local merr
+                        mask, merr = update_mask(gw.schema, f.type, b)
+                        if not mask then
+                            return nil, 400, "bad message: " .. route.input .. ": " .. merr
+                        end
                     end
                     -- the path's fields inside the body's object win
                     for i = 1, #vars do
@@ -390,6 +520,10 @@ function _M.message(gw, route, segs, n, last)
         if not qok then
             return nil, 400, qerr
         end
+        local mf = route.mask_field
+        if mask and msg[mf.name] == nil and msg[mf.json] == nil then
+            msg[mf.name] = mask
+        end
     end
     if not text then
         local eerr
@@ -401,18 +535,56 @@ function _M.message(gw, route, segs, n, last)
     return text
 end
 
--- headers(conf) -> the request headers forward_headers names (nil: none)
+-- The request headers grpc-gateway's default matcher forwards with the
+-- "grpcgateway-" prefix (its isPermanentHTTPHeader list).
+local PERMANENT = {}
+for _, k in ipairs({
+    "accept", "accept-charset", "accept-language", "accept-ranges", "authorization",
+    "cache-control", "content-type", "cookie", "date", "expect", "from", "host",
+    "if-match", "if-modified-since", "if-none-match", "if-schedule-tag-match",
+    "if-unmodified-since", "max-forwards", "origin", "pragma", "referer",
+    "user-agent", "via", "warning",
+}) do
+    PERMANENT[k] = true
+end
+
+-- headers(conf) -> the request headers forward_headers names, and with
+-- grpc_metadata the metadata grpc-gateway makes of them (nil: none)
 function _M.headers(conf)
     local headers
     local fwd = conf.forward
-    if fwd then
+    local meta = conf.grpc_metadata
+    if fwd or meta then
         local h = get_headers(100)
         for k, v in pairs(h) do
             k = str_lower(k)
-            if pattern_match(fwd, k) then
+            v = type(v) == "table" and tab_concat(v, ", ") or v
+            if fwd and pattern_match(fwd, k) then
                 headers = headers or {}
-                headers[k] = type(v) == "table" and tab_concat(v, ", ") or v
+                headers[k] = v
             end
+            if meta then
+                if str_find(k, "^grpc%-metadata%-.") then
+                    headers = headers or {}
+                    headers[str_sub(k, 15)] = v
+                elseif PERMANENT[k] then
+                    headers = headers or {}
+                    headers["grpcgateway-" .. k] = v
+                    if k == "authorization" then
+                        headers.authorization = v
+                    end
+                end
+            end
+        end
+        if meta then
+            headers = headers or {}
+            headers["x-forwarded-host"] = h.host
+            local xff = h["x-forwarded-for"]
+            if type(xff) == "table" then
+                xff = tab_concat(xff, ", ")
+            end
+            local remote = ngx_var.remote_addr
+            headers["x-forwarded-for"] = xff and remote and (xff .. ", " .. remote) or remote
         end
     end
     return headers

@@ -128,6 +128,12 @@ function _M.write(gw, route, res, want_pb)
             end
         end
     end
+    if conf.grpc_metadata and res.headers then
+        -- every header of the answer, as grpc-gateway returns metadata
+        for k, v in pairs(res.headers) do
+            ngx_header["Grpc-Metadata-" .. k] = v
+        end
+    end
     if res.code ~= 0 then
         local status = conf.codes[res.code] or 500
         local body = res.body

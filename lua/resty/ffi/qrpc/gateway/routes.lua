@@ -273,6 +273,14 @@ local function bind_route(gw, r, m)
             return nil, "body: no field " .. route.body .. " in " .. m.input
         end
         route.body_field = f
+        -- a PATCH of a message field may get its update_mask from the body
+        -- (patch_update_mask), as grpc-gateway gives it
+        local mf = field_of(schema, m.input, "update_mask")
+        if r.verb == "PATCH" and f.kind == "message" and mf and not mf.repeated
+           and mf.type == "google.protobuf.FieldMask"
+        then
+            route.mask_field = mf
+        end
     end
     if route.response_body ~= "" then
         local f = field_of(schema, m.output, route.response_body)

@@ -1,0 +1,237 @@
+package nginx
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// compatServer plays the qrpc side of nginx/testdata/gateway/compat.proto:
+// Update and Echo answer their request (so the test reads what the gateway
+// sent), each answer carries the request's headers back as x-seen-<name>,
+// and Sleep waits its ms.
+func compatServer(t *testing.T) (string, chan string) {
+	t.Helper()
+	sleepTimeouts := make(chan string, 16)
+	srv := qrpc.NewServer(&qrpc.ServerConfig{})
+	echo := func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		resp.Body = req.Body
+		for i := 0; i+1 < len(req.Headers); i += 2 {
+			resp.Headers = append(resp.Headers, []byte("x-seen-"+string(req.Headers[i])), req.Headers[i+1])
+		}
+	}
+	srv.Handle("Update", echo)
+	srv.Handle("Echo", echo)
+	srv.Handle("Sleep", func(ctx context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		seen := ""
+		for i := 0; i+1 < len(req.Headers); i += 2 {
+			if string(req.Headers[i]) == "grpc-timeout" {
+				seen = string(req.Headers[i+1])
+			}
+		}
+		select {
+		case sleepTimeouts <- seen:
+		default:
+		}
+		var ms uint64
+		if num, typ, n := protowire.ConsumeTag(req.Body); n > 0 && num == 1 && typ == protowire.VarintType {
+			ms, _ = protowire.ConsumeVarint(req.Body[n:])
+		}
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+		case <-ctx.Done():
+		}
+	})
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(serverTLSCert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return a.String(), sleepTimeouts
+}
+
+// rawReq sends a request with exactly the headers given (no Content-Type
+// unless given).
+func (n *nginxProc) rawReq(t *testing.T, method, path, body string, hdrs ...string) gwResp {
+	t.Helper()
+	req, err := http.NewRequest(method, n.url(path), strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdrs); i += 2 {
+		req.Header.Set(hdrs[i], hdrs[i+1])
+	}
+	resp, err := n.client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		k, rerr := resp.Body.Read(buf)
+		b.Write(buf[:k])
+		if rerr != nil {
+			break
+		}
+	}
+	return gwResp{resp.StatusCode, b.String(), resp.Header}
+}
+
+// TestGatewayCompat runs the behaviours of grpc-gateway's runtime that
+// its clients rely on, with compat = "grpc-gateway" (/c/) and without it
+// (/d/), each case named after the grpc-gateway integration test
+// (examples/internal/integration/integration_test.go) it follows.
+func TestGatewayCompat(t *testing.T) {
+	dir := gatewayDir(t)
+	b, err := os.ReadFile(filepath.Join(repoRoot, "nginx", "testdata", "gateway", "compat.proto"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "compat.proto"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr, sleepTimeouts := compatServer(t)
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		InitByLua: lines(
+			`        local qrpc = require "resty.ffi.qrpc"`,
+			`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+			`        local gateway = require "resty.ffi.qrpc.gateway"`,
+			`        local qt = require "qtest"`,
+			`        local protos = { files = { "compat.proto" }, import_paths = { qt.proto_dir } }`,
+			`        package.loaded.gw_c = assert(gateway.new{ upstream = qt.compat_addr, prefix = "/c",`,
+			`            protos = protos, compat = "grpc-gateway", opts = qt.opts({ timeout = 10000 }) })`,
+			`        package.loaded.gw_d = assert(gateway.new{ upstream = qt.compat_addr, prefix = "/d",`,
+			`            protos = protos, opts = qt.opts({ timeout = 10000 }) })`,
+		),
+		Extra: map[string]string{"compat_addr": addr, "proto_dir": dir},
+		Server: `
+        location /c/ { content_by_lua_block { package.loaded.gw_c:serve() } }
+        location /d/ { content_by_lua_block { package.loaded.gw_d:serve() } }`,
+	})
+
+	// testEchoBody: Go's http.NewRequest and many SDKs send a body with no
+	// Content-Type; grpc-gateway reads it as JSON.
+	t.Run("testEchoBody_no_content_type", func(t *testing.T) {
+		body := `{"uuid":"e1","int32Value":3}`
+		expectJSON(t, "compat", n.rawReq(t, "POST", "/c/v1/echo", body), 200, body)
+		if r := n.rawReq(t, "POST", "/d/v1/echo", body); r.status != 415 {
+			t.Errorf("default mode: %d %s, want 415", r.status, r.body)
+		}
+	})
+
+	// TestABEPatch / TestPatchWithFieldMask...: a PATCH of a body field
+	// without update_mask gets the mask of the fields the body sets.
+	t.Run("TestABEPatch_update_mask_from_body", func(t *testing.T) {
+		body := `{"int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
+			`"valueField":{"valueStructKey":"x"},"tags":["a"]}`
+		r := n.rawReq(t, "PATCH", "/c/v1/things/u1", body, "Content-Type", "application/json")
+		want := `{"thing":{"uuid":"u1","int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
+			`"valueField":{"valueStructKey":"x"},"tags":["a"]},` +
+			`"updateMask":"int32Value,nested.name,structField.structKey.layeredStructKey,tags,valueField.valueStructKey"}`
+		expectJSON(t, "derived mask", r, 200, want)
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", `{"note":"x","int32Value":1}`, "Content-Type", "application/json")
+		expectJSON(t, "a mask in the query wins", r, 200, `{"thing":{"uuid":"u1","note":"x","int32Value":1},"updateMask":"note"}`)
+		r = n.rawReq(t, "PATCH", "/d/v1/things/u1", `{"int32Value":32}`, "Content-Type", "application/json")
+		expectJSON(t, "default mode: no mask", r, 200, `{"thing":{"uuid":"u1","int32Value":32}}`)
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"nope":1}`, "Content-Type", "application/json")
+		if r.status != 400 {
+			t.Errorf("an unknown field in a PATCH body: %d %s, want 400", r.status, r.body)
+		}
+	})
+
+	// TestABEWithHeader / testEchoOneof...: Grpc-Metadata-* request headers
+	// become metadata (the prefix taken off), permanent HTTP headers travel
+	// as grpcgateway-<name> (Authorization also as itself), and the
+	// answer's metadata comes back as Grpc-Metadata-<name>.
+	t.Run("TestMetadata_headers", func(t *testing.T) {
+		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"m1"}`, "Content-Type", "application/json",
+			"Grpc-Metadata-Foo", "bar", "Authorization", "Bearer t0k", "User-Agent", "sdk/1", "X-Other", "no")
+		if r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		for name, want := range map[string]string{
+			"Grpc-Metadata-X-Seen-Foo":                       "bar",
+			"Grpc-Metadata-X-Seen-Authorization":             "Bearer t0k",
+			"Grpc-Metadata-X-Seen-Grpcgateway-Authorization": "Bearer t0k",
+			"Grpc-Metadata-X-Seen-Grpcgateway-User-Agent":    "sdk/1",
+			"Grpc-Metadata-X-Seen-Grpcgateway-Content-Type":  "application/json",
+			"Grpc-Metadata-X-Seen-X-Forwarded-For":           "127.0.0.1",
+			"Grpc-Metadata-X-Seen-X-Other":                   "",
+			"Grpc-Metadata-X-Seen-Grpc-Metadata-Foo":         "",
+		} {
+			if got := r.hdr.Get(name); got != want {
+				t.Errorf("%s: %q, want %q", name, got, want)
+			}
+		}
+		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"m1"}`, "Content-Type", "application/json", "Grpc-Metadata-Foo", "bar")
+		for k := range r.hdr {
+			if strings.HasPrefix(k, "Grpc-Metadata-") {
+				t.Errorf("default mode answers %s", k)
+			}
+		}
+	})
+
+	// A form-encoded body sets fields as the query string does.
+	t.Run("form_body", func(t *testing.T) {
+		form := url.Values{"uuid": {"f1"}, "int32_value": {"7"}, "tags": {"a", "b"}}.Encode()
+		r := n.rawReq(t, "POST", "/c/v1/echo", form, "Content-Type", "application/x-www-form-urlencoded")
+		expectJSON(t, "form, body *", r, 200, `{"uuid":"f1","int32Value":7,"tags":["a","b"]}`)
+		r = n.rawReq(t, "POST", "/c/v1/echo/f2/nested", "name=x&amount=3", "Content-Type", "application/x-www-form-urlencoded")
+		expectJSON(t, "form, body field", r, 200, `{"uuid":"f2","nested":{"name":"x","amount":3}}`)
+		if r := n.rawReq(t, "POST", "/c/v1/echo", "int32_value=x", "Content-Type", "application/x-www-form-urlencoded"); r.status != 400 {
+			t.Errorf("a bad form value: %d %s, want 400", r.status, r.body)
+		}
+		if r := n.rawReq(t, "POST", "/d/v1/echo", form, "Content-Type", "application/x-www-form-urlencoded"); r.status != 415 {
+			t.Errorf("default mode, form: %d %s, want 415", r.status, r.body)
+		}
+	})
+
+	// TestTimeout: Grpc-Timeout caps the call (in both modes) and travels
+	// to the server as grpc-timeout; an invalid one is 400.
+	t.Run("TestTimeout_grpc_timeout", func(t *testing.T) {
+		for len(sleepTimeouts) > 0 {
+			<-sleepTimeouts
+		}
+		const sleepMS = 1000
+		t0 := time.Now()
+		r := n.rawReq(t, "GET", "/d/v1/sleep/"+strconv.Itoa(sleepMS), "", "Grpc-Timeout", "100m")
+		took := time.Since(t0)
+		expectError(t, "Grpc-Timeout 100m on a 1 s call", r, 504, "timeout")
+		if took >= sleepMS*time.Millisecond {
+			t.Errorf("504 after %v: the call waited for the server's %d ms, not the 100 ms Grpc-Timeout", took, sleepMS)
+		}
+		select {
+		case seen := <-sleepTimeouts:
+			ms, err := strconv.Atoi(strings.TrimSuffix(seen, "m"))
+			if !strings.HasSuffix(seen, "m") || err != nil || ms > 100 || ms <= 0 {
+				t.Errorf("the server saw grpc-timeout %q, want 1..100m", seen)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("the server never got the call")
+		}
+		if r := n.rawReq(t, "GET", "/c/v1/sleep/1", "", "Grpc-Timeout", "10x"); r.status != 400 || !strings.Contains(r.body, "invalid grpc-timeout") {
+			t.Errorf("Grpc-Timeout 10x: %d %s, want 400", r.status, r.body)
+		}
+		if r := n.rawReq(t, "GET", "/c/v1/sleep/1", "", "Grpc-Timeout", "123456789S"); r.status != 400 {
+			t.Errorf("Grpc-Timeout of 9 digits: %d %s, want 400", r.status, r.body)
+		}
+		if r := n.rawReq(t, "GET", "/c/v1/sleep/1", "", "Grpc-Timeout", "0S"); r.status != 504 {
+			t.Errorf("Grpc-Timeout 0S: %d %s, want 504", r.status, r.body)
+		}
+		if r := n.rawReq(t, "GET", "/c/v1/sleep/1", "", "Grpc-Timeout", "1H"); r.status != 200 {
+			t.Errorf("Grpc-Timeout 1H (over the gateway's own timeout): %d %s, want 200", r.status, r.body)
+		}
+	})
+}
