@@ -353,7 +353,9 @@ function update_mask(sch, msgname, body)
     local function blind(path, v, depth)
         if type(v) == "table" and next(v) ~= nil and #v == 0 and depth < 32 then
             for k, sub in pairs(v) do
-                blind(path .. "." .. tostring(k), sub, depth + 1)
+                -- camel-cased like a field's name: FieldMask's JSON form
+                -- that Go reads back into the proto path (struct_key)
+                blind(path .. "." .. lower_camel(tostring(k)), sub, depth + 1)
             end
         else
             paths[#paths + 1] = path
