@@ -295,7 +295,7 @@ func figureProto(e *env, p params, t *table) error {
 	if err != nil {
 		return err
 	}
-	var js, pbs, rs, rgs, hgs []wrkResult
+	var js, pbs, rs, rgs, hgs, cs, cgs []wrkResult
 	getScript := filepath.Join(e.dir, "wrk_get.lua")
 	if err := os.WriteFile(getScript, []byte("wrk.method = \"GET\"\n"), 0o644); err != nil {
 		return err
@@ -318,6 +318,8 @@ func figureProto(e *env, p params, t *table) error {
 			{"/gw/proto/json", jsonScript, &js},
 			{"/gw/rest/v1/echo", jsonScript, &rs},
 			{"/gw/rest/v1/profile/" + getQuery, getScript, &rgs},
+			{"/gw/compat/v1/echo", jsonScript, &cs},
+			{"/gw/compat/v1/profile/" + getQuery, getScript, &cgs},
 			{"/gw/hand/" + getQuery, getScript, &hgs},
 			{"/gw/proto/raw", pbScript, &pbs},
 		} {
@@ -344,8 +346,17 @@ func figureProto(e *env, p params, t *table) error {
 	gg := addedRow("REST gateway, GET route with a path parameter and two query parameters (demo.Profile, 10 fields) vs the same written by hand: worker CPU added per request",
 		values(rgs, cpuUS(0)), values(hgs, cpuUS(0)))
 	t.add(gg.withTarget(restTarget))
+	// compat = "grpc-gateway" (header metadata, the body's type, the PATCH
+	// mask, form bodies) over the default mode, same routes.
+	t.add(addedRow("REST gateway with compat = \"grpc-gateway\" vs the default mode, POST route: worker CPU added per request",
+		values(cs, cpuUS(0)), values(rs, cpuUS(0))).withTarget(compatTarget))
+	t.add(addedRow("REST gateway with compat = \"grpc-gateway\" vs the default mode, GET route: worker CPU added per request",
+		values(cgs, cpuUS(0)), values(rgs, cpuUS(0))).withTarget(compatTarget))
 	return nil
 }
+
+// compatTarget: what the grpc-gateway preset may add to the default mode.
+const compatTarget = "≤ 5"
 
 // restTarget: what the REST gateway may add to a hand-written location.
 const restTarget = "≤ 15"

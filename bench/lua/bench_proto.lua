@@ -257,23 +257,28 @@ end
 -- echo call per request, connected as /e2e/qrpc does.
 -- The REST gateway over the same echo call: POST /gw/rest/v1/echo with
 -- the JSON body (bench/proto/bench_http.proto), built once per worker.
-local rest_gw
-function _M.rest()
-    if not rest_gw then
+-- /gw/compat/: the same routes with compat = "grpc-gateway".
+local rest_gws = {}
+function _M.rest(compat)
+    local key = compat and "compat" or "rest"
+    local gw = rest_gws[key]
+    if not gw then
         local gateway = require "resty.ffi.qrpc.gateway"
-        local gw, err = gateway.new{
-            upstream = cfg.addr, opts = CONN_OPTS, prefix = "/gw/rest",
+        local err
+        gw, err = gateway.new{
+            upstream = cfg.addr, opts = CONN_OPTS, prefix = "/gw/" .. key,
             protos = { files = { cfg.rest_proto },
                        import_paths = { cfg.rest_dir, cfg.proto_dir } },
+            compat = compat and "grpc-gateway" or nil,
         }
         if not gw then
             ngx.status = 500
             ngx.say(err)
             return
         end
-        rest_gw = gw
+        rest_gws[key] = gw
     end
-    rest_gw:serve()
+    gw:serve()
 end
 
 
