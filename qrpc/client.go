@@ -688,6 +688,12 @@ func (s *qconn) encode(k frame.Kind, req *Request) (*[]byte, error) {
 		}
 		return nil, err
 	}
+	if len(b) > maxQueued {
+		// No stream could ever queue it: every server would refuse it, so
+		// it is refused here, as one over the frame limit is.
+		codec.PutBuffer(buf)
+		return nil, fmt.Errorf("%w: frame of %d bytes is over a stream's send queue (%d bytes)", ErrTooLarge, len(b), maxQueued)
+	}
 	*buf = b
 	return buf, nil
 }

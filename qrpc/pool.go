@@ -477,13 +477,20 @@ func (p *Pool) SendEvent(call *Call) error {
 	}
 	var ex exclude
 	var lastErr error
-	for {
+	// Each server at most once: the set may change meanwhile, but the
+	// loop ends whatever the servers answer.
+	for range len(p.set.Load().peers) + 1 {
 		var clk pickClock
-		pr, _ := p.pick(call.HashKey, &ex, false, &clk)
+		pr, trial := p.pick(call.HashKey, &ex, false, &clk)
 		if pr == nil {
-			return p.noServer(lastErr)
+			return p.refused(lastErr)
 		}
 		err := pr.c.Event(call.Method, call.Headers, call.Body)
+		if trial {
+			// An event has no answer, so no verdict on the server: the
+			// trial goes back for a call that has one.
+			pr.trial.Store(false)
+		}
 		pr.obs.EventDone(call.Method, err)
 		if err == nil || !neverSent(err) {
 			return err
@@ -491,6 +498,7 @@ func (p *Pool) SendEvent(call *Call) error {
 		ex.add(pr)
 		lastErr = err
 	}
+	return p.refused(lastErr)
 }
 
 // Unary sends a request and waits for its response, as Client.Unary does.
@@ -609,6 +617,16 @@ func transportFailure(err error) bool {
 		errors.Is(err, ErrUnavailable) || errors.Is(err, ErrDial)
 }
 
+// refused is the error of a call that no server took: when the servers
+// tried all had their send queues full, that (nothing was sent); else
+// there was no server to take it.
+func (p *Pool) refused(lastErr error) error {
+	if errors.Is(lastErr, ErrQueueFull) {
+		return lastErr
+	}
+	return p.noServer(lastErr)
+}
+
 func (p *Pool) noServer(lastErr error) error {
 	set := p.set.Load()
 	if len(set.peers) == 1 && lastErr != nil {
@@ -625,23 +643,36 @@ func (p *Pool) noServer(lastErr error) error {
 	return &e
 }
 
-// exclude is the few servers a call has tried, kept out of its next pick.
+// exclude is the servers a call has tried, kept out of its next pick: the
+// first few inline (no allocation on the usual path), the rest in more. It
+// forgets none, so a call tries each server at most once before it may go
+// back to one (a retry's relax).
 type exclude struct {
 	n     int
 	peers [8]*peer
+	more  []*peer
 }
 
 func (e *exclude) add(p *peer) {
 	if e.has(p) {
 		return
 	}
-	e.peers[e.n%len(e.peers)] = p
+	if e.n < len(e.peers) {
+		e.peers[e.n] = p
+	} else {
+		e.more = append(e.more, p)
+	}
 	e.n++
 }
 
 func (e *exclude) has(p *peer) bool {
 	for i := 0; i < min(e.n, len(e.peers)); i++ {
 		if e.peers[i] == p {
+			return true
+		}
+	}
+	for _, q := range e.more {
+		if q == p {
 			return true
 		}
 	}

@@ -137,11 +137,13 @@ type poolCall struct {
 func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 	p := pc.pool
 	var lastErr error
-	for {
+	// Each server at most once per pass (those that refuse join pc.ex):
+	// the loop ends whatever the servers answer.
+	for range len(p.set.Load().peers) + 1 {
 		clk := pickClock{t: now}
 		pr, trial := p.pick(pc.key, &pc.ex, retry, &clk)
 		if pr == nil {
-			return p.noServer(lastErr)
+			return p.refused(lastErr)
 		}
 		began := clk.t
 		pr.startCall(began)
@@ -180,6 +182,7 @@ func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 		retry = false
 		now = time.Now()
 	}
+	return p.refused(lastErr)
 }
 
 // take removes the live attempt seq; false when it is not live (a copy

@@ -444,3 +444,24 @@ func TestNoStallAfterPoolSilence(t *testing.T) {
 		t.Fatal("still silent a full limit after the others came back, yet not stalled")
 	}
 }
+
+// TestExcludeForgetsNone: a call that has tried more servers than the
+// inline few still keeps every one out of its next pick (a ring that
+// forgot the first would send the call round the servers for ever).
+func TestExcludeForgetsNone(t *testing.T) {
+	p := benchPool(t, 12, RoundRobin)
+	var ex exclude
+	for i := range 12 {
+		pr, _ := p.pick(nil, &ex, false, &pickClock{})
+		if pr == nil {
+			t.Fatalf("pick %d: none, with %d of 12 tried", i, i)
+		}
+		if ex.has(pr) {
+			t.Fatalf("pick %d: %s again", i, pr.addr)
+		}
+		ex.add(pr)
+	}
+	if pr, _ := p.pick(nil, &ex, false, &pickClock{}); pr != nil {
+		t.Fatalf("every server tried, yet %s picked", pr.addr)
+	}
+}

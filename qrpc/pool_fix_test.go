@@ -1,0 +1,61 @@
+package qrpc_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// TestPoolTooLargeEnds: a request that no server can take (its frame is
+// over a stream's send queue, under max_frame_size) ends with "too large"
+// on a pool of 12 servers, unary and event alike, in about the time one
+// server takes to refuse it: each server is tried at most once, and an
+// error every server would give ends the call at once.
+func TestPoolTooLargeEnds(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(12)
+	conf := qrpc.Config{MaxFrameSize: 64 << 20}
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: conf})
+	body := make([]byte, 17<<20) // random: zstd cannot shrink it under the bound
+	_, _ = crand.Read(body)
+
+	// The bound: what one server's client takes to refuse it (encoding
+	// and compressing 17 MiB is most of it), measured here, for each of
+	// the 12 servers twice.
+	one := f.dial(t, addrs[:1], &qrpc.PoolConfig{Config: conf})
+	began := time.Now()
+	if _, err := one.Do(context.Background(), &qrpc.Call{Method: []byte("who"), Body: body}); !errors.Is(err, qrpc.ErrTooLarge) {
+		t.Fatalf("one server: %v, want too large", err)
+	}
+	bound := 24 * time.Since(began)
+	t.Logf("one server refuses it in %v; bound %v", bound/24, bound)
+
+	for _, tc := range []struct {
+		name string
+		send func() error
+	}{
+		{"unary", func() error {
+			_, err := p.Do(context.Background(), &qrpc.Call{Method: []byte("who"), Body: body, Deadline: time.Now().Add(time.Hour)})
+			return err
+		}},
+		{"event", func() error { return p.SendEvent(&qrpc.Call{Method: []byte("tick"), Body: body}) }},
+	} {
+		done := make(chan error, 1)
+		began := time.Now()
+		go func() { done <- tc.send() }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, qrpc.ErrTooLarge) || qrpc.ErrorWord(err) != qrpc.WordTooLarge {
+				t.Fatalf("%s: %v, want too large", tc.name, err)
+			}
+			t.Logf("%s: %v after %v", tc.name, err, time.Since(began))
+		case <-time.After(bound):
+			// The goroutine is left running: the loop it is in is the bug.
+			t.Fatalf("%s: no end after %v", tc.name, bound)
+		}
+	}
+}
