@@ -59,3 +59,40 @@ func TestPoolTooLargeEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolEventsKeepTrial: events sent once a server's ejection has run
+// out (the first pick of it is a trial) leave it eligible: the next calls
+// reach it and bring it back up. An event has no answer, so it cannot be
+// the trial; it must give the trial back.
+func TestPoolEventsKeepTrial(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Failures: 1, Eject: 200 * time.Millisecond, Stall: -1})
+	victim := f.srvs[1]
+	victim.freeze()
+	eventually(t, 10*time.Second, "the frozen server ejected", func() bool {
+		_, _ = poolCall(p, 100*time.Millisecond, "who", "")
+		in, _ := peerState(p, victim.addr)
+		return in.State == qrpc.PeerEjected
+	})
+	victim.thaw()
+	in, _ := peerState(p, victim.addr)
+	// The ejection's end is the scenario: nothing to wait for but time.
+	time.Sleep(time.Until(in.EjectedUntil) + 10*time.Millisecond)
+	for range 4 { // round robin over 2: two of them pick the victim
+		if err := p.Event([]byte("tick"), nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := victim.hits.Load()
+	for range 40 {
+		if _, err := poolCall(p, 2*time.Second, "who", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, _ = peerState(p, victim.addr)
+	if victim.hits.Load() == before || in.State != qrpc.PeerUp {
+		t.Fatalf("after the events: %d of 40 calls reached the server, state %v (ejected until %v ago)",
+			victim.hits.Load()-before, in.State, time.Since(in.EjectedUntil))
+	}
+}
