@@ -397,8 +397,18 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		}
 	} else {
 		p.mu.Lock()
-		p.apply(want)
+		err := p.apply(want)
+		n := len(p.peers)
 		p.mu.Unlock()
+		if n == 0 {
+			// Every server refused by its configuration (bad TLS
+			// material): the connect fails as a single address's does.
+			_ = p.Close()
+			if err == nil {
+				err = fmt.Errorf("%w: no server", ErrBadConfig)
+			}
+			return nil, err
+		}
 		if err := p.awaitOne(ctx); err != nil {
 			_ = p.Close()
 			return nil, err

@@ -96,3 +96,26 @@ func TestPoolEventsKeepTrial(t *testing.T) {
 			victim.hits.Load()-before, in.State, time.Since(in.EjectedUntil))
 	}
 }
+
+// TestPoolBadTLSMaterial: a pool whose CA is not PEM fails to connect
+// with the configuration error, as a single address does, instead of
+// returning a pool without servers.
+func TestPoolBadTLSMaterial(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	for _, a := range [][]string{addrs[:1], addrs} {
+		cfg := f.config(&qrpc.PoolConfig{})
+		cfg.CAPEM = []byte("not a pem")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		p, err := qrpc.DialPool(ctx, a, cfg)
+		cancel()
+		if err == nil {
+			_ = p.Close()
+			t.Fatalf("%d addresses: connected with a bad CA", len(a))
+		}
+		if !errors.Is(err, qrpc.ErrBadConfig) || qrpc.ErrorWord(err) != qrpc.WordBadConfig ||
+			qrpc.Classify(err).String() != "bad config: ca: no PEM certificate found" {
+			t.Fatalf("%d addresses: %v (%q), want the bad config error", len(a), err, qrpc.Classify(err).String())
+		}
+	}
+}

@@ -124,8 +124,11 @@ func (p *Pool) addSync(ctx context.Context, addr string) error {
 }
 
 // apply makes want the pool's servers: new ones join (dialled in the
-// background), missing ones drain. Called with p.mu held.
-func (p *Pool) apply(want []string) {
+// background), missing ones drain. It returns the first error of a server
+// that could not be added (its configuration: the TLS material, the same
+// for every server). Called with p.mu held.
+func (p *Pool) apply(want []string) error {
+	var firstErr error
 	keep := make(map[string]bool, len(want))
 	changed := false
 	for _, a := range want {
@@ -146,6 +149,9 @@ func (p *Pool) apply(want []string) {
 		c, err := dialBackground(a, p.peerConf(a), pr.obs, pr.refresh)
 		if err != nil {
 			p.log.Warn("qrpc server not added", "addr", a, "err", err)
+			if firstErr == nil {
+				firstErr = err
+			}
 			continue
 		}
 		pr.c = c
@@ -169,6 +175,7 @@ func (p *Pool) apply(want []string) {
 	if changed {
 		p.publish()
 	}
+	return firstErr
 }
 
 // publish replaces the snapshot the call path reads. Called with p.mu held.
@@ -228,7 +235,7 @@ func (p *Pool) resolveLoop() {
 		}
 		p.mu.Lock()
 		if !p.closed.Load() {
-			p.apply(want)
+			_ = p.apply(want) // logged per server
 		}
 		p.mu.Unlock()
 	}
