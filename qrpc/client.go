@@ -121,8 +121,11 @@ func (c *Client) connect(ctx context.Context) error {
 	for i := 0; i < c.cfg.Conns; i++ {
 		s, err := c.dial(ctx)
 		if err != nil {
+			// The connections already up go with their sockets and
+			// transports: no slot owns them yet.
 			for _, s := range qconns {
 				s.fail(ErrClosed)
+				s.release()
 			}
 			c.closed.Store(true)
 			c.cancel()
