@@ -385,19 +385,19 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})
 
-	want, err := p.resolve(ctx)
+	want, names, err := p.resolve(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if len(want) == 1 {
 		// One server: dial it now, as Dial does, and fail as it fails.
-		if err := p.addSync(ctx, want[0]); err != nil {
+		if err := p.addSync(ctx, want[0], names); err != nil {
 			p.cancel()
 			return nil, err
 		}
 	} else {
 		p.mu.Lock()
-		err := p.apply(want)
+		err := p.apply(want, names)
 		n := len(p.peers)
 		p.mu.Unlock()
 		if n == 0 {

@@ -1,9 +1,11 @@
 package qrpc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
@@ -463,5 +465,30 @@ func TestExcludeForgetsNone(t *testing.T) {
 	}
 	if pr, _ := p.pick(nil, &ex, false, &pickClock{}); pr != nil {
 		t.Fatalf("every server tried, yet %s picked", pr.addr)
+	}
+}
+
+// TestResolvedServerNames: addresses resolved from two names on one port
+// are each verified against their own name.
+func TestResolvedServerNames(t *testing.T) {
+	p := benchPool(t, 1, RoundRobin)
+	targets := []target{{host: "a.svc", port: "7000"}, {host: "b.svc", port: "7000"}, {host: "127.0.0.9", port: "7000", literal: true}}
+	dns := map[string][]netip.Addr{
+		"a.svc": {netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")},
+		"b.svc": {netip.MustParseAddr("10.0.1.1")},
+	}
+	want, names, err := resolveTargets(t.Context(), targets, time.Second, func(_ context.Context, h string) ([]netip.Addr, error) {
+		return dns[h], nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != 4 {
+		t.Fatalf("addresses %v", want)
+	}
+	for addr, name := range map[string]string{"10.0.0.1:7000": "a.svc", "10.0.0.2:7000": "a.svc", "10.0.1.1:7000": "b.svc", "127.0.0.9:7000": "127.0.0.9"} {
+		if got := p.peerConf(addr, names).ServerName; got != name {
+			t.Errorf("%s: server name %q, want %q", addr, got, name)
+		}
 	}
 }
