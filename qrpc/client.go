@@ -79,10 +79,24 @@ type Client struct {
 
 	reconnects atomic.Uint64
 
+	// nowFn, when set, replaces time.Now for the deadline check of
+	// responses and cancels: a test moves it past a deadline whose timer
+	// has not run, which makes the late-response race deterministic
+	// (export_test.go).
+	nowFn atomic.Pointer[func() time.Time]
+
 	// obs and onState are the pool's view of this client (a peer of a
 	// Pool); a plain Client has a no-op observer and no onState.
 	obs     peerObserver
 	onState func()
+}
+
+// now is time.Now, or the test's clock.
+func (c *Client) now() time.Time {
+	if f := c.nowFn.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
 }
 
 // Stats are counters of a client.
@@ -93,7 +107,7 @@ type Stats struct {
 
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
-	return Stats{InFlight: c.Len(), Reconnects: c.reconnects.Load()}
+	return Stats{InFlight: c.inflight(), Reconnects: c.reconnects.Load()}
 }
 
 // Dial connects to addr (host:port) with cfg (nil means defaults). It returns
@@ -254,7 +268,7 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 	if err != nil {
 		return fail(nil, err)
 	}
-	if skipConfirmation.Load() {
+	if c.cfg.skipConfirmation {
 		// Tests: let the server's verdict arrive after Dial, as it can
 		// when the confirmation wait runs out under load.
 	} else if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
@@ -288,8 +302,6 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 // quic-go servers (the reference's included) send NEW_TOKEN next to
 // HANDSHAKE_DONE, which the client sees through its TokenStore; for a
 // server that sends none, a few round trips of silence count as accepted.
-// skipConfirmation is set only by tests (export_test.go).
-var skipConfirmation atomic.Bool
 
 func awaitConfirmation(ctx context.Context, conn *quic.Conn, confirmed <-chan struct{}) error {
 	wait := min(max(4*conn.ConnectionStats().SmoothedRTT, 25*time.Millisecond), time.Second)
@@ -523,6 +535,12 @@ func (sl *slot) run(s *qconn) {
 // backoff is the gRPC connection-backoff delay before retry n (0-based):
 // base × 1.6^n, capped, ±20 % jitter.
 func backoff(base, maxDelay time.Duration, n int) time.Duration {
+	return backoffJittered(base, maxDelay, n, 2*rand.Float64()-1)
+}
+
+// backoffJittered is backoff with its jitter given, in [-1, 1]: -1 takes
+// 20 % off, 1 adds 20 %.
+func backoffJittered(base, maxDelay time.Duration, n int, jitter float64) time.Duration {
 	d := float64(base)
 	for i := 0; i < n && d < float64(maxDelay); i++ {
 		d *= 1.6
@@ -530,7 +548,7 @@ func backoff(base, maxDelay time.Duration, n int) time.Duration {
 	if d > float64(maxDelay) {
 		d = float64(maxDelay)
 	}
-	d *= 1 + 0.2*(2*rand.Float64()-1)
+	d *= 1 + 0.2*jitter
 	return time.Duration(d)
 }
 
@@ -742,7 +760,7 @@ func (p Pending) Cancel() bool {
 	p.s.deadlines.remove(pc)
 	// A caller giving up at the deadline (Unary's context fires with the
 	// timer) is a timeout: the stream may be stuck.
-	if !pc.deadline.IsZero() && !timeNow().Before(pc.deadline) {
+	if !pc.deadline.IsZero() && !p.s.c.now().Before(pc.deadline) {
 		pc.st.checkStuck(p.id)
 	}
 	return true
@@ -1172,7 +1190,7 @@ func (st *cstream) readLoop() {
 		// Under load the deadline's timer can run late, after the response
 		// is read: a response past the deadline is still a timeout.
 		if !pc.deadline.IsZero() {
-			if late := timeNow().Sub(pc.deadline); late >= 0 {
+			if late := s.c.now().Sub(pc.deadline); late >= 0 {
 				pc.done(nil, fmt.Errorf("%w: response came %v after the deadline", ErrTimeout, late))
 				continue
 			}
@@ -1197,18 +1215,6 @@ type pendingCall struct {
 	deadline time.Time     // zero: none
 	wait     time.Duration // the deadline, from the start, for the error
 	hidx     int           // index in its deadlines heap, or hidxNew, hidxDone; under that shard's lock
-}
-
-// clock, when set, replaces time.Now for the deadline check of responses:
-// tests move it past a deadline whose timer has not run, which makes the
-// late-response race deterministic.
-var clock atomic.Pointer[func() time.Time]
-
-func timeNow() time.Time {
-	if f := clock.Load(); f != nil {
-		return (*f)()
-	}
-	return time.Now()
 }
 
 const pendingShards = 64
@@ -1286,8 +1292,8 @@ func (p *pendingMap) closeAll(f func(*pendingCall)) {
 	}
 }
 
-// Len reports the number of calls in flight (for tests and stats).
-func (c *Client) Len() int {
+// inflight counts the calls in flight (Stats).
+func (c *Client) inflight() int {
 	n := 0
 	for _, sl := range c.slots {
 		s := sl.cur.Load()

@@ -5,18 +5,19 @@ import (
 	"time"
 )
 
-// SetClockForTest makes the client's deadline check of responses read now
-// instead of time.Now; the returned function restores it.
-func SetClockForTest(now func() time.Time) (restore func()) {
-	clock.Store(&now)
-	return func() { clock.Store(nil) }
+// SetClockForTest makes c's deadline check of responses read now instead
+// of time.Now; the returned function restores it.
+func SetClockForTest(c *Client, now func() time.Time) (restore func()) {
+	c.nowFn.Store(&now)
+	return func() { c.nowFn.Store(nil) }
 }
 
-// SkipConfirmationForTest makes Dial return as soon as the client's side of
-// the handshake is done, without waiting for the server to confirm it.
-func SkipConfirmationForTest() (restore func()) {
-	skipConfirmation.Store(true)
-	return func() { skipConfirmation.Store(false) }
+// SkipConfirmationForTest makes a Dial with cfg return as soon as the
+// client's side of the handshake is done, without waiting for the server
+// to confirm it. It returns cfg.
+func SkipConfirmationForTest(cfg *Config) *Config {
+	cfg.skipConfirmation = true
+	return cfg
 }
 
 // LocalAddrsForTest returns the local addresses of the client's live

@@ -320,6 +320,7 @@ type Pool struct {
 	quietEnd atomic.Int64
 	budget   *retryBudget
 	lat      latencyHist // answer times, for hedging at the p95
+	clk      clock       // realClock{}; a test's own (export_test.go)
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -379,6 +380,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
+		clk:      realClock{},
 	}
 	_, nop := pc.Observer.(observe.Nop)
 	p.observed = !nop
@@ -490,7 +492,7 @@ func (p *Pool) SendEvent(call *Call) error {
 	// Each server at most once: the set may change meanwhile, but the
 	// loop ends whatever the servers answer.
 	for range len(p.set.Load().peers) + 1 {
-		var clk pickClock
+		clk := pickClock{src: p.clk}
 		pr, trial := p.pick(call.HashKey, &ex, false, &clk)
 		if pr == nil {
 			return p.refused(lastErr)

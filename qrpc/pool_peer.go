@@ -20,7 +20,7 @@ type peer struct {
 	calls    atomic.Uint64
 	fails    atomic.Int32 // transport failures in a row
 
-	// ejectedUntil is the end of the ejection in Unix nanoseconds, 0 when
+	// ejectedUntil is the end of the ejection (monoNS), 0 when
 	// not ejected; it stays set past that time until a trial call (one at
 	// a time: trial) or an active check answers. ejectFor is the length of
 	// the next ejection.
@@ -56,20 +56,20 @@ type peer struct {
 // ewmaDecay is the peak EWMA's time constant (linkerd's).
 const ewmaDecay = 10 * time.Second
 
-// monoBase anchors monoNS: stall times are monotonic, immune to steps of
-// the wall clock.
-var monoBase = time.Now()
-
-func monoNS(t time.Time) int64 { return int64(t.Sub(monoBase)) }
-
 // pickClock reads the time at most once per pick, and only when a server
 // needs it (an ejected one, or one with calls in flight). A call's attempt
 // presets it with the time it reads anyway.
-type pickClock struct{ t time.Time }
+type pickClock struct {
+	t   time.Time
+	src clock // the pool's; set by pick when the caller left it nil
+}
 
 func (c *pickClock) now() time.Time {
 	if c.t.IsZero() {
-		c.t = time.Now()
+		if c.src == nil {
+			c.src = realClock{}
+		}
+		c.t = c.src.Now()
 	}
 	return c.t
 }
@@ -257,7 +257,7 @@ func (pr *peer) refresh() {
 		switch {
 		case now == PeerEjected:
 			log.Info("qrpc server ejected", "addr", pr.addr,
-				"for", time.Duration(pr.ejectFor.Load()), "until", time.Unix(0, pr.ejectedUntil.Load()).Format(time.RFC3339Nano))
+				"for", time.Duration(pr.ejectFor.Load()), "until", wallAt(pr.ejectedUntil.Load(), pr.pool.clk.Now()).Format(time.RFC3339Nano))
 		case old == PeerEjected && (now == PeerUp || now == PeerConnecting):
 			log.Info("qrpc server back", "addr", pr.addr, "state", now.String())
 		case now == PeerDraining:
@@ -277,10 +277,10 @@ func (pr *peer) info() PeerInfo {
 		Calls:    pr.calls.Load(),
 		Failures: int(pr.fails.Load()),
 	}
+	clk := pickClock{src: pr.pool.clk}
 	if u := pr.ejectedUntil.Load(); u != 0 {
-		in.EjectedUntil = time.Unix(0, u)
+		in.EjectedUntil = wallAt(u, clk.now())
 	}
-	var clk pickClock
 	in.Stalled = pr.stalled(int64(in.Inflight), &clk, int64(pr.pool.cfg.Stall))
 	return in
 }
@@ -289,7 +289,7 @@ func (pr *peer) info() PeerInfo {
 // time is up may take one trial call (needTrial); the caller claims it.
 func (pr *peer) eligible(clk *pickClock) (ok, needTrial bool) {
 	if until := pr.ejectedUntil.Load(); until != 0 {
-		if clk.now().UnixNano() < until || pr.trial.Load() {
+		if monoNS(clk.now()) < until || pr.trial.Load() {
 			return false, false
 		}
 		return pr.c.up(), true
@@ -305,6 +305,9 @@ func (pr *peer) eligible(clk *pickClock) (ok, needTrial bool) {
 // A stalled server is skipped softly: it takes the call only when no
 // other server can.
 func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer, bool) {
+	if clk.src == nil {
+		clk.src = p.clk
+	}
 	peers := p.set.Load().peers
 	n := len(peers)
 	if n == 0 {
@@ -519,7 +522,7 @@ func (p *Pool) eject(pr *peer) {
 		return
 	}
 	d := time.Duration(pr.ejectFor.Load())
-	pr.ejectedUntil.Store(time.Now().Add(d).UnixNano())
+	pr.ejectedUntil.Store(monoNS(p.clk.Now().Add(d)))
 	// fails is kept: peers() then shows the run of failures that caused
 	// the ejection (and those still landing); back() resets it.
 	pr.obs.Ejected()
@@ -531,7 +534,7 @@ func (p *Pool) eject(pr *peer) {
 func (p *Pool) reeject(pr *peer) {
 	d := min(2*time.Duration(pr.ejectFor.Load()), maxEjectFactor*p.cfg.Eject)
 	pr.ejectFor.Store(int64(d))
-	pr.ejectedUntil.Store(time.Now().Add(d).UnixNano())
+	pr.ejectedUntil.Store(monoNS(p.clk.Now().Add(d)))
 	pr.trial.Store(false)
 	pr.obs.Ejected()
 	p.log.Info("qrpc server still failing, ejected again", "addr", pr.addr, "for", d)

@@ -18,7 +18,7 @@ import (
 func benchPool(tb testing.TB, n int, b Balance) *Pool {
 	tb.Helper()
 	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: observe.Nop{}, EjectOn: failAll},
-		log: slogDiscard()}
+		log: slogDiscard(), clk: realClock{}}
 	var peers []*peer
 	for i := range n {
 		pr := newPeer(p, "10.0.0."+strconv.Itoa(i+1)+":8443")
@@ -100,14 +100,14 @@ func TestPickSkipsEjected(t *testing.T) {
 	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
 		p := benchPool(t, 3, bal)
 		victim := p.set.Load().peers[1]
-		victim.ejectedUntil.Store(time.Now().Add(time.Hour).UnixNano())
+		victim.ejectedUntil.Store(monoNS(time.Now().Add(time.Hour)))
 		for i := range 300 {
 			pr, trial := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{})
 			if pr == victim || trial {
 				t.Fatalf("%v: ejected server picked", bal)
 			}
 		}
-		victim.ejectedUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+		victim.ejectedUntil.Store(monoNS(time.Now().Add(-time.Millisecond)))
 		trials := 0
 		for i := range 300 {
 			if pr, trial := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{}); pr == victim {

@@ -276,14 +276,14 @@ func (p *Pool) checkLoop() {
 func (p *Pool) check(pr *peer) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Check.Timeout)
 	defer cancel()
-	began := time.Now()
+	began := p.clk.Now()
 	_, err := pr.c.Unary(ctx, p.cfg.Check.Method, nil)
 	if p.ctx.Err() != nil {
 		return
 	}
 	if err == nil {
 		// Any answer: the server is alive.
-		now := time.Now()
+		now := p.clk.Now()
 		pr.answered(now, now.Sub(began))
 		pr.fails.Store(0)
 		if pr.ejectedUntil.Load() != 0 {
