@@ -148,12 +148,17 @@ func (c *Client) connect(ctx context.Context) error {
 		}
 		qconns = append(qconns, s)
 	}
-	for _, s := range qconns {
-		sl := &slot{c: c}
-		sl.cur.Store(s)
-		c.slots = append(c.slots, sl)
+	// The slots are all in place before any slot goroutine runs: those
+	// read c.slots (up, through onState) and nothing writes it after.
+	slots := make([]*slot, len(qconns))
+	for i, s := range qconns {
+		slots[i] = &slot{c: c}
+		slots[i].cur.Store(s)
+	}
+	c.slots = slots
+	for i, s := range qconns {
 		c.wg.Add(1)
-		go sl.run(s)
+		go slots[i].run(s)
 	}
 	return nil
 }
@@ -274,7 +279,7 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 	} else if err := awaitConfirmation(ctx, conn, confirmed.ch); err != nil {
 		return fail(conn, err)
 	}
-	s := &qconn{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{}), confirmed: confirmed.ch}
+	s := &qconn{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{}), confirmed: confirmed.ch, upAt: c.now()}
 	s.pending.init()
 	s.deadlines.init(s.expire)
 	s.nextID.Store(rand.Uint64() >> 1)
@@ -581,6 +586,8 @@ type qconn struct {
 	// confirmed is closed when the server confirms the handshake (its
 	// NEW_TOKEN, next to HANDSHAKE_DONE).
 	confirmed <-chan struct{}
+	// upAt is when Dial had the connection (the client's clock).
+	upAt time.Time
 }
 
 // errStreamGone: the stream picked for a frame broke before the frame was
@@ -820,13 +827,20 @@ func refusedBy(err error) bool {
 }
 
 // droppedUnconfirmed reports a connection that the server forgot before
-// it confirmed the handshake or answered anything: a stateless reset then
-// means the server ended the handshake (it refused the connection, and its
-// alert was lost or overtaken by the client's next packet), so the
-// connection was never up and the failure is the dial's, not a loss.
+// it confirmed the handshake or answered anything, within the dial's own
+// time (DialTimeout) after Dial returned: a stateless reset then means the
+// server ended the handshake (it refused the connection, and its alert was
+// lost or overtaken by the client's next packet), so the connection was
+// never up and the failure is the dial's, not a loss. A connection older
+// than that was taken as accepted (awaitConfirmation counts silence as
+// consent from a server that confirms nothing, and events get no answer):
+// its reset is a loss, a restarted server.
 func (s *qconn) droppedUnconfirmed(err error) bool {
 	var reset *quic.StatelessResetError
 	if !errors.As(err, &reset) || s.maxAnswered.Load() != 0 {
+		return false
+	}
+	if s.c.now().Sub(s.upAt) > s.c.cfg.DialTimeout {
 		return false
 	}
 	select {
@@ -1101,16 +1115,41 @@ func (st *cstream) cancel() {
 }
 
 // replace opens a stream to take old's place, in the background (opening
-// may wait for the server's stream credit).
+// may wait for the server's stream credit). An open that fails is tried
+// again with backoff while the connection lives: a connection whose
+// server is slow to give credit back would otherwise lose the stream's
+// place for good.
 func (s *qconn) replace(old *cstream) {
 	c := s.c
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
-		defer cancel()
-		qs, err := s.conn.OpenStreamSync(ctx)
-		if err != nil {
+		for attempt := 0; ; attempt++ {
+			if attempt > 0 {
+				t := time.NewTimer(backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt-1))
+				select {
+				case <-t.C:
+				case <-s.conn.Context().Done():
+					t.Stop()
+					return // the qconn's own end takes care of the rest
+				case <-c.ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+			qs, err := s.conn.OpenStreamSync(ctx)
+			cancel()
+			if err == nil {
+				ns := newCstream(s, qs, old.idx)
+				c.wg.Add(1)
+				go ns.readLoop()
+				s.streams[old.idx].Store(ns)
+				if attempt > 0 {
+					c.cfg.Logger.Info("qrpc stream reopened", "addr", c.addr, "attempt", attempt+1)
+				}
+				return
+			}
 			if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
 				return // the qconn's own end takes care of the rest
 			}
@@ -1118,13 +1157,10 @@ func (s *qconn) replace(old *cstream) {
 				s.fail(fmt.Errorf("no stream in service: open stream: %w", err))
 				return
 			}
-			c.cfg.Logger.Warn("qrpc cannot reopen a stream", "addr", c.addr, "err", err)
-			return
+			if attempt == 0 {
+				c.cfg.Logger.Warn("qrpc cannot reopen a stream, retrying", "addr", c.addr, "err", err)
+			}
 		}
-		ns := newCstream(s, qs, old.idx)
-		c.wg.Add(1)
-		go ns.readLoop()
-		s.streams[old.idx].Store(ns)
 	}()
 }
 

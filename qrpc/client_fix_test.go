@@ -2,13 +2,21 @@ package qrpc_test
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
 )
 
 // firstPeerOnly is a server socket that hears only the first client
@@ -89,4 +97,94 @@ func TestDialFailureReleasesConns(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling a count: no event to wait on
 	}
+}
+
+// TestStreamReopenRetried: a stream the server reset is replaced even when
+// the first attempts to open its replacement fail (the server gives its
+// stream credit back late): the client tries again, and the connection
+// gets back to its full count of streams.
+func TestStreamReopenRetried(t *testing.T) {
+	checkGoroutines(t)
+	e := newEnv(t)
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: pc}
+	// Four streams, and credit comes back only when the test releases it.
+	ln, err := tr.Listen(&tls.Config{Certificates: []tls.Certificate{e.cert}, NextProtos: []string{qrpc.ALPN}},
+		&quic.Config{MaxIdleTimeout: 5 * time.Second, MaxIncomingStreams: 4, RequireStreamCreditRelease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	held := make(chan *quic.Stream, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := ln.Accept(t.Context())
+		if err != nil {
+			return
+		}
+		codec := frame.New(0)
+		for {
+			st, err := c.AcceptStream(c.Context())
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := codec.NewReader(st)
+				for {
+					_, p, err := r.Next()
+					if err != nil {
+						return
+					}
+					var req qrpcpb.Request
+					if err := req.UnmarshalVT(p); err != nil {
+						return
+					}
+					if string(req.Method) == "reset" {
+						st.CancelRead(7)
+						st.CancelWrite(7)
+						held <- st
+						return
+					}
+					b, _ := codec.AppendResponse(nil, &qrpcpb.Response{RequestId: req.RequestId, Body: req.Body})
+					if _, err := st.Write(b); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		_ = tr.Close()
+		wg.Wait()
+		_ = pc.Close()
+	})
+	logs := &logCapture{}
+	c := dialAddr(t, e, ln.Addr().String(), &qrpc.Config{Streams: 4, DialTimeout: 200 * time.Millisecond,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Logger: slog.New(logs)})
+	if _, err := unary(c, 5*time.Second, "reset", nil); !errors.Is(err, qrpc.ErrConnLost) {
+		t.Fatalf("reset call: %v, want connection lost", err)
+	}
+	eventually(t, 10*time.Second, "a failed reopen", func() bool {
+		return logs.count("qrpc cannot reopen a stream, retrying", "") > 0
+	})
+	(<-held).ReleaseStreamCredit()
+	// The server hears of a stream with its first frame: calls go round
+	// the streams until one lands on the new one.
+	eventually(t, 10*time.Second, "the stream reopened (a 5th stream accepted)", func() bool {
+		for range 64 {
+			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
+				t.Fatalf("call after the reset: %v", err)
+			}
+		}
+		return accepted.Load() == 5
+	})
 }
