@@ -129,15 +129,21 @@ type PoolConfig struct {
 	Eject time.Duration
 	// Stall bounds the stall limit (default 200 ms; negative: no stall):
 	// a server that has had calls in flight, and no answer (any code),
-	// for the limit is stalled. The limit is Stall, or 8 × the pool's
-	// typical answer time (at least 25 ms) when that is less.
+	// while the pool's other servers went on answering for the limit, is
+	// stalled. The limit is Stall, or 8 × the server's typical answer time
+	// (at least 60 ms) when that is less. The silence is counted in the
+	// time the pool went on getting answers, a gap between two answers
+	// counting for at most activeGapCap: while this process (or the
+	// machine) stands still, no server's silence grows.
 	// New calls go to other servers while it is (a soft skip: with no
 	// other server to take a call, it still takes it); its calls in
-	// flight keep their deadlines. It is not an ejection: Failures still
-	// decides that. A server killed or frozen under load is found in
-	// Stall instead of the calls' timeout, so that far fewer calls get
-	// caught on it; the price is that a server whose only calls in
-	// flight run longer than the limit gets no new ones until one ends.
+	// flight keep their deadlines. Once seen (by a pick or Peers) the
+	// verdict holds until the server answers or has no call left in
+	// flight: every pick after it honours it. It is not an ejection:
+	// Failures still decides that. A server killed or frozen under load
+	// is found in Stall instead of the calls' timeout, so that far fewer
+	// calls get caught on it; the price is that a server whose only calls
+	// in flight run longer than the limit gets no new ones until one ends.
 	Stall time.Duration
 	Check HealthCheck
 	// Retries is the default number of extra attempts, on another server,
@@ -209,10 +215,13 @@ const (
 	// load is still skipped about 160 ms after it stops.
 	stallFactor = 8
 	stallFloor  = 60 * time.Millisecond
-	// stallEvidence: how long other servers must have gone on answering
-	// after a server's last sign of life for its silence to be its own
-	// (peer.stalled).
-	stallEvidence  = 5 * time.Millisecond
+	// activeGapCap: the most a gap between two answers of the pool counts
+	// for in a server's silence. A loaded pool's answers come every few
+	// milliseconds; a longer gap is this process or the machine standing
+	// still (or a pool with little in flight), which is no server's
+	// silence: after a pause of seconds, a server gets nearly its whole
+	// limit to answer again.
+	activeGapCap   = 10 * time.Millisecond
 	maxEjectFactor = 10
 	// The retry budget's defaults (Finagle's).
 	defaultRetryRatio   = 0.2
@@ -312,12 +321,13 @@ type Pool struct {
 	set     atomic.Pointer[peerSet]
 	rr      atomic.Uint32
 	rrExtra atomic.Uint32 // turns of retries and copies (choose)
-	// lastAnswer is when a server of the pool last answered (monoNS): a
-	// server is stalled only while others answer (pool_peer.go).
+	// lastAnswer is when a server of the pool last answered (monoNS);
+	// active is the pool's answer clock (ns): the time during which the
+	// pool went on getting answers, each gap between answers counting for
+	// at most activeGapCap. A server's silence is measured on it
+	// (pool_peer.go).
 	lastAnswer atomic.Int64
-	// quietEnd is when answers came back after a pool-wide silence
-	// (monoNS): no server is stalled within its limit after it.
-	quietEnd atomic.Int64
+	active     atomic.Int64
 	budget   *retryBudget
 	lat      latencyHist // answer times, for hedging at the p95
 	clk      clock       // realClock{}; a test's own (export_test.go)

@@ -32,15 +32,17 @@ type peer struct {
 	removed  atomic.Bool
 	state    atomic.Uint32 // last PeerState reported
 
-	// progress is the busy server's last sign of life, on the monotonic
-	// clock (monoNS): its last answer, or when it went from idle to busy.
-	// A server with calls in flight and no progress for PoolConfig.Stall
-	// is stalled: a server killed or frozen under load looks like that
-	// long before its calls time out.
+	// progress is the busy server's last sign of life, on the pool's
+	// answer clock (Pool.active): its last answer, or when it went from
+	// idle to busy. A server with calls in flight and no progress while
+	// the pool's answer clock moved on by its stall limit is stalled: a
+	// server killed or frozen under load looks like that long before its
+	// calls time out.
 	progress atomic.Int64
-	// stallSeen is the stall state last noticed (by a pick or an answer),
-	// for the log; stallLogged is when a stall was last logged (monoNS),
-	// stallLoud whether the current stall was.
+	// stallSeen is the stall verdict, once seen (by a pick or Peers): it
+	// holds until the server answers (answered) or starts a new busy
+	// period (startCall). stallLogged is when a stall was last logged
+	// (monoNS), stallLoud whether the current stall was.
 	stallSeen   atomic.Bool
 	stallLoud   atomic.Bool
 	stallLogged atomic.Int64
@@ -91,7 +93,8 @@ func newPeer(p *Pool, addr string) *peer {
 // starts its stall clock then: the time it was idle is not silence.
 func (pr *peer) startCall(now time.Time) {
 	if pr.inflight.Load() == 0 {
-		pr.progress.Store(monoNS(now))
+		pr.progress.Store(pr.pool.active.Load())
+		pr.stallSeen.Store(false) // a verdict on the last busy period
 	}
 	pr.inflight.Add(1)
 	pr.calls.Add(1)
@@ -107,18 +110,8 @@ func (pr *peer) endCall() {
 // that took d, or to the active check (d = 0: no latency sample).
 func (pr *peer) answered(now time.Time, d time.Duration) {
 	ns := monoNS(now)
-	pr.progress.Store(ns)
 	p := pr.pool
-	// One store per millisecond at most: a line every call shares.
-	if last := p.lastAnswer.Load(); last == 0 || ns-last > int64(time.Millisecond) {
-		if last != 0 && ns-last > int64(stallFloor) {
-			// No server of the pool answered for a while: this process
-			// or the machine stood still. Every server gets a full limit
-			// from here before it can be stalled.
-			p.quietEnd.Store(ns)
-		}
-		p.lastAnswer.Store(ns)
-	}
+	pr.progress.Store(p.advance(ns))
 	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
 		p.log.Info("qrpc server answering again", "addr", pr.addr)
 	}
@@ -128,6 +121,20 @@ func (pr *peer) answered(now time.Time, d time.Duration) {
 			p.lat.add(d)
 		}
 	}
+}
+
+// advance moves the pool's answer clock to an answer at ns (monoNS) and
+// returns it: by the gap since the last answer, at most activeGapCap. One
+// store per millisecond at most: a line every answer shares.
+func (p *Pool) advance(ns int64) int64 {
+	last := p.lastAnswer.Load()
+	if last != 0 && ns-last <= int64(time.Millisecond) || !p.lastAnswer.CompareAndSwap(last, ns) {
+		return p.active.Load()
+	}
+	if last == 0 || ns <= last {
+		return p.active.Load()
+	}
+	return p.active.Add(min(ns-last, int64(activeGapCap)))
 }
 
 // observeLatency folds a call's time d, ended at now (monoNS), into the
@@ -170,30 +177,26 @@ func (pr *peer) cost(now int64) float64 {
 }
 
 // stalled reports whether pr has had calls in flight and no sign of life
-// for longer than its stall limit, while another server of the pool went
-// on answering for at least stallEvidence after its last sign of life
-// (when this process is starved of CPU every server goes quiet at once:
-// their last answers lie within a millisecond or so; when one server
-// freezes under load, the others answer on until clients pile onto it,
-// tens of answers later), and no pool-wide
-// silence ended within the limit (after one, every server answers again
-// in its own time: a machine that stood still for seconds wakes its
-// processes one after another). in is its inflight
-// count; stall is PoolConfig.Stall (ns; <= 0: never).
+// while the pool's answer clock moved on by more than its stall limit:
+// the other servers went on answering all that time (when this process is
+// starved of CPU, or the machine stands still, no answer comes from any
+// server and the clock does not move; when one server freezes under load,
+// the others answer on). The first time it holds, the verdict is kept
+// (noteStall) and every later call sees it, until pr answers or goes
+// idle. in is its inflight count; stall is PoolConfig.Stall (ns; <= 0:
+// never).
 func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	if stall <= 0 || in <= 0 {
 		return false
 	}
-	now := monoNS(clk.now())
-	last := pr.progress.Load()
-	limit := pr.stallLimit(stall)
-	if now-last <= limit {
+	if pr.stallSeen.Load() {
+		return true
+	}
+	if pr.pool.active.Load()-pr.progress.Load() <= pr.stallLimit(stall) {
 		return false
 	}
-	if q := pr.pool.quietEnd.Load(); q != 0 && now-q <= limit {
-		return false
-	}
-	return pr.pool.lastAnswer.Load()-last > int64(stallEvidence)
+	pr.noteStall(clk)
+	return true
 }
 
 // stallLimit is how long pr may go without answering while busy before
@@ -209,7 +212,7 @@ func (pr *peer) stallLimit(stall int64) int64 {
 	return min(stall, max(int64(stallFloor), stallFactor*e))
 }
 
-// noteStall runs when a pick finds pr stalled: the first time (of this
+// noteStall keeps the verdict that pr is stalled; the first time (of this
 // stall), the log hears of it, at most once per stallLogEvery.
 func (pr *peer) noteStall(clk *pickClock) {
 	if pr.stallSeen.Load() || !pr.stallSeen.CompareAndSwap(false, true) {
@@ -222,7 +225,7 @@ func (pr *peer) noteStall(clk *pickClock) {
 	}
 	pr.stallLoud.Store(true)
 	pr.pool.log.Info("qrpc server stalled: calls in flight and no answer, new calls go to other servers",
-		"addr", pr.addr, "for", time.Duration(now-pr.progress.Load()).Round(time.Millisecond),
+		"addr", pr.addr, "for", time.Duration(pr.pool.active.Load()-pr.progress.Load()).Round(time.Millisecond),
 		"inflight", pr.inflight.Load())
 }
 
@@ -429,7 +432,6 @@ func scanBest[S cmp.Ordered](peers []*peer, start uint32, ex *exclude, clk *pick
 			}
 			sc := score(pr)
 			if pr.stalled(pr.inflight.Load(), clk, limit) {
-				pr.noteStall(clk)
 				if slow == nil || sc < slowS {
 					slow, slowS, slowTrial = pr, sc, trial
 				}
@@ -461,7 +463,6 @@ func takeable(pr *peer, ex *exclude, clk *pickClock, limit int64) (ok, trial, st
 		return false, false, false
 	}
 	if pr.stalled(pr.inflight.Load(), clk, limit) {
-		pr.noteStall(clk)
 		return false, false, true
 	}
 	return true, trial, false
