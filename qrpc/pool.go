@@ -328,9 +328,9 @@ type Pool struct {
 	// (pool_peer.go).
 	lastAnswer atomic.Int64
 	active     atomic.Int64
-	budget   *retryBudget
-	lat      latencyHist // answer times, for hedging at the p95
-	clk      clock       // realClock{}; a test's own (export_test.go)
+	budget     *retryBudget
+	lat        latencyHist // answer times, for hedging at the p95
+	clk        clock       // realClock{}; a test's own (export_test.go)
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
