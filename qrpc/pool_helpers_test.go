@@ -91,7 +91,7 @@ func (m *member) serve(addr string) {
 		if err == nil || i == 50 {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // retrying the bind, bounded (50 tries)
 	}
 	if err != nil {
 		t.Fatal(err)

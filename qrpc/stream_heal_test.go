@@ -125,15 +125,14 @@ func TestStuckStreamRetired(t *testing.T) {
 			t.Errorf("call into the hole: %v, want ErrTimeout", err)
 		}
 	}()
-	time.Sleep(50 * time.Millisecond)
+	eventually(t, 5*time.Second, "the call into the hole in flight", func() bool { return c.Stats().InFlight == 1 })
 	var early atomic.Int64
 	for range 8 {
 		if _, err := unary(c, 500*time.Millisecond, "echo", nil); err != nil {
 			early.Add(1) // those that went into the hole
 		}
 	}
-	wg.Wait()
-	time.Sleep(600 * time.Millisecond) // the early calls' deadlines
+	wg.Wait() // the early calls ended with unary; the hole call too
 	for i := range 64 {
 		if _, err := unary(c, 2*time.Second, "echo", []byte("x")); err != nil {
 			t.Fatalf("call %d after the hole was found: %v", i, err)
