@@ -328,6 +328,7 @@ type Pool struct {
 	// (pool_peer.go).
 	lastAnswer atomic.Int64
 	active     atomic.Int64
+	inflight   atomic.Int64 // calls in flight on all the servers
 	budget     *retryBudget
 	lat        latencyHist // answer times, for hedging at the p95
 	clk        clock       // realClock{}; a test's own (export_test.go)

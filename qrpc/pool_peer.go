@@ -39,6 +39,9 @@ type peer struct {
 	// server killed or frozen under load looks like that long before its
 	// calls time out.
 	progress atomic.Int64
+	// progressAt is the same sign of life on the monotonic clock (monoNS),
+	// for when the answer clock cannot judge (stalled).
+	progressAt atomic.Int64
 	// stallSeen is the stall verdict, once seen (by a pick or Peers): it
 	// holds until the server answers (answered) or starts a new busy
 	// period (startCall). stallLogged is when a stall was last logged
@@ -94,8 +97,10 @@ func newPeer(p *Pool, addr string) *peer {
 func (pr *peer) startCall(now time.Time) {
 	if pr.inflight.Load() == 0 {
 		pr.progress.Store(pr.pool.active.Load())
+		pr.progressAt.Store(monoNS(now))
 		pr.stallSeen.Store(false) // a verdict on the last busy period
 	}
+	pr.pool.inflight.Add(1)
 	pr.inflight.Add(1)
 	pr.calls.Add(1)
 	pr.obs.InflightAdd(1)
@@ -103,6 +108,7 @@ func (pr *peer) startCall(now time.Time) {
 
 func (pr *peer) endCall() {
 	pr.inflight.Add(-1)
+	pr.pool.inflight.Add(-1)
 	pr.obs.InflightAdd(-1)
 }
 
@@ -112,6 +118,7 @@ func (pr *peer) answered(now time.Time, d time.Duration) {
 	ns := monoNS(now)
 	p := pr.pool
 	pr.progress.Store(p.advance(ns))
+	pr.progressAt.Store(ns)
 	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
 		p.log.Info("qrpc server answering again", "addr", pr.addr)
 	}
@@ -181,7 +188,10 @@ func (pr *peer) cost(now int64) float64 {
 // the other servers went on answering all that time (when this process is
 // starved of CPU, or the machine stands still, no answer comes from any
 // server and the clock does not move; when one server freezes under load,
-// the others answer on). The first time it holds, the verdict is kept
+// the others answer on). That clock stands still too when every call in
+// flight is on pr (clients caught on it wait, and ask no other server):
+// then the monotonic clock judges, once another server has answered since
+// pr's last sign of life. The first time it holds, the verdict is kept
 // (noteStall) and every later call sees it, until pr answers or goes
 // idle. in is its inflight count; stall is PoolConfig.Stall (ns; <= 0:
 // never).
@@ -192,8 +202,16 @@ func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	if pr.stallSeen.Load() {
 		return true
 	}
-	if pr.pool.active.Load()-pr.progress.Load() <= pr.stallLimit(stall) {
-		return false
+	p := pr.pool
+	limit := pr.stallLimit(stall)
+	if p.active.Load()-pr.progress.Load() <= limit {
+		if p.inflight.Load() > in {
+			return false // others have calls to answer: their answers judge
+		}
+		last := pr.progressAt.Load()
+		if monoNS(clk.now())-last <= limit || p.lastAnswer.Load() <= last {
+			return false
+		}
 	}
 	pr.noteStall(clk)
 	return true

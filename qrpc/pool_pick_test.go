@@ -548,3 +548,40 @@ func TestResolvedServerNames(t *testing.T) {
 		}
 	}
 }
+
+// TestStallWithEveryCallOnIt: when every call in flight is on the silent
+// server (clients caught on it wait and ask no other server, so no other
+// answer moves the pool's answer clock), the monotonic clock judges: it is
+// stalled once its limit has passed since its last sign of life, provided
+// another server answered after that sign (else the silence may be this
+// process's own).
+func TestStallWithEveryCallOnIt(t *testing.T) {
+	p := benchPool(t, 3, RoundRobin)
+	peers := p.set.Load().peers
+	victim := peers[1]
+	start := time.Now()
+	victim.startCall(start)
+	victim.startCall(start)
+	limit := time.Duration(victim.stallLimit(int64(p.cfg.Stall)))
+	at := func(d time.Duration) bool {
+		return victim.stalled(victim.inflight.Load(), &pickClock{t: start.Add(d)}, int64(p.cfg.Stall))
+	}
+	if at(limit + time.Millisecond) {
+		t.Fatal("stalled with no other server's answer since its calls began")
+	}
+	peers[0].startCall(start.Add(2 * time.Millisecond))
+	peers[0].answered(start.Add(3*time.Millisecond), 0)
+	peers[0].endCall()
+	if at(limit) {
+		t.Fatal("stalled at its limit, not past it")
+	}
+	if !at(limit + time.Millisecond) {
+		t.Fatal("not stalled past its limit with every call on it")
+	}
+	// Another server with a call in flight: its answers judge instead.
+	victim.stallSeen.Store(false)
+	peers[2].startCall(start)
+	if at(limit + time.Millisecond) {
+		t.Fatal("stalled by the monotonic clock while another server has calls to answer")
+	}
+}
