@@ -259,7 +259,7 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 	pc.end()
 	attempts := pc.attempts
 	pc.mu.Unlock()
-	pc.finish(resp, attempts, attemptsError(err, attempts, budget))
+	pc.finish(resp, attempts, attemptsError(err, attempts, budget, pr.addr))
 }
 
 // finish delivers the call's outcome to its caller, once.
@@ -388,13 +388,15 @@ type AttemptsError struct {
 	Attempts int
 	// Budget: a retry was refused by the pool's retry budget.
 	Budget bool
+	// Server is the address of the server of the last attempt.
+	Server string
 }
 
-func attemptsError(err error, attempts int, budget bool) error {
+func attemptsError(err error, attempts int, budget bool, server string) error {
 	if attempts <= 1 && !budget {
 		return err
 	}
-	return &AttemptsError{Err: err, Attempts: attempts, Budget: budget}
+	return &AttemptsError{Err: err, Attempts: attempts, Budget: budget, Server: server}
 }
 
 func (e *AttemptsError) Error() string {
