@@ -134,7 +134,10 @@ type PoolConfig struct {
 	// (at least 60 ms) when that is less. The silence is counted in the
 	// time the pool went on getting answers, a gap between two answers
 	// counting for at most activeGapCap: while this process (or the
-	// machine) stands still, no server's silence grows.
+	// machine) stands still, no server's silence grows. When every call in
+	// flight is on the silent server (no other server is asked, so none
+	// answers), its silence is judged on the monotonic clock, once another
+	// server has answered since its last sign of life.
 	// New calls go to other servers while it is (a soft skip: with no
 	// other server to take a call, it still takes it); its calls in
 	// flight keep their deadlines. Once seen (by a pick or Peers) the

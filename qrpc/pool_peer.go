@@ -243,7 +243,7 @@ func (pr *peer) noteStall(clk *pickClock) {
 	}
 	pr.stallLoud.Store(true)
 	pr.pool.log.Info("qrpc server stalled: calls in flight and no answer, new calls go to other servers",
-		"addr", pr.addr, "for", time.Duration(pr.pool.active.Load()-pr.progress.Load()).Round(time.Millisecond),
+		"addr", pr.addr, "for", time.Duration(now-pr.progressAt.Load()).Round(time.Millisecond),
 		"inflight", pr.inflight.Load())
 }
 
