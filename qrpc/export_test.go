@@ -71,3 +71,21 @@ const DeadlineShards = deadlineShards
 // ResetKeyFromCertificate is the key a server derives from its
 // certificate, for the tests that build servers around their own sockets.
 var ResetKeyFromCertificate = resetKeyFromCertificate
+
+// StreamIDsForTest lists the QUIC stream ids of c's streams in service
+// (not retired), over its live connections.
+func StreamIDsForTest(c *Client) []int64 {
+	var out []int64
+	for _, sl := range c.slots {
+		s := sl.cur.Load()
+		if s == nil || s.dead.Load() {
+			continue
+		}
+		for i := range s.streams {
+			if st := s.streams[i].Load(); st != nil && !st.retired.Load() {
+				out = append(out, int64(st.s.StreamID()))
+			}
+		}
+	}
+	return out
+}
