@@ -78,6 +78,12 @@ type Client struct {
 	// has not run, which makes the late-response race deterministic
 	// (export_test.go).
 	nowFn atomic.Pointer[func() time.Time]
+	// clk times the re-dials (when a connection came up, the backoff's
+	// wait) and jitter, when set, replaces the backoff's random jitter
+	// (in [-1, 1]): realClock{} and nil in production; a test's own
+	// (clock_test.go) make the schedule exact.
+	clk    clock
+	jitter func() float64
 
 	// obs and onState are the pool's view of this client (a peer of a
 	// Pool); a plain Client has a no-op observer and no onState.
@@ -194,6 +200,7 @@ func newClient(addr string, conf Config, tlsConf *tls.Config, obs peerObserver, 
 		quicConf: conf.quicConfig(),
 		obs:      obs,
 		onState:  onState,
+		clk:      realClock{},
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c

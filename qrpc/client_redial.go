@@ -31,7 +31,7 @@ func (sl *slot) run(s *qconn) {
 	everUp := s != nil
 	for {
 		if s != nil {
-			up := time.Now()
+			up := c.clk.Now()
 			select {
 			case <-s.done:
 			case <-s.conn.Context().Done():
@@ -49,16 +49,17 @@ func (sl *slot) run(s *qconn) {
 			}
 			sl.cur.Store(nil)
 			c.stateChanged()
-			if time.Since(up) >= c.cfg.BackoffBase {
+			if c.clk.Now().Sub(up) >= c.cfg.BackoffBase {
 				attempt = 0
 			}
 			c.cfg.Logger.Warn("qrpc connection lost, re-dialling", "addr", c.addr, "err", s.err)
 		}
 		for ; ; attempt++ {
 			if attempt > 0 {
-				t := time.NewTimer(backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt-1))
+				wake := make(chan struct{})
+				t := c.clk.AfterFunc(c.backoff(attempt-1), func() { close(wake) })
 				select {
-				case <-t.C:
+				case <-wake:
 				case <-c.ctx.Done():
 					t.Stop()
 					return
@@ -92,6 +93,15 @@ func (sl *slot) run(s *qconn) {
 // base × 1.6^n, capped, ±20 % jitter.
 func backoff(base, maxDelay time.Duration, n int) time.Duration {
 	return backoffJittered(base, maxDelay, n, 2*rand.Float64()-1)
+}
+
+// backoff is c's delay before re-dial n: the jitter is the client's own
+// when a test gave it one.
+func (c *Client) backoff(n int) time.Duration {
+	if c.jitter != nil {
+		return backoffJittered(c.cfg.BackoffBase, c.cfg.BackoffMax, n, c.jitter())
+	}
+	return backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, n)
 }
 
 // backoffJittered is backoff with its jitter given, in [-1, 1]: -1 takes

@@ -2,6 +2,7 @@ package qrpc
 
 import (
 	"math"
+	"net"
 	"sort"
 	"sync"
 	"testing"
@@ -265,5 +266,50 @@ func TestBackoffJitterExact(t *testing.T) {
 		if d := got - tc.want; d < -time.Microsecond || d > time.Microsecond {
 			t.Errorf("n=%d jitter=%v: %v, want %v", tc.n, tc.jitter, got, tc.want)
 		}
+	}
+}
+
+// TestRedialBackoffFakeClock: a client whose dials all fail (a closed
+// loopback port) waits base × 1.6^n, capped, with its jitter, before each
+// re-dial: exactly, on its own fake clock.
+func TestRedialBackoffFakeClock(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pc.LocalAddr().String()
+	_ = pc.Close() // closed: every dial fails
+	conf, err := (&Config{BackoffBase: time.Second, BackoffMax: 5 * time.Second, DialTimeout: 300 * time.Millisecond,
+		CloseLinger: -1, Logger: slogDiscard()}).populate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dialBackground(addr, conf, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	c.clk = clk
+	c.jitter = func() float64 { return 0.5 } // +10 %
+	c.startSlots()
+	defer func() { _ = c.Close() }()
+	for n, want := range []time.Duration{1100 * time.Millisecond, 1760 * time.Millisecond, 2816 * time.Millisecond,
+		4505600 * time.Microsecond, 5500 * time.Millisecond, 5500 * time.Millisecond} {
+		// The dial fails in real time (the port is closed); the wait
+		// before the next one is armed on the fake clock.
+		var armed []time.Duration
+		for deadline := time.Now().Add(10 * time.Second); len(armed) == 0; armed = clk.armed() {
+			if time.Now().After(deadline) {
+				t.Fatalf("re-dial %d: no backoff armed after a failed dial", n)
+			}
+			time.Sleep(time.Millisecond) // polling the fake clock's timers, bounded
+		}
+		if len(armed) != 1 || armed[0]-want > time.Microsecond || want-armed[0] > time.Microsecond {
+			t.Fatalf("re-dial %d: waits %v, want %v", n, armed, want)
+		}
+		clk.Advance(armed[0])
+	}
+	if c.lastDialErr() == nil {
+		t.Fatal("no dial error recorded")
 	}
 }
