@@ -350,9 +350,10 @@ func (s *qconn) replace(old *cstream) {
 		defer c.wg.Done()
 		for attempt := 0; ; attempt++ {
 			if attempt > 0 {
-				t := time.NewTimer(backoff(c.cfg.BackoffBase, c.cfg.BackoffMax, attempt-1))
+				wake := make(chan struct{})
+				t := c.clk.AfterFunc(c.backoff(attempt-1), func() { close(wake) })
 				select {
-				case <-t.C:
+				case <-wake:
 				case <-s.conn.Context().Done():
 					t.Stop()
 					return // the qconn's own end takes care of the rest
