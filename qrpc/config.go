@@ -80,6 +80,12 @@ type Config struct {
 	// Logger receives the client's own log lines (never request or response
 	// bodies). Default: slog.Default().
 	Logger *slog.Logger
+
+	// skipConfirmation makes Dial return once the client's side of the
+	// handshake is done, without waiting for the server to confirm it:
+	// set only by tests (export_test.go), to let the server's verdict
+	// arrive after Dial, as it can under load.
+	skipConfirmation bool
 }
 
 func (c *Config) populate() (Config, error) {

@@ -39,7 +39,7 @@ func TestResponseAfterDeadlineIsTimeout(t *testing.T) {
 	if err := start(); err != nil {
 		t.Fatalf("before the deadline: %v", err)
 	}
-	restore := qrpc.SetClockForTest(func() time.Time { return deadline.Add(time.Millisecond) })
+	restore := qrpc.SetClockForTest(c, func() time.Time { return deadline.Add(time.Millisecond) })
 	defer restore()
 	if err := start(); !errors.Is(err, qrpc.ErrTimeout) {
 		t.Fatalf("response after the deadline: %v, want ErrTimeout", err)

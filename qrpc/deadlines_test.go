@@ -120,14 +120,19 @@ func TestDeadlinesRemoveAndClose(t *testing.T) {
 	}
 	last := dlCall(6000, time.Now().Add(20*time.Millisecond))
 	d.add(last)
-	e.wait(t, 1, 5*time.Second)
+	// A sentinel in every shard, due after the removed calls: a heap
+	// gives its calls up earliest first, so once every sentinel has timed
+	// out, a removed call left in a heap would have too.
+	for id := uint64(6001); id <= 6000+deadlineShards; id++ {
+		d.add(dlCall(id, due.Add(10*time.Millisecond)))
+	}
+	e.wait(t, 1+deadlineShards, 5*time.Second)
 	if n := d.len(); n != 0 {
 		t.Fatalf("len %d after the last timeout", n)
 	}
-	time.Sleep(100 * time.Millisecond) // past every deadline
 	e.mu.Lock()
-	if len(e.got) != 1 {
-		t.Fatalf("%d calls timed out, want only call 6000: %v", len(e.got), e.got)
+	if len(e.got) != 1+deadlineShards {
+		t.Fatalf("%d calls timed out, want only call 6000 and the sentinels: %v", len(e.got), e.got)
 	}
 	e.mu.Unlock()
 
@@ -135,10 +140,16 @@ func TestDeadlinesRemoveAndClose(t *testing.T) {
 	d.add(late)
 	d.close()
 	d.add(dlCall(7001, time.Now()))
-	time.Sleep(100 * time.Millisecond)
+	// The window: until another heap's call, due 10 ms after late, has
+	// timed out (a closed heap has no timer left to fire late).
+	var other deadlines
+	oe := newExpiry(&other)
+	defer other.close()
+	other.add(dlCall(7000, late.deadline.Add(10*time.Millisecond)))
+	oe.wait(t, 1, 5*time.Second)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.got) != 1 {
+	if len(e.got) != 1+deadlineShards {
 		t.Fatalf("timed out after close: %v", e.got)
 	}
 	if n := d.len(); n != 0 {

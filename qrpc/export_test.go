@@ -5,18 +5,19 @@ import (
 	"time"
 )
 
-// SetClockForTest makes the client's deadline check of responses read now
-// instead of time.Now; the returned function restores it.
-func SetClockForTest(now func() time.Time) (restore func()) {
-	clock.Store(&now)
-	return func() { clock.Store(nil) }
+// SetClockForTest makes c's deadline check of responses read now instead
+// of time.Now; the returned function restores it.
+func SetClockForTest(c *Client, now func() time.Time) (restore func()) {
+	c.nowFn.Store(&now)
+	return func() { c.nowFn.Store(nil) }
 }
 
-// SkipConfirmationForTest makes Dial return as soon as the client's side of
-// the handshake is done, without waiting for the server to confirm it.
-func SkipConfirmationForTest() (restore func()) {
-	skipConfirmation.Store(true)
-	return func() { skipConfirmation.Store(false) }
+// SkipConfirmationForTest makes a Dial with cfg return as soon as the
+// client's side of the handshake is done, without waiting for the server
+// to confirm it. It returns cfg.
+func SkipConfirmationForTest(cfg *Config) *Config {
+	cfg.skipConfirmation = true
+	return cfg
 }
 
 // LocalAddrsForTest returns the local addresses of the client's live
@@ -70,3 +71,21 @@ const DeadlineShards = deadlineShards
 // ResetKeyFromCertificate is the key a server derives from its
 // certificate, for the tests that build servers around their own sockets.
 var ResetKeyFromCertificate = resetKeyFromCertificate
+
+// StreamIDsForTest lists the QUIC stream ids of c's streams in service
+// (not retired), over its live connections.
+func StreamIDsForTest(c *Client) []int64 {
+	var out []int64
+	for _, sl := range c.slots {
+		s := sl.cur.Load()
+		if s == nil || s.dead.Load() {
+			continue
+		}
+		for i := range s.streams {
+			if st := s.streams[i].Load(); st != nil && !st.retired.Load() {
+				out = append(out, int64(st.s.StreamID()))
+			}
+		}
+	}
+	return out
+}

@@ -279,24 +279,38 @@ func TestSilentServer(t *testing.T) {
 func TestFlappingServerBackoff(t *testing.T) {
 	checkGoroutines(t)
 	e := newEnv(t)
-	var accepted atomic.Int64
+	var mu sync.Mutex
+	var accepts []time.Time
 	addr := rawServer(t, e, func(c *quic.Conn) {
-		accepted.Add(1)
-		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		accepts = append(accepts, time.Now())
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond) // the scenario: up for 20 ms, then dropped
 		_ = c.CloseWithError(0, "go away")
 	})
-	c, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{Streams: 1, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}))
+	const base = 100 * time.Millisecond
+	c, err := qrpc.Dial(t.Context(), addr, e.config(&qrpc.Config{Streams: 1, BackoffBase: base, BackoffMax: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
-	_ = c.Close()
-	// Dials at about 0, 0.02, 0.14, 0.32, 0.6, 1.0 s: a tight loop would
-	// make dozens.
-	if n := accepted.Load(); n < 3 || n > 12 {
-		t.Fatalf("%d connections in 1.5 s", n)
+	n := func() int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return int64(len(accepts))
 	}
-	t.Logf("%d connections in 1.5 s", accepted.Load())
+	eventually(t, 30*time.Second, "5 connections", func() bool { return n() >= 5 })
+	_ = c.Close()
+	// The first re-dial is at once (the connection was up); then each
+	// waits its backoff, base × 1.6^k less 20 % at most: from the 2nd
+	// connection to the 5th, at least 0.8 × (100 + 160 + 256) ms. A tight
+	// loop would take a few milliseconds; a slow machine only adds time.
+	mu.Lock()
+	took := accepts[4].Sub(accepts[1])
+	mu.Unlock()
+	if least := time.Duration(0.8 * float64(base) * (1 + 1.6 + 1.6*1.6)); took < least {
+		t.Fatalf("connections 2 to 5 came %v apart, want at least %v (backoff)", took, least)
+	}
+	t.Logf("connections 2 to 5 came %v apart", took)
 }
 
 // TestHostileClient: the server survives what a hostile client sends. A

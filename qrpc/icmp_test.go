@@ -55,7 +55,8 @@ func TestICMPErrors(t *testing.T) {
 	const hostUnreach, netUnreach, portUnreach = 1, 0, 3
 	for i := range 20 {
 		send([]byte{hostUnreach, netUnreach}[i%2])
-		// Let the kernel report it before the next packet is read or sent.
+		// Let the kernel report it before the next packet is read or sent:
+		// the scenario (an error queued on the socket gives no event here).
 		time.Sleep(2 * time.Millisecond)
 		if err := call(); err != nil {
 			t.Fatalf("call after ICMP unreachable %d: %v", i, err)

@@ -129,15 +129,24 @@ type PoolConfig struct {
 	Eject time.Duration
 	// Stall bounds the stall limit (default 200 ms; negative: no stall):
 	// a server that has had calls in flight, and no answer (any code),
-	// for the limit is stalled. The limit is Stall, or 8 × the pool's
-	// typical answer time (at least 25 ms) when that is less.
+	// while the pool's other servers went on answering for the limit, is
+	// stalled. The limit is Stall, or 8 × the server's typical answer time
+	// (at least 60 ms) when that is less. The silence is counted in the
+	// time the pool went on getting answers, a gap between two answers
+	// counting for at most activeGapCap: while this process (or the
+	// machine) stands still, no server's silence grows. When every call in
+	// flight is on the silent server (no other server is asked, so none
+	// answers), its silence is judged on the monotonic clock, once another
+	// server has answered since its last sign of life.
 	// New calls go to other servers while it is (a soft skip: with no
 	// other server to take a call, it still takes it); its calls in
-	// flight keep their deadlines. It is not an ejection: Failures still
-	// decides that. A server killed or frozen under load is found in
-	// Stall instead of the calls' timeout, so that far fewer calls get
-	// caught on it; the price is that a server whose only calls in
-	// flight run longer than the limit gets no new ones until one ends.
+	// flight keep their deadlines. Once seen (by a pick or Peers) the
+	// verdict holds until the server answers or has no call left in
+	// flight: every pick after it honours it. It is not an ejection:
+	// Failures still decides that. A server killed or frozen under load
+	// is found in Stall instead of the calls' timeout, so that far fewer
+	// calls get caught on it; the price is that a server whose only calls
+	// in flight run longer than the limit gets no new ones until one ends.
 	Stall time.Duration
 	Check HealthCheck
 	// Retries is the default number of extra attempts, on another server,
@@ -209,10 +218,13 @@ const (
 	// load is still skipped about 160 ms after it stops.
 	stallFactor = 8
 	stallFloor  = 60 * time.Millisecond
-	// stallEvidence: how long other servers must have gone on answering
-	// after a server's last sign of life for its silence to be its own
-	// (peer.stalled).
-	stallEvidence  = 5 * time.Millisecond
+	// activeGapCap: the most a gap between two answers of the pool counts
+	// for in a server's silence. A loaded pool's answers come every few
+	// milliseconds; a longer gap is this process or the machine standing
+	// still (or a pool with little in flight), which is no server's
+	// silence: after a pause of seconds, a server gets nearly its whole
+	// limit to answer again.
+	activeGapCap   = 10 * time.Millisecond
 	maxEjectFactor = 10
 	// The retry budget's defaults (Finagle's).
 	defaultRetryRatio   = 0.2
@@ -312,14 +324,17 @@ type Pool struct {
 	set     atomic.Pointer[peerSet]
 	rr      atomic.Uint32
 	rrExtra atomic.Uint32 // turns of retries and copies (choose)
-	// lastAnswer is when a server of the pool last answered (monoNS): a
-	// server is stalled only while others answer (pool_peer.go).
+	// lastAnswer is when a server of the pool last answered (monoNS);
+	// active is the pool's answer clock (ns): the time during which the
+	// pool went on getting answers, each gap between answers counting for
+	// at most activeGapCap. A server's silence is measured on it
+	// (pool_peer.go).
 	lastAnswer atomic.Int64
-	// quietEnd is when answers came back after a pool-wide silence
-	// (monoNS): no server is stalled within its limit after it.
-	quietEnd atomic.Int64
-	budget   *retryBudget
-	lat      latencyHist // answer times, for hedging at the p95
+	active     atomic.Int64
+	inflight   atomic.Int64 // calls in flight on all the servers
+	budget     *retryBudget
+	lat        latencyHist // answer times, for hedging at the p95
+	clk        clock       // realClock{}; a test's own (export_test.go)
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -379,26 +394,37 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
+		clk:      realClock{},
 	}
 	_, nop := pc.Observer.(observe.Nop)
 	p.observed = !nop
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})
 
-	want, err := p.resolve(ctx)
+	want, names, err := p.resolve(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if len(want) == 1 {
 		// One server: dial it now, as Dial does, and fail as it fails.
-		if err := p.addSync(ctx, want[0]); err != nil {
+		if err := p.addSync(ctx, want[0], names); err != nil {
 			p.cancel()
 			return nil, err
 		}
 	} else {
 		p.mu.Lock()
-		p.apply(want)
+		err := p.apply(want, names)
+		n := len(p.peers)
 		p.mu.Unlock()
+		if n == 0 {
+			// Every server refused by its configuration (bad TLS
+			// material): the connect fails as a single address's does.
+			_ = p.Close()
+			if err == nil {
+				err = fmt.Errorf("%w: no server", ErrBadConfig)
+			}
+			return nil, err
+		}
 		if err := p.awaitOne(ctx); err != nil {
 			_ = p.Close()
 			return nil, err
@@ -477,13 +503,20 @@ func (p *Pool) SendEvent(call *Call) error {
 	}
 	var ex exclude
 	var lastErr error
-	for {
-		var clk pickClock
-		pr, _ := p.pick(call.HashKey, &ex, false, &clk)
+	// Each server at most once: the set may change meanwhile, but the
+	// loop ends whatever the servers answer.
+	for range len(p.set.Load().peers) + 1 {
+		clk := pickClock{src: p.clk}
+		pr, trial := p.pick(call.HashKey, &ex, false, &clk)
 		if pr == nil {
-			return p.noServer(lastErr)
+			return p.refused(lastErr)
 		}
 		err := pr.c.Event(call.Method, call.Headers, call.Body)
+		if trial {
+			// An event has no answer, so no verdict on the server: the
+			// trial goes back for a call that has one.
+			pr.trial.Store(false)
+		}
 		pr.obs.EventDone(call.Method, err)
 		if err == nil || !neverSent(err) {
 			return err
@@ -491,6 +524,7 @@ func (p *Pool) SendEvent(call *Call) error {
 		ex.add(pr)
 		lastErr = err
 	}
+	return p.refused(lastErr)
 }
 
 // Unary sends a request and waits for its response, as Client.Unary does.
@@ -609,6 +643,16 @@ func transportFailure(err error) bool {
 		errors.Is(err, ErrUnavailable) || errors.Is(err, ErrDial)
 }
 
+// refused is the error of a call that no server took: when the servers
+// tried all had their send queues full, that (nothing was sent); else
+// there was no server to take it.
+func (p *Pool) refused(lastErr error) error {
+	if errors.Is(lastErr, ErrQueueFull) {
+		return lastErr
+	}
+	return p.noServer(lastErr)
+}
+
 func (p *Pool) noServer(lastErr error) error {
 	set := p.set.Load()
 	if len(set.peers) == 1 && lastErr != nil {
@@ -625,23 +669,36 @@ func (p *Pool) noServer(lastErr error) error {
 	return &e
 }
 
-// exclude is the few servers a call has tried, kept out of its next pick.
+// exclude is the servers a call has tried, kept out of its next pick: the
+// first few inline (no allocation on the usual path), the rest in more. It
+// forgets none, so a call tries each server at most once before it may go
+// back to one (a retry's relax).
 type exclude struct {
 	n     int
 	peers [8]*peer
+	more  []*peer
 }
 
 func (e *exclude) add(p *peer) {
 	if e.has(p) {
 		return
 	}
-	e.peers[e.n%len(e.peers)] = p
+	if e.n < len(e.peers) {
+		e.peers[e.n] = p
+	} else {
+		e.more = append(e.more, p)
+	}
 	e.n++
 }
 
 func (e *exclude) has(p *peer) bool {
 	for i := 0; i < min(e.n, len(e.peers)); i++ {
 		if e.peers[i] == p {
+			return true
+		}
+	}
+	for _, q := range e.more {
+		if q == p {
 			return true
 		}
 	}

@@ -21,7 +21,7 @@ type retryBudget struct {
 	reserve float64
 
 	mu    sync.Mutex
-	secs  [budgetWindow]atomic.Int64 // the Unix second a slot counts
+	secs  [budgetWindow]atomic.Int64 // the second (of monoNS) a slot counts
 	calls [budgetWindow]atomic.Int64
 	spent [budgetWindow]atomic.Int64
 }
@@ -30,8 +30,12 @@ func newRetryBudget(ratio float64, minPerS int) *retryBudget {
 	return &retryBudget{ratio: ratio, reserve: float64(minPerS) * budgetWindow}
 }
 
+// second is now's second on the monotonic clock: a step of the wall clock
+// neither empties the budget nor keeps old slots alive.
+func second(now time.Time) int64 { return monoNS(now) / int64(time.Second) }
+
 func (b *retryBudget) slot(now time.Time) int {
-	s := now.Unix()
+	s := second(now)
 	i := int(uint64(s) % budgetWindow)
 	if b.secs[i].Load() != s {
 		b.mu.Lock()
@@ -51,7 +55,7 @@ func (b *retryBudget) deposit(now time.Time) { b.calls[b.slot(now)].Add(1) }
 // that there is none left.
 func (b *retryBudget) withdraw(now time.Time) bool {
 	i := b.slot(now)
-	s := now.Unix()
+	s := second(now)
 	var calls, spent int64
 	for j := range budgetWindow {
 		if s-b.secs[j].Load() < budgetWindow {

@@ -48,7 +48,7 @@ func (p *Pool) start(call *Call, done Done, doneN DoneAttempts) (Pending, error)
 		hedge = call.Hedge
 		hedge.Max = min(max(hedge.Max, 0), MaxHedge)
 	}
-	now := time.Now()
+	now := p.clk.Now()
 	p.budget.deposit(now)
 	pc := &poolCall{pool: p, done: done, doneN: doneN, retries: retries, try: try, deadline: call.Deadline}
 	if p.observed {
@@ -120,8 +120,8 @@ type poolCall struct {
 	mu        sync.Mutex
 	retries   int
 	hedge     Hedge
-	hedges    int         // copies left to send
-	timer     *time.Timer // the next copy; stopped when the call ends
+	hedges    int   // copies left to send
+	timer     timer // the next copy; stopped when the call ends
 	live      [1 + MaxHedge]attemptRec
 	nlive     int
 	attempts  int
@@ -137,11 +137,13 @@ type poolCall struct {
 func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 	p := pc.pool
 	var lastErr error
-	for {
-		clk := pickClock{t: now}
+	// Each server at most once per pass (those that refuse join pc.ex):
+	// the loop ends whatever the servers answer.
+	for range len(p.set.Load().peers) + 1 {
+		clk := pickClock{t: now, src: p.clk}
 		pr, trial := p.pick(pc.key, &pc.ex, retry, &clk)
 		if pr == nil {
-			return p.noServer(lastErr)
+			return p.refused(lastErr)
 		}
 		began := clk.t
 		pr.startCall(began)
@@ -178,8 +180,9 @@ func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 		// A retry may go back to a server it tried (when no other can take
 		// it), but not to one that just refused it: that would loop.
 		retry = false
-		now = time.Now()
+		now = p.clk.Now()
 	}
+	return p.refused(lastErr)
 }
 
 // take removes the live attempt seq; false when it is not live (a copy
@@ -198,7 +201,7 @@ func (pc *poolCall) take(seq uint32) bool {
 
 // account ends an attempt: counters, observer, the server's health.
 func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
-	now := time.Now()
+	now := pc.pool.clk.Now()
 	if err == nil {
 		pr.answered(now, now.Sub(began))
 	} else if failureOf(err) == FailTimeout {
@@ -238,9 +241,8 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 		return
 	}
 	budget := false
-	if pc.retries > 0 && transportFailure(err) &&
-		(pc.deadline.IsZero() || time.Until(pc.deadline) > 0) && !p.closed.Load() {
-		now := time.Now()
+	if now := p.clk.Now(); pc.retries > 0 && transportFailure(err) &&
+		(pc.deadline.IsZero() || now.Before(pc.deadline)) && !p.closed.Load() {
 		if p.budget.withdraw(now) {
 			pc.retries--
 			pc.ex.add(pr)
@@ -257,7 +259,7 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 	pc.end()
 	attempts := pc.attempts
 	pc.mu.Unlock()
-	pc.finish(resp, attempts, attemptsError(err, attempts, budget))
+	pc.finish(resp, attempts, attemptsError(err, attempts, budget, pr.addr))
 }
 
 // finish delivers the call's outcome to its caller, once.
@@ -320,7 +322,7 @@ func (pc *poolCall) cancel() bool {
 	// usually beats the client's own timer) saw a timeout: the server's
 	// health must count it as one.
 	var err error = context.Canceled
-	if !pc.deadline.IsZero() && !time.Now().Before(pc.deadline) {
+	if !pc.deadline.IsZero() && !pc.pool.clk.Now().Before(pc.deadline) {
 		err = fmt.Errorf("%w: no response within the deadline", ErrTimeout)
 	}
 	pc.cancelAll(live, err)
@@ -338,7 +340,7 @@ func (pc *poolCall) armHedge(h Hedge) {
 		d = max(d, time.Millisecond)
 	}
 	pc.hedge, pc.hedges = h, h.Max
-	pc.timer = time.AfterFunc(d, pc.hedgeFire)
+	pc.timer = pc.pool.clk.AfterFunc(d, pc.hedgeFire)
 }
 
 // hedgeFire sends the next copy of a call still unanswered, to a server
@@ -350,7 +352,7 @@ func (pc *poolCall) hedgeFire() {
 	if pc.finished || pc.cancelled || pc.hedges <= 0 || pc.nlive == 0 || p.closed.Load() {
 		return
 	}
-	now := time.Now()
+	now := p.clk.Now()
 	if !pc.deadline.IsZero() && !now.Before(pc.deadline) {
 		return
 	}
@@ -386,13 +388,15 @@ type AttemptsError struct {
 	Attempts int
 	// Budget: a retry was refused by the pool's retry budget.
 	Budget bool
+	// Server is the address of the server of the last attempt.
+	Server string
 }
 
-func attemptsError(err error, attempts int, budget bool) error {
+func attemptsError(err error, attempts int, budget bool, server string) error {
 	if attempts <= 1 && !budget {
 		return err
 	}
-	return &AttemptsError{Err: err, Attempts: attempts, Budget: budget}
+	return &AttemptsError{Err: err, Attempts: attempts, Budget: budget, Server: server}
 }
 
 func (e *AttemptsError) Error() string {

@@ -32,13 +32,14 @@ func TestPoolDNS(t *testing.T) {
 		Resolve:  100 * time.Millisecond,
 		Resolver: dns.Addr,
 	})
-	var failed atomic.Int64
+	var failed, done atomic.Int64
 	var lastErr atomic.Pointer[error]
 	stop := make(chan struct{})
 	wg := load(8, stop, func() error {
 		_, err := poolCall(p, 5*time.Second, "who", "")
 		return err
 	}, func(err error, _ time.Time) {
+		done.Add(1)
 		if err != nil {
 			failed.Add(1)
 			lastErr.Store(&err)
@@ -62,15 +63,16 @@ func TestPoolDNS(t *testing.T) {
 		})
 	}
 	follows("127.0.0.1", "127.0.0.2")
-	time.Sleep(300 * time.Millisecond)
+	progress(t, "calls over two servers", done.Load, 100, 30*time.Second, nil)
 	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	follows("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	h := f.srvs[2].hits.Load()
 	eventually(t, 10*time.Second, "the new server takes calls", func() bool { return f.srvs[2].hits.Load() > h+20 })
 	dns.Set("127.0.0.2")
 	follows("127.0.0.2")
+	// Over the next 200 calls, the removed servers take none.
 	h0, h2 := f.srvs[0].hits.Load(), f.srvs[2].hits.Load()
-	time.Sleep(300 * time.Millisecond)
+	progress(t, "calls after the removal", done.Load, 200, 30*time.Second, nil)
 	close(stop)
 	wg.Wait()
 	if f.srvs[0].hits.Load() != h0 || f.srvs[2].hits.Load() != h2 {

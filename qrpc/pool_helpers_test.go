@@ -91,7 +91,7 @@ func (m *member) serve(addr string) {
 		if err == nil || i == 50 {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // retrying the bind, bounded (50 tries)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -368,4 +368,23 @@ func (l *logCapture) count(msg, addr string) int {
 		}
 	}
 	return n
+}
+
+// progress waits until count has grown by n from its value now, or fails
+// after within (a bound only: the window a negative check holds over is
+// the n outcomes, not a time). until, when not nil, ends the wait early
+// when it holds (an end the scenario sets, e.g. an ejection's).
+func progress(t *testing.T, what string, count func() int64, n int64, within time.Duration, until func() bool) {
+	t.Helper()
+	from := count()
+	deadline := time.Now().Add(within)
+	for count()-from < n {
+		if until != nil && until() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d in %v", what, count()-from, n, within)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a counter: no event to wait on
+	}
 }

@@ -20,7 +20,7 @@ type peer struct {
 	calls    atomic.Uint64
 	fails    atomic.Int32 // transport failures in a row
 
-	// ejectedUntil is the end of the ejection in Unix nanoseconds, 0 when
+	// ejectedUntil is the end of the ejection (monoNS), 0 when
 	// not ejected; it stays set past that time until a trial call (one at
 	// a time: trial) or an active check answers. ejectFor is the length of
 	// the next ejection.
@@ -32,15 +32,20 @@ type peer struct {
 	removed  atomic.Bool
 	state    atomic.Uint32 // last PeerState reported
 
-	// progress is the busy server's last sign of life, on the monotonic
-	// clock (monoNS): its last answer, or when it went from idle to busy.
-	// A server with calls in flight and no progress for PoolConfig.Stall
-	// is stalled: a server killed or frozen under load looks like that
-	// long before its calls time out.
+	// progress is the busy server's last sign of life, on the pool's
+	// answer clock (Pool.active): its last answer, or when it went from
+	// idle to busy. A server with calls in flight and no progress while
+	// the pool's answer clock moved on by its stall limit is stalled: a
+	// server killed or frozen under load looks like that long before its
+	// calls time out.
 	progress atomic.Int64
-	// stallSeen is the stall state last noticed (by a pick or an answer),
-	// for the log; stallLogged is when a stall was last logged (monoNS),
-	// stallLoud whether the current stall was.
+	// progressAt is the same sign of life on the monotonic clock (monoNS),
+	// for when the answer clock cannot judge (stalled).
+	progressAt atomic.Int64
+	// stallSeen is the stall verdict, once seen (by a pick or Peers): it
+	// holds until the server answers (answered) or starts a new busy
+	// period (startCall). stallLogged is when a stall was last logged
+	// (monoNS), stallLoud whether the current stall was.
 	stallSeen   atomic.Bool
 	stallLoud   atomic.Bool
 	stallLogged atomic.Int64
@@ -56,20 +61,20 @@ type peer struct {
 // ewmaDecay is the peak EWMA's time constant (linkerd's).
 const ewmaDecay = 10 * time.Second
 
-// monoBase anchors monoNS: stall times are monotonic, immune to steps of
-// the wall clock.
-var monoBase = time.Now()
-
-func monoNS(t time.Time) int64 { return int64(t.Sub(monoBase)) }
-
 // pickClock reads the time at most once per pick, and only when a server
 // needs it (an ejected one, or one with calls in flight). A call's attempt
 // presets it with the time it reads anyway.
-type pickClock struct{ t time.Time }
+type pickClock struct {
+	t   time.Time
+	src clock // the pool's; set by pick when the caller left it nil
+}
 
 func (c *pickClock) now() time.Time {
 	if c.t.IsZero() {
-		c.t = time.Now()
+		if c.src == nil {
+			c.src = realClock{}
+		}
+		c.t = c.src.Now()
 	}
 	return c.t
 }
@@ -91,8 +96,11 @@ func newPeer(p *Pool, addr string) *peer {
 // starts its stall clock then: the time it was idle is not silence.
 func (pr *peer) startCall(now time.Time) {
 	if pr.inflight.Load() == 0 {
-		pr.progress.Store(monoNS(now))
+		pr.progress.Store(pr.pool.active.Load())
+		pr.progressAt.Store(monoNS(now))
+		pr.stallSeen.Store(false) // a verdict on the last busy period
 	}
+	pr.pool.inflight.Add(1)
 	pr.inflight.Add(1)
 	pr.calls.Add(1)
 	pr.obs.InflightAdd(1)
@@ -100,6 +108,7 @@ func (pr *peer) startCall(now time.Time) {
 
 func (pr *peer) endCall() {
 	pr.inflight.Add(-1)
+	pr.pool.inflight.Add(-1)
 	pr.obs.InflightAdd(-1)
 }
 
@@ -107,18 +116,9 @@ func (pr *peer) endCall() {
 // that took d, or to the active check (d = 0: no latency sample).
 func (pr *peer) answered(now time.Time, d time.Duration) {
 	ns := monoNS(now)
-	pr.progress.Store(ns)
 	p := pr.pool
-	// One store per millisecond at most: a line every call shares.
-	if last := p.lastAnswer.Load(); last == 0 || ns-last > int64(time.Millisecond) {
-		if last != 0 && ns-last > int64(stallFloor) {
-			// No server of the pool answered for a while: this process
-			// or the machine stood still. Every server gets a full limit
-			// from here before it can be stalled.
-			p.quietEnd.Store(ns)
-		}
-		p.lastAnswer.Store(ns)
-	}
+	pr.progress.Store(p.advance(ns))
+	pr.progressAt.Store(ns)
 	if pr.stallSeen.Load() && pr.stallSeen.CompareAndSwap(true, false) && pr.stallLoud.Swap(false) {
 		p.log.Info("qrpc server answering again", "addr", pr.addr)
 	}
@@ -128,6 +128,20 @@ func (pr *peer) answered(now time.Time, d time.Duration) {
 			p.lat.add(d)
 		}
 	}
+}
+
+// advance moves the pool's answer clock to an answer at ns (monoNS) and
+// returns it: by the gap since the last answer, at most activeGapCap. One
+// store per millisecond at most: a line every answer shares.
+func (p *Pool) advance(ns int64) int64 {
+	last := p.lastAnswer.Load()
+	if last != 0 && ns-last <= int64(time.Millisecond) || !p.lastAnswer.CompareAndSwap(last, ns) {
+		return p.active.Load()
+	}
+	if last == 0 || ns <= last {
+		return p.active.Load()
+	}
+	return p.active.Add(min(ns-last, int64(activeGapCap)))
 }
 
 // observeLatency folds a call's time d, ended at now (monoNS), into the
@@ -170,30 +184,37 @@ func (pr *peer) cost(now int64) float64 {
 }
 
 // stalled reports whether pr has had calls in flight and no sign of life
-// for longer than its stall limit, while another server of the pool went
-// on answering for at least stallEvidence after its last sign of life
-// (when this process is starved of CPU every server goes quiet at once:
-// their last answers lie within a millisecond or so; when one server
-// freezes under load, the others answer on until clients pile onto it,
-// tens of answers later), and no pool-wide
-// silence ended within the limit (after one, every server answers again
-// in its own time: a machine that stood still for seconds wakes its
-// processes one after another). in is its inflight
-// count; stall is PoolConfig.Stall (ns; <= 0: never).
+// while the pool's answer clock moved on by more than its stall limit:
+// the other servers went on answering all that time (when this process is
+// starved of CPU, or the machine stands still, no answer comes from any
+// server and the clock does not move; when one server freezes under load,
+// the others answer on). That clock stands still too when every call in
+// flight is on pr (clients caught on it wait, and ask no other server):
+// then the monotonic clock judges, once another server has answered since
+// pr's last sign of life. The first time it holds, the verdict is kept
+// (noteStall) and every later call sees it, until pr answers or goes
+// idle. in is its inflight count; stall is PoolConfig.Stall (ns; <= 0:
+// never).
 func (pr *peer) stalled(in int64, clk *pickClock, stall int64) bool {
 	if stall <= 0 || in <= 0 {
 		return false
 	}
-	now := monoNS(clk.now())
-	last := pr.progress.Load()
+	if pr.stallSeen.Load() {
+		return true
+	}
+	p := pr.pool
 	limit := pr.stallLimit(stall)
-	if now-last <= limit {
-		return false
+	if p.active.Load()-pr.progress.Load() <= limit {
+		if p.inflight.Load() > in {
+			return false // others have calls to answer: their answers judge
+		}
+		last := pr.progressAt.Load()
+		if monoNS(clk.now())-last <= limit || p.lastAnswer.Load() <= last {
+			return false
+		}
 	}
-	if q := pr.pool.quietEnd.Load(); q != 0 && now-q <= limit {
-		return false
-	}
-	return pr.pool.lastAnswer.Load()-last > int64(stallEvidence)
+	pr.noteStall(clk)
+	return true
 }
 
 // stallLimit is how long pr may go without answering while busy before
@@ -209,7 +230,7 @@ func (pr *peer) stallLimit(stall int64) int64 {
 	return min(stall, max(int64(stallFloor), stallFactor*e))
 }
 
-// noteStall runs when a pick finds pr stalled: the first time (of this
+// noteStall keeps the verdict that pr is stalled; the first time (of this
 // stall), the log hears of it, at most once per stallLogEvery.
 func (pr *peer) noteStall(clk *pickClock) {
 	if pr.stallSeen.Load() || !pr.stallSeen.CompareAndSwap(false, true) {
@@ -222,7 +243,7 @@ func (pr *peer) noteStall(clk *pickClock) {
 	}
 	pr.stallLoud.Store(true)
 	pr.pool.log.Info("qrpc server stalled: calls in flight and no answer, new calls go to other servers",
-		"addr", pr.addr, "for", time.Duration(now-pr.progress.Load()).Round(time.Millisecond),
+		"addr", pr.addr, "for", time.Duration(now-pr.progressAt.Load()).Round(time.Millisecond),
 		"inflight", pr.inflight.Load())
 }
 
@@ -257,7 +278,7 @@ func (pr *peer) refresh() {
 		switch {
 		case now == PeerEjected:
 			log.Info("qrpc server ejected", "addr", pr.addr,
-				"for", time.Duration(pr.ejectFor.Load()), "until", time.Unix(0, pr.ejectedUntil.Load()).Format(time.RFC3339Nano))
+				"for", time.Duration(pr.ejectFor.Load()), "until", wallAt(pr.ejectedUntil.Load(), pr.pool.clk.Now()).Format(time.RFC3339Nano))
 		case old == PeerEjected && (now == PeerUp || now == PeerConnecting):
 			log.Info("qrpc server back", "addr", pr.addr, "state", now.String())
 		case now == PeerDraining:
@@ -277,10 +298,10 @@ func (pr *peer) info() PeerInfo {
 		Calls:    pr.calls.Load(),
 		Failures: int(pr.fails.Load()),
 	}
+	clk := pickClock{src: pr.pool.clk}
 	if u := pr.ejectedUntil.Load(); u != 0 {
-		in.EjectedUntil = time.Unix(0, u)
+		in.EjectedUntil = wallAt(u, clk.now())
 	}
-	var clk pickClock
 	in.Stalled = pr.stalled(int64(in.Inflight), &clk, int64(pr.pool.cfg.Stall))
 	return in
 }
@@ -289,7 +310,7 @@ func (pr *peer) info() PeerInfo {
 // time is up may take one trial call (needTrial); the caller claims it.
 func (pr *peer) eligible(clk *pickClock) (ok, needTrial bool) {
 	if until := pr.ejectedUntil.Load(); until != 0 {
-		if clk.now().UnixNano() < until || pr.trial.Load() {
+		if monoNS(clk.now()) < until || pr.trial.Load() {
 			return false, false
 		}
 		return pr.c.up(), true
@@ -305,6 +326,9 @@ func (pr *peer) eligible(clk *pickClock) (ok, needTrial bool) {
 // A stalled server is skipped softly: it takes the call only when no
 // other server can.
 func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer, bool) {
+	if clk.src == nil {
+		clk.src = p.clk
+	}
 	peers := p.set.Load().peers
 	n := len(peers)
 	if n == 0 {
@@ -426,7 +450,6 @@ func scanBest[S cmp.Ordered](peers []*peer, start uint32, ex *exclude, clk *pick
 			}
 			sc := score(pr)
 			if pr.stalled(pr.inflight.Load(), clk, limit) {
-				pr.noteStall(clk)
 				if slow == nil || sc < slowS {
 					slow, slowS, slowTrial = pr, sc, trial
 				}
@@ -458,7 +481,6 @@ func takeable(pr *peer, ex *exclude, clk *pickClock, limit int64) (ok, trial, st
 		return false, false, false
 	}
 	if pr.stalled(pr.inflight.Load(), clk, limit) {
-		pr.noteStall(clk)
 		return false, false, true
 	}
 	return true, trial, false
@@ -519,7 +541,7 @@ func (p *Pool) eject(pr *peer) {
 		return
 	}
 	d := time.Duration(pr.ejectFor.Load())
-	pr.ejectedUntil.Store(time.Now().Add(d).UnixNano())
+	pr.ejectedUntil.Store(monoNS(p.clk.Now().Add(d)))
 	// fails is kept: peers() then shows the run of failures that caused
 	// the ejection (and those still landing); back() resets it.
 	pr.obs.Ejected()
@@ -531,7 +553,7 @@ func (p *Pool) eject(pr *peer) {
 func (p *Pool) reeject(pr *peer) {
 	d := min(2*time.Duration(pr.ejectFor.Load()), maxEjectFactor*p.cfg.Eject)
 	pr.ejectFor.Store(int64(d))
-	pr.ejectedUntil.Store(time.Now().Add(d).UnixNano())
+	pr.ejectedUntil.Store(monoNS(p.clk.Now().Add(d)))
 	pr.trial.Store(false)
 	pr.obs.Ejected()
 	p.log.Info("qrpc server still failing, ejected again", "addr", pr.addr, "for", d)

@@ -1,9 +1,11 @@
 package qrpc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
@@ -16,7 +18,7 @@ import (
 func benchPool(tb testing.TB, n int, b Balance) *Pool {
 	tb.Helper()
 	p := &Pool{cfg: PoolConfig{Balance: b, Failures: 3, Eject: time.Second, Stall: defaultStall, Observer: observe.Nop{}, EjectOn: failAll},
-		log: slogDiscard()}
+		log: slogDiscard(), clk: realClock{}}
 	var peers []*peer
 	for i := range n {
 		pr := newPeer(p, "10.0.0."+strconv.Itoa(i+1)+":8443")
@@ -98,14 +100,14 @@ func TestPickSkipsEjected(t *testing.T) {
 	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
 		p := benchPool(t, 3, bal)
 		victim := p.set.Load().peers[1]
-		victim.ejectedUntil.Store(time.Now().Add(time.Hour).UnixNano())
+		victim.ejectedUntil.Store(monoNS(time.Now().Add(time.Hour)))
 		for i := range 300 {
 			pr, trial := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{})
 			if pr == victim || trial {
 				t.Fatalf("%v: ejected server picked", bal)
 			}
 		}
-		victim.ejectedUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+		victim.ejectedUntil.Store(monoNS(time.Now().Add(-time.Millisecond)))
 		trials := 0
 		for i := range 300 {
 			if pr, trial := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{}); pr == victim {
@@ -185,10 +187,23 @@ func TestRetryAttemptEnds(t *testing.T) {
 	}
 }
 
-// TestPickSkipsStalled: a server with calls in flight and no answer for
-// Stall gets no new call while another server can take it; it gets them
-// again once it answers; when every server is stalled, or there is only
-// one, or Stall is off, calls still go out.
+// answerFor makes the servers in others answer every 5 ms (on the clock
+// of the times passed, from start) for d; it returns the end.
+func answerFor(start time.Time, d time.Duration, others ...*peer) time.Time {
+	at := start
+	for at.Before(start.Add(d)) {
+		at = at.Add(5 * time.Millisecond)
+		for _, o := range others {
+			o.answered(at, 0)
+		}
+	}
+	return at
+}
+
+// TestPickSkipsStalled: a server with calls in flight and no answer while
+// the others answered for Stall gets no new call while another server can
+// take it; it gets them again once it answers; when every server is
+// stalled, or there is only one, or Stall is off, calls still go out.
 func TestPickSkipsStalled(t *testing.T) {
 	picks := func(p *Pool) map[*peer]int {
 		got := map[*peer]int{}
@@ -198,31 +213,29 @@ func TestPickSkipsStalled(t *testing.T) {
 		}
 		return got
 	}
-	now := time.Now()
-	long := now.Add(-time.Second) // 5 × Stall ago
 	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
 		p := benchPool(t, 3, bal)
 		peers := p.set.Load().peers
+		now := time.Now()
 		for _, pr := range peers {
 			pr.startCall(now) // busy, all alike: least_inflight ties
 		}
 		victim := peers[1]
-		victim.progress.Store(monoNS(long))
-		peers[0].answered(now, 0) // the others answer: the silence is the victim's
-		peers[2].answered(now, 0)
+		// The others answer for a full limit: the silence is the victim's.
+		now = answerFor(now, p.cfg.Stall+10*time.Millisecond, peers[0], peers[2])
 		if !victim.info().Stalled || peers[0].info().Stalled {
 			t.Fatalf("%v: stalled %v, %v", bal, victim.info().Stalled, peers[0].info().Stalled)
 		}
 		if got := picks(p); got[victim] != 0 || got[nil] != 0 {
 			t.Fatalf("%v: the stalled server took %d of 300 calls (%d found none)", bal, got[victim], got[nil])
 		}
-		victim.answered(time.Now(), 0)
+		victim.answered(now, 0)
 		if got := picks(p); got[victim] < 50 {
 			t.Fatalf("%v: the server that answered again took %d of 300 calls", bal, got[victim])
 		}
 		// Every server stalled: the calls still go out, spread as usual.
 		for _, pr := range peers {
-			pr.progress.Store(monoNS(long))
+			pr.progress.Store(p.active.Load() - int64(time.Second))
 		}
 		if got := picks(p); got[nil] != 0 || got[victim] < 50 {
 			t.Fatalf("%v: every server stalled: %d calls found none, %d went to %s", bal, got[nil], got[victim], victim.addr)
@@ -236,7 +249,8 @@ func TestPickSkipsStalled(t *testing.T) {
 	// One server: always picked, stalled or not.
 	p := benchPool(t, 1, RoundRobin)
 	only := p.set.Load().peers[0]
-	only.startCall(long)
+	only.startCall(time.Now())
+	only.progress.Store(p.active.Load() - int64(time.Second))
 	if !only.info().Stalled {
 		t.Fatal("the lone server is not shown stalled")
 	}
@@ -244,10 +258,48 @@ func TestPickSkipsStalled(t *testing.T) {
 		t.Fatalf("the lone stalled server took %d of 300 calls", got[only])
 	}
 	// An idle server is never stalled, however long it was idle.
-	idle := benchPool(t, 2, RoundRobin).set.Load().peers[0]
-	idle.progress.Store(monoNS(long))
+	p = benchPool(t, 2, RoundRobin)
+	idle := p.set.Load().peers[0]
+	answerFor(time.Now(), time.Second, p.set.Load().peers[1])
 	if idle.info().Stalled {
 		t.Fatal("an idle server is stalled")
+	}
+}
+
+// TestStalledVerdictHolds: once a server is seen stalled (here through
+// Peers, as an operator or a test sees it), the very next picks skip it,
+// whatever happens meanwhile (one of its calls times out, which raises its
+// answer time and so its limit; a pool-wide silence, this process
+// standing still), until it answers.
+func TestStalledVerdictHolds(t *testing.T) {
+	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
+		p := benchPool(t, 3, bal)
+		peers := p.set.Load().peers
+		victim := peers[1]
+		now := time.Now()
+		for _, pr := range peers {
+			pr.observeLatency(monoNS(now), 2*time.Millisecond) // fast: the limit is the floor
+			pr.startCall(now)
+		}
+		now = answerFor(now, stallFloor+10*time.Millisecond, peers[0], peers[2])
+		if !victim.info().Stalled {
+			t.Fatalf("%v: not seen stalled", bal)
+		}
+		// A call of its times out: its answer time, and its limit, go up.
+		victim.observeLatency(monoNS(now), time.Second)
+		// Two seconds of silence from everyone (this process stood still),
+		// then one server answers: the verdict still stands.
+		now = now.Add(2 * time.Second)
+		peers[0].answered(now, 0)
+		for i := range 300 {
+			if pr, _ := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{t: now}); pr == victim {
+				t.Fatalf("%v: pick %d after the verdict took the stalled server", bal, i)
+			}
+		}
+		victim.answered(now, 0)
+		if victim.info().Stalled {
+			t.Fatalf("%v: still stalled after it answered", bal)
+		}
 	}
 }
 
@@ -415,10 +467,11 @@ func TestLatencyP95(t *testing.T) {
 	}
 }
 
-// TestNoStallAfterPoolSilence: when answers come back after no server of
-// the pool answered for a while (the machine or this process stood
-// still), a server still silent is not stalled until its own limit has
-// passed since: servers wake one after another.
+// TestNoStallAfterPoolSilence: a server's silence is counted in the time
+// the pool went on getting answers: when no server of the pool answers
+// for a while (the machine or this process stood still), that pause
+// counts for at most activeGapCap, and a server still silent after it is
+// stalled only once the others have answered for its limit since.
 func TestNoStallAfterPoolSilence(t *testing.T) {
 	p := benchPool(t, 3, RoundRobin)
 	peers := p.set.Load().peers
@@ -431,16 +484,104 @@ func TestNoStallAfterPoolSilence(t *testing.T) {
 	now := start.Add(2 * time.Second)
 	peers[0].answered(now, 0)
 	victim := peers[1]
+	if got := time.Duration(p.active.Load() - victim.progress.Load()); got != activeGapCap {
+		t.Fatalf("a 2 s pause counted for %v of silence, want %v", got, activeGapCap)
+	}
 	if victim.stalled(victim.inflight.Load(), &pickClock{t: now}, int64(p.cfg.Stall)) {
 		t.Fatal("stalled at once after a pool-wide silence")
 	}
-	// The others answer all along (every 10 ms) for a full limit.
-	later := now
-	for later.Before(now.Add(p.cfg.Stall + time.Millisecond)) {
-		later = later.Add(10 * time.Millisecond)
-		peers[0].answered(later, 0)
+	// The others answer all along (every 5 ms) until just under the limit,
+	// then past it.
+	limit := time.Duration(victim.stallLimit(int64(p.cfg.Stall)))
+	now = answerFor(now, limit-activeGapCap-5*time.Millisecond, peers[0])
+	if victim.stalled(victim.inflight.Load(), &pickClock{t: now}, int64(p.cfg.Stall)) {
+		t.Fatalf("stalled after %v of the others' answers, under its %v limit", time.Duration(p.active.Load()-victim.progress.Load()), limit)
 	}
-	if !victim.stalled(victim.inflight.Load(), &pickClock{t: later}, int64(p.cfg.Stall)) {
+	now = answerFor(now, 10*time.Millisecond, peers[0])
+	if !victim.stalled(victim.inflight.Load(), &pickClock{t: now}, int64(p.cfg.Stall)) {
 		t.Fatal("still silent a full limit after the others came back, yet not stalled")
+	}
+}
+
+// TestExcludeForgetsNone: a call that has tried more servers than the
+// inline few still keeps every one out of its next pick (a ring that
+// forgot the first would send the call round the servers for ever).
+func TestExcludeForgetsNone(t *testing.T) {
+	p := benchPool(t, 12, RoundRobin)
+	var ex exclude
+	for i := range 12 {
+		pr, _ := p.pick(nil, &ex, false, &pickClock{})
+		if pr == nil {
+			t.Fatalf("pick %d: none, with %d of 12 tried", i, i)
+		}
+		if ex.has(pr) {
+			t.Fatalf("pick %d: %s again", i, pr.addr)
+		}
+		ex.add(pr)
+	}
+	if pr, _ := p.pick(nil, &ex, false, &pickClock{}); pr != nil {
+		t.Fatalf("every server tried, yet %s picked", pr.addr)
+	}
+}
+
+// TestResolvedServerNames: addresses resolved from two names on one port
+// are each verified against their own name.
+func TestResolvedServerNames(t *testing.T) {
+	p := benchPool(t, 1, RoundRobin)
+	targets := []target{{host: "a.svc", port: "7000"}, {host: "b.svc", port: "7000"}, {host: "127.0.0.9", port: "7000", literal: true}}
+	dns := map[string][]netip.Addr{
+		"a.svc": {netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")},
+		"b.svc": {netip.MustParseAddr("10.0.1.1")},
+	}
+	want, names, err := resolveTargets(t.Context(), targets, time.Second, func(_ context.Context, h string) ([]netip.Addr, error) {
+		return dns[h], nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != 4 {
+		t.Fatalf("addresses %v", want)
+	}
+	for addr, name := range map[string]string{"10.0.0.1:7000": "a.svc", "10.0.0.2:7000": "a.svc", "10.0.1.1:7000": "b.svc", "127.0.0.9:7000": "127.0.0.9"} {
+		if got := p.peerConf(addr, names).ServerName; got != name {
+			t.Errorf("%s: server name %q, want %q", addr, got, name)
+		}
+	}
+}
+
+// TestStallWithEveryCallOnIt: when every call in flight is on the silent
+// server (clients caught on it wait and ask no other server, so no other
+// answer moves the pool's answer clock), the monotonic clock judges: it is
+// stalled once its limit has passed since its last sign of life, provided
+// another server answered after that sign (else the silence may be this
+// process's own).
+func TestStallWithEveryCallOnIt(t *testing.T) {
+	p := benchPool(t, 3, RoundRobin)
+	peers := p.set.Load().peers
+	victim := peers[1]
+	start := time.Now()
+	victim.startCall(start)
+	victim.startCall(start)
+	limit := time.Duration(victim.stallLimit(int64(p.cfg.Stall)))
+	at := func(d time.Duration) bool {
+		return victim.stalled(victim.inflight.Load(), &pickClock{t: start.Add(d)}, int64(p.cfg.Stall))
+	}
+	if at(limit + time.Millisecond) {
+		t.Fatal("stalled with no other server's answer since its calls began")
+	}
+	peers[0].startCall(start.Add(2 * time.Millisecond))
+	peers[0].answered(start.Add(3*time.Millisecond), 0)
+	peers[0].endCall()
+	if at(limit) {
+		t.Fatal("stalled at its limit, not past it")
+	}
+	if !at(limit + time.Millisecond) {
+		t.Fatal("not stalled past its limit with every call on it")
+	}
+	// Another server with a call in flight: its answers judge instead.
+	victim.stallSeen.Store(false)
+	peers[2].startCall(start)
+	if at(limit + time.Millisecond) {
+		t.Fatal("stalled by the monotonic clock while another server has calls to answer")
 	}
 }

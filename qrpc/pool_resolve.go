@@ -36,11 +36,23 @@ func (p *Pool) hasNames() bool {
 }
 
 // resolve returns the server addresses the targets stand for, sorted and
-// without duplicates. A name that does not resolve is an error.
-func (p *Pool) resolve(ctx context.Context) ([]string, error) {
+// without duplicates, and the name each resolved address came from (its
+// TLS server name). A name that does not resolve is an error.
+func (p *Pool) resolve(ctx context.Context) ([]string, map[string]string, error) {
+	return resolveTargets(ctx, p.targets, p.conf.DialTimeout, func(ctx context.Context, host string) ([]netip.Addr, error) {
+		return p.resolver.LookupNetIP(ctx, "ip", host)
+	})
+}
+
+// resolveTargets is resolve with its lookup given: a name's addresses are
+// keyed to that name, so that two names on one port each keep their own.
+// An address two names share keeps the first.
+func resolveTargets(ctx context.Context, targets []target, timeout time.Duration,
+	lookup func(context.Context, string) ([]netip.Addr, error)) ([]string, map[string]string, error) {
 	seen := map[string]bool{}
+	names := map[string]string{}
 	var out []string
-	for _, t := range p.targets {
+	for _, t := range targets {
 		if t.literal {
 			a := net.JoinHostPort(t.host, t.port)
 			if !seen[a] {
@@ -49,59 +61,54 @@ func (p *Pool) resolve(ctx context.Context) ([]string, error) {
 			}
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, p.conf.DialTimeout)
-		ips, err := p.resolver.LookupNetIP(rctx, "ip", t.host)
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		ips, err := lookup(rctx, t.host)
 		cancel()
 		if err != nil {
-			return nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: err}
+			return nil, nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: err}
 		}
 		if len(ips) == 0 {
-			return nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: fmt.Errorf("no address")}
+			return nil, nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: fmt.Errorf("no address")}
 		}
 		for _, ip := range ips {
 			a := net.JoinHostPort(ip.Unmap().String(), t.port)
 			if !seen[a] {
 				seen[a] = true
+				names[a] = t.host
 				out = append(out, a)
 			}
 		}
 	}
 	if len(out) > maxPeers {
-		return nil, fmt.Errorf("%w: %d servers, at most %d", ErrBadConfig, len(out), maxPeers)
+		return nil, nil, fmt.Errorf("%w: %d servers, at most %d", ErrBadConfig, len(out), maxPeers)
 	}
 	sort.Strings(out)
-	return out, nil
+	return out, names, nil
 }
 
 // serverName is the TLS name for a server: the configured one, else the
-// name the address came from (not the IP it resolved to).
-func (p *Pool) serverName(addr string) string {
+// name the address came from (not the IP it resolved to), else its host.
+func (p *Pool) serverName(addr string, names map[string]string) string {
 	if p.conf.ServerName != "" {
 		return p.conf.ServerName
 	}
-	host, port, _ := net.SplitHostPort(addr)
-	if _, err := netip.ParseAddr(host); err != nil {
-		return host
+	if n, ok := names[addr]; ok {
+		return n
 	}
-	// A resolved address: the first name with that port stands for it.
-	for _, t := range p.targets {
-		if !t.literal && t.port == port {
-			return t.host
-		}
-	}
+	host, _, _ := net.SplitHostPort(addr)
 	return host
 }
 
-func (p *Pool) peerConf(addr string) Config {
+func (p *Pool) peerConf(addr string, names map[string]string) Config {
 	conf := p.conf
-	conf.ServerName = p.serverName(addr)
+	conf.ServerName = p.serverName(addr, names)
 	return conf
 }
 
 // addSync dials the only server now, as Dial does.
-func (p *Pool) addSync(ctx context.Context, addr string) error {
+func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string) error {
 	pr := newPeer(p, addr)
-	conf := p.peerConf(addr)
+	conf := p.peerConf(addr, names)
 	tlsConf, err := conf.tlsConfig(addr)
 	if err != nil {
 		return err
@@ -124,8 +131,11 @@ func (p *Pool) addSync(ctx context.Context, addr string) error {
 }
 
 // apply makes want the pool's servers: new ones join (dialled in the
-// background), missing ones drain. Called with p.mu held.
-func (p *Pool) apply(want []string) {
+// background), missing ones drain. It returns the first error of a server
+// that could not be added (its configuration: the TLS material, the same
+// for every server). Called with p.mu held.
+func (p *Pool) apply(want []string, names map[string]string) error {
+	var firstErr error
 	keep := make(map[string]bool, len(want))
 	changed := false
 	for _, a := range want {
@@ -143,9 +153,12 @@ func (p *Pool) apply(want []string) {
 			continue
 		}
 		pr := newPeer(p, a)
-		c, err := dialBackground(a, p.peerConf(a), pr.obs, pr.refresh)
+		c, err := dialBackground(a, p.peerConf(a, names), pr.obs, pr.refresh)
 		if err != nil {
 			p.log.Warn("qrpc server not added", "addr", a, "err", err)
+			if firstErr == nil {
+				firstErr = err
+			}
 			continue
 		}
 		pr.c = c
@@ -169,6 +182,7 @@ func (p *Pool) apply(want []string) {
 	if changed {
 		p.publish()
 	}
+	return firstErr
 }
 
 // publish replaces the snapshot the call path reads. Called with p.mu held.
@@ -219,7 +233,7 @@ func (p *Pool) resolveLoop() {
 		case <-p.ctx.Done():
 			return
 		}
-		want, err := p.resolve(p.ctx)
+		want, names, err := p.resolve(p.ctx)
 		if err != nil {
 			if p.ctx.Err() == nil {
 				p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
@@ -228,7 +242,7 @@ func (p *Pool) resolveLoop() {
 		}
 		p.mu.Lock()
 		if !p.closed.Load() {
-			p.apply(want)
+			_ = p.apply(want, names) // logged per server
 		}
 		p.mu.Unlock()
 	}
@@ -262,14 +276,14 @@ func (p *Pool) checkLoop() {
 func (p *Pool) check(pr *peer) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Check.Timeout)
 	defer cancel()
-	began := time.Now()
+	began := p.clk.Now()
 	_, err := pr.c.Unary(ctx, p.cfg.Check.Method, nil)
 	if p.ctx.Err() != nil {
 		return
 	}
 	if err == nil {
 		// Any answer: the server is alive.
-		now := time.Now()
+		now := p.clk.Now()
 		pr.answered(now, now.Sub(began))
 		pr.fails.Store(0)
 		if pr.ejectedUntil.Load() != 0 {

@@ -3,6 +3,7 @@ package qrpc_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -127,6 +128,9 @@ func TestPoolTryTimeout(t *testing.T) {
 	var ae *qrpc.AttemptsError
 	if !errors.As(err, &ae) || ae.Attempts != 2 {
 		t.Fatalf("all frozen: %#v", err)
+	}
+	if !slices.Contains(addrs, ae.Server) {
+		t.Fatalf("all frozen: last attempt on %q, want one of the servers %v", ae.Server, addrs)
 	}
 }
 

@@ -204,11 +204,11 @@ func TestPoolServerKilled(t *testing.T) {
 		}
 		return err
 	})
-	time.Sleep(300 * time.Millisecond)
+	eventually(t, 10*time.Second, "at least 3 calls in flight on the victim", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.Inflight >= 3
+	})
 	atKill, _ := peerState(p, victim.addr)
-	if atKill.Inflight < 3 {
-		t.Fatalf("setup: %d calls in flight on the victim, want at least 3", atKill.Inflight)
-	}
 	killedAt := time.Now()
 	victim.kill()
 	eventually(t, 5*time.Second, "the killed server is out (ejected or connecting)", func() bool {
@@ -216,7 +216,11 @@ func TestPoolServerKilled(t *testing.T) {
 		return in.State != qrpc.PeerUp
 	})
 	out := time.Since(killedAt)
-	time.Sleep(500 * time.Millisecond)
+	// The calls caught on it end, and their callers have their errors.
+	eventually(t, 2*deadline, "the calls caught on the killed server end", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.Inflight == 0 && int64(len(ld.failures())) == rec.get(victim.addr).failed.Load()
+	})
 	in, _ := peerState(p, victim.addr)
 	sentAfter := int64(in.Calls - atKill.Calls)
 	errs := ld.failures()
@@ -245,13 +249,10 @@ func TestPoolServerKilled(t *testing.T) {
 	if r := rec.get(victim.addr); r.failed.Load() != int64(n) {
 		t.Errorf("%d calls failed, %d failed attempts on the victim", n, r.failed.Load())
 	}
-	okBefore := ld.oks.Load()
-	time.Sleep(700 * time.Millisecond)
+	// Over the next 300 calls, none fails.
+	progress(t, "calls after the kill", ld.oks.Load, 300, 30*time.Second, nil)
 	if after := len(ld.failures()) - n; after != 0 {
 		t.Fatalf("%d calls failed after the killed server was out", after)
-	}
-	if ld.oks.Load() == okBefore {
-		t.Fatal("no calls succeeded after the kill")
 	}
 
 	victim.hits.Store(0)
@@ -292,7 +293,7 @@ func TestPoolServerFrozen(t *testing.T) {
 		_, err := poolCall(p, deadline, "who", "")
 		return err
 	})
-	time.Sleep(300 * time.Millisecond)
+	progress(t, "calls before the freeze", ld.oks.Load, 100, 30*time.Second, nil)
 	killedAt := time.Now()
 	victim.freeze()
 	var atEjection qrpc.PeerInfo
@@ -307,11 +308,18 @@ func TestPoolServerFrozen(t *testing.T) {
 		t.Errorf("ejected with %d failures shown, want at least health.failures (3)", atEjection.Failures)
 	}
 	// Calls sent before the ejection may still be waiting out their
-	// deadline; after that, nothing fails.
-	time.Sleep(deadline + 200*time.Millisecond)
+	// deadline; after that, nothing fails: over 100 calls, or until the
+	// ejection nears its end (no trial call yet), whichever comes first.
+	eventually(t, 2*deadline, "the calls caught on the frozen server end", func() bool {
+		in, _ := peerState(p, victim.addr)
+		return in.Inflight == 0 && int64(len(ld.failures())) == rec.get(victim.addr).failed.Load()
+	})
 	before := len(ld.failures())
 	okBefore := ld.oks.Load()
-	time.Sleep(700 * time.Millisecond) // < Eject: no trial call yet
+	progress(t, "calls after the ejection", ld.oks.Load, 100, 30*time.Second, func() bool {
+		in, _ := peerState(p, victim.addr)
+		return time.Until(in.EjectedUntil) < 100*time.Millisecond
+	})
 	if after := len(ld.failures()) - before; after != 0 {
 		t.Fatalf("%d calls failed after the ejection", after)
 	}
@@ -429,7 +437,7 @@ func TestPoolFailoverNeverSent(t *testing.T) {
 	// closing the connection): calls that find its connection closed were
 	// never sent and go to the other server; the few in flight when the
 	// connection closed may have run, and take their one retry. None fails.
-	var failed atomic.Int64
+	var failed, done atomic.Int64
 	var last atomic.Pointer[error]
 	stop := make(chan struct{})
 	wg := load(20, stop, func() error {
@@ -438,12 +446,13 @@ func TestPoolFailoverNeverSent(t *testing.T) {
 		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who"), Retries: 1})
 		return err
 	}, func(err error, _ time.Time) {
+		done.Add(1)
 		if err != nil {
 			failed.Add(1)
 			last.Store(&err)
 		}
 	})
-	time.Sleep(200 * time.Millisecond)
+	progress(t, "calls before the shutdown", done.Load, 100, 30*time.Second, nil)
 	m := f.srvs[0]
 	m.mu.Lock()
 	srv := m.srv
@@ -455,8 +464,9 @@ func TestPoolFailoverNeverSent(t *testing.T) {
 		in, _ := peerState(p, addrs[0])
 		return in.State != qrpc.PeerUp
 	})
+	// The next 200 calls: none fails, the remaining server takes them.
 	h1 := f.srvs[1].hits.Load()
-	time.Sleep(300 * time.Millisecond)
+	progress(t, "calls after the shutdown", done.Load, 200, 30*time.Second, nil)
 	close(stop)
 	wg.Wait()
 	if n := failed.Load(); n != 0 {
@@ -751,7 +761,9 @@ func TestPoolStallFrozen(t *testing.T) {
 				}
 				wg.Wait()
 			}()
-			time.Sleep(600 * time.Millisecond)
+			// Every client has made its first calls (and the answer times
+			// are measured) before the freeze.
+			progress(t, "calls before the freeze", oks.Load, 3*workers, 30*time.Second, nil)
 			victim := f.srvs[1]
 			atKill, _ := peerState(p, victim.addr)
 			frozeAt := time.Now()
@@ -762,6 +774,12 @@ func TestPoolStallFrozen(t *testing.T) {
 			// (answers already on their way end it): the last time it came
 			// on counts.
 			window := time.Duration(-1)
+			// The verdict, once seen, holds until the victim answers or has
+			// no call left in flight: from the last time it came on, no new
+			// call goes to the victim (its Calls stay where they were).
+			seen, idle := false, false
+			var callsAtVerdict, sentAfterVerdict uint64
+			// Polls the victim's state (no event to wait on), bounded.
 			for prev := false; time.Since(frozeAt) < 10*time.Second; time.Sleep(2 * time.Millisecond) {
 				in, _ := peerState(p, victim.addr)
 				if in.State == qrpc.PeerEjected {
@@ -772,13 +790,21 @@ func TestPoolStallFrozen(t *testing.T) {
 				}
 				if in.Stalled && !prev {
 					window = time.Since(frozeAt)
+					seen, callsAtVerdict = true, in.Calls
 				}
+				if in.Stalled {
+					sentAfterVerdict = in.Calls - callsAtVerdict
+				}
+				idle = idle || seen && in.Inflight == 0
 				prev = in.Stalled
 			}
 			if in, _ := peerState(p, victim.addr); in.State != qrpc.PeerEjected {
 				t.Fatalf("10 s after the freeze: %v, want ejected", in.State)
 			}
-			time.Sleep(deadline + 300*time.Millisecond) // the calls caught on it end
+			eventually(t, 3*deadline, "the calls caught on the victim end", func() bool {
+				in, _ := peerState(p, victim.addr)
+				return in.Inflight == 0 && failed.Load() == rec.get(victim.addr).failed.Load()
+			})
 			in, _ := peerState(p, victim.addr)
 			n := failed.Load()
 			sentAfter := int64(in.Calls - atKill.Calls)
@@ -794,10 +820,15 @@ func TestPoolStallFrozen(t *testing.T) {
 				}
 				return
 			}
-			// Found by the stall signal, long before the timeouts (1 s)
-			// would eject it.
-			if window < 0 || window >= deadline*9/10 {
-				t.Fatalf("seen stalled %v after the freeze: want it before the %v timeouts", window, deadline)
+			// Found by the stall signal before the timeouts eject it: its
+			// silence is counted in the time the other servers went on
+			// answering, so a loaded machine delays the verdict only by
+			// the time it stood still, and no constant bounds it here.
+			if !seen {
+				t.Fatalf("never seen stalled before the ejection (%v after the freeze)", window)
+			}
+			if sentAfterVerdict != 0 && !idle {
+				t.Fatalf("%d calls sent to the victim after it was seen stalled", sentAfterVerdict)
 			}
 			// Within the window each client starts at most window/pause + 1
 			// calls, and round robin sends one in three to the victim (+2
@@ -812,9 +843,13 @@ func TestPoolStallFrozen(t *testing.T) {
 			if logs.count("qrpc server stalled: calls in flight and no answer, new calls go to other servers", victim.addr) != 1 {
 				t.Error("no single stall line for the victim in the log")
 			}
-			// Nothing fails after that.
+			// Nothing fails after that: over the next 100 calls, within
+			// the ejection (no trial call yet).
 			before := failed.Load()
-			time.Sleep(time.Second) // < Eject
+			progress(t, "calls after the ejection", oks.Load, 100, 30*time.Second, func() bool {
+				in, _ := peerState(p, victim.addr)
+				return time.Until(in.EjectedUntil) < 100*time.Millisecond
+			})
 			if d := failed.Load() - before; d != 0 {
 				t.Fatalf("%d calls failed after the ejection", d)
 			}
@@ -831,20 +866,23 @@ func TestPoolStallSlowServer(t *testing.T) {
 	addrs := f.start(3)
 	f.srvs[1].delay.Store(400)
 	p := f.dial(t, addrs, nil)
-	run := func(what string) {
-		var failed atomic.Int64
+	// run loads the pool until enough holds (the window is the calls it
+	// takes, not a time).
+	run := func(what string, enough func() bool) {
+		var failed, done atomic.Int64
 		var last atomic.Pointer[error]
 		stop := make(chan struct{})
 		wg := load(12, stop, func() error {
 			_, err := poolCall(p, 5*time.Second, "work", "")
 			return err
 		}, func(err error, _ time.Time) {
+			done.Add(1)
 			if err != nil {
 				failed.Add(1)
 				last.Store(&err)
 			}
 		})
-		time.Sleep(2 * time.Second)
+		eventually(t, 60*time.Second, what+": enough calls", enough)
 		close(stop)
 		wg.Wait()
 		if n := failed.Load(); n != 0 {
@@ -856,7 +894,8 @@ func TestPoolStallSlowServer(t *testing.T) {
 			}
 		}
 	}
-	run("one slow server")
+	// The slow server's 400 ms calls overlap the stall limit many times.
+	run("one slow server", func() bool { return f.srvs[1].hits.Load() >= 8 })
 	slow := f.srvs[1].hits.Load()
 	fast := f.srvs[0].hits.Load()
 	t.Logf("one slow server: slow %d calls, fast %d", slow, fast)
@@ -867,7 +906,14 @@ func TestPoolStallSlowServer(t *testing.T) {
 		m.delay.Store(400)
 		m.hits.Store(0)
 	}
-	run("every server slow")
+	run("every server slow", func() bool {
+		for _, m := range f.srvs {
+			if m.hits.Load() < 10 {
+				return false
+			}
+		}
+		return true
+	})
 	for _, m := range f.srvs {
 		if h := m.hits.Load(); h < 8 {
 			t.Errorf("every server slow: %s took %d calls", m.addr, h)

@@ -50,7 +50,7 @@ func recovers(t *testing.T, c *qrpc.Client) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no recovery after the restart: %v", err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polling for recovery (calls are the probe), bounded
 	}
 }
 
@@ -72,7 +72,7 @@ func TestServerRestartGraceful(t *testing.T) {
 		if err := failsFast(t, c); err != nil {
 			sawFailure = true
 		}
-		time.Sleep(30 * time.Millisecond)
+		time.Sleep(30 * time.Millisecond) // the scenario: calls spread over the down time, through re-dials
 	}
 	if !sawFailure {
 		t.Fatal("calls succeeded with the server down")

@@ -33,9 +33,10 @@ type env struct {
 	srv      *qrpc.Server
 	addr     string
 
-	events  atomic.Int64 // "notify" events received
-	lastEvt atomic.Pointer[qrpc.Request]
-	release chan struct{} // "block" handlers wait on it
+	events   atomic.Int64 // "notify" events received
+	sleeping atomic.Int64 // "sleep" handlers running
+	lastEvt  atomic.Pointer[qrpc.Request]
+	release  chan struct{} // "block" handlers wait on it
 }
 
 func newEnv(t testing.TB) *env {
@@ -91,7 +92,9 @@ func (e *env) newServer() *qrpc.Server {
 	// "sleep" answers after the number of milliseconds in the body.
 	srv.Handle("sleep", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
 		ms, _ := strconv.Atoi(string(req.Body))
-		time.Sleep(time.Duration(ms) * time.Millisecond)
+		e.sleeping.Add(1)
+		defer e.sleeping.Add(-1)
+		time.Sleep(time.Duration(ms) * time.Millisecond) // the handler's work: the scenario
 		resp.Body = []byte("slept")
 	})
 	srv.Handle("block", func(ctx context.Context, _ *qrpc.Request, resp *qrpc.Response) {
@@ -168,7 +171,7 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after %v: %s", d, what)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling cond: the caller has no event to wait on
 	}
 }
 
@@ -190,7 +193,7 @@ func checkGoroutines(t *testing.T) {
 				t.Errorf("%d goroutines left, %d before the test:\n%s", runtime.NumGoroutine(), before, buf[:n])
 				return
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // polling a count, bounded
 		}
 	})
 }
@@ -357,7 +360,8 @@ func TestDeadline(t *testing.T) {
 		t.Fatalf("InFlight %d right after the timeout", n)
 	}
 	// The late response arrives and is dropped quietly: the connection and
-	// the stream it came on keep working.
+	// the stream it came on keep working. A dropped answer gives no event:
+	// the scenario waits out the handler's 400 ms.
 	time.Sleep(400 * time.Millisecond)
 	for i := 0; i < 64; i++ {
 		if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
@@ -505,7 +509,12 @@ func TestStartDoneContract(t *testing.T) {
 	for b := range bad {
 		t.Error(b)
 	}
-	time.Sleep(50 * time.Millisecond)
+	// One more call on the only stream: its answer comes after any
+	// answer to the calls above, so a done run twice would have run by
+	// the time it returns.
+	if _, err := unary(c, 5*time.Second, "echo", nil); err != nil {
+		t.Fatal(err)
+	}
 	if calls.Load() != n {
 		t.Fatalf("done ran %d times for %d calls", calls.Load(), n)
 	}
@@ -608,8 +617,7 @@ func TestServerShutdownWaitsForHandlers(t *testing.T) {
 		}
 		res <- err
 	}()
-	eventually(t, 2*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
-	time.Sleep(50 * time.Millisecond) // let the handler start
+	eventually(t, 5*time.Second, "the handler running", func() bool { return e.sleeping.Load() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := e.srv.Shutdown(ctx); err != nil {
@@ -638,13 +646,15 @@ func TestStartRacesFailure(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			c := e.dial(t, fastRedial())
-			var started, finished, twice atomic.Int64
+			var started, finished, twice, attempts, running atomic.Int64
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
 			for g := 0; g < 8; g++ {
 				wg.Add(1)
+				running.Add(1)
 				go func() {
 					defer wg.Done()
+					defer running.Add(-1)
 					for i := 0; i < 20000; i++ {
 						select {
 						case <-stop:
@@ -652,6 +662,7 @@ func TestStartRacesFailure(t *testing.T) {
 						default:
 						}
 						var once atomic.Bool
+						attempts.Add(1)
 						_, err := c.Start(&qrpc.Call{Method: []byte("block")}, func(*qrpc.Response, error) {
 							if once.Swap(true) {
 								twice.Add(1)
@@ -664,7 +675,7 @@ func TestStartRacesFailure(t *testing.T) {
 					}
 				}()
 			}
-			time.Sleep(20 * time.Millisecond)
+			eventually(t, 10*time.Second, "calls started", func() bool { return started.Load() >= 100 })
 			if closeClient {
 				_ = c.Close()
 			} else {
@@ -673,7 +684,11 @@ func TestStartRacesFailure(t *testing.T) {
 				_ = e.srv.Shutdown(ctx)
 				cancel()
 			}
-			time.Sleep(50 * time.Millisecond)
+			// Calls go on starting across the failure: the race under test,
+			// over the next 100 attempts (started or refused), or until the
+			// starters have made all theirs.
+			progress(t, "attempts after the failure", attempts.Load, 100, 10*time.Second,
+				func() bool { return running.Load() == 0 })
 			close(stop)
 			wg.Wait()
 			if !closeClient {

@@ -84,10 +84,29 @@ func TestStreamResetHeals(t *testing.T) {
 		return false
 	})
 	c := dialAddr(t, e, addr, &qrpc.Config{Streams: 4})
+	seen := map[int64]bool{}
+	for _, id := range qrpc.StreamIDsForTest(c) {
+		seen[id] = true
+	}
 	for round := range 5 {
 		_, err := unary(c, 5*time.Second, "reset", nil)
 		if !errors.Is(err, qrpc.ErrConnLost) {
 			t.Fatalf("reset call: %v, want ErrConnLost", err)
+		}
+		// The replacement opens in the background: the connection is back
+		// to 4 streams in service, one of them new.
+		eventually(t, 10*time.Second, "a replacement stream in service", func() bool {
+			ids := qrpc.StreamIDsForTest(c)
+			fresh := 0
+			for _, id := range ids {
+				if !seen[id] {
+					fresh++
+				}
+			}
+			return len(ids) == 4 && fresh == 1
+		})
+		for _, id := range qrpc.StreamIDsForTest(c) {
+			seen[id] = true
 		}
 		// Later calls all succeed, on the same connection.
 		for i := range 40 {
@@ -99,8 +118,13 @@ func TestStreamResetHeals(t *testing.T) {
 	if n := c.Stats().Reconnects; n != 0 {
 		t.Fatalf("%d reconnects: the connection did not survive", n)
 	}
-	if n := streams.Load(); n < 4+5 {
-		t.Fatalf("%d streams opened, want the 4 first and 5 replacements", n)
+	// The server hears of a stream with its first frame: a replacement
+	// that no call reached yet is not counted there.
+	if n := len(seen); n != 4+5 {
+		t.Fatalf("%d streams in service over the test, want the 4 first and 5 replacements", n)
+	}
+	if n := streams.Load(); n < 5 {
+		t.Fatalf("the server saw %d streams: no replacement carried a call", n)
 	}
 }
 
@@ -125,15 +149,14 @@ func TestStuckStreamRetired(t *testing.T) {
 			t.Errorf("call into the hole: %v, want ErrTimeout", err)
 		}
 	}()
-	time.Sleep(50 * time.Millisecond)
+	eventually(t, 5*time.Second, "the call into the hole in flight", func() bool { return c.Stats().InFlight == 1 })
 	var early atomic.Int64
 	for range 8 {
 		if _, err := unary(c, 500*time.Millisecond, "echo", nil); err != nil {
 			early.Add(1) // those that went into the hole
 		}
 	}
-	wg.Wait()
-	time.Sleep(600 * time.Millisecond) // the early calls' deadlines
+	wg.Wait() // the early calls ended with unary; the hole call too
 	for i := range 64 {
 		if _, err := unary(c, 2*time.Second, "echo", []byte("x")); err != nil {
 			t.Fatalf("call %d after the hole was found: %v", i, err)

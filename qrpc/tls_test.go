@@ -258,9 +258,8 @@ func TestLateClientCertRejection(t *testing.T) {
 	ca := newCA(t, "late ca")
 	clientCA := newCA(t, "late client ca")
 	addr := tlsServer(t, issue(t, ca, certs.Options{Hosts: []string{"127.0.0.1"}}), clientCA.Pool())
-	defer qrpc.SkipConfirmationForTest()()
 	for i := 0; i < 5; i++ {
-		err := dialOnce(addr, &qrpc.Config{CAPEM: ca.CertPEM})
+		err := dialOnce(addr, qrpc.SkipConfirmationForTest(&qrpc.Config{CAPEM: ca.CertPEM}))
 		got := dialReason(t, err)
 		if got != "client certificate required by server" && got != "tls handshake failed" {
 			t.Fatalf("try %d: reason %q (%v)", i, got, err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/quic-go/quic-go"
 )
@@ -13,7 +14,11 @@ import (
 // once the server confirmed it or answered a call, a reset is a loss.
 func TestDroppedUnconfirmed(t *testing.T) {
 	reset := fmt.Errorf("read: %w", &quic.StatelessResetError{})
-	open := func() *qconn { return &qconn{confirmed: make(chan struct{})} }
+	now := time.Now()
+	c := &Client{cfg: Config{DialTimeout: 5 * time.Second}}
+	clock := func() time.Time { return now }
+	c.nowFn.Store(&clock)
+	open := func() *qconn { return &qconn{c: c, confirmed: make(chan struct{}), upAt: now} }
 
 	if s := open(); !s.droppedUnconfirmed(reset) {
 		t.Error("a reset before confirmation and before any answer is not a refusal")
@@ -28,7 +33,15 @@ func TestDroppedUnconfirmed(t *testing.T) {
 	}
 	ch := make(chan struct{})
 	close(ch)
-	if s := (&qconn{confirmed: ch}); s.droppedUnconfirmed(reset) {
+	if s := (&qconn{c: c, confirmed: ch, upAt: now}); s.droppedUnconfirmed(reset) {
 		t.Error("a reset after the server confirmed the handshake counted as a refusal")
+	}
+	// A server that confirms nothing, a connection that carried only
+	// events (no answers): up for longer than a dial may take, it was
+	// accepted, and its reset is a loss (a restarted server).
+	old := open()
+	old.upAt = now.Add(-6 * time.Second)
+	if old.droppedUnconfirmed(reset) {
+		t.Error("a reset of a connection up for longer than a dial counted as a refusal")
 	}
 }

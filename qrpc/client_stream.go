@@ -1,0 +1,461 @@
+package qrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
+)
+
+// maxQueued bounds the bytes waiting on one stream for flow-control credit.
+const maxQueued = 16 << 20
+
+// errStreamGone: the stream picked for a frame broke before the frame was
+// written; another stream may take it.
+var errStreamGone = errors.New("qrpc: stream unavailable")
+
+// DefaultStreamBatch is Config.StreamBatch's default.
+const DefaultStreamBatch = 16
+
+// bigFrame: frames of this size or more fill datagrams on their own; they
+// take the streams one at a time (see Config.StreamBatch).
+const bigFrame = 16 << 10
+
+// pick returns a stream in service for a frame of size bytes, or nil when
+// every one is being replaced. A suspect stream (a call on it timed out
+// with no answer since) is taken only when no other stream is in service:
+// it may be the reference server's hole (see checkStuck), and calls sent
+// into it while it is suspect would wait for their deadlines.
+func (s *qconn) pick(size int) *cstream {
+	n := uint32(len(s.streams))
+	var start uint32
+	if size >= bigFrame {
+		start = s.rrBig.Add(1)
+	} else {
+		start = s.rr.Add(1) / uint32(s.c.cfg.StreamBatch)
+	}
+	var suspect *cstream
+	for i := uint32(0); i < n; i++ {
+		st := s.streams[(start+i)%n].Load()
+		if st == nil || st.retired.Load() {
+			continue
+		}
+		if st.stuckSince.Load() != 0 {
+			if suspect == nil {
+				suspect = st
+			}
+			continue
+		}
+		return st
+	}
+	return suspect
+}
+
+func (s *qconn) start(call *Call, done Done) (Pending, error) {
+	id := s.nextID.Add(1)
+	if id == 0 { // 0 marks events
+		id = s.nextID.Add(1)
+	}
+	req := Request{RequestId: id, Method: call.Method, Headers: call.Headers, Body: call.Body}
+	buf, err := s.encode(frame.KindRequest, &req)
+	if err != nil {
+		return Pending{}, err
+	}
+	// A stream that broke under us had not taken the frame: try another.
+	for range len(s.streams) {
+		st := s.pick(len(*buf))
+		if st == nil {
+			break
+		}
+		pc := &pendingCall{id: id, done: done, st: st, deadline: call.Deadline, hidx: hidxNew}
+		st.inflight.Add(1)
+		if !s.pending.store(id, pc) {
+			// The qconn failed since it was picked (closeAll ran, after
+			// fail had set err and refusal).
+			st.callDone()
+			s.c.codec.PutBuffer(buf)
+			if s.refusal != nil {
+				return Pending{}, s.refusal
+			}
+			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
+		}
+		// Timed only once the call is in the map: a deadline that passed
+		// before would find nothing to take, and the call would never time
+		// out. A response that comes first has removed it for good, and
+		// add then does nothing.
+		if !call.Deadline.IsZero() {
+			pc.wait = time.Until(call.Deadline)
+			s.deadlines.add(pc)
+		}
+		err := st.write(buf)
+		if err == nil {
+			return Pending{s: s, id: id}, nil
+		}
+		pc = s.take(id)
+		if pc == nil {
+			// The qconn or stream failed concurrently and has already
+			// called done.
+			return Pending{s: s, id: id}, nil
+		}
+		s.deadlines.remove(pc)
+		if !errors.Is(err, errStreamGone) {
+			return Pending{}, err
+		}
+	}
+	s.c.codec.PutBuffer(buf)
+	return Pending{}, fmt.Errorf("%w: no stream in service", ErrUnavailable)
+}
+
+// send encodes a request or event and writes it without blocking.
+func (s *qconn) send(k frame.Kind, req *Request) error {
+	buf, err := s.encode(k, req)
+	if err != nil {
+		return err
+	}
+	for range len(s.streams) {
+		st := s.pick(len(*buf))
+		if st == nil {
+			break
+		}
+		if err := st.write(buf); !errors.Is(err, errStreamGone) {
+			return err
+		}
+	}
+	s.c.codec.PutBuffer(buf)
+	return fmt.Errorf("%w: no stream in service", ErrUnavailable)
+}
+
+func (s *qconn) encode(k frame.Kind, req *Request) (*[]byte, error) {
+	codec := s.c.codec
+	buf := codec.GetBuffer()
+	b, err := codec.AppendRequest((*buf)[:0], k, req)
+	if err != nil {
+		codec.PutBuffer(buf)
+		if errors.Is(err, frame.ErrMessageTooLarge) {
+			return nil, fmt.Errorf("%w: %v", ErrTooLarge, err)
+		}
+		return nil, err
+	}
+	if len(b) > maxQueued {
+		// No stream could ever queue it: every server would refuse it, so
+		// it is refused here, as one over the frame limit is.
+		codec.PutBuffer(buf)
+		return nil, fmt.Errorf("%w: frame of %d bytes is over a stream's send queue (%d bytes)", ErrTooLarge, len(b), maxQueued)
+	}
+	*buf = b
+	return buf, nil
+}
+
+// cstream is one client-side bidirectional stream.
+type cstream struct {
+	sess *qconn
+	s    *quic.Stream
+	idx  int // position in sess.streams
+
+	// retired: out of service (broken, or stuck and replaced); it takes no
+	// new frames. inflight counts its pending calls, so that a stuck
+	// stream is cancelled once the last of them has ended.
+	retired      atomic.Bool
+	inflight     atomic.Int64
+	lastAnswered atomic.Uint64
+	// stuckSince is the id of a call of this stream that timed out with no
+	// answer on the stream since: the stream is suspect until it answers
+	// something, and stuck once another stream answers a later call.
+	stuckSince atomic.Uint64
+	cancelOnce sync.Once
+
+	mu       sync.Mutex
+	queue    []*[]byte // frames waiting for flow-control credit, in order
+	queued   int       // bytes in queue
+	flushing bool
+	closing  bool          // finish was called: no more writes
+	eof      chan struct{} // closed when the server has closed its side
+}
+
+func newCstream(s *qconn, qs *quic.Stream, idx int) *cstream {
+	return &cstream{sess: s, s: qs, idx: idx, eof: make(chan struct{})}
+}
+
+// finish closes the send side once the queue is flushed.
+func (st *cstream) finish() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closing {
+		return
+	}
+	st.closing = true
+	if !st.flushing {
+		_ = st.s.Close()
+	}
+}
+
+// write sends one encoded frame. The fast path queues it in quic-go without
+// blocking; otherwise a flusher goroutine writes it when flow control
+// allows, preserving order. It takes ownership of buf unless it returns
+// errStreamGone (the stream was out of service: buf is the caller's to
+// send elsewhere).
+func (st *cstream) write(buf *[]byte) error {
+	s := st.sess
+	codec := s.c.codec
+	st.mu.Lock()
+	if st.closing {
+		st.mu.Unlock()
+		codec.PutBuffer(buf)
+		return ErrClosed
+	}
+	if st.retired.Load() {
+		st.mu.Unlock()
+		return errStreamGone
+	}
+	if !st.flushing {
+		err := st.s.TryWriteAll(*buf)
+		if err == nil {
+			st.mu.Unlock()
+			s.c.obs.BytesSent(len(*buf))
+			codec.PutBuffer(buf)
+			return nil
+		}
+		if !errors.Is(err, quic.ErrWouldBlock) {
+			st.mu.Unlock()
+			if !s.connLevel(err) {
+				// Nothing of this frame was taken (TryWriteAll is all or
+				// nothing): it can go on another stream.
+				st.broken(fmt.Errorf("write: %w", err))
+				return errStreamGone
+			}
+			codec.PutBuffer(buf)
+			// Not on this goroutine: failing the qconn calls done of the
+			// calls in flight, and the caller of Start (a Pool) may hold a
+			// lock that done takes.
+			s.c.wg.Add(1)
+			go func() {
+				defer s.c.wg.Done()
+				s.fail(fmt.Errorf("write: %w", err))
+			}()
+			if refusedBy(err) {
+				return classifyDialError(s.c.addr, err)
+			}
+			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
+		}
+	}
+	if st.queued+len(*buf) > maxQueued {
+		st.mu.Unlock()
+		codec.PutBuffer(buf)
+		return ErrQueueFull
+	}
+	st.queue = append(st.queue, buf)
+	st.queued += len(*buf)
+	if !st.flushing {
+		st.flushing = true
+		s.c.wg.Add(1)
+		go st.flush()
+	}
+	st.mu.Unlock()
+	return nil
+}
+
+func (st *cstream) flush() {
+	s := st.sess
+	defer s.c.wg.Done()
+	codec := s.c.codec
+	for {
+		st.mu.Lock()
+		if len(st.queue) == 0 {
+			st.flushing = false
+			if st.closing {
+				_ = st.s.Close()
+			}
+			st.mu.Unlock()
+			return
+		}
+		buf := st.queue[0]
+		st.queue[0] = nil
+		st.queue = st.queue[1:]
+		st.queued -= len(*buf)
+		st.mu.Unlock()
+		n, err := st.s.Write(*buf)
+		codec.PutBuffer(buf)
+		if n > 0 {
+			s.c.obs.BytesSent(n)
+		}
+		if err != nil {
+			if s.connLevel(err) {
+				s.fail(fmt.Errorf("write: %w", err))
+			} else {
+				st.broken(fmt.Errorf("write: %w", err))
+			}
+			st.mu.Lock()
+			for _, b := range st.queue {
+				codec.PutBuffer(b)
+			}
+			st.queue, st.queued, st.flushing = nil, 0, false
+			st.mu.Unlock()
+			return
+		}
+	}
+}
+
+// broken takes a stream the server reset (or ended) out of service: its
+// calls fail (they may have run), the stream is cancelled both ways and a
+// new one takes its place. The connection and its other streams go on.
+func (st *cstream) broken(cause error) {
+	s := st.sess
+	if since := st.stuckSince.Swap(0); since != 0 {
+		s.suspects.Add(-1)
+	}
+	if !st.retired.CompareAndSwap(false, true) {
+		return
+	}
+	s.c.cfg.Logger.Debug("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
+	err := fmt.Errorf("%w: stream: %v", ErrConnLost, cause)
+	// The calls fail on a goroutine of their own: broken may run inside
+	// Start (a write that found the stream reset), whose caller may hold a
+	// lock that done takes.
+	s.c.wg.Add(1)
+	go func() {
+		defer s.c.wg.Done()
+		s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
+			s.deadlines.remove(pc)
+			st.inflight.Add(-1)
+			pc.done(nil, err)
+		})
+	}()
+	st.cancel()
+	s.replace(st)
+}
+
+func (st *cstream) cancel() {
+	st.cancelOnce.Do(func() {
+		st.s.CancelRead(0)
+		st.s.CancelWrite(0)
+	})
+}
+
+// replace opens a stream to take old's place, in the background (opening
+// may wait for the server's stream credit). An open that fails is tried
+// again with backoff while the connection lives: a connection whose
+// server is slow to give credit back would otherwise lose the stream's
+// place for good.
+func (s *qconn) replace(old *cstream) {
+	c := s.c
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		for attempt := 0; ; attempt++ {
+			if attempt > 0 {
+				wake := make(chan struct{})
+				t := c.clk.AfterFunc(c.backoff(attempt-1), func() { close(wake) })
+				select {
+				case <-wake:
+				case <-s.conn.Context().Done():
+					t.Stop()
+					return // the qconn's own end takes care of the rest
+				case <-c.ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+			qs, err := s.conn.OpenStreamSync(ctx)
+			cancel()
+			if err == nil {
+				ns := newCstream(s, qs, old.idx)
+				c.wg.Add(1)
+				go ns.readLoop()
+				s.streams[old.idx].Store(ns)
+				if attempt > 0 {
+					c.cfg.Logger.Info("qrpc stream reopened", "addr", c.addr, "attempt", attempt+1)
+				}
+				return
+			}
+			if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
+				return // the qconn's own end takes care of the rest
+			}
+			if s.pick(0) == nil {
+				s.fail(fmt.Errorf("no stream in service: open stream: %w", err))
+				return
+			}
+			if attempt == 0 {
+				c.cfg.Logger.Warn("qrpc cannot reopen a stream, retrying", "addr", c.addr, "err", err)
+			}
+		}
+	}()
+}
+
+func (st *cstream) readLoop() {
+	s := st.sess
+	defer s.c.wg.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			s.fail(fmt.Errorf("%w: panic in reader: %v", ErrProtocol, r))
+		}
+	}()
+	fr := s.c.codec.NewReader(st.s)
+	var resp Response
+	for {
+		kind, payload, err := fr.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				st.mu.Lock()
+				closing := st.closing
+				st.mu.Unlock()
+				if closing { // the answer to finish(): all read
+					close(st.eof)
+					return
+				}
+			}
+			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||
+				errors.Is(err, frame.ErrTooLarge) || errors.Is(err, frame.ErrBadCompression) ||
+				errors.Is(err, frame.ErrBadLength) {
+				s.fail(fmt.Errorf("%w: %v", ErrProtocol, err))
+				return
+			}
+			if s.connLevel(err) {
+				s.fail(err)
+				return
+			}
+			var se *quic.StreamError
+			if errors.As(err, &se) && !se.Remote && st.retired.Load() {
+				return // our own cancel of a retired stream
+			}
+			st.broken(err)
+			return
+		}
+		if kind != frame.KindResponse {
+			s.fail(fmt.Errorf("%w: server sent a frame of kind %d", ErrProtocol, kind))
+			return
+		}
+		s.c.obs.BytesReceived(len(payload) + frame.HeaderSize)
+		// Reset every field (unknown ones too, or they would pile up) but
+		// keep the headers' backing array.
+		resp = Response{Headers: resp.Headers[:0]}
+		// Unsafe: fields alias payload, which stays valid until Next is called
+		// again, i.e. for the whole of done().
+		if err := resp.UnmarshalVTUnsafe(payload); err != nil {
+			s.fail(fmt.Errorf("%w: bad response: %v", ErrProtocol, err))
+			return
+		}
+		st.answered(resp.RequestId)
+		pc := s.take(resp.RequestId)
+		if pc == nil {
+			continue // cancelled or timed out: drop quietly
+		}
+		s.deadlines.remove(pc)
+		// Under load the deadline's timer can run late, after the response
+		// is read: a response past the deadline is still a timeout.
+		if !pc.deadline.IsZero() {
+			if late := s.c.now().Sub(pc.deadline); late >= 0 {
+				pc.done(nil, fmt.Errorf("%w: response came %v after the deadline", ErrTimeout, late))
+				continue
+			}
+		}
+		pc.done(&resp, nil)
+	}
+}
