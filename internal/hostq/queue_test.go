@@ -836,3 +836,58 @@ func TestVMsKeepTheirCompletions(t *testing.T) {
 		}
 	}
 }
+
+// A goroutine holding the queues' lock is not descheduled by Go: the
+// nginx thread spins on that lock, and a holder preempted there (sysmon
+// preempts a goroutine that ran 10 ms, GC stops them all, another
+// goroutine takes the P) would keep the event loop spinning until Go
+// ran it again. On one P, a busy goroutine without the lock is first
+// timed until another goroutine gets to run (how long this machine takes
+// to preempt it, now); then the lock is held, busy, for 5 times that
+// (at least 50 ms): the other goroutine must not have run.
+func TestQueueLockHolderNotPreempted(t *testing.T) {
+	procs := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(procs) })
+	var ran atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				ran.Add(1)
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for ran.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the other goroutine never ran")
+		}
+		runtime.Gosched()
+	}
+	// Unlocked: how long until Go preempts a busy goroutine here.
+	before, t0 := ran.Load(), time.Now()
+	for ran.Load() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("a busy goroutine was never preempted: nothing to compare with")
+		}
+	}
+	preempt := time.Since(t0)
+	hold := max(5*preempt, 50*time.Millisecond)
+	qlock()
+	before, t0 = ran.Load(), time.Now()
+	for time.Since(t0) < hold {
+	}
+	during := ran.Load() - before
+	qunlock()
+	t.Logf("preempted after %v unlocked; held the lock %v", preempt, hold)
+	if during != 0 {
+		t.Fatalf("another goroutine ran %d times while the lock was held (%v, preemption took %v unlocked)",
+			during, hold, preempt)
+	}
+}
