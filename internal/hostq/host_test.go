@@ -246,20 +246,33 @@ func TestBuiltinHost(t *testing.T) {
 	}
 	waitFor(t, func() bool { return ts.Events("ev") == 5 }, "5 events at the server")
 
-	// Go enforces the deadline.
+	// Go enforces the deadline: never early, and late by no more than a
+	// reference measured right after on this machine: a call the server
+	// answers after 100 ms (a 100 ms Go timer too, and a completion
+	// through the same host), twice over. Unenforced, it would take the
+	// handler's 2 s.
 	cmd = cmdtest.Unary(h, "sleep", "2000")
 	cmd.CallID, cmd.TimeoutMS = 30, 100
 	start := time.Now()
 	submit(cmd)
 	r = d.wait(30, 5*time.Second)
+	el := time.Since(start)
 	if r.Status != bridge.ErrTimeout || text(r) != "timeout" {
 		t.Fatalf("timeout: %d %q", r.Status, text(r))
 	}
-	if el := time.Since(start); el < 90*time.Millisecond || el > 1500*time.Millisecond {
-		t.Fatalf("timed out after %v", el)
+	ref := cmdtest.Unary(h, "sleep", "100")
+	ref.CallID = 29
+	refAt := time.Now()
+	submit(ref)
+	d.wait(29, 5*time.Second)
+	refEl := time.Since(refAt)
+	if el < 90*time.Millisecond || el > 2*refEl {
+		t.Fatalf("timed out after %v: want 100 ms, and at most twice the %v a 100 ms answer took", el, refEl)
 	}
+	t.Logf("timed out after %v; a 100 ms answer took %v", el, refEl)
 
 	// A cancelled call produces no completion and leaves nothing in flight.
+	slept := ts.Slept()
 	cmd = cmdtest.Unary(h, "sleep", "300")
 	cmd.CallID = 31
 	submit(cmd)
@@ -271,8 +284,15 @@ func TestBuiltinHost(t *testing.T) {
 	if st, _ := submit(cancel); st != bridge.StatusOK {
 		t.Fatalf("cancel: %d", st)
 	}
-	time.Sleep(500 * time.Millisecond) // past the handler's answer
-	d.pump(50 * time.Millisecond)
+	// Past the handler's answer: the server has written it, and 3 more
+	// calls on the connection have been answered after.
+	waitFor(t, func() bool { return ts.Slept() >= slept+1 }, "the cancelled call's handler to answer")
+	for i := uint64(0); i < 3; i++ {
+		e := cmdtest.Unary(h, "echo", "after")
+		e.CallID = 35 + i
+		submit(e)
+		d.wait(35+i, 5*time.Second)
+	}
 	if _, ok := d.got[31]; ok {
 		t.Fatal("completion for a cancelled call")
 	}
@@ -299,7 +319,7 @@ func TestBuiltinHost(t *testing.T) {
 	r = d.wait(40, time.Second)
 	_, _, sb := readResult(t, r)
 	s := *(*bridge.Stats)(unsafe.Pointer(&sb[0]))
-	if s.Inflight != 0 || s.Calls != 5 || s.Events != 5 {
+	if s.Inflight != 0 || s.Calls != 9 || s.Events != 5 { // 5, the reference call and 3 echoes
 		t.Fatalf("stats %+v", s)
 	}
 

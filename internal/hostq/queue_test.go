@@ -555,6 +555,8 @@ func pinToOneCPU(t *testing.T) {
 // the wake-up socket between rounds, and calls push (which queues one
 // call) for each completion it drains, until total have completed. It
 // returns the rounds: how many times the thread woke to completions.
+// Each call completes once: a lost one ends it at its deadline, a second
+// completion of one fails it.
 func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) int {
 	t.Helper()
 	raw, err := d.wake.SyscallConn()
@@ -572,6 +574,7 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 	out := make([]bridge.Completion, 256)
 	buf := make([]byte, 256)
 	done, rounds := 0, 0
+	seen := make(map[uint64]bool, total)
 	deadline := time.Now().Add(time.Minute)
 	for done < total {
 		if time.Now().After(deadline) {
@@ -594,6 +597,10 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 				if c.Status != bridge.StatusOK {
 					t.Fatalf("call %d: status %d %q", c.CallID, c.Status, text(c))
 				}
+				if seen[c.CallID] {
+					t.Fatalf("call %d completed twice", c.CallID)
+				}
+				seen[c.CallID] = true
 				rt.Free(&c)
 				done++
 				if pushed < total {
@@ -609,8 +616,14 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 	return rounds
 }
 
+// benchGate: the completions-per-wake-up targets below are measurements
+// of the machine's scheduling, not properties: make bench (QRPC_BENCH=1,
+// bench/README.md) holds them to their targets; make test checks that
+// every call completed exactly once and logs the ratio.
+func benchGate() bool { return os.Getenv("QRPC_BENCH") == "1" }
+
 // The submit queue on one CPU with the Go side, nginx's way (playNginx):
-// each round should carry many completions. Before the waker goroutine
+// each round should carry many completions (a target of make bench). Before the waker goroutine
 // (wakeSoon) the two threads fell into taking turns call by call (issue
 // 13's queued echo "slow mode", seen pinned to one CPU, and at times
 // unpinned when the kernel put both threads on one CPU): each
@@ -640,7 +653,7 @@ func TestQueuedEchoesOnOneCPU(t *testing.T) {
 	})
 	perRound := float64(total) / float64(rounds)
 	t.Logf("%d echoes in %d rounds (%.1f per round)", total, rounds, perRound)
-	if perRound < 30 { // 96-97 with the waker; 2.6-3.3 without
+	if perRound < 30 && benchGate() { // 96-97 with the waker; 2.6-3.3 without
 		t.Errorf("%.1f echoes per wake-up: the threads take turns call by call", perRound)
 	}
 }
@@ -673,7 +686,7 @@ func TestAnswersWakeOncePerBatch(t *testing.T) {
 	})
 	perRound := float64(total) / float64(rounds)
 	t.Logf("%d calls in %d rounds (%.1f per round)", total, rounds, perRound)
-	if perRound < 25 { // 34-68 with the waker (a CPU hog beside or not); 2.6-15.1 without
+	if perRound < 25 && benchGate() { // 34-68 with the waker (a CPU hog beside or not); 2.6-15.1 without
 		t.Errorf("%.1f answers per wake-up: the first answer of a batch wakes the thread alone", perRound)
 	}
 }
