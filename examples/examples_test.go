@@ -165,8 +165,7 @@ func newSetup(t *testing.T) *setup {
 		}
 	}
 
-	bin := filepath.Join(t.TempDir(), "qrpc-demo")
-	goBuild(t, root, "-o", bin, "./demo/server")
+	bin := ngxtest.DemoServer(t, root)
 	s.port = ngxtest.FreePort(t)
 	s.addr = fmt.Sprintf("127.0.0.1:%d", s.port)
 	certs := filepath.Join(s.co, "demo", "run", "certs")

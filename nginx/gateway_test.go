@@ -359,6 +359,7 @@ const gatewayServer = `
 `
 
 func TestGateway(t *testing.T) {
+	t.Parallel()
 	dir := gatewayDir(t)
 	sd := compileShop(t, dir)
 	shop := startShopServer(t, sd, "127.0.0.1:0")
@@ -740,6 +741,7 @@ func redoclyLint(t *testing.T, b []byte) {
 // route template (never the raw path), method and status, with their
 // durations, beside the pool's own series.
 func TestGatewayMetrics(t *testing.T) {
+	t.Parallel()
 	dir := gatewayDir(t)
 	sd := compileShop(t, dir)
 	shop := startShopServer(t, sd, "127.0.0.1:0")
@@ -793,6 +795,7 @@ func TestGatewayMetrics(t *testing.T) {
 // retry: 2, as many as the attempts the held server got in the metrics;
 // the others 1. A request that matches no route makes no call: nothing.
 func TestGatewayAttempts(t *testing.T) {
+	t.Parallel()
 	dir := gatewayDir(t)
 	sd := compileShop(t, dir)
 	shop := startShopServer(t, sd, "127.0.0.1:0")

@@ -41,12 +41,7 @@ type demoProc struct {
 func buildDemo(t *testing.T) (bin, certDir string) {
 	t.Helper()
 	dir := t.TempDir()
-	bin = filepath.Join(dir, "qrpc-demo")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./demo/server")
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build demo server: %v\n%s", err, out)
-	}
+	bin = ngxtest.DemoServer(t, repoRoot)
 	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +155,7 @@ const poolLua = `
 // caught on it until it is seen stalled, and none after it is taken out.
 // conn:peers() shows each step.
 func TestPoolThreeServers(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	srvs, extra := startDemos(t, 3)
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`)) + loc("/slowcall", poolLua+poolCallLua(`"slow", "20"`)) + loc("/peers", poolLua+`
@@ -492,6 +488,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // TestPoolLua: the Lua surface of pools without killing anything: bad
 // input, the normalised cache key, hash keys, peers(), max_connections.
 func TestPoolLua(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	a, b := ownServer(t), ownServer(t)
 	extra := map[string]string{"s1": a.addr, "s2": b.addr}
@@ -917,6 +914,7 @@ const hashPool = `
                 end`
 
 func TestPoolBalance(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	srvs := []*testServer{ownServer(t), ownServer(t), ownServer(t), ownServer(t)}
 	extra := map[string]string{}
@@ -1013,6 +1011,7 @@ func TestPoolBalance(t *testing.T) {
 // addresses to 3, then to 1 (servers on each, same port); conn:peers()
 // follows and no call fails while calls run all along.
 func TestPoolDNSLua(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	first := ownServer(t)
 	_, port, _ := net.SplitHostPort(first.addr)

@@ -68,6 +68,7 @@ func rawQUICServer(t *testing.T, onStream func(st *quic.Stream)) string {
 // TestErrorReasonsThroughNginx: every reason path gives its documented
 // string to Lua.
 func TestErrorReasonsThroughNginx(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	dead := func() string {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
