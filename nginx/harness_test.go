@@ -882,14 +882,9 @@ func tail(s string, lines int) string {
 
 // eventually polls f every 20 ms until it returns nil or d passes.
 func eventually(d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var err error
+	ngxtest.WaitFor(d, func() bool { err = f(); return err == nil })
+	return err
 }
 
 var errNotYet = errors.New("not yet")

@@ -476,12 +476,8 @@ func peerNum(line, key string) int {
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !ngxtest.WaitFor(d, cond) {
+		t.Fatalf("after %v: %s", d, what)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -72,15 +73,8 @@ func openBuiltin(t testing.TB) *dispatcher {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	// The file goes away once the dispatcher is in.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := os.Stat(path); os.IsNotExist(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still exists after the dispatcher connected", path)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !ngxtest.WaitFor(30*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) }) {
+		t.Fatalf("%s still exists after the dispatcher connected", path)
 	}
 	return &dispatcher{t: t, wake: c, got: map[uint64]bridge.Completion{}}
 }
@@ -507,12 +501,8 @@ func TestWakeOpenRules(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !ngxtest.WaitFor(30*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -699,7 +689,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("round %d: %d of %d results drained", round, got, n)
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // poll interval of a bounded wait (the results are drained, not woken for)
 				continue
 			}
 			for _, c := range out[:k] {
@@ -738,13 +728,11 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
 	}
 	// Idle: the submitter's timer gives everything back.
-	deadline := time.Now().Add(20 * time.Second)
-	for cmem.Stats().Bytes > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still keeping %+v after an idle wait", cmem.Stats())
-		}
+	if !ngxtest.WaitFor(30*time.Second, func() bool {
 		builtin.Drain(out) // as the dispatcher's poll does
-		time.Sleep(100 * time.Millisecond)
+		return cmem.Stats().Bytes == 0
+	}) {
+		t.Fatalf("still keeping %+v after an idle wait", cmem.Stats())
 	}
 }
 

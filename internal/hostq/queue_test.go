@@ -17,6 +17,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -265,12 +266,8 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 // waitLong is waitFor with room for a few bufcache trim intervals.
 func waitLong(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !ngxtest.WaitFor(60*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
