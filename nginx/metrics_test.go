@@ -201,7 +201,7 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("old worker %d still running 20 s after a reload", pid)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
 		}
 	}
 	got, body = scrape(t, n)
@@ -353,7 +353,7 @@ func TestPrometheusScrapes(t *testing.T) {
 			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
 			t.Fatalf("after 60 s prometheus says %s, want %d calls\n%s", last, calls, b)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval of a bounded wait (Prometheus scrapes every second)
 	}
 }
 

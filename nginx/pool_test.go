@@ -101,7 +101,7 @@ func (d *demoProc) start() {
 		if time.Now().After(deadline) {
 			d.t.Fatalf("demo server on %s not ready", d.addr)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
 	}
 }
 

@@ -232,7 +232,7 @@ func TestRuntimeCommands(t *testing.T) {
 	}
 	deadline = time.Now().Add(5 * time.Second)
 	for ts.Events("ev") != 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval of a bounded wait
 	}
 	if n := ts.Events("ev"); n != 3 {
 		t.Fatalf("server got %d events", n)
