@@ -105,9 +105,10 @@ test-go: $(LIB) $(DEMO)
 	$(TEST_ENV) $(GO) test -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
 
 # The tests that ngxtest.Long skips in make test: soaks, stress, the
-# 30-second scenarios. CI runs them once, on the Debian flavour.
+# 30-second scenarios. CI runs them once, on the Debian flavour; one
+# package at a time (TestNoFalseStalls brings its own CPU hog).
 test-long: $(LIB) $(DEMO)
-	$(TEST_ENV) QRPC_TEST_LONG=1 $(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) -run '^($(LONG_TESTS))$$' $(LONG_PKGS)
+	$(TEST_ENV) QRPC_TEST_LONG=1 $(GO) test -count=1 -p 1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) -run '^($(LONG_TESTS))$$' $(LONG_PKGS)
 
 # The protocol and the runtime under the race detector (the nginx suite
 # cannot be: the library runs inside nginx there).
