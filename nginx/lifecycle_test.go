@@ -568,7 +568,7 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
                 assert(lib.qrpc_wake_open(dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
                 local thief = ngx.socket.tcp()
                 assert(thief:connect("unix:" .. ffi.string(path)))
-                ngx.sleep(0.3)
+                ngx.sleep(0.3) -- the scenario: the theft is under way when the calls start; they must complete whatever the dispatcher is doing
                 local ok = 0
                 for i = 1, 20 do
                     local res = conn:unary("echo", "after " .. i, { timeout = 3000 })

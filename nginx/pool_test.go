@@ -1124,7 +1124,7 @@ func TestPoolDNSLua(t *testing.T) {
 	step("127.0.0.2")
 	gone1, gone3 := hitsOf(srvs[0].addr), hitsOf(srvs[2].addr)
 	okAt := ld.oks.Load()
-	time.Sleep(500 * time.Millisecond)
+	ld.past(t, time.Now(), 3, 30*time.Second, "3 more calls by every client after the last change")
 	ld.stop()
 	if hitsOf(srvs[0].addr) != gone1 || hitsOf(srvs[2].addr) != gone3 {
 		t.Error("removed servers still take calls")
