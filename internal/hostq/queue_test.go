@@ -901,3 +901,12 @@ func TestQueueLockHolderNotPreempted(t *testing.T) {
 			during, hold, preempt)
 	}
 }
+
+// BenchmarkQueueLock: one uncontended take and release of the queues'
+// lock from Go, what every completion push pays.
+func BenchmarkQueueLock(b *testing.B) {
+	for b.Loop() {
+		qlock()
+		qunlock()
+	}
+}
