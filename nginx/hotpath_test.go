@@ -61,7 +61,7 @@ func TestHotPathStaysInC(t *testing.T) {
                 local th = ngx.thread.spawn(function() return conn:unary("slow", "3000") end)
                 -- the scenario's pauses: the call reaches Go, then lies
                 -- abandoned until the sweep (every second) cancels it
-                ngx.sleep(0.05)
+                ngx.sleep(0.05) -- the scenario: the call reaches Go before its thread is killed
                 ngx.thread.kill(th)
                 ngx.sleep(1.5) -- the dispatcher sweeps abandoned calls every second
                 -- the IPC benchmark's echo makes the same hand-off
