@@ -5,6 +5,7 @@
 #   make demo-stop     stop the demo
 #   make test          lint + every Go test (nginx integration, rockspec install, demo) + race run of qrpc/, ffi/, internal/bridge/, internal/hostq/
 #                      against the nginx installed here (QRPC_NGINX=debian|openresty|resty-ffi|/path picks another)
+#   make test-long     the soak, stress and 30-second scenarios make test leaves out (CI runs them)
 #   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
 #   make bench-update  a full run into the committed bench/results.md and .svg
@@ -46,12 +47,22 @@ DEMO := demo/qrpc-demo
 
 GO_TEST_TIMEOUT ?= 20m
 GO_TEST_FLAGS   ?=
+# Test binaries run side by side: the nginx, examples, demo and rockspec
+# suites mostly wait on processes and the network, so on 2 CPUs 4 at once
+# take about half the wall time of 2 (docs/testing.md).
+GO_TEST_P       ?= 4
+# What the suites share instead of each linking its own copy.
+TEST_ENV = QRPC_TEST_LIB=$(CURDIR)/$(LIB) QRPC_TEST_DEMO=$(CURDIR)/$(DEMO)
+# The long tests (each calls ngxtest.Long, which skips it unless
+# QRPC_TEST_LONG=1): run by make test-long only.
+LONG_TESTS := TestNoFalseStalls|TestLuarocksInstallFromRocksServer
+LONG_PKGS  := ./nginx/ ./rockspec/
 
 # Everything the library is built from (make only rebuilds when one changes).
 LIB_SRC := go.mod go.sum $(shell find ffi qrpc internal -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' 2>/dev/null)
 DEMO_SRC := $(shell find demo/server -type f -name '*.go' ! -name '*_test.go' 2>/dev/null)
 
-.PHONY: limits proto-check all demo demo-stop demo-deps test test-go test-race test-rockspec lint bench bench-update install uninstall proto clean help
+.PHONY: limits proto-check all demo demo-stop demo-deps test test-go test-race test-long test-rockspec lint bench bench-sched bench-update install uninstall proto clean help
 
 all: $(LIB)
 
@@ -84,12 +95,20 @@ demo-stop:
 
 # ---- tests -------------------------------------------------------------------
 
-# The library is built first so that a build error shows up as one, not as
-# a failing test.
-test: test-deps lint proto-check $(LIB) test-go test-race
+# The library and the demo server are built first so that a build error
+# shows up as one, not as a failing test; then the suites and the race run
+# go side by side (lines of their output interleave).
+test: test-deps lint proto-check $(LIB) $(DEMO)
+	@$(MAKE) --no-print-directory --output-sync=line -j2 test-go test-race
 
-test-go: $(LIB)
-	$(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
+test-go: $(LIB) $(DEMO)
+	$(TEST_ENV) $(GO) test -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
+
+# The tests that ngxtest.Long skips in make test: soaks, stress, the
+# 30-second scenarios. CI runs them once, on the Debian flavour; one
+# package at a time (TestNoFalseStalls brings its own CPU hog).
+test-long: $(LIB) $(DEMO)
+	$(TEST_ENV) QRPC_TEST_LONG=1 $(GO) test -count=1 -p 1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) -run '^($(LONG_TESTS))$$' $(LONG_PKGS)
 
 # The protocol and the runtime under the race detector (the nginx suite
 # cannot be: the library runs inside nginx there).
@@ -129,9 +148,9 @@ nginx-openresty nginx-resty-ffi: nginx-%:
 	@echo "==> nginx flavour $*: $(QRPC_BUILD_DIR)/$* (a first build takes minutes)"
 	@nginx/flavours/build-$*.sh $(QRPC_BUILD_DIR)/$*
 
-test-openresty test-resty-ffi: test-%: nginx-% $(LIB)
-	QRPC_NGINX=$* QRPC_BUILD_DIR=$(QRPC_BUILD_DIR) QRPC_TEST_LIB=$(CURDIR)/$(LIB) \
-	  $(GO) test -count=1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) $(FLAVOUR_SUITES)
+test-openresty test-resty-ffi: test-%: nginx-% $(LIB) $(DEMO)
+	QRPC_NGINX=$* QRPC_BUILD_DIR=$(QRPC_BUILD_DIR) $(TEST_ENV) \
+	  $(GO) test -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) $(FLAVOUR_SUITES)
 
 # ---- benchmark -----------------------------------------------------------------
 
@@ -140,8 +159,14 @@ test-openresty test-resty-ffi: test-%: nginx-% $(LIB)
 # `make bench` writes bench/out/results.{md,svg} (ignored by git);
 # `make bench-update` runs the full benchmark into the committed
 # bench/results.{md,svg}.
-bench: $(LIB)
+bench: $(LIB) bench-sched
 	$(GO) run ./bench $(BENCH_FLAGS)
+
+# Completions per wake-up of the built-in host (internal/hostq), held to
+# their targets (bench/README.md): measurements of the machine's
+# scheduling, which make test only logs.
+bench-sched:
+	QRPC_BENCH=1 $(GO) test -count=1 -v -run '^(TestQueuedEchoesOnOneCPU|TestAnswersWakeOncePerBatch)$$' ./internal/hostq/
 
 bench-update: $(LIB)
 	$(GO) run ./bench -update $(BENCH_FLAGS)

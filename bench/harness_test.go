@@ -20,7 +20,7 @@ func TestProcCSW(t *testing.T) {
 	}
 	// Each sleep of the locked thread switches it out at least once.
 	for i := 0; i < 5; i++ {
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the subject: each sleep switches the thread out
 	}
 	after, err := procCSW(pid)
 	if err != nil {

@@ -44,10 +44,16 @@ func TestDemoUpAndDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("nginx: %s", ng)
+	// The library and server make test built (QRPC_TEST_LIB, QRPC_TEST_DEMO),
+	// copied where the workers can read them, or built here.
 	lib := filepath.Join(dir, "libffi_qrpc.so")
 	bin := filepath.Join(dir, "qrpc-demo")
-	goBuild(t, root, "-buildmode=c-shared", "-o", lib, "./ffi")
-	goBuild(t, root, "-o", bin, "./demo/server")
+	if p := os.Getenv("QRPC_TEST_LIB"); p != "" {
+		copyFile(t, p, lib)
+	} else {
+		goBuild(t, root, "-buildmode=c-shared", "-o", lib, "./ffi")
+	}
+	copyFile(t, ngxtest.DemoServer(t, root), bin)
 
 	base := []string{
 		"QRPC_DEMO_RUN=" + filepath.Join(dir, "run"),
@@ -166,6 +172,17 @@ func withoutEnv(env []string, keys ...string) []string {
 		}
 	}
 	return out
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func goBuild(t *testing.T, root string, args ...string) {

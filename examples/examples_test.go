@@ -165,8 +165,7 @@ func newSetup(t *testing.T) *setup {
 		}
 	}
 
-	bin := filepath.Join(t.TempDir(), "qrpc-demo")
-	goBuild(t, root, "-o", bin, "./demo/server")
+	bin := ngxtest.DemoServer(t, root)
 	s.port = ngxtest.FreePort(t)
 	s.addr = fmt.Sprintf("127.0.0.1:%d", s.port)
 	certs := filepath.Join(s.co, "demo", "run", "certs")
@@ -228,7 +227,7 @@ func startServer(t *testing.T, bin, addr, mtls, certs string) {
 		_ = fh.Close()
 	})
 	for i := 0; i < 300 && !fileExists(ready); i++ {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval of a bounded wait
 	}
 	if !fileExists(ready) {
 		b, _ := os.ReadFile(log)
@@ -303,7 +302,7 @@ func (s *setup) nginx(t *testing.T, conf string, port int) string {
 		}
 		_ = syscall.Kill(pid, syscall.SIGQUIT)
 		for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // poll interval of a bounded wait
 		}
 		if syscall.Kill(pid, 0) == nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -316,7 +315,7 @@ func (s *setup) nginx(t *testing.T, conf string, port int) string {
 				break
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
 	}
 	if pid == 0 {
 		t.Fatal("nginx wrote no pid file")
@@ -327,7 +326,7 @@ func (s *setup) nginx(t *testing.T, conf string, port int) string {
 			_ = c.Close()
 			return errLog
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
 	}
 	t.Fatalf("nginx does not listen on %d", port)
 	return ""
@@ -470,7 +469,7 @@ func TestExamples(t *testing.T) {
 							f, tr.line, tr.method, tr.url, status, body, tr.status, tr.expect, missing)
 						break
 					}
-					time.Sleep(250 * time.Millisecond)
+					time.Sleep(250 * time.Millisecond) // retry interval of a bounded retry (the log phase may end after the answer)
 				}
 			}
 			logs, _ := os.ReadFile(errLog)

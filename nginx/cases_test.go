@@ -304,7 +304,7 @@ func TestUnary(t *testing.T) {
                 local th = ngx.thread.spawn(function()
                     return conn:unary("slow", "5000", { timeout = 10000 })
                 end)
-                ngx.sleep(0.2)
+                qt.wait(10, function() return conn:stats().inflight == 1 end)
                 ngx.say("in flight: ", conn:stats().inflight, " waiting: ", qrpc.stats().waiting)
                 ngx.say("killed: ", ngx.thread.kill(th))
                 local s = qt.wait(8, function()

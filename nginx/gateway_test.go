@@ -29,6 +29,7 @@ import (
 	// google/api/annotations.proto for the test's own compile of shop.proto
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -363,6 +364,7 @@ const gatewayServer = `
 `
 
 func TestGateway(t *testing.T) {
+	t.Parallel()
 	dir := gatewayDir(t)
 	sd := compileShop(t, dir)
 	shop := startShopServer(t, sd, "127.0.0.1:0")
@@ -643,10 +645,7 @@ func TestGateway(t *testing.T) {
 		done := make(chan gwResp, 1)
 		go func() { done <- n.req(t, "GET", "/lost/v1/slow/30000", "") }()
 		// once the call is in flight at the server, it goes away
-		deadline := time.Now().Add(10 * time.Second)
-		for len(lost.seen()) == 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		ngxtest.WaitFor(10*time.Second, func() bool { return len(lost.seen()) > 0 })
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 		_ = lost.srv.Shutdown(ctx)
 		cancel()
@@ -744,6 +743,7 @@ func redoclyLint(t *testing.T, b []byte) {
 // route template (never the raw path), method and status, with their
 // durations, beside the pool's own series.
 func TestGatewayMetrics(t *testing.T) {
+	t.Parallel()
 	dir := gatewayDir(t)
 	sd := compileShop(t, dir)
 	shop := startShopServer(t, sd, "127.0.0.1:0")
@@ -797,6 +797,7 @@ func TestGatewayMetrics(t *testing.T) {
 // retry: 2, as many as the attempts the held server got in the metrics;
 // the others 1. A request that matches no route makes no call: nothing.
 func TestGatewayAttempts(t *testing.T) {
+	t.Parallel()
 	dir := gatewayDir(t)
 	sd := compileShop(t, dir)
 	shop := startShopServer(t, sd, "127.0.0.1:0")
@@ -858,12 +859,10 @@ func TestGatewayAttempts(t *testing.T) {
 	// The log phase may end after the answer is out: a bounded wait for
 	// the lines.
 	var got string
-	for i := 0; i < 200; i++ {
-		if got = n.readFile("attempts.log"); strings.Count(got, "\n") >= len(want) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	ngxtest.WaitFor(10*time.Second, func() bool {
+		got = n.readFile("attempts.log")
+		return strings.Count(got, "\n") >= len(want)
+	})
 	if got != strings.Join(want, "\n")+"\n" {
 		t.Errorf("access log:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
 	}

@@ -286,13 +286,14 @@ func (s *testServer) restart(down time.Duration) error {
 	srv, addr := s.srv, s.addr
 	s.mu.Unlock()
 	_ = srv.Close()
-	time.Sleep(down)
+	time.Sleep(down) // the scenario: the server is down this long
 	var err error
-	for i := 0; i < 50; i++ { // the port may take a moment to be free again
-		if err = s.start(addr); err == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
+	ngxtest.WaitFor(5*time.Second, func() bool { // the port may take a moment to be free again
+		err = s.start(addr)
+		return err == nil
+	})
+	if err == nil {
+		return nil
 	}
 	return fmt.Errorf("restart on %s: %w", addr, err)
 }
@@ -610,7 +611,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 		if time.Now().After(deadline) {
 			t.Fatalf("nginx did not start listening on %s:\n%s", n.addr(), n.errorLog())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
 	}
 	return n
 }
@@ -667,7 +668,7 @@ function _M.wait(secs, f)
         if v or ngx.now() >= deadline then
             return v
         end
-        ngx.sleep(0.01)
+        ngx.sleep(0.01) -- poll interval of a bounded wait
         ngx.update_time()
     end
 end
@@ -882,14 +883,9 @@ func tail(s string, lines int) string {
 
 // eventually polls f every 20 ms until it returns nil or d passes.
 func eventually(d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var err error
+	ngxtest.WaitFor(d, func() bool { err = f(); return err == nil })
+	return err
 }
 
 var errNotYet = errors.New("not yet")

@@ -59,7 +59,9 @@ func TestHotPathStaysInC(t *testing.T) {
                 -- when its light thread is killed (the sweep cancels it)
                 local _, terr = conn:unary("slow", "1000", { timeout = 50 })
                 local th = ngx.thread.spawn(function() return conn:unary("slow", "3000") end)
-                ngx.sleep(0.05)
+                -- the scenario's pauses: the call reaches Go, then lies
+                -- abandoned until the sweep (every second) cancels it
+                ngx.sleep(0.05) -- the scenario: the call reaches Go before its thread is killed
                 ngx.thread.kill(th)
                 ngx.sleep(1.5) -- the dispatcher sweeps abandoned calls every second
                 -- the IPC benchmark's echo makes the same hand-off

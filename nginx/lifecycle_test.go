@@ -320,7 +320,20 @@ func TestReloadUnderLoad(t *testing.T) {
 	const conc = 4
 	stop := make(chan struct{})
 	result, wg := loadLoop(n, "/t?n=load", "hello, load", conc, stop)
-	time.Sleep(time.Second)
+	// Under way: 10 answers per client before the reload, 10 after the
+	// old workers are gone.
+	answered := func(k int, what string) {
+		t.Helper()
+		if err := eventually(30*time.Second, func() error {
+			if ok, _ := result(); ok < k {
+				return fmt.Errorf("%s: %d of %d answers", what, ok, k)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answered(10*conc, "before the reload")
 	old := n.workerPIDs()
 	before, _ := result()
 	n.signal("reload")
@@ -340,7 +353,8 @@ func TestReloadUnderLoad(t *testing.T) {
 	} else {
 		t.Logf("old workers gone %v after the reload", time.Since(reloaded).Round(10*time.Millisecond))
 	}
-	time.Sleep(time.Second)
+	now, _ := result()
+	answered(now+10*conc, "after the reload")
 	close(stop)
 	wg.Wait()
 	ok, fails := result()
@@ -352,8 +366,15 @@ func TestReloadUnderLoad(t *testing.T) {
 	if ok < 50 {
 		t.Errorf("only %d successful requests", ok)
 	}
-	newWorkers := n.workerPIDs()
-	if len(newWorkers) != 2 {
+	// An old worker that has exited stays listed until the master reaps
+	// it (slow on a loaded machine): a bounded wait for the two new ones.
+	var newWorkers []int
+	if err := eventually(10*time.Second, func() error {
+		if newWorkers = n.workerPIDs(); len(newWorkers) != 2 {
+			return errNotYet
+		}
+		return nil
+	}); err != nil {
 		t.Errorf("workers after reload: %v", newWorkers)
 	}
 }
@@ -496,7 +517,15 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 	requireNginx(t)
 	t.Parallel()
 	n := startNginx(t, ngxConf{Workers: 1, LogLevel: "info", Server: loc("/late", connectT+`
-                ngx.sleep(1.5)
+                ngx.log(ngx.NOTICE, "late request in")
+                -- until the dispatcher has stopped (quit): at most 10 s
+                local qrpc = require "resty.ffi.qrpc"
+                for _ = 1, 1000 do
+                    if not qrpc.stats().dispatcher then
+                        break
+                    end
+                    ngx.sleep(0.01) -- poll interval of a bounded wait
+                end
                 local res, err = conn:unary("echo", "late ok", { timeout = 2000 })
                 ngx.say(res and res.body or err, " exiting=", ngx.worker.exiting())`)})
 	done := make(chan string, 1)
@@ -504,7 +533,14 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 		st, body, _, err := n.do("GET", "/late", "")
 		done <- fmt.Sprintf("%d %q %v", st, body, err)
 	}()
-	time.Sleep(500 * time.Millisecond)
+	if err := eventually(10*time.Second, func() error {
+		if n.logCount(`late request in`) == 0 {
+			return errNotYet
+		}
+		return nil
+	}); err != nil {
+		t.Fatal("the request never reached its handler")
+	}
 	n.client.CloseIdleConnections()
 	n.signal("quit")
 	select {
@@ -512,7 +548,7 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 		if r != `200 "late ok exiting=true\n" <nil>` {
 			t.Errorf("request in flight at quit: %s", r)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		t.Fatal("the request did not complete")
 	}
 	if !n.waitExit(5 * time.Second) {
@@ -539,7 +575,7 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
                 assert(lib.qrpc_wake_open(dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
                 local thief = ngx.socket.tcp()
                 assert(thief:connect("unix:" .. ffi.string(path)))
-                ngx.sleep(0.3)
+                ngx.sleep(0.3) -- the scenario: the theft is under way when the calls start; they must complete whatever the dispatcher is doing
                 local ok = 0
                 for i = 1, 20 do
                     local res = conn:unary("echo", "after " .. i, { timeout = 3000 })

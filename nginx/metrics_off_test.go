@@ -11,6 +11,7 @@ import (
 // connection count its calls exactly, while the unrecorded one stays
 // unrecorded; a value that is not a boolean is a bad argument.
 func TestMetricsSwitch(t *testing.T) {
+	t.Parallel()
 	srv := ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, QServer: srv, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"

@@ -113,8 +113,31 @@ func callsOf(byPID map[string]int) int {
 // count equals the calls; promtool accepts the output; after a reload the
 // counters stay and the old workers' gauges are gone.
 func TestMetricsAcrossWorkers(t *testing.T) {
+	t.Parallel()
 	srv := ownServer(t)
-	n := startNginx(t, metricsConf(ngxConf{QServer: srv}))
+	// /gauges: each worker's gauges in the dict with their time to live;
+	// every flush sets them again (metrics.lua), so a longer one than
+	// before means that worker has flushed since.
+	n := startNginx(t, metricsConf(ngxConf{QServer: srv, Server: loc("/gauges", `
+                local d = ngx.shared.qrpc_metrics
+                for _, k in ipairs(d:get_keys(0)) do
+                    local pid = k:match("^g(%d+) ")
+                    local ttl = pid and d:ttl(k)
+                    if ttl then
+                        ngx.say(pid, " ", ttl)
+                    end
+                end`)}))
+	gaugeTTL := func() map[string]float64 {
+		_, b := n.get("/gauges")
+		m := map[string]float64{}
+		for _, l := range strings.Split(strings.TrimSpace(b), "\n") {
+			if pid, v, ok := strings.Cut(l, " "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				m[pid] = max(m[pid], f)
+			}
+		}
+		return m
+	}
 	greet := callsOf(spread(t, n, "greet", 40))
 	fail := callsOf(spread(t, n, "fail", 6))
 	server := srv.addr
@@ -131,10 +154,23 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 15 s: %s = %v (want %d), %s = %v (want %d)\n%s", okKey, got[okKey], greet, codeKey, got[codeKey], fail, body)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval of a bounded wait
 	}
-	// Exact, and stays exact: one more flush interval changes nothing.
-	time.Sleep(1500 * time.Millisecond)
+	// Exact, and stays exact: a flush by every worker after that changes
+	// nothing.
+	ttl0 := gaugeTTL()
+	if len(ttl0) != 2 {
+		t.Fatalf("gauges of %d workers in the dict, want 2: %v", len(ttl0), ttl0)
+	}
+	waitFor(t, 15*time.Second, "a flush by every worker", func() bool {
+		ttl := gaugeTTL()
+		for pid, v := range ttl0 {
+			if ttl[pid] <= v {
+				return false
+			}
+		}
+		return true
+	})
 	got, body = scrape(t, n)
 	labels := `method="greet",server="` + server + `"`
 	checks := map[string]float64{
@@ -165,7 +201,7 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("old worker %d still running 20 s after a reload", pid)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
 		}
 	}
 	got, body = scrape(t, n)
@@ -254,6 +290,7 @@ func promtoolCheck(t *testing.T, text string) {
 // TestPrometheusScrapes: a real Prometheus server scrapes nginx's
 // /metrics; its HTTP API returns the calls made.
 func TestPrometheusScrapes(t *testing.T) {
+	t.Parallel()
 	bin, err := ngxtest.LookPath("prometheus")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -316,7 +353,7 @@ func TestPrometheusScrapes(t *testing.T) {
 			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
 			t.Fatalf("after 60 s prometheus says %s, want %d calls\n%s", last, calls, b)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval of a bounded wait (Prometheus scrapes every second)
 	}
 }
 

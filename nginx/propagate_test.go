@@ -9,6 +9,7 @@ import (
 // TestPropagate: opts.propagate copies the request's headers into each
 // call's headers unless the caller set them; in a timer nothing is copied.
 func TestPropagate(t *testing.T) {
+	t.Parallel()
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"

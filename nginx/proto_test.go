@@ -159,6 +159,7 @@ return _M
 `
 
 func TestProtobuf(t *testing.T) {
+	t.Parallel()
 	srv := startPBServer(t)
 	dir := protoDir(t)
 	init := lines(

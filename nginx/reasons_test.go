@@ -13,6 +13,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -68,6 +69,7 @@ func rawQUICServer(t *testing.T, onStream func(st *quic.Stream)) string {
 // TestErrorReasonsThroughNginx: every reason path gives its documented
 // string to Lua.
 func TestErrorReasonsThroughNginx(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	dead := func() string {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -151,16 +153,11 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 	t.Run(last.name, func(t *testing.T) {
 		n := startNginx(t, last.conf)
 		go func() {
-			deadline := time.Now().Add(10 * time.Second)
-			for time.Now().Before(deadline) {
+			ngxtest.WaitFor(10*time.Second, func() bool {
 				closing.mu.Lock()
-				slow := closing.slow
-				closing.mu.Unlock()
-				if slow > 0 {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				defer closing.mu.Unlock()
+				return closing.slow > 0
+			})
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
 			closing.mu.Lock()
@@ -206,16 +203,11 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 			loc("/up", `ngx.print(ngx.shared.qtest:get("up") or 0)`)})
 		// Idle timeout: silence the server while the call is in flight.
 		go func() {
-			deadline := time.Now().Add(10 * time.Second)
-			for time.Now().Before(deadline) {
+			ngxtest.WaitFor(10*time.Second, func() bool {
 				killed.mu.Lock()
-				slow := killed.slow
-				killed.mu.Unlock()
-				if slow > 0 {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				defer killed.mu.Unlock()
+				return killed.slow > 0
+			})
 			mp.Mute(true)
 		}()
 		if st, body := n.get("/idle"); st != 200 || !regexp.MustCompile(`^connection lost: idle timeout \(.*\)\n$`).MatchString(body) {
@@ -251,15 +243,8 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 			ch <- answer{st, body}
 		}()
 		// Wait until /reset's connection is up, then kill and replace.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if _, up := n.get("/up"); up == "1" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("/reset never connected")
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !ngxtest.WaitFor(10*time.Second, func() bool { _, up := n.get("/up"); return up == "1" }) {
+			t.Fatal("/reset never connected")
 		}
 		pc3, err := testsrv.ListenReusePort(addr)
 		if err != nil {

@@ -3,6 +3,7 @@ package nginx
 import (
 	"bufio"
 	"fmt"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"io"
 	"net"
 	"net/http"
@@ -320,23 +321,22 @@ func TestStreamAndHTTPTogether(t *testing.T) {
 				}
 			}()
 			for i := 0; i < 2; i++ {
-				time.Sleep(took)
+				// a round of the mix done since the start (or the last reload)
+				r0 := rounds.Load()
+				if !ngxtest.WaitFor(timeout+10*took, func() bool { return rounds.Load() > r0 }) {
+					t.Fatalf("reload %d: no round of calls done in %v", i+1, timeout+10*took)
+				}
 				old := n.workerPIDs()
 				n.signal("reload")
 				// the new workers are up when the old ones are gone
-				deadline := time.Now().Add(timeout + 10*took)
-				for time.Now().Before(deadline) {
-					gone := true
+				ngxtest.WaitFor(timeout+10*took, func() bool {
 					for _, p := range old {
 						if pidAlive(p) {
-							gone = false
+							return false
 						}
 					}
-					if gone {
-						break
-					}
-					time.Sleep(took / 10)
-				}
+					return true
+				})
 				for _, p := range old {
 					if pidAlive(p) {
 						t.Errorf("reload %d: old worker %d still alive after %s: %s", i+1, p, timeout+10*took, procState(p))

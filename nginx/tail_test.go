@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -58,6 +59,7 @@ const tailMetricsLoc = `
 // stalled or ejected within 250 ms; the metrics count one retry for each
 // attempt that timed out, and every call's attempts.
 func TestPoolTryTimeoutLua(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	srvs, extra := startDemos(t, 3)
 	const pool = `
@@ -80,7 +82,7 @@ func TestPoolTryTimeoutLua(t *testing.T) {
 		AllowErrors: []string{`qrpc: (re-dial failed|connection lost)`}})
 
 	load := startLoad(t, n, "/call", 50)
-	time.Sleep(1500 * time.Millisecond)
+	load.past(t, time.Now(), 5, 30*time.Second, "5 healthy calls by every client")
 	healthy, errs := load.take()
 	if len(errs) > 0 {
 		t.Fatalf("healthy: %d calls failed, first %s", len(errs), errs[0])
@@ -107,13 +109,11 @@ func TestPoolTryTimeoutLua(t *testing.T) {
 		if skippedAfter > 0 {
 			break
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll interval of a bounded wait
 	}
-	for time.Since(stopped) < 3*time.Second {
-		time.Sleep(50 * time.Millisecond)
-	}
+	time.Sleep(time.Until(stopped.Add(3 * time.Second))) // the scenario: the server stays frozen for 3 s
 	_ = victim.cmd.Process.Signal(syscall.SIGCONT)
-	time.Sleep(500 * time.Millisecond)
+	load.past(t, time.Now(), 1, 30*time.Second, "a call by every client after the thaw")
 	load.stop()
 	pause := pz.End()
 	lat, errs := load.take()
@@ -164,6 +164,7 @@ func scrapeAny(t *testing.T, n *nginxProc) (map[string]float64, string) {
 // every server slow, the budget bounds the copies and counts what it
 // refused.
 func TestPoolHedgeLua(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	srvs := []*testServer{ownServer(t), ownServer(t), ownServer(t)}
 	extra := map[string]string{}
@@ -270,9 +271,7 @@ func timedGets(t *testing.T, n *nginxProc, path string, calls, conc int) []time.
 // for every server, as often as the log allows.)
 func TestNoFalseStalls(t *testing.T) {
 	requireNginx(t)
-	if testing.Short() {
-		t.Skip("30 s under load")
-	}
+	ngxtest.Long(t, "30 s beside a busy loop per CPU")
 	_, extra := startDemos(t, 3)
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/call", poolLua+poolCallLua(`"greet", "pool"`))})
 	// A busy loop per CPU: every process, nginx and the servers
@@ -285,7 +284,7 @@ func TestNoFalseStalls(t *testing.T) {
 		t.Cleanup(func() { _ = hog.Process.Kill(); _ = hog.Wait() })
 	}
 	load := startLoad(t, n, "/call", 50)
-	time.Sleep(30 * time.Second)
+	time.Sleep(30 * time.Second) // the scenario: 30 s of calls beside the hog
 	load.stop()
 	lat, errs := load.take()
 	stalls := n.logCount(`qrpc: server stalled`)
@@ -314,6 +313,7 @@ func TestNoFalseStalls(t *testing.T) {
 // fail after two attempts long before the call's timeout; with one server
 // slow, a per-call hedge answers from the other.
 func TestPoolCallOptionsLua(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	s1, s2 := ownServer(t), ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"s1": s1.addr, "s2": s2.addr}, Server: loc("/t", `
@@ -367,6 +367,7 @@ func TestPoolCallOptionsLua(t *testing.T) {
 // attempts, as many such calls as "who" attempts at s1 in the metrics.
 // A call that s2 answered first, and a plain call, made 1.
 func TestUnaryAttemptsLua(t *testing.T) {
+	t.Parallel()
 	requireNginx(t)
 	s1, s2 := ownServer(t), ownServer(t)
 	s1.whoDelay.Store(int64(time.Hour / time.Millisecond))

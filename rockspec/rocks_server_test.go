@@ -40,6 +40,7 @@ const (
 // cache) and one with both rocks, as published, from which luarocks must
 // pick the binary rock (Go is not even on PATH).
 func TestLuarocksInstallFromRocksServer(t *testing.T) {
+	ngxtest.Long(t, "make rocks, then luarocks builds the source rock offline from an empty Go cache")
 	root, nginx, dir := prepare(t)
 	luarocks := lookPath(t, "luarocks", "apt-get install luarocks")
 	admin := lookPath(t, "luarocks-admin", "apt-get install luarocks")

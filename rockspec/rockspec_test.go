@@ -182,7 +182,7 @@ func checkFromNginx(t *testing.T, nginx *ngxtest.Nginx, dir string, srv *testsrv
 	// The event is one-way: wait for the server to count it.
 	deadline := time.Now().Add(5 * time.Second)
 	for srv.Events("notify") < before+1 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
 	}
 	if got := srv.Events("notify") - before; got != 1 {
 		t.Fatalf("server counted %d notify events, want 1", got)
@@ -316,7 +316,7 @@ func startNginx(t *testing.T, ng *ngxtest.Nginx, dir string, data map[string]any
 			_ = c.Close()
 			return n
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
 	}
 	t.Fatalf("nginx does not listen on %s:\n%s", n.port, n.errorLog())
 	return nil
@@ -387,7 +387,7 @@ func (n *nginxProc) stop(t *testing.T) {
 			_ = os.Remove(pidFile)
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
 	}
 	// The master leads its process group: this takes the workers too.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)

@@ -71,7 +71,7 @@ func TestMetricsRecording(t *testing.T) {
 	// The close runs on a goroutine: wait (bounded) for the gauge to move
 	// off 2; it must stop at 1.
 	var cur []byte
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) { // poll interval of a bounded wait
 		cur, _ = r.MetricsQuery("", nil)
 		if !strings.Contains(string(cur), `qrpc_client_connections{`+srv+`,state="up"} 2`+"\n") {
 			break
@@ -92,7 +92,7 @@ func TestMetricsRecording(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("still up after close:\n%s", out)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
 	}
 	if _, err := r.MetricsQuery("bogus", nil); err == nil {
 		t.Fatal("unknown metrics query accepted")

@@ -94,7 +94,7 @@ func TestRuntimePool(t *testing.T) {
 	}
 	// Connect returns once one server is up (the others get a short
 	// grace): wait for all three, so that round-robin is exact.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) { // poll interval of a bounded wait
 		up := 0
 		for _, v := range peers() {
 			if strings.HasPrefix(v, "state=up ") {

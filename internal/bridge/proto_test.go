@@ -218,10 +218,14 @@ func TestProtoEvent(t *testing.T) {
 	h.submit(ev(`{"name":"e"}`), StatusOK)
 	deadline := time.Now().Add(5 * time.Second)
 	for ts.Events("ev") < 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval of a bounded wait
 	}
-	// Only the good one arrived (a late bad one would make this 2).
-	time.Sleep(100 * time.Millisecond)
+	// Only the good one arrived (a late bad one would make this 2): checked
+	// after 3 more round trips on the connection, not after a while.
+	for i := uint64(0); i < 3; i++ {
+		h.submit(unary(conn, 20+i, "echo", "after", 5000), StatusPending)
+		h.wait(20+i, 5*time.Second)
+	}
 	if n := ts.Events("ev"); n != 1 {
 		t.Fatalf("server saw %d events, want 1", n)
 	}

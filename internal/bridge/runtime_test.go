@@ -190,6 +190,7 @@ func TestRuntimeCommands(t *testing.T) {
 	}
 
 	// CANCEL: no completion, nothing left in flight or in the table.
+	slept := ts.Slept()
 	h.submit(unary(conn, 5, "sleep", "300", 5000), StatusPending)
 	if s, _ := r.Stats(conn, 0); s.Inflight != 1 {
 		t.Fatalf("in flight before cancel: %d", s.Inflight)
@@ -198,11 +199,22 @@ func TestRuntimeCommands(t *testing.T) {
 	if s, _ := r.Stats(conn, 0); s.Inflight != 0 || h.calls.Len() != 0 {
 		t.Fatalf("after cancel: %d in flight, %d in the table", s.Inflight, h.calls.Len())
 	}
-	select {
-	case c := <-h.out:
+	// Past the handler's answer: the server has written it, and 3 more
+	// calls on the connection have been answered after (wait records any
+	// other completion it drains, the cancelled call's included).
+	deadline := time.Now().Add(5 * time.Second)
+	for ts.Slept() < slept+1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled call's handler never answered")
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval of a bounded wait
+	}
+	for i := uint64(0); i < 3; i++ {
+		h.submit(unary(conn, 50+i, "echo", "after", 5000), StatusPending)
+		h.wait(50+i, 5*time.Second)
+	}
+	if c, ok := h.got[5]; ok {
 		t.Fatalf("completion %d after CANCEL", c.CallID)
-		r.Free(&c)
-	case <-time.After(500 * time.Millisecond): // past the handler's answer
 	}
 
 	// A call id in flight cannot be reused.
@@ -218,9 +230,9 @@ func TestRuntimeCommands(t *testing.T) {
 		ev.Op = OpEvent
 		h.submit(ev, StatusOK)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for ts.Events("ev") != 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval of a bounded wait
 	}
 	if n := ts.Events("ev"); n != 3 {
 		t.Fatalf("server got %d events", n)
@@ -233,7 +245,7 @@ func TestRuntimeCommands(t *testing.T) {
 	}
 	h.submit(Command{Op: OpStats, CallID: 8, Conn: conn}, StatusPending)
 	_, _, sb := result(t, h.wait(8, time.Second))
-	if s := *(*Stats)(unsafe.Pointer(&sb[0])); s.Inflight != 0 || s.Calls != 5 || s.Events != 3 {
+	if s := *(*Stats)(unsafe.Pointer(&sb[0])); s.Inflight != 0 || s.Calls != 8 || s.Events != 3 { // 5 and the 3 echoes after CANCEL
 		t.Fatalf("stats %+v", s)
 	}
 

@@ -17,6 +17,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -72,15 +73,8 @@ func openBuiltin(t testing.TB) *dispatcher {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	// The file goes away once the dispatcher is in.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := os.Stat(path); os.IsNotExist(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still exists after the dispatcher connected", path)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !ngxtest.WaitFor(30*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) }) {
+		t.Fatalf("%s still exists after the dispatcher connected", path)
 	}
 	return &dispatcher{t: t, wake: c, got: map[uint64]bridge.Completion{}}
 }
@@ -246,20 +240,33 @@ func TestBuiltinHost(t *testing.T) {
 	}
 	waitFor(t, func() bool { return ts.Events("ev") == 5 }, "5 events at the server")
 
-	// Go enforces the deadline.
+	// Go enforces the deadline: never early, and late by no more than a
+	// reference measured right after on this machine: a call the server
+	// answers after 100 ms (a 100 ms Go timer too, and a completion
+	// through the same host), twice over. Unenforced, it would take the
+	// handler's 2 s.
 	cmd = cmdtest.Unary(h, "sleep", "2000")
 	cmd.CallID, cmd.TimeoutMS = 30, 100
 	start := time.Now()
 	submit(cmd)
 	r = d.wait(30, 5*time.Second)
+	el := time.Since(start)
 	if r.Status != bridge.ErrTimeout || text(r) != "timeout" {
 		t.Fatalf("timeout: %d %q", r.Status, text(r))
 	}
-	if el := time.Since(start); el < 90*time.Millisecond || el > 1500*time.Millisecond {
-		t.Fatalf("timed out after %v", el)
+	ref := cmdtest.Unary(h, "sleep", "100")
+	ref.CallID = 29
+	refAt := time.Now()
+	submit(ref)
+	d.wait(29, 5*time.Second)
+	refEl := time.Since(refAt)
+	if el < 90*time.Millisecond || el > 2*refEl {
+		t.Fatalf("timed out after %v: want 100 ms, and at most twice the %v a 100 ms answer took", el, refEl)
 	}
+	t.Logf("timed out after %v; a 100 ms answer took %v", el, refEl)
 
 	// A cancelled call produces no completion and leaves nothing in flight.
+	slept := ts.Slept()
 	cmd = cmdtest.Unary(h, "sleep", "300")
 	cmd.CallID = 31
 	submit(cmd)
@@ -271,8 +278,15 @@ func TestBuiltinHost(t *testing.T) {
 	if st, _ := submit(cancel); st != bridge.StatusOK {
 		t.Fatalf("cancel: %d", st)
 	}
-	time.Sleep(500 * time.Millisecond) // past the handler's answer
-	d.pump(50 * time.Millisecond)
+	// Past the handler's answer: the server has written it, and 3 more
+	// calls on the connection have been answered after.
+	waitFor(t, func() bool { return ts.Slept() >= slept+1 }, "the cancelled call's handler to answer")
+	for i := uint64(0); i < 3; i++ {
+		e := cmdtest.Unary(h, "echo", "after")
+		e.CallID = 35 + i
+		submit(e)
+		d.wait(35+i, 5*time.Second)
+	}
 	if _, ok := d.got[31]; ok {
 		t.Fatal("completion for a cancelled call")
 	}
@@ -299,7 +313,7 @@ func TestBuiltinHost(t *testing.T) {
 	r = d.wait(40, time.Second)
 	_, _, sb := readResult(t, r)
 	s := *(*bridge.Stats)(unsafe.Pointer(&sb[0]))
-	if s.Inflight != 0 || s.Calls != 5 || s.Events != 5 {
+	if s.Inflight != 0 || s.Calls != 9 || s.Events != 5 { // 5, the reference call and 3 echoes
 		t.Fatalf("stats %+v", s)
 	}
 
@@ -487,12 +501,8 @@ func TestWakeOpenRules(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !ngxtest.WaitFor(30*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -679,7 +689,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("round %d: %d of %d results drained", round, got, n)
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // poll interval of a bounded wait (the results are drained, not woken for)
 				continue
 			}
 			for _, c := range out[:k] {
@@ -718,13 +728,11 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
 	}
 	// Idle: the submitter's timer gives everything back.
-	deadline := time.Now().Add(20 * time.Second)
-	for cmem.Stats().Bytes > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still keeping %+v after an idle wait", cmem.Stats())
-		}
+	if !ngxtest.WaitFor(30*time.Second, func() bool {
 		builtin.Drain(out) // as the dispatcher's poll does
-		time.Sleep(100 * time.Millisecond)
+		return cmem.Stats().Bytes == 0
+	}) {
+		t.Fatalf("still keeping %+v after an idle wait", cmem.Stats())
 	}
 }
 

@@ -181,24 +181,38 @@ func (s *submitter) trim(stop chan struct{}) {
 var hq = &C.qrpc_hostq
 
 // qlock takes hostq.c's spinlock (q_lock there). Its holders do a few
-// loads and stores. Past a short spin it waits with Gosched, which lets a
-// goroutine holding it run on this P, and now and then gives the CPU up
-// (sched_yield, raw: see hq) for a holder the kernel preempted, such as
-// the nginx thread.
+// loads and stores. The nginx thread spins on it too, so a Go holder must
+// not be descheduled by Go while it holds it: a goroutine preempted there
+// (sysmon's 10 ms preemption, a stop for GC, another goroutine taking its
+// P) would leave the event loop spinning in sched_yield until Go ran it
+// again. procPin makes the holder non-preemptible (as sync.Pool does) from
+// before the lock to qunlock; the kernel can still preempt its thread,
+// which is what the sched_yield in both spins is for. Nothing between
+// qlock and qunlock may allocate, block or call Gosched.
 func qlock() {
+	procPin()
 	l := (*uint32)(unsafe.Pointer(&hq.lock))
 	for spins := 0; !atomic.CompareAndSwapUint32(l, 0, 1); spins++ {
-		switch {
-		case spins < 64:
-		case spins%16 == 0:
+		if spins >= 64 && spins%16 == 0 {
+			// raw: see hq
 			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
-		default:
-			runtime.Gosched()
 		}
 	}
 }
 
-func qunlock() { atomic.StoreUint32((*uint32)(unsafe.Pointer(&hq.lock)), 0) }
+func qunlock() {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&hq.lock)), 0)
+	procUnpin()
+}
+
+// procPin and procUnpin are the runtime's (sync.Pool's pin): while pinned,
+// the goroutine is neither preempted nor stopped for GC.
+//
+//go:linkname procPin runtime.procPin
+func procPin() int
+
+//go:linkname procUnpin runtime.procUnpin
+func procUnpin()
 
 // sqTake takes every queued command (a list in queue order), or returns
 // nil and records that the submitter goes to sleep. The flag is set under

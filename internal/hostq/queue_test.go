@@ -17,6 +17,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 )
 
@@ -265,12 +266,8 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 // waitLong is waitFor with room for a few bufcache trim intervals.
 func waitLong(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !ngxtest.WaitFor(60*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -555,6 +552,8 @@ func pinToOneCPU(t *testing.T) {
 // the wake-up socket between rounds, and calls push (which queues one
 // call) for each completion it drains, until total have completed. It
 // returns the rounds: how many times the thread woke to completions.
+// Each call completes once: a lost one ends it at its deadline, a second
+// completion of one fails it.
 func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) int {
 	t.Helper()
 	raw, err := d.wake.SyscallConn()
@@ -572,6 +571,7 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 	out := make([]bridge.Completion, 256)
 	buf := make([]byte, 256)
 	done, rounds := 0, 0
+	seen := make(map[uint64]bool, total)
 	deadline := time.Now().Add(time.Minute)
 	for done < total {
 		if time.Now().After(deadline) {
@@ -594,6 +594,10 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 				if c.Status != bridge.StatusOK {
 					t.Fatalf("call %d: status %d %q", c.CallID, c.Status, text(c))
 				}
+				if seen[c.CallID] {
+					t.Fatalf("call %d completed twice", c.CallID)
+				}
+				seen[c.CallID] = true
 				rt.Free(&c)
 				done++
 				if pushed < total {
@@ -609,8 +613,14 @@ func playNginx(t *testing.T, d *dispatcher, inflight, total int, push func()) in
 	return rounds
 }
 
+// benchGate: the completions-per-wake-up targets below are measurements
+// of the machine's scheduling, not properties: make bench (QRPC_BENCH=1,
+// bench/README.md) holds them to their targets; make test checks that
+// every call completed exactly once and logs the ratio.
+func benchGate() bool { return os.Getenv("QRPC_BENCH") == "1" }
+
 // The submit queue on one CPU with the Go side, nginx's way (playNginx):
-// each round should carry many completions. Before the waker goroutine
+// each round should carry many completions (a target of make bench). Before the waker goroutine
 // (wakeSoon) the two threads fell into taking turns call by call (issue
 // 13's queued echo "slow mode", seen pinned to one CPU, and at times
 // unpinned when the kernel put both threads on one CPU): each
@@ -640,7 +650,7 @@ func TestQueuedEchoesOnOneCPU(t *testing.T) {
 	})
 	perRound := float64(total) / float64(rounds)
 	t.Logf("%d echoes in %d rounds (%.1f per round)", total, rounds, perRound)
-	if perRound < 30 { // 96-97 with the waker; 2.6-3.3 without
+	if perRound < 30 && benchGate() { // 96-97 with the waker; 2.6-3.3 without
 		t.Errorf("%.1f echoes per wake-up: the threads take turns call by call", perRound)
 	}
 }
@@ -673,7 +683,7 @@ func TestAnswersWakeOncePerBatch(t *testing.T) {
 	})
 	perRound := float64(total) / float64(rounds)
 	t.Logf("%d calls in %d rounds (%.1f per round)", total, rounds, perRound)
-	if perRound < 25 { // 34-68 with the waker (a CPU hog beside or not); 2.6-15.1 without
+	if perRound < 25 && benchGate() { // 34-68 with the waker (a CPU hog beside or not); 2.6-15.1 without
 		t.Errorf("%.1f answers per wake-up: the first answer of a batch wakes the thread alone", perRound)
 	}
 }
@@ -834,5 +844,69 @@ func TestVMsKeepTheirCompletions(t *testing.T) {
 		if len(got) != n {
 			t.Fatalf("VM %d: %d of %d completions", vm, len(got), n)
 		}
+	}
+}
+
+// A goroutine holding the queues' lock is not descheduled by Go: the
+// nginx thread spins on that lock, and a holder preempted there (sysmon
+// preempts a goroutine that ran 10 ms, GC stops them all, another
+// goroutine takes the P) would keep the event loop spinning until Go
+// ran it again. On one P, a busy goroutine without the lock is first
+// timed until another goroutine gets to run (how long this machine takes
+// to preempt it, now); then the lock is held, busy, for 5 times that
+// (50 ms to 2 s): the other goroutine must not have run.
+func TestQueueLockHolderNotPreempted(t *testing.T) {
+	procs := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(procs) })
+	var ran atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				ran.Add(1)
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for ran.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the other goroutine never ran")
+		}
+		runtime.Gosched()
+	}
+	// Unlocked: how long until Go preempts a busy goroutine here.
+	before, t0 := ran.Load(), time.Now()
+	for ran.Load() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("a busy goroutine was never preempted: nothing to compare with")
+		}
+	}
+	preempt := time.Since(t0)
+	hold := min(max(5*preempt, 50*time.Millisecond), 2*time.Second) // a loaded machine may have taken long
+	qlock()
+	before, t0 = ran.Load(), time.Now()
+	for time.Since(t0) < hold {
+	}
+	during := ran.Load() - before
+	qunlock()
+	t.Logf("preempted after %v unlocked; held the lock %v", preempt, hold)
+	if during != 0 {
+		t.Fatalf("another goroutine ran %d times while the lock was held (%v, preemption took %v unlocked)",
+			during, hold, preempt)
+	}
+}
+
+// BenchmarkQueueLock: one uncontended take and release of the queues'
+// lock from Go, what every completion push pays.
+func BenchmarkQueueLock(b *testing.B) {
+	for b.Loop() {
+		qlock()
+		qunlock()
 	}
 }

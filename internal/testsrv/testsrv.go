@@ -19,7 +19,8 @@ import (
 //
 //	echo   answers with the request's headers and body
 //	code   answers code 7, body "seven"
-//	sleep  waits the milliseconds in the body (or until cancelled), "slept"
+//	sleep  waits the milliseconds in the body (or until cancelled), "slept";
+//	       counted when it returns (Slept)
 //	greet  answers "Hello <body>!"
 //	ev, notify  events, counted per method (see Events)
 type Server struct {
@@ -29,6 +30,8 @@ type Server struct {
 	// events counts per event method. The map is filled before the server
 	// listens and never changes after, so only the counters need atomics.
 	events map[string]*atomic.Int64
+	// slept counts the sleep handlers that returned (see Slept).
+	slept atomic.Int64
 }
 
 // Options adjust Start. The zero value is what most tests want.
@@ -69,6 +72,11 @@ func (s *Server) Events(method string) int64 {
 	return n.Load()
 }
 
+// Slept returns how many sleep handlers have returned: their answers are
+// being written. A test that checks a cancelled call's late answer is
+// dropped waits for this, then for a few more round trips.
+func (s *Server) Slept() int64 { return s.slept.Load() }
+
 func (s *Server) register(srv *qrpc.Server) {
 	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
 		resp.Headers, resp.Body = req.Headers, req.Body
@@ -85,6 +93,7 @@ func (s *Server) register(srv *qrpc.Server) {
 		case <-ctx.Done():
 		}
 		resp.Body = []byte("slept")
+		s.slept.Add(1)
 	})
 	srv.Handle("greet", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
 		resp.Body = []byte("Hello " + string(req.Body) + "!")

@@ -27,12 +27,12 @@ local function call(self, req)
     local t = shim.fake_task_post(self.tq, req, #req)
     _M.tasks = _M.tasks + 1
     while shim.fake_task_done(t) == 0 do
-        ngx.sleep(0.001)
+        ngx.sleep(0.001) -- the stand-in polls its task as lua-resty-ffi's C side would wake it
     end
     local rc = shim.fake_task_rc(t)
     local p = shim.fake_task_rsp(t, lenp)
     local rsp = p ~= nil and ffi.string(p, lenp[0]) or nil
-    ngx.sleep(0) -- a late second answer would show up now
+    ngx.sleep(0) -- a yield, not a wait: a late second answer would show up now
     if shim.fake_task_responds(t) ~= 1 then
         _M.bad_answers = _M.bad_answers + 1
     end
