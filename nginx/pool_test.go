@@ -692,11 +692,11 @@ func poolCallLua(args string) string {
                     ngx.say("connect: ", err)
                     return
                 end
-                local res
-                res, err = conn:unary(` + args + `)
+                local res, info
+                res, err, info = conn:unary(` + args + `)
                 if not res then
                     ngx.status = 502
-                    ngx.say(err)
+                    ngx.say(err, info.detail and " (" .. info.detail .. ")" or "")
                     return
                 end
                 ngx.say(res.body)`

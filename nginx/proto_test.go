@@ -254,8 +254,9 @@ func TestProtobuf(t *testing.T) {
                 local p = require "pbt"
                 local qrpc = require "resty.ffi.qrpc"
                 local conn = assert(p.conn())
-                local function show(res, err, raw)
+                local function show(res, err, info)
                     if res then return ngx.say("answered") end
+                    local raw = info and info.res
                     ngx.say(err, raw and (" | raw: " .. ngx.encode_base64(raw.body)) or "")
                 end
                 show(conn:unary("SayHello", { nmae = "typo" }))
@@ -367,7 +368,7 @@ func TestProtobuf(t *testing.T) {
                 local proto = require "resty.ffi.qrpc.proto"
                 local json = require "resty.ffi.qrpc.json"
                 local sbuf = require "string.buffer"
-                local conn = assert(p.conn())
+                local conn = require("resty.ffi.qrpc.testing").view(assert(p.conn()))
                 local out = {}
                 -- QRPC_F_LUA_TABLE (4) and QRPC_F_LUA_REQUEST (8) for tables,
                 -- the latter for a nil body too

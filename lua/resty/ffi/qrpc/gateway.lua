@@ -173,7 +173,7 @@ local function serve(self)
     if not conn then
         return upstream_error(self, cerr, route), route
     end
-    local res, uerr, raw = conn:unary(route.method, text, {
+    local res, uerr, info = conn:unary(route.method, text, {
         request = route.input,
         response = not want_pb and route.output or nil,
         json = true,
@@ -181,7 +181,7 @@ local function serve(self)
         proto_names = conf.proto_names or nil,
         headers = request.headers(conf),
     })
-    vars.attempts(res or raw, uerr)
+    vars.attempts(res or info.res, info)
     if not res then
         return upstream_error(self, uerr, route), route
     end

@@ -41,6 +41,7 @@ local thread_kill = ngx.thread.kill
 local tostring = tostring
 local tonumber = tonumber
 local pairs = pairs
+local next = next
 local pcall = pcall
 local math_max = math.max
 local str_match = string.match
@@ -56,6 +57,7 @@ local QRPC_LOG = abi.QRPC_LOG
 local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
 local QRPC_ERR = abi.QRPC_ERR
 local QRPC_ERR_TIMEOUT = abi.QRPC_ERR_TIMEOUT
+local QRPC_ERR_FULL = abi.QRPC_ERR_FULL
 local cmd_t = abi.cmd_t
 local char_arr_t = abi.char_arr_t
 local errbuf = abi.errbuf
@@ -182,12 +184,39 @@ end
 
 -- Through the C submit queue, like the UNARY it cancels: queued after it,
 -- it cannot overtake it.
+-- A cancel the queue refuses as full is kept and sent again by the
+-- dispatcher's next sweep: dropped, Go would hold the call (and its
+-- server's in-flight slot) until its deadline. late_cancels[id] = handle.
+local late_cancels = {}
+
 local function cancel(handle, id)
     xcmd.version = CMD_VERSION
     xcmd.op = OP_CANCEL
     xcmd.conn = handle or 0
     xcmd.call_id = id
-    lib.qrpc_submit_async(xcmd)
+    local rc = lib.qrpc_submit_async(xcmd)
+    if rc == QRPC_ERR_FULL then
+        late_cancels[id] = handle or 0
+    end
+    return rc
+end
+
+
+-- Sends the cancels a full queue refused; stops at the first refusal.
+local function retry_cancels()
+    for id, handle in pairs(late_cancels) do
+        late_cancels[id] = nil
+        if cancel(handle, id) == QRPC_ERR_FULL then
+            return
+        end
+    end
+end
+_M.late_cancels = function()
+    local n = 0
+    for _ in pairs(late_cancels) do
+        n = n + 1
+    end
+    return n
 end
 
 
@@ -296,9 +325,10 @@ end
 
 
 -- Hands a call its outcome (an inline waiter polls for it instead).
-local function wake(w, status, val)
+local function wake(w, status, val, info)
     w.status = status
     w.val = val
+    w.info = info
     if not w.inline then
         w.sema:post(1)
     end
@@ -336,7 +366,7 @@ local function complete(c)
     end
 
     local op = w.op
-    local val
+    local val, info
     if status == QRPC_OK then
         if op == OP_CONNECT then
             val = c.handle
@@ -349,7 +379,8 @@ local function complete(c)
     elseif status == QRPC_BAD_RESPONSE then
         val = decode_bad_response(data, len)
     else
-        val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
+        val, info = status_err(status, data ~= nil and ffi_string(data, len)
+                                       or nil)
     end
     -- forgotten only now: a completion that raised above is still pending
     -- for complete_failed
@@ -357,10 +388,10 @@ local function complete(c)
     npend = npend - 1
 
     if op == OP_CONNECT then
-        w.done(w.entry, status, val)
+        w.done(w.entry, status, val, info)
         return
     end
-    wake(w, status, val)
+    wake(w, status, val, info)
 end
 
 
@@ -464,6 +495,9 @@ _M.drain = safe_drain
 -- negative count; nginx's cleanup of a killed waiter brings it back to 0.
 -- Past its deadline (plus slack), any waiter is dropped.
 local function sweep(now)
+    if next(late_cancels) ~= nil then
+        retry_cancels()
+    end
     for id, w in pairs(pend) do
         if w.op ~= OP_CONNECT and w.status == nil
            and ((not w.inline and w.sema:count() >= 0)
@@ -678,6 +712,7 @@ local function put_waiter(w)
     w.id = nil
     w.status = nil
     w.val = nil
+    w.info = nil
     w.handle = nil
     w.inline = nil
     npool = npool + 1
@@ -767,9 +802,9 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
         end
         return QRPC_ERR, "qrpc: wait: " .. tostring(err)
     end
-    local val = w.val
+    local val, info = w.val, w.info
     put_waiter(w)
-    return status, val
+    return status, val, info
 end
 
 
@@ -784,7 +819,7 @@ function _M.connect(cmd, e, done)
     cmd.vm = vm
     local rc = lib.qrpc_submit_async(cmd)
     if rc ~= QRPC_PENDING then
-        return nil, rc, status_err(rc)
+        return nil, rc, status_err(rc), {}
     end
     local disp_ok = ensure_dispatcher()
     pend[id] = { op = OP_CONNECT, entry = e, id = id, done = done }

@@ -11,11 +11,13 @@ local bad = abi.bad
 
 local type = type
 local pairs = pairs
-local tostring = tostring
+-- never a caller's __tostring (abi.show)
+local tostring = abi.show
 local tonumber = tonumber
 local math_floor = math.floor
 local math_ceil = math.ceil
 local str_find = string.find
+local str_byte = string.byte
 local str_match = string.match
 local str_gmatch = string.gmatch
 local tab_concat = table.concat
@@ -29,6 +31,7 @@ local MAX_ADDRS = limits.ADDRS
 local MAX_RETRIES = limits.RETRIES
 local MAX_HEDGE = limits.HEDGE
 local MAX_MIN_PER_S = limits.BUDGET_MIN_PER_S
+local MAX_HASH_KEY = limits.HASH_KEY
 
 
 local _M = {
@@ -57,6 +60,17 @@ local function is_count(v, least)
 end
 
 
+-- The host of host:port as Go's net.SplitHostPort takes it: "[...]" with
+-- no brackets inside, or a name/address with no ':', '[' or ']'.
+local function host_ok(host)
+    if str_byte(host, 1) == 91 then -- "["
+        return str_find(host, "^%[[^%[%]]*%]$") ~= nil
+    end
+    return not str_find(host, "[%[%]:]")
+end
+_M.host_ok = host_ok
+
+
 -- norm_addr(a, what) -> "host:port" with the host in lower case and the
 -- port as a plain number ("Host:038411" is "host:38411"), so that two
 -- spellings of one server are one server; or nil, "bad argument #1: ...".
@@ -70,19 +84,24 @@ local function norm_addr(a, what)
     end
     local host, port = str_match(a, "^(.*):(%d+)$")
     if not host then
-        return bad(1, what .. " must be host:port (got \"" .. a .. "\")")
+        return bad(1, what .. " must be host:port (got \"" .. tostring(a) .. "\")")
     end
     if host == "" then
         return bad(1, what .. " must be host:port, the host is empty (got \""
-                      .. a .. "\")")
+                      .. tostring(a) .. "\")")
+    end
+    if not host_ok(host) then
+        return bad(1, what .. " must be host:port, an IPv6 host in brackets "
+                      .. "([::1]:8443) (got \"" .. tostring(a) .. "\")")
     end
     local p = tonumber(port)
     if p < 1 or p > 65535 then
         return bad(1, what .. " must be host:port with a port 1..65535 (got \""
-                      .. a .. "\")")
+                      .. tostring(a) .. "\")")
     end
     return str_lower(host) .. ":" .. p
 end
+_M.norm_addr = norm_addr
 
 
 -- A nested options table (health, check) read under pcall: its keys
@@ -354,7 +373,8 @@ local function pool_spec(o, spec)
     resolve = resolve and math_ceil(resolve) or 0
 
     if resolver ~= nil and (type(resolver) ~= "string"
-                            or not str_find(resolver, "^[^\r\n]+:%d+$"))
+                            or not str_find(resolver, "^[^\r\n]+:%d+$")
+                            or not host_ok(str_match(resolver, "^(.*):")))
     then
         return bad(2, "resolver must be a string host:port")
     end
@@ -558,6 +578,10 @@ function _M.call_opts(conn, opts, argn, method)
                 return bad(argn, "hash_key must be a string (got " .. type(key)
                                  .. ")")
             end
+            if #key > MAX_HASH_KEY then
+                return bad(argn, "hash_key must be at most " .. MAX_HASH_KEY
+                                 .. " bytes (got " .. #key .. ")")
+            end
         end
         local r = opts.retries
         if r ~= nil then
@@ -606,10 +630,9 @@ function _M.parse_peers(text)
     for line in str_gmatch(text, "[^\n]+") do
         local p = {}
         for k, v in str_gmatch(line, "(%S+)=(%S*)") do
-            p[k] = tonumber(v) or v
+            p[k] = k ~= "addr" and tonumber(v) or v
         end
         if p.addr then
-            p.addr = tostring(p.addr)
             p.stalled = p.stalled == 1
             out[#out + 1] = p
         end
