@@ -38,8 +38,6 @@ local ngx_now = ngx.now
 local type = type
 local getmetatable = getmetatable
 local setmetatable = setmetatable
-local str_byte = string.byte
-local str_find = string.find
 
 local OP_UNARY = abi.OP_UNARY
 local QRPC_OK = abi.QRPC_OK
@@ -49,7 +47,6 @@ local proto_prepare = proto.prepare
 local proto_finish = proto.finish
 local cmd_t = abi.cmd_t
 local bad = abi.bad
-local show = abi.show
 local fill_cmd = abi.fill_cmd
 local builtin_call = builtin.call
 local builtin_event = builtin.event
@@ -58,7 +55,6 @@ local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
 local touch = cache.touch
 local pool_call_opts = pool.call_opts
-local pool_checked = pool.checked
 local plain = args.plain
 local check_opts = args.check_opts
 local check_call = args.check_call
@@ -171,16 +167,6 @@ local function connect(addr, opts)
     end
     if addr == "" then
         return bad(1, "addr must be host:port, not an empty string")
-    end
-    if type(addr) == "string" and not pool_checked(addr) then
-        if not str_find(addr, ":%d+$") then
-            return bad(1, "addr must be host:port (got \"" .. show(addr)
-                          .. "\")")
-        end
-        if str_byte(addr, 1) == 58 then -- ":"
-            return bad(1, "addr must be host:port, the host is empty (got \""
-                          .. show(addr) .. "\")")
-        end
     end
     if opts == nil then
         opts = EMPTY

@@ -1,0 +1,90 @@
+package nginx
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestOpaqueConnection: a connection object answers its five methods and
+// nothing else; what it stands for (handle, cache entry, credentials,
+// semaphore) is out of reach, and assigning its fields changes nothing.
+func TestOpaqueConnection(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                local out = {}
+                for _, k in ipairs({ "entry", "handle", "closed", "configure", "connect",
+                                     "metrics", "stats_raw", "methods", "timeout", "addr" }) do
+                    if conn[k] ~= nil then out[#out + 1] = k end
+                end
+                local fns = {}
+                for _, k in ipairs({ "unary", "event", "close", "stats", "peers" }) do
+                    fns[#fns + 1] = type(conn[k])
+                end
+                local n = 0
+                for _ in pairs(conn) do n = n + 1 end
+                conn.closed = true
+                conn.handle = 0
+                conn.unary = function() return "hijacked" end
+                local res = conn:unary("echo", "still")
+                ngx.say("exposed: ", table.concat(out, ","))
+                ngx.say("methods: ", table.concat(fns, ","))
+                ngx.say("fields: ", n, " metatable: ", type(getmetatable(conn)))
+                ngx.say("after assignments: ", res and res.body or "broken")
+                ngx.say("setmetatable: ", (pcall(setmetatable, conn, {})))`)})
+	st, body := n.get("/t")
+	want := "exposed: \nmethods: function,function,function,function,function\nfields: 0 metatable: string\n" +
+		"after assignments: still\nsetmetatable: false\n"
+	if st != 200 || body != want {
+		t.Fatalf("%d\n%s\nwant\n%s", st, body, want)
+	}
+}
+
+// TestContractFixes: what Go would refuse is refused in Lua
+// ("bad command:" never reaches a caller: an IPv6 host without brackets,
+// such a resolver, a hash_key over 64 KiB); unknown and misplaced call
+// options are refused; a false body is "bad argument #3"; methods bound
+// by one connect do not leak into another connect's object over the same
+// connection; a constantly used connection is not the first evicted.
+func TestContractFixes(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, AllowErrors: nil, Server: loc("/t", connectT+`
+                local function p(...) ngx.say(select(2, ...)) end
+                p(qrpc.connect("::1:8443"))
+                p(qrpc.connect({ "::1:8443", "127.0.0.1:1" }))
+                p(qrpc.connect({ "[::1]:1", "127.0.0.1:1" }, { resolver = "::1:53" }))
+                local hashed = assert(qrpc.connect({ qt.addr, "127.0.0.2:1" }, qt.opts({ balance = "hash" })))
+                p(hashed:unary("echo", "x", { hash_key = string.rep("k", 65537) }))
+                p(conn:unary("echo", "x", { tiemout = 100 }))
+                p(conn:event("echo", "x", { timeout = 100 }))
+                p(conn:event("echo", "x", { [1] = true }))
+                p(conn:unary("greet", false))
+                p(conn:event("notify", false))
+                -- methods: one object per methods table, one connection
+                local a = assert(qt.connect({ methods = { Hello = { request = "demo.A" } } }))
+                local b = assert(qt.connect({ methods = { Hello = { response = "demo.B" } } }))
+                local va, vb = require("resty.ffi.qrpc.testing").view(a), require("resty.ffi.qrpc.testing").view(b)
+                ngx.say("shared connection: ", va.e == vb.e, ", a: ", va.methods.Hello.request,
+                        " ", tostring(va.methods.Hello.response), ", b: ", tostring(vb.methods.Hello.request),
+                        " ", vb.methods.Hello.response)
+                local a2 = assert(qt.connect({ methods = { Hello = { request = "demo.A" } } }))
+                ngx.say("same methods table, new object: ", a2 ~= a)`)})
+	st, body := n.get("/t")
+	want := strings.Join([]string{
+		`bad argument #1: addr must be host:port, an IPv6 host in brackets ([::1]:8443) (got "::1:8443")`,
+		`bad argument #1: addrs[1] must be host:port, an IPv6 host in brackets ([::1]:8443) (got "::1:8443")`,
+		`bad argument #2: resolver must be a string host:port`,
+		`bad argument #4: hash_key must be at most 65536 bytes (got 65537)`,
+		`bad argument #4: unknown option 'tiemout'`,
+		`bad argument #4: option 'timeout' does not apply to events`,
+		`bad argument #4: option names must be strings (got number)`,
+		`bad argument #3: body must be a string (got boolean)`,
+		`bad argument #3: body must be a string (got boolean)`,
+		`shared connection: true, a: demo.A nil, b: nil demo.B`,
+		`same methods table, new object: true`,
+	}, "\n") + "\n"
+	if st != 200 || body != want {
+		t.Fatalf("%d\n%s\nwant\n%s", st, body, want)
+	}
+}
