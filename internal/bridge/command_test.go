@@ -214,7 +214,7 @@ func TestStatusOf(t *testing.T) {
 		{qrpc.ErrClosed, ErrClosed, "closed"},
 		{context.Canceled, ErrClosed, "closed"},
 		{qrpc.ErrQueueFull, ErrFull, "queue full"},
-		{&qrpc.DialError{Addr: "127.0.0.1:1", Reason: "refused", Err: errors.New("read: connection refused")}, ErrConnect, "connect: refused\x1f127.0.0.1:1: read: connection refused\x1f0\x1f0"},
+		{&qrpc.DialError{Addr: "127.0.0.1:1", Reason: "refused", Err: errors.New("read: connection refused")}, ErrConnect, "connect: refused"},
 		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, "reconnecting"), ErrUnavail, "unavailable: reconnecting"},
 		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, &qrpc.DialError{Addr: "a", Reason: "timeout", Err: errors.New("x")}), ErrUnavail, "unavailable: timeout\x1fa: x\x1f0\x1f0"},
 		{fmt.Errorf("%w: %v", qrpc.ErrConnLost, "peer went away"), ErrLost, "connection lost: other\x1fpeer went away\x1f0\x1f0"},

@@ -159,8 +159,10 @@ func statusWords(err error) (int32, string, string) {
 		h, d := reasonFields(err)
 		return ErrUnavail, h, d
 	case errors.As(err, &de):
-		h, d := reasonFields(de)
-		return ErrConnect, h, d
+		// connect: the reason says it all; the dial's own text (address,
+		// quic-go's words) goes to error.log with the failure
+		h, _ := reasonFields(de)
+		return ErrConnect, h, ""
 	case errors.Is(err, qrpc.ErrConnLost):
 		h, d := reasonFields(err)
 		return ErrLost, h, d
