@@ -88,3 +88,44 @@ func TestContractFixes(t *testing.T) {
 		t.Fatalf("%d\n%s\nwant\n%s", st, body, want)
 	}
 }
+
+// TestGatewayBodyOverFrame: a gateway body that fits max_body but not the
+// connection's max_frame_size is refused in Lua before it is sent
+// ("bad argument #3: body too large ..."): the gateway answers 413, as
+// for "too large:", not 500.
+func TestGatewayBodyOverFrame(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local errors = require "resty.ffi.qrpc.gateway.errors"
+                return errors.upstream_error({ conf = { retry_after = 1 } },
+                    "bad argument #3: body too large (2000 bytes; max_frame_size is 1024)", nil)`)})
+	st, body := n.get("/t")
+	if st != 413 {
+		t.Fatalf("%d %q, want 413", st, body)
+	}
+}
+
+// TestEvictionByUse: when connect must make room, it closes the idle
+// connection used least recently, not the one dialled first: a
+// connection kept by its caller and used on every request survives.
+func TestEvictionByUse(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.configure{ max_connections = 2 })
+                local a = assert(qt.connect({ streams = 2 }))   -- dialled first
+                local b = assert(qt.connect({ streams = 3 }))
+                assert(b:unary("echo", "b"))
+                assert(a:unary("echo", "a"))                    -- used last
+                local c = assert(qt.connect({ streams = 4 }))   -- needs room
+                local ra, ea = a:unary("echo", "a")
+                local rb, eb = b:unary("echo", "b")
+                ngx.say("a: ", ra and ra.body or ea, ", b: ", rb and rb.body or eb, ", c: ", c:unary("echo", "c").body)`)})
+	st, body := n.get("/t")
+	if st != 200 || body != "a: a, b: closed, c: c\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+}

@@ -306,9 +306,11 @@ local function pool_spec(o, spec)
             failures = health.failures
         end
         if health.eject ~= nil then
-            if not is_ms(health.eject) then
+            -- 0 is refused: Go reads 0 as "the default" (10 s), which is
+            -- not what a caller writing 0 means
+            if not is_ms(health.eject) or health.eject == 0 then
                 return bad(2, "health.eject must be a number of milliseconds "
-                              .. ">= 0")
+                              .. "> 0 (got " .. tostring(health.eject) .. ")")
             end
             eject = math_ceil(health.eject)
         end
