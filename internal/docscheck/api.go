@@ -20,9 +20,9 @@ type nameSource struct {
 }
 
 var optionSources = []nameSource{
-	{"lua/resty/ffi/qrpc.lua", "known_opts", "connect option"},
-	{"lua/resty/ffi/qrpc.lua", "call_opts", "call option"},
-	{"lua/resty/ffi/qrpc.lua", "configure_opts", "configure option"},
+	{"lua/resty/ffi/qrpc/args.lua", "known_opts", "connect option"},
+	{"lua/resty/ffi/qrpc/args.lua", "call_opts", "call option"},
+	{"lua/resty/ffi/qrpc/runtime.lua", "configure_opts", "configure option"},
 	{"lua/resty/ffi/qrpc/pool.lua", "keys", "pool option"},
 }
 
@@ -33,6 +33,8 @@ var (
 	luaCommentRe = regexp.MustCompile(`--[^\n]*`)
 	tableKeyRe   = regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*=`)
 	publicFuncRe = regexp.MustCompile(`(?m)^function _M\.([a-z][a-z0-9_]*)\s*\(`)
+	// the connection object's methods, in qrpc.lua
+	connMethodRe = regexp.MustCompile(`(?m)^function methods\.([a-z][a-z0-9_]*)\s*\(`)
 )
 
 // tableKeys returns the keys of the Lua table `NAME = { ... }` in src.
@@ -91,6 +93,16 @@ func ReadNames(root string) (Names, error) {
 	}
 	for _, m := range publicFuncRe.FindAllStringSubmatch(qrpc, -1) {
 		n.Functions = append(n.Functions, m[1])
+	}
+	for _, m := range connMethodRe.FindAllStringSubmatch(qrpc, -1) {
+		n.Functions = append(n.Functions, m[1])
+	}
+	// the functions not about one connection live in runtime.lua
+	// (qrpc.lua re-exports them); absent in older layouts
+	if rt, err := read("lua/resty/ffi/qrpc/runtime.lua"); err == nil {
+		for _, m := range publicFuncRe.FindAllStringSubmatch(rt, -1) {
+			n.Functions = append(n.Functions, m[1])
+		}
 	}
 	if len(n.Functions) == 0 {
 		return n, fmt.Errorf("lua/resty/ffi/qrpc.lua: no public function found (function _M.name)")
