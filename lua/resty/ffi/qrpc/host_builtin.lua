@@ -19,6 +19,7 @@
 local ffi = require "ffi"
 local semaphore = require "ngx.semaphore"
 local abi = require "resty.ffi.qrpc.abi"
+local direct = require "resty.ffi.qrpc.host_direct"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -41,23 +42,17 @@ local thread_kill = ngx.thread.kill
 local tostring = tostring
 local tonumber = tonumber
 local pairs = pairs
-local next = next
 local pcall = pcall
 local math_max = math.max
 local str_match = string.match
 
-local CMD_VERSION = abi.CMD_VERSION
 local OP_CONNECT = abi.OP_CONNECT
-local OP_EVENT = abi.OP_EVENT
-local OP_CLOSE = abi.OP_CLOSE
-local OP_CANCEL = abi.OP_CANCEL
 local QRPC_OK = abi.QRPC_OK
 local QRPC_PENDING = abi.QRPC_PENDING
 local QRPC_LOG = abi.QRPC_LOG
 local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
 local QRPC_ERR = abi.QRPC_ERR
 local QRPC_ERR_TIMEOUT = abi.QRPC_ERR_TIMEOUT
-local QRPC_ERR_FULL = abi.QRPC_ERR_FULL
 local cmd_t = abi.cmd_t
 local char_arr_t = abi.char_arr_t
 local errbuf = abi.errbuf
@@ -111,9 +106,6 @@ local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
 -- Reused: qrpc_submit_async and qrpc_query copy or read a command before
 -- they return, never after.
 local ucmd = ffi_new(cmd_t)
-local xcmd = ffi_new(cmd_t)
-local qcmd = ffi_new(cmd_t)
-local stats_buf = ffi_new("qrpc_stats_t")
 
 local pend = {}         -- call id -> waiter of a call in flight
 local npend = 0
@@ -163,8 +155,7 @@ function _M.init(l, dir, subsystem)
     end
     vm = idx
     ucmd.vm = vm
-    xcmd.vm = vm
-    qcmd.vm = vm
+    direct.init(lib, vm)
     comps = ffi_new("qrpc_completion_t[?]", BATCH)
     rels = ffi_new("void *[?]", BATCH)
     local path, err = wake_listen()
@@ -178,130 +169,15 @@ function _M.init(l, dir, subsystem)
 end
 
 
--------------------------------------------------------------------------
--- Direct calls (both hosts): synchronous, on the nginx thread
--------------------------------------------------------------------------
-
--- Through the C submit queue, like the UNARY it cancels: queued after it,
--- it cannot overtake it.
--- A cancel the queue refuses as full is kept and sent again by the
--- dispatcher's next sweep: dropped, Go would hold the call (and its
--- server's in-flight slot) until its deadline. late_cancels[id] = handle.
-local late_cancels = {}
-
-local function cancel(handle, id)
-    xcmd.version = CMD_VERSION
-    xcmd.op = OP_CANCEL
-    xcmd.conn = handle or 0
-    xcmd.call_id = id
-    local rc = lib.qrpc_submit_async(xcmd)
-    if rc == QRPC_ERR_FULL then
-        late_cancels[id] = handle or 0
-    end
-    return rc
-end
-
-
--- Sends the cancels a full queue refused; stops at the first refusal.
-local function retry_cancels()
-    for id, handle in pairs(late_cancels) do
-        late_cancels[id] = nil
-        if cancel(handle, id) == QRPC_ERR_FULL then
-            return
-        end
-    end
-end
-_M.late_cancels = function()
-    local n = 0
-    for _ in pairs(late_cancels) do
-        n = n + 1
-    end
-    return n
-end
-
-
--- qrpc_query's answer.
-local qout = ffi_new("char *[1]")
-local qlen = ffi_new("size_t[1]")
-
-
--- Runs cmd with qrpc_query when its answer is no data (EVENT, CLOSE):
--- returns the status and, on failure, the error.
-local function run_now(cmd)
-    local rc = lib.qrpc_query(cmd, qout, qlen, errbuf, ERRBUF_LEN)
-    if rc ~= QRPC_OK then
-        return rc, submit_err(rc)
-    end
-    local p = qout[0]
-    if p ~= nil then
-        lib.qrpc_release(p)
-    end
-    return rc
-end
-
-
-local function close_handle(handle)
-    xcmd.version = CMD_VERSION
-    xcmd.op = OP_CLOSE
-    xcmd.conn = handle
-    xcmd.call_id = 0
-    local rc, err = run_now(xcmd)
-    if rc ~= QRPC_OK then
-        return nil, err
-    end
-    return true
-end
+-- The direct calls (both hosts): resty.ffi.qrpc.host_direct.
+local cancel = direct.cancel
+local retry_cancels = direct.retry_cancels
+local close_handle = direct.close_handle
 _M.close_handle = close_handle
-
-
--- Sends an event; returns the library's status and, on failure, the error.
-function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
-                  hash_key)
-    fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
-             req_type, nil, flags, hash_key)
-    return run_now(ucmd)
-end
-
-
--- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with opts lines if
--- given; returns the answer as a string.
-function _M.query(op, handle, opts)
-    fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
-    -- fill_cmd clears opts (the command is reused): the query's go in after
-    qcmd.opts = opts
-    qcmd.opts_len = opts and #opts or 0
-    local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
-    qcmd.opts = nil
-    qcmd.opts_len = 0
-    if rc ~= QRPC_OK then
-        return nil, submit_err(rc)
-    end
-    local p = qout[0]
-    if p == nil then
-        return ""
-    end
-    local out = ffi_string(p, qlen[0])
-    lib.qrpc_release(p)
-    return out
-end
-
-
--- Counters of a connection (handle 0: the whole runtime of this worker).
-function _M.stats(handle)
-    local rc = lib.qrpc_stats(handle, stats_buf)
-    if rc ~= QRPC_OK then
-        return nil, status_err(rc)
-    end
-    local s = stats_buf
-    return {
-        inflight = tonumber(s.inflight),
-        calls = tonumber(s.calls),
-        events = tonumber(s.events),
-        dropped = tonumber(s.dropped),
-        reconnects = tonumber(s.reconnects),
-        queued = tonumber(s.queued),
-    }
-end
+_M.event = direct.event
+_M.query = direct.query
+_M.stats = direct.stats
+_M.late_cancels = direct.late_cancels
 
 
 -------------------------------------------------------------------------
@@ -495,9 +371,7 @@ _M.drain = safe_drain
 -- negative count; nginx's cleanup of a killed waiter brings it back to 0.
 -- Past its deadline (plus slack), any waiter is dropped.
 local function sweep(now)
-    if next(late_cancels) ~= nil then
-        retry_cancels()
-    end
+    retry_cancels()
     for id, w in pairs(pend) do
         if w.op ~= OP_CONNECT and w.status == nil
            and ((not w.inline and w.sema:count() >= 0)
