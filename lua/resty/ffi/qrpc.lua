@@ -27,6 +27,7 @@ local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local pool = require "resty.ffi.qrpc.pool"
 local proto = require "resty.ffi.qrpc.proto"
+local limits = require "resty.ffi.qrpc.limits"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -222,7 +223,7 @@ local function connect(addr, opts)
         if not ok then
             return nil, err
         end
-        ok, err = cache.make_room(spec.naddrs * (opts.conns or 1),
+        ok, err = cache.make_room(spec.naddrs * (opts.conns or limits.DEFAULT_CONNS),
                                   S.max_connections, builtin.stats)
         if not ok then
             return nil, err

@@ -6,6 +6,7 @@
 
 local semaphore = require "ngx.semaphore"
 local abi = require "resty.ffi.qrpc.abi"
+local limits = require "resty.ffi.qrpc.limits"
 local builtin = require "resty.ffi.qrpc.host_builtin"
 local propagate = require "resty.ffi.qrpc.propagate"
 
@@ -29,8 +30,14 @@ local close_handle = builtin.close_handle
 local drain = builtin.drain
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
 
-local DEFAULT_TIMEOUT_MS = 5000       -- dial timeout and call timeout
-local DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+-- Go's defaults, generated from internal/limits (checked against
+-- qrpc.Config's by make lint)
+local DEFAULT_TIMEOUT_MS = limits.DEFAULT_TIMEOUT_MS  -- dial and call timeout
+local DEFAULT_MAX_FRAME = limits.DEFAULT_MAX_FRAME_SIZE
+local DEFAULT_IDLE_MS = limits.DEFAULT_IDLE_TIMEOUT_MS
+local DEFAULT_STREAMS = limits.DEFAULT_STREAMS
+local DEFAULT_STREAM_BATCH = limits.DEFAULT_STREAM_BATCH
+local DEFAULT_CONNS = limits.DEFAULT_CONNS
 
 
 local _M = {
@@ -125,9 +132,6 @@ end
 
 -- Options as compared in the cache: a default written out is the same as
 -- the option left out.
-local DEFAULT_IDLE_MS = 30000
-local DEFAULT_STREAMS = 32
-local DEFAULT_STREAM_BATCH = 16   -- qrpc.DefaultStreamBatch
 
 -- Only nil and 0 mean the default: anything else (a bad value included,
 -- which must then miss the cache and be reported) stays as it is.
@@ -156,7 +160,7 @@ function _M.find(addr, o, spec)
         if e.server_name == o.server_name and e.ca == o.ca
            and e.cert == o.cert and e.key == o.key
            and e.insecure == (o.insecure == true)
-           and e.conns == (o.conns or 1)
+           and e.conns == (o.conns or DEFAULT_CONNS)
            and e.streams == (o.streams or DEFAULT_STREAMS)
            and e.stream_batch == (o.stream_batch or DEFAULT_STREAM_BATCH)
            and e.timeout == timeout and e.idle_timeout == idle
@@ -249,7 +253,7 @@ function _M.start(addr, o, pins, spec)
         sema = sema_new(0),
         nwait = 0,
         server_name = o.server_name, ca = o.ca, cert = o.cert, key = o.key,
-        insecure = o.insecure == true, conns = o.conns or 1,
+        insecure = o.insecure == true, conns = o.conns or DEFAULT_CONNS,
         streams = o.streams or DEFAULT_STREAMS,
         stream_batch = o.stream_batch or DEFAULT_STREAM_BATCH,
         timeout = norm_ms(o.timeout, DEFAULT_TIMEOUT_MS),
@@ -258,7 +262,7 @@ function _M.start(addr, o, pins, spec)
         pool_key = spec.key,
         balance = spec.balance,
         retries = spec.retries,
-        nconns = spec.naddrs * (o.conns or 1),
+        nconns = spec.naddrs * (o.conns or DEFAULT_CONNS),
         used = 0,
         -- the command points into these: e anchors them for the dial
         first_addr = spec.list and spec.list[1] or addr,
@@ -275,7 +279,7 @@ function _M.start(addr, o, pins, spec)
     }
     local dial_ms = (o.timeout and o.timeout > 0) and o.timeout
                     or DEFAULT_TIMEOUT_MS
-    e.wait_s = dial_ms / 1000 * (o.conns or 1) + SAFETY_SLACK_S
+    e.wait_s = dial_ms / 1000 * (o.conns or DEFAULT_CONNS) + SAFETY_SLACK_S
     e.deadline = ngx_now() + e.wait_s
 
     local list = conn_cache[addr]
