@@ -386,6 +386,22 @@ function _M.bind(methods)
 end
 
 
+-- The error of a call's json, discard_unknown, proto_names, or nil.
+local function check_flags(as_json, discard, names)
+    if as_json ~= nil and type(as_json) ~= "boolean" and as_json ~= "request"
+       and as_json ~= "response"
+    then
+        return 'bad argument #4: json must be true, false, "request" or "response"'
+    end
+    if discard ~= nil and type(discard) ~= "boolean" then
+        return "bad argument #4: discard_unknown must be a boolean"
+    end
+    if names ~= nil and type(names) ~= "boolean" then
+        return "bad argument #4: proto_names must be a boolean"
+    end
+end
+
+
 -- prepare(conn, method, body, opts) -> body, req, resp, flags, json
 -- The message types of a call (opts over connect's methods) and its body,
 -- a Lua table in string.buffer's format (or a JSON string with json = true
@@ -416,6 +432,13 @@ function _M.prepare(conn, method, body, opts)
         end
     end
     if req == nil and resp == nil then
+        -- no types: the options that need them are still checked
+        if as_json ~= nil or discard ~= nil or names ~= nil then
+            local ferr = check_flags(as_json, discard, names)
+            if ferr then
+                return false, ferr
+            end
+        end
         return body
     end
     local ok, err = check_type(req, 4, "request")
@@ -426,22 +449,15 @@ function _M.prepare(conn, method, body, opts)
     if not ok then
         return false, err
     end
-    if as_json ~= nil and type(as_json) ~= "boolean" and as_json ~= "request"
-       and as_json ~= "response"
-    then
-        return false, 'bad argument #4: json must be true, false, "request" or "response"'
+    local ferr = check_flags(as_json, discard, names)
+    if ferr then
+        return false, ferr
     end
     -- JSON text on one side only: "response" is a table in and JSON text
     -- out (what a gateway writes to its HTTP client), "request" the other
     -- way round.
     local json_req = as_json == true or as_json == "request"
     local json_resp = as_json == true or as_json == "response"
-    if discard ~= nil and type(discard) ~= "boolean" then
-        return false, "bad argument #4: discard_unknown must be a boolean"
-    end
-    if names ~= nil and type(names) ~= "boolean" then
-        return false, "bad argument #4: proto_names must be a boolean"
-    end
     local lua_req
     if req then
         if json_req then
