@@ -20,9 +20,8 @@ type nameSource struct {
 }
 
 var optionSources = []nameSource{
-	{"lua/resty/ffi/qrpc/args.lua", "known_opts", "connect option"},
-	{"lua/resty/ffi/qrpc/args.lua", "call_opts", "call option"},
-	{"lua/resty/ffi/qrpc/runtime.lua", "configure_opts", "configure option"},
+	// every option, as data (generated from internal/schema)
+	{"lua/resty/ffi/qrpc/schema.lua", "@schema", "option"},
 	{"lua/resty/ffi/qrpc/pool.lua", "keys", "pool option"},
 }
 
@@ -33,6 +32,7 @@ var (
 	luaCommentRe = regexp.MustCompile(`--[^\n]*`)
 	tableKeyRe   = regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*=`)
 	publicFuncRe = regexp.MustCompile(`(?m)^function _M\.([a-z][a-z0-9_]*)\s*\(`)
+	schemaNameRe = regexp.MustCompile(`(?m)^\s*\{ name = "([a-z_.]+)"`)
 	// the connection object's methods, in qrpc.lua
 	connMethodRe = regexp.MustCompile(`(?m)^function methods\.([a-z][a-z0-9_]*)\s*\(`)
 )
@@ -118,7 +118,17 @@ func ReadNames(root string) (Names, error) {
 		if err != nil {
 			return n, err
 		}
-		keys, err := tableKeys(src, s.table)
+		var keys []string
+		if s.table == "@schema" {
+			for _, m := range schemaNameRe.FindAllStringSubmatch(src, -1) {
+				keys = append(keys, m[1])
+			}
+			if len(keys) == 0 {
+				err = fmt.Errorf("no option entries (name = \"...\")")
+			}
+		} else {
+			keys, err = tableKeys(src, s.table)
+		}
 		if err != nil {
 			return n, fmt.Errorf("%s: %v: the %ss are read from it; update internal/docscheck if they moved", s.file, err, s.what)
 		}

@@ -123,18 +123,19 @@ func TestReadmeLength(t *testing.T) {
 	}
 }
 
-const luaArgs = `
-local known_opts = {
-    server_name = "string", -- a comment = 1
-    conns = "number",
-}
-local call_opts = {
-    timeout = true, headers = "event",
+const luaSchema = `
+return {
+    { name = "server_name", type = "string",
+      doc = "a = 1" },
+    { name = "conns", type = "integer" },
+    { name = "timeout", type = "number" },
+    { name = "headers", type = "table" },
+    { name = "host", type = "string" },
+    { name = "lib", type = "string" },
 }
 `
 
 const luaRuntime = `
-local configure_opts = { host = true, lib = true }
 function _M.configure(opts) end
 `
 
@@ -162,7 +163,7 @@ local function f(health) return health.failures end
 func apiTree(t *testing.T, api, proto string) string {
 	return tree(t, map[string]string{
 		"lua/resty/ffi/qrpc.lua":         luaQrpc,
-		"lua/resty/ffi/qrpc/args.lua":    luaArgs,
+		"lua/resty/ffi/qrpc/schema.lua":  luaSchema,
 		"lua/resty/ffi/qrpc/runtime.lua": luaRuntime,
 		"lua/resty/ffi/qrpc/pool.lua":    luaPool,
 		"docs/api.md":                    api,
@@ -203,13 +204,13 @@ func TestAPI(t *testing.T) {
 	// The options' table renamed: the check says so instead of passing.
 	root = tree(t, map[string]string{
 		"lua/resty/ffi/qrpc.lua":         luaQrpc,
-		"lua/resty/ffi/qrpc/args.lua":    strings.Replace(luaArgs, "known_opts", "connect_options", 1),
+		"lua/resty/ffi/qrpc/schema.lua":  "return {}\n",
 		"lua/resty/ffi/qrpc/runtime.lua": luaRuntime,
 		"lua/resty/ffi/qrpc/pool.lua":    luaPool,
 		"docs/api.md":                    api,
 		"docs/protobuf.md":               proto,
 	})
-	if p := API(root); len(p) != 1 || !strings.Contains(p[0].Msg, `no table "known_opts"`) {
+	if p := API(root); len(p) != 1 || !strings.Contains(p[0].Msg, `no option entries`) {
 		t.Errorf("renamed option table: %v", p)
 	}
 }

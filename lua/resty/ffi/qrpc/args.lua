@@ -9,6 +9,7 @@ local limits = require "resty.ffi.qrpc.limits"
 local pool = require "resty.ffi.qrpc.pool"
 local propagate = require "resty.ffi.qrpc.propagate"
 local nkeys = require "table.nkeys"
+local schema = require "resty.ffi.qrpc.schema"
 
 local new_tab = base.new_tab
 local decode_base64 = ngx.decode_base64
@@ -142,13 +143,30 @@ local function plain(t, keys, argn, what)
 end
 
 
-local known_opts = {
-    server_name = "string", ca = "string", cert = "string", key = "string",
-    pins = "table", insecure = "boolean", conns = "number",
-    streams = "number", stream_batch = "number", timeout = "number",
-    idle_timeout = "number", max_frame_size = "number", propagate = "table",
-    methods = "table",
-}
+-- The options, from resty.ffi.qrpc.schema (generated from internal/schema):
+-- known_opts: connect's own options (the pool's are resty.ffi.qrpc.pool's
+-- keys) and the Lua type each takes; call_opts: unary's options, "event"
+-- for those event takes too; configure_opts: configure's.
+local lua_type = { string = "string", boolean = "boolean", integer = "number",
+                   number = "number", table = "table", list = "table" }
+local known_opts, call_opts, configure_opts = {}, {}, {}
+local call_names = {}
+for _, o in ipairs(schema) do
+    local name, w = o.name, o.where
+    if not str_find(name, ".", 1, true) then
+        if w.connect and not pool_keys[name] then
+            known_opts[name] = lua_type[o.type]
+        end
+        if w.call or w.event then
+            call_opts[name] = w.event and "event" or true
+            call_names[#call_names + 1] = name
+        end
+        if w.configure then
+            configure_opts[name] = true
+        end
+    end
+end
+_M.configure_opts = configure_opts
 
 -- every connect option name, the pool's included (for plain copies)
 local connect_keys = {}
@@ -274,36 +292,16 @@ local function plain_connect_opts(opts)
 end
 
 
--- The options of unary (true) and those of them that event takes too
--- ("event"). Anything else is refused: a misspelt option must not be
--- dropped silently.
-local call_opts = {
-    timeout = true, headers = "event",
-    -- resty.ffi.qrpc.proto
-    request = "event", response = true, json = "event",
-    discard_unknown = "event", proto_names = "event",
-    -- resty.ffi.qrpc.pool
-    hash_key = "event", retries = true, try_timeout = true, hedge = true,
-}
-local NCALL_OPTS = 0
-for _ in pairs(call_opts) do
-    NCALL_OPTS = NCALL_OPTS + 1
-end
+local NCALL = #call_names
 
--- How many of a call's options opts holds: direct lookups, compiled.
+-- How many of a call's options opts holds: lookups only, compiled.
 local function count_known(o)
     local n = 0
-    if o.timeout ~= nil then n = n + 1 end
-    if o.headers ~= nil then n = n + 1 end
-    if o.request ~= nil then n = n + 1 end
-    if o.response ~= nil then n = n + 1 end
-    if o.json ~= nil then n = n + 1 end
-    if o.discard_unknown ~= nil then n = n + 1 end
-    if o.proto_names ~= nil then n = n + 1 end
-    if o.hash_key ~= nil then n = n + 1 end
-    if o.retries ~= nil then n = n + 1 end
-    if o.try_timeout ~= nil then n = n + 1 end
-    if o.hedge ~= nil then n = n + 1 end
+    for i = 1, NCALL do
+        if o[call_names[i]] ~= nil then
+            n = n + 1
+        end
+    end
     return n
 end
 
@@ -335,7 +333,6 @@ local function check_opts(opts, event)
     return true
 end
 _M.check_opts = check_opts
-_M.NCALL_OPTS = NCALL_OPTS
 
 
 -- check_call(max_frame, prop, method, body, opts) checks method, body and

@@ -200,9 +200,8 @@ function _M.stats()
 end
 
 
-local configure_opts = { host = true, lib = true, socket_dir = true,
-                         metrics_dict = true, max_connections = true,
-                         gomaxprocs = true, metrics = true }
+-- configure's options (resty.ffi.qrpc.schema)
+local configure_opts = args.configure_opts
 
 -- qrpc.configure{ host = "builtin" | "resty_ffi", lib = path, socket_dir = dir }
 -- Omitted fields take their defaults: host chosen at load (lua-resty-ffi
