@@ -129,3 +129,33 @@ func TestEvictionByUse(t *testing.T) {
 		t.Fatalf("%d %q", st, body)
 	}
 }
+
+// TestKilledConnectLeaksNothing: the light thread that connects is
+// killed while the dial is in flight; the dial still completes into the
+// connection cache (on either host: a dial goes through the completion
+// queue), so the next connect with the same options finds it at once and
+// the worker holds one QUIC connection, not a leaked one and a second.
+func TestKilledConnectLeaksNothing(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.init_worker())
+                local before = qrpc.stats().connections
+                local th = ngx.thread.spawn(function() return qt.connect({ streams = 5 }) end)
+                ngx.thread.kill(th)
+                ngx.sleep(0.5)
+                ngx.update_time()
+                local t0 = ngx.now()
+                local conn, err = qt.connect({ streams = 5 })
+                ngx.update_time()
+                local fast = ngx.now() - t0 < 0.2
+                local res = conn and conn:unary("echo", "x")
+                ngx.say("answer ", res and res.body or err, ", found at once ", fast,
+                        ", connections ", qrpc.stats().connections - before)`)})
+	st, body := n.get("/t")
+	if st != 200 || body != "answer x, found at once true, connections 1\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+}
