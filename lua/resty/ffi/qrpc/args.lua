@@ -267,6 +267,8 @@ local function check_connect_opts(o)
 end
 
 
+local LISTS = { "pins", "propagate" }
+
 -- connect's opts as a plain table (itself when it is one, with a plain
 -- pins list or none), or nil, "bad argument #2: ...".
 local function plain_connect_opts(opts)
@@ -274,19 +276,19 @@ local function plain_connect_opts(opts)
     if not o then
         return nil, err
     end
-    local p = o.pins
-    if p ~= nil and getmetatable(p) ~= nil then
-        if type(p) ~= "table" then
-            return o    -- check_connect_opts says what is wrong
+    -- the lists connect reads with # and pairs: plain copies
+    for _, k in ipairs(LISTS) do
+        local p = o[k]
+        if p ~= nil and getmetatable(p) ~= nil and type(p) == "table" then
+            p, err = plain(p, nil, 2, k)
+            if not p then
+                return nil, err
+            end
+            if o == opts then
+                o = copy_table(opts)
+            end
+            o[k] = p
         end
-        p, err = plain(p, nil, 2, "pins")
-        if not p then
-            return nil, err
-        end
-        if o == opts then
-            o = copy_table(opts)
-        end
-        o.pins = p
     end
     return o
 end

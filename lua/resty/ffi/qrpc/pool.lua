@@ -21,6 +21,7 @@ local str_match = string.match
 local tab_concat = table.concat
 local tab_sort = table.sort
 local pcall = pcall
+local getmetatable = getmetatable
 local ipairs = ipairs
 
 local MAX_MS = limits.MS
@@ -98,7 +99,7 @@ local failure_order = { "connect", "reset", "timeout" }
 
 
 -- A list of strings read under pcall, as read_nested does for tables.
-local function read_list(t, what)
+local function read_list(t, what, argn)
     local copy, n = {}, 0
     local ok, err = pcall(function()
         for _ in pairs(t) do
@@ -110,6 +111,9 @@ local function read_list(t, what)
         end
     end)
     if not ok then
+        if argn == 1 then
+            return bad(1, what .. " raised an error: " .. tostring(err))
+        end
         return bad(2, "opts." .. what .. " raised an error: " .. tostring(err))
     end
     return copy, n
@@ -462,6 +466,15 @@ function _M.check(addrs, opts)
         end
         spec.addr, spec.naddrs = a, 1
     elseif type(addrs) == "table" then
+        if getmetatable(addrs) ~= nil then
+            -- read through its metamethods once, under pcall
+            local list, len = read_list(addrs, "addrs", 1)
+            if not list then
+                return nil, len
+            end
+            list[len + 1] = nil
+            addrs = list
+        end
         local n, count = #addrs, 0
         for _ in pairs(addrs) do
             count = count + 1
