@@ -7,6 +7,7 @@
 local abi = require "resty.ffi.qrpc.abi"
 local limits = require "resty.ffi.qrpc.limits"
 local addrs_mod = require "resty.ffi.qrpc.addr"
+local guard = require "resty.ffi.qrpc.guard"
 
 local bad = abi.bad
 
@@ -20,7 +21,6 @@ local str_find = string.find
 local str_match = string.match
 local tab_concat = table.concat
 local tab_sort = table.sort
-local pcall = pcall
 local getmetatable = getmetatable
 local ipairs = ipairs
 
@@ -62,33 +62,8 @@ local host_ok = addrs_mod.host_ok
 local norm_addr = addrs_mod.norm_addr
 
 
--- A nested options table (health, check) read under pcall: its keys
--- (pairs, or __pairs) and the values of names, so that a metamethod that
--- raises gives "bad argument #2: opts.<what> raised an error" instead of
--- throwing. Returns a plain copy and its unknown key, or nil, err.
-local function read_nested(t, names, what, argn)
-    argn = argn or 2
-    local copy, unknown = {}, nil
-    local ok, err = pcall(function()
-        for k in pairs(t) do
-            if not names[k] and unknown == nil then
-                unknown = k
-            end
-        end
-        for k in pairs(names) do
-            copy[k] = t[k]
-        end
-    end)
-    if not ok then
-        return bad(argn, "opts." .. what .. " raised an error: "
-                         .. tostring(err))
-    end
-    if unknown ~= nil then
-        return bad(argn, "unknown " .. what .. " option '" .. tostring(unknown)
-                         .. "'")
-    end
-    return copy
-end
+local read_nested = guard.read_nested
+local read_list = guard.read_list
 
 local health_names = { failures = true, eject = true, stall = true, on = true }
 local check_names = { method = true, interval = true, timeout = true }
@@ -96,28 +71,6 @@ local hedge_names = { delay = true, max = true }
 local budget_names = { ratio = true, min_per_s = true }
 local failure_kinds = { connect = 1, reset = 2, timeout = 4 }
 local failure_order = { "connect", "reset", "timeout" }
-
-
--- A list of strings read under pcall, as read_nested does for tables.
-local function read_list(t, what, argn)
-    local copy, n = {}, 0
-    local ok, err = pcall(function()
-        for _ in pairs(t) do
-            n = n + 1
-        end
-        -- read through t[i] (its __index, if any), one past the end
-        for i = 1, n + 1 do
-            copy[i] = t[i]
-        end
-    end)
-    if not ok then
-        if argn == 1 then
-            return bad(1, what .. " raised an error: " .. tostring(err))
-        end
-        return bad(2, "opts." .. what .. " raised an error: " .. tostring(err))
-    end
-    return copy, n
-end
 
 
 -- health.on -> "connect,reset,timeout" (in that order), or nil, err.
