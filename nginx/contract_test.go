@@ -159,3 +159,34 @@ func TestKilledConnectLeaksNothing(t *testing.T) {
 		t.Fatalf("%d %q", st, body)
 	}
 }
+
+// TestCancelRetriedWhenQueueFull: a cancel that the submit queue refuses
+// as full is kept and sent again at the dispatcher's next sweep, not
+// dropped (Go would hold the call until its deadline). The library is a
+// stand-in here whose queue refuses the first cancel.
+func TestCancelRetriedWhenQueueFull(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local abi = require "resty.ffi.qrpc.abi"
+                local direct = require "resty.ffi.qrpc.host_direct"
+                local sent, refuse = {}, 1
+                local fake = { qrpc_submit_async = function(cmd)
+                    if refuse > 0 then
+                        refuse = refuse - 1
+                        return abi.QRPC_ERR_FULL
+                    end
+                    sent[#sent + 1] = tonumber(cmd.op) .. ":" .. tonumber(cmd.call_id)
+                    return abi.QRPC_PENDING
+                end }
+                direct.init(fake, 0)
+                direct.cancel(7, 41)
+                local kept = direct.late_cancels()
+                direct.retry_cancels()
+                ngx.say("kept ", kept, ", sent ", table.concat(sent, ","), ", left ", direct.late_cancels(),
+                        ", op ", abi.OP_CANCEL)`)})
+	st, body := n.get("/t")
+	if st != 200 || body != "kept 1, sent 5:41, left 0, op 5\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+}
