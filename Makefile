@@ -62,7 +62,7 @@ LONG_PKGS  := ./nginx/ ./rockspec/
 LIB_SRC := go.mod go.sum $(shell find ffi qrpc internal -type f \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' 2>/dev/null)
 DEMO_SRC := $(shell find demo/server -type f -name '*.go' ! -name '*_test.go' 2>/dev/null)
 
-.PHONY: limits proto-check all demo demo-stop demo-deps test test-go test-race test-long test-rockspec lint bench bench-sched bench-update install uninstall proto clean help
+.PHONY: limits schema proto-check all demo demo-stop demo-deps test test-go test-race test-long test-rockspec lint bench bench-sched bench-update install uninstall proto clean help
 
 all: $(LIB)
 
@@ -126,6 +126,7 @@ lint:
 	@for f in demo/scripts/* .ci/run nginx/flavours/*.sh; do bash -n "$$f" || exit 1; done
 	$(GO) run ./internal/docscheck/cmd/docscheck
 	$(GO) run ./internal/limits/gen -check
+	$(GO) run ./internal/schema/gen -check
 
 # ---- nginx flavours --------------------------------------------------------------
 
@@ -241,6 +242,11 @@ lint-rockspec:
 # bounds both sides check); make lint fails when the committed one differs.
 limits:
 	$(GO) run ./internal/limits/gen
+
+# Regenerates lua/resty/ffi/qrpc/schema.lua (every option, as data) from
+# internal/schema.
+schema:
+	$(GO) run ./internal/schema/gen
 
 proto:
 	@mkdir -p $(BIN)

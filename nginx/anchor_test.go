@@ -62,7 +62,8 @@ func TestRestyFFIAnchorsEveryPointer(t *testing.T) {
         assert(require("resty.ffi.qrpc").configure{ host = "resty_ffi", lib = qt.lib, socket_dir = qt.dir .. "/run" })`,
 		Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
-                local conn, err = qrpc.connect({ "127.0.0.1:1", "127.0.0.2:1" }, { balance = "hash", insecure = true })
+                local qt = require "qtest"
+                local conn, err = qrpc.connect({ qt.addr, "127.0.0.2:1" }, qt.opts({ balance = "hash" }))
                 if not conn then ngx.say("connect: ", err) return end
                 local _, e1 = conn:unary("echo", "body", { hash_key = 12345, headers = { ["x-a"] = "b" } })
                 local _, e2 = conn:unary("echo", "body", { hash_key = "key" .. ngx.var.arg_k })

@@ -606,7 +606,7 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #2: opts.check raised an error: boom`,
 			`nil | bad argument #2: balance must be "round_robin", "least_inflight", "hash" or "p2c" (got random)`,
 			`nil | bad argument #2: health.failures must be a positive integer`,
-			`nil | bad argument #2: health.eject must be a number of milliseconds >= 0`,
+			`nil | bad argument #2: health.eject must be a number of milliseconds > 0 (got 10s)`,
 			`nil | bad argument #2: unknown health option 'fails'`,
 			`nil | bad argument #2: health.stall must be a number of milliseconds >= 0`,
 			`nil | bad argument #2: check.method must be a method name`,
@@ -762,11 +762,11 @@ func poolCallLua(args string) string {
                     ngx.say("connect: ", err)
                     return
                 end
-                local res
-                res, err = conn:unary(` + args + `)
+                local res, info
+                res, err, info = conn:unary(` + args + `)
                 if not res then
                     ngx.status = 502
-                    ngx.say(err)
+                    ngx.say(err, info.detail and " (" .. info.detail .. ")" or "")
                     return
                 end
                 ngx.say(res.body)`

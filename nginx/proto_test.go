@@ -255,8 +255,9 @@ func TestProtobuf(t *testing.T) {
                 local p = require "pbt"
                 local qrpc = require "resty.ffi.qrpc"
                 local conn = assert(p.conn())
-                local function show(res, err, raw)
+                local function show(res, err, info)
                     if res then return ngx.say("answered") end
+                    local raw = info and info.res
                     ngx.say(err, raw and (" | raw: " .. ngx.encode_base64(raw.body)) or "")
                 end
                 show(conn:unary("SayHello", { nmae = "typo" }))
@@ -369,14 +370,15 @@ func TestProtobuf(t *testing.T) {
                 local json = require "resty.ffi.qrpc.json"
                 local sbuf = require "string.buffer"
                 local conn = assert(p.conn())
+                local view = require("resty.ffi.qrpc.testing").view(conn)
                 local out = {}
                 -- QRPC_F_LUA_TABLE (4) and QRPC_F_LUA_REQUEST (8) for tables,
                 -- the latter for a nil body too
                 for _, b in ipairs({ {}, false }) do
-                    local _, _, _, flags = proto.prepare(conn, "EchoAllKinds", b or nil)
+                    local _, _, _, flags = proto.prepare(view, "EchoAllKinds", b or nil)
                     if flags % 16 < 12 then out[#out + 1] = "flags " .. flags end
                 end
-                _, _, _, flags = proto.prepare(conn, "EchoAllKinds", "{}", { json = true })
+                _, _, _, flags = proto.prepare(view, "EchoAllKinds", "{}", { json = true })
                 if flags >= proto.F_LUA_TABLE then out[#out + 1] = "json = true asked for Lua tables" end
                 local msg = {
                     text = "é😀\n\"\\\0\1/", tags = { "", string.rep("x", 300) }, ratios = { 0.1, -0, 1e-300 },
@@ -417,7 +419,7 @@ func TestProtobuf(t *testing.T) {
                 local deep_opts = { request = "demo.HelloRequest", response = "demo.AllKinds" }
                 r2, e2, raw = conn:unary("Deep", { name = "101" }, deep_opts)
                 if r2 or e2 ~= "bad response: demo.AllKinds: nested more than 100 levels, more than a Lua table reply holds (json = true gives the JSON text)"
-                   or not raw or #raw.body == 0 then
+                   or not raw.res or #raw.res.body == 0 then
                     out[#out + 1] = "deep reply: " .. tostring(e2)
                 end
                 deep_opts.json = true
@@ -687,10 +689,10 @@ func TestProtobufRestyFFIHost(t *testing.T) {
                 ngx.say(res and res.body.message or err)
                 res, err = conn:unary("SayHello", '{"name":"json"}', { json = true })
                 ngx.say(res and res.body or err)
-                ngx.say(select(2, conn:unary("SayHello", { nope = 1 })))
+                ngx.say((select(2, conn:unary("SayHello", { nope = 1 }))))
                 local raw
                 res, err, raw = conn:unary("Garbage", "", { response = "demo.HelloReply" })
-                ngx.say(tostring(res), " ", err, " ", raw and #raw.body)`),
+                ngx.say(tostring(res), " ", err, " ", raw.res and #raw.res.body)`),
 		},
 		body: lines(
 			"host: resty_ffi",

@@ -326,25 +326,26 @@ func TestPoolCallOptionsLua(t *testing.T) {
                     timeout = 3000, health = { stall = 0, failures = 1000 } })))
                 local mode = ngx.var.arg_mode
                 local t0 = ngx.now()
-                local res, err
+                local res, err, info
                 if mode == "call" then
-                    res, err = plain:unary("who", "", { try_timeout = 50, retries = 1 })
+                    res, err, info = plain:unary("who", "", { try_timeout = 50, retries = 1 })
                 elseif mode == "method" then
-                    res, err = conn:unary("who", "", { retries = 1 })
+                    res, err, info = conn:unary("who", "", { retries = 1 })
                 elseif mode == "off" then
                     res, err = conn:unary("who", "", { try_timeout = 0 })
                 else
                     res, err = plain:unary("who", "", { hedge = { delay = 10 } })
                 end
                 ngx.update_time()
+                if info and info.attempts then err = err .. " attempts=" .. info.attempts end
                 ngx.say(res and res.body or err, " ", math.floor((ngx.now() - t0) * 1000))`)})
 	s1.whoDelay.Store(300)
 	s2.whoDelay.Store(300)
 	for _, mode := range []string{"call", "method"} {
 		_, body := n.get("/t?mode=" + mode)
 		f := strings.Fields(body)
-		if len(f) < 2 || !strings.HasPrefix(body, "timeout (2 attempts) ") || atoi(f[len(f)-1]) >= 300 {
-			t.Errorf("%s: %q, want timeout (2 attempts) in under 300 ms", mode, body)
+		if len(f) < 2 || !strings.HasPrefix(body, "timeout attempts=2 ") || atoi(f[len(f)-1]) >= 300 {
+			t.Errorf("%s: %q, want timeout after 2 attempts in under 300 ms", mode, body)
 		}
 	}
 	_, body := n.get("/t?mode=off")

@@ -35,25 +35,11 @@ func (r *Runtime) MetricsQuery(what string, body []byte) ([]byte, error) {
 	return r.metrics.Query(what, body)
 }
 
-// reasonMessage is the message of an error with a word and a reason
-// (qrpc.Classify): "word: reason (detail)", the detail shortened so the
-// whole fits maxMsgLen and the fixed part is never cut. connect errors
-// carry no detail (the reason says it; the TLS text is long).
-func reasonMessage(err error) string {
+// reasonFields splits an error with a word and a reason (qrpc.Classify)
+// into what a caller compares, "word: reason", and the detail.
+func reasonFields(err error) (string, string) {
 	rs := qrpc.Classify(err)
-	if rs.Word == qrpc.WordConnect {
-		rs.Detail = ""
-	}
-	s := rs.String()
-	if len(s) <= maxMsgLen || rs.Reason == "" {
-		return Clip(s)
-	}
-	fixed := len(rs.Word) + 2 + len(rs.Reason) + 2 // "word: reason ("
-	keep := maxMsgLen - fixed - len("...)")
-	if keep <= 0 {
-		rs.Detail = ""
-		return Clip(rs.String())
-	}
-	rs.Detail = rs.Detail[:keep] + "..."
-	return rs.String()
+	detail := rs.Detail
+	rs.Detail = ""
+	return rs.String(), detail
 }

@@ -99,31 +99,37 @@ func TestMetricsRecording(t *testing.T) {
 	}
 }
 
-// TestReasonMessage: messages keep the word and the reason whole, put the
-// detail in parentheses and fit maxMsgLen.
+// TestReasonMessage: the error a caller compares is "word: reason" alone;
+// the detail crosses in a field of its own, shortened to fit.
 func TestReasonMessage(t *testing.T) {
 	long := strings.Repeat("z", 1000)
 	cases := []struct {
-		err  error
-		want string // exact, or a prefix when it ends in "("
+		err    error
+		head   string
+		detail string // a prefix
 	}{
-		{&qrpc.DialError{Addr: "a:1", Reason: qrpc.ReasonTimeout, Err: errors.New("x")}, "connect: timeout"},
-		{fmt.Errorf("%w: %w", qrpc.ErrConnLost, &quic.ApplicationError{Remote: true, ErrorMessage: long}), "connection lost: closed by server (Application error 0x0 (remote): zzz"},
-		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, &quic.StatelessResetError{}), "unavailable: stateless reset (received a stateless reset)"},
+		{&qrpc.DialError{Addr: "a:1", Reason: qrpc.ReasonTimeout, Err: errors.New("x")}, "connect: timeout", ""},
+		{fmt.Errorf("%w: %w", qrpc.ErrConnLost, &quic.ApplicationError{Remote: true, ErrorMessage: long}), "connection lost: closed by server", "Application error 0x0 (remote): zzz"},
+		{fmt.Errorf("%w: %v", qrpc.ErrUnavailable, &quic.StatelessResetError{}), "unavailable: stateless reset", "received a stateless reset"},
+		{fmt.Errorf("%w: headers", qrpc.ErrTooLarge), "too large: request exceeds max_frame_size", ""},
+		{qrpc.ErrTimeout, "timeout", ""},
 	}
 	for _, c := range cases {
-		got := reasonMessage(c.err)
-		if len(got) > maxMsgLen {
-			t.Errorf("%d bytes: %q", len(got), got)
+		_, msg := StatusOf(c.err)
+		if len(msg) > 512 {
+			t.Errorf("%d bytes: %q", len(msg), msg)
 		}
-		if strings.HasSuffix(c.want, "zzz") {
-			if !strings.HasPrefix(got, c.want) || !strings.HasSuffix(got, "...)") {
-				t.Errorf("got %q, want %q...)", got, c.want)
-			}
-			continue
+		head, detail, _, _ := DecodeMessage(msg)
+		if head != c.head || !strings.HasPrefix(detail, c.detail) {
+			t.Errorf("%v: got %q / %q, want %q / %q...", c.err, head, detail, c.head, c.detail)
 		}
-		if got != c.want {
-			t.Errorf("got %q, want %q", got, c.want)
+	}
+	// attempts and the budget never decorate the word
+	for _, budget := range []bool{false, true} {
+		_, msg := StatusOf(&qrpc.AttemptsError{Err: qrpc.ErrTimeout, Attempts: 2, Budget: budget})
+		head, _, n, b := DecodeMessage(msg)
+		if head != "timeout" || n != 2 || b != budget {
+			t.Errorf("budget %v: %q", budget, msg)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -83,43 +84,97 @@ func StatusOf(err error) (int32, string) {
 }
 
 func statusOfErr(err error) (int32, string) {
-	st, msg := statusWords(err)
-	// A pool call that made several attempts says how many (and whether
-	// the retry budget stopped it) after its last error's words.
+	st, head, detail := statusWords(err)
+	// A pool call that made several attempts (or whose retry the budget
+	// refused) says so in fields of its own, never in the error string.
 	var ae *qrpc.AttemptsError
+	attempts, budget := 0, false
 	if st != ErrBadArg && errors.As(err, &ae) {
-		msg = Clip(msg + ae.Suffix())
+		attempts, budget = ae.Attempts, ae.Budget
 	}
-	return st, msg
+	return st, EncodeMessage(head, detail, attempts, budget)
 }
 
-func statusWords(err error) (int32, string) {
+// MsgSep separates the fields of an error message that crosses to Lua:
+//
+//	err [ MsgSep detail MsgSep attempts MsgSep budget ]
+//
+// err is what the caller compares ("timeout", "connect: refused",
+// "bad config: ..."); detail the library's own text, attempts a pool
+// call's count (0: not said), budget "1" when the retry budget refused a
+// retry. A message with no detail, no attempts and no budget is err alone,
+// so the common words cross as they read.
+const MsgSep = "\x1f"
+
+// maxDetail bounds the detail field (the whole message stays within the
+// hosts' 512-byte error buffers: err <= maxMsgLen, detail <= maxDetail).
+const maxDetail = 200
+
+// EncodeMessage builds the message of an error for Lua (see MsgSep).
+func EncodeMessage(head, detail string, attempts int, budget bool) string {
+	head = strings.ReplaceAll(Clip(head), MsgSep, " ")
+	if detail == "" && attempts <= 0 && !budget {
+		return head
+	}
+	detail = strings.ReplaceAll(detail, MsgSep, " ")
+	if len(detail) > maxDetail {
+		detail = detail[:maxDetail-3] + "..."
+	}
+	b := "0"
+	if budget {
+		b = "1"
+	}
+	return head + MsgSep + detail + MsgSep + strconv.Itoa(max(attempts, 0)) + MsgSep + b
+}
+
+// DecodeMessage splits a message built by EncodeMessage (for tests and
+// the C test host).
+func DecodeMessage(msg string) (head, detail string, attempts int, budget bool) {
+	f := strings.Split(msg, MsgSep)
+	head = f[0]
+	if len(f) == 4 {
+		detail = f[1]
+		attempts, _ = strconv.Atoi(f[2])
+		budget = f[3] == "1"
+	}
+	return
+}
+
+// statusWords: the status, what the caller compares (the word, and the
+// reason from the fixed list: qrpc.Classify), and the detail.
+func statusWords(err error) (int32, string, string) {
 	var de *qrpc.DialError
 	switch {
 	case errors.Is(err, ErrBadCommand):
-		return ErrBadArg, Clip(err.Error())
+		return ErrBadArg, Clip(err.Error()), ""
 	case errors.Is(err, qrpc.ErrTimeout):
-		return ErrTimeout, "timeout"
+		return ErrTimeout, "timeout", ""
 	case errors.Is(err, qrpc.ErrClosed), errors.Is(err, context.Canceled):
-		return ErrClosed, "closed"
+		return ErrClosed, "closed", ""
 	case errors.Is(err, qrpc.ErrQueueFull):
-		return ErrFull, "queue full"
+		return ErrFull, "queue full", ""
 	case errors.Is(err, qrpc.ErrUnavailable):
 		// Checked before DialError: "unavailable" wraps the last dial
 		// failure's text, and the call did not try to dial.
-		return ErrUnavail, reasonMessage(err)
+		h, d := reasonFields(err)
+		return ErrUnavail, h, d
 	case errors.As(err, &de):
-		return ErrConnect, reasonMessage(de)
+		// connect: the reason says it all; the dial's own text (address,
+		// quic-go's words) goes to error.log with the failure
+		h, _ := reasonFields(de)
+		return ErrConnect, h, ""
 	case errors.Is(err, qrpc.ErrConnLost):
-		return ErrLost, reasonMessage(err)
+		h, d := reasonFields(err)
+		return ErrLost, h, d
 	case errors.Is(err, qrpc.ErrTooLarge):
-		return ErrTooBig, reasonMessage(err)
+		h, d := reasonFields(err)
+		return ErrTooBig, h, d
 	case errors.Is(err, qrpc.ErrBadConfig):
-		return ErrBadArg, prefixed("bad config", qrpc.ErrBadConfig, err)
+		return ErrBadArg, prefixed("bad config", qrpc.ErrBadConfig, err), ""
 	case errors.Is(err, context.DeadlineExceeded):
-		return ErrTimeout, "timeout"
+		return ErrTimeout, "timeout", ""
 	}
-	return ErrGeneric, Clip(strings.TrimPrefix(err.Error(), "qrpc: "))
+	return ErrGeneric, Clip(strings.TrimPrefix(err.Error(), "qrpc: ")), ""
 }
 
 // prefixed renders err as "<kind>: <detail>", dropping the sentinel's own

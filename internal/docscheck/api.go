@@ -20,9 +20,8 @@ type nameSource struct {
 }
 
 var optionSources = []nameSource{
-	{"lua/resty/ffi/qrpc.lua", "known_opts", "connect option"},
-	{"lua/resty/ffi/qrpc.lua", "call_opts", "call option"},
-	{"lua/resty/ffi/qrpc.lua", "configure_opts", "configure option"},
+	// every option, as data (generated from internal/schema)
+	{"lua/resty/ffi/qrpc/schema.lua", "@schema", "option"},
 	{"lua/resty/ffi/qrpc/pool.lua", "keys", "pool option"},
 }
 
@@ -33,6 +32,9 @@ var (
 	luaCommentRe = regexp.MustCompile(`--[^\n]*`)
 	tableKeyRe   = regexp.MustCompile(`\b([a-z_][a-z0-9_]*)\s*=`)
 	publicFuncRe = regexp.MustCompile(`(?m)^function _M\.([a-z][a-z0-9_]*)\s*\(`)
+	schemaNameRe = regexp.MustCompile(`(?m)^\s*\{ name = "([a-z_.]+)"`)
+	// the connection object's methods, in qrpc.lua
+	connMethodRe = regexp.MustCompile(`(?m)^function methods\.([a-z][a-z0-9_]*)\s*\(`)
 )
 
 // tableKeys returns the keys of the Lua table `NAME = { ... }` in src.
@@ -92,6 +94,16 @@ func ReadNames(root string) (Names, error) {
 	for _, m := range publicFuncRe.FindAllStringSubmatch(qrpc, -1) {
 		n.Functions = append(n.Functions, m[1])
 	}
+	for _, m := range connMethodRe.FindAllStringSubmatch(qrpc, -1) {
+		n.Functions = append(n.Functions, m[1])
+	}
+	// the functions not about one connection live in runtime.lua
+	// (qrpc.lua re-exports them); absent in older layouts
+	if rt, err := read("lua/resty/ffi/qrpc/runtime.lua"); err == nil {
+		for _, m := range publicFuncRe.FindAllStringSubmatch(rt, -1) {
+			n.Functions = append(n.Functions, m[1])
+		}
+	}
 	if len(n.Functions) == 0 {
 		return n, fmt.Errorf("lua/resty/ffi/qrpc.lua: no public function found (function _M.name)")
 	}
@@ -106,7 +118,17 @@ func ReadNames(root string) (Names, error) {
 		if err != nil {
 			return n, err
 		}
-		keys, err := tableKeys(src, s.table)
+		var keys []string
+		if s.table == "@schema" {
+			for _, m := range schemaNameRe.FindAllStringSubmatch(src, -1) {
+				keys = append(keys, m[1])
+			}
+			if len(keys) == 0 {
+				err = fmt.Errorf("no option entries (name = \"...\")")
+			}
+		} else {
+			keys, err = tableKeys(src, s.table)
+		}
 		if err != nil {
 			return n, fmt.Errorf("%s: %v: the %ss are read from it; update internal/docscheck if they moved", s.file, err, s.what)
 		}

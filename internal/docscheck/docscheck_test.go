@@ -123,15 +123,23 @@ func TestReadmeLength(t *testing.T) {
 	}
 }
 
+const luaSchema = `
+return {
+    { name = "server_name", type = "string",
+      doc = "a = 1" },
+    { name = "conns", type = "integer" },
+    { name = "timeout", type = "number" },
+    { name = "headers", type = "table" },
+    { name = "host", type = "string" },
+    { name = "lib", type = "string" },
+}
+`
+
+const luaRuntime = `
+function _M.configure(opts) end
+`
+
 const luaQrpc = `
-local known_opts = {
-    server_name = "string", -- a comment = 1
-    conns = "number",
-}
-local call_opts = {
-    timeout = true, headers = true,
-}
-local configure_opts = { host = true, lib = true }
 local _M = {
     proto = {
         load = proto.load,
@@ -139,7 +147,7 @@ local _M = {
     },
 }
 function _M.connect(addr, opts) end
-function _M.unary(self, method) end
+function methods.unary(self, method) end
 function _M._echo(body) end
 `
 
@@ -154,15 +162,17 @@ local function f(health) return health.failures end
 
 func apiTree(t *testing.T, api, proto string) string {
 	return tree(t, map[string]string{
-		"lua/resty/ffi/qrpc.lua":      luaQrpc,
-		"lua/resty/ffi/qrpc/pool.lua": luaPool,
-		"docs/api.md":                 api,
-		"docs/protobuf.md":            proto,
+		"lua/resty/ffi/qrpc.lua":         luaQrpc,
+		"lua/resty/ffi/qrpc/schema.lua":  luaSchema,
+		"lua/resty/ffi/qrpc/runtime.lua": luaRuntime,
+		"lua/resty/ffi/qrpc/pool.lua":    luaPool,
+		"docs/api.md":                    api,
+		"docs/protobuf.md":               proto,
 	})
 }
 
 func TestAPI(t *testing.T) {
-	api := "`qrpc.connect(addr)` and `conn:unary`; options `server_name`, `conns`, `timeout`, `headers`,\n" +
+	api := "`qrpc.connect(addr)`, `qrpc.configure` and `conn:unary`; options `server_name`, `conns`, `timeout`, `headers`,\n" +
 		"`host`, `lib`, `balance`, `health`, `health.failures = 3`\n"
 	proto := "`qrpc.proto.load(path)`, `qrpc.proto.empty_array`\n"
 	root := apiTree(t, api, proto)
@@ -173,7 +183,7 @@ func TestAPI(t *testing.T) {
 	if got := strings.Join(names.Options, ","); got != "balance,conns,headers,health,health.failures,host,lib,server_name,timeout" {
 		t.Errorf("options read: %s", got)
 	}
-	if got := strings.Join(names.Functions, ","); got != "connect,unary" {
+	if got := strings.Join(names.Functions, ","); got != "configure,connect,unary" {
 		t.Errorf("functions read: %s", got)
 	}
 	if p := API(root); len(p) != 0 {
@@ -193,12 +203,14 @@ func TestAPI(t *testing.T) {
 	}
 	// The options' table renamed: the check says so instead of passing.
 	root = tree(t, map[string]string{
-		"lua/resty/ffi/qrpc.lua":      strings.Replace(luaQrpc, "known_opts", "connect_options", 1),
-		"lua/resty/ffi/qrpc/pool.lua": luaPool,
-		"docs/api.md":                 api,
-		"docs/protobuf.md":            proto,
+		"lua/resty/ffi/qrpc.lua":         luaQrpc,
+		"lua/resty/ffi/qrpc/schema.lua":  "return {}\n",
+		"lua/resty/ffi/qrpc/runtime.lua": luaRuntime,
+		"lua/resty/ffi/qrpc/pool.lua":    luaPool,
+		"docs/api.md":                    api,
+		"docs/protobuf.md":               proto,
 	})
-	if p := API(root); len(p) != 1 || !strings.Contains(p[0].Msg, `no table "known_opts"`) {
+	if p := API(root); len(p) != 1 || !strings.Contains(p[0].Msg, `no option entries`) {
 		t.Errorf("renamed option table: %v", p)
 	}
 }

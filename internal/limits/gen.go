@@ -20,6 +20,10 @@ return {
 	for _, l := range Lua {
 		fmt.Fprintf(&b, "    %s = %d,\n", l.Name, l.Value)
 	}
+	b.WriteString("    -- Go's defaults (qrpc.Config), for the connection cache\n")
+	for _, d := range Defaults {
+		fmt.Fprintf(&b, "    %s = %d,\n", d.Name, d.Value)
+	}
 	b.WriteString("}\n")
 	return []byte(b.String())
 }

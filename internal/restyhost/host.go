@@ -6,6 +6,7 @@ package restyhost
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	goruntime "runtime"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,14 @@ type restyTask struct {
 }
 
 func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
+	if n > math.MaxInt32 {
+		// lua-resty-ffi takes the length as a C int: a longer answer
+		// would arrive cut (or negative). max_frame_size keeps answers
+		// far below this; should one get here, it is an error.
+		hostq.Mem().Free(data)
+		c := t.h.rt.Message(bridge.ErrGeneric, "qrpc: answer too large for lua-resty-ffi (over 2 GiB)", 0)
+		rc, data, n = bridge.ErrGeneric, c.Data, int(c.Len)
+	}
 	if !t.answered.CompareAndSwap(false, true) {
 		hostq.Mem().Free(data)
 		return

@@ -17,6 +17,10 @@ func main() {
 	flag.Parse()
 	want := limits.LuaSource()
 	if *check {
+		if err := limits.CheckDefaults("."); err != nil {
+			fmt.Fprintf(os.Stderr, "internal/limits: %v\n", err)
+			os.Exit(1)
+		}
 		got, err := os.ReadFile(limits.LuaPath)
 		if err != nil || !bytes.Equal(got, want) {
 			fmt.Fprintf(os.Stderr, "%s differs from internal/limits: run make limits and commit it\n", limits.LuaPath)

@@ -13,6 +13,7 @@ local limits = require "resty.ffi.qrpc.limits"
 local ffi_new = ffi.new
 local ffi_string = ffi.string
 local str_sub = string.sub
+local str_find = string.find
 local ffi_cast = ffi.cast
 local ffi_copy = ffi.copy
 local ffi_sizeof = ffi.sizeof
@@ -21,6 +22,7 @@ local new_tab = base.new_tab
 
 local type = type
 local tostring = tostring
+local tonumber = tonumber
 local pairs = pairs
 local pcall = pcall
 local math_ceil = math.ceil
@@ -211,27 +213,64 @@ local _M = {
 local errbuf = _M.errbuf
 
 
+-- show(v): a caller's value in an error message, without calling anything
+-- of the caller's (a table's __tostring could raise or yield): numbers,
+-- booleans and nil as tostring writes them, strings cut to 64 bytes, the
+-- rest by their type.
+local function show(v)
+    local t = type(v)
+    if t == "string" then
+        if #v > 64 then
+            return str_sub(v, 1, 61) .. "..."
+        end
+        return v
+    end
+    if t == "number" or t == "boolean" or t == "nil" then
+        return tostring(v)
+    end
+    return "a " .. t
+end
+_M.show = show
+
+
 function _M.bad(n, msg)
     return nil, "bad argument #" .. n .. ": " .. msg
 end
 local bad = _M.bad
 
 
+-- An error message from the library is err alone, or
+-- err \31 detail \31 attempts \31 budget (internal/bridge EncodeMessage):
+-- err is what a caller compares, the rest goes in the info table.
+local SEP = "\31"
+
+-- status_err(status, msg) -> err, info: info is nil when the library said
+-- nothing beyond err (callers give out an empty table then).
 local function status_err(status, msg)
-    if status == QRPC_ERR_TIMEOUT or status == QRPC_ERR_CLOSED
-       or status == QRPC_ERR_FULL
-    then
-        -- the bare word, or the word and a pool call's attempts
-        -- ("timeout (2 attempts)")
-        local name = status_names[status]
-        if msg and #msg > #name and str_sub(msg, 1, #name + 2) == name .. " ("
-        then
+    if msg and msg ~= "" then
+        local i = str_find(msg, SEP, 1, true)
+        if not i then
             return msg
         end
-        return name
-    end
-    if msg and msg ~= "" then
-        return msg
+        local err = str_sub(msg, 1, i - 1)
+        local j = str_find(msg, SEP, i + 1, true)
+        if not j then
+            return err, { detail = str_sub(msg, i + 1) }
+        end
+        local k = str_find(msg, SEP, j + 1, true)
+        local info = new_tab(0, 3)
+        local detail = str_sub(msg, i + 1, j - 1)
+        if detail ~= "" then
+            info.detail = detail
+        end
+        local n = tonumber(str_sub(msg, j + 1, (k or 0) - 1))
+        if n and n > 0 then
+            info.attempts = n
+        end
+        if k and str_sub(msg, k + 1) == "1" then
+            info.budget = true
+        end
+        return err, info
     end
     return status_names[status] or ("qrpc: status " .. tostring(status))
 end
@@ -368,8 +407,8 @@ function _M.pack_headers(h, argn, limit)
         if tv == "number" then
             v = tostring(v)
         elseif tv ~= "string" then
-            return bad(argn, "header '" .. k .. "' must be a string (got "
-                             .. tv .. ")")
+            return bad(argn, "header '" .. str_sub(k, 1, 64)
+                             .. "' must be a string (got " .. tv .. ")")
         end
         n = n + 2
         local need = size + 8 + #k + #v
@@ -387,8 +426,9 @@ function _M.pack_headers(h, argn, limit)
                          .. MAX_HDR_ENTRIES / 2 .. ")")
     end
     if size > limit then
-        return nil, "too large: headers (" .. size .. " bytes; max_frame_size "
-                    .. "is " .. limit .. ")"
+        return nil, "too large: request exceeds max_frame_size",
+               { detail = "headers (" .. size .. " bytes; max_frame_size is "
+                          .. limit .. ")" }
     end
     if small then
         return n, size, hbuf_small

@@ -4,14 +4,12 @@
 -- "failed". A closed connection leaves the cache, so the next connect with
 -- the same addr + options dials again.
 
-local ffi = require "ffi"
 local semaphore = require "ngx.semaphore"
 local abi = require "resty.ffi.qrpc.abi"
+local limits = require "resty.ffi.qrpc.limits"
 local builtin = require "resty.ffi.qrpc.host_builtin"
-local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local propagate = require "resty.ffi.qrpc.propagate"
 
-local ffi_cast = ffi.cast
 local sema_new = semaphore.new
 
 local ngx_now = ngx.now
@@ -19,7 +17,6 @@ local ngx_sleep = ngx.sleep
 
 local type = type
 local pairs = pairs
-local setmetatable = setmetatable
 local math_ceil = math.ceil
 local math_min = math.min
 local tab_remove = table.remove
@@ -27,17 +24,20 @@ local tab_sort = table.sort
 local unpack = unpack
 
 local QRPC_OK = abi.QRPC_OK
-local QRPC_ERR = abi.QRPC_ERR
-local u64_ptr_t = abi.u64_ptr_t
-local cstr_t = abi.cstr_t
 local connect_cmd = abi.connect_cmd
 local set_opts = abi.set_opts
 local close_handle = builtin.close_handle
 local drain = builtin.drain
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
 
-local DEFAULT_TIMEOUT_MS = 5000       -- dial timeout and call timeout
-local DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+-- Go's defaults, generated from internal/limits (checked against
+-- qrpc.Config's by make lint)
+local DEFAULT_TIMEOUT_MS = limits.DEFAULT_TIMEOUT_MS  -- dial and call timeout
+local DEFAULT_MAX_FRAME = limits.DEFAULT_MAX_FRAME_SIZE
+local DEFAULT_IDLE_MS = limits.DEFAULT_IDLE_TIMEOUT_MS
+local DEFAULT_STREAMS = limits.DEFAULT_STREAMS
+local DEFAULT_STREAM_BATCH = limits.DEFAULT_STREAM_BATCH
+local DEFAULT_CONNS = limits.DEFAULT_CONNS
 
 
 local _M = {
@@ -46,13 +46,24 @@ local _M = {
 
 
 local conn_cache = {}   -- addr -> list of connection entries
-local conn_mt           -- metatable of connection objects (the public API)
+local new_conn          -- makes the public object of a ready entry
 
 
--- mt: the metatable connection objects get.
-function _M.init(mt)
-    conn_mt = mt
+-- make(e) -> the public connection object of a ready entry e (the
+-- facade's: what the object holds lives outside it).
+function _M.init(make)
+    new_conn = make
 end
+
+-- Use order: a call stamps its entry with the next number, and make_room
+-- evicts the entries with the lowest (a counter: ngx.now() on every call
+-- would cost more, and the order is all that counts).
+local use_seq = 0
+function _M.touch(e)
+    use_seq = use_seq + 1
+    e.used = use_seq
+end
+local touch = _M.touch
 
 
 local function cache_remove(e)
@@ -72,36 +83,28 @@ end
 _M.remove = cache_remove
 
 
--- Marks a connection object closed and forgets its entry.
-function _M.mark_closed(conn)
-    if not conn.closed then
-        conn.closed = true
-        cache_remove(conn.entry)
+-- Marks an entry's connection closed and forgets the entry.
+function _M.mark_closed(e)
+    if not e.closed then
+        e.closed = true
+        cache_remove(e)
     end
 end
 
 
-local function finish_connect(e, status, val)
+local function finish_connect(e, status, val, info)
     if status == QRPC_OK then
         if e.stale then
             close_handle(val)
             e.state, e.err = "failed", "closed"
         else
-            e.conn = setmetatable({
-                handle = val,
-                addr = e.addr,
-                timeout = e.call_timeout,
-                max_frame = e.max_frame,
-                propagate = e.prop,
-                balance = e.balance,
-                retries = e.retries,
-                closed = false,
-                entry = e,
-            }, conn_mt)
+            e.handle = val
+            e.closed = false
+            e.conn = new_conn(e)
             e.state = "ready"
         end
     else
-        e.state, e.err = "failed", val
+        e.state, e.err, e.info = "failed", val, info
         cache_remove(e)
     end
     local n = e.nwait
@@ -129,9 +132,6 @@ end
 
 -- Options as compared in the cache: a default written out is the same as
 -- the option left out.
-local DEFAULT_IDLE_MS = 30000
-local DEFAULT_STREAMS = 32
-local DEFAULT_STREAM_BATCH = 16   -- qrpc.DefaultStreamBatch
 
 -- Only nil and 0 mean the default: anything else (a bad value included,
 -- which must then miss the cache and be reported) stays as it is.
@@ -160,7 +160,7 @@ function _M.find(addr, o, spec)
         if e.server_name == o.server_name and e.ca == o.ca
            and e.cert == o.cert and e.key == o.key
            and e.insecure == (o.insecure == true)
-           and e.conns == (o.conns or 1)
+           and e.conns == (o.conns or DEFAULT_CONNS)
            and e.streams == (o.streams or DEFAULT_STREAMS)
            and e.stream_batch == (o.stream_batch or DEFAULT_STREAM_BATCH)
            and e.timeout == timeout and e.idle_timeout == idle
@@ -169,7 +169,7 @@ function _M.find(addr, o, spec)
            and same_pins(e.pins, o.pins)
            and same_pins(e.propagate, o.propagate)
         then
-            e.used = ngx_now()
+            touch(e)
             return e
         end
     end
@@ -206,10 +206,10 @@ function _M.make_room(need, max, stats)
     for _, list in pairs(conn_cache) do
         for i = 1, #list do
             local e = list[i]
-            if e.state == "ready" and not e.conn.closed and e.nwait == 0
-               and not (e.conn.handed and now - e.used < e.timeout / 1000 + 1)
+            if e.state == "ready" and not e.closed and e.nwait == 0
+               and not (e.handed and now - e.handed < e.timeout / 1000 + 1)
             then
-                local st = stats(e.conn.handle)
+                local st = stats(e.handle)
                 if st and st.inflight == 0 then
                     idle[#idle + 1] = e
                 end
@@ -219,8 +219,8 @@ function _M.make_room(need, max, stats)
     tab_sort(idle, function(a, b) return a.used < b.used end)
     for i = 1, #idle do
         local e = idle[i]
-        _M.mark_closed(e.conn)
-        close_handle(e.conn.handle)
+        _M.mark_closed(e)
+        close_handle(e.handle)
         total = total - e.nconns
         if total + need <= max then
             return true
@@ -245,16 +245,15 @@ end
 
 
 -- Adds an entry for addr + checked options o (pins: raw digests) and
--- starts dialling with the given host. With the lua-resty-ffi host this
--- light thread carries the task until the dial ends.
-function _M.start(addr, o, pins, use_builtin, spec)
+-- starts dialling.
+function _M.start(addr, o, pins, spec)
     local e = {
         addr = addr,
         state = "connecting",
         sema = sema_new(0),
         nwait = 0,
         server_name = o.server_name, ca = o.ca, cert = o.cert, key = o.key,
-        insecure = o.insecure == true, conns = o.conns or 1,
+        insecure = o.insecure == true, conns = o.conns or DEFAULT_CONNS,
         streams = o.streams or DEFAULT_STREAMS,
         stream_batch = o.stream_batch or DEFAULT_STREAM_BATCH,
         timeout = norm_ms(o.timeout, DEFAULT_TIMEOUT_MS),
@@ -263,8 +262,8 @@ function _M.start(addr, o, pins, use_builtin, spec)
         pool_key = spec.key,
         balance = spec.balance,
         retries = spec.retries,
-        nconns = spec.naddrs * (o.conns or 1),
-        used = ngx_now(),
+        nconns = spec.naddrs * (o.conns or DEFAULT_CONNS),
+        used = 0,
         -- the command points into these: e anchors them for the dial
         first_addr = spec.list and spec.list[1] or addr,
         -- stream_batch has no field in the command: Go reads it as a line
@@ -280,7 +279,7 @@ function _M.start(addr, o, pins, use_builtin, spec)
     }
     local dial_ms = (o.timeout and o.timeout > 0) and o.timeout
                     or DEFAULT_TIMEOUT_MS
-    e.wait_s = dial_ms / 1000 * (o.conns or 1) + SAFETY_SLACK_S
+    e.wait_s = dial_ms / 1000 * (o.conns or DEFAULT_CONNS) + SAFETY_SLACK_S
     e.deadline = ngx_now() + e.wait_s
 
     local list = conn_cache[addr]
@@ -292,29 +291,20 @@ function _M.start(addr, o, pins, use_builtin, spec)
 
     local cmd = set_opts(connect_cmd(e.first_addr, o, pins), e.opts_lines)
 
-    if use_builtin then
-        local id, inline_or_status, err = builtin.connect(cmd, e, finish_connect)
-        if not id then
-            finish_connect(e, inline_or_status, err)
-            return e
-        end
-        e.id = id
-        if inline_or_status then
-            e.inline = true
-        end
+    -- Both hosts dial through the built-in host's completion queue: its
+    -- dispatcher closes the handle of a dial nobody waits for any more
+    -- (a lua-resty-ffi task's answer to a killed light thread would be
+    -- dropped with the handle in it, and the connection leaked).
+    local id, inline_or_status, err, info = builtin.connect(cmd, e,
+                                                            finish_connect)
+    if not id then
+        finish_connect(e, inline_or_status, err, info)
         return e
     end
-
-    -- lua-resty-ffi: this light thread carries the task; others wait on e.
-    local status, val = resty_ffi.call(cmd, e, addr, pins, e.wait_s)
-    if status == QRPC_OK then
-        if type(val) == "string" and #val == 8 then
-            val = ffi_cast(u64_ptr_t, ffi_cast(cstr_t, val))[0]
-        else
-            status, val = QRPC_ERR, "qrpc: malformed connect response"
-        end
+    e.id = id
+    if inline_or_status then
+        e.inline = true
     end
-    finish_connect(e, status, val)
     return e
 end
 
@@ -344,11 +334,11 @@ function _M.wait(e)
         e.nwait = e.nwait - 1
     end
     if e.state == "ready" then
-        e.used = ngx_now()
+        touch(e)
         return e.conn
     end
     if e.state == "failed" then
-        return nil, e.err
+        return nil, e.err, e.info
     end
     -- Go never answered: give up on this attempt; a late success is closed.
     e.stale = true

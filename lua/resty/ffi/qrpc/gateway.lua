@@ -209,7 +209,7 @@ local function serve(self)
     if not conn then
         return upstream_error(self, cerr, route), route
     end
-    local res, uerr, raw = conn:unary(route.method, text, {
+    local res, uerr, info = conn:unary(route.method, text, {
         request = route.input,
         response = not want_pb and route.output or nil,
         json = true,
@@ -218,7 +218,7 @@ local function serve(self)
         headers = headers,
         timeout = timeout,
     })
-    vars.attempts(res or raw, uerr)
+    vars.attempts(res or info.res, info)
     if not res then
         return upstream_error(self, uerr, route), route
     end

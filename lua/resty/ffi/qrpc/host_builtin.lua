@@ -19,6 +19,8 @@
 local ffi = require "ffi"
 local semaphore = require "ngx.semaphore"
 local abi = require "resty.ffi.qrpc.abi"
+local direct = require "resty.ffi.qrpc.host_direct"
+local disp = require "resty.ffi.qrpc.dispatcher"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -29,27 +31,15 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local ngx_WARN = ngx.WARN
 local ngx_NOTICE = ngx.NOTICE
-local ngx_INFO = ngx.INFO
-local worker_exiting = ngx.worker.exiting
-local timer_at = ngx.timer.at
 local ngx_now = ngx.now
 local ngx_sleep = ngx.sleep
-local socket_tcp = ngx.socket.tcp
-local thread_spawn = ngx.thread.spawn
-local thread_kill = ngx.thread.kill
 
 local tostring = tostring
 local tonumber = tonumber
 local pairs = pairs
 local pcall = pcall
-local math_max = math.max
-local str_match = string.match
 
-local CMD_VERSION = abi.CMD_VERSION
 local OP_CONNECT = abi.OP_CONNECT
-local OP_EVENT = abi.OP_EVENT
-local OP_CLOSE = abi.OP_CLOSE
-local OP_CANCEL = abi.OP_CANCEL
 local QRPC_OK = abi.QRPC_OK
 local QRPC_PENDING = abi.QRPC_PENDING
 local QRPC_LOG = abi.QRPC_LOG
@@ -57,7 +47,6 @@ local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
 local QRPC_ERR = abi.QRPC_ERR
 local QRPC_ERR_TIMEOUT = abi.QRPC_ERR_TIMEOUT
 local cmd_t = abi.cmd_t
-local char_arr_t = abi.char_arr_t
 local errbuf = abi.errbuf
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local status_err = abi.status_err
@@ -74,15 +63,7 @@ local SAFETY_SLACK_S = 1
 -- end at once.
 local MAX_WAIT_S = 2147483
 local BATCH = 64
-local PATHBUF_LEN = 256
--- The dispatcher wakes this often to notice a worker exit (nginx -s
--- reload/quit), lost wake-ups and abandoned calls.
-local POLL_S = 0.5
-local SWEEP_EVERY_S = 1
-local STALE_S = 5
--- The reader blocks on the wake-up socket with the longest timeout ngx_lua
--- accepts: a read timeout logs an [error] line, so it must almost never fire.
-local READ_TIMEOUT_MS = 2147483647
+local SWEEP_EVERY_S = disp.SWEEP_EVERY_S
 
 
 local _M = {
@@ -94,7 +75,6 @@ local _M = {
 
 local lib               -- the loaded library; nil until init()
 local vm = 0            -- this Lua VM's index (qrpc_vm_open)
-local socket_dir = "/tmp"
 local comps             -- qrpc_completion_t[BATCH]
 -- The result blocks of the batch being completed, released together with
 -- qrpc_release_n: one take of the queues' lock per batch instead of one
@@ -102,16 +82,10 @@ local comps             -- qrpc_completion_t[BATCH]
 -- CPU and Go's on every take).
 local rels              -- void *[BATCH]
 local nrel = 0
-local wake_path         -- a wake-up socket opened by init(), for the dispatcher
-local wake_broken       -- init() could not open one: do not try again
 
-local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
 -- Reused: qrpc_submit_async and qrpc_query copy or read a command before
 -- they return, never after.
 local ucmd = ffi_new(cmd_t)
-local xcmd = ffi_new(cmd_t)
-local qcmd = ffi_new(cmd_t)
-local stats_buf = ffi_new("qrpc_stats_t")
 
 local pend = {}         -- call id -> waiter of a call in flight
 local npend = 0
@@ -119,28 +93,6 @@ local pool = {}         -- idle waiters
 local npool = 0
 local last_id = 0
 local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
-
--- Calls of the lua-resty-ffi host in flight (see hold): they wait in
--- lua-resty-ffi, not here, but the dispatcher must outlive them too.
-local others = function() return 0 end
-
-local disp_gen = 0      -- generation of the live dispatcher; 0: none
-local disp_seq = 0
-local disp_beat = 0
-local disp_fails = 0
-
-local ensure_dispatcher
-
-
-local function wake_listen()
-    local dir = socket_dir
-    local rc = lib.qrpc_vm_wake_open(vm, dir, #dir, pathbuf, PATHBUF_LEN,
-                                     errbuf, ERRBUF_LEN)
-    if rc ~= QRPC_OK then
-        return nil, submit_err(rc)
-    end
-    return ffi_string(pathbuf)
-end
 
 
 -- Called once the library is loaded, before any other function here;
@@ -152,127 +104,30 @@ end
 -- direct calls; the dispatcher then only polls).
 function _M.init(l, dir, subsystem)
     lib = l
-    socket_dir = dir
     -- this VM's completion queue: every command names it
     local idx = lib.qrpc_vm_open(subsystem, #subsystem, errbuf, ERRBUF_LEN)
     if idx < 0 then
-        wake_broken = true
+        disp.broken()
         return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx)
     end
     vm = idx
     ucmd.vm = vm
-    xcmd.vm = vm
-    qcmd.vm = vm
+    direct.init(lib, vm)
     comps = ffi_new("qrpc_completion_t[?]", BATCH)
     rels = ffi_new("void *[?]", BATCH)
-    local path, err = wake_listen()
-    if not path then
-        wake_broken = true
-        return nil, "qrpc: socket_dir " .. dir .. ": "
-                    .. (str_match(err, "^wake socket: (.*)$") or err)
-    end
-    wake_path = path
-    return true
+    return disp.init(lib, vm, dir)
 end
 
 
--------------------------------------------------------------------------
--- Direct calls (both hosts): synchronous, on the nginx thread
--------------------------------------------------------------------------
-
--- Through the C submit queue, like the UNARY it cancels: queued after it,
--- it cannot overtake it.
-local function cancel(handle, id)
-    xcmd.version = CMD_VERSION
-    xcmd.op = OP_CANCEL
-    xcmd.conn = handle or 0
-    xcmd.call_id = id
-    lib.qrpc_submit_async(xcmd)
-end
-
-
--- qrpc_query's answer.
-local qout = ffi_new("char *[1]")
-local qlen = ffi_new("size_t[1]")
-
-
--- Runs cmd with qrpc_query when its answer is no data (EVENT, CLOSE):
--- returns the status and, on failure, the error.
-local function run_now(cmd)
-    local rc = lib.qrpc_query(cmd, qout, qlen, errbuf, ERRBUF_LEN)
-    if rc ~= QRPC_OK then
-        return rc, submit_err(rc)
-    end
-    local p = qout[0]
-    if p ~= nil then
-        lib.qrpc_release(p)
-    end
-    return rc
-end
-
-
-local function close_handle(handle)
-    xcmd.version = CMD_VERSION
-    xcmd.op = OP_CLOSE
-    xcmd.conn = handle
-    xcmd.call_id = 0
-    local rc, err = run_now(xcmd)
-    if rc ~= QRPC_OK then
-        return nil, err
-    end
-    return true
-end
+-- The direct calls (both hosts): resty.ffi.qrpc.host_direct.
+local cancel = direct.cancel
+local retry_cancels = direct.retry_cancels
+local close_handle = direct.close_handle
 _M.close_handle = close_handle
-
-
--- Sends an event; returns the library's status and, on failure, the error.
-function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
-                  hash_key)
-    fill_cmd(ucmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
-             req_type, nil, flags, hash_key)
-    return run_now(ucmd)
-end
-
-
--- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with opts lines if
--- given; returns the answer as a string.
-function _M.query(op, handle, opts)
-    fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
-    -- fill_cmd clears opts (the command is reused): the query's go in after
-    qcmd.opts = opts
-    qcmd.opts_len = opts and #opts or 0
-    local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
-    qcmd.opts = nil
-    qcmd.opts_len = 0
-    if rc ~= QRPC_OK then
-        return nil, submit_err(rc)
-    end
-    local p = qout[0]
-    if p == nil then
-        return ""
-    end
-    local out = ffi_string(p, qlen[0])
-    lib.qrpc_release(p)
-    return out
-end
-
-
--- Counters of a connection (handle 0: the whole runtime of this worker).
-function _M.stats(handle)
-    local rc = lib.qrpc_stats(handle, stats_buf)
-    if rc ~= QRPC_OK then
-        return nil, status_err(rc)
-    end
-    local s = stats_buf
-    return {
-        inflight = tonumber(s.inflight),
-        calls = tonumber(s.calls),
-        events = tonumber(s.events),
-        dropped = tonumber(s.dropped),
-        reconnects = tonumber(s.reconnects),
-        queued = tonumber(s.queued),
-    }
-end
+_M.event = direct.event
+_M.query = direct.query
+_M.stats = direct.stats
+_M.late_cancels = direct.late_cancels
 
 
 -------------------------------------------------------------------------
@@ -296,9 +151,10 @@ end
 
 
 -- Hands a call its outcome (an inline waiter polls for it instead).
-local function wake(w, status, val)
+local function wake(w, status, val, info)
     w.status = status
     w.val = val
+    w.info = info
     if not w.inline then
         w.sema:post(1)
     end
@@ -336,7 +192,7 @@ local function complete(c)
     end
 
     local op = w.op
-    local val
+    local val, info
     if status == QRPC_OK then
         if op == OP_CONNECT then
             val = c.handle
@@ -349,7 +205,8 @@ local function complete(c)
     elseif status == QRPC_BAD_RESPONSE then
         val = decode_bad_response(data, len)
     else
-        val = status_err(status, data ~= nil and ffi_string(data, len) or nil)
+        val, info = status_err(status, data ~= nil and ffi_string(data, len)
+                                       or nil)
     end
     -- forgotten only now: a completion that raised above is still pending
     -- for complete_failed
@@ -357,10 +214,10 @@ local function complete(c)
     npend = npend - 1
 
     if op == OP_CONNECT then
-        w.done(w.entry, status, val)
+        w.done(w.entry, status, val, info)
         return
     end
-    wake(w, status, val)
+    wake(w, status, val, info)
 end
 
 
@@ -464,6 +321,7 @@ _M.drain = safe_drain
 -- negative count; nginx's cleanup of a killed waiter brings it back to 0.
 -- Past its deadline (plus slack), any waiter is dropped.
 local function sweep(now)
+    retry_cancels()
     for id, w in pairs(pend) do
         if w.op ~= OP_CONNECT and w.status == nil
            and ((not w.inline and w.sema:count() >= 0)
@@ -478,175 +336,16 @@ local function sweep(now)
 end
 
 
-local function open_wake()
-    local path = wake_path
-    wake_path = nil
-    if not path then
-        local err
-        path, err = wake_listen()
-        if not path then
-            return nil, "qrpc_wake_open(" .. socket_dir .. "): " .. err
-        end
-    end
-    local sock = socket_tcp()
-    sock:settimeouts(2000, 2000, READ_TIMEOUT_MS)
-    local ok, err = sock:connect("unix:" .. path)
-    if not ok then
-        return nil, "connect unix:" .. path .. ": " .. tostring(err)
-    end
-    return sock
-end
-
-
--- Returns the socket's error; raises what a completion raised.
-local function read_loop(sock)
-    while true do
-        local data, err = sock:receiveany(256)
-        if not data then
-            return err
-        end
-        drain()
-    end
-end
-
-
-local function read_wake(sock, ended)
-    while true do
-        -- outside the loop: see drain
-        local ok, err = pcall(read_loop, sock)
-        if ok then
-            if not worker_exiting() then
-                ngx_log(ngx_WARN, "qrpc: wake-up socket: ", err)
-            end
-            sock:close()
-            ended:post(1)
-            return
-        end
-        complete_failed(err)
-        safe_drain()
-    end
-end
-
-
--- The dispatcher: one per worker, in a timer. A reader light thread blocks
--- on the wake-up socket (draining on each byte); this thread wakes every
--- POLL_S to notice the worker exiting, to drain anyway (a lost wake-up costs
--- at most POLL_S) and to sweep abandoned calls. It stops once the worker
--- exits and no call waits: a light thread that lingers keeps an old worker
--- "shutting down" forever (Kong#6904).
-local function supervise(gen)
-    local ended = sema_new(0)
-    local sock, reader
-    local last_sweep = ngx_now()
-    local last_exit_log = 0
-    while gen == disp_gen do
-        if not reader and not wake_broken then
-            local err
-            sock, err = open_wake()
-            if sock then
-                reader = thread_spawn(read_wake, sock, ended)
-                disp_fails = 0
-            else
-                disp_fails = disp_fails + 1
-                if disp_fails <= 3 or disp_fails % 100 == 0 then
-                    ngx_log(ngx_ERR, "qrpc: dispatcher: ", err)
-                end
-            end
-        end
-        -- completions queued before the socket was connected wake nobody
-        safe_drain()
-        disp_beat = ngx_now()
-
-        if worker_exiting() then
-            local n = npend + others()
-            if n == 0 then
-                break
-            end
-            local now = ngx_now()
-            if now - last_exit_log >= 2 then
-                last_exit_log = now
-                ngx_log(ngx_NOTICE, "qrpc: worker exiting; waiting for ", n,
-                        " call(s) in flight")
-            end
-        end
-        local ok = ended:wait(reader and POLL_S or math_max(POLL_S, 0.1 * disp_fails))
-        if ok then
-            reader, sock = nil, nil
-        end
-        safe_drain()
-        local now = ngx_now()
-        disp_beat = now
-        if now - last_sweep >= SWEEP_EVERY_S then
-            last_sweep = now
-            sweep(now)
-        end
-    end
-    if reader then
-        thread_kill(reader)
-        sock:close()
-    end
-    ngx_log(ngx_INFO, "qrpc: dispatcher stopped")
-end
-
-
-local function dispatcher(premature, gen)
-    if premature and npend + others() == 0 then
-        if gen == disp_gen then
-            disp_gen = 0
-        end
-        return
-    end
-    local ok, err = pcall(supervise, gen)
-    if gen == disp_gen then
-        disp_gen = 0
-    end
-    if not ok then
-        ngx_log(ngx_ERR, "qrpc: dispatcher died: ", err)
-    end
-    if npend + others() > 0 and not worker_exiting() then
-        ensure_dispatcher()
-    end
-end
-
-
--- Starts the dispatcher unless a live one runs; true, or nil and the
--- error of ngx.timer.at (the worker is exiting, too many timers). now:
--- ngx.now(), when the caller has it (one FFI call less per call).
-ensure_dispatcher = function(now)
-    if disp_gen ~= 0 then
-        if (now or ngx_now()) - disp_beat < STALE_S then
-            return true
-        end
-        ngx_log(ngx_WARN, "qrpc: dispatcher silent for ", STALE_S,
-                " s; starting another")
-    end
-    local gen = disp_seq + 1
-    local ok, err = timer_at(0, dispatcher, gen)
-    if not ok then
-        return nil, err
-    end
-    disp_seq = gen
-    disp_gen = gen
-    disp_beat = ngx_now()
-    return true
-end
+-- The dispatcher (resty.ffi.qrpc.dispatcher) drains and sweeps this
+-- host's calls.
+disp.hooks({
+    drain = drain, safe_drain = safe_drain, failed = complete_failed,
+    sweep = sweep, pending = function() return npend end,
+})
+local ensure_dispatcher = disp.ensure
 _M.ensure_dispatcher = ensure_dispatcher
-
-
--- Coroutines waiting for a completion (of either host), and whether the
--- dispatcher runs.
-function _M.waiting()
-    return npend + others(), disp_gen ~= 0
-end
-
-
--- The lua-resty-ffi host's calls wait in lua-resty-ffi, which arms no
--- nginx timer: an exiting worker (nginx -s reload / quit) would not wait
--- for them and would cut their requests. f() counts them; the dispatcher
--- (whose waits are timers) keeps running while it is not 0.
-function _M.hold(f)
-    others = f
-end
+_M.waiting = disp.waiting
+_M.hold = disp.hold
 
 
 -------------------------------------------------------------------------
@@ -678,6 +377,7 @@ local function put_waiter(w)
     w.id = nil
     w.status = nil
     w.val = nil
+    w.info = nil
     w.handle = nil
     w.inline = nil
     npool = npool + 1
@@ -767,9 +467,9 @@ function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
         end
         return QRPC_ERR, "qrpc: wait: " .. tostring(err)
     end
-    local val = w.val
+    local val, info = w.val, w.info
     put_waiter(w)
-    return status, val
+    return status, val, info
 end
 
 
@@ -784,7 +484,7 @@ function _M.connect(cmd, e, done)
     cmd.vm = vm
     local rc = lib.qrpc_submit_async(cmd)
     if rc ~= QRPC_PENDING then
-        return nil, rc, status_err(rc)
+        return nil, rc, status_err(rc), {}
     end
     local disp_ok = ensure_dispatcher()
     pend[id] = { op = OP_CONNECT, entry = e, id = id, done = done }

@@ -18,4 +18,11 @@ return {
     HASH_KEY = 65536,
     GOMAXPROCS = 1024,
     PROFILE_SECONDS = 300,
+    -- Go's defaults (qrpc.Config), for the connection cache
+    DEFAULT_CONNS = 1,
+    DEFAULT_STREAMS = 32,
+    DEFAULT_STREAM_BATCH = 16,
+    DEFAULT_TIMEOUT_MS = 5000,
+    DEFAULT_IDLE_TIMEOUT_MS = 30000,
+    DEFAULT_MAX_FRAME_SIZE = 16777216,
 }

@@ -274,7 +274,8 @@ end
 -- lua_shared_dict.
 function _M.set_dict(name)
     if not shared[name] then
-        local err = "metrics_dict: no lua_shared_dict named '" .. name .. "'"
+        local err = "metrics_dict: no lua_shared_dict named '"
+                    .. require("resty.ffi.qrpc.abi").show(name) .. "'"
         ngx_log(ngx_ERR, "qrpc: ", err)
         return nil, err
     end

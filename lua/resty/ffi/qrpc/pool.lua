@@ -6,22 +6,22 @@
 
 local abi = require "resty.ffi.qrpc.abi"
 local limits = require "resty.ffi.qrpc.limits"
+local addrs_mod = require "resty.ffi.qrpc.addr"
+local guard = require "resty.ffi.qrpc.guard"
 
 local bad = abi.bad
 
 local type = type
 local pairs = pairs
-local tostring = tostring
-local tonumber = tonumber
+-- never a caller's __tostring (abi.show)
+local tostring = abi.show
 local math_floor = math.floor
 local math_ceil = math.ceil
 local str_find = string.find
 local str_match = string.match
-local str_gmatch = string.gmatch
 local tab_concat = table.concat
 local tab_sort = table.sort
-local str_lower = string.lower
-local pcall = pcall
+local getmetatable = getmetatable
 local ipairs = ipairs
 
 local MAX_MS = limits.MS
@@ -29,6 +29,7 @@ local MAX_ADDRS = limits.ADDRS
 local MAX_RETRIES = limits.RETRIES
 local MAX_HEDGE = limits.HEDGE
 local MAX_MIN_PER_S = limits.BUDGET_MIN_PER_S
+local MAX_HASH_KEY = limits.HASH_KEY
 
 
 local _M = {
@@ -57,61 +58,12 @@ local function is_count(v, least)
 end
 
 
--- norm_addr(a, what) -> "host:port" with the host in lower case and the
--- port as a plain number ("Host:038411" is "host:38411"), so that two
--- spellings of one server are one server; or nil, "bad argument #1: ...".
-local function norm_addr(a, what)
-    if type(a) ~= "string" then
-        return bad(1, what .. " must be a non-empty string host:port (got "
-                      .. type(a) .. ")")
-    end
-    if a == "" then
-        return bad(1, what .. " must be host:port, not an empty string")
-    end
-    local host, port = str_match(a, "^(.*):(%d+)$")
-    if not host then
-        return bad(1, what .. " must be host:port (got \"" .. a .. "\")")
-    end
-    if host == "" then
-        return bad(1, what .. " must be host:port, the host is empty (got \""
-                      .. a .. "\")")
-    end
-    local p = tonumber(port)
-    if p < 1 or p > 65535 then
-        return bad(1, what .. " must be host:port with a port 1..65535 (got \""
-                      .. a .. "\")")
-    end
-    return str_lower(host) .. ":" .. p
-end
+local host_ok = addrs_mod.host_ok
+local norm_addr = addrs_mod.norm_addr
 
 
--- A nested options table (health, check) read under pcall: its keys
--- (pairs, or __pairs) and the values of names, so that a metamethod that
--- raises gives "bad argument #2: opts.<what> raised an error" instead of
--- throwing. Returns a plain copy and its unknown key, or nil, err.
-local function read_nested(t, names, what, argn)
-    argn = argn or 2
-    local copy, unknown = {}, nil
-    local ok, err = pcall(function()
-        for k in pairs(t) do
-            if not names[k] and unknown == nil then
-                unknown = k
-            end
-        end
-        for k in pairs(names) do
-            copy[k] = t[k]
-        end
-    end)
-    if not ok then
-        return bad(argn, "opts." .. what .. " raised an error: "
-                         .. tostring(err))
-    end
-    if unknown ~= nil then
-        return bad(argn, "unknown " .. what .. " option '" .. tostring(unknown)
-                         .. "'")
-    end
-    return copy
-end
+local read_nested = guard.read_nested
+local read_list = guard.read_list
 
 local health_names = { failures = true, eject = true, stall = true, on = true }
 local check_names = { method = true, interval = true, timeout = true }
@@ -119,25 +71,6 @@ local hedge_names = { delay = true, max = true }
 local budget_names = { ratio = true, min_per_s = true }
 local failure_kinds = { connect = 1, reset = 2, timeout = 4 }
 local failure_order = { "connect", "reset", "timeout" }
-
-
--- A list of strings read under pcall, as read_nested does for tables.
-local function read_list(t, what)
-    local copy, n = {}, 0
-    local ok, err = pcall(function()
-        for _ in pairs(t) do
-            n = n + 1
-        end
-        -- read through t[i] (its __index, if any), one past the end
-        for i = 1, n + 1 do
-            copy[i] = t[i]
-        end
-    end)
-    if not ok then
-        return bad(2, "opts." .. what .. " raised an error: " .. tostring(err))
-    end
-    return copy, n
-end
 
 
 -- health.on -> "connect,reset,timeout" (in that order), or nil, err.
@@ -287,9 +220,11 @@ local function pool_spec(o, spec)
             failures = health.failures
         end
         if health.eject ~= nil then
-            if not is_ms(health.eject) then
+            -- 0 is refused: Go reads 0 as "the default" (10 s), which is
+            -- not what a caller writing 0 means
+            if not is_ms(health.eject) or health.eject == 0 then
                 return bad(2, "health.eject must be a number of milliseconds "
-                              .. ">= 0")
+                              .. "> 0 (got " .. tostring(health.eject) .. ")")
             end
             eject = math_ceil(health.eject)
         end
@@ -354,7 +289,8 @@ local function pool_spec(o, spec)
     resolve = resolve and math_ceil(resolve) or 0
 
     if resolver ~= nil and (type(resolver) ~= "string"
-                            or not str_find(resolver, "^[^\r\n]+:%d+$"))
+                            or not str_find(resolver, "^[^\r\n]+:%d+$")
+                            or not host_ok(str_match(resolver, "^(.*):")))
     then
         return bad(2, "resolver must be a string host:port")
     end
@@ -483,6 +419,15 @@ function _M.check(addrs, opts)
         end
         spec.addr, spec.naddrs = a, 1
     elseif type(addrs) == "table" then
+        if getmetatable(addrs) ~= nil then
+            -- read through its metamethods once, under pcall
+            local list, len = read_list(addrs, "addrs", 1)
+            if not list then
+                return nil, len
+            end
+            list[len + 1] = nil
+            addrs = list
+        end
         local n, count = #addrs, 0
         for _ in pairs(addrs) do
             count = count + 1
@@ -558,6 +503,10 @@ function _M.call_opts(conn, opts, argn, method)
                 return bad(argn, "hash_key must be a string (got " .. type(key)
                                  .. ")")
             end
+            if #key > MAX_HASH_KEY then
+                return bad(argn, "hash_key must be at most " .. MAX_HASH_KEY
+                                 .. " bytes (got " .. #key .. ")")
+            end
         end
         local r = opts.retries
         if r ~= nil then
@@ -599,29 +548,8 @@ function _M.call_opts(conn, opts, argn, method)
 end
 
 
--- Parses the PEERS answer into { { addr, state, inflight, calls, failures,
--- ejected_until, stalled (boolean) }, ... }.
-function _M.parse_peers(text)
-    local out = {}
-    for line in str_gmatch(text, "[^\n]+") do
-        local p = {}
-        for k, v in str_gmatch(line, "(%S+)=(%S*)") do
-            p[k] = tonumber(v) or v
-        end
-        if p.addr then
-            p.addr = tostring(p.addr)
-            p.stalled = p.stalled == 1
-            out[#out + 1] = p
-        end
-    end
-    return out
-end
-
-
--- The "connections=N" answer of PEERS for handle 0.
-function _M.parse_connections(text)
-    return tonumber(str_match(text or "", "connections=(%d+)")) or 0
-end
+_M.parse_peers = addrs_mod.parse_peers
+_M.parse_connections = addrs_mod.parse_connections
 
 
 return _M

@@ -9,7 +9,8 @@ local get_phase = ngx.get_phase
 
 local type = type
 local pairs = pairs
-local tostring = tostring
+-- never a caller's __tostring (abi.show)
+local tostring = require("resty.ffi.qrpc.abi").show
 local str_lower = string.lower
 local str_gsub = string.gsub
 local str_find = string.find

@@ -32,7 +32,8 @@ local ngx_prefix = ngx.config.prefix
 local type = type
 local pairs = pairs
 local pcall = pcall
-local tostring = tostring
+-- never a caller's __tostring (abi.show)
+local tostring = abi.show
 local io_open = io.open
 local str_sub = string.sub
 local str_find = string.find
@@ -86,7 +87,8 @@ local EMPTY_TABLE = sbuf.encode({})
 -- (thread, userdata), "nested too deep (more than 100 levels, or a cycle)".
 local MAX_DEPTH = 100
 local function refusal(msg)
-    msg = str_gsub(tostring(msg), "^[^:]*:%d+: ", "")
+    msg = str_gsub(type(msg) == "string" and msg or tostring(msg),
+                   "^[^:]*:%d+: ", "")
     local t = str_match(msg, "^cannot serialize '(%w+)'")
     if t then
         return "cannot encode a " .. t .. " value"
@@ -318,27 +320,23 @@ local function check_type(v, argn, name)
 end
 
 
--- bind(conn, methods): connect's methods option. Entries are merged into
--- the connection's (connections are shared by equal options).
-local function bind(conn, methods)
+-- bind(methods) -> a plain, checked copy of connect's methods option, or
+-- nil, err. The connection object connect returns for it carries the copy
+-- (one object per methods table: the connection under it is shared).
+local function bind(methods)
     if type(methods) ~= "table" then
         return bad(2, "methods must be a table { Method = { request = ..., "
                       .. "response = ..., hedge = ... } }")
     end
-    -- a new table: a failed check leaves the connection's as it was
     local own = {}
-    if conn.methods then
-        for k, v in pairs(conn.methods) do
-            own[k] = v
-        end
-    end
     for name, m in pairs(methods) do
         if type(name) ~= "string" or type(m) ~= "table" then
             return bad(2, "methods must map method names to { request = ..., response = ... }")
         end
         for k in pairs(m) do
             if k ~= "request" and k ~= "response" and k ~= "json"
-               and k ~= "discard_unknown" and k ~= "hedge" and k ~= "try_timeout"
+               and k ~= "discard_unknown" and k ~= "proto_names"
+               and k ~= "hedge" and k ~= "try_timeout"
             then
                 return bad(2, "methods." .. name .. ": unknown option '" .. tostring(k) .. "'")
             end
@@ -357,25 +355,50 @@ local function bind(conn, methods)
             return nil, err
         end
         -- a plain copy: calls read it without the caller's metamethods
-        own[name] = { request = m.request, response = m.response, json = m.json,
-                      discard_unknown = m.discard_unknown,
+        local mjson, discard, names = m.json, m.discard_unknown, m.proto_names
+        if mjson ~= nil and type(mjson) ~= "boolean" and mjson ~= "request"
+           and mjson ~= "response"
+        then
+            return bad(2, "methods." .. name .. ".json must be true, false, "
+                          .. "\"request\" or \"response\"")
+        end
+        if discard ~= nil and type(discard) ~= "boolean" then
+            return bad(2, "methods." .. name .. ".discard_unknown must be a boolean")
+        end
+        if names ~= nil and type(names) ~= "boolean" then
+            return bad(2, "methods." .. name .. ".proto_names must be a boolean")
+        end
+        own[name] = { request = m.request, response = m.response, json = mjson,
+                      discard_unknown = discard, proto_names = names,
                       copts = copts ~= "" and copts or nil }
     end
-    conn.methods = own
-    conn.methods_src = methods
-    return true
+    return own
 end
 
-function _M.bind(conn, methods)
-    if conn.methods_src == methods then
-        return true
-    end
+function _M.bind(methods)
     -- pcall: the tables and their metamethods are the caller's
-    local ok, res, err = pcall(bind, conn, methods)
+    local ok, res, err = pcall(bind, methods)
     if not ok then
-        return bad(2, "methods raised an error: " .. tostring(res))
+        return bad(2, "methods raised an error: "
+                      .. (type(res) == "string" and res or tostring(res)))
     end
     return res, err
+end
+
+
+-- The error of a call's json, discard_unknown, proto_names, or nil.
+local function check_flags(as_json, discard, names)
+    if as_json ~= nil and type(as_json) ~= "boolean" and as_json ~= "request"
+       and as_json ~= "response"
+    then
+        return 'bad argument #4: json must be true, false, "request" or "response"'
+    end
+    if discard ~= nil and type(discard) ~= "boolean" then
+        return "bad argument #4: discard_unknown must be a boolean"
+    end
+    if names ~= nil and type(names) ~= "boolean" then
+        return "bad argument #4: proto_names must be a boolean"
+    end
 end
 
 
@@ -388,7 +411,8 @@ function _M.prepare(conn, method, body, opts)
     local m = conn.methods and conn.methods[method]
     local req, resp, as_json, discard, names
     if m then
-        req, resp, as_json, discard = m.request, m.response, m.json, m.discard_unknown
+        req, resp, as_json, discard, names = m.request, m.response, m.json,
+                                             m.discard_unknown, m.proto_names
     end
     if opts ~= nil and type(opts) == "table" then
         if opts.request ~= nil then
@@ -403,9 +427,18 @@ function _M.prepare(conn, method, body, opts)
         if opts.discard_unknown ~= nil then
             discard = opts.discard_unknown
         end
-        names = opts.proto_names
+        if opts.proto_names ~= nil then
+            names = opts.proto_names
+        end
     end
     if req == nil and resp == nil then
+        -- no types: the options that need them are still checked
+        if as_json ~= nil or discard ~= nil or names ~= nil then
+            local ferr = check_flags(as_json, discard, names)
+            if ferr then
+                return false, ferr
+            end
+        end
         return body
     end
     local ok, err = check_type(req, 4, "request")
@@ -416,22 +449,15 @@ function _M.prepare(conn, method, body, opts)
     if not ok then
         return false, err
     end
-    if as_json ~= nil and type(as_json) ~= "boolean" and as_json ~= "request"
-       and as_json ~= "response"
-    then
-        return false, 'bad argument #4: json must be true, false, "request" or "response"'
+    local ferr = check_flags(as_json, discard, names)
+    if ferr then
+        return false, ferr
     end
     -- JSON text on one side only: "response" is a table in and JSON text
     -- out (what a gateway writes to its HTTP client), "request" the other
     -- way round.
     local json_req = as_json == true or as_json == "request"
     local json_resp = as_json == true or as_json == "response"
-    if discard ~= nil and type(discard) ~= "boolean" then
-        return false, "bad argument #4: discard_unknown must be a boolean"
-    end
-    if names ~= nil and type(names) ~= "boolean" then
-        return false, "bad argument #4: proto_names must be a boolean"
-    end
     local lua_req
     if req then
         if json_req then
@@ -509,7 +535,9 @@ function _M.finish(res, resp, as_json)
         dbuf:reset()
         if not ok then
             -- LuaJIT's message, without the position of the call
-            v, err = nil, "malformed reply: " .. str_gsub(tostring(v), "^[^:]*:%d+: ", "")
+            v, err = nil, "malformed reply: "
+                          .. str_gsub(type(v) == "string" and v or tostring(v),
+                                      "^[^:]*:%d+: ", "")
         elseif left ~= 0 then
             v, err = nil, "malformed reply: trailing bytes"
         end

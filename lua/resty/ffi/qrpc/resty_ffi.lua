@@ -134,7 +134,7 @@ end
 
 
 -- Turns an OK result blob into a table.
-function _M.decode(status, val)
+function _M.decode(status, val, info)
     if status == QRPC_BAD_RESPONSE then
         return status, decode_bad_response(ffi_cast(cstr_t, val), #val)
     end
@@ -144,7 +144,7 @@ function _M.decode(status, val)
             return QRPC_ERR, "qrpc: malformed result from the library"
         end
     end
-    return status, val
+    return status, val, info
 end
 
 

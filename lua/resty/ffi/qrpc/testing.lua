@@ -8,6 +8,9 @@
 --       call makes; on lua-resty-ffi, through its task queue. Yields: the
 --       phases of conn:unary.
 --
+--   testing.view(conn) -> the table a connection object stands for (its
+--       cache entry as e, its handle, its bound methods, ...), or nil.
+--
 -- resty.ffi.qrpc fills these in when it loads (it keeps the functions'
 -- state); this module does not load it first, so that the two never
 -- require each other at load time.

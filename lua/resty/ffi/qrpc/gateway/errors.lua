@@ -69,7 +69,11 @@ local function error_of(err)
         return 400
     elseif str_find(err, "^bad response") then
         return 502
-    elseif str_find(err, "^too large") then
+    elseif str_find(err, "^too large")
+           or str_find(err, "^bad argument #3: body too large")
+    then
+        -- the message does not fit the connection's max_frame_size
+        -- (refused in Lua when the body alone is over it)
         return 413
     end
     return 500

@@ -6,8 +6,6 @@ local ngx = ngx
 local ngx_var = ngx.var
 
 local pcall = pcall
-local tonumber = tonumber
-local str_match = string.match
 
 local _M = {}
 
@@ -36,14 +34,14 @@ function _M.route(route)
     set("qrpc_route", route.label)
 end
 
--- attempts(res, err): $qrpc_attempts of the call: res.attempts of an
--- answer (or of the raw answer of a bad response), else the count a
--- failed pool call ends its error with (" (2 attempts)"); left as the
--- configuration set it when neither gives one.
-function _M.attempts(res, err)
+-- attempts(res, info): $qrpc_attempts of the call: res.attempts of an
+-- answer (or of the raw answer of a bad response), else info.attempts of
+-- a failed pool call; left as the configuration set it when neither gives
+-- one.
+function _M.attempts(res, info)
     local n = res and res.attempts
-    if not n and err then
-        n = tonumber(str_match(err, " %((%d+) attempts?[,)]"))
+    if not n and info then
+        n = info.attempts
     end
     if n then
         set("qrpc_attempts", n)

@@ -1,0 +1,49 @@
+// Command gen writes lua/resty/ffi/qrpc/schema.lua from internal/schema
+// (make schema), or with -check fails when the committed file differs
+// (make lint).
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/schema"
+)
+
+func main() {
+	check := flag.Bool("check", false, "fail when the committed file differs")
+	flag.Parse()
+	want := schema.LuaSource()
+	doc, err := os.ReadFile(schema.DocPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	wantDoc, err := schema.SpliceDoc(string(doc))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if *check {
+		got, err := os.ReadFile(schema.LuaPath)
+		if err != nil || !bytes.Equal(got, want) {
+			fmt.Fprintf(os.Stderr, "%s differs from internal/schema: run make schema and commit it\n", schema.LuaPath)
+			os.Exit(1)
+		}
+		if wantDoc != string(doc) {
+			fmt.Fprintf(os.Stderr, "%s: the option tables differ from internal/schema: run make schema and commit it\n", schema.DocPath)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := os.WriteFile(schema.LuaPath, want, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.WriteFile(schema.DocPath, []byte(wantDoc), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
