@@ -55,6 +55,7 @@ metrics=on
                                     (nested more than 100 levels, a key twice) is QRPC_BAD_RESPONSE */
 #define QRPC_F_LUA_REQUEST     8 /* req_type: the body is a Lua table in LuaJIT's string.buffer serialization
                                     format (buffer.encode), not JSON text */
+#define QRPC_F_EMIT_UNPOPULATED 16 /* resp_type: fields that hold their zero value are in the answer */
 
 /* Status codes: the return value of qrpc_submit_async and qrpc_query,
  * qrpc_completion_t.status and the lua-resty-ffi rc. Negative values are

@@ -2,10 +2,12 @@ package nginx
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -58,6 +60,57 @@ func compatServer(t *testing.T) (string, chan string) {
 	}
 	t.Cleanup(func() { _ = srv.Close() })
 	return a.String(), sleepTimeouts
+}
+
+// expectNonZero is expectJSON for answers that emit unpopulated fields:
+// the fields that hold a zero value (null, 0, "", false, [], {}) are left
+// out of both sides before they are compared.
+func expectNonZero(t *testing.T, what string, r gwResp, status int, want string) {
+	t.Helper()
+	var got, exp any
+	if r.status != status || json.Unmarshal([]byte(r.body), &got) != nil || json.Unmarshal([]byte(want), &exp) != nil ||
+		!reflect.DeepEqual(dropZero(got), dropZero(exp)) {
+		t.Errorf("%s: got %d %s\nwant %d %s (zero values aside)", what, r.status, r.body, status, want)
+	}
+}
+
+func dropZero(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			if e = dropZero(e); e != nil {
+				out[k] = e
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
+	case []any:
+		if len(x) == 0 {
+			return nil
+		}
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = dropZero(e)
+		}
+		return out
+	case string:
+		// "0": a 64-bit integer's zero, a string in the JSON mapping
+		if x == "" || x == "0" {
+			return nil
+		}
+	case float64:
+		if x == 0 {
+			return nil
+		}
+	case bool:
+		if !x {
+			return nil
+		}
+	}
+	return v
 }
 
 // rawReq sends a request with exactly the headers given (no Content-Type
@@ -125,7 +178,7 @@ func TestGatewayCompat(t *testing.T) {
 	// Content-Type; grpc-gateway reads it as JSON.
 	t.Run("testEchoBody_no_content_type", func(t *testing.T) {
 		body := `{"uuid":"e1","int32Value":3}`
-		expectJSON(t, "compat", n.rawReq(t, "POST", "/c/v1/echo", body), 200, body)
+		expectNonZero(t, "compat", n.rawReq(t, "POST", "/c/v1/echo", body), 200, body)
 		if r := n.rawReq(t, "POST", "/d/v1/echo", body); r.status != 415 {
 			t.Errorf("default mode: %d %s, want 415", r.status, r.body)
 		}
@@ -140,9 +193,9 @@ func TestGatewayCompat(t *testing.T) {
 		want := `{"thing":{"uuid":"u1","int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
 			`"valueField":{"valueStructKey":"x"},"tags":["a"]},` +
 			`"updateMask":"int32Value,nested.name,structField.structKey.layeredStructKey,tags,valueField.valueStructKey"}`
-		expectJSON(t, "derived mask", r, 200, want)
+		expectNonZero(t, "derived mask", r, 200, want)
 		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", `{"note":"x","int32Value":1}`, "Content-Type", "application/json")
-		expectJSON(t, "a mask in the query wins", r, 200, `{"thing":{"uuid":"u1","note":"x","int32Value":1},"updateMask":"note"}`)
+		expectNonZero(t, "a mask in the query wins", r, 200, `{"thing":{"uuid":"u1","note":"x","int32Value":1},"updateMask":"note"}`)
 		r = n.rawReq(t, "PATCH", "/d/v1/things/u1", `{"int32Value":32}`, "Content-Type", "application/json")
 		expectJSON(t, "default mode: no mask", r, 200, `{"thing":{"uuid":"u1","int32Value":32}}`)
 		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"nope":1}`, "Content-Type", "application/json")
@@ -187,15 +240,24 @@ func TestGatewayCompat(t *testing.T) {
 	t.Run("form_body", func(t *testing.T) {
 		form := url.Values{"uuid": {"f1"}, "int32_value": {"7"}, "tags": {"a", "b"}}.Encode()
 		r := n.rawReq(t, "POST", "/c/v1/echo", form, "Content-Type", "application/x-www-form-urlencoded")
-		expectJSON(t, "form, body *", r, 200, `{"uuid":"f1","int32Value":7,"tags":["a","b"]}`)
+		expectNonZero(t, "form, body *", r, 200, `{"uuid":"f1","int32Value":7,"tags":["a","b"]}`)
 		r = n.rawReq(t, "POST", "/c/v1/echo/f2/nested", "name=x&amount=3", "Content-Type", "application/x-www-form-urlencoded")
-		expectJSON(t, "form, body field", r, 200, `{"uuid":"f2","nested":{"name":"x","amount":3}}`)
+		expectNonZero(t, "form, body field", r, 200, `{"uuid":"f2","nested":{"name":"x","amount":3}}`)
 		if r := n.rawReq(t, "POST", "/c/v1/echo", "int32_value=x", "Content-Type", "application/x-www-form-urlencoded"); r.status != 400 {
 			t.Errorf("a bad form value: %d %s, want 400", r.status, r.body)
 		}
 		if r := n.rawReq(t, "POST", "/d/v1/echo", form, "Content-Type", "application/x-www-form-urlencoded"); r.status != 415 {
 			t.Errorf("default mode, form: %d %s, want 415", r.status, r.body)
 		}
+	})
+
+	// grpc-gateway v2 emits unpopulated fields (EmitUnpopulated: true).
+	t.Run("EmitUnpopulated", func(t *testing.T) {
+		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
+		expectJSON(t, "compat", r, 200,
+			`{"uuid":"z","int32Value":0,"nested":null,"structField":null,"valueField":null,"tags":[],"note":""}`)
+		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
+		expectJSON(t, "default mode", r, 200, `{"uuid":"z"}`)
 	})
 
 	// TestTimeout: Grpc-Timeout caps the call (in both modes) and travels

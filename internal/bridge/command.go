@@ -131,8 +131,8 @@ func (c *Command) Check() error {
 func (c *Command) checkV2() error {
 	unaryOrEvent := c.Op == OpUnary || c.Op == OpEvent
 	switch {
-	case c.Flags&^(FlagDiscardUnknown|FlagProtoNames|FlagLuaTable|FlagLuaRequest) != 0:
-		return Badf("unknown flags 0x%x", c.Flags&^(FlagDiscardUnknown|FlagProtoNames|FlagLuaTable|FlagLuaRequest))
+	case c.Flags&^(FlagDiscardUnknown|FlagProtoNames|FlagLuaTable|FlagLuaRequest|FlagEmitUnpopulated) != 0:
+		return Badf("unknown flags 0x%x", c.Flags&^(FlagDiscardUnknown|FlagProtoNames|FlagLuaTable|FlagLuaRequest|FlagEmitUnpopulated))
 	case c.Retries < 0 || c.Retries > maxRetries:
 		return Badf("retries must be 0..%d, got %d", maxRetries, c.Retries)
 	case c.Retries != 0 && c.Op != OpUnary:

@@ -40,6 +40,11 @@ const FlagLuaTable = 4
 // diagnosis read.
 const FlagLuaRequest = 8
 
+// FlagEmitUnpopulated is QRPC_F_EMIT_UNPOPULATED: resp_type's answer
+// shows the fields that hold their zero value (what grpc-gateway's
+// EmitUnpopulated gives its clients).
+const FlagEmitUnpopulated = 16
+
 // StatusBadResponse is QRPC_BAD_RESPONSE: a UNARY with resp_type whose
 // answer did not decode. It is not an error of the call (the server
 // answered), so Lua gets both the reason and the raw answer: the data is
@@ -219,7 +224,8 @@ func responseTypeOf(cmd *Command) (*responseType, error) {
 		}
 		return nil, err
 	}
-	return &responseType{m: m, opts: transcode.DecodeOptions{ProtoNames: cmd.Flags&FlagProtoNames != 0},
+	return &responseType{m: m, opts: transcode.DecodeOptions{ProtoNames: cmd.Flags&FlagProtoNames != 0,
+		EmitDefaults: cmd.Flags&FlagEmitUnpopulated != 0},
 		lua: cmd.Flags&FlagLuaTable != 0}, nil
 }
 

@@ -8,7 +8,7 @@ import (
 func TestCheckVersion2Fields(t *testing.T) {
 	event := func() Command { c := unaryCommand(); c.Op = OpEvent; return c }
 	runCheckCases(t, []checkCase{
-		{"unknown flag", unaryCommand, func(c *Command) { c.Flags = 18 }, "unknown flags 0x10"},
+		{"unknown flag", unaryCommand, func(c *Command) { c.Flags = 34 }, "unknown flags 0x20"},
 		{"negative retries", unaryCommand, func(c *Command) { c.Retries = -1 }, "retries must be 0..16, got -1"},
 		{"too many retries", unaryCommand, func(c *Command) { c.Retries = 17 }, "retries must be 0..16, got 17"},
 		{"retries on an event", event, func(c *Command) { c.Retries = 1 }, "retries: only for UNARY"},

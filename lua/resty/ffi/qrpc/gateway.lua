@@ -215,6 +215,7 @@ local function serve(self)
         json = true,
         discard_unknown = conf.discard_unknown or nil,
         proto_names = conf.proto_names or nil,
+        emit_unpopulated = conf.emit_unpopulated or nil,
         headers = headers,
         timeout = timeout,
     })

@@ -50,6 +50,7 @@ local F_DISCARD_UNKNOWN = abi.F_DISCARD_UNKNOWN
 local F_PROTO_NAMES = abi.F_PROTO_NAMES
 local F_LUA_TABLE = abi.F_LUA_TABLE
 local F_LUA_REQUEST = abi.F_LUA_REQUEST
+local F_EMIT_UNPOPULATED = abi.F_EMIT_UNPOPULATED
 
 -- Lua tables cross in LuaJIT's string.buffer serialization format both
 -- ways (LuaJIT 2.1 since 2021-01; Debian 12's 2.1-20230119, OpenResty's
@@ -336,7 +337,7 @@ local function bind(methods)
         for k in pairs(m) do
             if k ~= "request" and k ~= "response" and k ~= "json"
                and k ~= "discard_unknown" and k ~= "proto_names"
-               and k ~= "hedge" and k ~= "try_timeout"
+               and k ~= "emit_unpopulated" and k ~= "hedge" and k ~= "try_timeout"
             then
                 return bad(2, "methods." .. name .. ": unknown option '" .. tostring(k) .. "'")
             end
@@ -368,8 +369,13 @@ local function bind(methods)
         if names ~= nil and type(names) ~= "boolean" then
             return bad(2, "methods." .. name .. ".proto_names must be a boolean")
         end
+        local emit = m.emit_unpopulated
+        if emit ~= nil and type(emit) ~= "boolean" then
+            return bad(2, "methods." .. name .. ".emit_unpopulated must be a boolean")
+        end
         own[name] = { request = m.request, response = m.response, json = mjson,
                       discard_unknown = discard, proto_names = names,
+                      emit_unpopulated = emit,
                       copts = copts ~= "" and copts or nil }
     end
     return own
@@ -386,8 +392,9 @@ function _M.bind(methods)
 end
 
 
--- The error of a call's json, discard_unknown, proto_names, or nil.
-local function check_flags(as_json, discard, names)
+-- The error of a call's json, discard_unknown, proto_names,
+-- emit_unpopulated, or nil.
+local function check_flags(as_json, discard, names, emit)
     if as_json ~= nil and type(as_json) ~= "boolean" and as_json ~= "request"
        and as_json ~= "response"
     then
@@ -399,6 +406,9 @@ local function check_flags(as_json, discard, names)
     if names ~= nil and type(names) ~= "boolean" then
         return "bad argument #4: proto_names must be a boolean"
     end
+    if emit ~= nil and type(emit) ~= "boolean" then
+        return "bad argument #4: emit_unpopulated must be a boolean"
+    end
 end
 
 
@@ -409,10 +419,11 @@ end
 -- types it returns body unchanged and nothing else. On error: false, err.
 function _M.prepare(conn, method, body, opts)
     local m = conn.methods and conn.methods[method]
-    local req, resp, as_json, discard, names
+    local req, resp, as_json, discard, names, emit
     if m then
         req, resp, as_json, discard, names = m.request, m.response, m.json,
                                              m.discard_unknown, m.proto_names
+        emit = m.emit_unpopulated
     end
     if opts ~= nil and type(opts) == "table" then
         if opts.request ~= nil then
@@ -430,11 +441,14 @@ function _M.prepare(conn, method, body, opts)
         if opts.proto_names ~= nil then
             names = opts.proto_names
         end
+        if opts.emit_unpopulated ~= nil then
+            emit = opts.emit_unpopulated
+        end
     end
     if req == nil and resp == nil then
         -- no types: the options that need them are still checked
-        if as_json ~= nil or discard ~= nil or names ~= nil then
-            local ferr = check_flags(as_json, discard, names)
+        if as_json ~= nil or discard ~= nil or names ~= nil or emit ~= nil then
+            local ferr = check_flags(as_json, discard, names, emit)
             if ferr then
                 return false, ferr
             end
@@ -449,7 +463,7 @@ function _M.prepare(conn, method, body, opts)
     if not ok then
         return false, err
     end
-    local ferr = check_flags(as_json, discard, names)
+    local ferr = check_flags(as_json, discard, names, emit)
     if ferr then
         return false, ferr
     end
@@ -504,6 +518,9 @@ function _M.prepare(conn, method, body, opts)
     end
     if lua_req then
         flags = flags + F_LUA_REQUEST
+    end
+    if emit and resp then
+        flags = flags + F_EMIT_UNPOPULATED
     end
     return body, req, resp, flags, json_resp
 end

@@ -31,7 +31,7 @@ local OPTIONS = {
     forward_headers = true, response_headers = true, openapi = true,
     retry_after = true, proto_names = true,
     compat = true, default_content_type = true, grpc_metadata = true,
-    patch_update_mask = true, form_body = true,
+    patch_update_mask = true, form_body = true, emit_unpopulated = true,
 }
 
 -- compat = "grpc-gateway": the defaults of the options a grpc-gateway
@@ -39,7 +39,7 @@ local OPTIONS = {
 local PRESETS = {
     ["grpc-gateway"] = {
         default_content_type = "application/json", grpc_metadata = true,
-        patch_update_mask = true, form_body = true,
+        patch_update_mask = true, form_body = true, emit_unpopulated = true,
     },
 }
 
@@ -222,7 +222,7 @@ local function check_conf(c)
         end
     end
     conf.compat = c.compat
-    for _, k in ipairs({ "grpc_metadata", "patch_update_mask", "form_body" }) do
+    for _, k in ipairs({ "grpc_metadata", "patch_update_mask", "form_body", "emit_unpopulated" }) do
         local v = c[k]
         if v == nil then
             v = preset[k] or false
