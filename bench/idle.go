@@ -128,7 +128,7 @@ func figureIdle(e *env, p params, t *table) error {
 				continue
 			}
 			f := strings.Fields(rest)
-			if len(f) < 3 || f[2] != "ok" {
+			if len(f) < 3 || strings.TrimSuffix(f[2], ",") != "ok" {
 				return fmt.Errorf("a worker's call failed: %s", line)
 			}
 			pid, _ := strconv.Atoi(f[0])
@@ -148,7 +148,7 @@ func figureIdle(e *env, p params, t *table) error {
 			return err
 		}
 	}
-	log.Printf("idle: %d workers (%d made a call), %s quiet", len(pids), calling, window)
+	log.Printf("idle: %d workers %v (%v made a call), %s quiet", len(pids), pids, called, window)
 	time.Sleep(window)
 	secs := window.Seconds()
 	var ws []idleWorker
