@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -186,6 +187,12 @@ func figureIdle(e *env, p params, t *table) error {
 	if q.n == 0 || plain.n == 0 {
 		return fmt.Errorf("idle: %d calling and %d plain workers", q.n, plain.n)
 	}
+	// An idle dispatcher must still notice the worker exit at once
+	// (Kong#6904): how long the old workers take to go after a reload.
+	reload, err := reloadTime(n, pids)
+	if err != nil {
+		return err
+	}
 	const sec = "Idle worker (one call, then quiet)"
 	t.add(row{section: sec, name: fmt.Sprintf("RSS per worker, %d workers each side", q.n),
 		subject: fmt.Sprintf("%.1f MB", q.rss()), baseline: fmt.Sprintf("%.1f MB plain", plain.rss()),
@@ -200,7 +207,30 @@ func figureIdle(e *env, p params, t *table) error {
 	t.add(row{section: sec, name: "plain workers with the library loaded",
 		subject: fmt.Sprintf("%d of %d", plain.loaded, plain.n), baseline: "—", noRatio: true,
 		target: "0", met: plain.loaded == 0})
+	t.add(row{section: sec, name: "nginx -s reload: until the idle old workers are gone",
+		subject: fmt.Sprintf("%.2f s", reload.Seconds()), baseline: "—", noRatio: true,
+		target: "≤ 1 s", met: reload <= time.Second})
 	return nil
+}
+
+// reloadTime reloads n and waits until the workers pids have exited.
+func reloadTime(n *nginx, pids []int) (time.Duration, error) {
+	began := time.Now()
+	if out, err := exec.Command(n.bin, n.args("-s", "reload")...).CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("reload: %v: %s", err, out)
+	}
+	for _, pid := range pids {
+		for {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+				break
+			}
+			if time.Since(began) > 30*time.Second {
+				return 0, fmt.Errorf("worker %d still there 30 s after a reload; error.log:\n%s", pid, tail(filepath.Join(n.dir, "error.log")))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return time.Since(began), nil
 }
 
 // idleAvg sums one side's workers.
