@@ -8,7 +8,11 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 )
+
+// bufcacheBudget is cmem's budget.
+const bufcacheBudget = bufcache.DefaultBudget
 
 // trimmerIdle reports whether the trimmer stopped its timer and every
 // cache it empties is empty.
@@ -92,4 +96,27 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 	releaseN([]unsafe.Pointer{p})
 	waitFor(t, func() bool { return builtin.submitq.trims.Load() > n }, "a release to wake the trimmer")
 	waitLong(t, trimmerIdle, "the released block to be given back")
+}
+
+// TestTrimmerTicksUnderLoad: while commands keep coming the trimmer never
+// stops, so a long run of calls is trimmed as it goes and its caches stay
+// within their budgets.
+func TestTrimmerTicksUnderLoad(t *testing.T) {
+	d := openBuiltin(t)
+	n := builtin.submitq.trims.Load()
+	id := uint64(5000)
+	for end := time.Now().Add(4 * trimEvery); time.Now().Before(end) || builtin.submitq.trims.Load() < n+3; {
+		echoBurst(t, d, id, 8, 100<<10)
+		id += 8
+		if !builtin.submitq.trimOn.Load() {
+			t.Fatal("the trimmer stopped while commands kept coming")
+		}
+		if b := cmem.Stats().Bytes; b > bufcacheBudget {
+			t.Fatalf("the buffer cache holds %d bytes, over its budget", b)
+		}
+		if id > 5000+8*100000 {
+			t.Fatal("no tick in 100000 bursts")
+		}
+	}
+	waitLong(t, trimmerIdle, "the trimmer to stop after the load")
 }
