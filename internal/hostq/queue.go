@@ -209,8 +209,9 @@ func (s *submitter) trim(stop, wake chan struct{}) {
 			C.qrpc_small_trim()
 			return
 		case <-wake:
-			// trimOn was set by whoever sent this (or the tick that
-			// stopped saw the use and went on: then a spare wake-up).
+			// Sent only by the use whose CompareAndSwap turned trimOn
+			// on, so never while the timer runs: a Reset here cannot
+			// put off the ticks of a busy queue.
 			trimAwake()
 			t.Reset(trimEvery)
 		case <-t.C:
