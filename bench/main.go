@@ -5,7 +5,7 @@
 // several runs; nothing here passes or fails on time.
 //
 // One file per section (ipc, unary, http with the sidecar, memory,
-// placement, gomaxprocs, restyffi, proto, pools, metricscost, stream), sharing harness.go; the report is
+// placement, gomaxprocs, restyffi, proto, pools, metricscost, stream, idle), sharing harness.go; the report is
 // report.go and chart.go; the processes the figures call are servers.go
 // and goclient.go.
 package main
@@ -82,7 +82,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics,stream); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics,stream,idle); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -369,6 +369,7 @@ func run(p params, out, svg string) error {
 		{"balance", figureBalance, p.want("balance", false)},
 		{"metrics", figureMetricsCost, p.want("metrics", false)},
 		{"stream", figureStream, p.want("stream", false)},
+		{"idle", figureIdle, p.want("idle", false)},
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {

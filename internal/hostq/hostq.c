@@ -383,6 +383,8 @@ void qrpc_hostq_set_fd(int fd) {
     q_lock();
     hq.fd = fd;
     hq.sleeping = 0;
+    hq.trim_asleep = 0; // a new submitter starts its trimmer running
+    hq.trim_kick = 0;
     q_unlock();
 }
 
@@ -501,12 +503,33 @@ void qrpc_release_n(void *const *ps, int n) {
         return;
     }
     void *drop = NULL;
+    int kept = 0;
     q_lock();
     for (int i = 0; i < n; i++) {
         void *p = ps[i];
-        if (p != NULL && !release_locked(p)) {
-            *(void **)p = drop;
-            drop = p;
+        if (p != NULL) {
+            if (release_locked(p)) {
+                kept = 1;
+            } else {
+                *(void **)p = drop;
+                drop = p;
+            }
+        }
+    }
+    if (kept && hq.trim_asleep) {
+        // Kept blocks with the trimmer stopped would stay until the next
+        // command: the submitter restarts it. Once per idle spell, so the
+        // write costs nothing on the hot path.
+        hq.trim_asleep = 0;
+        hq.trim_kick = 1;
+        if (hq.sleeping && hq.fd >= 0) {
+            // Under the lock: qrpc_hostq_set_fd(-1) cannot close the fd meanwhile.
+            hq.sleeping = 0;
+            uint64_t one = 1;
+            ssize_t w;
+            do {
+                w = write(hq.fd, &one, sizeof one);
+            } while (w < 0 && errno == EINTR);
         }
     }
     q_unlock();

@@ -35,10 +35,19 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 )
 
-// trimEvery is how often the submitter's timer returns idle result blocks
-// (bufcache) and idle command blocks (hostq.c), and takes back the blocks
+// trimEvery is how often the trimmer returns idle result blocks (bufcache)
+// and idle command blocks (hostq.c), and takes back the blocks
 // qrpc_release kept: the dispatcher's poll does not enter Go, so Go's own
 // timer does it.
+//
+// The timer runs only while the queues are in use. An idle worker with a
+// ticking timer wakes three of its threads twice a second (the timer's
+// goroutine, the netpoller's timed epoll_wait, sysmon sleeping until the
+// next timer): more than all else an idle worker does. So the trimmer
+// stops once a whole tick saw no command and it keeps nothing (every
+// cache given back: within two bufcache intervals of the last use), and
+// the next command, or the next release of a block into a list, starts it
+// again.
 const trimEvery = 500 * time.Millisecond
 
 // submitter owns the eventfd and the goroutines that serve the queues.
@@ -48,6 +57,17 @@ type submitter struct {
 	stop chan struct{} // closed to stop the trimmer and the waker
 	done sync.WaitGroup
 	kick atomic.Pointer[chan struct{}] // the waker's; nil when stopped
+
+	// The trimmer's state (see trimEvery). trimOn: its timer runs; a
+	// user that finds it false and sets it sends trimWake. trimUsed: a
+	// command ran since the trimmer's last tick. The user sets trimUsed
+	// before it reads trimOn, the trimmer clears trimOn before it reads
+	// trimUsed again, so one of them sees the other: a use never finds
+	// the trimmer asleep without waking it.
+	trimOn   atomic.Bool
+	trimUsed atomic.Bool
+	trimWake chan struct{}
+	trims    atomic.Uint64 // ticks run, for tests
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -67,9 +87,11 @@ func (s *submitter) start() error {
 	C.qrpc_hostq_set_fd(C.int(fd))
 	kick := make(chan struct{}, 1)
 	s.kick.Store(&kick)
+	s.trimWake = make(chan struct{}, 1)
+	s.trimOn.Store(true) // started by a first use: keep it until idle
 	s.done.Add(3)
 	go s.run(f)
-	go s.trim(s.stop)
+	go s.trim(s.stop, s.trimWake)
 	go s.waker(&kick, s.stop)
 	return nil
 }
@@ -109,18 +131,40 @@ func (s *submitter) run(f *os.File) {
 	// 13 or so system calls a sequential call costs the worker).
 	// The counter cannot fill: qrpc_submit_async adds 1 per wake-up, and
 	// 2^64-2 of them would take over 500,000 years at a million a second.
-	var taken *C.qrpc_qitem_t
+	var (
+		taken *C.qrpc_qitem_t
+		kick  bool
+	)
 	take := func(uintptr) bool {
-		taken = sqTake()
-		return taken != nil
+		taken, kick = sqTake()
+		return taken != nil || kick
 	}
 	for {
 		if err := rc.Read(take); err != nil {
 			// Closed by halt: what was queued before the close runs now.
-			runQueued(sqTake())
+			it, _ := sqTake()
+			runQueued(it)
 			return
 		}
 		runQueued(taken)
+		// After the commands: their blocks are then on the lists the
+		// trimmer's next tick looks at.
+		s.used()
+	}
+}
+
+// used tells the trimmer the queues are in use, and starts it if it
+// stopped. Two loads when it runs: nothing on the hot path writes a
+// shared line.
+func (s *submitter) used() {
+	if !s.trimUsed.Load() {
+		s.trimUsed.Store(true)
+	}
+	if !s.trimOn.Load() && s.trimOn.CompareAndSwap(false, true) {
+		select {
+		case s.trimWake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -149,7 +193,9 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 // of mask (bit i: VM i); a variable for TestWakerDeathFallsBack.
 var wakerSignal = func(mask uint64) { builtin.signalVMs(mask) }
 
-func (s *submitter) trim(stop chan struct{}) {
+// trim runs the trimmer: a timer of trimEvery while the queues are in use
+// (trimOn), none while they are idle.
+func (s *submitter) trim(stop, wake chan struct{}) {
 	defer s.done.Done()
 	defer rt.RecoverLog("qrpc trim")
 	t := time.NewTicker(trimEvery)
@@ -162,6 +208,12 @@ func (s *submitter) trim(stop chan struct{}) {
 			C.qrpc_done_free()
 			C.qrpc_small_trim()
 			return
+		case <-wake:
+			// Sent only by the use whose CompareAndSwap turned trimOn
+			// on, so never while the timer runs: a Reset here cannot
+			// put off the ticks of a busy queue.
+			trimAwake()
+			t.Reset(trimEvery)
 		case <-t.C:
 			takeReleased(C.qrpc_released_take())
 			cmem.Tick()
@@ -170,8 +222,46 @@ func (s *submitter) trim(stop chan struct{}) {
 			if smallIdle() {
 				C.qrpc_small_trim()
 			}
+			s.trims.Add(1)
+			if s.trimUsed.Swap(false) || !trimSleep() {
+				continue
+			}
+			t.Stop()
+			s.trimOn.Store(false)
+			// A use that saw trimOn still true set trimUsed first.
+			if s.trimUsed.Load() && s.trimOn.CompareAndSwap(false, true) {
+				trimAwake()
+				t.Reset(trimEvery)
+			}
 		}
 	}
+}
+
+// trimAwake tells qrpc_release_n the trimmer runs again: its releases
+// need not ring.
+func trimAwake() {
+	qlock()
+	hq.trim_asleep = 0
+	qunlock()
+}
+
+// trimSleep reports whether nothing is kept that a later tick would give
+// back, and if so marks the trimmer asleep for qrpc_release_n, under the
+// lock that release takes: a block released after it wakes the trimmer.
+func trimSleep() bool {
+	if cmem.Stats().Bytes > 0 || C.qrpc_submitq_cached() > 0 {
+		return false
+	}
+	qlock()
+	idle := hq.rel_head == nil && hq.done_head == nil
+	for c := 0; idle && c < smallClasses; c++ {
+		idle = hq.small[c] == nil
+	}
+	if idle {
+		hq.trim_asleep = 1
+	}
+	qunlock()
+	return idle
 }
 
 // hq is hostq.c's state (qrpc_hostq_t). Go reads and writes it under
@@ -217,18 +307,21 @@ func procUnpin()
 // sqTake takes every queued command (a list in queue order), or returns
 // nil and records that the submitter goes to sleep. The flag is set under
 // the lock that pushes take, so the next push writes the eventfd and no
-// wake-up is lost (TestSubmitQueueNoLostWakeup).
-func sqTake() *C.qrpc_qitem_t {
+// wake-up is lost (TestSubmitQueueNoLostWakeup). kick: qrpc_release_n
+// kept blocks while the trimmer was asleep.
+func sqTake() (it *C.qrpc_qitem_t, kick bool) {
 	qlock()
-	it := hq.sq_head
+	it = hq.sq_head
 	hq.sq_head, hq.sq_tail, hq.sq_len = nil, nil, 0
-	if it == nil {
+	kick = hq.trim_kick != 0
+	hq.trim_kick = 0
+	if it == nil && !kick {
 		hq.sleeping = 1
 	} else {
 		hq.sleeping = 0
 	}
 	qunlock()
-	return it
+	return it, kick
 }
 
 // smallIdle reports whether no small block was handed out (to a result
@@ -265,6 +358,9 @@ func smallAlloc(n int) unsafe.Pointer {
 
 // smallMax is the largest block of the small classes (hostq.h).
 const smallMax = 64 << (C.QRPC_SMALL_CLASSES - 1)
+
+// smallClasses is how many small classes there are (hostq.h).
+const smallClasses = C.QRPC_SMALL_CLASSES
 
 // takeReleased gives the blocks qrpc_release kept to the buffer cache.
 func takeReleased(p unsafe.Pointer) {
