@@ -176,6 +176,8 @@ type PoolConfig struct {
 	Resolve time.Duration
 	// Resolver ("host:port", UDP DNS) replaces the system's resolver.
 	Resolver string
+	// Throttle is client-side adaptive throttling (zero: off).
+	Throttle Throttle
 	// Observer is told about every server's calls and states (nil: none).
 	// It is this module's metrics recorder (internal/observe): not for
 	// use outside it.
@@ -300,6 +302,9 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 	case pc.Resolve < 0:
 		return pc, conf, fmt.Errorf("%w: negative resolve interval", ErrBadConfig)
 	}
+	if err := pc.Throttle.validate(); err != nil {
+		return pc, conf, err
+	}
 	if pc.Resolver != "" {
 		if _, _, err := net.SplitHostPort(pc.Resolver); err != nil {
 			return pc, conf, fmt.Errorf("%w: resolver %q: %v", ErrBadConfig, pc.Resolver, err)
@@ -334,6 +339,7 @@ type Pool struct {
 	inflight   atomic.Int64 // calls in flight on all the servers
 	budget     *retryBudget
 	lat        latencyHist // answer times, for hedging at the p95
+	throttle   *throttler  // nil: off
 	clk        clock       // realClock{}; a test's own (export_test.go)
 
 	mu       sync.Mutex // membership: targets, peers, draining
@@ -394,6 +400,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
+		throttle: newThrottler(pc.Throttle),
 		clk:      realClock{},
 	}
 	_, nop := pc.Observer.(observe.Nop)

@@ -44,6 +44,7 @@ type member struct {
 	hits  atomic.Int64 // "who" calls answered
 	evts  atomic.Int64 // "tick" events
 	delay atomic.Int64 // milliseconds "work" takes
+	code  atomic.Uint32 // the code "busy" answers with
 }
 
 func newFleet(t *testing.T) *fleet {
@@ -108,6 +109,11 @@ func (m *member) serve(addr string) {
 		case <-time.After(time.Duration(m.delay.Load()) * time.Millisecond):
 		case <-ctx.Done():
 		}
+		resp.Body = name
+	})
+	srv.Handle("busy", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) {
+		m.hits.Add(1)
+		resp.Code = m.code.Load()
 		resp.Body = name
 	})
 	srv.Handle("hc", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) { resp.Body = []byte("ok") })
