@@ -41,9 +41,9 @@ type member struct {
 	mu    sync.Mutex
 	pc    *testsrv.MutePacketConn
 	srv   *qrpc.Server
-	hits  atomic.Int64 // "who" calls answered
-	evts  atomic.Int64 // "tick" events
-	delay atomic.Int64 // milliseconds "work" takes
+	hits  atomic.Int64  // "who" calls answered
+	evts  atomic.Int64  // "tick" events
+	delay atomic.Int64  // milliseconds "work" takes
 	code  atomic.Uint32 // the code "busy" answers with
 }
 
