@@ -347,6 +347,7 @@ type Pool struct {
 	peers    map[string]*peer // in set
 	draining map[string]*peer // removed by re-resolution, finishing calls
 	resolver *net.Resolver
+	hasSRV   bool // an SRV name among the targets: the set has tiers
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -356,16 +357,25 @@ type Pool struct {
 
 type peerSet struct {
 	peers []*peer
+	// tiers is the servers by SRV priority, lowest first (nil when the
+	// pool has no SRV name): a call goes to the first tier that has a
+	// server able to take it.
+	tiers []*tier
 }
 
-// target is one configured address: a literal IP or a name to resolve.
+// target is one configured address: a literal IP, a name to resolve, or
+// an SRV name (host; no port: each record gives its own).
 type target struct {
 	host, port string
 	literal    bool
+	srv        bool
 }
 
 // DialPool connects to the servers at addrs ("host:port"; a host name
-// stands for all its A and AAAA addresses). With a single address it
+// stands for all its A and AAAA addresses; an SRV name,
+// "_service._proto.name" without a port, for the addresses of its
+// records' targets, on their ports, with their priorities and weights:
+// see tier). With a single address it
 // returns once connected, or the dial error, as Dial does; with several,
 // once one server is up, or with the first server's error when none could
 // be reached.
@@ -379,7 +389,17 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 	}
 	seen := make(map[string]bool, len(addrs))
 	var targets []target
+	hasSRV := false
 	for _, a := range addrs {
+		if isSRVName(a) {
+			if seen[a] {
+				return nil, fmt.Errorf("%w: duplicate address %q", ErrBadConfig, a)
+			}
+			seen[a] = true
+			targets = append(targets, target{host: a, srv: true})
+			hasSRV = true
+			continue
+		}
 		host, port, err := net.SplitHostPort(a)
 		if err != nil || host == "" || port == "" {
 			return nil, fmt.Errorf("%w: address %q: want host:port", ErrBadConfig, a)
@@ -396,6 +416,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		conf:     conf,
 		log:      conf.Logger,
 		targets:  targets,
+		hasSRV:   hasSRV,
 		peers:    map[string]*peer{},
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
@@ -408,19 +429,19 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})
 
-	want, names, err := p.resolve(ctx)
+	want, names, meta, err := p.resolve(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if len(want) == 1 {
 		// One server: dial it now, as Dial does, and fail as it fails.
-		if err := p.addSync(ctx, want[0], names); err != nil {
+		if err := p.addSync(ctx, want[0], names, meta); err != nil {
 			p.cancel()
 			return nil, err
 		}
 	} else {
 		p.mu.Lock()
-		err := p.apply(want, names)
+		err := p.apply(want, names, meta)
 		n := len(p.peers)
 		p.mu.Unlock()
 		if n == 0 {
@@ -584,6 +605,9 @@ type PeerInfo struct {
 	// Stalled: calls in flight and no answer for PoolConfig.Stall; new
 	// calls go elsewhere while another server can take them.
 	Stalled bool
+	// Priority and Weight are the server's SRV record's (0 and 1 for an
+	// address not from an SRV name; a weight of 0 reads 1).
+	Priority, Weight int
 }
 
 // Peers lists the pool's servers, draining ones included, by address.
