@@ -18,12 +18,20 @@ import (
 // Within a tier, weights share the calls:
 //   - round_robin follows a smooth weighted round-robin order (nginx's):
 //     weights 3:1 take turns A A B A;
-//   - p2c draws its two candidates in proportion to the weights and keeps
-//     its cost comparison: at equal load the split follows the weights; a
-//     server slower or busier than its weight suggests gets less;
-//   - least_inflight takes the server with the fewest calls in flight per
-//     unit of weight (ties in weighted round-robin order), so that calls
-//     in flight settle in proportion to the weights;
+//   - p2c draws its two candidates in proportion to the weights and
+//     compares their peak-EWMA answer time × (calls in flight / weight +
+//     1): idle, the draws make the split (3:1 weights, 3:1 calls); busy,
+//     calls in flight settle in proportion to the weights (3:1 again for
+//     servers equally fast); a server slower than its weight suggests
+//     gets less. With servers equally fast the split is 3:1 on average,
+//     but one run's is not binomial: the peak EWMA prefers whichever
+//     server happened to measure faster, for seconds (measured over 4000
+//     calls from 16 callers: 0.726 to 0.816 of the calls to the weight-3
+//     server, mean 0.758);
+//   - least_inflight takes the server with the lowest (calls in flight +
+//     1) / weight, ties in weighted round-robin order (Envoy's rule): under
+//     load calls in flight settle in proportion to the weights; at light
+//     load the heaviest server takes nearly every call;
 //   - hash is weighted rendezvous hashing: a server wins a share of the
 //     keys in proportion to its weight, and a change of servers moves only
 //     the keys that the change must.
@@ -110,6 +118,16 @@ func newTier(peers []*peer) *tier {
 	return t
 }
 
+// costW is p2c's cost (peer.cost) with the calls in flight counted per
+// unit of weight.
+func (pr *peer) costW(now int64) float64 {
+	e := float64(pr.ewma.Load())
+	if e > 0 {
+		e *= decay(now - pr.ewmaAt.Load())
+	}
+	return e * (float64(pr.inflight.Load())/float64(pr.weight()) + 1)
+}
+
 func gcd(a, b int) int {
 	for b != 0 {
 		a, b = b, a%b
@@ -153,7 +171,7 @@ func (p *Pool) chooseTier(t *tier, key []byte, ex *exclude, clk *pickClock) (*pe
 		if oka, ta, _ := takeable(a, ex, clk, limit); oka {
 			pa := a
 			if b != a {
-				if okb, tb, _ := takeable(b, ex, clk, limit); okb && b.cost(now) < a.cost(now) {
+				if okb, tb, _ := takeable(b, ex, clk, limit); okb && b.costW(now) < a.costW(now) {
 					pa, ta = b, tb
 				}
 			}
@@ -161,10 +179,10 @@ func (p *Pool) chooseTier(t *tier, key []byte, ex *exclude, clk *pickClock) (*pe
 				return pa, ta
 			}
 		}
-		return scanBest(t.peers, uint32(t.sched[uint32(r)%L]), ex, clk, limit, func(pr *peer) float64 { return pr.cost(now) })
+		return scanBest(t.peers, uint32(t.sched[uint32(r)%L]), ex, clk, limit, func(pr *peer) float64 { return pr.costW(now) })
 	case p.cfg.Balance == LeastInflight:
 		return scanBest(t.peers, uint32(t.sched[rr.Add(1)%L]), ex, clk, limit, func(pr *peer) float64 {
-			return float64(pr.inflight.Load()) / float64(pr.weight())
+			return float64(pr.inflight.Load()+1) / float64(pr.weight())
 		})
 	case p.cfg.Balance == Hash && len(key) > 0:
 		// Weighted rendezvous hashing: of scores -ln(u)/w, u uniform in
