@@ -59,8 +59,10 @@ type srvMeta struct {
 
 var plainMeta = srvMeta{weight: 1}
 
-// isSRVName reports whether an address is an SRV name,
+// IsSRVName reports whether a pool address is an SRV name,
 // "_service._proto.name" (no port): the name itself says it.
+func IsSRVName(a string) bool { return isSRVName(a) }
+
 func isSRVName(a string) bool {
 	labels := strings.Split(strings.TrimSuffix(a, "."), ".")
 	if len(labels) < 3 || strings.Contains(a, ":") {

@@ -12,6 +12,29 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
+// TestPoolOptsSRVThrottle: an SRV name is an addr line of its own (no
+// port); throttle_k and throttle_codes fill PoolConfig.Throttle.
+func TestPoolOptsSRVThrottle(t *testing.T) {
+	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
+		"addr=_qrpc._udp.svc.example.internal\naddr=10.0.0.1:8443\nthrottle_k=2\nthrottle_codes=8,14\n")}
+	addrs, pc, err := connectConfig(&cmd, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(addrs, ",") != "_qrpc._udp.svc.example.internal,10.0.0.1:8443" || pc.Throttle.K != 2 ||
+		len(pc.Throttle.Codes) != 2 || pc.Throttle.Codes[0] != 8 || pc.Throttle.Codes[1] != 14 {
+		t.Fatalf("%v %+v", addrs, pc.Throttle)
+	}
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("throttle_k=0\n")}, slog.Default())
+	if err != nil || pc.Throttle.K != 0 {
+		t.Fatalf("throttle_k=0: %+v %v", pc.Throttle, err)
+	}
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("throttle_k=1.5\n")}, slog.Default())
+	if err != nil || pc.Throttle.K != 1.5 || pc.Throttle.Codes != nil {
+		t.Fatalf("throttle_k=1.5: %+v %v", pc.Throttle, err)
+	}
+}
+
 func TestPoolOpts(t *testing.T) {
 	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
 		"addr=10.0.0.1:8443\naddr=svc.local:8443\nbalance=hash\nhealth_failures=5\nhealth_eject_ms=2500\nhealth_stall_ms=350\n" +
@@ -50,6 +73,20 @@ func TestPoolOpts(t *testing.T) {
 		{"stream_batch=0", "stream_batch must be an integer >= 1"},
 		{"stream_batch=1025", "stream_batch must be 1..1024"},
 		{"just words", "is not key=value"},
+		{"addr=_qrpc._udp", `addr "_qrpc._udp" is not host:port or _service._proto.name`},
+		{"throttle_k=0.5", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=-1", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=NaN", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=Inf", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=two", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=2\nthrottle_codes=", `throttle_codes: "" is not a code`},
+		{"throttle_k=2\nthrottle_codes=0", `throttle_codes: "0" is not a code`},
+		{"throttle_k=2\nthrottle_codes=8,,9", `throttle_codes: "" is not a code`},
+		{"throttle_k=2\nthrottle_codes=-8", `throttle_codes: "-8" is not a code`},
+		{"throttle_k=2\nthrottle_codes=4294967296", `throttle_codes: "4294967296" is not a code`},
+		{"throttle_k=2\nthrottle_codes=8,8", "throttle_codes: 8 twice"},
+		{"throttle_k=2\nthrottle_codes=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "at most 16 codes, got 17"},
+		{"throttle_codes=8", "throttle_codes needs throttle_k"},
 	} {
 		_, _, err := connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte(tc.opts)}, slog.Default())
 		if st, msg := StatusOf(err); st != ErrBadArg || !strings.Contains(msg, tc.want) {
