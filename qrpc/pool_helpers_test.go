@@ -213,9 +213,12 @@ func peerState(p *qrpc.Pool, addr string) (qrpc.PeerInfo, bool) {
 
 // recorder is an Observer that keeps what tests check.
 type recorder struct {
-	mu    sync.Mutex
-	peers map[string]*peerRec
+	mu        sync.Mutex
+	peers     map[string]*peerRec
+	throttled atomic.Int64
 }
+
+func (r *recorder) Throttled([]byte) { r.throttled.Add(1) }
 
 type peerRec struct {
 	addr                     string

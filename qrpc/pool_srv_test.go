@@ -268,3 +268,87 @@ func TestPoolSRVBadAnswers(t *testing.T) {
 	}
 
 }
+
+// TestPoolThrottle: servers that answer with an overload code (a throttle
+// code) make the pool reject calls locally, "unavailable: throttled",
+// counted by the observer and never sent. Once the servers answer again
+// (code 0, or any code not listed, is an accept), the few calls let
+// through are accepted, and the shedding ends as the window slides (the
+// pool's clock moved on).
+func TestPoolThrottle(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Throttle: qrpc.Throttle{K: 2, Codes: []uint32{8}}, Observer: rec})
+	advance := qrpc.ShiftPoolClockForTest(p)
+	for _, m := range f.srvs {
+		m.code.Store(8)
+	}
+	run := func(n int) (throttled, answered int) {
+		for range n {
+			resp, err := poolCall(p, 5*time.Second, "busy", "")
+			switch {
+			case errors.Is(err, qrpc.ErrThrottled):
+				if s := qrpc.ErrorString(err); s != "unavailable: throttled" {
+					t.Fatalf("error %q", s)
+				}
+				if !errors.Is(err, qrpc.ErrUnavailable) {
+					t.Fatal("not unavailable")
+				}
+				throttled++
+			case err != nil:
+				t.Fatal(err)
+			default:
+				if resp.Code != f.srvs[0].code.Load() {
+					t.Fatalf("code %d", resp.Code)
+				}
+				answered++
+			}
+		}
+		return throttled, answered
+	}
+	th, an := run(400)
+	t.Logf("overloaded: %d of 400 throttled, %d answered", th, an)
+	// With no accepts, p = requests / (requests + 1): after the first few
+	// calls nearly every call is shed.
+	if th < 350 {
+		t.Fatalf("only %d of 400 throttled", th)
+	}
+	if int64(th) != rec.throttled.Load() {
+		t.Fatalf("observer counted %d, want %d", rec.throttled.Load(), th)
+	}
+	hits := f.srvs[0].hits.Load() + f.srvs[1].hits.Load()
+	if hits != int64(an) {
+		t.Fatalf("servers saw %d calls, %d answered: a throttled call was sent", hits, an)
+	}
+	for _, m := range f.srvs {
+		m.code.Store(0)
+	}
+	// Still in the window: most calls are shed, those let through are
+	// accepted.
+	th, an = run(400)
+	t.Logf("answering, same window: %d of 400 throttled, %d answered", th, an)
+	if th < 300 || an == 0 {
+		t.Fatalf("answering in the same window: %d throttled, %d answered", th, an)
+	}
+	// Each step: 20 s later, 200 calls. The calls shed count as requests
+	// (the book's rule), so the admitted share grows about K-fold per
+	// window (q' = K·q): the release takes a few windows from deep
+	// shedding, and ends.
+	var shares []float64
+	for len(shares) < 60 {
+		advance(20 * time.Second)
+		th, _ := run(200)
+		shares = append(shares, float64(th)/200)
+		if th == 0 {
+			break
+		}
+	}
+	t.Logf("answering, share shed every 20 s: %.2f", shares)
+	if shares[0] < 0.5 {
+		t.Fatalf("released at once: %.2f", shares)
+	}
+	if shares[len(shares)-1] != 0 {
+		t.Fatalf("not released after %d steps: %.2f", len(shares), shares)
+	}
+}
