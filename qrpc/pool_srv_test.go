@@ -352,3 +352,31 @@ func TestPoolThrottle(t *testing.T) {
 		t.Fatalf("not released after %d steps: %.2f", len(shares), shares)
 	}
 }
+
+// TestPoolThrottleTimeouts: calls that time out on a frozen server are
+// rejects: throttling engages without any overload code.
+func TestPoolThrottleTimeouts(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(1)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Throttle: qrpc.Throttle{K: 2}})
+	if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
+		t.Fatal(err)
+	}
+	f.srvs[0].freeze()
+	timeouts, throttled := 0, 0
+	for range 40 {
+		_, err := poolCall(p, 30*time.Millisecond, "who", "")
+		switch {
+		case errors.Is(err, qrpc.ErrThrottled):
+			throttled++
+		case errors.Is(err, qrpc.ErrTimeout):
+			timeouts++
+		default:
+			t.Fatalf("frozen server: %v", err)
+		}
+	}
+	t.Logf("frozen: %d timeouts, %d throttled of 40", timeouts, throttled)
+	if throttled < 20 {
+		t.Fatalf("%d of 40 throttled after timeouts", throttled)
+	}
+}
