@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -194,4 +197,58 @@ func TestRuntimePool(t *testing.T) {
 		t.Fatalf("PEERS: %d %q", out.Status, text(out))
 	}
 	r.Free(&out)
+}
+
+// TestRuntimeSRVThrottle: a CONNECT whose addr line is an SRV name reaches
+// the server its record names (verified against the record's target,
+// localhost: no server name is set); with throttle_k and throttle_codes,
+// calls answered with the listed code soon fail locally with
+// "unavailable: throttled", and the worker's metrics count them.
+func TestRuntimeSRVThrottle(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	_, port, _ := net.SplitHostPort(ts.Addr)
+	n, _ := strconv.Atoi(port)
+	dns := dnstest.Start(t, "_qrpc._udp.svc.test.")
+	dns.SetA("localhost", "127.0.0.1")
+	dns.SetSRV("_qrpc._udp.svc.test", dnstest.SRV{Priority: 1, Weight: 5, Port: uint16(n), Target: "localhost"})
+	r := New(newGoMemory(t), nil)
+	h := newTestHost(t, r, true)
+	opts := "addr=_qrpc._udp.svc.test\nresolver=" + dns.Addr + "\nthrottle_k=2\nthrottle_codes=7\n"
+	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: ts.CA.CertPEM, Opts: []byte(opts)}, StatusPending)
+	c := h.wait(1, 10*time.Second)
+	if c.Status != StatusOK || c.Handle == 0 {
+		t.Fatalf("connect: %d %q", c.Status, text(c))
+	}
+	conn := c.Handle
+	h.submit(unary(conn, 2, "echo", "x", 5000), StatusPending)
+	if code, _, body := result(t, h.wait(2, 5*time.Second)); code != 0 || string(body) != "x" {
+		t.Fatalf("echo: %d %q", code, body)
+	}
+	throttled := 0
+	for i := range 100 {
+		id := uint64(10 + i)
+		cmd := unary(conn, id, "code", "", 5000)
+		st, msg := r.Submit(h, &cmd)
+		switch st {
+		case StatusPending:
+			if code, _, _ := result(t, h.wait(id, 5*time.Second)); code != 7 {
+				t.Fatalf("code: %d", code)
+			}
+		case ErrUnavail:
+			if msg != "unavailable: throttled" {
+				t.Fatalf("refused: %q", msg)
+			}
+			throttled++
+		default:
+			t.Fatalf("call %d: status %d %q", i, st, msg)
+		}
+	}
+	t.Logf("%d of 100 calls throttled, the others answered code 7", throttled)
+	if throttled < 80 {
+		t.Fatalf("only %d of 100 throttled", throttled)
+	}
+	want := fmt.Sprintf("qrpc_client_throttled_total{method=\"code\"} %d\n", throttled)
+	if m := string(r.Metrics().Text()); !strings.Contains(m, want) {
+		t.Fatalf("metrics lack %q:\n%s", want, m)
+	}
 }
