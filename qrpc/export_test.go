@@ -2,6 +2,7 @@ package qrpc
 
 import (
 	"net"
+	"sync/atomic"
 	"time"
 )
 
@@ -88,4 +89,21 @@ func StreamIDsForTest(c *Client) []int64 {
 		}
 	}
 	return out
+}
+
+// offsetClock is the real clock moved on by what a test adds.
+type offsetClock struct{ off atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *offsetClock) AfterFunc(d time.Duration, f func()) timer {
+	return time.AfterFunc(d, f)
+}
+
+// ShiftPoolClockForTest gives p a clock that a test can move forward
+// (the returned function), for windows minutes long. Call it before the
+// pool's first call, on a pool without background checks.
+func ShiftPoolClockForTest(p *Pool) (advance func(time.Duration)) {
+	c := &offsetClock{}
+	p.clk = c
+	return func(d time.Duration) { c.off.Add(int64(d)) }
 }

@@ -176,6 +176,8 @@ type PoolConfig struct {
 	Resolve time.Duration
 	// Resolver ("host:port", UDP DNS) replaces the system's resolver.
 	Resolver string
+	// Throttle is client-side adaptive throttling (zero: off).
+	Throttle Throttle
 	// Observer is told about every server's calls and states (nil: none).
 	// It is this module's metrics recorder (internal/observe): not for
 	// use outside it.
@@ -300,6 +302,9 @@ func (c *PoolConfig) populate() (PoolConfig, Config, error) {
 	case pc.Resolve < 0:
 		return pc, conf, fmt.Errorf("%w: negative resolve interval", ErrBadConfig)
 	}
+	if err := pc.Throttle.validate(); err != nil {
+		return pc, conf, err
+	}
 	if pc.Resolver != "" {
 		if _, _, err := net.SplitHostPort(pc.Resolver); err != nil {
 			return pc, conf, fmt.Errorf("%w: resolver %q: %v", ErrBadConfig, pc.Resolver, err)
@@ -334,6 +339,7 @@ type Pool struct {
 	inflight   atomic.Int64 // calls in flight on all the servers
 	budget     *retryBudget
 	lat        latencyHist // answer times, for hedging at the p95
+	throttle   *throttler  // nil: off
 	clk        clock       // realClock{}; a test's own (export_test.go)
 
 	mu       sync.Mutex // membership: targets, peers, draining
@@ -341,6 +347,7 @@ type Pool struct {
 	peers    map[string]*peer // in set
 	draining map[string]*peer // removed by re-resolution, finishing calls
 	resolver *net.Resolver
+	hasSRV   bool // an SRV name among the targets: the set has tiers
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -350,16 +357,25 @@ type Pool struct {
 
 type peerSet struct {
 	peers []*peer
+	// tiers is the servers by SRV priority, lowest first (nil when the
+	// pool has no SRV name): a call goes to the first tier that has a
+	// server able to take it.
+	tiers []*tier
 }
 
-// target is one configured address: a literal IP or a name to resolve.
+// target is one configured address: a literal IP, a name to resolve, or
+// an SRV name (host; no port: each record gives its own).
 type target struct {
 	host, port string
 	literal    bool
+	srv        bool
 }
 
 // DialPool connects to the servers at addrs ("host:port"; a host name
-// stands for all its A and AAAA addresses). With a single address it
+// stands for all its A and AAAA addresses; an SRV name,
+// "_service._proto.name" without a port, for the addresses of its
+// records' targets, on their ports, with their priorities and weights:
+// see tier). With a single address it
 // returns once connected, or the dial error, as Dial does; with several,
 // once one server is up, or with the first server's error when none could
 // be reached.
@@ -373,7 +389,17 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 	}
 	seen := make(map[string]bool, len(addrs))
 	var targets []target
+	hasSRV := false
 	for _, a := range addrs {
+		if isSRVName(a) {
+			if seen[a] {
+				return nil, fmt.Errorf("%w: duplicate address %q", ErrBadConfig, a)
+			}
+			seen[a] = true
+			targets = append(targets, target{host: a, srv: true})
+			hasSRV = true
+			continue
+		}
 		host, port, err := net.SplitHostPort(a)
 		if err != nil || host == "" || port == "" {
 			return nil, fmt.Errorf("%w: address %q: want host:port", ErrBadConfig, a)
@@ -390,10 +416,12 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		conf:     conf,
 		log:      conf.Logger,
 		targets:  targets,
+		hasSRV:   hasSRV,
 		peers:    map[string]*peer{},
 		draining: map[string]*peer{},
 		resolver: newResolver(pc.Resolver),
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
+		throttle: newThrottler(pc.Throttle),
 		clk:      realClock{},
 	}
 	_, nop := pc.Observer.(observe.Nop)
@@ -401,19 +429,19 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.set.Store(&peerSet{})
 
-	want, names, err := p.resolve(ctx)
+	want, names, meta, err := p.resolve(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if len(want) == 1 {
 		// One server: dial it now, as Dial does, and fail as it fails.
-		if err := p.addSync(ctx, want[0], names); err != nil {
+		if err := p.addSync(ctx, want[0], names, meta); err != nil {
 			p.cancel()
 			return nil, err
 		}
 	} else {
 		p.mu.Lock()
-		err := p.apply(want, names)
+		err := p.apply(want, names, meta)
 		n := len(p.peers)
 		p.mu.Unlock()
 		if n == 0 {
@@ -577,6 +605,9 @@ type PeerInfo struct {
 	// Stalled: calls in flight and no answer for PoolConfig.Stall; new
 	// calls go elsewhere while another server can take them.
 	Stalled bool
+	// Priority and Weight are the server's SRV record's (0 and 1 for an
+	// address not from an SRV name; a weight of 0 reads 1).
+	Priority, Weight int
 }
 
 // Peers lists the pool's servers, draining ones included, by address.

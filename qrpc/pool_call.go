@@ -49,6 +49,12 @@ func (p *Pool) start(call *Call, done Done, doneN DoneAttempts) (Pending, error)
 		hedge.Max = min(max(hedge.Max, 0), MaxHedge)
 	}
 	now := p.clk.Now()
+	if p.throttle != nil && !p.throttle.admit(now) {
+		if o, ok := p.cfg.Observer.(ThrottleObserver); ok {
+			o.Throttled(call.Method)
+		}
+		return Pending{}, ErrThrottled
+	}
 	p.budget.deposit(now)
 	pc := &poolCall{pool: p, done: done, doneN: doneN, retries: retries, try: try, deadline: call.Deadline}
 	if p.observed {
@@ -71,6 +77,9 @@ func (p *Pool) start(call *Call, done Done, doneN DoneAttempts) (Pending, error)
 	}
 	pc.mu.Unlock()
 	if err != nil {
+		if p.throttle != nil {
+			p.throttle.record(now, nil, err)
+		}
 		return Pending{}, err
 	}
 	return Pending{pc: pc}, nil
@@ -264,6 +273,9 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 
 // finish delivers the call's outcome to its caller, once.
 func (pc *poolCall) finish(resp *Response, attempts int, err error) {
+	if th := pc.pool.throttle; th != nil {
+		th.record(pc.pool.clk.Now(), resp, err)
+	}
 	if pc.doneN != nil {
 		pc.doneN(resp, attempts, err)
 		return
@@ -322,8 +334,11 @@ func (pc *poolCall) cancel() bool {
 	// usually beats the client's own timer) saw a timeout: the server's
 	// health must count it as one.
 	var err error = context.Canceled
-	if !pc.deadline.IsZero() && !pc.pool.clk.Now().Before(pc.deadline) {
+	if now := pc.pool.clk.Now(); !pc.deadline.IsZero() && !now.Before(pc.deadline) {
 		err = fmt.Errorf("%w: no response within the deadline", ErrTimeout)
+		if th := pc.pool.throttle; th != nil {
+			th.record(now, nil, err) // the caller's timeout: finish never runs
+		}
 	}
 	pc.cancelAll(live, err)
 	return true

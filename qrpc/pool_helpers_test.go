@@ -41,9 +41,10 @@ type member struct {
 	mu    sync.Mutex
 	pc    *testsrv.MutePacketConn
 	srv   *qrpc.Server
-	hits  atomic.Int64 // "who" calls answered
-	evts  atomic.Int64 // "tick" events
-	delay atomic.Int64 // milliseconds "work" takes
+	hits  atomic.Int64  // "who" calls answered
+	evts  atomic.Int64  // "tick" events
+	delay atomic.Int64  // milliseconds "work" takes
+	code  atomic.Uint32 // the code "busy" answers with
 }
 
 func newFleet(t *testing.T) *fleet {
@@ -108,6 +109,11 @@ func (m *member) serve(addr string) {
 		case <-time.After(time.Duration(m.delay.Load()) * time.Millisecond):
 		case <-ctx.Done():
 		}
+		resp.Body = name
+	})
+	srv.Handle("busy", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) {
+		m.hits.Add(1)
+		resp.Code = m.code.Load()
 		resp.Body = name
 	})
 	srv.Handle("hc", func(_ context.Context, _ *qrpc.Request, resp *qrpc.Response) { resp.Body = []byte("ok") })
@@ -207,9 +213,12 @@ func peerState(p *qrpc.Pool, addr string) (qrpc.PeerInfo, bool) {
 
 // recorder is an Observer that keeps what tests check.
 type recorder struct {
-	mu    sync.Mutex
-	peers map[string]*peerRec
+	mu        sync.Mutex
+	peers     map[string]*peerRec
+	throttled atomic.Int64
 }
+
+func (r *recorder) Throttled([]byte) { r.throttled.Add(1) }
 
 type peerRec struct {
 	addr                     string

@@ -15,6 +15,9 @@ type peer struct {
 	c    *Client
 	obs  peerObserver
 	seed uint64 // rendezvous hashing weight seed, from addr
+	// meta is the SRV priority (high 16 bits) and weight (low 16 bits)
+	// the server was last resolved with (pool_tier.go).
+	meta atomic.Uint32
 
 	inflight atomic.Int64
 	calls    atomic.Uint64
@@ -85,6 +88,7 @@ const stallLogEvery = 10 * time.Second
 
 func newPeer(p *Pool, addr string) *peer {
 	pr := &peer{pool: p, addr: addr, seed: mix64(fnv64(addr))}
+	pr.meta.Store(1) // priority 0, weight 1 until resolved otherwise
 	pr.ejectFor.Store(int64(p.cfg.Eject))
 	pr.obs = p.cfg.Observer.Peer(addr)
 	pr.state.Store(uint32(PeerConnecting))
@@ -297,6 +301,8 @@ func (pr *peer) info() PeerInfo {
 		Inflight: int(pr.inflight.Load()),
 		Calls:    pr.calls.Load(),
 		Failures: int(pr.fails.Load()),
+		Priority: int(pr.prio()),
+		Weight:   int(pr.weight()),
 	}
 	clk := pickClock{src: pr.pool.clk}
 	if u := pr.ejectedUntil.Load(); u != 0 {
@@ -329,10 +335,14 @@ func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer,
 	if clk.src == nil {
 		clk.src = p.clk
 	}
-	peers := p.set.Load().peers
+	set := p.set.Load()
+	peers := set.peers
 	n := len(peers)
 	if n == 0 {
 		return nil, false
+	}
+	if set.tiers != nil && n > 1 {
+		return p.pickTiers(set.tiers, key, ex, relax, clk)
 	}
 	if n == 1 {
 		pr := peers[0]

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -36,54 +38,153 @@ func (p *Pool) hasNames() bool {
 }
 
 // resolve returns the server addresses the targets stand for, sorted and
-// without duplicates, and the name each resolved address came from (its
-// TLS server name). A name that does not resolve is an error.
-func (p *Pool) resolve(ctx context.Context) ([]string, map[string]string, error) {
-	return resolveTargets(ctx, p.targets, p.conf.DialTimeout, func(ctx context.Context, host string) ([]netip.Addr, error) {
+// without duplicates, the name each resolved address came from (its TLS
+// server name), and the priority and weight of the addresses an SRV name
+// gave. A name that does not resolve is an error.
+func (p *Pool) resolve(ctx context.Context) ([]string, map[string]string, map[string]srvMeta, error) {
+	return resolveAll(ctx, p.targets, p.conf.DialTimeout, func(ctx context.Context, host string) ([]netip.Addr, error) {
 		return p.resolver.LookupNetIP(ctx, "ip", host)
+	}, func(ctx context.Context, name string) ([]*net.SRV, error) {
+		_, srvs, err := p.resolver.LookupSRV(ctx, "", "", name)
+		return srvs, err
 	})
 }
 
-// resolveTargets is resolve with its lookup given: a name's addresses are
-// keyed to that name, so that two names on one port each keep their own.
-// An address two names share keeps the first.
+// srvMeta is what an SRV record says of the addresses of its target.
+// Addresses of plain names and literals have priority 0, weight 1.
+type srvMeta struct {
+	prio   uint16
+	weight uint16
+}
+
+var plainMeta = srvMeta{weight: 1}
+
+// IsSRVName reports whether a pool address is an SRV name,
+// "_service._proto.name" (no port): the name itself says it.
+func IsSRVName(a string) bool { return isSRVName(a) }
+
+func isSRVName(a string) bool {
+	labels := strings.Split(strings.TrimSuffix(a, "."), ".")
+	if len(labels) < 3 || strings.Contains(a, ":") {
+		return false
+	}
+	for _, l := range labels[:2] {
+		if len(l) < 2 || l[0] != '_' {
+			return false
+		}
+	}
+	for _, l := range labels[2:] {
+		if l == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// resolveTargets is resolve with its lookup given, for pools without SRV
+// names: a name's addresses are keyed to that name, so that two names on
+// one port each keep their own. An address two names share keeps the
+// first.
 func resolveTargets(ctx context.Context, targets []target, timeout time.Duration,
 	lookup func(context.Context, string) ([]netip.Addr, error)) ([]string, map[string]string, error) {
+	out, names, _, err := resolveAll(ctx, targets, timeout, lookup, nil)
+	return out, names, err
+}
+
+// resolveAll is resolve with its lookups given. An SRV name stands for
+// the addresses of each of its targets (A and AAAA), on the record's port,
+// verified against the target's name; a target that does not resolve is
+// left out, and an SRV name none of whose targets resolves (or that has no
+// record, or does not exist) is a name that does not resolve. An address
+// two records share keeps the first's priority (the lowest).
+func resolveAll(ctx context.Context, targets []target, timeout time.Duration,
+	lookup func(context.Context, string) ([]netip.Addr, error),
+	lookupSRV func(context.Context, string) ([]*net.SRV, error)) ([]string, map[string]string, map[string]srvMeta, error) {
 	seen := map[string]bool{}
 	names := map[string]string{}
+	meta := map[string]srvMeta{}
 	var out []string
-	for _, t := range targets {
-		if t.literal {
-			a := net.JoinHostPort(t.host, t.port)
-			if !seen[a] {
-				seen[a] = true
-				out = append(out, a)
+	add := func(a, name string, m srvMeta) {
+		if !seen[a] {
+			seen[a] = true
+			if name != "" {
+				names[a] = name
 			}
-			continue
+			meta[a] = m
+			out = append(out, a)
 		}
+	}
+	lookupIPs := func(host, port string) ([]netip.Addr, error) {
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		ips, err := lookup(rctx, t.host)
+		ips, err := lookup(rctx, host)
 		cancel()
+		if err == nil && len(ips) == 0 {
+			err = fmt.Errorf("no address")
+		}
 		if err != nil {
-			return nil, nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: err}
+			return nil, &DialError{Addr: net.JoinHostPort(host, port), Reason: "cannot resolve host", Err: err}
 		}
-		if len(ips) == 0 {
-			return nil, nil, &DialError{Addr: net.JoinHostPort(t.host, t.port), Reason: "cannot resolve host", Err: fmt.Errorf("no address")}
-		}
-		for _, ip := range ips {
-			a := net.JoinHostPort(ip.Unmap().String(), t.port)
-			if !seen[a] {
-				seen[a] = true
-				names[a] = t.host
-				out = append(out, a)
+		return ips, nil
+	}
+	for _, t := range targets {
+		switch {
+		case t.literal:
+			add(net.JoinHostPort(t.host, t.port), "", plainMeta)
+		case t.srv:
+			if lookupSRV == nil {
+				return nil, nil, nil, fmt.Errorf("%w: SRV name %q: no SRV resolver", ErrBadConfig, t.host)
+			}
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			srvs, err := lookupSRV(rctx, t.host)
+			cancel()
+			var live []*net.SRV
+			for _, r := range srvs {
+				// "." is the name service saying there is no such service.
+				if r.Target != "." && r.Target != "" {
+					live = append(live, r)
+				}
+			}
+			if len(live) == 0 {
+				if err == nil {
+					err = fmt.Errorf("no SRV record")
+				}
+				return nil, nil, nil, &DialError{Addr: t.host, Reason: "cannot resolve host", Err: err}
+			}
+			// Lowest priority first: an address two records share keeps
+			// the one that would use it first.
+			sort.SliceStable(live, func(i, j int) bool { return live[i].Priority < live[j].Priority })
+			var lastErr error
+			n := len(out)
+			for _, r := range live {
+				host := strings.TrimSuffix(r.Target, ".")
+				port := strconv.Itoa(int(r.Port))
+				ips, err := lookupIPs(host, port)
+				if err != nil {
+					lastErr = err
+					continue
+				}
+				for _, ip := range ips {
+					add(net.JoinHostPort(ip.Unmap().String(), port), host, srvMeta{prio: r.Priority, weight: r.Weight})
+				}
+			}
+			if len(out) == n && lastErr != nil {
+				return nil, nil, nil, lastErr
+			}
+		default:
+			ips, err := lookupIPs(t.host, t.port)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			for _, ip := range ips {
+				add(net.JoinHostPort(ip.Unmap().String(), t.port), t.host, plainMeta)
 			}
 		}
 	}
 	if len(out) > maxPeers {
-		return nil, nil, fmt.Errorf("%w: %d servers, at most %d", ErrBadConfig, len(out), maxPeers)
+		return nil, nil, nil, fmt.Errorf("%w: %d servers, at most %d", ErrBadConfig, len(out), maxPeers)
 	}
 	sort.Strings(out)
-	return out, names, nil
+	return out, names, meta, nil
 }
 
 // serverName is the TLS name for a server: the configured one, else the
@@ -106,8 +207,9 @@ func (p *Pool) peerConf(addr string, names map[string]string) Config {
 }
 
 // addSync dials the only server now, as Dial does.
-func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string) error {
+func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string, meta map[string]srvMeta) error {
 	pr := newPeer(p, addr)
+	pr.setMeta(meta[addr])
 	conf := p.peerConf(addr, names)
 	tlsConf, err := conf.tlsConfig(addr)
 	if err != nil {
@@ -133,17 +235,20 @@ func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string
 // apply makes want the pool's servers: new ones join (dialled in the
 // background), missing ones drain. It returns the first error of a server
 // that could not be added (its configuration: the TLS material, the same
-// for every server). Called with p.mu held.
-func (p *Pool) apply(want []string, names map[string]string) error {
+// for every server). A server whose SRV priority or weight changed keeps
+// its connection and takes its new share. Called with p.mu held.
+func (p *Pool) apply(want []string, names map[string]string, meta map[string]srvMeta) error {
 	var firstErr error
 	keep := make(map[string]bool, len(want))
 	changed := false
 	for _, a := range want {
 		keep[a] = true
-		if p.peers[a] != nil {
+		if pr := p.peers[a]; pr != nil {
+			changed = pr.setMeta(meta[a]) || changed
 			continue
 		}
 		if pr := p.draining[a]; pr != nil {
+			pr.setMeta(meta[a])
 			// Back before it was gone: it takes calls again.
 			delete(p.draining, a)
 			pr.draining.Store(false)
@@ -153,6 +258,7 @@ func (p *Pool) apply(want []string, names map[string]string) error {
 			continue
 		}
 		pr := newPeer(p, a)
+		pr.setMeta(meta[a])
 		c, err := dialBackground(a, p.peerConf(a, names), pr.obs, pr.refresh)
 		if err != nil {
 			p.log.Warn("qrpc server not added", "addr", a, "err", err)
@@ -192,7 +298,11 @@ func (p *Pool) publish() {
 		peers = append(peers, pr)
 	}
 	sort.Slice(peers, func(i, j int) bool { return peers[i].addr < peers[j].addr })
-	p.set.Store(&peerSet{peers: peers})
+	set := &peerSet{peers: peers}
+	if p.hasSRV {
+		set.tiers = buildTiers(peers)
+	}
+	p.set.Store(set)
 }
 
 // drain waits for the calls in flight on a removed server, then closes it.
@@ -233,7 +343,7 @@ func (p *Pool) resolveLoop() {
 		case <-p.ctx.Done():
 			return
 		}
-		want, names, err := p.resolve(p.ctx)
+		want, names, meta, err := p.resolve(p.ctx)
 		if err != nil {
 			if p.ctx.Err() == nil {
 				p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
@@ -242,7 +352,7 @@ func (p *Pool) resolveLoop() {
 		}
 		p.mu.Lock()
 		if !p.closed.Load() {
-			_ = p.apply(want, names) // logged per server
+			_ = p.apply(want, names, meta) // logged per server
 		}
 		p.mu.Unlock()
 	}

@@ -184,7 +184,7 @@ func Classify(err error) Reason {
 		return Reason{Word: word, Reason: reason, Detail: detail}
 	case WordConnLost:
 		reason, detail := causeOf(err, ErrConnLost)
-		if reason == ReasonReconnecting || reason == ReasonNoServer || reason == ReasonNoStream || (isDialReason(reason) && reason != ReasonRefused) {
+		if reason == ReasonReconnecting || reason == ReasonNoServer || reason == ReasonNoStream || reason == ReasonThrottled || (isDialReason(reason) && reason != ReasonRefused) {
 			// A dial reason cannot end a live connection; only text
 			// matching could get here.
 			reason = ReasonLostOther
@@ -304,6 +304,8 @@ func reasonFromText(msg string) string {
 		return ReasonNoServer
 	case strings.HasPrefix(msg, ReasonNoStream):
 		return ReasonNoStream
+	case msg == ReasonThrottled:
+		return ReasonThrottled
 	case has("no recent network activity"):
 		return ReasonIdleTimeout
 	case has("received a stateless reset"):

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,7 +18,10 @@ import (
 // ("key=value\n") configure it:
 //
 //	addr=host:port          one per server or name (repeatable); when
-//	                        present they replace the v1 addr field
+//	                        present they replace the v1 addr field; an
+//	                        SRV name, _service._proto.name (no port),
+//	                        stands for its records' targets, ports,
+//	                        priorities and weights
 //	balance=round_robin|least_inflight|hash
 //	health_failures=N       transport failures in a row that eject (3)
 //	health_eject_ms=N       first ejection (10000)
@@ -35,6 +39,11 @@ import (
 //	health_on=a,b,...       failures that eject: connect, reset, timeout
 //	resolve_ms=N            re-resolve names this often (0 = once)
 //	resolver=host:port      UDP DNS server instead of the system's
+//	                        (for SRV names too)
+//	throttle_k=F            adaptive throttling's K: 0 = off (default),
+//	                        else at least 1 (the SRE book's 2)
+//	throttle_codes=a,b,...  response codes that count as overloaded
+//	                        (1..4294967295, at most 16; needs throttle_k)
 //
 // Unknown keys, bad numbers and duplicate addresses are errors.
 
@@ -74,8 +83,8 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 		var err error
 		switch key {
 		case "addr":
-			if _, _, e := net.SplitHostPort(val); e != nil || val == "" {
-				return Badf("opts: addr %q is not host:port", clipOpt(val))
+			if _, _, e := net.SplitHostPort(val); (e != nil || val == "") && !qrpc.IsSRVName(val) {
+				return Badf("opts: addr %q is not host:port or _service._proto.name", clipOpt(val))
 			}
 			if seen[val] {
 				return Badf("opts: duplicate addr %q", clipOpt(val))
@@ -141,6 +150,15 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			if err == nil && pc.StreamBatch > maxStreams {
 				err = Badf("opts: stream_batch must be 1..%d, got %q", maxStreams, clipOpt(val))
 			}
+		case "throttle_k":
+			var f float64
+			f, err = strconv.ParseFloat(val, 64)
+			if err != nil || f != f || f < 0 || f > 0 && f < 1 || f > 1e6 {
+				return Badf("opts: throttle_k must be 0 or 1..1e6, got %q", clipOpt(val))
+			}
+			pc.Throttle.K = f
+		case "throttle_codes":
+			pc.Throttle.Codes, err = throttleCodes(val)
 		case "resolver":
 			if _, _, e := net.SplitHostPort(val); e != nil {
 				return Badf("opts: resolver %q is not host:port", clipOpt(val))
@@ -153,6 +171,9 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	if len(pc.Throttle.Codes) > 0 && pc.Throttle.K == 0 {
+		return nil, nil, Badf("opts: throttle_codes needs throttle_k")
 	}
 	if len(addrs) == 0 {
 		if len(cmd.Addr) == 0 {
@@ -179,6 +200,26 @@ func hedgeOpt(key, val string, h *qrpc.Hedge) error {
 		}
 	}
 	return err
+}
+
+// throttleCodes reads throttle_codes' comma-separated response codes:
+// none, 0 (success) or a repeated code is an error.
+func throttleCodes(val string) ([]uint32, error) {
+	var out []uint32
+	for _, w := range strings.Split(val, ",") {
+		n, err := strconv.ParseUint(w, 10, 32)
+		if err != nil || n == 0 {
+			return nil, Badf("opts: throttle_codes: %q is not a code 1..4294967295", clipOpt(w))
+		}
+		if slices.Contains(out, uint32(n)) {
+			return nil, Badf("opts: throttle_codes: %d twice", n)
+		}
+		out = append(out, uint32(n))
+	}
+	if len(out) > qrpc.MaxThrottleCodes {
+		return nil, Badf("opts: throttle_codes: at most %d codes, got %d", qrpc.MaxThrottleCodes, len(out))
+	}
+	return out, nil
 }
 
 // failureKinds reads health_on's comma-separated kinds; none is an error

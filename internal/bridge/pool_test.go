@@ -4,13 +4,39 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
+
+// TestPoolOptsSRVThrottle: an SRV name is an addr line of its own (no
+// port); throttle_k and throttle_codes fill PoolConfig.Throttle.
+func TestPoolOptsSRVThrottle(t *testing.T) {
+	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
+		"addr=_qrpc._udp.svc.example.internal\naddr=10.0.0.1:8443\nthrottle_k=2\nthrottle_codes=8,14\n")}
+	addrs, pc, err := connectConfig(&cmd, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(addrs, ",") != "_qrpc._udp.svc.example.internal,10.0.0.1:8443" || pc.Throttle.K != 2 ||
+		len(pc.Throttle.Codes) != 2 || pc.Throttle.Codes[0] != 8 || pc.Throttle.Codes[1] != 14 {
+		t.Fatalf("%v %+v", addrs, pc.Throttle)
+	}
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("throttle_k=0\n")}, slog.Default())
+	if err != nil || pc.Throttle.K != 0 {
+		t.Fatalf("throttle_k=0: %+v %v", pc.Throttle, err)
+	}
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("throttle_k=1.5\n")}, slog.Default())
+	if err != nil || pc.Throttle.K != 1.5 || pc.Throttle.Codes != nil {
+		t.Fatalf("throttle_k=1.5: %+v %v", pc.Throttle, err)
+	}
+}
 
 func TestPoolOpts(t *testing.T) {
 	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
@@ -50,6 +76,20 @@ func TestPoolOpts(t *testing.T) {
 		{"stream_batch=0", "stream_batch must be an integer >= 1"},
 		{"stream_batch=1025", "stream_batch must be 1..1024"},
 		{"just words", "is not key=value"},
+		{"addr=_qrpc._udp", `addr "_qrpc._udp" is not host:port or _service._proto.name`},
+		{"throttle_k=0.5", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=-1", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=NaN", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=Inf", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=two", "throttle_k must be 0 or 1..1e6"},
+		{"throttle_k=2\nthrottle_codes=", `throttle_codes: "" is not a code`},
+		{"throttle_k=2\nthrottle_codes=0", `throttle_codes: "0" is not a code`},
+		{"throttle_k=2\nthrottle_codes=8,,9", `throttle_codes: "" is not a code`},
+		{"throttle_k=2\nthrottle_codes=-8", `throttle_codes: "-8" is not a code`},
+		{"throttle_k=2\nthrottle_codes=4294967296", `throttle_codes: "4294967296" is not a code`},
+		{"throttle_k=2\nthrottle_codes=8,8", "throttle_codes: 8 twice"},
+		{"throttle_k=2\nthrottle_codes=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "at most 16 codes, got 17"},
+		{"throttle_codes=8", "throttle_codes needs throttle_k"},
 	} {
 		_, _, err := connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte(tc.opts)}, slog.Default())
 		if st, msg := StatusOf(err); st != ErrBadArg || !strings.Contains(msg, tc.want) {
@@ -157,4 +197,58 @@ func TestRuntimePool(t *testing.T) {
 		t.Fatalf("PEERS: %d %q", out.Status, text(out))
 	}
 	r.Free(&out)
+}
+
+// TestRuntimeSRVThrottle: a CONNECT whose addr line is an SRV name reaches
+// the server its record names (verified against the record's target,
+// localhost: no server name is set); with throttle_k and throttle_codes,
+// calls answered with the listed code soon fail locally with
+// "unavailable: throttled", and the worker's metrics count them.
+func TestRuntimeSRVThrottle(t *testing.T) {
+	ts := testsrv.Start(t, testsrv.Options{})
+	_, port, _ := net.SplitHostPort(ts.Addr)
+	n, _ := strconv.Atoi(port)
+	dns := dnstest.Start(t, "_qrpc._udp.svc.test.")
+	dns.SetA("localhost", "127.0.0.1")
+	dns.SetSRV("_qrpc._udp.svc.test", dnstest.SRV{Priority: 1, Weight: 5, Port: uint16(n), Target: "localhost"})
+	r := New(newGoMemory(t), nil)
+	h := newTestHost(t, r, true)
+	opts := "addr=_qrpc._udp.svc.test\nresolver=" + dns.Addr + "\nthrottle_k=2\nthrottle_codes=7\n"
+	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: ts.CA.CertPEM, Opts: []byte(opts)}, StatusPending)
+	c := h.wait(1, 10*time.Second)
+	if c.Status != StatusOK || c.Handle == 0 {
+		t.Fatalf("connect: %d %q", c.Status, text(c))
+	}
+	conn := c.Handle
+	h.submit(unary(conn, 2, "echo", "x", 5000), StatusPending)
+	if code, _, body := result(t, h.wait(2, 5*time.Second)); code != 0 || string(body) != "x" {
+		t.Fatalf("echo: %d %q", code, body)
+	}
+	throttled := 0
+	for i := range 100 {
+		id := uint64(10 + i)
+		cmd := unary(conn, id, "code", "", 5000)
+		st, msg := r.Submit(h, &cmd)
+		switch st {
+		case StatusPending:
+			if code, _, _ := result(t, h.wait(id, 5*time.Second)); code != 7 {
+				t.Fatalf("code: %d", code)
+			}
+		case ErrUnavail:
+			if msg != "unavailable: throttled" {
+				t.Fatalf("refused: %q", msg)
+			}
+			throttled++
+		default:
+			t.Fatalf("call %d: status %d %q", i, st, msg)
+		}
+	}
+	t.Logf("%d of 100 calls throttled, the others answered code 7", throttled)
+	if throttled < 80 {
+		t.Fatalf("only %d of 100 throttled", throttled)
+	}
+	want := fmt.Sprintf("qrpc_client_throttled_total{method=\"code\"} %d\n", throttled)
+	if m := string(r.Metrics().Text()); !strings.Contains(m, want) {
+		t.Fatalf("metrics lack %q:\n%s", want, m)
+	}
 }

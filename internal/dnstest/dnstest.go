@@ -1,6 +1,6 @@
 // Package dnstest is a small real DNS server on the loopback for tests of
-// name re-resolution: it answers A queries for one name from a list the
-// test changes. Only tests import it.
+// name re-resolution: it answers A queries for names, and SRV queries for
+// SRV names, from lists the test changes. Only tests import it.
 package dnstest
 
 import (
@@ -14,15 +14,25 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
-// Server answers A queries for one name from a list the test changes,
-// AAAA with no records, anything else with NXDOMAIN. It is a real UDP DNS
-// server on 127.0.0.1.
+// Server answers A queries for its names from lists the test changes,
+// SRV queries for its SRV names (with the A records of the targets it
+// knows in the additional section, as name servers do), any other type
+// for a known name with no records, and anything else with NXDOMAIN. It
+// is a real UDP DNS server on 127.0.0.1.
 type Server struct {
 	Addr    string // host:port of the UDP server
 	name    string
 	mu      sync.Mutex
-	a       []netip.Addr
+	a       map[string][]netip.Addr // by lower-case FQDN
+	srv     map[string][]SRV
 	queries atomic.Int64
+}
+
+// SRV is one SRV record: Target is a host name (with or without the
+// final dot).
+type SRV struct {
+	Priority, Weight, Port uint16
+	Target                 string
 }
 
 // Start starts a Server for name (fully qualified, with the final dot) and
@@ -33,7 +43,8 @@ func Start(t testing.TB, name string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Server{Addr: pc.LocalAddr().String(), name: name}
+	d := &Server{Addr: pc.LocalAddr().String(), name: name,
+		a: map[string][]netip.Addr{fqdn(name): nil}, srv: map[string][]SRV{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -55,15 +66,42 @@ func Start(t testing.TB, name string) *Server {
 	return d
 }
 
-// Set replaces the A records the name answers with.
-func (d *Server) Set(ips ...string) {
-	var a []netip.Addr
+// Set replaces the A records the server's name answers with.
+func (d *Server) Set(ips ...string) { d.SetA(d.name, ips...) }
+
+// SetA replaces the A records of name (it becomes known).
+func (d *Server) SetA(name string, ips ...string) {
+	a := []netip.Addr{}
 	for _, s := range ips {
 		a = append(a, netip.MustParseAddr(s))
 	}
 	d.mu.Lock()
-	d.a = a
+	d.a[fqdn(name)] = a
 	d.mu.Unlock()
+}
+
+// SetSRV replaces the SRV records of name (it becomes known; with no
+// record, it answers SRV queries with none).
+func (d *Server) SetSRV(name string, recs ...SRV) {
+	d.mu.Lock()
+	d.srv[fqdn(name)] = append([]SRV{}, recs...)
+	d.mu.Unlock()
+}
+
+// Remove makes name unknown: NXDOMAIN.
+func (d *Server) Remove(name string) {
+	d.mu.Lock()
+	delete(d.a, fqdn(name))
+	delete(d.srv, fqdn(name))
+	d.mu.Unlock()
+}
+
+func fqdn(name string) string {
+	name = strings.ToLower(name)
+	if !strings.HasSuffix(name, ".") {
+		name += "."
+	}
+	return name
 }
 
 func (d *Server) answer(req []byte) []byte {
@@ -78,8 +116,12 @@ func (d *Server) answer(req []byte) []byte {
 	}
 	d.queries.Add(1)
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired}
-	known := strings.EqualFold(q.Name.String(), d.name)
-	if !known {
+	key := fqdn(q.Name.String())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a, knownA := d.a[key]
+	srvs, knownSRV := d.srv[key]
+	if !knownA && !knownSRV {
 		rh.RCode = dnsmessage.RCodeNameError
 	}
 	b := dnsmessage.NewBuilder(nil, rh)
@@ -87,13 +129,30 @@ func (d *Server) answer(req []byte) []byte {
 	_ = b.StartQuestions()
 	_ = b.Question(q)
 	_ = b.StartAnswers()
-	if known && q.Type == dnsmessage.TypeA {
-		d.mu.Lock()
-		for _, ip := range d.a {
-			_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1},
-				dnsmessage.AResource{A: ip.As4()})
+	rr := func(name dnsmessage.Name) dnsmessage.ResourceHeader {
+		return dnsmessage.ResourceHeader{Name: name, Class: dnsmessage.ClassINET, TTL: 1}
+	}
+	switch q.Type {
+	case dnsmessage.TypeA:
+		for _, ip := range a {
+			_ = b.AResource(rr(q.Name), dnsmessage.AResource{A: ip.As4()})
 		}
-		d.mu.Unlock()
+	case dnsmessage.TypeSRV:
+		for _, r := range srvs {
+			t, err := dnsmessage.NewName(fqdn(r.Target))
+			if err != nil {
+				continue
+			}
+			_ = b.SRVResource(rr(q.Name), dnsmessage.SRVResource{Priority: r.Priority, Weight: r.Weight, Port: r.Port, Target: t})
+		}
+		_ = b.StartAdditionals()
+		for _, r := range srvs {
+			if t, err := dnsmessage.NewName(fqdn(r.Target)); err == nil {
+				for _, ip := range d.a[fqdn(r.Target)] {
+					_ = b.AResource(rr(t), dnsmessage.AResource{A: ip.As4()})
+				}
+			}
+		}
 	}
 	out, err := b.Finish()
 	if err != nil {

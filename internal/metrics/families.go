@@ -38,6 +38,7 @@ const (
 	nameRetries     = "qrpc_client_retries_total"
 	nameBudget      = "qrpc_client_retry_budget_exhausted_total"
 	nameBytes       = "qrpc_client_bytes_total"
+	nameThrottled   = "qrpc_client_throttled_total"
 
 	// Recorded in Lua by resty.ffi.qrpc.gateway and added to a worker's
 	// snapshot there (lua/resty/ffi/qrpc/metrics.lua): rendered here.
@@ -64,6 +65,7 @@ var families = []family{
 	{nameRetries, "counter", "Extra attempts of calls by the server whose attempt failed or was slow, and why (the failure's first word, or hedge: a copy sent after the hedge delay)."},
 	{nameBudget, "counter", "Retries and hedged copies refused by the retry budget, by the server whose attempt failed or was slow."},
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
+	{nameThrottled, "counter", "Calls rejected by a pool's adaptive throttling before any server was asked (unavailable: throttled), by method."},
 	{NameVMCompletions, "counter", "Completions (answers, errors, connects) the built-in host delivered to each Lua VM of the worker, by the VM's nginx subsystem (http, stream)."},
 	{nameGWRequests, "counter", "REST gateway requests by route (its template, never the raw path), HTTP method and status."},
 	{nameGWDuration, "histogram", "Duration of REST gateway requests by route, from serve() to the answer written, in seconds."},

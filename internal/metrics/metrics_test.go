@@ -561,3 +561,24 @@ func TestQuery(t *testing.T) {
 		t.Fatal("unknown query accepted")
 	}
 }
+
+// TestThrottledCounted: a pool's throttled calls are one counter by
+// method, with no server label.
+func TestThrottledCounted(t *testing.T) {
+	r := New()
+	p := r.Pool("k")
+	for range 3 {
+		p.Throttled([]byte("greet"))
+	}
+	p.Throttled([]byte("other\"one"))
+	text := string(r.Text())
+	for _, want := range []string{
+		"# TYPE qrpc_client_throttled_total counter\n",
+		"qrpc_client_throttled_total{method=\"greet\"} 3\n",
+		"qrpc_client_throttled_total{method=\"other\\\"one\"} 1\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q in\n%s", want, text)
+		}
+	}
+}

@@ -89,7 +89,16 @@ type Pool struct {
 
 	peers map[string]*Peer // by address; guarded by r.mu
 	list  []*Peer          // guarded by r.mu
+
+	// throttled counts calls adaptive throttling rejected, by method
+	// index: such a call has no server to be counted under.
+	throttled [MaxMethods + 1]atomic.Uint64
 }
+
+var _ qrpc.ThrottleObserver = (*Pool)(nil)
+
+// Throttled counts a call the pool's adaptive throttling rejected.
+func (p *Pool) Throttled(method []byte) { p.throttled[p.method(method)].Add(1) }
 
 // otherIndex is the series slot of method="other".
 const otherIndex = MaxMethods

@@ -78,6 +78,11 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 	}
 	r.mu.Unlock()
 	for i, p := range pools {
+		for m := range p.throttled {
+			if n := p.throttled[m].Load(); n > 0 {
+				counters[nameThrottled+`{method="`+escape(p.methodName(m))+`"}`] += float64(n)
+			}
+		}
 		for _, pe := range peers[i] {
 			srv := escape(pe.server)
 			for m := range pe.series {
