@@ -114,7 +114,7 @@ func Reasons() []Reason {
 	for _, r := range dialReasons {
 		out = append(out, Reason{Word: WordConnect, Reason: r})
 	}
-	for _, r := range []string{ReasonReconnecting, ReasonNoServer, ReasonNoStream} {
+	for _, r := range []string{ReasonReconnecting, ReasonNoServer, ReasonNoStream, ReasonThrottled} {
 		out = append(out, Reason{Word: WordUnavailable, Reason: r})
 	}
 	for _, r := range dialReasons {

@@ -89,6 +89,7 @@ var Options = []Option{
 	{Name: "try_timeout", Type: "number", Default: "0", Unit: "ms", Min: f(0), Max: f(limits.MS), Where: []string{Connect, Call, Method}, Key: true, Doc: "each attempt's bound; per call (unary only) or per method, default the method's, else the connection's", DocBounds: "`0`: off"},
 	{Name: "hedge", Type: "table", Where: []string{Connect, Call, Method}, Key: true, Doc: "hedged copies: delay, max; per call `false`: none (unary only)", DocType: "table (per call: or `false`)"},
 	{Name: "budget", Type: "table", Where: []string{Connect}, Key: true, Doc: "the retry budget: ratio, min_per_s", DocDefault: "`{ ratio = 0.2, min_per_s = 10 }`"},
+	{Name: "throttle", Type: "table", Where: []string{Connect}, Key: true, Doc: "adaptive throttling: `k` (0 off, or 1..1000000), `codes` (the answer codes that count as overload, at most 16)", DocDefault: "off"},
 	{Name: "hedge.delay", Type: "number", Unit: "ms", Min: f(0), Max: f(limits.MS), Where: []string{Connect, Call, Method}, Key: true, Doc: `when a copy goes out`, DocType: `number or "p95"`, DocDefault: "required with `hedge`"},
 	{Name: "hedge.max", Type: "integer", Default: "1", Min: f(1), Max: f(limits.Hedge), Where: []string{Connect, Call, Method}, Key: true, Needs: "hedge.delay", Doc: "copies at most"},
 	{Name: "budget.ratio", Type: "number", Default: "0.2", Min: ff(0), Max: ff(1), Where: []string{Connect}, Key: true, Doc: "share of the calls retries and copies may add"},

@@ -11,6 +11,7 @@ local type = type
 local tonumber = tonumber
 local str_byte = string.byte
 local str_find = string.find
+local str_sub = string.sub
 local str_match = string.match
 local str_gmatch = string.gmatch
 local str_lower = string.lower
@@ -29,6 +30,27 @@ end
 _M.host_ok = host_ok
 
 
+-- An SRV name as Go's pool reads it: "_service._proto.name" (no port),
+-- the first two labels starting with "_", no empty label.
+local function is_srv(a)
+    if type(a) ~= "string" or str_find(a, ":", 1, true) then
+        return false
+    end
+    if str_byte(a, -1) == 46 then -- a trailing "." ends the name
+        a = str_sub(a, 1, -2)
+    end
+    local n = 0
+    for label in str_gmatch(a .. ".", "([^.]*)%.") do
+        n = n + 1
+        if label == "" or n <= 2 and (#label < 2 or str_byte(label, 1) ~= 95) then
+            return false
+        end
+    end
+    return n >= 3
+end
+_M.is_srv = is_srv
+
+
 -- norm_addr(a, what) -> "host:port" with the host in lower case and the
 -- port as a plain number ("Host:038411" is "host:38411"), so that two
 -- spellings of one server are one server; or nil, "bad argument #1: ...".
@@ -39,6 +61,9 @@ local function norm_addr(a, what)
     end
     if a == "" then
         return bad(1, what .. " must be host:port, not an empty string")
+    end
+    if is_srv(a) then
+        return str_lower(a)
     end
     local host, port = str_match(a, "^(.*):(%d+)$")
     if not host then

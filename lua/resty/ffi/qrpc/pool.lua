@@ -21,6 +21,7 @@ local str_find = string.find
 local str_match = string.match
 local tab_concat = table.concat
 local tab_sort = table.sort
+local str_format = string.format
 local getmetatable = getmetatable
 local ipairs = ipairs
 
@@ -38,9 +39,11 @@ local _M = {
     keys = {
         balance = true, health = true, check = true, retries = true,
         resolve = true, resolver = true, try_timeout = true, hedge = true,
-        budget = true,
+        budget = true, throttle = true,
     },
 }
+
+local check_throttle -- below, with the other nested options
 
 local balances = {
     round_robin = true, least_inflight = true, hash = true, p2c = true,
@@ -60,6 +63,7 @@ end
 
 local host_ok = addrs_mod.host_ok
 local norm_addr = addrs_mod.norm_addr
+local is_srv = addrs_mod.is_srv
 
 
 local read_nested = guard.read_nested
@@ -153,6 +157,7 @@ local function no_pool_opts(o)
     return o.balance == nil and o.health == nil and o.check == nil
            and o.retries == nil and o.resolve == nil and o.resolver == nil
            and o.try_timeout == nil and o.hedge == nil and o.budget == nil
+           and o.throttle == nil
 end
 
 
@@ -182,6 +187,54 @@ function _M.method_opts(mo, what)
     return tab_concat(lines, "\n") .. "\n"
 end
 
+
+-- throttle = { k = 0 (off) or 1..1e6, codes = { 1..2^32-1, ... } }
+-- -> k, codes ("8,14") | nil, err
+local throttle_names = { k = true, codes = true }
+local MAX_THROTTLE_K, MAX_THROTTLE_CODES = 1e6, 16
+check_throttle = function(t)
+    if t == nil then
+        return 0, ""
+    end
+    if type(t) ~= "table" then
+        return bad(2, "throttle must be a table { k = 2, codes = { ... } }")
+    end
+    local err
+    t, err = read_nested(t, throttle_names, "throttle")
+    if not t then
+        return nil, err
+    end
+    local k = t.k
+    if type(k) ~= "number" or k ~= k or (k ~= 0 and (k < 1 or k > MAX_THROTTLE_K)) then
+        return bad(2, "throttle.k must be 0 (off) or a number 1.." .. MAX_THROTTLE_K
+                      .. " (got " .. tostring(k) .. ")")
+    end
+    local codes = ""
+    if t.codes ~= nil then
+        local list, n = read_list(t.codes, "throttle.codes")
+        if not list then
+            return nil, n
+        end
+        if n > MAX_THROTTLE_CODES then
+            return bad(2, "throttle.codes: at most " .. MAX_THROTTLE_CODES .. " codes")
+        end
+        local seen, out = {}, {}
+        for i = 1, n do
+            local c = list[i]
+            if not is_count(c, 1) or c > 4294967295 or seen[c] then
+                return bad(2, "throttle.codes[" .. i .. "] must be a code 1..4294967295, "
+                              .. "each once (got " .. tostring(c) .. ")")
+            end
+            seen[c] = true
+            out[i] = str_format("%d", c)
+        end
+        if n > 0 and k == 0 then
+            return bad(2, "throttle.codes needs throttle.k")
+        end
+        codes = tab_concat(out, ",")
+    end
+    return k, codes
+end
 
 local function pool_spec(o, spec)
     local balance, health, check = o.balance, o.health, o.check
@@ -342,9 +395,14 @@ local function pool_spec(o, spec)
         end
     end
 
+    local tk, tcodes = check_throttle(o.throttle)
+    if not tk then
+        return nil, tcodes
+    end
+
     spec.key = tab_concat({ balance, failures, eject, stall, on, cmethod,
                             cinterval, ctimeout, retries, resolve, resolver,
-                            try, hdelay, hmax, ratio, min_per_s },
+                            try, hdelay, hmax, ratio, min_per_s, tk, tcodes },
                           "|")
     spec.balance = balance
     spec.retries = retries
@@ -371,6 +429,12 @@ local function pool_spec(o, spec)
     end
     if resolver ~= "" then
         lines[#lines + 1] = "resolver=" .. resolver
+    end
+    if tk ~= 0 then
+        lines[#lines + 1] = "throttle_k=" .. tk
+        if tcodes ~= "" then
+            lines[#lines + 1] = "throttle_codes=" .. tcodes
+        end
     end
     spec.lines = tab_concat(lines, "\n") .. "\n"
     return spec
@@ -405,6 +469,10 @@ end
 -- and naddrs.
 -- A lone address's spec is shared by every connect to it: read-only.
 function _M.check(addrs, opts)
+    if type(addrs) == "string" and is_srv(addrs) then
+        -- an SRV name stands for its servers: always a pool
+        addrs = { addrs }
+    end
     if type(addrs) == "string" then
         local s = lone[addrs]
         if s and no_pool_opts(opts) then
@@ -447,6 +515,9 @@ function _M.check(addrs, opts)
             if not a then
                 return nil, err
             end
+            if is_srv(a) then
+                spec.srv = true
+            end
             if seen[a] then
                 return bad(1, "duplicate address \"" .. a .. "\"")
             end
@@ -464,7 +535,7 @@ function _M.check(addrs, opts)
     if not ok then
         return nil, err
     end
-    if spec.list and (spec.naddrs > 1 or spec.lines ~= "") then
+    if spec.list and (spec.naddrs > 1 or spec.lines ~= "" or spec.srv) then
         local l = {}
         for i = 1, spec.naddrs do
             l[i] = "addr=" .. spec.list[i]
