@@ -371,7 +371,7 @@ func TestReasonsDocumented(t *testing.T) {
 		listed[r] = true
 	}
 	for r := range listed {
-		if r.Word == qrpc.WordUnavailable && r.Reason != qrpc.ReasonReconnecting && r.Reason != qrpc.ReasonNoServer && r.Reason != qrpc.ReasonNoStream {
+		if r.Word == qrpc.WordUnavailable && r.Reason != qrpc.ReasonReconnecting && r.Reason != qrpc.ReasonNoServer && r.Reason != qrpc.ReasonNoStream && r.Reason != qrpc.ReasonThrottled {
 			if !listed[qrpc.Reason{Word: qrpc.WordConnect, Reason: r.Reason}] && !listed[qrpc.Reason{Word: qrpc.WordConnLost, Reason: r.Reason}] {
 				t.Errorf("%q is neither a connect nor a connection lost reason", r.String())
 			}
