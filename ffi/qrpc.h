@@ -120,11 +120,15 @@ typedef struct {
                                                        "key=value\n" lines (<= 1 MiB) */
 } qrpc_cmd_t;
 
-/* The version of this interface: qrpc_cmd_t's layout and the result
- * blob's (3: the blob's attempts word). A caller built for another one
- * gets QRPC_ERR_BADARG "version N, this library speaks M" for every
- * command, never a misread answer. */
-#define QRPC_CMD_VERSION 3
+/* The version of this interface: qrpc_cmd_t's layout, the result blob's
+ * and the error messages' (4: an error message is
+ * err [ 0x1f detail 0x1f attempts 0x1f budget ]: err the word or
+ * "word: reason" a caller compares, detail the library's own text,
+ * attempts a pool call's count, budget "1" when the retry budget refused a
+ * retry; a message with none of the three is err alone). A caller built
+ * for another one gets QRPC_ERR_BADARG "version N, this library speaks M"
+ * for every command, never a misread answer. */
+#define QRPC_CMD_VERSION 4
 
 /* How many Lua VMs one process's built-in host serves (qrpc_vm_open). */
 #define QRPC_MAX_VMS 8

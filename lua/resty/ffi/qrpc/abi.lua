@@ -102,7 +102,7 @@ end
 -- here, QRPC_F_X is F_X, QRPC_CMD_VERSION is CMD_VERSION); the other Lua
 -- files take them from this table. nginx/abi_test.go compares the two
 -- lists, both ways.
-local CMD_VERSION = 3
+local CMD_VERSION = 4
 
 local OP_CONNECT = 1
 local OP_UNARY = 2
