@@ -47,6 +47,9 @@ DEMO := demo/qrpc-demo
 
 GO_TEST_TIMEOUT ?= 20m
 GO_TEST_FLAGS   ?=
+# The test-only hooks (internal/bridge/testhook.go) exist in test builds
+# only; the library nginx loads is built without them.
+GO_TEST_TAGS    := -tags qrpctesthooks
 # Test binaries run side by side: the nginx, examples, demo and rockspec
 # suites mostly wait on processes and the network, so on 2 CPUs 4 at once
 # take about half the wall time of 2 (docs/testing.md).
@@ -102,7 +105,7 @@ test: test-deps lint proto-check $(LIB) $(DEMO)
 	@$(MAKE) --no-print-directory --output-sync=line -j2 test-go test-race
 
 test-go: $(LIB) $(DEMO)
-	$(TEST_ENV) $(GO) test -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
+	$(TEST_ENV) $(GO) test $(GO_TEST_TAGS) -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
 
 # The tests that ngxtest.Long skips in make test: soaks, stress, the
 # 30-second scenarios. CI runs them once, on the Debian flavour; one
@@ -113,7 +116,7 @@ test-long: $(LIB) $(DEMO)
 # The protocol and the runtime under the race detector (the nginx suite
 # cannot be: the library runs inside nginx there).
 test-race:
-	$(GO) test -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/... ./internal/hostq/... ./internal/restyhost/...
+	$(GO) test $(GO_TEST_TAGS) -race -count=1 -timeout $(GO_TEST_TIMEOUT) ./qrpc/... ./ffi/... ./internal/bridge/... ./internal/hostq/... ./internal/restyhost/...
 
 # Also part of test-go; this runs it alone.
 test-rockspec:
@@ -122,6 +125,7 @@ test-rockspec:
 lint:
 	@echo "gofmt -l ."; out=$$($(GOFMT) -l .); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet $(GO_TEST_TAGS) ./internal/bridge/... ./internal/hostq/... ./ffi/...
 	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run nginx/flavours/*.sh; do bash -n "$$f" || exit 1; done
 	$(GO) run ./internal/docscheck/cmd/docscheck

@@ -458,26 +458,6 @@ func putHeaders(hp *[][]byte) {
 	hdrPool.Put(hp)
 }
 
-// testHook, nil outside tests, lets tests panic at chosen points to check
-// that the panic is recovered into an error.
-var testHook atomic.Pointer[func(where string)]
-
-// SetTestHook installs (nil: removes) a function that runs at named
-// points ("submit", "complete"). For tests only.
-func SetTestHook(f func(where string)) {
-	if f == nil {
-		testHook.Store(nil)
-		return
-	}
-	testHook.Store(&f)
-}
-
-func hook(where string) {
-	if f := testHook.Load(); f != nil {
-		(*f)(where)
-	}
-}
-
 // RecoverLog is deferred at the top of every goroutine that runs inside
 // nginx: a panic there would otherwise take the worker down.
 func (r *Runtime) RecoverLog(where string) {

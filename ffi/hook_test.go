@@ -1,3 +1,5 @@
+//go:build qrpctesthooks
+
 package main
 
 import (
