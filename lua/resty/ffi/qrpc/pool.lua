@@ -151,7 +151,7 @@ end
 -- The pool options, normalised: a default written out gives the same key
 -- as an option left out.
 local DEFAULT_KEY = "round_robin|3|10000|200|connect,reset,timeout||0|0|0|0|"
-                    .. "|0||0|0.2|10"
+                    .. "|0||0|0.2|10|0|"
 
 local function no_pool_opts(o)
     return o.balance == nil and o.health == nil and o.check == nil
