@@ -43,6 +43,9 @@ const (
 	// Recorded in Lua by resty.ffi.qrpc.gateway and added to a worker's
 	// snapshot there (lua/resty/ffi/qrpc/metrics.lua): rendered here.
 	nameGWRequests = "qrpc_gateway_requests_total"
+	// Recorded in Lua by resty.ffi.qrpc (a unary whose deadline passed
+	// before it was sent).
+	nameExpired    = "qrpc_client_deadline_expired_total"
 	nameGWDuration = "qrpc_gateway_request_duration_seconds"
 	// NameVMCompletions is counted by the built-in host (SetExtraCounters).
 	NameVMCompletions = "qrpc_client_vm_completions_total"
@@ -67,6 +70,7 @@ var families = []family{
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
 	{nameThrottled, "counter", "Calls rejected by a pool's adaptive throttling before any server was asked (unavailable: throttled), by method."},
 	{NameVMCompletions, "counter", "Completions (answers, errors, connects) the built-in host delivered to each Lua VM of the worker, by the VM's nginx subsystem (http, stream)."},
+	{nameExpired, "counter", "Unary calls not sent because their deadline had passed (timeout, no attempt), by method."},
 	{nameGWRequests, "counter", "REST gateway requests by route (its template, never the raw path), HTTP method and status."},
 	{nameGWDuration, "histogram", "Duration of REST gateway requests by route, from serve() to the answer written, in seconds."},
 }

@@ -59,6 +59,34 @@ local pool_call_opts = pool.call_opts
 local plain = args.plain
 local check_opts = args.check_opts
 local check_call = args.check_call
+local EXPIRED = args.EXPIRED
+
+-- qrpc_client_deadline_expired_total{method}: unary calls not sent because
+-- their deadline had passed (a source of qrpc.metrics()); at most
+-- MAX_EXPIRED methods get a series of their own, the rest count as "other".
+local expired = {}
+local n_expired, MAX_EXPIRED = 0, 256
+require("resty.ffi.qrpc.metrics").add_source(expired)
+local expired_keys = {}
+local function expired_key(method)
+    local key = expired_keys[method]
+    if not key then
+        if n_expired >= MAX_EXPIRED then
+            return 'qrpc_client_deadline_expired_total{method="other"}'
+        end
+        n_expired = n_expired + 1
+        key = 'qrpc_client_deadline_expired_total{method="'
+              .. string.gsub(method, '[\\"\n]', { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" })
+              .. '"}'
+        expired_keys[method] = key
+    end
+    return key
+end
+
+local function count_expired(method)
+    local key = expired_key(method)
+    expired[key] = (expired[key] or 0) + 1
+end
 local call_opts = args.call_opts
 local S = runtime.S
 local yieldable = runtime.yieldable
@@ -120,6 +148,7 @@ local function new_conn(e, bound)
         timeout = e.call_timeout,
         max_frame = e.max_frame,
         prop = e.prop,
+        prop_deadline = e.prop_deadline,
         balance = e.balance,
         retries = e.retries,
         methods = bound,
@@ -322,12 +351,14 @@ function methods.unary(self, method, body, opts)
     end
     local nh, hlen, timeout, hbuf
     body, nh, hlen, timeout, hbuf = check_call(v.max_frame, v.prop, method,
-                                               body, opts)
+                                               body, opts, v.timeout,
+                                               v.prop_deadline)
     if not body then
+        if nh == EXPIRED then
+            count_expired(method)
+            return nil, "timeout", { attempts = 0, detail = hlen }
+        end
         return nil, nh, hlen or {}
-    end
-    if timeout == 0 then
-        timeout = v.timeout
     end
     local ok, hash_key, retries, copts = pool_call_opts(v, opts, 4, method)
     if not ok then

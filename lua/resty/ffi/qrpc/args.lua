@@ -27,6 +27,7 @@ local str_gsub = string.gsub
 local str_find = string.find
 local str_char = string.char
 local math_floor = math.floor
+local ngx_now = ngx.now
 local math_ceil = math.ceil
 local math_huge = math.huge
 local tab_concat = table.concat
@@ -341,7 +342,12 @@ _M.check_opts = check_opts
 -- opts (a plain table or nil) of unary/event, and packs headers. Returns
 -- body, nhdrs, hdrs_len, timeout (0: none given), hdrs buffer, or nil,
 -- err, info.
-local function check_call(max_frame, prop, method, body, opts)
+-- The nh of check_call's nil, EXPIRED, detail: a unary whose deadline had
+-- passed (not sent).
+local EXPIRED = {}
+_M.EXPIRED = EXPIRED
+
+local function check_call(max_frame, prop, method, body, opts, def_timeout, prop_deadline)
     if type(method) ~= "string" then
         return bad(2, "method must be a string (got " .. type(method) .. ")")
     end
@@ -358,7 +364,7 @@ local function check_call(max_frame, prop, method, body, opts)
                       .. "is " .. max_frame .. ")")
     end
     local nh, hlen, timeout, hbuf = 0, 0, 0, nil
-    local h
+    local h, deadline
     if opts ~= nil then
         local err
         local t = opts.timeout
@@ -367,6 +373,21 @@ local function check_call(max_frame, prop, method, body, opts)
             if not timeout then
                 return nil, err
             end
+        end
+        local d = opts.deadline
+        if d ~= nil then
+            if type(d) ~= "number" or d ~= d or d == math_huge or d == -math_huge then
+                return bad(4, "deadline must be a number of seconds on ngx.now()'s clock (got "
+                              .. (type(d) == "number" and tostring(d) or type(d)) .. ")")
+            end
+            deadline = d
+        end
+        local pd = opts.propagate_deadline
+        if pd ~= nil then
+            if type(pd) ~= "boolean" then
+                return bad(4, "propagate_deadline must be a boolean (got " .. type(pd) .. ")")
+            end
+            prop_deadline = pd
         end
         h = opts.headers
         if h ~= nil then
@@ -383,6 +404,34 @@ local function check_call(max_frame, prop, method, body, opts)
     end
     if prop then
         h = propagate_apply(prop, h)
+    end
+    if def_timeout then
+        -- unary: the call's time is its timeout, else the connection's,
+        -- cut to what is left before its deadline
+        if timeout == 0 then
+            timeout = def_timeout
+        end
+        if deadline then
+            local left = (deadline - ngx_now()) * 1000
+            if left <= 0 then
+                return nil, EXPIRED, "the deadline passed " .. math_ceil(-left)
+                                     .. " ms before the call"
+            end
+            if left < timeout then
+                timeout = math_ceil(left)
+            end
+        end
+        if prop_deadline then
+            -- the caller's table stays as it is
+            local h2 = {}
+            if h then
+                for k, v in pairs(h) do
+                    h2[k] = v
+                end
+            end
+            h2["grpc-timeout"] = math_ceil(timeout) .. "m"
+            h = h2
+        end
     end
     if h ~= nil then
         nh, hlen, hbuf = pack_headers(h, 4, max_frame)

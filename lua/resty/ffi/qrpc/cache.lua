@@ -168,6 +168,7 @@ function _M.find(addr, o, spec)
            and e.pool_key == spec.key
            and same_pins(e.pins, o.pins)
            and same_pins(e.propagate, o.propagate)
+           and e.prop_deadline == (o.propagate_deadline == true)
         then
             touch(e)
             return e
@@ -273,6 +274,7 @@ function _M.start(addr, o, pins, spec)
         pins = o.pins and { unpack(o.pins) },
         propagate = o.propagate and { unpack(o.propagate) },
         prop = o.propagate and propagate.check(o.propagate),
+        prop_deadline = o.propagate_deadline == true,
         call_timeout = (o.timeout and o.timeout > 0) and math_ceil(o.timeout)
                        or DEFAULT_TIMEOUT_MS,
         max_frame = o.max_frame_size or DEFAULT_MAX_FRAME,
