@@ -21,7 +21,6 @@ local str_find = string.find
 local str_match = string.match
 local tab_concat = table.concat
 local tab_sort = table.sort
-local str_format = string.format
 local getmetatable = getmetatable
 local ipairs = ipairs
 
@@ -42,8 +41,6 @@ local _M = {
         budget = true, throttle = true,
     },
 }
-
-local check_throttle -- below, with the other nested options
 
 local balances = {
     round_robin = true, least_inflight = true, hash = true, p2c = true,
@@ -68,6 +65,7 @@ local is_srv = addrs_mod.is_srv
 
 local read_nested = guard.read_nested
 local read_list = guard.read_list
+local check_throttle = guard.check_throttle
 
 local health_names = { failures = true, eject = true, stall = true, on = true }
 local check_names = { method = true, interval = true, timeout = true }
@@ -187,54 +185,6 @@ function _M.method_opts(mo, what)
     return tab_concat(lines, "\n") .. "\n"
 end
 
-
--- throttle = { k = 0 (off) or 1..1e6, codes = { 1..2^32-1, ... } }
--- -> k, codes ("8,14") | nil, err
-local throttle_names = { k = true, codes = true }
-local MAX_THROTTLE_K, MAX_THROTTLE_CODES = 1e6, 16
-check_throttle = function(t)
-    if t == nil then
-        return 0, ""
-    end
-    if type(t) ~= "table" then
-        return bad(2, "throttle must be a table { k = 2, codes = { ... } }")
-    end
-    local err
-    t, err = read_nested(t, throttle_names, "throttle")
-    if not t then
-        return nil, err
-    end
-    local k = t.k
-    if type(k) ~= "number" or k ~= k or (k ~= 0 and (k < 1 or k > MAX_THROTTLE_K)) then
-        return bad(2, "throttle.k must be 0 (off) or a number 1.." .. MAX_THROTTLE_K
-                      .. " (got " .. tostring(k) .. ")")
-    end
-    local codes = ""
-    if t.codes ~= nil then
-        local list, n = read_list(t.codes, "throttle.codes")
-        if not list then
-            return nil, n
-        end
-        if n > MAX_THROTTLE_CODES then
-            return bad(2, "throttle.codes: at most " .. MAX_THROTTLE_CODES .. " codes")
-        end
-        local seen, out = {}, {}
-        for i = 1, n do
-            local c = list[i]
-            if not is_count(c, 1) or c > 4294967295 or seen[c] then
-                return bad(2, "throttle.codes[" .. i .. "] must be a code 1..4294967295, "
-                              .. "each once (got " .. tostring(c) .. ")")
-            end
-            seen[c] = true
-            out[i] = str_format("%d", c)
-        end
-        if n > 0 and k == 0 then
-            return bad(2, "throttle.codes needs throttle.k")
-        end
-        codes = tab_concat(out, ",")
-    end
-    return k, codes
-end
 
 local function pool_spec(o, spec)
     local balance, health, check = o.balance, o.health, o.check
