@@ -45,6 +45,8 @@ metrics=on
                                  by itself N+5 s later), "kind=cpu-stop\n" stops it and answers it */
 #define QRPC_OP_PROTO_DESCRIBE 13 /* body = .proto path, method = "file", opts as PROTO_LOAD: loads it if
                                      needed and answers JSON: services, google.api.http rules, messages */
+#define QRPC_OP_POOL_SHARE 14 /* conn, opts = a binary record of the other workers' verdicts (and roles,
+                                 resolved list) -> this worker's own, same form: internal/bridge/share.go */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */

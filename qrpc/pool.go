@@ -341,6 +341,7 @@ type Pool struct {
 	lat        latencyHist // answer times, for hedging at the p95
 	throttle   *throttler  // nil: off
 	clk        clock       // realClock{}; a test's own (export_test.go)
+	share      shareState  // other views' verdicts and roles (pool_share.go)
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -433,6 +434,9 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 	if err != nil {
 		return nil, err
 	}
+	p.mu.Lock()
+	p.noteResolved(want, names, meta)
+	p.mu.Unlock()
 	if len(want) == 1 {
 		// One server: dial it now, as Dial does, and fail as it fails.
 		if err := p.addSync(ctx, want[0], names, meta); err != nil {

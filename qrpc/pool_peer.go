@@ -59,6 +59,10 @@ type peer struct {
 	// balancing and the stall limit read it.
 	ewma   atomic.Int64
 	ewmaAt atomic.Int64
+
+	// remoteStall is the end (monoNS) of another view's stall verdict
+	// (pool_share.go); 0: none.
+	remoteStall atomic.Int64
 }
 
 // ewmaDecay is the peak EWMA's time constant (linkerd's).
@@ -490,7 +494,7 @@ func takeable(pr *peer, ex *exclude, clk *pickClock, limit int64) (ok, trial, st
 	if !ok {
 		return false, false, false
 	}
-	if pr.stalled(pr.inflight.Load(), clk, limit) {
+	if pr.stalled(pr.inflight.Load(), clk, limit) || pr.remoteStall.Load() != 0 && pr.remoteStalled(clk) {
 		return false, false, true
 	}
 	return true, trial, false

@@ -343,6 +343,9 @@ func (p *Pool) resolveLoop() {
 		case <-p.ctx.Done():
 			return
 		}
+		if p.share.noResolve.Load() {
+			continue // another view resolves (pool_share.go)
+		}
 		want, names, meta, err := p.resolve(p.ctx)
 		if err != nil {
 			if p.ctx.Err() == nil {
@@ -352,6 +355,7 @@ func (p *Pool) resolveLoop() {
 		}
 		p.mu.Lock()
 		if !p.closed.Load() {
+			p.noteResolved(want, names, meta)
 			_ = p.apply(want, names, meta) // logged per server
 		}
 		p.mu.Unlock()
@@ -368,6 +372,9 @@ func (p *Pool) checkLoop() {
 		case <-t.C:
 		case <-p.ctx.Done():
 			return
+		}
+		if p.share.noProbe.Load() {
+			continue // another view probes (pool_share.go)
 		}
 		peers := p.set.Load().peers
 		done := make(chan struct{}, len(peers))

@@ -28,11 +28,12 @@ const (
 	OpConfigure     // runtime settings
 	OpProfile       // a pprof profile of this worker's Go runtime
 	OpProtoDescribe // services, HTTP rules and messages of a .proto file
+	OpPoolShare     // conn, opts = verdicts in -> this view's verdicts (share.go)
 
 	// lastSubmitOp is the highest op of Submit (qrpc_submit_async, the
 	// synchronous EVENT and CLOSE of qrpc_query, lua-resty-ffi).
 	lastSubmitOp = OpStats
-	lastOp       = OpProtoDescribe
+	lastOp       = OpPoolShare
 )
 
 // FlagDiscardUnknown is QRPC_F_DISCARD_UNKNOWN: req_type's JSON may carry

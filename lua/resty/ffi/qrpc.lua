@@ -26,6 +26,7 @@ local builtin = require "resty.ffi.qrpc.host_builtin"
 local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local pool = require "resty.ffi.qrpc.pool"
+local share = require "resty.ffi.qrpc.share"
 local proto = require "resty.ffi.qrpc.proto"
 local limits = require "resty.ffi.qrpc.limits"
 
@@ -56,6 +57,8 @@ local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
 local touch = cache.touch
 local pool_call_opts = pool.call_opts
+local share_sync = share.sync
+local share_failed = share.failed
 local plain = args.plain
 local check_opts = args.check_opts
 local check_call = args.check_call
@@ -258,6 +261,9 @@ local function connect(addr, opts)
             return nil, err
         end
         e = cache.start(addr, opts, pins, spec)
+        if spec.shared then
+            e.share_spec = spec
+        end
     end
     local conn, err, info = cache.wait(e)
     if not conn then
@@ -275,6 +281,10 @@ function _M.connect(addr, opts)
     end
     -- not evicted before the caller's first call (cache.make_room)
     e.handed = ngx_now()
+    local ss = e.share_spec
+    if ss and not e.share then
+        e.share = share.attach(e, ss.shared, ss)
+    end
     local m = o.methods
     if m ~= nil then
         -- message types per method name (resty.ffi.qrpc.proto): an object
@@ -373,6 +383,10 @@ function methods.unary(self, method, body, opts)
 
     local e = v.e
     touch(e)
+    local sh = e.share
+    if sh and ngx_now() >= sh.next then
+        share_sync(sh)
+    end
     local status, val, info
     local secs = timeout / 1000 + SAFETY_SLACK_S
     if S.use_builtin then
@@ -414,6 +428,8 @@ function methods.unary(self, method, body, opts)
     end
     if status == QRPC_ERR_CLOSED then
         mark_closed(e)
+    elseif sh then
+        share_failed(sh)
     end
     return nil, val, info or {}
 end
@@ -452,6 +468,10 @@ function methods.event(self, method, body, opts)
     end
     local e = v.e
     touch(e)
+    local sh = e.share
+    if sh and ngx_now() >= sh.next then
+        share_sync(sh)
+    end
     local rc, info
     rc, err, info = builtin_event(v.handle, method, body, nh, hbuf, hlen, req,
                                   flags, hash_key)

@@ -8,6 +8,7 @@ local abi = require "resty.ffi.qrpc.abi"
 local limits = require "resty.ffi.qrpc.limits"
 local addrs_mod = require "resty.ffi.qrpc.addr"
 local guard = require "resty.ffi.qrpc.guard"
+local share = require "resty.ffi.qrpc.share"
 
 local bad = abi.bad
 
@@ -38,9 +39,16 @@ local _M = {
     keys = {
         balance = true, health = true, check = true, retries = true,
         resolve = true, resolver = true, try_timeout = true, hedge = true,
-        budget = true, throttle = true,
+        budget = true, throttle = true, shared = true,
     },
 }
+
+-- configure{ pools_dict }: the shared option of connects that give none
+local pools_dict
+
+function _M.set_pools_dict(name)
+    pools_dict = name
+end
 
 local balances = {
     round_robin = true, least_inflight = true, hash = true, p2c = true,
@@ -149,13 +157,13 @@ end
 -- The pool options, normalised: a default written out gives the same key
 -- as an option left out.
 local DEFAULT_KEY = "round_robin|3|10000|200|connect,reset,timeout||0|0|0|0|"
-                    .. "|0||0|0.2|10|0|"
+                    .. "|0||0|0.2|10|0||"
 
 local function no_pool_opts(o)
     return o.balance == nil and o.health == nil and o.check == nil
            and o.retries == nil and o.resolve == nil and o.resolver == nil
            and o.try_timeout == nil and o.hedge == nil and o.budget == nil
-           and o.throttle == nil
+           and o.throttle == nil and o.shared == nil and pools_dict == nil
 end
 
 
@@ -350,10 +358,25 @@ local function pool_spec(o, spec)
         return nil, tcodes
     end
 
+    local shared = o.shared
+    if shared == nil then
+        shared = pools_dict
+    elseif shared == false then
+        shared = nil
+    else
+        local ok, err = share.check(shared, 2, "shared")
+        if not ok then
+            return nil, err
+        end
+    end
+    spec.shared = shared
+    spec.check_ms = cinterval
+    spec.resolve_ms = resolve
+
     spec.key = tab_concat({ balance, failures, eject, stall, on, cmethod,
                             cinterval, ctimeout, retries, resolve, resolver,
-                            try, hdelay, hmax, ratio, min_per_s, tk, tcodes },
-                          "|")
+                            try, hdelay, hmax, ratio, min_per_s, tk, tcodes,
+                            shared or "" }, "|")
     spec.balance = balance
     spec.retries = retries
     local lines = {

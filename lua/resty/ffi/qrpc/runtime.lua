@@ -13,6 +13,7 @@ local resty_ffi = require "resty.ffi.qrpc.resty_ffi"
 local cache = require "resty.ffi.qrpc.cache"
 local metrics = require "resty.ffi.qrpc.metrics"
 local pool = require "resty.ffi.qrpc.pool"
+local share = require "resty.ffi.qrpc.share"
 local limits = require "resty.ffi.qrpc.limits"
 local proto = require "resty.ffi.qrpc.proto"
 local ffi = require "ffi"
@@ -238,6 +239,15 @@ function _M.configure(opts)
         if not ok then
             return bad(1, err)
         end
+    end
+    local pd = opts.pools_dict
+    if pd ~= nil then
+        local ok
+        ok, err = share.check(pd, 1, "pools_dict")
+        if not ok then
+            return nil, err
+        end
+        pool.set_pools_dict(pd)
     end
     local mc = opts.max_connections
     if mc ~= nil then

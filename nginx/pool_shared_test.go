@@ -1,0 +1,249 @@
+package nginx
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+)
+
+// sharedPoolsHTTP declares the dict of the shared-pool tests.
+const sharedPoolsHTTP = "lua_shared_dict qpools 1m;\n"
+
+// leaseLoc answers the pid holding each lease of the dict qpools.
+var leaseLoc = loc("/lease", `
+                local d = ngx.shared.qpools
+                for _, k in ipairs(d:get_keys(0)) do
+                    local what = k:match(":(%a+)$")
+                    if what == "probe" or what == "dns" then
+                        ngx.say(what, " ", d:get(k))
+                    end
+                end`)
+
+func (s *testServer) probeTimes() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.probes...)
+}
+
+// TestPoolSharedOneProberOneResolver: with 4 workers, a shared pool sends
+// its active checks from one worker and re-resolves from one, where the
+// same pool unshared does both from every worker (side by side in the
+// same nginx, so the machine's load weighs on both alike); when the
+// worker holding the probe lease is killed, another takes over.
+func TestPoolSharedOneProberOneResolver(t *testing.T) {
+	a, b := ownServer(t), ownServer(t) // shared pool's
+	c, d := ownServer(t), ownServer(t) // unshared pool's
+	port := func(s *testServer) string { _, p, _ := net.SplitHostPort(s.addr); return p }
+	dnsShared := dnstest.Start(t, "shared.qrpc.test.")
+	dnsShared.Set("127.0.0.1")
+	dnsLocal := dnstest.Start(t, "local.qrpc.test.")
+	dnsLocal.Set("127.0.0.1")
+	const interval = 100 // ms
+	n := startNginx(t, ngxConf{Workers: 4, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr, "b": b.addr, "c": c.addr, "d": d.addr,
+			"rs": "shared.qrpc.test:" + port(a), "rl": "local.qrpc.test:" + port(c),
+			"dns_s": dnsShared.Addr, "dns_l": dnsLocal.Addr},
+		InitWorkerByLua: `
+        ngx.timer.at(0, function()
+            local qrpc = require "resty.ffi.qrpc"
+            local qt = require "qtest"
+            local check = { method = "probe", interval = ` + strconv.Itoa(interval) + ` }
+            local conns = {
+                { { qt.a, qt.b }, { check = check, shared = "qpools" } },
+                { { qt.c, qt.d }, { check = check } },
+                { qt.rs, { resolve = ` + strconv.Itoa(interval) + `, resolver = qt.dns_s, shared = "qpools" } },
+                { qt.rl, { resolve = ` + strconv.Itoa(interval) + `, resolver = qt.dns_l } },
+            }
+            for _, cn in ipairs(conns) do
+                local conn, err = qrpc.connect(cn[1], qt.opts(cn[2]))
+                if not conn then
+                    ngx.log(ngx.ERR, "connect: ", err)
+                end
+            end
+        end)`,
+		Server:      leaseLoc,
+		AllowAlerts: []string{`worker process \d+ exited on signal 9`},
+	})
+
+	// Every worker probes the unshared pool's servers; wait for 40 of its
+	// rounds at c (10 rounds of 4 workers), then compare.
+	ngxtest.WaitFor(30*time.Second, func() bool { return c.eventCount("probe") >= 40 })
+	shared, local := a.eventCount("probe"), c.eventCount("probe")
+	sq, lq := dnsShared.Queries(), dnsLocal.Queries()
+	t.Logf("probes: shared pool %d (b %d), unshared %d (d %d); DNS queries: shared %d, unshared %d",
+		shared, b.eventCount("probe"), local, d.eventCount("probe"), sq, lq)
+	if local < 40 {
+		t.Fatalf("the unshared pool sent %d probes to %s in 30 s", local, c.addr)
+	}
+	// 4 workers: the unshared pool probes 4 times as often; the shared one
+	// once per interval (at most twice while a lease changes hands)
+	if shared == 0 || 2*shared > local {
+		t.Errorf("shared pool: %d probes where the unshared one sent %d: want about a quarter", shared, local)
+	}
+	// DNS: each worker resolves once at connect, then one worker per period
+	// (a name asks A and AAAA: two queries a resolution)
+	if sq == 0 || 2*sq > lq {
+		t.Errorf("shared pool: %d DNS queries where the unshared one sent %d: want about a quarter", sq, lq)
+	}
+
+	// The worker holding the probe lease dies: another takes over.
+	_, body := n.get("/lease")
+	var leader int
+	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "probe" {
+			leader, _ = strconv.Atoi(f[1])
+		}
+	}
+	if leader == 0 {
+		t.Fatalf("no probe lease in the dict: %q", body)
+	}
+	before := a.probeTimes()
+	maxGap := time.Duration(0)
+	for i := 1; i < len(before); i++ {
+		maxGap = max(maxGap, before[i].Sub(before[i-1]))
+	}
+	killed := time.Now()
+	if err := syscall.Kill(leader, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var after []time.Time
+	ngxtest.WaitFor(30*time.Second, func() bool {
+		after = nil
+		for _, p := range a.probeTimes() {
+			if p.After(killed) {
+				after = append(after, p)
+			}
+		}
+		return len(after) >= 5
+	})
+	if len(after) < 5 {
+		t.Fatalf("after the probe lease holder (pid %d) was killed, %d probes in 30 s", leader, len(after))
+	}
+	gap := after[0].Sub(killed)
+	t.Logf("probe lease holder killed: next probe %v later (largest gap before: %v)", gap, maxGap)
+	// the lease lapses in half an interval, a follower tries every quarter,
+	// then its prober's next round: within two intervals, plus what the
+	// machine's pauses added before the kill
+	if limit := 2*interval*time.Millisecond + maxGap; gap > limit {
+		t.Errorf("probes resumed %v after the lease holder died: want within %v", gap, limit)
+	}
+	_, body = n.get("/lease")
+	if strings.Contains(body, fmt.Sprintf("probe %d\n", leader)) {
+		t.Errorf("the dead worker %d still holds the probe lease: %q", leader, body)
+	}
+}
+
+// TestPoolSharedEjection: an ejection one worker makes holds in the
+// others: 4 workers call a pool of two servers with a hash key that maps
+// to b; one worker's call times out on b (health.failures = 1 ejects it);
+// no call that any worker starts more than 100 ms after that goes to b.
+// Without sharing, the other workers go on calling b.
+func TestPoolSharedEjection(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		t.Run(map[bool]string{true: "shared", false: "local"}[shared], func(t *testing.T) {
+			a, b := ownServer(t), ownServer(t)
+			opt := ""
+			if shared {
+				opt = `shared = "qpools", `
+			}
+			n := startNginx(t, ngxConf{Workers: 4, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\n",
+				Extra: map[string]string{"a": a.addr, "b": b.addr},
+				InitWorkerByLua: `
+        local function pool()
+            local qrpc = require "resty.ffi.qrpc"
+            local qt = require "qtest"
+            return qrpc.connect({ qt.a, qt.b }, qt.opts({ ` + opt + `balance = "hash",
+                health = { failures = 1, on = { "timeout" }, eject = 60000 } }))
+        end
+        -- each worker: calls with the key every 5 ms until told to stop,
+        -- counting those that went to b after the ejection + 100 ms
+        ngx.timer.at(0, function()
+            local qt = require "qtest"
+            local run = ngx.shared.qrun
+            local conn, err = pool()
+            if not conn then ngx.log(ngx.ERR, "connect: ", err) return end
+            run:incr("ready", 1, 0)
+            for _ = 1, 20000 do
+                if run:get("stop") then break end
+                local key = run:get("key")
+                if key then
+                    local started = ngx.now()
+                    local res = conn:unary("who", "", { hash_key = key })
+                    local t0 = run:get("t0")
+                    if res and res.body == qt.b then
+                        run:incr("b_calls", 1, 0)
+                        if t0 and started > t0 + 0.1 then
+                            run:incr("late", 1, 0)
+                        end
+                    end
+                    if t0 and started > t0 + 0.1 then
+                        run:incr("after", 1, 0)
+                    end
+                end
+                ngx.sleep(0.005) -- the scenario: each worker calls every 5 ms
+            end
+        end)`,
+				Server: loc("/key", `
+                local qt = require "qtest"
+                local conn = assert(require("resty.ffi.qrpc").connect({ qt.a, qt.b }, qt.opts({ `+opt+`balance = "hash",
+                    health = { failures = 1, on = { "timeout" }, eject = 60000 } })))
+                for i = 1, 1000 do
+                    local res = conn:unary("who", "", { hash_key = "k" .. i })
+                    if res and res.body == qt.b then
+                        ngx.shared.qrun:set("key", "k" .. i)
+                        ngx.say("k", i)
+                        return
+                    end
+                end
+                ngx.say("none")`) + loc("/eject", `
+                local qt = require "qtest"
+                local run = ngx.shared.qrun
+                local conn = assert(require("resty.ffi.qrpc").connect({ qt.a, qt.b }, qt.opts({ `+opt+`balance = "hash",
+                    health = { failures = 1, on = { "timeout" }, eject = 60000 } })))
+                local _, err = conn:unary("slow", "2000", { hash_key = run:get("key"), timeout = 50 })
+                run:set("t0", ngx.now())
+                local peers = conn:peers()
+                for _, p in ipairs(peers) do
+                    if p.addr == qt.b then ngx.say(err, " ", p.state) end
+                end`) + loc("/run", `
+                local run = ngx.shared.qrun
+                ngx.say(run:get("ready") or 0, " ", run:get("b_calls") or 0, " ", run:get("after") or 0, " ", run:get("late") or 0)`) + loc("/stop", `ngx.shared.qrun:set("stop", true)`),
+			})
+			defer n.get("/stop")
+			run := func() (ready, bCalls, after, late int) {
+				_, body := n.get("/run")
+				_, _ = fmt.Sscan(body, &ready, &bCalls, &after, &late)
+				return
+			}
+			ngxtest.WaitFor(30*time.Second, func() bool { r, _, _, _ := run(); return r >= 4 })
+			if st, body := n.get("/key"); st != 200 || strings.TrimSpace(body) == "none" {
+				t.Fatalf("/key: %d %q", st, body)
+			}
+			// every worker has called b before the ejection
+			ngxtest.WaitFor(30*time.Second, func() bool { _, bc, _, _ := run(); return bc >= 40 })
+			if st, body := n.get("/eject"); st != 200 || strings.TrimSpace(body) != "timeout ejected" {
+				t.Fatalf("/eject: %d %q, want the call to time out and b ejected", st, body)
+			}
+			// 200 calls started past the 100 ms: a window measured in calls
+			ngxtest.WaitFor(60*time.Second, func() bool { _, _, af, _ := run(); return af >= 200 })
+			_, _, after, late := run()
+			t.Logf("calls started more than 100 ms after the ejection: %d, of which to b: %d", after, late)
+			if after < 200 {
+				t.Fatalf("only %d calls after the ejection in 60 s", after)
+			}
+			if shared && late != 0 {
+				t.Errorf("shared pool: %d of %d calls started more than 100 ms after the ejection went to the ejected server", late, after)
+			}
+			if !shared && late == 0 {
+				t.Errorf("unshared pool: no call went to b after one worker ejected it: the test does not tell sharing apart")
+			}
+		})
+	}
+}
