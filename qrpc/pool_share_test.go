@@ -1,0 +1,134 @@
+package qrpc_test
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// TestPoolImportVerdicts: verdicts from another view eject, extend, keep
+// and bring back a server; the panic threshold holds for them too; a
+// remote stall sends calls elsewhere; View reports this view's own
+// verdicts only (an imported stall is not echoed).
+func TestPoolImportVerdicts(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	a, b := addrs[0], addrs[1]
+	const bName = "s1" // what b's "who" answers
+	p := f.dial(t, addrs, &qrpc.PoolConfig{})
+
+	view := func(addr string) qrpc.Verdict {
+		for _, v := range p.View(0).Peers {
+			if v.Addr == addr {
+				return v
+			}
+		}
+		t.Fatalf("%s not in the view", addr)
+		return qrpc.Verdict{}
+	}
+	callsTo := func(n int) map[string]int {
+		got := map[string]int{}
+		for i := 0; i < n; i++ {
+			res, err := poolCall(p, 5*time.Second, "who", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[string(res.Body)]++
+		}
+		return got
+	}
+
+	p.Import([]qrpc.Verdict{{Addr: b, Ejected: true, EjectFor: time.Minute}})
+	if v := view(b); !v.Ejected || v.EjectFor < 59*time.Second {
+		t.Fatalf("after an imported 1 min ejection: %+v", v)
+	}
+	if got := callsTo(20); got[bName] != 0 {
+		t.Errorf("calls after b's imported ejection: %v", got)
+	}
+	// a Keep verdict leaves the ejection; a shorter one does not shorten it
+	p.Import([]qrpc.Verdict{{Addr: b, Keep: true}, {Addr: b, Ejected: true, EjectFor: time.Second}})
+	if v := view(b); !v.Ejected || v.EjectFor < 58*time.Second {
+		t.Fatalf("after Keep and a shorter ejection: %+v", v)
+	}
+	// the last server up is never ejected, from here or elsewhere
+	p.Import([]qrpc.Verdict{{Addr: a, Ejected: true, EjectFor: time.Minute}})
+	if v := view(a); v.Ejected {
+		t.Errorf("a, the last server up, ejected by an import: %+v", v)
+	}
+	// back elsewhere: back here
+	p.Import([]qrpc.Verdict{{Addr: b}})
+	if v := view(b); v.Ejected {
+		t.Fatalf("after an imported return: %+v", v)
+	}
+	if got := callsTo(20); got[bName] == 0 {
+		t.Errorf("calls after b came back: %v", got)
+	}
+
+	// a remote stall: calls go to a while another server can take them,
+	// and the view does not report it as its own
+	p.Import([]qrpc.Verdict{{Addr: b, Keep: true, Stalled: true}})
+	if got := callsTo(20); got[bName] != 0 {
+		t.Errorf("calls while b is stalled elsewhere: %v", got)
+	}
+	if v := view(b); v.Stalled {
+		t.Errorf("an imported stall echoed in the view: %+v", v)
+	}
+	if in, _ := peerState(p, b); in.State != qrpc.PeerUp {
+		t.Errorf("b's state under a remote stall: %v, want up", in.State)
+	}
+	p.Import([]qrpc.Verdict{{Addr: b, Keep: true}})
+	if got := callsTo(20); got[bName] == 0 {
+		t.Errorf("calls after the remote stall was lifted: %v", got)
+	}
+}
+
+// TestPoolImportResolved: a list resolved by another view replaces the
+// pool's servers (new ones join, missing ones drain); View hands out the
+// pool's own resolved list once per generation.
+func TestPoolImportResolved(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	dns := dnstest.Start(t, "svc.qrpc.test.")
+	dns.Set("127.0.0.1")
+	_, port, _ := net.SplitHostPort(addrs[0])
+	_, port2, _ := net.SplitHostPort(addrs[1])
+	// the certificate is for localhost: the name checked is set
+	p := f.dial(t, []string{"svc.qrpc.test:" + port}, &qrpc.PoolConfig{
+		Config: qrpc.Config{ServerName: "localhost"}, Resolver: dns.Addr})
+
+	v := p.View(0)
+	if v.ResolvedGen == 0 || len(v.Resolved) != 1 || v.Resolved[0].Addr != addrs[0] || v.Resolved[0].Name != "svc.qrpc.test" {
+		t.Fatalf("the dial's own list: %+v", v)
+	}
+	if again := p.View(v.ResolvedGen); again.Resolved != nil {
+		t.Errorf("the list handed out again for a generation already seen: %+v", again.Resolved)
+	}
+
+	other := "127.0.0.1:" + port2
+	if err := p.ImportResolved([]qrpc.Resolved{{Addr: other, Name: "svc.qrpc.test", Weight: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// the new server is dialled in the background; the old one drains
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) { // poll interval of a bounded wait
+		in, ok := peerState(p, other)
+		if ok && in.State == qrpc.PeerUp {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("after importing [%s]: %+v", other, p.Peers())
+		}
+	}
+	for i := 0; i < 10; i++ {
+		res, err := poolCall(p, 5*time.Second, "who", "")
+		if err != nil || string(res.Body) != "s1" {
+			t.Fatalf("after importing [%s]: %v %+v, want every call on s1", other, err, res)
+		}
+	}
+	// an imported list is not this view's own resolution
+	if w := p.View(v.ResolvedGen); w.ResolvedGen != v.ResolvedGen {
+		t.Errorf("importing moved the pool's own generation: %d -> %d", v.ResolvedGen, w.ResolvedGen)
+	}
+}
