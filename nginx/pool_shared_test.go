@@ -247,3 +247,92 @@ func TestPoolSharedEjection(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolSharedThrottle: adaptive throttling sheds on every worker's
+// window when the pool is shared: one worker's calls are all answered
+// with the overload code; the other workers, which saw only answers,
+// then shed most of their calls. Unshared, they shed none.
+func TestPoolSharedThrottle(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		t.Run(map[bool]string{true: "shared", false: "local"}[shared], func(t *testing.T) {
+			opt := ""
+			if shared {
+				opt = `shared = "qpools", `
+			}
+			n := startNginx(t, ngxConf{Workers: 4, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\n",
+				InitWorkerByLua: `
+        -- worker 0 makes 200 calls answered with the overload code, then
+        -- the others make 20 calls each that their servers answer
+        ngx.timer.at(0, function()
+            local qt = require "qtest"
+            local run = ngx.shared.qrun
+            local conn, err = require("resty.ffi.qrpc").connect({ qt.addr },
+                qt.opts({ ` + opt + `throttle = { k = 2, codes = { 7 } } }))
+            if not conn then ngx.log(ngx.ERR, "connect: ", err) return end
+            local connected = ngx.now()
+            run:incr("ready", 1, 0)
+            local me = ngx.worker.id()
+            for _ = 1, 6000 do
+                if run:get("ready") == 4 then break end
+                ngx.sleep(0.005) -- a poll of a bounded wait: every worker connected
+            end
+            if me == 0 then
+                for _ = 1, 200 do conn:unary("fail", "") end
+                run:set("failed", true)
+                return
+            end
+            -- wait until worker 0's window is in the dict with most of its
+            -- calls (it publishes at its syncs, every 30 ms while calling)
+            local function published()
+                if not ` + strconv.FormatBool(shared) + ` then
+                    return run:get("failed")
+                end
+                local d = ngx.shared.qpools
+                for _, k in ipairs(d:get_keys(0)) do
+                    if k:find(":tr:0$") and d:get(k) >= 150 then
+                        return true
+                    end
+                end
+            end
+            for _ = 1, 6000 do
+                if published() and ngx.now() >= connected + 0.03 then break end
+                -- a poll of a bounded wait: worker 0's window published, and
+                -- this worker's next sync due (the product syncs a pool at
+                -- most every 30 ms; its connect synced it)
+                ngx.sleep(0.005)
+                ngx.update_time()
+            end
+            for _ = 1, 20 do
+                local res, cerr = conn:unary("who", "")
+                if res then
+                    run:incr("answered", 1, 0)
+                elseif cerr == "unavailable: throttled" then
+                    run:incr("throttled", 1, 0)
+                else
+                    ngx.log(ngx.ERR, "call: ", cerr)
+                end
+            end
+        end)`,
+				Server: loc("/run", `
+                local run = ngx.shared.qrun
+                ngx.say(run:get("answered") or 0, " ", run:get("throttled") or 0)`),
+			})
+			var answered, throttled int
+			ngxtest.WaitFor(60*time.Second, func() bool {
+				_, body := n.get("/run")
+				_, _ = fmt.Sscan(body, &answered, &throttled)
+				return answered+throttled >= 60
+			})
+			t.Logf("the other 3 workers: %d calls answered, %d throttled", answered, throttled)
+			if answered+throttled != 60 {
+				t.Fatalf("%d calls of the other workers ended, want 60", answered+throttled)
+			}
+			if shared && throttled < 30 {
+				t.Errorf("shared pool: %d of 60 calls throttled after another worker's 200 overloaded answers: want most", throttled)
+			}
+			if !shared && throttled != 0 {
+				t.Errorf("unshared pool: %d calls throttled in workers that saw only answers", throttled)
+			}
+		})
+	}
+}

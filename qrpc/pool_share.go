@@ -120,6 +120,19 @@ type ShareView struct {
 	Peers       []Verdict // sorted by address; Ejected with EjectFor 0 once over
 	ResolvedGen uint64
 	Resolved    []Resolved
+	// Requests and Accepts are this view's adaptive throttling window
+	// (0 without throttling).
+	Requests, Accepts int64
+}
+
+// SetOthersThrottle gives adaptive throttling the other views' window
+// (their requests and accepts over the last two minutes): the pool then
+// sheds on the sum, as one pool would. No-op without throttling.
+func (p *Pool) SetOthersThrottle(requests, accepts int64) {
+	if th := p.throttle; th != nil {
+		th.otherReqs.Store(max(0, requests))
+		th.otherAccs.Store(max(0, accepts))
+	}
 }
 
 // View reports this pool's verdicts, and its resolved list when its
@@ -137,6 +150,9 @@ func (p *Pool) View(seenGen uint64) ShareView {
 		}
 		v.Stalled = pr.stalled(pr.inflight.Load(), &clk, int64(p.cfg.Stall))
 		out.Peers = append(out.Peers, v)
+	}
+	if th := p.throttle; th != nil {
+		out.Requests, out.Accepts = th.counts(now)
 	}
 	out.ResolvedGen = p.share.resolvedGen.Load()
 	if out.ResolvedGen != seenGen {

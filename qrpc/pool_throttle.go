@@ -105,6 +105,9 @@ type throttler struct {
 	secs     [throttleSlots]int64 // under mu: the slot number each index holds
 	pastReqs atomic.Int64         // sums of the window's other slots
 	pastAccs atomic.Int64
+	// the other workers' window of a shared pool (pool_share.go)
+	otherReqs atomic.Int64
+	otherAccs atomic.Int64
 }
 
 func newThrottler(t Throttle) *throttler {
@@ -154,9 +157,12 @@ func (th *throttler) counts(now time.Time) (requests, accepts int64) {
 	return th.pastReqs.Load() + th.reqs[i].Load(), th.pastAccs.Load() + th.accs[i].Load()
 }
 
-// probability is the share of new calls to reject at now.
+// probability is the share of new calls to reject at now, over this
+// pool's window and the other workers' of a shared one.
 func (th *throttler) probability(now time.Time) float64 {
 	r, a := th.counts(now)
+	r += th.otherReqs.Load()
+	a += th.otherAccs.Load()
 	return max(0, (float64(r)-th.k*float64(a))/float64(r+1))
 }
 

@@ -15,9 +15,12 @@ import (
 //	request (opts):  u8 roles (1: this view probes, 2: it resolves)
 //	                 u64 the resolved-list generation the caller has seen
 //	                 verdicts, then a resolved list (count 0: none)
+//	                 u64 u64 the other views' adaptive throttling window:
+//	                 requests, accepts
 //	answer:          u64 this view's resolved-list generation
 //	                 this view's verdicts, then its resolved list when
 //	                 the generation differs from the one seen
+//	                 u64 u64 this view's throttling window
 //	verdicts:        u16 n, then n × (u8 flags (1 ejected, 2 stalled,
 //	                 4 ejection unknown: leave it as it is), u32 ms of
 //	                 ejection left, u16 len, addr)
@@ -86,10 +89,11 @@ func (r *shareReader) str() string { return string(r.take(int(r.u16()))) }
 
 // shareRequest is a decoded request record.
 type shareRequest struct {
-	roles    uint8
-	seenGen  uint64
-	verdicts []qrpc.Verdict
-	resolved []qrpc.Resolved
+	roles            uint8
+	seenGen          uint64
+	verdicts         []qrpc.Verdict
+	resolved         []qrpc.Resolved
+	othReqs, othAccs uint64
 }
 
 func decodeShare(b []byte) (shareRequest, error) {
@@ -123,6 +127,7 @@ func decodeShare(b []byte) (shareRequest, error) {
 		e.Name = r.str()
 		q.resolved = append(q.resolved, e)
 	}
+	q.othReqs, q.othAccs = r.u64(), r.u64()
 	if r.bad || len(r.b) != 0 {
 		return q, Badf("pool share: malformed record (%d bytes)", len(b))
 	}
@@ -164,7 +169,8 @@ func encodeShareView(v qrpc.ShareView) []byte {
 		b = appendShareStr(b, e.Addr)
 		b = appendShareStr(b, e.Name)
 	}
-	return b
+	b = binary.LittleEndian.AppendUint64(b, uint64(v.Requests))
+	return binary.LittleEndian.AppendUint64(b, uint64(v.Accepts))
 }
 
 // PoolShare answers QRPC_OP_POOL_SHARE for connection h.
@@ -187,6 +193,7 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 	if len(q.verdicts) > 0 {
 		p.Import(q.verdicts)
 	}
+	p.SetOthersThrottle(int64(min(q.othReqs, 1<<62)), int64(min(q.othAccs, 1<<62)))
 	return encodeShareView(p.View(q.seenGen)), nil
 }
 

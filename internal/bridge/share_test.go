@@ -35,7 +35,8 @@ func shareRecord(roles uint8, gen uint64, vs []qrpc.Verdict, list []qrpc.Resolve
 		b = appendShareStr(b, e.Addr)
 		b = appendShareStr(b, e.Name)
 	}
-	return b
+	b = binary.LittleEndian.AppendUint64(b, 5)
+	return binary.LittleEndian.AppendUint64(b, 4)
 }
 
 func TestShareRecord(t *testing.T) {
@@ -48,7 +49,7 @@ func TestShareRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q.roles != 3 || q.seenGen != 7 || len(q.verdicts) != 2 || q.verdicts[0] != vs[0] || q.verdicts[1] != vs[1] ||
+	if q.roles != 3 || q.seenGen != 7 || q.othReqs != 5 || q.othAccs != 4 || len(q.verdicts) != 2 || q.verdicts[0] != vs[0] || q.verdicts[1] != vs[1] ||
 		len(q.resolved) != 1 || q.resolved[0] != list[0] {
 		t.Errorf("decoded %+v", q)
 	}
@@ -59,9 +60,10 @@ func TestShareRecord(t *testing.T) {
 		}
 	}
 	// the answer's form is the request's, past the roles
-	out := encodeShareView(qrpc.ShareView{Peers: vs[:1], ResolvedGen: 9, Resolved: list})
+	out := encodeShareView(qrpc.ShareView{Peers: vs[:1], ResolvedGen: 9, Resolved: list, Requests: 12, Accepts: 3})
 	q, err = decodeShare(append([]byte{0}, out...))
-	if err != nil || q.seenGen != 9 || len(q.verdicts) != 1 || q.verdicts[0] != vs[0] || len(q.resolved) != 1 {
+	if err != nil || q.seenGen != 9 || len(q.verdicts) != 1 || q.verdicts[0] != vs[0] || len(q.resolved) != 1 ||
+		q.othReqs != 12 || q.othAccs != 3 {
 		t.Errorf("answer decoded as %+v, %v", q, err)
 	}
 }

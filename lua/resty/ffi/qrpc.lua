@@ -57,7 +57,7 @@ local rf_decode = resty_ffi.decode
 local mark_closed = cache.mark_closed
 local touch = cache.touch
 local pool_call_opts = pool.call_opts
-local share_sync = share.sync
+local share_due = share.due
 local share_failed = share.failed
 local plain = args.plain
 local check_opts = args.check_opts
@@ -384,8 +384,8 @@ function methods.unary(self, method, body, opts)
     local e = v.e
     touch(e)
     local sh = e.share
-    if sh and ngx_now() >= sh.next then
-        share_sync(sh)
+    if sh then
+        share_due(sh)
     end
     local status, val, info
     local secs = timeout / 1000 + SAFETY_SLACK_S
@@ -469,8 +469,8 @@ function methods.event(self, method, body, opts)
     local e = v.e
     touch(e)
     local sh = e.share
-    if sh and ngx_now() >= sh.next then
-        share_sync(sh)
+    if sh then
+        share_due(sh)
     end
     local rc, info
     rc, err, info = builtin_event(v.handle, method, body, nh, hbuf, hlen, req,

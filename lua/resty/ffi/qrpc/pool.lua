@@ -370,6 +370,7 @@ local function pool_spec(o, spec)
         end
     end
     spec.shared = shared
+    spec.throttle = tk ~= 0
     spec.check_ms = cinterval
     spec.resolve_ms = resolve
 

@@ -9,9 +9,12 @@
 --   * the active checks and the re-resolution: one worker holds a lease
 --     (a dict key with an expiry) and runs them; the others turn theirs
 --     off and take the resolved address list from the dict.
--- A worker syncs its view at most every SYNC_S while it takes calls, at
--- once after a failed call, and on its lease timer when the pool has
--- checks or re-resolution; an idle pool without them costs nothing.
+--   * adaptive throttling: each worker publishes its window (requests and
+--     accepts) and sheds on the sum of every worker's.
+-- A worker syncs its view at most every SYNC_S while it takes calls (and
+-- SYNC_S after its last call), at once after a failed call, and on its
+-- lease timer when the pool has checks or re-resolution; an idle pool
+-- without them costs nothing.
 --
 -- The dict keys of a pool start with "qrpc:" and a digest of its
 -- addresses and pool options (every worker computes the same):
@@ -20,6 +23,8 @@
 --   t:<addr>   stalled (expires after STALL_TTL_S unless repeated)
 --   ag, al     the resolved list's version and the list (in the form
 --              of the binary record)
+--   tr:<id>, ta:<id>  worker <id>'s adaptive throttling window: requests
+--              and accepts of the last two minutes
 --   probe, dns the leases (the holder's pid)
 
 local abi = require "resty.ffi.qrpc.abi"
@@ -30,6 +35,8 @@ local ngx_now = ngx.now
 local ngx_md5 = ngx.md5
 local timer_at = ngx.timer.at
 local worker_pid = ngx.worker.pid
+local worker_id = ngx.worker.id
+local worker_count = ngx.worker.count
 local log = ngx.log
 local WARN = ngx.WARN
 local str_byte = string.byte
@@ -62,6 +69,8 @@ local SAME_S = 0.05
 -- The leader's lease timer runs at most this far apart (s), so that what
 -- its checks find is published within it.
 local LEAD_TICK_S = 0.1
+-- adaptive throttling's window (s): a worker's published counts last it
+local THROTTLE_WINDOW_S = 120
 
 local _M = {}
 
@@ -153,21 +162,31 @@ local function decode_list(s, i)
     return list, i
 end
 
--- encode(roles, gen, verdicts, nv, list) -> the request record
-local function encode(roles, gen, verdicts, nv, list)
+-- encode(roles, gen, verdicts, nv, list, oreqs, oaccs) -> the request
+-- record
+local function encode(roles, gen, verdicts, nv, list, oreqs, oaccs)
     local b = { str_char(roles), u64(gen), u16(nv) }
     for i = 1, nv do
         local v = verdicts[i]
         b[#b + 1] = str_char(v.flags) .. u32(v.ms) .. lstr(v.addr)
     end
     b[#b + 1] = encode_list(list)
+    b[#b + 1] = u64(oreqs)
+    b[#b + 1] = u64(oaccs)
     return tab_concat(b)
 end
 
--- decode(answer) -> gen, peers { { addr, ej, ms, stall } }, list or nil
+local function rd64(s, i)
+    local lo, hi
+    lo, i = rd32(s, i)
+    hi, i = rd32(s, i)
+    return lo + hi * 4294967296, i
+end
+
+-- decode(answer) -> gen, peers { { addr, ej, ms, stall } }, list or nil,
+-- the throttling window's requests and accepts
 local function decode(s)
-    local lo, hi, i = rd32(s, 1), rd32(s, 5), 9
-    local gen = lo + hi * 4294967296
+    local gen, i = rd64(s, 1)
     local n
     n, i = rd16(s, i)
     local peers = {}
@@ -179,7 +198,11 @@ local function decode(s)
         peers[k] = { addr = addr, ej = f % 2 == 1,
                      ms = ms, stall = math_floor(f / 2) % 2 == 1 }
     end
-    return gen, peers, (decode_list(s, i))
+    local list, reqs, accs
+    list, i = decode_list(s, i)
+    reqs, i = rd64(s, i)
+    accs = rd64(s, i)
+    return gen, peers, list, reqs, accs
 end
 
 ---------------------------------------------------------------------------
@@ -189,7 +212,8 @@ end
 local function ask(st, verdicts, nv, list)
     local roles = (st.probe and 1 or 0) + (st.resolve and 2 or 0)
     local ans, err = builtin.query(OP_POOL_SHARE, st.e.handle,
-                                   encode(roles, st.gen, verdicts, nv, list))
+                                   encode(roles, st.gen, verdicts, nv, list,
+                                          st.oreqs, st.oaccs))
     if not ans then
         return nil, err
     end
@@ -284,11 +308,27 @@ local function sync(st)
         end
     end
 
-    local gen, peers, glist = ask(st, nil, 0, list)
+    local me = st.throttle and worker_id()
+    if me then
+        -- the other workers' windows, as they last published them
+        local r, a = 0, 0
+        for id = 0, worker_count() - 1 do
+            if id ~= me then
+                r = r + (dict:get(pk .. "tr:" .. id) or 0)
+                a = a + (dict:get(pk .. "ta:" .. id) or 0)
+            end
+        end
+        st.oreqs, st.oaccs = r, a
+    end
+    local gen, peers, glist, reqs, accs = ask(st, nil, 0, list)
     if not gen then
         return
     end
     publish(st, peers, now)
+    if me then
+        dict:set(pk .. "tr:" .. me, reqs, THROTTLE_WINDOW_S)
+        dict:set(pk .. "ta:" .. me, accs, THROTTLE_WINDOW_S)
+    end
     if glist and st.resolve then
         dict:set(pk .. "al", encode_list(glist))
         dict:incr(pk .. "ag", 1, 0)
@@ -320,10 +360,30 @@ local function sync(st)
 end
 _M.sync = sync
 
--- called by the call path: sync when due
+-- The call path syncs when due; a call made before then leaves a timer
+-- that syncs when it is due, so that what the last calls of a burst
+-- changed (a throttling window, a stall) is published within SYNC_S
+-- even if no call follows.
+local function trailing(premature, st)
+    st.trail = false
+    local e = st.e
+    if premature or e.closed or e.state ~= "ready" then
+        return
+    end
+    -- due by construction (the clock the timer ran on may read a
+    -- millisecond short of st.next)
+    sync(st)
+end
+
 function _M.due(st)
-    if ngx_now() >= st.next then
+    local now = ngx_now()
+    if now >= st.next then
         sync(st)
+    elseif not st.trail then
+        st.trail = true
+        if not timer_at(st.next - now, trailing, st) then
+            st.trail = false
+        end
     end
 end
 
@@ -407,6 +467,7 @@ function _M.attach(e, name, spec)
         resolve_s = spec.resolve_ms and spec.resolve_ms > 0
                     and spec.resolve_ms / 1000 or nil,
         probe = true, resolve = true,
+        throttle = spec.throttle, oreqs = 0, oaccs = 0,
     }
     if st.check_s or st.resolve_s then
         -- a lease holder that exits or stops renewing loses it within
