@@ -31,6 +31,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/srvinfo"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -288,7 +289,7 @@ func (s *testServer) restart(down time.Duration) error {
 	_ = srv.Close()
 	time.Sleep(down) // the scenario: the server is down this long
 	var err error
-	ngxtest.WaitFor(5*time.Second, func() bool { // the port may take a moment to be free again
+	testwait.For(5*time.Second, func() bool { // the port may take a moment to be free again
 		err = s.start(addr)
 		return err == nil
 	})
@@ -884,7 +885,7 @@ func tail(s string, lines int) string {
 // eventually polls f every 20 ms until it returns nil or d passes.
 func eventually(d time.Duration, f func() error) error {
 	var err error
-	ngxtest.WaitFor(d, func() bool { err = f(); return err == nil })
+	testwait.For(d, func() bool { err = f(); return err == nil })
 	return err
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // demoProc is one qrpc-demo server process (a real process, so that
@@ -514,7 +515,7 @@ func peerNum(line, key string) int {
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	if !ngxtest.WaitFor(d, cond) {
+	if !testwait.For(d, cond) {
 		t.Fatalf("after %v: %s", d, what)
 	}
 }

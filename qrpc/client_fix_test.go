@@ -14,6 +14,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
@@ -173,13 +174,13 @@ func TestStreamReopenRetried(t *testing.T) {
 	if _, err := unary(c, 5*time.Second, "reset", nil); !errors.Is(err, qrpc.ErrConnLost) {
 		t.Fatalf("reset call: %v, want connection lost", err)
 	}
-	eventually(t, 10*time.Second, "a failed reopen", func() bool {
+	testwait.Until(t, "a failed reopen", 10*time.Second, func() bool {
 		return logs.count("qrpc cannot reopen a stream, retrying", "") > 0
 	})
 	(<-held).ReleaseStreamCredit()
 	// The server hears of a stream with its first frame: calls go round
 	// the streams until one lands on the new one.
-	eventually(t, 10*time.Second, "the stream reopened (a 5th stream accepted)", func() bool {
+	testwait.Until(t, "the stream reopened (a 5th stream accepted)", 10*time.Second, func() bool {
 		for range 64 {
 			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 				t.Fatalf("call after the reset: %v", err)

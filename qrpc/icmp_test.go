@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -72,7 +73,7 @@ func TestICMPErrors(t *testing.T) {
 		_, err := unary(c, 5*time.Second, "block", nil)
 		errc <- err
 	}()
-	eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
+	testwait.Until(t, "call in flight", 5*time.Second, func() bool { return c.Stats().InFlight == 1 })
 	send(portUnreach)
 	err = <-errc
 	if r := qrpc.Classify(err); r.Word != qrpc.WordConnLost || r.Reason != qrpc.ReasonRefused {

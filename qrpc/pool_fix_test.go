@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -70,7 +71,7 @@ func TestPoolEventsKeepTrial(t *testing.T) {
 	p := f.dial(t, addrs, &qrpc.PoolConfig{Failures: 1, Eject: 200 * time.Millisecond, Stall: -1})
 	victim := f.srvs[1]
 	victim.freeze()
-	eventually(t, 10*time.Second, "the frozen server ejected", func() bool {
+	testwait.Until(t, "the frozen server ejected", 10*time.Second, func() bool {
 		_, _ = poolCall(p, 100*time.Millisecond, "who", "")
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerEjected

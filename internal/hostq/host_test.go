@@ -17,8 +17,8 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -73,7 +73,7 @@ func openBuiltin(t testing.TB) *dispatcher {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	// The file goes away once the dispatcher is in.
-	if !ngxtest.WaitFor(30*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) }) {
+	if !testwait.For(30*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) }) {
 		t.Fatalf("%s still exists after the dispatcher connected", path)
 	}
 	return &dispatcher{t: t, wake: c, got: map[uint64]bridge.Completion{}}
@@ -501,7 +501,7 @@ func TestWakeOpenRules(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	if !ngxtest.WaitFor(30*time.Second, cond) {
+	if !testwait.For(30*time.Second, cond) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
@@ -669,7 +669,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
 	}
 	// Idle: the submitter's timer gives everything back.
-	if !ngxtest.WaitFor(30*time.Second, func() bool {
+	if !testwait.For(30*time.Second, func() bool {
 		builtin.Drain(out) // as the dispatcher's poll does
 		return cmem.Stats().Bytes == 0
 	}) {

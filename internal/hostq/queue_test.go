@@ -17,8 +17,8 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // pushAsync queues c with qrpc_submit_async. cgo refuses a struct that
@@ -266,7 +266,7 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 // waitLong is waitFor with room for a few bufcache trim intervals.
 func waitLong(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	if !ngxtest.WaitFor(60*time.Second, cond) {
+	if !testwait.For(60*time.Second, cond) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
