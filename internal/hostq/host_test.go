@@ -623,31 +623,31 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 				t.Fatalf("echo %d: %d %s", id, st, msg)
 			}
 		}
-		deadline := time.Now().Add(20 * time.Second)
-		for got := 0; got < n; {
-			k := builtin.Drain(out)
-			if k == 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("round %d: %d of %d results drained", round, got, n)
-				}
-				time.Sleep(time.Millisecond) // poll interval of a bounded wait (the results are drained, not woken for)
-				continue
-			}
-			for _, c := range out[:k] {
-				if c.Status == bridge.StatusLog {
+		// The results are drained, not woken for (this host opens no
+		// wake-up socket): a bounded poll.
+		got := 0
+		drained := testwait.For(20*time.Second, func() bool {
+			for k := builtin.Drain(out); k > 0; k = builtin.Drain(out) {
+				for _, c := range out[:k] {
+					if c.Status == bridge.StatusLog {
+						cmem.Free(c.Data)
+						continue
+					}
+					got++
+					_, _, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
+					if err != nil {
+						t.Fatalf("round %d call %d: %v", round, c.CallID, err)
+					}
+					if !bytes.Equal(body, bodies[c.CallID]) {
+						t.Errorf("round %d call %d: %d bytes came back different (%d sent)", round, c.CallID, len(body), len(bodies[c.CallID]))
+					}
 					cmem.Free(c.Data)
-					continue
 				}
-				got++
-				_, _, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
-				if err != nil {
-					t.Fatalf("round %d call %d: %v", round, c.CallID, err)
-				}
-				if !bytes.Equal(body, bodies[c.CallID]) {
-					t.Errorf("round %d call %d: %d bytes came back different (%d sent)", round, c.CallID, len(body), len(bodies[c.CallID]))
-				}
-				cmem.Free(c.Data)
 			}
+			return got >= n
+		})
+		if !drained {
+			t.Fatalf("round %d: %d of %d results drained", round, got, n)
 		}
 	}
 	before := cmem.Stats()
