@@ -90,13 +90,9 @@ func TestDialFailureReleasesConns(t *testing.T) {
 		t.Fatalf("the first connection's socket %s is still open after the failed dial (%v): %v", first, err, lerr)
 	}
 	_ = sock.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > gs {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines after the failed dial, %d before:\n%s", runtime.NumGoroutine(), gs, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond) // polling a count: no event to wait on
+	if !testwait.For(5*time.Second, func() bool { return runtime.NumGoroutine() <= gs }) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines after the failed dial, %d before:\n%s", runtime.NumGoroutine(), gs, buf[:runtime.Stack(buf, true)])
 	}
 }
 

@@ -678,11 +678,11 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 	// A caller that gives up at its deadline may return while the
 	// attempt's own timeout, which raced it, is still being counted:
 	// wait (bounded) for the attempt to leave the server.
-	in, _ := peerState(p, addrs[1])
-	for i := 0; i < 1000 && in.Inflight > 0; i++ {
-		time.Sleep(time.Millisecond) // a poll of a bounded wait
+	var in qrpc.PeerInfo
+	testwait.For(5*time.Second, func() bool {
 		in, _ = peerState(p, addrs[1])
-	}
+		return in.Inflight == 0
+	})
 	if in.State != qrpc.PeerEjected || in.Failures != 3 {
 		t.Fatalf("after 3 failed calls: state %v, %d failures shown; want ejected with 3 (the calls: %q)", in.State, in.Failures, errs)
 	}
@@ -787,8 +787,9 @@ func TestPoolStallFrozen(t *testing.T) {
 			// call goes to the victim (its Calls stay where they were).
 			seen, idle := false, false
 			var callsAtVerdict, sentAfterVerdict uint64
-			// Polls the victim's state (no event to wait on), bounded.
-			for prev := false; time.Since(frozeAt) < 10*time.Second; time.Sleep(2 * time.Millisecond) {
+			// Samples the victim's state (no event to wait on), bounded:
+			// the test measures when the verdict comes.
+			for prev := false; time.Since(frozeAt) < 10*time.Second; time.Sleep(2 * time.Millisecond) { // the scenario's sampling period (2 ms) of the victim's state
 				in, _ := peerState(p, victim.addr)
 				if in.State == qrpc.PeerEjected {
 					if !prev {

@@ -178,7 +178,9 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if _, err := unary(c, 3*time.Second, "echo", nil); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond) // > max_ack_delay (25 ms)
+		// The ACK leaves no trace the test can read: the pause outlasts
+		// QUIC's delayed-ACK timer, a protocol timer, not a race.
+		time.Sleep(100 * time.Millisecond) // the scenario: a quiet connection (no ACK pending, max_ack_delay 25 ms) when the fresh socket takes the port
 		pc2, err := testsrv.ListenReusePort(addr)
 		if err != nil {
 			t.Fatal(err)

@@ -174,15 +174,10 @@ func checkGoroutines(t *testing.T) {
 		// whose last connection went away by idle timeout (5 s in the
 		// hostile-server tests when a close packet is lost on a loaded
 		// machine) and then drains. Seen once past a 5 s wait.
-		deadline := time.Now().Add(15 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				n := runtime.Stack(buf, true)
-				t.Errorf("%d goroutines left, %d before the test:\n%s", runtime.NumGoroutine(), before, buf[:n])
-				return
-			}
-			time.Sleep(20 * time.Millisecond) // polling a count, bounded
+		if !testwait.For(15*time.Second, func() bool { return runtime.NumGoroutine() <= before }) {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			t.Errorf("%d goroutines left, %d before the test:\n%s", runtime.NumGoroutine(), before, buf[:n])
 		}
 	})
 }
@@ -350,8 +345,9 @@ func TestDeadline(t *testing.T) {
 	}
 	// The late response arrives and is dropped quietly: the connection and
 	// the stream it came on keep working. A dropped answer gives no event:
-	// the scenario waits out the handler's 400 ms.
-	time.Sleep(400 * time.Millisecond)
+	// once the handler has returned (its answer goes out then), 64 more
+	// round trips on the connection are the window it arrives in.
+	testwait.Until(t, "the timed-out call's handler returns", 10*time.Second, func() bool { return e.sleeping.Load() == 0 })
 	for i := 0; i < 64; i++ {
 		if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 			t.Fatalf("after a late response: %v", err)
