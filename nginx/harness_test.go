@@ -661,7 +661,9 @@ function _M.connect(extra, addr)
     return qrpc.connect(addr or _M.addr, _M.opts(extra))
 end
 
--- wait polls f() every 10 ms until it returns a true value or secs pass.
+-- wait is the snippets' one bounded wait: it polls f() until it returns
+-- a true value (returned) or secs pass (f's last value returned). secs is
+-- a deadline for failure only, generous for a loaded machine.
 function _M.wait(secs, f)
     local deadline = ngx.now() + secs
     while true do
@@ -669,9 +671,21 @@ function _M.wait(secs, f)
         if v or ngx.now() >= deadline then
             return v
         end
-        ngx.sleep(0.01) -- poll interval of a bounded wait
+        ngx.sleep(0.01) -- the poll interval: the one sleep behind every wait
         ngx.update_time()
     end
+end
+
+-- logged reports whether a line of this nginx's error.log matches the Lua
+-- pattern pat: an event a snippet can wait for (with wait).
+function _M.logged(pat)
+    local f = io.open(_M.dir .. "/error.log")
+    if not f then
+        return false
+    end
+    local text = f:read("*a")
+    f:close()
+    return text:find(pat) ~= nil
 end
 
 return _M

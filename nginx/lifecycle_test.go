@@ -575,15 +575,17 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
                 assert(lib.qrpc_wake_open(dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
                 local thief = ngx.socket.tcp()
                 assert(thief:connect("unix:" .. ffi.string(path)))
-                ngx.sleep(0.3) -- the scenario: the theft is under way when the calls start; they must complete whatever the dispatcher is doing
+                -- the calls start once the dispatcher has seen its socket
+                -- taken (its warning logged), while it reopens one
+                local seen = qt.wait(10, function() return qt.logged("%[warn%].*qrpc: wake%-up socket: closed") end)
                 local ok = 0
                 for i = 1, 20 do
                     local res = conn:unary("echo", "after " .. i, { timeout = 3000 })
                     if res and res.body == "after " .. i then ok = ok + 1 end
                 end
                 thief:close()
-                ngx.say("calls after the theft: ", ok, " dispatcher: ", qrpc.stats().dispatcher)`)})
-	if st, body := n.get("/t"); st != 200 || body != "calls after the theft: 20 dispatcher: true\n" {
+                ngx.say("theft seen: ", seen, " calls after the theft: ", ok, " dispatcher: ", qrpc.stats().dispatcher)`)})
+	if st, body := n.get("/t"); st != 200 || body != "theft seen: true calls after the theft: 20 dispatcher: true\n" {
 		t.Fatalf("%d %q", st, body)
 	}
 	if n.logCount(`\[warn\].*qrpc: wake-up socket: closed`) == 0 {
