@@ -596,23 +596,20 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 	}()
 	t.Cleanup(n.stop)
 
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	if !testwait.For(15*time.Second, func() bool {
 		select {
 		case <-n.exited:
 			t.Fatalf("nginx exited at start:\n%s\n%s", n.readFile("stdout.log"), n.errorLog())
 		default:
 		}
-		if c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond); err == nil {
-			_ = c.Close()
-			if len(n.workerPIDs()) >= 1 {
-				break
-			}
+		c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond)
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nginx did not start listening on %s:\n%s", n.addr(), n.errorLog())
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
+		_ = c.Close()
+		return len(n.workerPIDs()) >= 1
+	}) {
+		t.Fatalf("nginx did not start listening on %s:\n%s", n.addr(), n.errorLog())
 	}
 	return n
 }

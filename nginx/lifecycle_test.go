@@ -518,14 +518,9 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 	t.Parallel()
 	n := startNginx(t, ngxConf{Workers: 1, LogLevel: "info", Server: loc("/late", connectT+`
                 ngx.log(ngx.NOTICE, "late request in")
-                -- until the dispatcher has stopped (quit): at most 10 s
+                -- until the dispatcher has stopped (quit), bounded
                 local qrpc = require "resty.ffi.qrpc"
-                for _ = 1, 1000 do
-                    if not qrpc.stats().dispatcher then
-                        break
-                    end
-                    ngx.sleep(0.01) -- poll interval of a bounded wait
-                end
+                qt.wait(10, function() return not qrpc.stats().dispatcher end)
                 local res, err = conn:unary("echo", "late ok", { timeout = 2000 })
                 ngx.say(res and res.body or err, " exiting=", ngx.worker.exiting())`)})
 	done := make(chan string, 1)

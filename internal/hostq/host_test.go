@@ -238,7 +238,7 @@ func TestBuiltinHost(t *testing.T) {
 			t.Fatalf("event: %d %s", st, msg)
 		}
 	}
-	waitFor(t, func() bool { return ts.Events("ev") == 5 }, "5 events at the server")
+	testwait.Until(t, "5 events at the server", 30*time.Second, func() bool { return ts.Events("ev") == 5 })
 
 	// Go enforces the deadline: never early, and late by no more than a
 	// reference measured right after on this machine: a call the server
@@ -270,17 +270,17 @@ func TestBuiltinHost(t *testing.T) {
 	cmd = cmdtest.Unary(h, "sleep", "300")
 	cmd.CallID = 31
 	submit(cmd)
-	waitFor(t, func() bool {
+	testwait.Until(t, "1 call in flight before cancel", 30*time.Second, func() bool {
 		s, _ := rt.Stats(h, builtin.Queued())
 		return s.Inflight == 1
-	}, "1 call in flight before cancel")
+	})
 	cancel := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 31}
 	if st, _ := submit(cancel); st != bridge.StatusOK {
 		t.Fatalf("cancel: %d", st)
 	}
 	// Past the handler's answer: the server has written it, and 3 more
 	// calls on the connection have been answered after.
-	waitFor(t, func() bool { return ts.Slept() >= slept+1 }, "the cancelled call's handler to answer")
+	testwait.Until(t, "the cancelled call's handler to answer", 30*time.Second, func() bool { return ts.Slept() >= slept+1 })
 	for i := uint64(0); i < 3; i++ {
 		e := cmdtest.Unary(h, "echo", "after")
 		e.CallID = 35 + i
@@ -404,15 +404,15 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 		cmd.CallID = i
 		submit(cmd)
 	}
-	waitFor(t, func() bool {
+	testwait.Until(t, "10 calls in flight", 30*time.Second, func() bool {
 		s, _ := rt.Stats(0, builtin.Queued())
 		return s.Inflight == 10
-	}, "10 calls in flight")
+	})
 	builtin.Shutdown()
 	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 0 {
 		t.Fatalf("in flight after shutdown %d", s.Inflight)
 	}
-	waitFor(t, func() bool { return rt.Conns() == 0 }, "connections closed")
+	testwait.Until(t, "connections closed", 30*time.Second, func() bool { return rt.Conns() == 0 })
 	if builtin.Queued() != 0 {
 		t.Fatal("completions queued after shutdown")
 	}
@@ -496,13 +496,6 @@ func TestWakeOpenRules(t *testing.T) {
 	builtin.wake.close()
 	if _, err := os.Stat(p2); !os.IsNotExist(err) {
 		t.Fatalf("socket file left after close: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	if !testwait.For(30*time.Second, cond) {
-		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
