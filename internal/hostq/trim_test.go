@@ -77,10 +77,20 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 	}
 	testwait.Until(t, "the trimmer to give back the burst's blocks and stop", 60*time.Second, trimmerIdle)
 
-	// Stopped means no timer: no tick in three periods.
+	// Stopped means no timer: no tick in three periods, counted by a
+	// reference ticker of the same period in this runtime (three of its
+	// ticks mean Go has run its timers for three periods, however loaded
+	// the machine; a trimmer timer left armed would have fired first).
 	n := builtin.submitq.trims.Load()
-	for end := time.Now().Add(3 * trimEvery); time.Now().Before(end); {
+	ref := time.NewTicker(trimEvery)
+	defer ref.Stop()
+	for ticks := 0; ticks < 3; {
 		d.pump(trimEvery)
+		select {
+		case <-ref.C:
+			ticks++
+		default:
+		}
 	}
 	if got := builtin.submitq.trims.Load(); got != n || builtin.submitq.trimOn.Load() {
 		t.Fatalf("stopped trimmer ticked %d times (on: %v)", got-n, builtin.submitq.trimOn.Load())
