@@ -23,6 +23,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // A documented request: "# try: curl ..." and the lines after it.
@@ -226,10 +227,7 @@ func startServer(t *testing.T, bin, addr, mtls, certs string) {
 		_ = cmd.Wait()
 		_ = fh.Close()
 	})
-	for i := 0; i < 300 && !fileExists(ready); i++ {
-		time.Sleep(100 * time.Millisecond) // poll interval of a bounded wait
-	}
-	if !fileExists(ready) {
+	if !testwait.For(30*time.Second, func() bool { return fileExists(ready) }) {
 		b, _ := os.ReadFile(log)
 		t.Fatalf("the demo server on %s did not get ready:\n%s", addr, b)
 	}
@@ -301,35 +299,30 @@ func (s *setup) nginx(t *testing.T, conf string, port int) string {
 			return
 		}
 		_ = syscall.Kill(pid, syscall.SIGQUIT)
-		for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
-			time.Sleep(100 * time.Millisecond) // poll interval of a bounded wait
-		}
-		if syscall.Kill(pid, 0) == nil {
+		if !testwait.For(10*time.Second, func() bool { return syscall.Kill(pid, 0) != nil }) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Errorf("nginx %d did not quit within 10 s", pid)
 		}
 	})
-	for i := 0; i < 100; i++ {
-		if b, err := os.ReadFile(pidFile); err == nil {
-			if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-				break
-			}
+	testwait.For(5*time.Second, func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
-	}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
+	})
 	if pid == 0 {
 		t.Fatal("nginx wrote no pid file")
 	}
-	for i := 0; i < 100; i++ {
+	testwait.Until(t, fmt.Sprintf("nginx listens on %d", port), 10*time.Second, func() bool {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
 		if err == nil {
 			_ = c.Close()
-			return errLog
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
-	}
-	t.Fatalf("nginx does not listen on %d", port)
-	return ""
+		return err == nil
+	})
+	return errLog
 }
 
 func (tr *try) do(t *testing.T, port int) (int, string) {
@@ -451,25 +444,24 @@ func TestExamples(t *testing.T) {
 			errLog := s.nginx(t, conf, port)
 			for _, tr := range tries {
 				// A "contains" line may wait for the workers' metrics
-				// flush (once a second): asked again, 20 times at most.
-				for attempt := 0; ; attempt++ {
-					status, body := tr.do(t, port)
-					first, _, _ := strings.Cut(body, "\n")
-					missing := ""
+				// flush (once a second, and the log phase may end after
+				// the answer): asked again until it shows, bounded.
+				var status int
+				var body, first, missing string
+				testwait.For(10*time.Second, func() bool {
+					status, body = tr.do(t, port)
+					first, _, _ = strings.Cut(body, "\n")
+					missing = ""
 					for _, c := range tr.contains {
 						if !hasLine(body, c) {
 							missing = c
 						}
 					}
-					if status == tr.status && first == tr.expect && missing == "" {
-						break
-					}
-					if missing == "" || attempt == 20 {
-						t.Errorf("%s:%d: %s %s: got %d %q, want %d %q (and the line %q)",
-							f, tr.line, tr.method, tr.url, status, body, tr.status, tr.expect, missing)
-						break
-					}
-					time.Sleep(250 * time.Millisecond) // retry interval of a bounded retry (the log phase may end after the answer)
+					return missing == ""
+				})
+				if status != tr.status || first != tr.expect || missing != "" {
+					t.Errorf("%s:%d: %s %s: got %d %q, want %d %q (and the line %q)",
+						f, tr.line, tr.method, tr.url, status, body, tr.status, tr.expect, missing)
 				}
 			}
 			logs, _ := os.ReadFile(errLog)

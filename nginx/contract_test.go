@@ -147,12 +147,7 @@ func TestKilledConnectLeaksNothing(t *testing.T) {
                 ngx.thread.kill(th)
                 -- the dial goes on without its thread: a bounded wait for
                 -- the cache to hold it
-                for _ = 1, 1000 do
-                    if qrpc.stats().connections - before >= 1 then
-                        break
-                    end
-                    ngx.sleep(0.01) -- a poll of a bounded wait
-                end
+                qt.wait(10, function() return qrpc.stats().connections - before >= 1 end)
                 local conn, err = qt.connect({ streams = 5 })
                 local res = conn and conn:unary("echo", "x")
                 ngx.say("answer ", res and res.body or err,

@@ -29,7 +29,7 @@ import (
 	// google/api/annotations.proto for the test's own compile of shop.proto
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -645,7 +645,7 @@ func TestGateway(t *testing.T) {
 		done := make(chan gwResp, 1)
 		go func() { done <- n.req(t, "GET", "/lost/v1/slow/30000", "") }()
 		// once the call is in flight at the server, it goes away
-		ngxtest.WaitFor(10*time.Second, func() bool { return len(lost.seen()) > 0 })
+		testwait.For(10*time.Second, func() bool { return len(lost.seen()) > 0 })
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 		_ = lost.srv.Shutdown(ctx)
 		cancel()
@@ -859,7 +859,7 @@ func TestGatewayAttempts(t *testing.T) {
 	// The log phase may end after the answer is out: a bounded wait for
 	// the lines.
 	var got string
-	ngxtest.WaitFor(10*time.Second, func() bool {
+	testwait.For(10*time.Second, func() bool {
 		got = n.readFile("attempts.log")
 		return strings.Count(got, "\n") >= len(want)
 	})

@@ -31,6 +31,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/srvinfo"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -289,7 +290,7 @@ func (s *testServer) restart(down time.Duration) error {
 	_ = srv.Close()
 	time.Sleep(down) // the scenario: the server is down this long
 	var err error
-	ngxtest.WaitFor(5*time.Second, func() bool { // the port may take a moment to be free again
+	testwait.For(5*time.Second, func() bool { // the port may take a moment to be free again
 		err = s.start(addr)
 		return err == nil
 	})
@@ -609,23 +610,20 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 	}()
 	t.Cleanup(n.stop)
 
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	if !testwait.For(15*time.Second, func() bool {
 		select {
 		case <-n.exited:
 			t.Fatalf("nginx exited at start:\n%s\n%s", n.readFile("stdout.log"), n.errorLog())
 		default:
 		}
-		if c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond); err == nil {
-			_ = c.Close()
-			if len(n.workerPIDs()) >= 1 {
-				break
-			}
+		c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond)
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nginx did not start listening on %s:\n%s", n.addr(), n.errorLog())
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
+		_ = c.Close()
+		return len(n.workerPIDs()) >= 1
+	}) {
+		t.Fatalf("nginx did not start listening on %s:\n%s", n.addr(), n.errorLog())
 	}
 	return n
 }
@@ -674,7 +672,9 @@ function _M.connect(extra, addr)
     return qrpc.connect(addr or _M.addr, _M.opts(extra))
 end
 
--- wait polls f() every 10 ms until it returns a true value or secs pass.
+-- wait is the snippets' one bounded wait: it polls f() until it returns
+-- a true value (returned) or secs pass (f's last value returned). secs is
+-- a deadline for failure only, generous for a loaded machine.
 function _M.wait(secs, f)
     local deadline = ngx.now() + secs
     while true do
@@ -682,9 +682,21 @@ function _M.wait(secs, f)
         if v or ngx.now() >= deadline then
             return v
         end
-        ngx.sleep(0.01) -- poll interval of a bounded wait
+        ngx.sleep(0.01) -- the poll interval: the one sleep behind every wait
         ngx.update_time()
     end
+end
+
+-- logged reports whether a line of this nginx's error.log matches the Lua
+-- pattern pat: an event a snippet can wait for (with wait).
+function _M.logged(pat)
+    local f = io.open(_M.dir .. "/error.log")
+    if not f then
+        return false
+    end
+    local text = f:read("*a")
+    f:close()
+    return text:find(pat) ~= nil
 end
 
 return _M
@@ -910,7 +922,7 @@ func tail(s string, lines int) string {
 // eventually polls f every 20 ms until it returns nil or d passes.
 func eventually(d time.Duration, f func() error) error {
 	var err error
-	ngxtest.WaitFor(d, func() bool { err = f(); return err == nil })
+	testwait.For(d, func() bool { err = f(); return err == nil })
 	return err
 }
 

@@ -58,12 +58,28 @@ func TestHotPathStaysInC(t *testing.T) {
                 -- a call that times out in Go, and one cancelled by Lua
                 -- when its light thread is killed (the sweep cancels it)
                 local _, terr = conn:unary("slow", "1000", { timeout = 50 })
-                local th = ngx.thread.spawn(function() return conn:unary("slow", "3000") end)
-                -- the scenario's pauses: the call reaches Go, then lies
-                -- abandoned until the sweep (every second) cancels it
-                ngx.sleep(0.05) -- the scenario: the call reaches Go before its thread is killed
+                -- conn:stats() enters Go: each probe's own entries are
+                -- counted apart, so every other entry still shows
+                local probes = 0
+                local function inflight()
+                    local p0 = lib.qrpc_go_entries()
+                    local st = conn:stats()
+                    probes = probes + tonumber(lib.qrpc_go_entries() - p0)
+                    return st.inflight
+                end
+                -- the server holds it 30 s, its timeout is 60 s: only a
+                -- cancel ends it within the waits below
+                local th = ngx.thread.spawn(function()
+                    return conn:unary("slow", "30000", { timeout = 60000 })
+                end)
+                -- the call is in flight in Go when its thread is killed,
+                -- then the dispatcher's sweep (every second) finds it
+                -- abandoned and cancels it: Go lets it go
+                local reached = qt.wait(10, function() return inflight() > 0 end)
                 ngx.thread.kill(th)
-                ngx.sleep(1.5) -- the dispatcher sweeps abandoned calls every second
+                local waiting = require("resty.ffi.qrpc.dispatcher").waiting
+                local swept = qt.wait(10, function() return waiting() == 0 end)
+                    and qt.wait(10, function() return inflight() == 0 end)
                 -- the IPC benchmark's echo makes the same hand-off
                 local echo = require("resty.ffi.qrpc.testing").echo
                 for i = 1, 50 do
@@ -73,11 +89,12 @@ func TestHotPathStaysInC(t *testing.T) {
                 -- an event is written on the nginx thread (qrpc_query)
                 local sent = conn:event("echo", "ev")
                 local e2 = lib.qrpc_go_entries()
-                ngx.say("bad ", bad, " timeout ", terr, " go entries ", tonumber(e1 - e0),
+                ngx.say("bad ", bad, " timeout ", terr, " reached ", reached, " swept ", swept,
+                        " go entries ", tonumber(e1 - e0) - probes,
                         " cgo calls ", cgo < 40 and "few" or cgo,
                         " event ", sent, " entering Go ", tonumber(e2 - e1) > 0)`)})
 	st, body := n.get("/t")
-	if st != 200 || body != "bad 0 timeout timeout go entries 0 cgo calls few event true entering Go true\n" {
+	if st != 200 || body != "bad 0 timeout timeout reached true swept true go entries 0 cgo calls few event true entering Go true\n" {
 		t.Fatalf("%d %q", st, strings.TrimSpace(body))
 	}
 }

@@ -518,14 +518,9 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 	t.Parallel()
 	n := startNginx(t, ngxConf{Workers: 1, LogLevel: "info", Server: loc("/late", connectT+`
                 ngx.log(ngx.NOTICE, "late request in")
-                -- until the dispatcher has stopped (quit): at most 10 s
+                -- until the dispatcher has stopped (quit), bounded
                 local qrpc = require "resty.ffi.qrpc"
-                for _ = 1, 1000 do
-                    if not qrpc.stats().dispatcher then
-                        break
-                    end
-                    ngx.sleep(0.01) -- poll interval of a bounded wait
-                end
+                qt.wait(10, function() return not qrpc.stats().dispatcher end)
                 local res, err = conn:unary("echo", "late ok", { timeout = 2000 })
                 ngx.say(res and res.body or err, " exiting=", ngx.worker.exiting())`)})
 	done := make(chan string, 1)
@@ -575,15 +570,17 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
                 assert(lib.qrpc_wake_open(dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
                 local thief = ngx.socket.tcp()
                 assert(thief:connect("unix:" .. ffi.string(path)))
-                ngx.sleep(0.3) -- the scenario: the theft is under way when the calls start; they must complete whatever the dispatcher is doing
+                -- the calls start once the dispatcher has seen its socket
+                -- taken (its warning logged), while it reopens one
+                local seen = qt.wait(10, function() return qt.logged("%[warn%].*qrpc: wake%-up socket: closed") end)
                 local ok = 0
                 for i = 1, 20 do
                     local res = conn:unary("echo", "after " .. i, { timeout = 3000 })
                     if res and res.body == "after " .. i then ok = ok + 1 end
                 end
                 thief:close()
-                ngx.say("calls after the theft: ", ok, " dispatcher: ", qrpc.stats().dispatcher)`)})
-	if st, body := n.get("/t"); st != 200 || body != "calls after the theft: 20 dispatcher: true\n" {
+                ngx.say("theft seen: ", seen, " calls after the theft: ", ok, " dispatcher: ", qrpc.stats().dispatcher)`)})
+	if st, body := n.get("/t"); st != 200 || body != "theft seen: true calls after the theft: 20 dispatcher: true\n" {
 		t.Fatalf("%d %q", st, body)
 	}
 	if n.logCount(`\[warn\].*qrpc: wake-up socket: closed`) == 0 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // metricsConf: two workers, the dict, /call making unary calls and
@@ -145,16 +146,11 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 	codeKey := `qrpc_client_calls_total{method="fail",server="` + server + `",result="code"}`
 	var got map[string]float64
 	var body string
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	if !testwait.For(15*time.Second, func() bool {
 		got, body = scrape(t, n)
-		if got[okKey] == float64(greet) && got[codeKey] == float64(fail) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 15 s: %s = %v (want %d), %s = %v (want %d)\n%s", okKey, got[okKey], greet, codeKey, got[codeKey], fail, body)
-		}
-		time.Sleep(200 * time.Millisecond) // poll interval of a bounded wait
+		return got[okKey] == float64(greet) && got[codeKey] == float64(fail)
+	}) {
+		t.Fatalf("after 15 s: %s = %v (want %d), %s = %v (want %d)\n%s", okKey, got[okKey], greet, codeKey, got[codeKey], fail, body)
 	}
 	// Exact, and stays exact: a flush by every worker after that changes
 	// nothing.
@@ -162,7 +158,7 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 	if len(ttl0) != 2 {
 		t.Fatalf("gauges of %d workers in the dict, want 2: %v", len(ttl0), ttl0)
 	}
-	waitFor(t, 15*time.Second, "a flush by every worker", func() bool {
+	testwait.Until(t, "a flush by every worker", 15*time.Second, func() bool {
 		ttl := gaugeTTL()
 		for pid, v := range ttl0 {
 			if ttl[pid] <= v {
@@ -195,14 +191,8 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 	// expiry passes).
 	old := n.workerPIDs()
 	n.signal("reload")
-	deadline = time.Now().Add(20 * time.Second)
 	for _, pid := range old {
-		for pidAlive(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("old worker %d still running 20 s after a reload", pid)
-			}
-			time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
-		}
+		testwait.Until(t, fmt.Sprintf("old worker %d gone after a reload", pid), 20*time.Second, func() bool { return !pidAlive(pid) })
 	}
 	got, body = scrape(t, n)
 	if v := got[`qrpc_client_connections{server="`+server+`",state="up"}`]; v != 0 {
@@ -335,25 +325,24 @@ func TestPrometheusScrapes(t *testing.T) {
 	q := url.QueryEscape(`sum(qrpc_client_calls_total{method="greet",result="ok"})`)
 	api := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=%s", port, q)
 	var last string
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	// Prometheus scrapes every second: a bounded wait for its answer.
+	if !testwait.For(60*time.Second, func() bool {
 		select {
 		case <-exited:
 			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
 			t.Fatalf("prometheus exited:\n%s", b)
 		default:
 		}
-		if v, raw, err := promQuery(api); err == nil && v == float64(calls) {
+		v, raw, err := promQuery(api)
+		if err == nil && v == float64(calls) {
 			t.Logf("prometheus: %s", raw)
-			return
-		} else {
-			last = fmt.Sprintf("%v %s", err, raw)
+			return true
 		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
-			t.Fatalf("after 60 s prometheus says %s, want %d calls\n%s", last, calls, b)
-		}
-		time.Sleep(500 * time.Millisecond) // poll interval of a bounded wait (Prometheus scrapes every second)
+		last = fmt.Sprintf("%v %s", err, raw)
+		return false
+	}) {
+		b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
+		t.Fatalf("after 60 s prometheus says %s, want %d calls\n%s", last, calls, b)
 	}
 }
 

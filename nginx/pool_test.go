@@ -25,6 +25,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // demoProc is one qrpc-demo server process (a real process, so that
@@ -87,22 +88,18 @@ func (d *demoProc) start() {
 	}
 	d.done = make(chan struct{})
 	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(d.cmd, d.done)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testwait.Until(d.t, fmt.Sprintf("demo server on %s ready", d.addr), 20*time.Second, func() bool {
 		b, err := os.ReadFile(ready)
 		if err == nil && strings.Contains(string(b), "addr=") {
-			break
+			return true
 		}
 		select {
 		case <-d.done:
 			d.t.Fatalf("demo server on %s exited at start", d.addr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			d.t.Fatalf("demo server on %s not ready", d.addr)
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
-	}
+		return false
+	})
 }
 
 // kill is kill -9: no goodbye to anyone.
@@ -194,7 +191,7 @@ func TestPoolThreeServers(t *testing.T) {
 	watch := func(addr, what string, cond func(line string) bool) (line string, late time.Duration) {
 		var last time.Time
 		var gap time.Duration
-		waitFor(t, 20*time.Second, what, func() bool {
+		testwait.Until(t, what, 20*time.Second, func() bool {
 			now := time.Now()
 			if !last.IsZero() {
 				gap = max(gap, now.Sub(last))
@@ -302,7 +299,7 @@ func TestPoolThreeServers(t *testing.T) {
 	// if a trial call found it still dead) plus the dial; no call fails.
 	victim.start()
 	restartedAt := time.Now()
-	waitFor(t, 30*time.Second, "the restarted server is back", func() bool { return stateOf(victim.addr) == "up" })
+	testwait.Until(t, "the restarted server is back", 30*time.Second, func() bool { return stateOf(victim.addr) == "up" })
 	back := time.Since(restartedAt)
 	t.Logf("restarted server up %v after its restart, %v after its ejection", back.Round(time.Millisecond),
 		time.Since(ejectedAt).Round(time.Millisecond))
@@ -331,7 +328,7 @@ func TestPoolThreeServers(t *testing.T) {
 		s.kill()
 	}
 	var last string
-	waitFor(t, 30*time.Second, "calls fail fast with no server up", func() bool {
+	testwait.Until(t, "calls fail fast with no server up", 30*time.Second, func() bool {
 		began := time.Now()
 		st, body := n.get("/call")
 		last = strings.TrimSpace(body)
@@ -346,14 +343,14 @@ func TestPoolThreeServers(t *testing.T) {
 	for _, s := range srvs {
 		s.start()
 	}
-	waitFor(t, 30*time.Second, "calls succeed after the restart", func() bool {
+	testwait.Until(t, "calls succeed after the restart", 30*time.Second, func() bool {
 		st, _ := n.get("/call")
 		return st == 200
 	})
 	// An ejected server comes back through a trial call once its ejection
 	// (doubled by each failed trial while it was down, at most 10 × 2 s)
 	// is over: keep calling.
-	waitFor(t, 60*time.Second, "every server up again", func() bool {
+	testwait.Until(t, "every server up again", 60*time.Second, func() bool {
 		if st, body := n.get("/call"); st != 200 {
 			t.Fatalf("a call failed after the recovery: %s", body)
 		}
@@ -410,7 +407,7 @@ func TestPoolThreeServers(t *testing.T) {
 	// Its calls time out (that is how it is found): it is ejected, or,
 	// when the idle timeout (2 s here) ends its connection first, it is
 	// "connecting" (re-dials to it fail). Either way it takes no calls.
-	waitFor(t, 20*time.Second, "the frozen server is taken out", func() bool {
+	testwait.Until(t, "the frozen server is taken out", 20*time.Second, func() bool {
 		st := stateOf(frozen.addr)
 		return st == "ejected" || st == "connecting"
 	})
@@ -492,7 +489,7 @@ func TestPoolThreeServers(t *testing.T) {
 	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the thawed server is back", func() bool {
+	testwait.Until(t, "the thawed server is back", 60*time.Second, func() bool {
 		return stateOf(frozen.addr) == "up"
 	})
 	ld.past(t, time.Now(), 1, 30*time.Second, "a call by every client with the server back")
@@ -510,13 +507,6 @@ func peerNum(line, key string) int {
 		return -1
 	}
 	return atoi(m[1])
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !ngxtest.WaitFor(d, cond) {
-		t.Fatalf("after %v: %s", d, what)
-	}
 }
 
 // TestPoolLua: the Lua surface of pools without killing anything: bad
@@ -875,7 +865,7 @@ func startLoad(t *testing.T, n *nginxProc, path string, clients int) *callLoad {
 func (l *callLoad) past(t *testing.T, at time.Time, rounds int, d time.Duration, what string) {
 	t.Helper()
 	for range rounds {
-		waitFor(t, d, what, func() bool {
+		testwait.Until(t, what, d, func() bool {
 			for i := range l.began {
 				if l.began[i].Load() <= at.UnixNano() {
 					return false
@@ -989,7 +979,7 @@ func TestPoolBalance(t *testing.T) {
 	// 4-server pool, once every server of both is up (a key goes to another
 	// server while its own is still connecting).
 	for _, q := range []struct{ arg, want string }{{"", "3"}, {"?n=4", "4"}} {
-		waitFor(t, 20*time.Second, "the hash pool"+q.arg+" is up", func() bool {
+		testwait.Until(t, "the hash pool"+q.arg+" is up", 20*time.Second, func() bool {
 			_, body := n.get("/hashup" + q.arg)
 			return strings.TrimSpace(body) == q.want
 		})
@@ -1111,12 +1101,12 @@ func TestPoolDNSLua(t *testing.T) {
 		sort.Strings(want)
 		dns.Set(ips...)
 		began := time.Now()
-		waitFor(t, 15*time.Second, "peers follow DNS to "+strings.Join(want, ","), func() bool { return peersAre(want) })
+		testwait.Until(t, "peers follow DNS to "+strings.Join(want, ","), 15*time.Second, func() bool { return peersAre(want) })
 		t.Logf("peers %v after %v (resolve = 200 ms)", want, time.Since(began).Round(time.Millisecond))
 		// every address named takes calls
 		for _, a := range want {
 			h := hitsOf(a)
-			waitFor(t, 15*time.Second, a+" takes calls", func() bool { return hitsOf(a) > h+10 })
+			testwait.Until(t, a+" takes calls", 15*time.Second, func() bool { return hitsOf(a) > h+10 })
 		}
 	}
 	step("127.0.0.1", "127.0.0.2")

@@ -13,8 +13,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -154,7 +154,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 	t.Run(last.name, func(t *testing.T) {
 		n := startNginx(t, last.conf)
 		go func() {
-			ngxtest.WaitFor(10*time.Second, func() bool {
+			testwait.For(10*time.Second, func() bool {
 				closing.mu.Lock()
 				defer closing.mu.Unlock()
 				return closing.slow > 0
@@ -204,7 +204,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 			loc("/up", `ngx.print(ngx.shared.qtest:get("up") or 0)`)})
 		// Idle timeout: silence the server while the call is in flight.
 		go func() {
-			ngxtest.WaitFor(10*time.Second, func() bool {
+			testwait.For(10*time.Second, func() bool {
 				killed.mu.Lock()
 				defer killed.mu.Unlock()
 				return killed.slow > 0
@@ -244,7 +244,7 @@ func TestErrorReasonsThroughNginx(t *testing.T) {
 			ch <- answer{st, body}
 		}()
 		// Wait until /reset's connection is up, then kill and replace.
-		if !ngxtest.WaitFor(10*time.Second, func() bool { _, up := n.get("/up"); return up == "1" }) {
+		if !testwait.For(10*time.Second, func() bool { _, up := n.get("/up"); return up == "1" }) {
 			t.Fatal("/reset never connected")
 		}
 		pc3, err := testsrv.ListenReusePort(addr)

@@ -3,7 +3,7 @@ package nginx
 import (
 	"bufio"
 	"fmt"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"io"
 	"net"
 	"net/http"
@@ -323,13 +323,13 @@ func TestStreamAndHTTPTogether(t *testing.T) {
 			for i := 0; i < 2; i++ {
 				// a round of the mix done since the start (or the last reload)
 				r0 := rounds.Load()
-				if !ngxtest.WaitFor(timeout+10*took, func() bool { return rounds.Load() > r0 }) {
+				if !testwait.For(timeout+10*took, func() bool { return rounds.Load() > r0 }) {
 					t.Fatalf("reload %d: no round of calls done in %v", i+1, timeout+10*took)
 				}
 				old := n.workerPIDs()
 				n.signal("reload")
 				// the new workers are up when the old ones are gone
-				ngxtest.WaitFor(timeout+10*took, func() bool {
+				testwait.For(timeout+10*took, func() bool {
 					for _, p := range old {
 						if pidAlive(p) {
 							return false

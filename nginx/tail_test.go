@@ -109,7 +109,7 @@ func TestPoolTryTimeoutLua(t *testing.T) {
 		if skippedAfter > 0 {
 			break
 		}
-		time.Sleep(5 * time.Millisecond) // poll interval of a bounded wait
+		time.Sleep(5 * time.Millisecond) // the scenario's sampling period (5 ms) of /peers: the test measures when the frozen server is skipped
 	}
 	time.Sleep(time.Until(stopped.Add(3 * time.Second))) // the scenario: the server stays frozen for 3 s
 	_ = victim.cmd.Process.Signal(syscall.SIGCONT)

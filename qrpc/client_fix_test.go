@@ -14,6 +14,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
@@ -89,13 +90,9 @@ func TestDialFailureReleasesConns(t *testing.T) {
 		t.Fatalf("the first connection's socket %s is still open after the failed dial (%v): %v", first, err, lerr)
 	}
 	_ = sock.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > gs {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines after the failed dial, %d before:\n%s", runtime.NumGoroutine(), gs, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond) // polling a count: no event to wait on
+	if !testwait.For(5*time.Second, func() bool { return runtime.NumGoroutine() <= gs }) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines after the failed dial, %d before:\n%s", runtime.NumGoroutine(), gs, buf[:runtime.Stack(buf, true)])
 	}
 }
 
@@ -173,13 +170,13 @@ func TestStreamReopenRetried(t *testing.T) {
 	if _, err := unary(c, 5*time.Second, "reset", nil); !errors.Is(err, qrpc.ErrConnLost) {
 		t.Fatalf("reset call: %v, want connection lost", err)
 	}
-	eventually(t, 10*time.Second, "a failed reopen", func() bool {
+	testwait.Until(t, "a failed reopen", 10*time.Second, func() bool {
 		return logs.count("qrpc cannot reopen a stream, retrying", "") > 0
 	})
 	(<-held).ReleaseStreamCredit()
 	// The server hears of a stream with its first frame: calls go round
 	// the streams until one lands on the new one.
-	eventually(t, 10*time.Second, "the stream reopened (a 5th stream accepted)", func() bool {
+	testwait.Until(t, "the stream reopened (a 5th stream accepted)", 10*time.Second, func() bool {
 		for range 64 {
 			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 				t.Fatalf("call after the reset: %v", err)

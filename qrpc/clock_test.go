@@ -1,12 +1,15 @@
 package qrpc
 
 import (
+	"fmt"
 	"math"
 	"net"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // fakeClock is a pool's clock in a test: time moves only by Advance, and
@@ -298,12 +301,10 @@ func TestRedialBackoffFakeClock(t *testing.T) {
 		// The dial fails in real time (the port is closed); the wait
 		// before the next one is armed on the fake clock.
 		var armed []time.Duration
-		for deadline := time.Now().Add(10 * time.Second); len(armed) == 0; armed = clk.armed() {
-			if time.Now().After(deadline) {
-				t.Fatalf("re-dial %d: no backoff armed after a failed dial", n)
-			}
-			time.Sleep(time.Millisecond) // polling the fake clock's timers, bounded
-		}
+		testwait.Until(t, fmt.Sprintf("re-dial %d: a backoff armed after a failed dial", n), 10*time.Second, func() bool {
+			armed = clk.armed()
+			return len(armed) > 0
+		})
 		if len(armed) != 1 || armed[0]-want > time.Microsecond || want-armed[0] > time.Microsecond {
 			t.Fatalf("re-dial %d: waits %v, want %v", n, armed, want)
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -33,7 +34,7 @@ func TestCloseDeliversQueuedEvents(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("Close waited %v: the server never confirmed", d)
 	}
-	eventually(t, 2*time.Second, "all events delivered", func() bool { return e.events.Load() == n })
+	testwait.Until(t, "all events delivered", 2*time.Second, func() bool { return e.events.Load() == n })
 	if err := c.Event([]byte("notify"), nil, nil); !errors.Is(err, qrpc.ErrClosed) {
 		t.Fatalf("event after Close: %v, want ErrClosed", err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
@@ -298,7 +299,7 @@ func TestFlappingServerBackoff(t *testing.T) {
 		defer mu.Unlock()
 		return int64(len(accepts))
 	}
-	eventually(t, 30*time.Second, "5 connections", func() bool { return n() >= 5 })
+	testwait.Until(t, "5 connections", 30*time.Second, func() bool { return n() >= 5 })
 	_ = c.Close()
 	// The first re-dial is at once (the connection was up); then each
 	// waits its backoff, base × 1.6^k less 20 % at most: from the 2nd

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -55,9 +56,12 @@ func TestICMPErrors(t *testing.T) {
 	const hostUnreach, netUnreach, portUnreach = 1, 0, 3
 	for i := range 20 {
 		send([]byte{hostUnreach, netUnreach}[i%2])
-		// Let the kernel report it before the next packet is read or sent:
-		// the scenario (an error queued on the socket gives no event here).
-		time.Sleep(2 * time.Millisecond)
+		// The messages come spread among the calls, as a router's would:
+		// most reach the socket between two calls, some during one. The
+		// client consumes each without a trace the test can read, and
+		// wherever one lands the calls must succeed, so the pause is the
+		// scenario's spacing, not a wait for the kernel.
+		time.Sleep(2 * time.Millisecond) // the scenario: ICMP messages 2 ms apart, between calls
 		if err := call(); err != nil {
 			t.Fatalf("call after ICMP unreachable %d: %v", i, err)
 		}
@@ -72,7 +76,7 @@ func TestICMPErrors(t *testing.T) {
 		_, err := unary(c, 5*time.Second, "block", nil)
 		errc <- err
 	}()
-	eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
+	testwait.Until(t, "call in flight", 5*time.Second, func() bool { return c.Stats().InFlight == 1 })
 	send(portUnreach)
 	err = <-errc
 	if r := qrpc.Classify(err); r.Word != qrpc.WordConnLost || r.Reason != qrpc.ReasonRefused {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -50,7 +51,7 @@ func TestPoolDNS(t *testing.T) {
 		for i := range want {
 			want[i] += ":" + port
 		}
-		eventually(t, 10*time.Second, "peers follow DNS to "+strings.Join(want, ","), func() bool {
+		testwait.Until(t, "peers follow DNS to "+strings.Join(want, ","), 10*time.Second, func() bool {
 			var got []string
 			for _, in := range p.Peers() {
 				if in.State != qrpc.PeerUp {
@@ -67,7 +68,7 @@ func TestPoolDNS(t *testing.T) {
 	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	follows("127.0.0.1", "127.0.0.2", "127.0.0.3")
 	h := f.srvs[2].hits.Load()
-	eventually(t, 10*time.Second, "the new server takes calls", func() bool { return f.srvs[2].hits.Load() > h+20 })
+	testwait.Until(t, "the new server takes calls", 10*time.Second, func() bool { return f.srvs[2].hits.Load() > h+20 })
 	dns.Set("127.0.0.2")
 	follows("127.0.0.2")
 	// Over the next 200 calls, the removed servers take none.

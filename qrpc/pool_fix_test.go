@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -67,18 +68,23 @@ func TestPoolTooLargeEnds(t *testing.T) {
 func TestPoolEventsKeepTrial(t *testing.T) {
 	f := newFleet(t)
 	addrs := f.start(2)
-	p := f.dial(t, addrs, &qrpc.PoolConfig{Failures: 1, Eject: 200 * time.Millisecond, Stall: -1})
+	// An ejection of an hour, ended by moving the pool's clock: the trial
+	// comes exactly when the test says, however slow the machine.
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Failures: 1, Eject: time.Hour, Stall: -1})
+	advance := qrpc.ShiftPoolClockForTest(p)
 	victim := f.srvs[1]
 	victim.freeze()
-	eventually(t, 10*time.Second, "the frozen server ejected", func() bool {
+	testwait.Until(t, "the frozen server ejected", 10*time.Second, func() bool {
 		_, _ = poolCall(p, 100*time.Millisecond, "who", "")
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerEjected
 	})
 	victim.thaw()
 	in, _ := peerState(p, victim.addr)
-	// The ejection's end is the scenario: nothing to wait for but time.
-	time.Sleep(time.Until(in.EjectedUntil) + 10*time.Millisecond)
+	if in.State != qrpc.PeerEjected {
+		t.Fatalf("the thawed server is %v before its ejection ran out, want ejected", in.State)
+	}
+	advance(time.Until(in.EjectedUntil) + time.Millisecond)
 	for range 4 { // round robin over 2: two of them pick the victim
 		if err := p.Event([]byte("tick"), nil, nil); err != nil {
 			t.Fatal(err)
@@ -92,8 +98,8 @@ func TestPoolEventsKeepTrial(t *testing.T) {
 	}
 	in, _ = peerState(p, victim.addr)
 	if victim.hits.Load() == before || in.State != qrpc.PeerUp {
-		t.Fatalf("after the events: %d of 40 calls reached the server, state %v (ejected until %v ago)",
-			victim.hits.Load()-before, in.State, time.Since(in.EjectedUntil))
+		t.Fatalf("after the events: %d of 40 calls reached the server, state %v (ejected until %v)",
+			victim.hits.Load()-before, in.State, in.EjectedUntil)
 	}
 }
 

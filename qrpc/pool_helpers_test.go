@@ -17,6 +17,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -86,14 +87,11 @@ func (m *member) serve(addr string) {
 		t.Fatal(err)
 	}
 	var pc *net.UDPConn
-	// A restart may race the kernel releasing the port: retry briefly.
-	for i := 0; ; i++ {
+	// A restart may race the kernel releasing the port: retry, bounded.
+	testwait.For(5*time.Second, func() bool {
 		pc, err = net.ListenUDP("udp", ua)
-		if err == nil || i == 50 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // retrying the bind, bounded (50 tries)
-	}
+		return err == nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,14 +384,7 @@ func (l *logCapture) count(msg, addr string) int {
 func progress(t *testing.T, what string, count func() int64, n int64, within time.Duration, until func() bool) {
 	t.Helper()
 	from := count()
-	deadline := time.Now().Add(within)
-	for count()-from < n {
-		if until != nil && until() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d of %d in %v", what, count()-from, n, within)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a counter: no event to wait on
+	if !testwait.For(within, func() bool { return count()-from >= n || until != nil && until() }) {
+		t.Fatalf("%s: %d of %d in %v", what, count()-from, n, within)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -64,7 +65,7 @@ func TestPoolSRVWeights(t *testing.T) {
 			a, b := f.srvs[0], f.srvs[1]
 			dns.SetSRV(srvName, srvOf(a, 10, 3), srvOf(b, 10, 1))
 			p := f.dial(t, []string{srvName}, &qrpc.PoolConfig{Balance: bal, Resolver: dns.Addr})
-			eventually(t, 10*time.Second, "both servers up", allUp(p, 2))
+			testwait.Until(t, "both servers up", 10*time.Second, allUp(p, 2))
 			for _, in := range p.Peers() {
 				if in.Priority != 10 || (in.Weight != 3 && in.Weight != 1) {
 					t.Fatalf("peer %+v", in)
@@ -117,7 +118,7 @@ func TestPoolSRVPriority(t *testing.T) {
 		Eject:    200 * time.Millisecond,
 		Check:    qrpc.HealthCheck{Method: "hc", Interval: 50 * time.Millisecond, Timeout: 200 * time.Millisecond},
 	})
-	eventually(t, 10*time.Second, "every server up", allUp(p, 3))
+	testwait.Until(t, "every server up", 10*time.Second, allUp(p, 3))
 	var done atomic.Int64
 	stop := make(chan struct{})
 	wg := load(4, stop, func() error {
@@ -131,7 +132,7 @@ func TestPoolSRVPriority(t *testing.T) {
 		t.Fatalf("the priority-20 server took %d calls while both priority-10 ones were up", b.hits.Load()-hb)
 	}
 	a1.kill()
-	eventually(t, 10*time.Second, "a1 ejected", func() bool {
+	testwait.Until(t, "a1 ejected", 10*time.Second, func() bool {
 		in, _ := peerState(p, a1.addr)
 		return in.State == qrpc.PeerEjected
 	})
@@ -143,12 +144,12 @@ func TestPoolSRVPriority(t *testing.T) {
 		t.Fatalf("with a2 up, b took %d calls and a2 %d", b.hits.Load()-hb, a2.hits.Load()-h2)
 	}
 	a2.kill()
-	eventually(t, 10*time.Second, "the priority-20 server takes the calls", func() bool {
+	testwait.Until(t, "the priority-20 server takes the calls", 10*time.Second, func() bool {
 		return b.hits.Load() > hb+300
 	})
 	a1.restart()
 	a2.restart()
-	eventually(t, 20*time.Second, "the priority-10 servers back", func() bool {
+	testwait.Until(t, "the priority-10 servers back", 20*time.Second, func() bool {
 		for _, m := range []*member{a1, a2} {
 			if in, _ := peerState(p, m.addr); in.State != qrpc.PeerUp {
 				return false
@@ -194,9 +195,9 @@ func TestPoolSRVChange(t *testing.T) {
 		t.Fatal("b took calls before its record")
 	}
 	dns.SetSRV(srvName, srvOf(a, 0, 1), srvOf(b, 0, 1))
-	eventually(t, 10*time.Second, "b takes calls", func() bool { return b.hits.Load() > 50 })
+	testwait.Until(t, "b takes calls", 10*time.Second, func() bool { return b.hits.Load() > 50 })
 	dns.SetSRV(srvName, srvOf(b, 0, 1))
-	eventually(t, 10*time.Second, "a removed", func() bool {
+	testwait.Until(t, "a removed", 10*time.Second, func() bool {
 		_, ok := peerState(p, a.addr)
 		return !ok
 	})
@@ -208,7 +209,7 @@ func TestPoolSRVChange(t *testing.T) {
 	}
 	// Back with weights 1:3 on the same connections.
 	dns.SetSRV(srvName, srvOf(a, 0, 1), srvOf(b, 0, 3))
-	eventually(t, 10*time.Second, "a back, weighted", func() bool {
+	testwait.Until(t, "a back, weighted", 10*time.Second, func() bool {
 		in, ok := peerState(p, a.addr)
 		inb, _ := peerState(p, b.addr)
 		return ok && in.State == qrpc.PeerUp && inb.Weight == 3
@@ -258,7 +259,7 @@ func TestPoolSRVBadAnswers(t *testing.T) {
 	for i, bad := range []func(){func() { dns.SetSRV(srvName) }, func() { dns.Remove(srvName) }} {
 		bad()
 		q := dns.Queries()
-		eventually(t, 10*time.Second, "re-resolved", func() bool { return dns.Queries() > q+2 })
+		testwait.Until(t, "re-resolved", 10*time.Second, func() bool { return dns.Queries() > q+2 })
 		if _, err := poolCall(p, 5*time.Second, "who", ""); err != nil {
 			t.Fatalf("bad answer %d: %v", i, err)
 		}

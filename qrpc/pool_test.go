@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -78,7 +79,7 @@ func TestPoolEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 10*time.Second, "300 events arrive", func() bool {
+	testwait.Until(t, "300 events arrive", 10*time.Second, func() bool {
 		return f.srvs[0].evts.Load()+f.srvs[1].evts.Load()+f.srvs[2].evts.Load() == 300
 	})
 	for _, m := range f.srvs {
@@ -204,20 +205,20 @@ func TestPoolServerKilled(t *testing.T) {
 		}
 		return err
 	})
-	eventually(t, 10*time.Second, "at least 3 calls in flight on the victim", func() bool {
+	testwait.Until(t, "at least 3 calls in flight on the victim", 10*time.Second, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.Inflight >= 3
 	})
 	atKill, _ := peerState(p, victim.addr)
 	killedAt := time.Now()
 	victim.kill()
-	eventually(t, 5*time.Second, "the killed server is out (ejected or connecting)", func() bool {
+	testwait.Until(t, "the killed server is out (ejected or connecting)", 5*time.Second, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State != qrpc.PeerUp
 	})
 	out := time.Since(killedAt)
 	// The calls caught on it end, and their callers have their errors.
-	eventually(t, 2*deadline, "the calls caught on the killed server end", func() bool {
+	testwait.Until(t, "the calls caught on the killed server end", 2*deadline, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.Inflight == 0 && int64(len(ld.failures())) == rec.get(victim.addr).failed.Load()
 	})
@@ -258,7 +259,7 @@ func TestPoolServerKilled(t *testing.T) {
 	victim.hits.Store(0)
 	victim.restart()
 	restartedAt := time.Now()
-	eventually(t, 30*time.Second, "the restarted server is back and takes calls", func() bool {
+	testwait.Until(t, "the restarted server is back and takes calls", 30*time.Second, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerUp && victim.hits.Load() > 10
 	})
@@ -297,7 +298,7 @@ func TestPoolServerFrozen(t *testing.T) {
 	killedAt := time.Now()
 	victim.freeze()
 	var atEjection qrpc.PeerInfo
-	eventually(t, 10*time.Second, "the silent server is ejected", func() bool {
+	testwait.Until(t, "the silent server is ejected", 10*time.Second, func() bool {
 		atEjection, _ = peerState(p, victim.addr)
 		return atEjection.State == qrpc.PeerEjected
 	})
@@ -310,7 +311,7 @@ func TestPoolServerFrozen(t *testing.T) {
 	// Calls sent before the ejection may still be waiting out their
 	// deadline; after that, nothing fails: over 100 calls, or until the
 	// ejection nears its end (no trial call yet), whichever comes first.
-	eventually(t, 2*deadline, "the calls caught on the frozen server end", func() bool {
+	testwait.Until(t, "the calls caught on the frozen server end", 2*deadline, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.Inflight == 0 && int64(len(ld.failures())) == rec.get(victim.addr).failed.Load()
 	})
@@ -348,7 +349,7 @@ func TestPoolServerFrozen(t *testing.T) {
 	victim.hits.Store(0)
 	victim.thaw()
 	restartedAt := time.Now()
-	eventually(t, 30*time.Second, "the thawed server is back and takes calls", func() bool {
+	testwait.Until(t, "the thawed server is back and takes calls", 30*time.Second, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerUp && victim.hits.Load() > 10
 	})
@@ -390,7 +391,7 @@ func TestPoolAllDown(t *testing.T) {
 		m.kill()
 	}
 	var last error
-	eventually(t, 20*time.Second, "calls fail fast with no server up", func() bool {
+	testwait.Until(t, "calls fail fast with no server up", 20*time.Second, func() bool {
 		began := time.Now()
 		_, err := poolCall(p, 5*time.Second, "who", "")
 		last = err
@@ -407,7 +408,7 @@ func TestPoolAllDown(t *testing.T) {
 	for _, m := range f.srvs {
 		m.restart()
 	}
-	eventually(t, 30*time.Second, "calls succeed after the restart", func() bool {
+	testwait.Until(t, "calls succeed after the restart", 30*time.Second, func() bool {
 		_, err := poolCall(p, time.Second, "who", "")
 		return err == nil
 	})
@@ -460,7 +461,7 @@ func TestPoolFailoverNeverSent(t *testing.T) {
 	if err := srv.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the closed server is seen down", func() bool {
+	testwait.Until(t, "the closed server is seen down", 10*time.Second, func() bool {
 		in, _ := peerState(p, addrs[0])
 		return in.State != qrpc.PeerUp
 	})
@@ -489,7 +490,7 @@ func TestPoolOneAddress(t *testing.T) {
 		}
 	}
 	m.kill()
-	eventually(t, 20*time.Second, "calls fail fast with the client's error", func() bool {
+	testwait.Until(t, "calls fail fast with the client's error", 20*time.Second, func() bool {
 		_, err := poolCall(p, 5*time.Second, "who", "")
 		return errors.Is(err, qrpc.ErrUnavailable) && !errors.Is(err, qrpc.ErrNoServer)
 	})
@@ -498,7 +499,7 @@ func TestPoolOneAddress(t *testing.T) {
 		t.Fatalf("peer %+v", in)
 	}
 	m.restart()
-	eventually(t, 20*time.Second, "recovers", func() bool {
+	testwait.Until(t, "recovers", 20*time.Second, func() bool {
 		_, err := poolCall(p, time.Second, "who", "")
 		return err == nil
 	})
@@ -551,7 +552,7 @@ func TestPoolActiveCheck(t *testing.T) {
 	})
 	victim := f.srvs[0]
 	victim.freeze()
-	eventually(t, 10*time.Second, "ejected by the check", func() bool {
+	testwait.Until(t, "ejected by the check", 10*time.Second, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerEjected
 	})
@@ -559,7 +560,7 @@ func TestPoolActiveCheck(t *testing.T) {
 		t.Fatal("user calls were made")
 	}
 	victim.thaw()
-	eventually(t, 20*time.Second, "back through the check", func() bool {
+	testwait.Until(t, "back through the check", 20*time.Second, func() bool {
 		in, _ := peerState(p, victim.addr)
 		return in.State == qrpc.PeerUp
 	})
@@ -677,11 +678,11 @@ func TestPoolEjectionKeepsFailures(t *testing.T) {
 	// A caller that gives up at its deadline may return while the
 	// attempt's own timeout, which raced it, is still being counted:
 	// wait (bounded) for the attempt to leave the server.
-	in, _ := peerState(p, addrs[1])
-	for i := 0; i < 1000 && in.Inflight > 0; i++ {
-		time.Sleep(time.Millisecond) // a poll of a bounded wait
+	var in qrpc.PeerInfo
+	testwait.For(5*time.Second, func() bool {
 		in, _ = peerState(p, addrs[1])
-	}
+		return in.Inflight == 0
+	})
 	if in.State != qrpc.PeerEjected || in.Failures != 3 {
 		t.Fatalf("after 3 failed calls: state %v, %d failures shown; want ejected with 3 (the calls: %q)", in.State, in.Failures, errs)
 	}
@@ -786,8 +787,9 @@ func TestPoolStallFrozen(t *testing.T) {
 			// call goes to the victim (its Calls stay where they were).
 			seen, idle := false, false
 			var callsAtVerdict, sentAfterVerdict uint64
-			// Polls the victim's state (no event to wait on), bounded.
-			for prev := false; time.Since(frozeAt) < 10*time.Second; time.Sleep(2 * time.Millisecond) {
+			// Samples the victim's state (no event to wait on), bounded:
+			// the test measures when the verdict comes.
+			for prev := false; time.Since(frozeAt) < 10*time.Second; time.Sleep(2 * time.Millisecond) { // the scenario's sampling period (2 ms) of the victim's state
 				in, _ := peerState(p, victim.addr)
 				if in.State == qrpc.PeerEjected {
 					if !prev {
@@ -808,7 +810,7 @@ func TestPoolStallFrozen(t *testing.T) {
 			if in, _ := peerState(p, victim.addr); in.State != qrpc.PeerEjected {
 				t.Fatalf("10 s after the freeze: %v, want ejected", in.State)
 			}
-			eventually(t, 3*deadline, "the calls caught on the victim end", func() bool {
+			testwait.Until(t, "the calls caught on the victim end", 3*deadline, func() bool {
 				in, _ := peerState(p, victim.addr)
 				return in.Inflight == 0 && failed.Load() == rec.get(victim.addr).failed.Load()
 			})
@@ -889,7 +891,7 @@ func TestPoolStallSlowServer(t *testing.T) {
 				last.Store(&err)
 			}
 		})
-		eventually(t, 60*time.Second, what+": enough calls", enough)
+		testwait.Until(t, what+": enough calls", 60*time.Second, enough)
 		close(stop)
 		wg.Wait()
 		if n := failed.Load(); n != 0 {

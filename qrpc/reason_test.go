@@ -18,6 +18,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
@@ -68,7 +69,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			_, err := unary(c, 10*time.Second, "block", nil)
 			errc <- err
 		}()
-		eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
+		testwait.Until(t, "call in flight", 5*time.Second, func() bool { return c.Stats().InFlight == 1 })
 		_ = c.Close()
 		checkReason(t, <-errc, "closed") // in flight
 		_, err := unary(c, time.Second, "echo", nil)
@@ -123,7 +124,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			_, err := unary(c, 10*time.Second, "block", nil)
 			errc <- err
 		}()
-		eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
+		testwait.Until(t, "call in flight", 5*time.Second, func() bool { return c.Stats().InFlight == 1 })
 		// Shutdown gives the blocked handler 50 ms, then closes the
 		// connection with "server closing".
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -151,7 +152,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 		c := e.dial(t, &qrpc.Config{BackoffBase: 10 * time.Millisecond, BackoffMax: 10 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
 		_ = e.srv.Close()
 		var err error
-		eventually(t, 10*time.Second, "unavailable: refused", func() bool {
+		testwait.Until(t, "unavailable: refused", 10*time.Second, func() bool {
 			_, err = unary(c, time.Second, "echo", nil)
 			return strings.HasPrefix(qrpc.ErrorString(err), "unavailable: refused")
 		})
@@ -177,7 +178,9 @@ func TestReasonsOverQUIC(t *testing.T) {
 		if _, err := unary(c, 3*time.Second, "echo", nil); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond) // > max_ack_delay (25 ms)
+		// The ACK leaves no trace the test can read: the pause outlasts
+		// QUIC's delayed-ACK timer, a protocol timer, not a race.
+		time.Sleep(100 * time.Millisecond) // the scenario: a quiet connection (no ACK pending, max_ack_delay 25 ms) when the fresh socket takes the port
 		pc2, err := testsrv.ListenReusePort(addr)
 		if err != nil {
 			t.Fatal(err)
@@ -215,7 +218,7 @@ func TestReasonsOverQUIC(t *testing.T) {
 			_, err := unary(c, 20*time.Second, "block", nil)
 			errc <- err
 		}()
-		eventually(t, 5*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
+		testwait.Until(t, "call in flight", 5*time.Second, func() bool { return c.Stats().InFlight == 1 })
 		mp.Mute(true) // the server goes silent, its port open
 		checkReason(t, <-errc, "connection lost: idle timeout")
 	})

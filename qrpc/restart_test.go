@@ -11,6 +11,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -41,16 +42,12 @@ func failsFast(t *testing.T, c *qrpc.Client) error {
 // recovers waits until calls succeed again, with nothing done by the caller.
 func recovers(t *testing.T, c *qrpc.Client) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := unary(c, time.Second, "echo", []byte("x"))
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no recovery after the restart: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling for recovery (calls are the probe), bounded
+	var err error
+	if !testwait.For(10*time.Second, func() bool {
+		_, err = unary(c, time.Second, "echo", []byte("x"))
+		return err == nil
+	}) {
+		t.Fatalf("no recovery after the restart: %v", err)
 	}
 }
 
@@ -141,8 +138,10 @@ func restartKill(t *testing.T, e *env, sameKey bool) bool {
 	// Quiet before the kill: the client ACKs that answer up to
 	// max_ack_delay (25 ms) later, and an ACK reaching the fresh
 	// server would bring the reset before the call below does (it
-	// then sees "unavailable: stateless reset"; seen once in CI).
-	time.Sleep(100 * time.Millisecond)
+	// then sees "unavailable: stateless reset"; seen once in CI). The
+	// ACK leaves no trace the test can read: the pause outlasts QUIC's
+	// delayed-ACK timer, a protocol timer, not a race with a goroutine.
+	time.Sleep(100 * time.Millisecond) // the scenario: a quiet connection (no ACK pending) when the server dies
 
 	_ = pc.Close() // kill: no CONNECTION_CLOSE can leave
 	// The same key by default: derived from the same certificate.

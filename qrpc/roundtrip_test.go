@@ -19,6 +19,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -163,18 +164,6 @@ func unary(c *qrpc.Client, timeout time.Duration, method string, body []byte, he
 	return c.Unary(ctx, method, body, headers...)
 }
 
-// eventually polls cond every 10 ms until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling cond: the caller has no event to wait on
-	}
-}
-
 // checkGoroutines fails the test if, once the test's cleanups have run,
 // goroutines started during it are still alive. Register it first so that
 // its cleanup runs last.
@@ -185,15 +174,10 @@ func checkGoroutines(t *testing.T) {
 		// whose last connection went away by idle timeout (5 s in the
 		// hostile-server tests when a close packet is lost on a loaded
 		// machine) and then drains. Seen once past a 5 s wait.
-		deadline := time.Now().Add(15 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				n := runtime.Stack(buf, true)
-				t.Errorf("%d goroutines left, %d before the test:\n%s", runtime.NumGoroutine(), before, buf[:n])
-				return
-			}
-			time.Sleep(20 * time.Millisecond) // polling a count, bounded
+		if !testwait.For(15*time.Second, func() bool { return runtime.NumGoroutine() <= before }) {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			t.Errorf("%d goroutines left, %d before the test:\n%s", runtime.NumGoroutine(), before, buf[:n])
 		}
 	})
 }
@@ -250,7 +234,7 @@ func TestEvents(t *testing.T) {
 	if err := c.Event([]byte("panic"), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "all events delivered", func() bool { return e.events.Load() == n })
+	testwait.Until(t, "all events delivered", 5*time.Second, func() bool { return e.events.Load() == n })
 	last := e.lastEvt.Load()
 	if string(last.Body) != "hello" || len(last.Headers) != 2 || last.RequestId != 0 {
 		t.Fatalf("event as received: %+v", last)
@@ -259,7 +243,7 @@ func TestEvents(t *testing.T) {
 	if err := c.Event([]byte("notify"), nil, bytes.Repeat([]byte("z"), 1<<20)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "big event delivered", func() bool { return e.events.Load() == n+1 })
+	testwait.Until(t, "big event delivered", 5*time.Second, func() bool { return e.events.Load() == n+1 })
 	if got := len(e.lastEvt.Load().Body); got != 1<<20 {
 		t.Fatalf("big event body %d bytes", got)
 	}
@@ -361,8 +345,9 @@ func TestDeadline(t *testing.T) {
 	}
 	// The late response arrives and is dropped quietly: the connection and
 	// the stream it came on keep working. A dropped answer gives no event:
-	// the scenario waits out the handler's 400 ms.
-	time.Sleep(400 * time.Millisecond)
+	// once the handler has returned (its answer goes out then), 64 more
+	// round trips on the connection are the window it arrives in.
+	testwait.Until(t, "the timed-out call's handler returns", 10*time.Second, func() bool { return e.sleeping.Load() == 0 })
 	for i := 0; i < 64; i++ {
 		if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 			t.Fatalf("after a late response: %v", err)
@@ -403,7 +388,7 @@ func TestDeadline(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("call with a past deadline never finished")
 	}
-	eventually(t, 2*time.Second, "InFlight back to 0", func() bool { return c.Stats().InFlight == 0 })
+	testwait.Until(t, "InFlight back to 0", 2*time.Second, func() bool { return c.Stats().InFlight == 0 })
 }
 
 func TestCancel(t *testing.T) {
@@ -418,7 +403,7 @@ func TestCancel(t *testing.T) {
 		_, err := c.Unary(ctx, "block", nil)
 		res <- err
 	}()
-	eventually(t, 2*time.Second, "call in flight", func() bool { return c.Stats().InFlight == 1 })
+	testwait.Until(t, "call in flight", 2*time.Second, func() bool { return c.Stats().InFlight == 1 })
 	cancel()
 	select {
 	case err := <-res:
@@ -571,7 +556,7 @@ func TestCloseFailsPendingCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 2*time.Second, "calls in flight", func() bool { return c.Stats().InFlight == n })
+	testwait.Until(t, "calls in flight", 2*time.Second, func() bool { return c.Stats().InFlight == n })
 	closed := make(chan struct{})
 	go func() { _ = c.Close(); close(closed) }()
 	for i := 0; i < n; i++ {
@@ -617,7 +602,7 @@ func TestServerShutdownWaitsForHandlers(t *testing.T) {
 		}
 		res <- err
 	}()
-	eventually(t, 5*time.Second, "the handler running", func() bool { return e.sleeping.Load() == 1 })
+	testwait.Until(t, "the handler running", 5*time.Second, func() bool { return e.sleeping.Load() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := e.srv.Shutdown(ctx); err != nil {
@@ -675,7 +660,7 @@ func TestStartRacesFailure(t *testing.T) {
 					}
 				}()
 			}
-			eventually(t, 10*time.Second, "calls started", func() bool { return started.Load() >= 100 })
+			testwait.Until(t, "calls started", 10*time.Second, func() bool { return started.Load() >= 100 })
 			if closeClient {
 				_ = c.Close()
 			} else {
@@ -694,7 +679,7 @@ func TestStartRacesFailure(t *testing.T) {
 			if !closeClient {
 				_ = c.Close() // fails whatever a new connection has in flight
 			}
-			eventually(t, 5*time.Second, "every started call finished", func() bool { return finished.Load() == started.Load() })
+			testwait.Until(t, "every started call finished", 5*time.Second, func() bool { return finished.Load() == started.Load() })
 			if twice.Load() != 0 {
 				t.Fatalf("%d calls finished twice", twice.Load())
 			}

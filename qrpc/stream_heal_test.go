@@ -9,6 +9,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
@@ -95,7 +96,7 @@ func TestStreamResetHeals(t *testing.T) {
 		}
 		// The replacement opens in the background: the connection is back
 		// to 4 streams in service, one of them new.
-		eventually(t, 10*time.Second, "a replacement stream in service", func() bool {
+		testwait.Until(t, "a replacement stream in service", 10*time.Second, func() bool {
 			ids := qrpc.StreamIDsForTest(c)
 			fresh := 0
 			for _, id := range ids {
@@ -149,7 +150,7 @@ func TestStuckStreamRetired(t *testing.T) {
 			t.Errorf("call into the hole: %v, want ErrTimeout", err)
 		}
 	}()
-	eventually(t, 5*time.Second, "the call into the hole in flight", func() bool { return c.Stats().InFlight == 1 })
+	testwait.Until(t, "the call into the hole in flight", 5*time.Second, func() bool { return c.Stats().InFlight == 1 })
 	var early atomic.Int64
 	for range 8 {
 		if _, err := unary(c, 500*time.Millisecond, "echo", nil); err != nil {

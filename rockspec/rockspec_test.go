@@ -26,6 +26,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 const rockspec = "rockspec/lua-resty-ffi-qrpc-0.1.0-1.rockspec"
@@ -180,10 +181,7 @@ func checkFromNginx(t *testing.T, nginx *ngxtest.Nginx, dir string, srv *testsrv
 		t.Fatalf("GET /t:\n%s\nwant:\n%s\nerror.log:\n%s", body, want, n.errorLog())
 	}
 	// The event is one-way: wait for the server to count it.
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Events("notify") < before+1 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
-	}
+	testwait.For(5*time.Second, func() bool { return srv.Events("notify") >= before+1 })
 	if got := srv.Events("notify") - before; got != 1 {
 		t.Fatalf("server counted %d notify events, want 1", got)
 	}
@@ -309,17 +307,16 @@ func startNginx(t *testing.T, ng *ngxtest.Nginx, dir string, data map[string]any
 		t.Fatalf("start nginx: %v\n%s\n%s", err, out, n.errorLog())
 	}
 	t.Cleanup(func() { n.stop(t) })
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	if !testwait.For(10*time.Second, func() bool {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+n.port, time.Second)
 		if err == nil {
 			_ = c.Close()
-			return n
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
+		return err == nil
+	}) {
+		t.Fatalf("nginx does not listen on %s:\n%s", n.port, n.errorLog())
 	}
-	t.Fatalf("nginx does not listen on %s:\n%s", n.port, n.errorLog())
-	return nil
+	return n
 }
 
 // workerUser names an unprivileged user and its group when nginx starts as
@@ -381,13 +378,9 @@ func (n *nginxProc) stop(t *testing.T) {
 		return
 	}
 	_ = syscall.Kill(pid, syscall.SIGQUIT)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) != nil {
-			_ = os.Remove(pidFile)
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval of a bounded wait
+	if testwait.For(10*time.Second, func() bool { return syscall.Kill(pid, 0) != nil }) {
+		_ = os.Remove(pidFile)
+		return
 	}
 	// The master leads its process group: this takes the workers too.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -112,10 +113,7 @@ func TestMethods(t *testing.T) {
 		}
 	}
 	// Events are one-way: poll the counter, bounded in time.
-	deadline := time.Now().Add(5 * time.Second)
-	for in.demo.notify.Load() != 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // poll interval of a bounded wait
-	}
+	testwait.For(5*time.Second, func() bool { return in.demo.notify.Load() >= 3 })
 	if got := string(unary(t, c, "stats", "").Body); !strings.HasPrefix(got, `{"notify":3,`) {
 		t.Fatalf("stats = %s, want notify 3", got)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -71,28 +72,21 @@ func TestMetricsRecording(t *testing.T) {
 	// The close runs on a goroutine: wait (bounded) for the gauge to move
 	// off 2; it must stop at 1.
 	var cur []byte
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) { // poll interval of a bounded wait
+	testwait.For(5*time.Second, func() bool {
 		cur, _ = r.MetricsQuery("", nil)
-		if !strings.Contains(string(cur), `qrpc_client_connections{`+srv+`,state="up"} 2`+"\n") {
-			break
-		}
-	}
+		return !strings.Contains(string(cur), `qrpc_client_connections{`+srv+`,state="up"} 2`+"\n")
+	})
 	if !strings.Contains(string(cur), `qrpc_client_connections{`+srv+`,state="up"} 1`+"\n") {
 		t.Fatalf("one of two connections closed, the server is no longer up:\n%s", cur)
 	}
 
 	// Closed: the connection leaves the "up" state.
 	h.submit(Command{Op: OpClose, Conn: conn}, StatusOK)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	if !testwait.For(5*time.Second, func() bool {
 		out, _ = r.MetricsQuery("", nil)
-		if strings.Contains(string(out), `qrpc_client_connections{`+srv+`,state="up"} 0`+"\n") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still up after close:\n%s", out)
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
+		return strings.Contains(string(out), `qrpc_client_connections{`+srv+`,state="up"} 0`+"\n")
+	}) {
+		t.Fatalf("still up after close:\n%s", out)
 	}
 	if _, err := r.MetricsQuery("bogus", nil); err == nil {
 		t.Fatal("unknown metrics query accepted")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -134,19 +135,16 @@ func TestRuntimePool(t *testing.T) {
 	}
 	// Connect returns once one server is up (the others get a short
 	// grace): wait for all three, so that round-robin is exact.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) { // poll interval of a bounded wait
+	if !testwait.For(10*time.Second, func() bool {
 		up := 0
 		for _, v := range peers() {
 			if strings.HasPrefix(v, "state=up ") {
 				up++
 			}
 		}
-		if up == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("peers %v", peers())
-		}
+		return up == 3
+	}) {
+		t.Fatalf("not all 3 up: peers %v", peers())
 	}
 	for i := range 30 {
 		id := uint64(10 + i)

@@ -12,6 +12,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/demo/proto/demopb"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 const greeterProto = "../../demo/proto/greeter.proto"
@@ -216,10 +217,7 @@ func TestProtoEvent(t *testing.T) {
 		t.Fatalf("bad event: %q", msg)
 	}
 	h.submit(ev(`{"name":"e"}`), StatusOK)
-	deadline := time.Now().Add(5 * time.Second)
-	for ts.Events("ev") < 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // poll interval of a bounded wait
-	}
+	testwait.Until(t, "the good event reaches the server", 5*time.Second, func() bool { return ts.Events("ev") >= 1 })
 	// Only the good one arrived (a late bad one would make this 2): checked
 	// after 3 more round trips on the connection, not after a while.
 	for i := uint64(0); i < 3; i++ {

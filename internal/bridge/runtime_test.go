@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // These tests run the runtime without cgo: Go memory stands in for C's
@@ -202,13 +203,7 @@ func TestRuntimeCommands(t *testing.T) {
 	// Past the handler's answer: the server has written it, and 3 more
 	// calls on the connection have been answered after (wait records any
 	// other completion it drains, the cancelled call's included).
-	deadline := time.Now().Add(5 * time.Second)
-	for ts.Slept() < slept+1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the cancelled call's handler never answered")
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval of a bounded wait
-	}
+	testwait.Until(t, "the cancelled call's handler answers", 5*time.Second, func() bool { return ts.Slept() >= slept+1 })
 	for i := uint64(0); i < 3; i++ {
 		h.submit(unary(conn, 50+i, "echo", "after", 5000), StatusPending)
 		h.wait(50+i, 5*time.Second)
@@ -230,10 +225,7 @@ func TestRuntimeCommands(t *testing.T) {
 		ev.Op = OpEvent
 		h.submit(ev, StatusOK)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for ts.Events("ev") != 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // poll interval of a bounded wait
-	}
+	testwait.For(5*time.Second, func() bool { return ts.Events("ev") >= 3 })
 	if n := ts.Events("ev"); n != 3 {
 		t.Fatalf("server got %d events", n)
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -73,7 +73,7 @@ func openBuiltin(t testing.TB) *dispatcher {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	// The file goes away once the dispatcher is in.
-	if !ngxtest.WaitFor(30*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) }) {
+	if !testwait.For(30*time.Second, func() bool { _, err := os.Stat(path); return os.IsNotExist(err) }) {
 		t.Fatalf("%s still exists after the dispatcher connected", path)
 	}
 	return &dispatcher{t: t, wake: c, got: map[uint64]bridge.Completion{}}
@@ -238,7 +238,7 @@ func TestBuiltinHost(t *testing.T) {
 			t.Fatalf("event: %d %s", st, msg)
 		}
 	}
-	waitFor(t, func() bool { return ts.Events("ev") == 5 }, "5 events at the server")
+	testwait.Until(t, "5 events at the server", 30*time.Second, func() bool { return ts.Events("ev") == 5 })
 
 	// Go enforces the deadline: never early, and late by no more than a
 	// reference measured right after on this machine: a call the server
@@ -270,17 +270,17 @@ func TestBuiltinHost(t *testing.T) {
 	cmd = cmdtest.Unary(h, "sleep", "300")
 	cmd.CallID = 31
 	submit(cmd)
-	waitFor(t, func() bool {
+	testwait.Until(t, "1 call in flight before cancel", 30*time.Second, func() bool {
 		s, _ := rt.Stats(h, builtin.Queued())
 		return s.Inflight == 1
-	}, "1 call in flight before cancel")
+	})
 	cancel := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpCancel, CallID: 31}
 	if st, _ := submit(cancel); st != bridge.StatusOK {
 		t.Fatalf("cancel: %d", st)
 	}
 	// Past the handler's answer: the server has written it, and 3 more
 	// calls on the connection have been answered after.
-	waitFor(t, func() bool { return ts.Slept() >= slept+1 }, "the cancelled call's handler to answer")
+	testwait.Until(t, "the cancelled call's handler to answer", 30*time.Second, func() bool { return ts.Slept() >= slept+1 })
 	for i := uint64(0); i < 3; i++ {
 		e := cmdtest.Unary(h, "echo", "after")
 		e.CallID = 35 + i
@@ -404,15 +404,15 @@ func TestShutdownCancelsAndCloses(t *testing.T) {
 		cmd.CallID = i
 		submit(cmd)
 	}
-	waitFor(t, func() bool {
+	testwait.Until(t, "10 calls in flight", 30*time.Second, func() bool {
 		s, _ := rt.Stats(0, builtin.Queued())
 		return s.Inflight == 10
-	}, "10 calls in flight")
+	})
 	builtin.Shutdown()
 	if s, _ := rt.Stats(0, builtin.Queued()); s.Inflight != 0 {
 		t.Fatalf("in flight after shutdown %d", s.Inflight)
 	}
-	waitFor(t, func() bool { return rt.Conns() == 0 }, "connections closed")
+	testwait.Until(t, "connections closed", 30*time.Second, func() bool { return rt.Conns() == 0 })
 	if builtin.Queued() != 0 {
 		t.Fatal("completions queued after shutdown")
 	}
@@ -496,13 +496,6 @@ func TestWakeOpenRules(t *testing.T) {
 	builtin.wake.close()
 	if _, err := os.Stat(p2); !os.IsNotExist(err) {
 		t.Fatalf("socket file left after close: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	if !ngxtest.WaitFor(30*time.Second, cond) {
-		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -623,31 +616,31 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 				t.Fatalf("echo %d: %d %s", id, st, msg)
 			}
 		}
-		deadline := time.Now().Add(20 * time.Second)
-		for got := 0; got < n; {
-			k := builtin.Drain(out)
-			if k == 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("round %d: %d of %d results drained", round, got, n)
-				}
-				time.Sleep(time.Millisecond) // poll interval of a bounded wait (the results are drained, not woken for)
-				continue
-			}
-			for _, c := range out[:k] {
-				if c.Status == bridge.StatusLog {
+		// The results are drained, not woken for (this host opens no
+		// wake-up socket): a bounded poll.
+		got := 0
+		drained := testwait.For(20*time.Second, func() bool {
+			for k := builtin.Drain(out); k > 0; k = builtin.Drain(out) {
+				for _, c := range out[:k] {
+					if c.Status == bridge.StatusLog {
+						cmem.Free(c.Data)
+						continue
+					}
+					got++
+					_, _, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
+					if err != nil {
+						t.Fatalf("round %d call %d: %v", round, c.CallID, err)
+					}
+					if !bytes.Equal(body, bodies[c.CallID]) {
+						t.Errorf("round %d call %d: %d bytes came back different (%d sent)", round, c.CallID, len(body), len(bodies[c.CallID]))
+					}
 					cmem.Free(c.Data)
-					continue
 				}
-				got++
-				_, _, body, err := bridge.ParseResult(bridge.Bytes(c.Data, int(c.Len)))
-				if err != nil {
-					t.Fatalf("round %d call %d: %v", round, c.CallID, err)
-				}
-				if !bytes.Equal(body, bodies[c.CallID]) {
-					t.Errorf("round %d call %d: %d bytes came back different (%d sent)", round, c.CallID, len(body), len(bodies[c.CallID]))
-				}
-				cmem.Free(c.Data)
 			}
+			return got >= n
+		})
+		if !drained {
+			t.Fatalf("round %d: %d of %d results drained", round, got, n)
 		}
 	}
 	before := cmem.Stats()
@@ -669,7 +662,7 @@ func TestResultBuffersReusedAndBounded(t *testing.T) {
 		t.Fatalf("keeps %d bytes, budget %d", s.Bytes, bufcache.DefaultBudget)
 	}
 	// Idle: the submitter's timer gives everything back.
-	if !ngxtest.WaitFor(30*time.Second, func() bool {
+	if !testwait.For(30*time.Second, func() bool {
 		builtin.Drain(out) // as the dispatcher's poll does
 		return cmem.Stats().Bytes == 0
 	}) {

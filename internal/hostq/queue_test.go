@@ -17,8 +17,8 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // pushAsync queues c with qrpc_submit_async. cgo refuses a struct that
@@ -115,7 +115,7 @@ func TestSubmitQueue(t *testing.T) {
 		if st := pushAsync(x); st != bridge.StatusOK {
 			t.Fatalf("cancel: %d", st)
 		}
-		waitFor(t, func() bool { return builtin.calls.Len() == 0 }, "the call to be forgotten")
+		testwait.Until(t, "the call to be forgotten", 30*time.Second, func() bool { return builtin.calls.Len() == 0 })
 		d.pump(500 * time.Millisecond)
 		if got, ok := d.got[13]; ok {
 			t.Fatalf("a cancelled call completed: %d %q", got.Status, text(got))
@@ -258,17 +258,9 @@ func TestReleaseFeedsTheCache(t *testing.T) {
 	for i := range got {
 		release(got[i].Data)
 	}
-	waitLong(t, func() bool { return cmem.Stats().Blocks == n }, "the released blocks to reach the cache")
+	testwait.Until(t, "the released blocks to reach the cache", 60*time.Second, func() bool { return cmem.Stats().Blocks == n })
 	// bufcache frees what stayed unused for a whole trim interval.
-	waitLong(t, func() bool { return cmem.Stats().Bytes == 0 }, "the idle cache to give them back")
-}
-
-// waitLong is waitFor with room for a few bufcache trim intervals.
-func waitLong(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	if !ngxtest.WaitFor(60*time.Second, cond) {
-		t.Fatalf("timed out waiting for %s", what)
-	}
+	testwait.Until(t, "the idle cache to give them back", 60*time.Second, func() bool { return cmem.Stats().Bytes == 0 })
 }
 
 // Big commands reuse the blocks of earlier ones (a freed 100 KB block
@@ -306,7 +298,7 @@ func TestSubmitBlocksReused(t *testing.T) {
 			t.Fatalf("round %d: %d command blocks kept, want 1..32", round, n)
 		}
 	}
-	waitLong(t, func() bool { return submitqCached() == 0 }, "the idle submitter to free the kept command blocks")
+	testwait.Until(t, "the idle submitter to free the kept command blocks", 60*time.Second, func() bool { return submitqCached() == 0 })
 }
 
 // TestSmallBlocksReused: a small result block that Lua releases goes back
@@ -349,7 +341,7 @@ func TestSmallBlocksReused(t *testing.T) {
 	if n := smallKept(7); n != 256 {
 		t.Fatalf("class 7 holds %d blocks after 300 releases, want 256", n)
 	}
-	waitLong(t, func() bool { return smallKept(0) == 0 }, "the idle lists to be freed")
+	testwait.Until(t, "the idle lists to be freed", 60*time.Second, func() bool { return smallKept(0) == 0 })
 }
 
 // TestReleaseBatch: qrpc_release_n, what Lua's dispatcher calls once per
@@ -365,7 +357,7 @@ func TestReleaseBatch(t *testing.T) {
 	if n := smallKept(0); n != 2 {
 		t.Fatalf("class 0 keeps %d blocks after a batch of two, want 2", n)
 	}
-	waitLong(t, func() bool { return cmem.Stats().Blocks == 1 }, "the big block to reach the cache")
+	testwait.Until(t, "the big block to reach the cache", 60*time.Second, func() bool { return cmem.Stats().Blocks == 1 })
 	// Past the bound, the rest of a batch is freed.
 	var ps []unsafe.Pointer
 	for i := 0; i < 300; i++ {
@@ -443,7 +435,7 @@ func TestRunCommandsFreedInC(t *testing.T) {
 	if rc := submitAsync(u); rc != bridge.StatusOK {
 		t.Fatalf("cancel: %d", rc)
 	}
-	waitFor(t, func() bool { return doneWaiting() == 1 }, "the cancel to be run and queued for freeing")
+	testwait.Until(t, "the cancel to be run and queued for freeing", 30*time.Second, func() bool { return doneWaiting() == 1 })
 	d.pump(10 * time.Millisecond) // qrpc_poll frees them
 	if n := doneWaiting(); n != 0 {
 		t.Fatalf("%d commands still wait for qrpc_done_free after qrpc_poll", n)
@@ -701,7 +693,7 @@ func TestWakerDeathFallsBack(t *testing.T) {
 	t.Cleanup(func() { wakerSignal = func(mask uint64) { builtin.signalVMs(mask) } })
 
 	builtin.Complete(rt.Message(bridge.ErrGeneric, "first", 1))
-	waitFor(t, func() bool { return died.Load() && builtin.submitq.kick.Load() == nil }, "the waker to die and step aside")
+	testwait.Until(t, "the waker to die and step aside", 30*time.Second, func() bool { return died.Load() && builtin.submitq.kick.Load() == nil })
 	d.pump(10 * time.Millisecond) // the first completion, whose byte died with the waker
 	if _, ok := d.got[1]; !ok {
 		t.Fatal("first completion not queued")
@@ -805,7 +797,7 @@ func TestVMsKeepTheirCompletions(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = c.Close() })
 		socks[vm] = c
-		waitFor(t, func() bool { return v.wake.conn.Load() != nil }, "the VM's dispatcher to be accepted")
+		testwait.Until(t, "the VM's dispatcher to be accepted", 30*time.Second, func() bool { return v.wake.conn.Load() != nil })
 	}
 	const n = 200
 	for i := 0; i < n; i++ {

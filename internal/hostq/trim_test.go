@@ -9,6 +9,7 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge/cmdtest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bufcache"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // bufcacheBudget is cmem's budget.
@@ -74,12 +75,22 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 		// have emptied them already; then the burst proves nothing.
 		t.Log("no blocks kept right after the burst")
 	}
-	waitLong(t, trimmerIdle, "the trimmer to give back the burst's blocks and stop")
+	testwait.Until(t, "the trimmer to give back the burst's blocks and stop", 60*time.Second, trimmerIdle)
 
-	// Stopped means no timer: no tick in three periods.
+	// Stopped means no timer: no tick in three periods, counted by a
+	// reference ticker of the same period in this runtime (three of its
+	// ticks mean Go has run its timers for three periods, however loaded
+	// the machine; a trimmer timer left armed would have fired first).
 	n := builtin.submitq.trims.Load()
-	for end := time.Now().Add(3 * trimEvery); time.Now().Before(end); {
+	ref := time.NewTicker(trimEvery)
+	defer ref.Stop()
+	for ticks := 0; ticks < 3; {
 		d.pump(trimEvery)
+		select {
+		case <-ref.C:
+			ticks++
+		default:
+		}
 	}
 	if got := builtin.submitq.trims.Load(); got != n || builtin.submitq.trimOn.Load() {
 		t.Fatalf("stopped trimmer ticked %d times (on: %v)", got-n, builtin.submitq.trimOn.Load())
@@ -87,15 +98,15 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 
 	// A command starts it again; it stops again once that is trimmed.
 	echoBurst(t, d, 3000, 20, 100<<10)
-	waitFor(t, func() bool { return builtin.submitq.trims.Load() > n }, "the trimmer to tick after a command")
-	waitLong(t, trimmerIdle, "the trimmer to stop again")
+	testwait.Until(t, "the trimmer to tick after a command", 30*time.Second, func() bool { return builtin.submitq.trims.Load() > n })
+	testwait.Until(t, "the trimmer to stop again", 60*time.Second, trimmerIdle)
 
 	// A release alone (no command) while it sleeps wakes it too.
 	p := cmem.Alloc(100 << 10)
 	n = builtin.submitq.trims.Load()
 	releaseN([]unsafe.Pointer{p})
-	waitFor(t, func() bool { return builtin.submitq.trims.Load() > n }, "a release to wake the trimmer")
-	waitLong(t, trimmerIdle, "the released block to be given back")
+	testwait.Until(t, "a release to wake the trimmer", 30*time.Second, func() bool { return builtin.submitq.trims.Load() > n })
+	testwait.Until(t, "the released block to be given back", 60*time.Second, trimmerIdle)
 }
 
 // TestTrimmerTicksUnderLoad: while commands keep coming the trimmer never
@@ -118,5 +129,5 @@ func TestTrimmerTicksUnderLoad(t *testing.T) {
 			t.Fatal("no tick in 100000 bursts")
 		}
 	}
-	waitLong(t, trimmerIdle, "the trimmer to stop after the load")
+	testwait.Until(t, "the trimmer to stop after the load", 60*time.Second, trimmerIdle)
 }

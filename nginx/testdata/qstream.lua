@@ -181,13 +181,8 @@ function ops.kill(arg)
     local th = ngx.thread.spawn(function()
         return c:unary("slow", "300", { timeout = 3000 })
     end)
-    -- until the call is in flight in Go (at most 5 s)
-    for _ = 1, 1000 do
-        if c:stats().inflight > 0 then
-            break
-        end
-        ngx.sleep(0.005) -- poll interval of a bounded wait
-    end
+    -- until the call is in flight in Go (bounded)
+    qtest.wait(10, function() return c:stats().inflight > 0 end)
     local ok, kerr = ngx.thread.kill(th)
     if not ok then
         return "ERR kill: " .. tostring(kerr)
