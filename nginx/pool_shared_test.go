@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // sharedPoolsHTTP declares the dict of the shared-pool tests.
@@ -74,7 +74,7 @@ func TestPoolSharedOneProberOneResolver(t *testing.T) {
 
 	// Every worker probes the unshared pool's servers; wait for 40 of its
 	// rounds at c (10 rounds of 4 workers), then compare.
-	ngxtest.WaitFor(30*time.Second, func() bool { return c.eventCount("probe") >= 40 })
+	testwait.For(30*time.Second, func() bool { return c.eventCount("probe") >= 40 })
 	shared, local := a.eventCount("probe"), c.eventCount("probe")
 	sq, lq := dnsShared.Queries(), dnsLocal.Queries()
 	t.Logf("probes: shared pool %d (b %d), unshared %d (d %d); DNS queries: shared %d, unshared %d",
@@ -114,7 +114,7 @@ func TestPoolSharedOneProberOneResolver(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after []time.Time
-	ngxtest.WaitFor(30*time.Second, func() bool {
+	testwait.For(30*time.Second, func() bool {
 		after = nil
 		for _, p := range a.probeTimes() {
 			if p.After(killed) {
@@ -222,17 +222,17 @@ func TestPoolSharedEjection(t *testing.T) {
 				_, _ = fmt.Sscan(body, &ready, &bCalls, &after, &late)
 				return
 			}
-			ngxtest.WaitFor(30*time.Second, func() bool { r, _, _, _ := run(); return r >= 4 })
+			testwait.For(30*time.Second, func() bool { r, _, _, _ := run(); return r >= 4 })
 			if st, body := n.get("/key"); st != 200 || strings.TrimSpace(body) == "none" {
 				t.Fatalf("/key: %d %q", st, body)
 			}
 			// every worker has called b before the ejection
-			ngxtest.WaitFor(30*time.Second, func() bool { _, bc, _, _ := run(); return bc >= 40 })
+			testwait.For(30*time.Second, func() bool { _, bc, _, _ := run(); return bc >= 40 })
 			if st, body := n.get("/eject"); st != 200 || strings.TrimSpace(body) != "timeout ejected" {
 				t.Fatalf("/eject: %d %q, want the call to time out and b ejected", st, body)
 			}
 			// 200 calls started past the 100 ms: a window measured in calls
-			ngxtest.WaitFor(60*time.Second, func() bool { _, _, af, _ := run(); return af >= 200 })
+			testwait.For(60*time.Second, func() bool { _, _, af, _ := run(); return af >= 200 })
 			_, _, after, late := run()
 			t.Logf("calls started more than 100 ms after the ejection: %d, of which to b: %d", after, late)
 			if after < 200 {
@@ -272,10 +272,7 @@ func TestPoolSharedThrottle(t *testing.T) {
             local connected = ngx.now()
             run:incr("ready", 1, 0)
             local me = ngx.worker.id()
-            for _ = 1, 6000 do
-                if run:get("ready") == 4 then break end
-                ngx.sleep(0.005) -- a poll of a bounded wait: every worker connected
-            end
+            qt.wait(30, function() return run:get("ready") == 4 end)
             if me == 0 then
                 for _ = 1, 200 do conn:unary("fail", "") end
                 run:set("failed", true)
@@ -294,14 +291,12 @@ func TestPoolSharedThrottle(t *testing.T) {
                     end
                 end
             end
-            for _ = 1, 6000 do
-                if published() and ngx.now() >= connected + 0.03 then break end
-                -- a poll of a bounded wait: worker 0's window published, and
-                -- this worker's next sync due (the product syncs a pool at
-                -- most every 30 ms; its connect synced it)
-                ngx.sleep(0.005)
-                ngx.update_time()
-            end
+            -- worker 0's window published, and this worker's next sync due
+            -- (the product syncs a pool at most every 30 ms; its connect
+            -- synced it)
+            qt.wait(30, function()
+                return published() and ngx.now() >= connected + 0.03
+            end)
             for _ = 1, 20 do
                 local res, cerr = conn:unary("who", "")
                 if res then
@@ -318,7 +313,7 @@ func TestPoolSharedThrottle(t *testing.T) {
                 ngx.say(run:get("answered") or 0, " ", run:get("throttled") or 0)`),
 			})
 			var answered, throttled int
-			ngxtest.WaitFor(60*time.Second, func() bool {
+			testwait.For(60*time.Second, func() bool {
 				_, body := n.get("/run")
 				_, _ = fmt.Sscan(body, &answered, &throttled)
 				return answered+throttled >= 60

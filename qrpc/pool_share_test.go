@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -112,15 +113,10 @@ func TestPoolImportResolved(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the new server is dialled in the background; the old one drains
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) { // poll interval of a bounded wait
+	testwait.Until(t, "the imported server up", 10*time.Second, func() bool {
 		in, ok := peerState(p, other)
-		if ok && in.State == qrpc.PeerUp {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("after importing [%s]: %+v", other, p.Peers())
-		}
-	}
+		return ok && in.State == qrpc.PeerUp
+	})
 	for i := 0; i < 10; i++ {
 		res, err := poolCall(p, 5*time.Second, "who", "")
 		if err != nil || string(res.Body) != "s1" {
