@@ -42,7 +42,9 @@ const (
 	secPools       = "Pools: a pool of 3 servers vs 1 server, same server process (3 listeners vs 1 of them)"
 	secPoolsProc   = "Pools: 3 server processes vs 1 server process (same machine; for information)"
 	secPoolsConn   = "Pools: a pool of 3 servers vs 1 server over 3 QUIC connections (conns = 3), same server process: what the pool itself costs"
+	secShared      = "Pools: a shared pool (shared = lua_shared_dict) vs the same pool unshared, 3 servers (3 listeners of one process)"
 	poolTarget     = "≥ 0.95"
+	sharedTarget   = "≤ 1.03" // worker CPU per call
 )
 
 // poolMode is one pool's calls in a poolRun, in seconds.
@@ -104,6 +106,7 @@ func startServers(dir string, pair certs.Pair, n int) (*child, []string, error) 
 
 // poolRun runs calls through pool a (three) and pool b (one); oneConns is
 // b's QUIC connections per server (the conns option; 0 or 1: one).
+// bal: a's and b's balance (or the query's extra parameters, when one).
 func (n *nginx) poolRun(three, one []string, oneConns int, pids []int, calls, c, block int, bal ...string) (poolRun, error) {
 	var r poolRun
 	ps := make([]string, len(pids))
@@ -111,8 +114,11 @@ func (n *nginx) poolRun(three, one []string, oneConns int, pids []int, calls, c,
 		ps[i] = strconv.Itoa(p)
 	}
 	q := ""
-	if len(bal) == 2 {
+	switch len(bal) {
+	case 2:
 		q = "&abal=" + bal[0] + "&bbal=" + bal[1]
+	case 1:
+		q = bal[0]
 	}
 	body, err := n.get(fmt.Sprintf("/bench/pools?a=%s&b=%s&bconns=%d&pids=%s&n=%d&c=%d&block=%d&size=100%s",
 		strings.Join(three, ","), strings.Join(one, ","), oneConns, strings.Join(ps, ","), calls, c, block, q))
@@ -163,6 +169,9 @@ func figurePools(e *env, p params, t *table) error {
 		// p2c against round-robin on the same three even servers: what
 		// drawing two servers and weighing their latency costs.
 		{secBalance, multiAddrs, multiAddrs, 1, []int{multi.pid}, poolTarget, true, []string{"p2c", "round_robin"}},
+		// the same pool shared through a lua_shared_dict and not: what
+		// the sync on the call path costs
+		{secShared, multiAddrs, multiAddrs, 1, []int{multi.pid}, poolTarget, true, []string{"&ashared=1"}},
 	}
 	rows := []struct {
 		name            string
@@ -188,7 +197,7 @@ func figurePools(e *env, p params, t *table) error {
 				got = append(got, pr)
 			}
 			name := r.name
-			if s.bal != nil {
+			if len(s.bal) == 2 {
 				name = strings.Replace(name, "per pool", "per balancer", 1)
 			}
 			tr := row{section: s.sec, name: fmt.Sprintf("%s × %d runs: throughput (runs' ratios %s)", name, runs, ratioSpread(got, poolRun.rateRatio)),
@@ -208,6 +217,9 @@ func figurePools(e *env, p params, t *table) error {
 			} {
 				cr := cpuRow(s.sec, fmt.Sprintf("%s: %s (runs' ratios %s)", name, c.what, ratioSpread(got, c.rat)), medianBy(got, c.a), medianBy(got, c.b))
 				cr.ratio = medianBy(got, c.rat)
+				if s.sec == secShared && c.what == "worker CPU per call" {
+					cr = cr.withTarget(sharedTarget)
+				}
 				t.add(cr)
 			}
 		}

@@ -69,7 +69,7 @@ end
 local fail = bc.fail
 
 -- GET /bench/pools?a=addrs&b=addrs&n=N&c=C&block=B&pids=P,...[&aconns=K][&bconns=K]
--- [&abal=B][&bbal=B]: N calls
+-- [&abal=B][&bbal=B][&ashared=1][&bshared=1]: N calls
 -- through each pool, in blocks of B calls (from C light threads each).
 -- Answers, per pool: wall seconds, this worker's CPU seconds, the server
 -- processes' CPU seconds.
@@ -101,9 +101,12 @@ function _M.run()
         local opts = CONN_OPTS
         local nc = tonumber(args[k .. "conns"])
         local bal = args[k .. "bal"]
-        if (nc and nc > 1) or bal then
+        -- ashared / bshared: the pool shared through the dict bench_pools
+        local shared = args[k .. "shared"] and "bench_pools" or nil
+        if (nc and nc > 1) or bal or shared then
             opts = { ca = CONN_OPTS.ca, server_name = CONN_OPTS.server_name,
-                     conns = nc and nc > 1 and nc or nil, balance = bal }
+                     conns = nc and nc > 1 and nc or nil, balance = bal,
+                     shared = shared }
         end
         local conn, err = qrpc.connect(list(args[k]), opts)
         if not conn then
