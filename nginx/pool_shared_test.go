@@ -331,3 +331,57 @@ func TestPoolSharedThrottle(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolSharedKilledServer: kill -9 of one of three server processes
+// under 200 concurrent requests spread over 4 workers sharing the pool:
+// summed over the workers, only the calls in flight on it fail (each
+// worker's connection hears the port's ICMP refusal at once, as one
+// worker's does: TestPoolThreeServers), none after, and none by timeout.
+func TestPoolSharedKilledServer(t *testing.T) {
+	requireNginx(t)
+	srvs, extra := startDemos(t, 3)
+	pool := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({
+                        timeout = 1000, shared = "qpools",
+                        health = { failures = 3, eject = 60000 },
+                    }))
+                end
+`
+	n := startNginx(t, ngxConf{Workers: 4, HTTP: sharedPoolsHTTP, Extra: extra,
+		Server:      loc("/slowcall", pool+poolCallLua(`"slow", "20"`)),
+		AllowErrors: []string{`qrpc: (re-dial failed|connection lost)`},
+	})
+	ld := startLoad(t, n, "/slowcall", 200)
+	ld.past(t, time.Now(), 2, 30*time.Second, "every client made 2 calls")
+	victim := srvs[1]
+	killedAt := time.Now()
+	victim.kill()
+	// every client finished 2 calls begun after the kill: whatever was in
+	// flight then has ended, in every worker
+	ld.past(t, killedAt, 2, 30*time.Second, "the calls in flight at the kill ended")
+	before := len(ld.failures())
+	okBefore := ld.oks.Load()
+	ld.past(t, time.Now(), 3, 30*time.Second, "3 more calls by every client")
+	sample := ld.failures()
+	t.Logf("kill -9 under 200 concurrent requests on 4 workers: %d of %d calls failed, %d after",
+		before, int(okBefore)+before, len(sample)-before)
+	if before == 0 {
+		t.Fatal("no call failed: was the server really killed under load?")
+	}
+	// In flight at the kill: about a third of 200 (each call is 20 ms on
+	// the server); at most every client's call, once.
+	if before > 200 {
+		t.Errorf("%d calls failed: more than the 200 that can be in flight", before)
+	}
+	if after := len(sample) - before; after != 0 {
+		t.Errorf("%d calls failed after every worker's calls in flight at the kill had ended: %v", after, sample[before:])
+	}
+	for _, f := range sample {
+		if !strings.HasPrefix(f.err, "connection lost: refused") {
+			t.Errorf("a call failed with %q, want connection lost: refused (in flight)", f.err)
+		}
+	}
+}
