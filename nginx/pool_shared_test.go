@@ -385,3 +385,61 @@ func TestPoolSharedKilledServer(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolsDictDefault: configure{ pools_dict } alone keeps the settings
+// given before it (the library's path: reset, the library would not be
+// found and no call would work) and makes every connect
+// that names no dict shared through it; shared = false opts out; a dict
+// that does not exist is refused.
+func TestPoolsDictDefault(t *testing.T) {
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ pools_dict = "qpools" })`,
+		Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function keys()
+                    local n = 0
+                    for _, k in ipairs(ngx.shared.qpools:get_keys(0)) do
+                        if k:find("^qrpc:") then n = n + 1 end
+                    end
+                    return n
+                end
+                -- a pool with a check takes the probe lease when shared
+                local check = { method = "echo", interval = 1000 }
+                local conn = assert(qt.connect({ shared = false, check = check }))
+                assert(conn:unary("echo", "x"))
+                ngx.say("opted out: ", keys())
+                conn = assert(qt.connect({ check = check }))
+                assert(conn:unary("echo", "x"))
+                ngx.say("default: ", keys() > 0)
+                ngx.say(select(2, qt.connect({ shared = "nope" })))
+                ngx.say(select(2, qrpc.configure{ pools_dict = "nope" }))`),
+	})
+	st, body := n.get("/t")
+	want := "opted out: 0\ndefault: true\n" +
+		"bad argument #2: shared: no lua_shared_dict named 'nope'\n" +
+		"bad argument #1: pools_dict: no lua_shared_dict named 'nope'\n"
+	if st != 200 || body != want {
+		t.Errorf("/t: %d\n%s\nwant\n%s", st, body, want)
+	}
+}
+
+// TestCachedConnectChecksOptions: a connect whose options match a cached
+// connection still refuses an unknown option name and a boolean option of
+// the wrong type.
+func TestCachedConnectChecksOptions(t *testing.T) {
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qt = require "qtest"
+                assert(qt.connect({ insecure = true }))
+                ngx.say(select(2, qt.connect({ insecure = true, tiemout = 100 })))
+                ngx.say(select(2, qt.connect({ insecure = "yes" })))
+                assert(qt.connect({ propagate_deadline = false }))
+                ngx.say(select(2, qt.connect({ propagate_deadline = 0 })))`)})
+	st, body := n.get("/t")
+	want := "bad argument #2: unknown option 'tiemout'\n" +
+		"bad argument #2: insecure must be a boolean (got string)\n" +
+		"bad argument #2: propagate_deadline must be a boolean (got number)\n"
+	if st != 200 || body != want {
+		t.Errorf("/t: %d\n%s\nwant\n%s", st, body, want)
+	}
+}

@@ -225,6 +225,12 @@ local function connect(addr, opts)
     end
 
     local e = cache.find(addr, opts, spec)
+    if e and opts ~= EMPTY and not args.cached_ok(opts) then
+        -- a mistake a cached connection's match does not see (an unknown
+        -- name, a boolean of the wrong type): the full check names it
+        local _, err = args.check_connect_opts(opts)
+        return nil, err or "bad argument #2: opts"
+    end
     if e then
         if e.state == "ready" then
             if not e.closed then

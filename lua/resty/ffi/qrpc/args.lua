@@ -177,6 +177,33 @@ end
 for k in pairs(pool_keys) do
     connect_keys[k] = true
 end
+local connect_names = {}
+for k in pairs(connect_keys) do
+    connect_names[#connect_names + 1] = k
+end
+local NCONNECT = #connect_names
+
+-- cached_ok(o) -> true when o (plain connect options that matched a
+-- cached connection) holds only connect's option names and booleans
+-- where connect takes them: lookups only, compiled. A false answer sends
+-- the connect through the full check, which names the mistake.
+function _M.cached_ok(o)
+    local n = 0
+    for i = 1, NCONNECT do
+        if o[connect_names[i]] ~= nil then
+            n = n + 1
+        end
+    end
+    if n ~= nkeys(o) then
+        return false
+    end
+    local v = o.insecure
+    if v ~= nil and v ~= true and v ~= false then
+        return false
+    end
+    v = o.propagate_deadline
+    return v == nil or v == true or v == false
+end
 
 
 -- A pin is the SHA-256 of the server certificate's SubjectPublicKeyInfo,

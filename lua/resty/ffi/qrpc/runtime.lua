@@ -227,8 +227,8 @@ function _M.configure(opts)
             return bad(1, "unknown option '" .. k .. "'")
         end
     end
-    -- metrics_dict, max_connections, gomaxprocs and metrics may change at any time,
-    -- alone or with the library's settings.
+    -- metrics_dict, pools_dict, max_connections, gomaxprocs and metrics may
+    -- change at any time, alone or with the library's settings.
     local md = opts.metrics_dict
     if md ~= nil then
         if type(md) ~= "string" or md == "" then
@@ -286,7 +286,7 @@ function _M.configure(opts)
             end
         end
     end
-    if md ~= nil or mc ~= nil or gp ~= nil or me ~= nil then
+    if md ~= nil or mc ~= nil or gp ~= nil or me ~= nil or pd ~= nil then
         if opts.host == nil and opts.lib == nil and opts.socket_dir == nil then
             return true
         end
