@@ -80,11 +80,18 @@ type abeServer struct {
 	mu   sync.Mutex
 	v    map[string]*dynamicpb.Message
 	next int
+	seen map[string]int // calls by method
 }
 
-func startABEServer(t *testing.T, sd protoreflect.ServiceDescriptor) string {
+func (s *abeServer) calls(method string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[method]
+}
+
+func startABEServer(t *testing.T, sd protoreflect.ServiceDescriptor) (*abeServer, string) {
 	t.Helper()
-	s := &abeServer{v: map[string]*dynamicpb.Message{}}
+	s := &abeServer{v: map[string]*dynamicpb.Message{}, seen: map[string]int{}}
 	srv := qrpc.NewServer(&qrpc.ServerConfig{})
 	mds := sd.Methods()
 	for i := 0; i < mds.Len(); i++ {
@@ -95,7 +102,7 @@ func startABEServer(t *testing.T, sd protoreflect.ServiceDescriptor) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	return a.String()
+	return s, a.String()
 }
 
 func field(m protoreflect.Message, name string) protoreflect.FieldDescriptor {
@@ -133,6 +140,7 @@ func (s *abeServer) handler(md protoreflect.MethodDescriptor) qrpc.Handler {
 		uuidOf := func(m protoreflect.Message) string { return m.Get(field(m, "uuid")).String() }
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		s.seen[string(md.Name())]++
 		switch md.Name() {
 		case "Create", "CreateBody":
 			s.next++
@@ -192,10 +200,20 @@ func (s *abeServer) handler(md protoreflect.MethodDescriptor) qrpc.Handler {
 		case "CustomOptionsRequest":
 			resp.Headers = [][]byte{[]byte("allow"), []byte("OPTIONS, GET, HEAD, POST, PUT, TRACE")}
 		case "Timeout":
+			// the deadline the gateway sends (grpc-timeout, in ms) ends it,
+			// as gRPC's deadline ends the example server's context
+			wait := 5 * time.Second
+			for i := 0; i+1 < len(req.Headers); i += 2 {
+				if string(req.Headers[i]) == "grpc-timeout" {
+					if d, err := time.ParseDuration(strings.TrimSuffix(string(req.Headers[i+1]), "m") + "ms"); err == nil {
+						wait = d
+					}
+				}
+			}
 			s.mu.Unlock()
 			select {
 			case <-ctx.Done():
-			case <-time.After(5 * time.Second):
+			case <-time.After(wait):
 			}
 			s.mu.Lock()
 			resp.Code, resp.Body = 4, []byte("context deadline exceeded")
@@ -230,7 +248,7 @@ func TestGrpcGatewayABE(t *testing.T) {
 	fd := compileABE(t, []string{gg, gapi})
 	sd := fd.Services().ByName("ABitOfEverythingService")
 	abeMD := fd.Messages().ByName("ABitOfEverything")
-	addr := startABEServer(t, sd)
+	srv, addr := startABEServer(t, sd)
 	n := startNginx(t, ngxConf{
 		Workers: 1,
 		InitByLua: lines(
@@ -243,7 +261,11 @@ func TestGrpcGatewayABE(t *testing.T) {
 			`                       import_paths = { qt.gg_dir, qt.gapi_dir } },`,
 			`            compat = "grpc-gateway", codes = "grpc", opts = qt.opts({ timeout = 10000 }) })`,
 		),
-		Extra:  map[string]string{"abe_addr": addr, "gg_dir": gg, "gapi_dir": gapi},
+		Extra: map[string]string{"abe_addr": addr, "gg_dir": gg, "gapi_dir": gapi},
+		// body: "payload.input_value" (a field of a field) is one binding
+		// the gateway does not serve: it costs that route only
+		AllowErrors: []string{`skipped POST /v1/example/a_bit_of_everything/nested_body_oneof of ` +
+			`grpc\.gateway\.examples\.internal\.proto\.examplepb\.ABitOfEverythingService\.CreateNestedBodyOneof`},
 		Server: `        location / { content_by_lua_block { package.loaded.gw:serve() } }`,
 	})
 
@@ -428,8 +450,14 @@ func TestGrpcGatewayABE(t *testing.T) {
 		r := n.rawReq(t, "POST", "/v1/example/a_bit_of_everything",
 			`{"bool_value": true, "string_value": "strprefix/example"}`, "Content-Type", ct)
 		want := answer(t, r, 200, abeMD)
+		before := srv.calls("Exists")
 		if r := n.rawReq(t, "HEAD", "/v1/example/a_bit_of_everything/"+uuidOf(want), ""); r.status != 200 {
 			t.Errorf("resp.StatusCode = %d; want 200", r.status)
+		}
+		// not in the upstream case: HEAD is the custom HEAD binding's
+		// (Exists), not the GET route's of the same path (Lookup)
+		if srv.calls("Exists") != before+1 {
+			t.Error("HEAD was not served by Exists")
 		}
 	})
 

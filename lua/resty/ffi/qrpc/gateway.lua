@@ -162,6 +162,18 @@ local function serve(self)
     end
 
     local route, segs, n, last = find(self, method, path)
+    local form_get
+    if not route and segs and segs.GET and method == "POST" and conf.form_body
+       and ngx_var.content_type == "application/x-www-form-urlencoded"
+    then
+        -- grpc-gateway's path length fallback: a form POST to a path that
+        -- has a GET route and no POST one is that GET, with the form's
+        -- fields as query parameters (for URLs too long for a GET)
+        local r2, s2, n2, l2 = find(self, "GET", path)
+        if r2 then
+            route, segs, n, last, form_get = r2, s2, n2, l2, true
+        end
+    end
     if not route then
         if segs then
             local allow = {}
@@ -181,7 +193,7 @@ local function serve(self)
         return fail(status, perr), route
     end
     local text, merr
-    text, status, merr = request.message(self, route, segs, n, last)
+    text, status, merr = request.message(self, route, segs, n, last, form_get)
     if not text then
         return fail(status, merr), route
     end

@@ -22,23 +22,20 @@ local math_huge = math.huge
 local str_find = string.find
 local str_lower = string.lower
 local str_match = string.match
+local str_gmatch = string.gmatch
 local str_sub = string.sub
 local ipairs = ipairs
 local tab_concat = table.concat
-local tab_sort = table.sort
-local str_gsub = string.gsub
-local str_upper = string.upper
-local next = next
 local io_open = io.open
 local decode_args = ngx.decode_args
 
 local json_encode = json.encode
 local chain = schema.chain
-local field_of = schema.field_of
 local path_of = schema.path_of
 local value_kind = schema.value_kind
 local path_value = routes.path_value
 local pattern_match = config.pattern_match
+local update_mask = require("resty.ffi.qrpc.gateway.mask").update_mask
 
 -- A decoder for request bodies that marks JSON arrays (an empty [] stays a
 -- list when encoded again), where lua-cjson offers it.
@@ -63,7 +60,7 @@ end
 
 local _M = {}
 
-local form_message, update_mask -- defined below, used by message
+local form_message -- defined below, used by message
 
 local INT_KINDS = {
     int32 = true, sint32 = true, sfixed32 = true, uint32 = true, fixed32 = true,
@@ -107,6 +104,20 @@ local function conv(kind, s)
         return s     -- a numeric string: Go checks it and its range
     end
     return s
+end
+
+-- conv_list(kind, s): a repeated field's path segment, its values joined
+-- with "," (as grpc-gateway splits it)
+local function conv_list(kind, s)
+    local list = {}
+    for item in str_gmatch(s .. ",", "([^,]*),") do
+        local cv, err = conv(kind, item)
+        if cv == nil then
+            return nil, err
+        end
+        list[#list + 1] = cv
+    end
+    return list
 end
 
 -- the body may already hold under either field name
@@ -262,14 +273,6 @@ local function add_args(gw, input, msg, bound, args, label)
     return true
 end
 
-local function add_query(gw, route, msg, bound)
-    local args, err = get_uri_args(100)
-    if err == "truncated" then
-        return nil, "more than 100 query parameters"
-    end
-    return add_args(gw, route.input, msg, bound, args, "query parameter")
-end
-
 local function read_body(gw)
     local len = tonumber(ngx_var.http_content_length)
     local max = gw.conf.max_body
@@ -293,6 +296,48 @@ local function read_body(gw)
         return nil, 413
     end
     return data
+end
+
+-- add_query(gw, route, msg, bound, form_get) -> true | nil, status, err;
+-- form_get: a form POST served by a GET route (path length fallback), whose
+-- body adds to the query string as net/http's ParseForm adds it: the
+-- body's values first
+local function add_query(gw, route, msg, bound, form_get)
+    local args, err = get_uri_args(100)
+    if err == "truncated" then
+        return nil, 400, "more than 100 query parameters"
+    end
+    if form_get then
+        local data, st = read_body(gw)
+        if not data then
+            return nil, st, "request body larger than " .. gw.conf.max_body .. " bytes"
+        end
+        local form, ferr = decode_args(data, 100)
+        if ferr == "truncated" then
+            return nil, 400, "more than 100 form fields"
+        end
+        for k, v in pairs(args) do
+            local fv = form[k]
+            if fv == nil then
+                form[k] = v
+            else
+                local list = type(fv) == "table" and fv or { fv }
+                if type(v) ~= "table" then
+                    v = { v }
+                end
+                for i = 1, #v do
+                    list[#list + 1] = v[i]
+                end
+                form[k] = list
+            end
+        end
+        args = form
+    end
+    local ok, aerr = add_args(gw, route.input, msg, bound, args, "query parameter")
+    if not ok then
+        return nil, 400, aerr
+    end
+    return true
 end
 
 local function json_type(ct)
@@ -335,68 +380,10 @@ function form_message(gw, route, msg, bound, data)
     return true
 end
 
--- The dynamic JSON types: a mask goes into their objects by key.
-local DYNAMIC = {
-    ["google.protobuf.Struct"] = true, ["google.protobuf.Value"] = true,
-}
-
-local function lower_camel(name)
-    return (str_gsub(name, "_(%l)", str_upper))
-end
-
--- update_mask(schema, msgname, body) -> the FieldMask (JSON form) of the
--- fields a PATCH body sets, as grpc-gateway derives it: each leaf's path;
--- a repeated or map field, an empty object and a non-object value end a
--- path; inside Struct and Value fields the object's keys are the path.
-function update_mask(sch, msgname, body)
-    local paths = {}
-    local function blind(path, v, depth)
-        if type(v) == "table" and next(v) ~= nil and #v == 0 and depth < 32 then
-            for k, sub in pairs(v) do
-                -- camel-cased like a field's name: FieldMask's JSON form
-                -- that Go reads back into the proto path (struct_key)
-                blind(path .. "." .. lower_camel(tostring(k)), sub, depth + 1)
-            end
-        else
-            paths[#paths + 1] = path
-        end
-    end
-    local function walk(mname, node, prefix, depth)
-        if depth > 32 then
-            return nil, "the body nests too deep for an update mask"
-        end
-        for k, v in pairs(node) do
-            local f = type(k) == "string" and field_of(sch, mname, k)
-            if not f then
-                return nil, "no field " .. tostring(k) .. " in " .. mname
-            end
-            local path = prefix and (prefix .. "." .. lower_camel(f.name)) or lower_camel(f.name)
-            if f.kind == "message" and DYNAMIC[f.type] and not f.repeated and not f.map then
-                blind(path, v, depth)
-            elseif f.repeated or f.map then
-                paths[#paths + 1] = path
-            elseif f.kind == "message" and type(v) == "table" and next(v) ~= nil then
-                local ok, err = walk(f.type, v, path, depth + 1)
-                if not ok then
-                    return nil, err
-                end
-            else
-                paths[#paths + 1] = path
-            end
-        end
-        return true
-    end
-    local ok, err = walk(msgname, body, nil, 0)
-    if not ok then
-        return nil, err
-    end
-    tab_sort(paths)
-    return tab_concat(paths, ",")
-end
-
--- message(gw, route, segs, n, last) -> JSON text | nil, status, err: the
--- request message of a matched route (find's segs, n, last)
-function _M.message(gw, route, segs, n, last)
+-- message(gw, route, segs, n, last, form_get) -> JSON text | nil, status,
+-- err: the request message of a matched route (find's segs, n, last;
+-- form_get: see add_query)
+function _M.message(gw, route, segs, n, last, form_get)
     -- the message: path variables, then the body, then the query string
     local msg, bound, pathvals = {}, {}, {}
     local vars = route.t.vars
@@ -404,7 +391,7 @@ function _M.message(gw, route, segs, n, last)
         local v = vars[i]
         local s = path_value(v, segs, n, last)
         local f = v.chain[#v.chain]
-        local cv, cerr = conv(value_kind(f), s)
+        local cv, cerr = (v.repeated and conv_list or conv)(value_kind(f), s)
         if cv == nil then
             return nil, 400, "path {" .. v.field .. "}: " .. cerr
         end
@@ -518,9 +505,9 @@ function _M.message(gw, route, segs, n, last)
         end
     end
     if body_mode ~= "*" then
-        local qok, qerr = add_query(gw, route, msg, bound)
+        local qok, qst, qerr = add_query(gw, route, msg, bound, form_get)
         if not qok then
-            return nil, 400, qerr
+            return nil, qst, qerr
         end
         local mf = route.mask_field
         if mask and msg[mf.name] == nil and msg[mf.json] == nil then

@@ -261,9 +261,13 @@ local function bind_route(gw, r, m)
             return nil, "{" .. v.field .. "}: " .. err
         end
         local leaf = ch[#ch]
-        if leaf.repeated or leaf.map or (leaf.kind == "message" and not WKT_SCALAR[leaf.type]) then
-            return nil, "{" .. v.field .. "} must name a scalar field"
+        local msg = leaf.kind == "message"
+        if leaf.map or msg and (leaf.repeated or not WKT_SCALAR[leaf.type]) then
+            return nil, "{" .. v.field .. "} must name a scalar field or a repeated one"
         end
+        -- a repeated field's segment is its values joined with ",", as
+        -- grpc-gateway reads it
+        v.repeated = leaf.repeated or nil
         v.chain = ch
         v.path = path_of(ch)
     end
@@ -431,17 +435,24 @@ local function find(gw, method, path)
         i = j + 1
     end
     local list = gw.by_first[segs[1]] or gw.wild
-    local allow
+    local allow, get, get_last
     for k = 1, #list do
         local r = list[k]
         local ok, last = match(r.t, segs, n)
         if ok then
-            if r.verb == method or (method == "HEAD" and r.verb == "GET") then
+            if r.verb == method then
                 return r, segs, n, last
+            end
+            -- HEAD: a HEAD route of the path first, else its GET route
+            if method == "HEAD" and r.verb == "GET" and not get then
+                get, get_last = r, last
             end
             allow = allow or {}
             allow[r.verb] = true
         end
+    end
+    if get then
+        return get, segs, n, get_last
     end
     return nil, allow
 end
