@@ -172,6 +172,11 @@ function _M.document(gw)
                     else
                         s = scalar_schema(value_kind(f))
                     end
+                    if v.repeated then
+                        -- a path parameter's default style (simple) joins
+                        -- the values with ",", as the gateway splits them
+                        s = { type = "array", items = s }
+                    end
                     local desc = f.comment or ""
                     local last = v.last == -1 and #pat or v.last
                     if last > v.first or pat[v.first] ~= STAR then
