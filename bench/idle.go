@@ -156,6 +156,7 @@ type idleWorker struct {
 	pid             int
 	rssKB, threads  int
 	privKB, libKB   int     // private (clean + dirty) KB; resident KB of the library file
+	pssKB           int     // proportional set size: shared pages divided among their users
 	nginxHz, goHz   float64 // wake-ups/s of the nginx thread, of all others
 	busiestGoHz     float64
 	loaded, calling bool
@@ -233,7 +234,7 @@ func figureIdle(e *env, p params, t *table) error {
 			return err
 		}
 		w := idleWorker{pid: pid, rssKB: rss, threads: len(after), loaded: libLoaded(pid, e.lib), calling: called[pid],
-			privKB: roll["Private_Clean"] + roll["Private_Dirty"], libKB: libRSSKB(pid, e.lib)}
+			privKB: roll["Private_Clean"] + roll["Private_Dirty"], libKB: libRSSKB(pid, e.lib), pssKB: roll["Pss"]}
 		for tid, v := range after {
 			hz := float64(v-before[pid][tid]) / secs // a thread born in the window counts from 0
 			if tid == pid {
@@ -252,8 +253,8 @@ func figureIdle(e *env, p params, t *table) error {
 		} else {
 			plain.add(w)
 		}
-		log.Printf("idle: pid %d calling=%v lib=%v RSS %.1f MB (private %.1f MB, library file %.1f MB), %d threads, wake-ups/s nginx %.2f, others %.2f (busiest %.2f)",
-			w.pid, w.calling, w.loaded, float64(w.rssKB)/1024, float64(w.privKB)/1024, float64(w.libKB)/1024, w.threads, w.nginxHz, w.goHz, w.busiestGoHz)
+		log.Printf("idle: pid %d calling=%v lib=%v RSS %.1f MB (private %.1f MB, PSS %.1f MB, library file %.1f MB), %d threads, wake-ups/s nginx %.2f, others %.2f (busiest %.2f)",
+			w.pid, w.calling, w.loaded, float64(w.rssKB)/1024, float64(w.privKB)/1024, float64(w.pssKB)/1024, float64(w.libKB)/1024, w.threads, w.nginxHz, w.goHz, w.busiestGoHz)
 	}
 	if q.n == 0 || plain.n == 0 {
 		return fmt.Errorf("idle: %d calling and %d plain workers", q.n, plain.n)
@@ -274,9 +275,14 @@ func figureIdle(e *env, p params, t *table) error {
 	t.add(row{section: sec, name: fmt.Sprintf("RSS per worker, %d workers each side", q.n),
 		subject: fmt.Sprintf("%.1f MB", q.rss()), baseline: fmt.Sprintf("%.1f MB plain", plain.rss()),
 		ratio: q.rss() - plain.rss(), ratioLabel: "extra MB", target: "≤ 10", met: q.rss()-plain.rss() <= 10})
+	t.add(row{section: sec, name: "of that RSS: the library file's pages (shared by every worker, one copy in the page cache)",
+		subject: fmt.Sprintf("%.1f MB", q.lib()), baseline: "—", noRatio: true})
 	t.add(row{section: sec, name: "private memory per worker (smaps_rollup Private_*)",
 		subject: fmt.Sprintf("%.1f MB", q.priv()), baseline: fmt.Sprintf("%.1f MB plain", plain.priv()),
 		ratio: q.priv() - plain.priv(), ratioLabel: "extra MB"})
+	t.add(row{section: sec, name: fmt.Sprintf("PSS per worker (shared pages split among their users, %d workers)", len(ws)),
+		subject: fmt.Sprintf("%.1f MB", q.pss()), baseline: fmt.Sprintf("%.1f MB plain", plain.pss()),
+		ratio: q.pss() - plain.pss(), ratioLabel: "extra MB"})
 	t.add(row{section: sec, name: "threads per worker",
 		subject: fmt.Sprintf("%.1f", q.thr()), baseline: fmt.Sprintf("%.1f plain", plain.thr()),
 		ratio: q.thr() - plain.thr(), ratioLabel: "extra threads", target: "≤ 3", met: q.thr()-plain.thr() <= 3})
@@ -316,7 +322,7 @@ func reloadTime(n *nginx, pids []int) (time.Duration, error) {
 // idleAvg sums one side's workers.
 type idleAvg struct {
 	n, loaded, rssKB, threads int
-	privKB                    int
+	privKB, pssKB, libKB      int
 	nginxHz, goHz             float64
 }
 
@@ -324,6 +330,8 @@ func (a *idleAvg) add(w idleWorker) {
 	a.n++
 	a.rssKB += w.rssKB
 	a.privKB += w.privKB
+	a.pssKB += w.pssKB
+	a.libKB += w.libKB
 	a.threads += w.threads
 	a.nginxHz += w.nginxHz
 	a.goHz += w.goHz
@@ -334,5 +342,7 @@ func (a *idleAvg) add(w idleWorker) {
 
 func (a idleAvg) rss() float64  { return float64(a.rssKB) / 1024 / float64(a.n) }
 func (a idleAvg) priv() float64 { return float64(a.privKB) / 1024 / float64(a.n) }
+func (a idleAvg) pss() float64  { return float64(a.pssKB) / 1024 / float64(a.n) }
+func (a idleAvg) lib() float64  { return float64(a.libKB) / 1024 / float64(a.n) }
 func (a idleAvg) thr() float64  { return float64(a.threads) / float64(a.n) }
 func (a idleAvg) hz() float64   { return (a.nginxHz + a.goHz) / float64(a.n) }
