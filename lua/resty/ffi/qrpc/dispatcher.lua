@@ -199,6 +199,7 @@ end
 local function supervise(gen)
     local st = { kick = sema_new(0), ended = false }
     kick = st.kick
+    disp_idle = false
     local sock, reader
     local last_sweep = ngx_now()
     local last_exit_log = 0
