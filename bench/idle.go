@@ -13,9 +13,11 @@ import (
 	"log"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/template"
 	"time"
 )
@@ -53,6 +55,24 @@ http {
     server {
         listen {{.Port}};
         location = /pid { return 200 "ok"; }
+        # /call and /profile: for -hold-idle, by hand
+        location = /call {
+            content_by_lua_block {
+                local qrpc = require "resty.ffi.qrpc"
+                local cfg = require "bench_config"
+                local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
+                local res
+                if conn then res, err = conn:unary("echo", "hello") end
+                ngx.say(ngx.worker.pid(), " ", res and "ok" or tostring(err))
+            }
+        }
+        location = /profile {
+            content_by_lua_block {
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then return ngx.say(err) end
+                ngx.print(p)
+            }
+        }
     }
 }
 `
@@ -83,6 +103,48 @@ func taskCSW(pid int) (map[int]int64, error) {
 	return out, nil
 }
 
+// rollupKB is /proc/pid/smaps_rollup's fields, in KB.
+func rollupKB(pid int) (map[string]int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[2] == "kB" {
+			out[strings.TrimSuffix(f[0], ":")], _ = strconv.Atoi(f[1])
+		}
+	}
+	return out, nil
+}
+
+// libRSSKB is the resident KB of pid's mappings of the library file (its
+// code and data, shared with the other workers but what is written).
+func libRSSKB(pid int, lib string) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return 0
+	}
+	kb, in := 0, false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if !strings.HasSuffix(f[0], ":") || strings.Contains(f[0], "-") {
+			// a mapping's header: "start-end perms offset dev inode [path]"
+			in = len(f) >= 6 && filepath.Base(f[5]) == filepath.Base(lib)
+			continue
+		}
+		if in && f[0] == "Rss:" {
+			v, _ := strconv.Atoi(f[1])
+			kb += v
+		}
+	}
+	return kb
+}
+
 // libLoaded says whether pid has the library mapped.
 func libLoaded(pid int, lib string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
@@ -93,6 +155,8 @@ func libLoaded(pid int, lib string) bool {
 type idleWorker struct {
 	pid             int
 	rssKB, threads  int
+	privKB, libKB   int     // private (clean + dirty) KB; resident KB of the library file
+	pssKB           int     // proportional set size: shared pages divided among their users
 	nginxHz, goHz   float64 // wake-ups/s of the nginx thread, of all others
 	busiestGoHz     float64
 	loaded, calling bool
@@ -100,9 +164,12 @@ type idleWorker struct {
 
 func figureIdle(e *env, p params, t *table) error {
 	const calling = 4
-	window := 10 * time.Second
+	// The window spans three keep-alive periods (a third of the default
+	// 30 s idle timeout); it starts once the call's after-effects are over
+	// (the trimmer's last ticks, quic-go's timers of a fresh connection).
+	settle, window := 10*time.Second, 30*time.Second
 	if p.quick {
-		window = 5 * time.Second
+		settle, window = 3*time.Second, 10*time.Second
 	}
 	n, err := e.newNginx("nginx", filepath.Join(e.dir, "idle"), "builtin", "")
 	if err != nil {
@@ -142,7 +209,7 @@ func figureIdle(e *env, p params, t *table) error {
 	}
 	// Past the call's own after-effects (the dispatcher's first sweeps,
 	// the trimmer giving back the call's blocks and stopping).
-	time.Sleep(3 * time.Second)
+	time.Sleep(settle)
 	before := map[int]map[int]int64{}
 	for _, pid := range pids {
 		if before[pid], err = taskCSW(pid); err != nil {
@@ -162,7 +229,12 @@ func figureIdle(e *env, p params, t *table) error {
 		if err != nil {
 			return err
 		}
-		w := idleWorker{pid: pid, rssKB: rss, threads: len(after), loaded: libLoaded(pid, e.lib), calling: called[pid]}
+		roll, err := rollupKB(pid)
+		if err != nil {
+			return err
+		}
+		w := idleWorker{pid: pid, rssKB: rss, threads: len(after), loaded: libLoaded(pid, e.lib), calling: called[pid],
+			privKB: roll["Private_Clean"] + roll["Private_Dirty"], libKB: libRSSKB(pid, e.lib), pssKB: roll["Pss"]}
 		for tid, v := range after {
 			hz := float64(v-before[pid][tid]) / secs // a thread born in the window counts from 0
 			if tid == pid {
@@ -181,11 +253,17 @@ func figureIdle(e *env, p params, t *table) error {
 		} else {
 			plain.add(w)
 		}
-		log.Printf("idle: pid %d calling=%v lib=%v RSS %.1f MB, %d threads, wake-ups/s nginx %.1f, others %.1f (busiest %.1f)",
-			w.pid, w.calling, w.loaded, float64(w.rssKB)/1024, w.threads, w.nginxHz, w.goHz, w.busiestGoHz)
+		log.Printf("idle: pid %d calling=%v lib=%v RSS %.1f MB (private %.1f MB, PSS %.1f MB, library file %.1f MB), %d threads, wake-ups/s nginx %.2f, others %.2f (busiest %.2f)",
+			w.pid, w.calling, w.loaded, float64(w.rssKB)/1024, float64(w.privKB)/1024, float64(w.pssKB)/1024, float64(w.libKB)/1024, w.threads, w.nginxHz, w.goHz, w.busiestGoHz)
 	}
 	if q.n == 0 || plain.n == 0 {
 		return fmt.Errorf("idle: %d calling and %d plain workers", q.n, plain.n)
+	}
+	if p.holdIdle {
+		log.Printf("holding: idle nginx, prefix %s, workers %v; Ctrl-C to end", n.dir, pids)
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		<-sig
 	}
 	// An idle dispatcher must still notice the worker exit at once
 	// (Kong#6904): how long the old workers take to go after a reload.
@@ -197,6 +275,14 @@ func figureIdle(e *env, p params, t *table) error {
 	t.add(row{section: sec, name: fmt.Sprintf("RSS per worker, %d workers each side", q.n),
 		subject: fmt.Sprintf("%.1f MB", q.rss()), baseline: fmt.Sprintf("%.1f MB plain", plain.rss()),
 		ratio: q.rss() - plain.rss(), ratioLabel: "extra MB", target: "≤ 10", met: q.rss()-plain.rss() <= 10})
+	t.add(row{section: sec, name: "of that RSS: the library file's pages (shared by every worker, one copy in the page cache)",
+		subject: fmt.Sprintf("%.1f MB", q.lib()), baseline: "—", noRatio: true})
+	t.add(row{section: sec, name: "private memory per worker (smaps_rollup Private_*)",
+		subject: fmt.Sprintf("%.1f MB", q.priv()), baseline: fmt.Sprintf("%.1f MB plain", plain.priv()),
+		ratio: q.priv() - plain.priv(), ratioLabel: "extra MB"})
+	t.add(row{section: sec, name: fmt.Sprintf("PSS per worker (shared pages split among their users, %d workers)", len(ws)),
+		subject: fmt.Sprintf("%.1f MB", q.pss()), baseline: fmt.Sprintf("%.1f MB plain", plain.pss()),
+		ratio: q.pss() - plain.pss(), ratioLabel: "extra MB"})
 	t.add(row{section: sec, name: "threads per worker",
 		subject: fmt.Sprintf("%.1f", q.thr()), baseline: fmt.Sprintf("%.1f plain", plain.thr()),
 		ratio: q.thr() - plain.thr(), ratioLabel: "extra threads", target: "≤ 3", met: q.thr()-plain.thr() <= 3})
@@ -236,12 +322,16 @@ func reloadTime(n *nginx, pids []int) (time.Duration, error) {
 // idleAvg sums one side's workers.
 type idleAvg struct {
 	n, loaded, rssKB, threads int
+	privKB, pssKB, libKB      int
 	nginxHz, goHz             float64
 }
 
 func (a *idleAvg) add(w idleWorker) {
 	a.n++
 	a.rssKB += w.rssKB
+	a.privKB += w.privKB
+	a.pssKB += w.pssKB
+	a.libKB += w.libKB
 	a.threads += w.threads
 	a.nginxHz += w.nginxHz
 	a.goHz += w.goHz
@@ -250,6 +340,9 @@ func (a *idleAvg) add(w idleWorker) {
 	}
 }
 
-func (a idleAvg) rss() float64 { return float64(a.rssKB) / 1024 / float64(a.n) }
-func (a idleAvg) thr() float64 { return float64(a.threads) / float64(a.n) }
-func (a idleAvg) hz() float64  { return (a.nginxHz + a.goHz) / float64(a.n) }
+func (a idleAvg) rss() float64  { return float64(a.rssKB) / 1024 / float64(a.n) }
+func (a idleAvg) priv() float64 { return float64(a.privKB) / 1024 / float64(a.n) }
+func (a idleAvg) pss() float64  { return float64(a.pssKB) / 1024 / float64(a.n) }
+func (a idleAvg) lib() float64  { return float64(a.libKB) / 1024 / float64(a.n) }
+func (a idleAvg) thr() float64  { return float64(a.threads) / float64(a.n) }
+func (a idleAvg) hz() float64   { return (a.nginxHz + a.goHz) / float64(a.n) }

@@ -50,6 +50,7 @@ type params struct {
 	poolParN  int    // concurrent calls per run in the pools figure
 	only      map[string]bool
 	hold      bool
+	holdIdle  bool
 
 	metricsN    int  // sequential calls per mode per run in the metrics figure
 	metricsRuns int  // runs of the metrics figure at least (its effect is small)
@@ -82,6 +83,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: run the echo server with this cert,key pair of files")
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
+	holdIdle := flag.Bool("hold-idle", false, "the idle figure keeps its nginx after measuring, until Ctrl-C (for strace/perf by hand)")
 	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics,stream,idle); default all")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
@@ -137,6 +139,7 @@ func main() {
 		return
 	}
 	p.hold = *hold
+	p.holdIdle = *holdIdle
 	if *runs > 0 {
 		p.runs = *runs
 	}

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -716,5 +718,74 @@ func TestStalledLoopLeavesNoStaleWakeup(t *testing.T) {
 	}
 	if c := n.logCount(`no completion for call`); c != 0 {
 		t.Errorf("%d 'no completion' warnings", c)
+	}
+}
+
+// TestIdleDispatcherSleeps: once no call is in flight, the dispatcher
+// does not wake the worker's nginx thread (counted in the thread's
+// voluntary context switches, against a plain worker of another nginx
+// over the same 3 s: OpenResty's workers wake every second to reap
+// children, with or without this module; a poll every 0.5 s would make 6
+// more), a later call still completes at once, and the idle worker still
+// leaves promptly on quit.
+func TestIdleDispatcherSleeps(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                local res, err = conn:unary("echo", "idle ok", { timeout = 2000 })
+                ngx.say(res and res.body or err)`)})
+	if st, body := n.get("/t"); st != 200 || body != "idle ok\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+	pids := n.workerPIDs()
+	if len(pids) != 1 {
+		t.Fatalf("workers %v", pids)
+	}
+	pid := pids[0]
+	plain := startNginx(t, ngxConf{Workers: 1, Server: loc("/p", `ngx.say("plain")`)})
+	if st, body := plain.get("/p"); st != 200 || body != "plain\n" {
+		t.Fatalf("plain nginx: %d %q", st, body)
+	}
+	plainPIDs := plain.workerPIDs()
+	if len(plainPIDs) != 1 {
+		t.Fatalf("plain workers %v", plainPIDs)
+	}
+	switches := func(pid int) int {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				c, _ := strconv.Atoi(strings.TrimSpace(v))
+				return c
+			}
+		}
+		t.Fatal("no voluntary_ctxt_switches")
+		return 0
+	}
+	// Past the call's last poll (0.5 s) and its HTTP connection's close.
+	n.client.CloseIdleConnections()
+	plain.client.CloseIdleConnections()
+	time.Sleep(time.Second)
+	before, plainBefore := switches(pid), switches(plainPIDs[0])
+	time.Sleep(3 * time.Second)
+	d, pd := switches(pid)-before, switches(plainPIDs[0])-plainBefore
+	if d > pd+1 {
+		t.Errorf("the idle worker's nginx thread woke %d times in 3 s, a plain worker's %d", d, pd)
+	}
+	t.Logf("nginx thread wake-ups in 3 s idle: %d, a plain worker's %d", d, pd)
+	began := time.Now()
+	if st, body := n.get("/t"); st != 200 || body != "idle ok\n" {
+		t.Fatalf("the call after the idle time: %d %q", st, body)
+	}
+	t.Logf("the call after 4 s idle took %v", time.Since(began).Round(time.Millisecond))
+	// Idle again, then quit: the exit watch must wake the dispatcher (it
+	// would otherwise sleep for an hour and keep the worker).
+	n.client.CloseIdleConnections()
+	time.Sleep(time.Second)
+	n.signal("quit")
+	if !n.waitExit(5 * time.Second) {
+		t.Fatalf("an idle worker did not exit within 5 s of quit:%s", procState(pid))
 	}
 }

@@ -1,10 +1,13 @@
 -- resty.ffi.qrpc.dispatcher: the built-in host's dispatcher. One per Lua
 -- VM of a worker, in a timer: a reader light thread blocks on the VM's
 -- wake-up socket (Go writes a byte when its completion queue goes from
--- empty to non-empty) and drains on each byte; the dispatcher itself
--- wakes every POLL_S to notice the worker exiting, to drain anyway and to
--- sweep abandoned calls. resty.ffi.qrpc.host_builtin gives it the
--- functions that drain and sweep (hooks) and starts it (ensure).
+-- empty to non-empty) and drains on each byte; while calls are in flight
+-- the dispatcher itself wakes every POLL_S to notice the worker exiting,
+-- to drain anyway and to sweep abandoned calls. With none in flight it
+-- sleeps until something happens: a call (ensure), the reader ending, or
+-- the worker exiting (a watch timer, which nginx runs early on exit).
+-- resty.ffi.qrpc.host_builtin gives it the functions that drain and sweep
+-- (hooks) and starts it (ensure).
 
 local ffi = require "ffi"
 local semaphore = require "ngx.semaphore"
@@ -23,6 +26,7 @@ local ngx_INFO = ngx.INFO
 local worker_exiting = ngx.worker.exiting
 local timer_at = ngx.timer.at
 local ngx_now = ngx.now
+local ngx_sleep = ngx.sleep
 local socket_tcp = ngx.socket.tcp
 local thread_spawn = ngx.thread.spawn
 local thread_kill = ngx.thread.kill
@@ -39,9 +43,18 @@ local ERRBUF_LEN = abi.ERRBUF_LEN
 local submit_err = abi.submit_err
 
 local PATHBUF_LEN = 256
--- The dispatcher wakes this often to notice a worker exit (nginx -s
--- reload/quit), lost wake-ups and abandoned calls.
+-- While calls are in flight the dispatcher wakes this often to notice a
+-- worker exit (nginx -s reload/quit), lost wake-ups and abandoned calls.
 local POLL_S = 0.5
+-- With none in flight it waits this long for a kick (a new call, the
+-- reader ending, the exit watch): an idle worker's nginx thread then does
+-- not wake at all. The wait only bounds what a kick that never comes
+-- (a bug) would cost.
+local IDLE_S = 3600
+-- The exit watch: a timer of this delay, re-armed when it runs in time.
+-- nginx runs pending timers at once, premature, when the worker exits;
+-- the watch then kicks the dispatcher out of its idle wait.
+local WATCH_S = 3600
 local SWEEP_EVERY_S = 1
 local STALE_S = 5
 -- The reader blocks on the wake-up socket with the longest timeout ngx_lua
@@ -65,17 +78,25 @@ local disp_gen = 0      -- generation of the live dispatcher; 0: none
 local disp_seq = 0
 local disp_beat = 0
 local disp_fails = 0
+-- The live dispatcher's semaphore, and whether it waits on it with nothing
+-- in flight (then its beat is not due: ensure kicks it instead).
+local kick
+local disp_idle = false
+local watch_armed = false
 
 local ensure_dispatcher
 
 -- host_builtin's: drain (raises what a completion raised), safe_drain,
--- complete_failed, sweep(now), and the count of its calls in flight.
+-- complete_failed, sweep(now), the count of its calls in flight, and
+-- whether it has work for later sweeps (cancels a full queue refused).
 local drain, safe_drain, complete_failed, sweep
 local npending = function() return 0 end
+local deferred = function() return false end
 
 function _M.hooks(h)
     drain, safe_drain, complete_failed = h.drain, h.safe_drain, h.failed
     sweep, npending = h.sweep, h.pending
+    deferred = h.deferred or deferred
 end
 
 -- The VM could not be registered: no wake-up socket will open.
@@ -128,7 +149,7 @@ local function read_loop(sock)
 end
 
 
-local function read_wake(sock, ended)
+local function read_wake(sock, st)
     while true do
         -- outside the loop: see drain
         local ok, err = pcall(read_loop, sock)
@@ -137,7 +158,8 @@ local function read_wake(sock, ended)
                 ngx_log(ngx_WARN, "qrpc: wake-up socket: ", err)
             end
             sock:close()
-            ended:post(1)
+            st.ended = true
+            st.kick:post(1)
             return
         end
         complete_failed(err)
@@ -146,14 +168,38 @@ local function read_wake(sock, ended)
 end
 
 
+-- The exit watch (see WATCH_S): kicks the dispatcher when the worker
+-- exits, re-arms itself otherwise.
+local watch
+watch = function(premature)
+    watch_armed = false
+    if premature or worker_exiting() then
+        if kick then
+            kick:post(1)
+            -- nginx runs premature timers from its cycle, outside the
+            -- event loop's handlers: the post is an event it processes
+            -- only once epoll returns, and with the dispatcher idle the
+            -- next timer is an hour away. A short sleep is a timer that
+            -- makes it return.
+            ngx_sleep(0.001)
+        end
+        return
+    end
+    watch_armed = timer_at(WATCH_S, watch) and true or false
+end
+
+
 -- The dispatcher: one per worker, in a timer. A reader light thread blocks
--- on the wake-up socket (draining on each byte); this thread wakes every
--- POLL_S to notice the worker exiting, to drain anyway (a lost wake-up costs
--- at most POLL_S) and to sweep abandoned calls. It stops once the worker
--- exits and no call waits: a light thread that lingers keeps an old worker
--- "shutting down" forever (Kong#6904).
+-- on the wake-up socket (draining on each byte). While calls are in flight
+-- this thread wakes every POLL_S to notice the worker exiting, to drain
+-- anyway (a lost wake-up costs at most POLL_S) and to sweep abandoned calls;
+-- with none it waits for a kick (see IDLE_S), as long as the exit watch is
+-- armed. It stops once the worker exits and no call waits: a light thread
+-- that lingers keeps an old worker "shutting down" forever (Kong#6904).
 local function supervise(gen)
-    local ended = sema_new(0)
+    local st = { kick = sema_new(0), ended = false }
+    kick = st.kick
+    disp_idle = false
     local sock, reader
     local last_sweep = ngx_now()
     local last_exit_log = 0
@@ -162,7 +208,7 @@ local function supervise(gen)
             local err
             sock, err = open_wake()
             if sock then
-                reader = thread_spawn(read_wake, sock, ended)
+                reader = thread_spawn(read_wake, sock, st)
                 disp_fails = 0
             else
                 disp_fails = disp_fails + 1
@@ -187,8 +233,22 @@ local function supervise(gen)
                         " call(s) in flight")
             end
         end
-        local ok = ended:wait(reader and POLL_S or math_max(POLL_S, 0.1 * disp_fails))
-        if ok then
+        local wait = reader and POLL_S or math_max(POLL_S, 0.1 * disp_fails)
+        if reader and npending() + others() == 0 and not deferred()
+           and not worker_exiting()
+        then
+            if not watch_armed then
+                watch_armed = timer_at(WATCH_S, watch) and true or false
+            end
+            if watch_armed then
+                wait = IDLE_S
+                disp_idle = true
+            end
+        end
+        st.kick:wait(wait)
+        disp_idle = false
+        if st.ended then
+            st.ended = false
             reader, sock = nil, nil
         end
         safe_drain()
@@ -232,6 +292,15 @@ end
 -- ngx.now(), when the caller has it (one FFI call less per call).
 ensure_dispatcher = function(now)
     if disp_gen ~= 0 then
+        if disp_idle then
+            -- out of its idle wait: a call is in flight now (the kick
+            -- resumes it in this turn of the event loop, after the caller
+            -- has registered its call)
+            disp_idle = false
+            disp_beat = now or ngx_now()
+            kick:post(1)
+            return true
+        end
         if (now or ngx_now()) - disp_beat < STALE_S then
             return true
         end

@@ -341,6 +341,7 @@ end
 disp.hooks({
     drain = drain, safe_drain = safe_drain, failed = complete_failed,
     sweep = sweep, pending = function() return npend end,
+    deferred = function() return direct.late_cancels() > 0 end,
 })
 local ensure_dispatcher = disp.ensure
 _M.ensure_dispatcher = ensure_dispatcher
