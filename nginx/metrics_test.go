@@ -158,14 +158,19 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 	if len(ttl0) != 2 {
 		t.Fatalf("gauges of %d workers in the dict, want 2: %v", len(ttl0), ttl0)
 	}
+	// A flush shows as a TTL that grew since the previous reading (a
+	// reading taken in the flush's own millisecond equals the full TTL,
+	// and no later one exceeds it: compare each reading with the last).
+	prev, flushed := ttl0, map[string]bool{}
 	testwait.Until(t, "a flush by every worker", 15*time.Second, func() bool {
 		ttl := gaugeTTL()
-		for pid, v := range ttl0 {
-			if ttl[pid] <= v {
-				return false
+		for pid, v := range prev {
+			if ttl[pid] > v {
+				flushed[pid] = true
 			}
 		}
-		return true
+		prev = ttl
+		return len(flushed) == len(ttl0)
 	})
 	got, body = scrape(t, n)
 	labels := `method="greet",server="` + server + `"`
