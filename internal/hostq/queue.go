@@ -1,7 +1,7 @@
 package hostq
 
 // The Go side of the built-in host's C queues (hostq.c). The nginx thread
-// queues commands with qrpc_submit_async, pops completions with qrpc_poll
+// queues commands with qrpc_submit_async, pops completions with qrpc_vm_poll
 // and frees their blocks with qrpc_release_n, all plain C: it never enters
 // Go on the hot path. The submitter goroutine here sleeps in the
 // netpoller on an eventfd, takes everything queued at once and runs each

@@ -80,12 +80,9 @@ typedef struct {
 } qrpc_stats_t;
 
 int qrpc_init(char *err, size_t err_len);
-int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
-                   char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
-int qrpc_poll(qrpc_completion_t *out, int max);
 int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
 int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
                       size_t path_len, char *err, size_t err_len);
@@ -102,7 +99,7 @@ end
 -- here, QRPC_F_X is F_X, QRPC_CMD_VERSION is CMD_VERSION); the other Lua
 -- files take them from this table. nginx/abi_test.go compares the two
 -- lists, both ways.
-local CMD_VERSION = 4
+local CMD_VERSION = 5
 
 local OP_CONNECT = 1
 local OP_UNARY = 2
@@ -207,12 +204,16 @@ local _M = {
     u64_ptr_t = ffi_typeof("const uint64_t *"),
     cstr_t = ffi_typeof("const char *"),
 
-    -- The library writes its error messages here (qrpc_init, qrpc_query,
-    -- qrpc_wake_open); read right after the call, on the nginx thread.
+    -- The library writes its error messages into a caller's buffer of
+    -- this size (qrpc_init, qrpc_query, qrpc_vm_open, ...): new_errbuf().
     ERRBUF_LEN = ERRBUF_LEN,
-    errbuf = ffi_new(char_arr_t, ERRBUF_LEN),
 }
-local errbuf = _M.errbuf
+
+
+-- A buffer for one call's error message, the call's own.
+function _M.new_errbuf()
+    return ffi_new(char_arr_t, ERRBUF_LEN)
+end
 
 
 -- show(v): a caller's value in an error message, without calling anything
@@ -279,9 +280,10 @@ end
 _M.status_err = status_err
 
 
--- The error string of a failed synchronous call (its message is in errbuf).
-function _M.submit_err(rc)
-    return status_err(rc, ffi_string(errbuf))
+-- The error string of a failed synchronous call (its message is in eb,
+-- the buffer the call was given).
+function _M.submit_err(rc, eb)
+    return status_err(rc, ffi_string(eb))
 end
 
 
@@ -440,26 +442,33 @@ function _M.pack_headers(h, argn, limit)
 end
 
 
--- hdrs is the packed buffer (copied before qrpc_submit_async returns) or, for
--- a call that crosses a yield with the lua-resty-ffi host, a string the
--- caller anchors (as hash_key: a pool's server choice; retries: extra
--- attempts on another server, 0 = none).
-function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
-                     timeout, req_type, resp_type, flags, hash_key, retries,
-                     copts)
+-- fill_cmd(cmd, c): writes the command c describes into cmd (a
+-- qrpc_cmd_t the caller owns for this call alone) and returns cmd. c is
+-- one table: op, conn (the handle), id (the call id, built-in host),
+-- method, body, nh (header entries), hdrs (the packed block, a string or
+-- a buffer) and hlen, timeout (ms), req_type, resp_type, flags, hash_key
+-- (a pool's server choice), retries (extra attempts on another server),
+-- opts (a record block: resty.ffi.qrpc.wire); absent fields are zero.
+-- cmd points into c's strings: the caller keeps c alive until the library
+-- has read the command (qrpc_submit_async and qrpc_query copy it before
+-- they return; the lua-resty-ffi host anchors c with the task).
+function _M.fill_cmd(cmd, c)
+    local method, body, nh = c.method or "", c.body or "", c.nh or 0
+    local hash_key, copts = c.hash_key, c.opts
+    local req_type, resp_type = c.req_type, c.resp_type
     cmd.version = CMD_VERSION
-    cmd.op = op
-    cmd.conn = handle
-    cmd.call_id = id
-    cmd.timeout_ms = timeout
+    cmd.op = c.op
+    cmd.conn = c.conn or 0
+    cmd.call_id = c.id or 0
+    cmd.timeout_ms = c.timeout or 0
     cmd.nhdrs = nh
     cmd.method = method
     cmd.method_len = #method
     cmd.body = body
     cmd.body_len = #body
     if nh > 0 then
-        cmd.hdrs = hdrs
-        cmd.hdrs_len = hlen
+        cmd.hdrs = c.hdrs
+        cmd.hdrs_len = c.hlen
     else
         cmd.hdrs = nil
         cmd.hdrs_len = 0
@@ -470,7 +479,8 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
     cmd.req_type_len = req_type and #req_type or 0
     cmd.resp_type = resp_type
     cmd.resp_type_len = resp_type and #resp_type or 0
-    cmd.flags = flags or 0
+    cmd.flags = c.flags or 0
+    cmd.vm = c.vm or 0
     if hash_key then
         cmd.hash_key = hash_key
         cmd.hash_key_len = #hash_key
@@ -478,8 +488,9 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
         cmd.hash_key = nil
         cmd.hash_key_len = 0
     end
-    cmd.retries = retries or 0
-    -- UNARY's per-call pool options (resty.ffi.qrpc.pool), "key=value\n"
+    cmd.retries = c.retries or 0
+    -- UNARY's per-call pool options (resty.ffi.qrpc.pool), a query's
+    -- options: a record block
     if copts then
         cmd.opts = copts
         cmd.opts_len = #copts

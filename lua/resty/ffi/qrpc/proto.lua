@@ -142,25 +142,18 @@ local function absolute(p)
 end
 
 
-local out_p = ffi_new("char *[1]")
-local out_len = ffi_new("size_t[1]")
 local ffi_string = ffi.string
 
 -- Runs one load in Go (or, with op OP_PROTO_DESCRIBE, a description of
 -- the file, returned as its JSON text).
 local function query(rec, op)
-    local cmd = ffi_new(abi.cmd_t)
-    cmd.version = abi.CMD_VERSION
-    cmd.op = op or OP_PROTO_LOAD
-    cmd.method = rec.kind
-    cmd.method_len = #rec.kind
-    cmd.body = rec.arg
-    cmd.body_len = #rec.arg
-    if rec.opts ~= "" then
-        cmd.opts = rec.opts
-        cmd.opts_len = #rec.opts
-    end
-    local rc = lib.qrpc_query(cmd, out_p, out_len, abi.errbuf, abi.ERRBUF_LEN)
+    local cmd = abi.fill_cmd(ffi_new(abi.cmd_t), {
+        op = op or OP_PROTO_LOAD, method = rec.kind, body = rec.arg,
+        opts = rec.opts ~= "" and rec.opts or nil })
+    local out_p = ffi_new("char *[1]")
+    local out_len = ffi_new("size_t[1]")
+    local errbuf = abi.new_errbuf()
+    local rc = lib.qrpc_query(cmd, out_p, out_len, errbuf, abi.ERRBUF_LEN)
     local out = true
     if out_p[0] ~= nil then
         if op and rc == QRPC_OK then
@@ -170,7 +163,7 @@ local function query(rec, op)
         out_p[0] = nil
     end
     if rc ~= QRPC_OK then
-        return nil, abi.submit_err(rc)
+        return nil, abi.submit_err(rc, errbuf)
     end
     return out
 end

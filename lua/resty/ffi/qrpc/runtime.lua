@@ -439,14 +439,13 @@ local function echo(body)
     end
     local status, val
     if S.use_builtin then
-        status, val = builtin.call(OP_ECHO, 0, "", body, 0, nil, 0,
-                                   DEFAULT_TIMEOUT_MS,
-                                   DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S,
-                                   nil, nil, nil, nil, nil)
+        status, val = builtin.call({ op = OP_ECHO, body = body,
+                                     timeout = DEFAULT_TIMEOUT_MS },
+                                   DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S)
     else
-        local cmd = fill_cmd(ffi_new(cmd_t), OP_ECHO, 0, 0, "", body, 0, nil, 0,
-                             DEFAULT_TIMEOUT_MS)
-        status, val = resty_ffi.decode(resty_ffi.call(cmd, body, nil, nil,
+        local c = { op = OP_ECHO, body = body, timeout = DEFAULT_TIMEOUT_MS }
+        local cmd = fill_cmd(ffi_new(cmd_t), c)
+        status, val = resty_ffi.decode(resty_ffi.call(cmd, c,
                                         DEFAULT_TIMEOUT_MS / 1000))
     end
     if status == QRPC_OK then
