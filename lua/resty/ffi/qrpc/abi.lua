@@ -19,6 +19,7 @@ local ffi_copy = ffi.copy
 local ffi_sizeof = ffi.sizeof
 local ffi_typeof = ffi.typeof
 local new_tab = base.new_tab
+local buf_new = require("string.buffer").new
 
 local type = type
 local tostring = tostring
@@ -361,48 +362,28 @@ function _M.decode_bad_response(p, len)
 end
 
 
--- Headers are packed into a small shared buffer: the library copies it
--- before qrpc_submit_async (or qrpc_query) returns, and a call that keeps
--- headers across a yield copies them out first. Bigger blocks get a
--- buffer of their own, which the GC takes back after the call: a shared
--- buffer grown for one huge header would stay that big in the worker for
--- good.
-local HBUF_SMALL = 4096
-local hbuf_small = ffi_new(char_arr_t, HBUF_SMALL)
 -- Go refuses more entries (names + values) than this.
 local MAX_HDR_ENTRIES = limits.HEADER_ENTRIES
 
-local function put_str(buf, off, s)
+local function put_str(buf, s)
     local n = #s
-    ffi_cast(u32_wptr_t, buf + off)[0] = n
-    ffi_copy(buf + off + 4, s, n)
-    return off + 4 + n
-end
-
-
-local function pack_into(buf, h)
-    local off = 0
-    for k, v in pairs(h) do
-        if type(v) == "number" then
-            v = tostring(v)
-        end
-        off = put_str(buf, off, k)
-        off = put_str(buf, off, v)
-    end
-    return off
+    local p = buf:reserve(4 + n)
+    ffi_cast(u32_wptr_t, p)[0] = n
+    ffi_copy(p + 4, s, n)
+    buf:commit(4 + n)
 end
 
 
 -- Packs a { name = value } table (a plain one: the caller has copied a
 -- table with a metatable) into [u32 len][bytes] entries. limit: the
 -- connection's max_frame_size. Returns the number of entries (names +
--- values), the length in bytes and the buffer, or nil and an error. One
--- pass writes into the small buffer while the block fits there; a bigger
--- block is measured first, checked against limit and only then packed into
--- a buffer of its own.
+-- values), the length in bytes and the block, a string of this call's own
+-- (nothing shared between calls; the lua-resty-ffi host pins it with the
+-- command), or nil and an error. Entries stop being written once the
+-- block is past limit: a block that big is refused, not built.
 function _M.pack_headers(h, argn, limit)
     local n, size = 0, 0
-    local small = true
+    local buf = buf_new(256)
     for k, v in pairs(h) do
         if type(k) ~= "string" then
             return bad(argn, "header names must be strings")
@@ -415,15 +396,11 @@ function _M.pack_headers(h, argn, limit)
                              .. "' must be a string (got " .. tv .. ")")
         end
         n = n + 2
-        local need = size + 8 + #k + #v
-        if small then
-            if need <= HBUF_SMALL then
-                put_str(hbuf_small, put_str(hbuf_small, size, k), v)
-            else
-                small = false
-            end
+        size = size + 8 + #k + #v
+        if size <= limit then
+            put_str(buf, k)
+            put_str(buf, v)
         end
-        size = need
     end
     if n > MAX_HDR_ENTRIES then
         return bad(argn, "too many headers (" .. n / 2 .. "; at most "
@@ -434,11 +411,7 @@ function _M.pack_headers(h, argn, limit)
                { detail = "headers (" .. size .. " bytes; max_frame_size is "
                           .. limit .. ")" }
     end
-    if small then
-        return n, size, hbuf_small
-    end
-    local buf = ffi_new(char_arr_t, size)
-    return n, pack_into(buf, h), buf
+    return n, size, buf:tostring()
 end
 
 
