@@ -189,10 +189,6 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 	}
 }
 
-// wakerSignal is what the waker does for a kick: a wake byte to each VM
-// of mask (bit i: VM i); a variable for TestWakerDeathFallsBack.
-var wakerSignal = func(mask uint64) { builtin.signalVMs(mask) }
-
 // trim runs the trimmer: a timer of trimEvery while the queues are in use
 // (trimOn), none while they are idle.
 func (s *submitter) trim(stop, wake chan struct{}) {
