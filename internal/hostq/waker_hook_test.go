@@ -41,4 +41,3 @@ func TestWakerDeathFallsBack(t *testing.T) {
 		rt.Free(&c)
 	}
 }
-
