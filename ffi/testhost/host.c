@@ -956,7 +956,11 @@ static void query_checks(void) {
     q.op = QRPC_OP_PEERS;
     q.conn = 0;
     int prc = query(&q, &out, &out_len, err, sizeof err);
-    CHECK(prc == QRPC_OK && out != NULL && out_len >= 12 && strncmp(out, "connections=", 12) == 0,
+    /* a record block: one CONNECTIONS record (key 28, an int64) */
+    uint16_t rkey = 0;
+    if (prc == QRPC_OK && out != NULL && out_len >= 2)
+        memcpy(&rkey, out, 2);
+    CHECK(prc == QRPC_OK && out != NULL && out_len == 14 && rkey == 28,
           "query: PEERS of conn 0 -> %d \"%s\"", prc, err);
     if (prc == QRPC_OK)
         p_release(out);
@@ -981,15 +985,25 @@ static void query_checks(void) {
     q.op = QRPC_OP_CONFIGURE;
     q.conn = 0;
     prc = query(&q, &out, &out_len, err, sizeof err);
-    CHECK(prc == QRPC_OK && out != NULL && out_len > 11 && strncmp(out, "gomaxprocs=", 11) == 0,
+    /* records, GOMAXPROCS (key 22) first */
+    rkey = 0;
+    if (prc == QRPC_OK && out != NULL && out_len >= 2)
+        memcpy(&rkey, out, 2);
+    CHECK(prc == QRPC_OK && out != NULL && out_len > 14 && rkey == 22,
           "query: CONFIGURE without lines -> %d \"%.*s\"", prc, prc == QRPC_OK ? (int)out_len : 0, prc == QRPC_OK ? out : "");
     if (prc == QRPC_OK)
         p_release(out);
-    q.opts = "gomaxprocs=0\n";
-    q.opts_len = strlen(q.opts);
+    /* one GOMAXPROCS record: [u16 22][u32 8][int64 0] */
+    char rec[14] = {0};
+    uint16_t k22 = 22;
+    uint32_t l8 = 8;
+    memcpy(rec, &k22, 2);
+    memcpy(rec + 2, &l8, 4);
+    q.opts = rec;
+    q.opts_len = sizeof rec;
     prc = query(&q, &out, &out_len, err, sizeof err);
     CHECK(prc == QRPC_ERR_BADARG && out == NULL && out_len == 0 &&
-          strcmp(err, "bad command: opts: gomaxprocs must be an integer 1..1024, got \"0\"") == 0,
+          strcmp(err, "bad command: opts: gomaxprocs must be an integer 1..1024, got 0") == 0,
           "query: CONFIGURE gomaxprocs=0 -> %d \"%s\"", prc, err);
     q.opts = NULL;
     q.opts_len = 0;

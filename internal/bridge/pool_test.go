@@ -194,7 +194,7 @@ func TestRuntimePool(t *testing.T) {
 	}
 	r.Free(&out)
 	out, _ = r.Query(&Command{Op: OpPeers, Conn: conn})
-	if out.Status != StatusOK || strings.Count(text(out), "state=up") != 3 {
+	if out.Status != StatusOK || strings.Count(recText([]byte(text(out))), "peer_state=up") != 3 {
 		t.Fatalf("PEERS: %d %q", out.Status, text(out))
 	}
 	r.Free(&out)
