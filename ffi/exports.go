@@ -97,11 +97,6 @@ func qrpc_vm_open(name *C.char, nameLen C.size_t, errBuf *C.char, errLen C.size_
 	return C.int(st)
 }
 
-//export qrpc_wake_open
-func qrpc_wake_open(dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
-	return qrpc_vm_wake_open(0, dir, dirLen, path, pathLen, errBuf, errLen)
-}
-
 //export qrpc_vm_wake_open
 func qrpc_vm_wake_open(vm C.int, dir *C.char, dirLen C.size_t, path *C.char, pathLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
 	enterExport()

@@ -31,18 +31,20 @@
 
 /* Query ops: only for qrpc_query (synchronous, any host). An op this
  * library does not implement fails with QRPC_ERR_BADARG "unsupported op N". */
-#define QRPC_OP_PEERS      8  /* conn -> the peers of that pool, text lines */
+#define QRPC_OP_PEERS      8  /* conn -> a record block: per server of that pool PEER_ADDR, then
+                                 PEER_STATE, PEER_INFLIGHT, PEER_CALLS, PEER_FAILURES,
+                                 PEER_EJECTED_UNTIL_MS, PEER_STALLED; conn 0 -> CONNECTIONS */
 #define QRPC_OP_METRICS    9  /* -> this worker's metrics snapshot */
 #define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes;
                                  method = "file" | "descriptor_set";
-                                 opts = "import_path=...\n" lines */
-#define QRPC_OP_CONFIGURE  11 /* opts lines "gomaxprocs=N", "metrics=on|off" (pools dialled later); none: only ask; answers the settings in force, "gomaxprocs=N
-metrics=on
-" */
+                                 opts = IMPORT_PATH records */
+#define QRPC_OP_CONFIGURE  11 /* opts GOMAXPROCS, METRICS (1|0: pools dialled later); none: only ask;
+                                 answers the settings in force: GOMAXPROCS, METRICS, SYSMON records */
 #define QRPC_OP_PROFILE    12 /* a pprof profile (gzipped protobuf, for go tool pprof) of this worker's
-                                 Go runtime: opts "kind=heap|allocs|goroutine|threadcreate\n";
-                                 "kind=cpu\nseconds=N\n" starts the CPU profile (answers nothing; it stops
-                                 by itself N+5 s later), "kind=cpu-stop\n" stops it and answers it */
+                                 Go runtime: opts PROFILE_KIND heap|allocs|goroutine|threadcreate;
+                                 PROFILE_KIND cpu + PROFILE_SECONDS N starts the CPU profile (answers
+                                 nothing; it stops by itself N+5 s later), PROFILE_KIND cpu-stop stops
+                                 it and answers it */
 #define QRPC_OP_PROTO_DESCRIBE 13 /* body = .proto path, method = "file", opts as PROTO_LOAD: loads it if
                                      needed and answers JSON: services, google.api.http rules, messages */
 #define QRPC_OP_POOL_SHARE 14 /* conn, opts = a binary record of the other workers' verdicts (and roles,
@@ -118,19 +120,31 @@ typedef struct {
     uint32_t    vm;          /* built-in host: the Lua VM (qrpc_vm_open) whose queue gets
                                 this command's completion; 0 = the first VM. The
                                 lua-resty-ffi host ignores it */
-    const char *opts;        size_t opts_len;       /* CONNECT: pool options; other ops: op-specific;
-                                                       "key=value\n" lines (<= 1 MiB) */
+    const char *opts;        size_t opts_len;       /* CONNECT: pool options; UNARY: per-call pool
+                                                       options; query ops: their options; a record
+                                                       block (below, <= 64 KiB) */
 } qrpc_cmd_t;
 
-/* The version of this interface: qrpc_cmd_t's layout, the result blob's
- * and the error messages' (4: an error message is
+/* A record block (qrpc_cmd_t.opts, the answers of PEERS and CONFIGURE) is
+ * a run of records, each
+ *   [uint16 key][uint32 length][length bytes of value]
+ * native-endian, unaligned. A value is a string's bytes, or an int64 or a
+ * float64 (length 8), as its key's type says. The keys and their types
+ * are numbered once in internal/schema (WireKeys) and generated into
+ * lua/resty/ffi/qrpc/wire_keys.lua and internal/bridge/wire_keys.go; an
+ * unknown key, a number whose length is not 8 or a block that ends inside
+ * a record is refused (QRPC_ERR_BADARG), never guessed at. */
+
+/* The version of this interface: qrpc_cmd_t's layout, the record blocks'
+ * keys, the result blob's and the error messages' (5: options and query
+ * answers are record blocks; an error message is
  * err [ 0x1f detail 0x1f attempts 0x1f budget ]: err the word or
  * "word: reason" a caller compares, detail the library's own text,
  * attempts a pool call's count, budget "1" when the retry budget refused a
  * retry; a message with none of the three is err alone). A caller built
  * for another one gets QRPC_ERR_BADARG "version N, this library speaks M"
  * for every command, never a misread answer. */
-#define QRPC_CMD_VERSION 4
+#define QRPC_CMD_VERSION 5
 
 /* How many Lua VMs one process's built-in host serves (qrpc_vm_open). */
 #define QRPC_MAX_VMS 8
@@ -158,13 +172,6 @@ typedef struct {
  * Returns a status; on error, writes a NUL-terminated message to err. */
 int qrpc_init(char *err, size_t err_len);
 
-/* Creates a fresh per-worker wake-up socket at dir/qrpc-<pid>-<n>.sock,
- * owned by the worker's user, writes its path (NUL-terminated) into path.
- * The library unlinks the file as soon as one client has connected, so
- * nothing is left on disk; call again if the dispatcher must reconnect. */
-int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
-                   char *err, size_t err_len);
-
 /* Registers a Lua VM of this process by name (the nginx subsystem of
  * ngx_http_lua or ngx_stream_lua: "http", "stream"): each VM gets a
  * completion queue and a wake-up socket of its own, so that no VM takes
@@ -174,7 +181,10 @@ int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
  * qrpc_cmd_t.vm. */
 int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
 
-/* qrpc_wake_open for VM vm: its wake-up socket. qrpc_wake_open is VM 0's. */
+/* Creates a fresh wake-up socket for VM vm at dir/qrpc-<pid>-<n>.sock,
+ * owned by the worker's user, writes its path (NUL-terminated) into path.
+ * The library unlinks the file as soon as one client has connected, so
+ * nothing is left on disk; call again if the dispatcher must reconnect. */
 int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
                       size_t path_len, char *err, size_t err_len);
 
@@ -197,10 +207,8 @@ int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
  * reuses its handles. */
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
 
-/* Moves up to max finished commands of VM 0 into out; returns how many. */
-int qrpc_poll(qrpc_completion_t *out, int max);
-
-/* qrpc_poll for VM vm's queue (0 for a VM that is not open). */
+/* Moves up to max finished commands of VM vm's queue into out; returns
+ * how many (0 for a VM that is not open). */
 int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max);
 
 /* Frees a block the library handed out (a completion's data, qrpc_query's
@@ -209,7 +217,7 @@ int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max);
 void qrpc_release(void *p);
 
 /* qrpc_release of ps[0..n) (NULL entries skipped), under one lock: what a
- * dispatcher calls once per qrpc_poll batch. */
+ * dispatcher calls once per qrpc_vm_poll batch. */
 void qrpc_release_n(void *const *ps, int n);
 
 /* How many calls entered Go through this library's exports so far (this

@@ -557,7 +557,7 @@ func TestCallAfterDispatcherStopped(t *testing.T) {
 }
 
 // TestDispatcherReopensItsSocket takes the wake-up socket away from the
-// dispatcher (another connection to a fresh qrpc_wake_open socket makes Go
+// dispatcher (another connection to a fresh qrpc_vm_wake_open socket makes Go
 // drop the dispatcher's); the dispatcher notices, opens a new one, and
 // calls keep completing.
 func TestDispatcherReopensItsSocket(t *testing.T) {
@@ -569,7 +569,7 @@ func TestDispatcherReopensItsSocket(t *testing.T) {
                 local lib = ffi.load(qt.lib)
                 local path, errbuf = ffi.new("char[256]"), ffi.new("char[256]")
                 local dir = qt.dir .. "/run"
-                assert(lib.qrpc_wake_open(dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
+                assert(lib.qrpc_vm_wake_open(0, dir, #dir, path, 256, errbuf, 256) == 0, ffi.string(errbuf))
                 local thief = ngx.socket.tcp()
                 assert(thief:connect("unix:" .. ffi.string(path)))
                 -- the calls start once the dispatcher has seen its socket

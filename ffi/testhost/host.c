@@ -293,13 +293,13 @@ static int headers_equal(const char *h, uint32_t len, int n, const char **kv) {
 
 static void *lib;
 static __typeof__(qrpc_init) *p_init;
-static __typeof__(qrpc_wake_open) *p_wake_open;
+static __typeof__(qrpc_vm_wake_open) *p_wake_open;
 static __typeof__(qrpc_stats) *p_stats;
 static __typeof__(qrpc_query) *p_query;
 static __typeof__(qrpc_shutdown) *p_shutdown;
 static __typeof__(libffi_init) *p_libffi_init;
 static __typeof__(qrpc_submit_async) *p_submit_async;
-static __typeof__(qrpc_poll) *p_poll;
+static __typeof__(qrpc_vm_poll) *p_poll;
 static __typeof__(qrpc_release) *p_release;
 static __typeof__(qrpc_go_entries) *p_go_entries;
 
@@ -314,13 +314,13 @@ static void load(const char *path) {
     lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) { fprintf(stderr, "dlopen: %s\n", dlerror()); exit(2); }
     p_init = sym("qrpc_init");
-    p_wake_open = sym("qrpc_wake_open");
+    p_wake_open = sym("qrpc_vm_wake_open");
     p_stats = sym("qrpc_stats");
     p_query = sym("qrpc_query");
     p_shutdown = sym("qrpc_shutdown");
     p_libffi_init = sym("libffi_init");
     p_submit_async = sym("qrpc_submit_async");
-    p_poll = sym("qrpc_poll");
+    p_poll = sym("qrpc_vm_poll");
     p_release = sym("qrpc_release");
     p_go_entries = sym("qrpc_go_entries");
 }
@@ -688,12 +688,12 @@ static int nlogs;
 static char last_log[512];
 static unsigned last_log_level;
 
-/* Drains with qrpc_poll and frees with qrpc_release, as the Lua module
+/* Drains with qrpc_vm_poll and frees with qrpc_release, as the Lua module
  * does (plain C, no Go). */
 static void drain_all(void) {
     qrpc_completion_t out[8];
     for (;;) {
-        int n = p_poll(out, 8);
+        int n = p_poll(0, out, 8);
         for (int i = 0; i < n; i++) {
             if (out[i].status == QRPC_LOG) {
                 printf("log level %u: %.*s\n", out[i].code, (int)out[i].len, out[i].data);
@@ -736,8 +736,8 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
     CHECK(rc == QRPC_OK, "builtin: qrpc_init (%d %s)", rc, rc ? err : "");
     CHECK(p_init(err, sizeof err) == QRPC_OK, "builtin: a second qrpc_init is a no-op");
 
-    rc = p_wake_open(dir, strlen(dir), path, sizeof path, err, sizeof err);
-    CHECK(rc == QRPC_OK, "builtin: qrpc_wake_open -> %s", rc ? err : path);
+    rc = p_wake_open(0, dir, strlen(dir), path, sizeof path, err, sizeof err);
+    CHECK(rc == QRPC_OK, "builtin: qrpc_vm_wake_open -> %s", rc ? err : path);
     if (rc) return;
     struct stat sb;
     CHECK(stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode) && (sb.st_mode & 0777) == 0600 && sb.st_uid == getuid(),
@@ -756,12 +756,12 @@ static void builtin_host(const char *addr, const char *ca, size_t ca_len, const 
 
     /* A too-small path buffer is an error, not an overflow. */
     char tiny[4];
-    CHECK(p_wake_open(dir, strlen(dir), tiny, sizeof tiny, err, sizeof err) == QRPC_ERR_BADARG,
-          "builtin: qrpc_wake_open with a tiny path buffer -> %s", err);
+    CHECK(p_wake_open(0, dir, strlen(dir), tiny, sizeof tiny, err, sizeof err) == QRPC_ERR_BADARG,
+          "builtin: qrpc_vm_wake_open with a tiny path buffer -> %s", err);
     /* ... and it must not have replaced the live wake connection. */
 
     /* The built-in host's one way in: CONNECT, UNARY, ECHO and CANCEL
-     * through qrpc_submit_async, completions through qrpc_poll, blocks
+     * through qrpc_submit_async, completions through qrpc_vm_poll, blocks
      * back through qrpc_release (drain_all). */
     uint64_t entries = p_go_entries();
 
@@ -956,7 +956,11 @@ static void query_checks(void) {
     q.op = QRPC_OP_PEERS;
     q.conn = 0;
     int prc = query(&q, &out, &out_len, err, sizeof err);
-    CHECK(prc == QRPC_OK && out != NULL && out_len >= 12 && strncmp(out, "connections=", 12) == 0,
+    /* a record block: one CONNECTIONS record (key 28, an int64) */
+    uint16_t rkey = 0;
+    if (prc == QRPC_OK && out != NULL && out_len >= 2)
+        memcpy(&rkey, out, 2);
+    CHECK(prc == QRPC_OK && out != NULL && out_len == 14 && rkey == 28,
           "query: PEERS of conn 0 -> %d \"%s\"", prc, err);
     if (prc == QRPC_OK)
         p_release(out);
@@ -981,15 +985,25 @@ static void query_checks(void) {
     q.op = QRPC_OP_CONFIGURE;
     q.conn = 0;
     prc = query(&q, &out, &out_len, err, sizeof err);
-    CHECK(prc == QRPC_OK && out != NULL && out_len > 11 && strncmp(out, "gomaxprocs=", 11) == 0,
+    /* records, GOMAXPROCS (key 22) first */
+    rkey = 0;
+    if (prc == QRPC_OK && out != NULL && out_len >= 2)
+        memcpy(&rkey, out, 2);
+    CHECK(prc == QRPC_OK && out != NULL && out_len > 14 && rkey == 22,
           "query: CONFIGURE without lines -> %d \"%.*s\"", prc, prc == QRPC_OK ? (int)out_len : 0, prc == QRPC_OK ? out : "");
     if (prc == QRPC_OK)
         p_release(out);
-    q.opts = "gomaxprocs=0\n";
-    q.opts_len = strlen(q.opts);
+    /* one GOMAXPROCS record: [u16 22][u32 8][int64 0] */
+    char rec[14] = {0};
+    uint16_t k22 = 22;
+    uint32_t l8 = 8;
+    memcpy(rec, &k22, 2);
+    memcpy(rec + 2, &l8, 4);
+    q.opts = rec;
+    q.opts_len = sizeof rec;
     prc = query(&q, &out, &out_len, err, sizeof err);
     CHECK(prc == QRPC_ERR_BADARG && out == NULL && out_len == 0 &&
-          strcmp(err, "bad command: opts: gomaxprocs must be an integer 1..1024, got \"0\"") == 0,
+          strcmp(err, "bad command: opts: gomaxprocs must be an integer 1..1024, got 0") == 0,
           "query: CONFIGURE gomaxprocs=0 -> %d \"%s\"", prc, err);
     q.opts = NULL;
     q.opts_len = 0;

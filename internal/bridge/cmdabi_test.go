@@ -38,7 +38,7 @@ func TestDecodeCmd(t *testing.T) {
 	}{
 		{"version", func(c *bridge.CmdABI) { c.Version = 9 }, "version 9"},
 		// a Lua module older than the result blob's attempts word
-		{"older version", func(c *bridge.CmdABI) { c.Version = 3 }, "version 3, this library speaks 4"},
+		{"older version", func(c *bridge.CmdABI) { c.Version = 3 }, "version 3, this library speaks 5"},
 		{"null with length", func(c *bridge.CmdABI) { c.Body, c.BodyLen = nil, 5 }, "body: NULL pointer with length 5"},
 		{"huge length", func(c *bridge.CmdABI) { c.BodyLen = 1 << 40 }, "body: length"},
 		{"null method", func(c *bridge.CmdABI) { c.Method = nil }, "method: NULL pointer"},

@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -11,19 +10,19 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 )
 
-// QRPC_OP_CONFIGURE: runtime settings of this worker, as opts lines
-// ("key=value\n"):
+// QRPC_OP_CONFIGURE: runtime settings of this worker, as an opts record
+// block:
 //
-//	gomaxprocs=N     the Ps of the worker's Go runtime (1..1024) (see
+//	GOMAXPROCS N     the Ps of the worker's Go runtime (1..1024) (see
 //	                 DefaultGOMAXPROCS).
-//	metrics=on|off   record calls in the worker's metrics (on). Off, the
+//	METRICS 1|0      record calls in the worker's metrics (1). Off, the
 //	                 pools dialled afterwards get a no-op observer, so
 //	                 their calls cost nothing to record and show nowhere
 //	                 in the metrics; pools dialled before keep recording.
 //
 // Unknown keys and values are errors, and then nothing is applied. The
 // answer is the settings in force after the command, in the same form
-// ("gomaxprocs=N\nmetrics=on\nsysmon=lazy\n").
+// (GOMAXPROCS, METRICS, and SYSMON: see SysmonMode).
 
 // maxGOMAXPROCS bounds configure{ gomaxprocs }.
 const maxGOMAXPROCS = limits.GOMAXPROCS
@@ -101,30 +100,28 @@ func init() {
 	})
 }
 
-// Configure applies CONFIGURE's opts lines (see above).
+// Configure applies CONFIGURE's opts block: GOMAXPROCS (1..the
+// bound), METRICS (1: record the pools dialled from now on, 0: not).
 func (r *Runtime) Configure(opts []byte) error {
 	var off *bool
 	procs := 0
-	err := eachOpt(opts, func(key, val string) error {
-		switch key {
-		case "gomaxprocs":
-			n, err := strconv.Atoi(val)
-			if err != nil || n < 1 || n > maxGOMAXPROCS {
-				return Badf("opts: gomaxprocs must be an integer 1..%d, got %q", maxGOMAXPROCS, clipOpt(val))
+	err := eachRec(opts, func(rec Rec) error {
+		switch rec.Key {
+		case KeyGomaxprocs:
+			n, err := optInt("gomaxprocs", rec, 1, maxGOMAXPROCS)
+			if err != nil {
+				return err
 			}
 			procs = n
-		case "metrics":
-			var b bool
-			switch val {
-			case "on":
-			case "off":
-				b = true
-			default:
-				return Badf("opts: metrics must be on or off, got %q", clipOpt(val))
+		case KeyMetrics:
+			v := rec.Int()
+			if v != 0 && v != 1 {
+				return Badf("opts: metrics must be 0 or 1, got %d", v)
 			}
+			b := v == 0
 			off = &b
 		default:
-			return Badf("opts: unknown key %q", clipOpt(key))
+			return Badf("opts: record %d is not a CONFIGURE option", rec.Key)
 		}
 		return nil
 	})
@@ -141,13 +138,16 @@ func (r *Runtime) Configure(opts []byte) error {
 	return nil
 }
 
-// settings is the answer of CONFIGURE: what is in force now.
+// settings is the answer of CONFIGURE, what is in force now: GOMAXPROCS,
+// METRICS and SYSMON records.
 func (r *Runtime) settings() []byte {
-	state := "on"
+	var on int64 = 1
 	if r.metricsOff.Load() {
-		state = "off"
+		on = 0
 	}
-	return fmt.Appendf(nil, "gomaxprocs=%d\nmetrics=%s\nsysmon=%s\n", runtime.GOMAXPROCS(0), state, SysmonMode())
+	b := AppendInt(nil, KeyGomaxprocs, int64(runtime.GOMAXPROCS(0)))
+	b = AppendInt(b, KeyMetrics, on)
+	return AppendStr(b, KeySysmon, SysmonMode())
 }
 
 // SysmonMode is how the runtime's sysmon thread runs: "lazy" when GODEBUG

@@ -19,17 +19,17 @@ func keepProcs(t *testing.T) {
 func TestConfigureGOMAXPROCS(t *testing.T) {
 	keepProcs(t)
 	r := New(newGoMemory(t), nil)
-	err := r.Configure([]byte("gomaxprocs=3\n"))
+	err := r.Configure(recs("gomaxprocs=3\n"))
 	out := r.settings()
-	if err != nil || string(out) != "gomaxprocs=3\nmetrics=on\nsysmon="+SysmonMode()+"\n" || runtime.GOMAXPROCS(0) != 3 {
+	if err != nil || recText(out) != "gomaxprocs=3\nmetrics=1\nsysmon="+SysmonMode()+"\n" || runtime.GOMAXPROCS(0) != 3 {
 		t.Fatalf("gomaxprocs=3: %q %v, in force %d", out, err, runtime.GOMAXPROCS(0))
 	}
 	// No lines: only the answer.
-	if err = r.Configure(nil); err != nil || string(r.settings()) != "gomaxprocs=3\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
+	if err = r.Configure(nil); err != nil || recText(r.settings()) != "gomaxprocs=3\nmetrics=1\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("no lines: %q %v", out, err)
 	}
 	for _, bad := range []string{"gomaxprocs=0", "gomaxprocs=1025", "gomaxprocs=x", "gomaxprocs", "procs=2"} {
-		err := r.Configure([]byte(bad))
+		err := r.Configure(recs(bad))
 		if !errors.Is(err, ErrBadCommand) || !strings.HasPrefix(err.Error(), "bad command: opts: ") {
 			t.Errorf("%q: %v", bad, err)
 		}
@@ -74,7 +74,7 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 	runtime.GOMAXPROCS(8)
 	DefaultGOMAXPROCS()
 	r := New(newGoMemory(t), nil)
-	if err := r.Configure([]byte("gomaxprocs=3\n")); err != nil {
+	if err := r.Configure(recs("gomaxprocs=3\n")); err != nil {
 		t.Fatal(err)
 	}
 	if n := RestyFFIGOMAXPROCS(); n != 3 {
@@ -85,12 +85,12 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 // configure runs QRPC_OP_CONFIGURE and returns its answer, or fails.
 func configure(t *testing.T, r *Runtime, opts string) string {
 	t.Helper()
-	out, msg := r.Query(&Command{Op: OpConfigure, Opts: []byte(opts)})
+	out, msg := r.Query(&Command{Op: OpConfigure, Opts: recs(opts)})
 	if out.Status != StatusOK {
 		t.Fatalf("configure %q: %d %s", opts, out.Status, msg)
 	}
 	defer r.Free(&out)
-	return text(out)
+	return recText([]byte(text(out)))
 }
 
 // samples is the metrics' sample lines (no comments) that mention server.
@@ -117,10 +117,10 @@ func TestMetricsOff(t *testing.T) {
 	ts := testsrv.Start(t, testsrv.Options{})
 	r := New(newGoMemory(t), nil)
 	h := newTestHost(t, r, true)
-	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
+	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=1\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("default: %q", got)
 	}
-	if got := configure(t, r, "metrics=off\n"); got != "gomaxprocs="+procs()+"\nmetrics=off\nsysmon="+SysmonMode()+"\n" {
+	if got := configure(t, r, "metrics=0\n"); got != "gomaxprocs="+procs()+"\nmetrics=0\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("off: %q", got)
 	}
 	off := h.connect(1, ts)
@@ -144,7 +144,7 @@ func TestMetricsOff(t *testing.T) {
 		t.Fatalf("stats of the unrecorded connection: %+v %v", s, err)
 	}
 
-	if got := configure(t, r, "metrics=on"); got != "gomaxprocs="+procs()+"\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
+	if got := configure(t, r, "metrics=1"); got != "gomaxprocs="+procs()+"\nmetrics=1\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("on: %q", got)
 	}
 	on := h.connect(2, ts)
@@ -158,16 +158,16 @@ func TestMetricsOff(t *testing.T) {
 
 	// Bad opts change nothing.
 	for _, tc := range []struct{ opts, msg string }{
-		{"metrics=no", `bad command: opts: metrics must be on or off, got "no"`},
-		{"metrics=off\ncolour=blue", `bad command: opts: unknown key "colour"`},
-		{"metrics", `bad command: opts: "metrics" is not key=value`},
+		{"metrics=2", "bad command: opts: metrics must be 0 or 1, got 2"},
+		{"metrics=no", "bad command: opts: record 23: a number of 2 bytes"},
+		{"metrics=0\ncolour=blue", "bad command: opts: unknown record key 65535"},
 	} {
-		out, msg := r.Query(&Command{Op: OpConfigure, Opts: []byte(tc.opts)})
+		out, msg := r.Query(&Command{Op: OpConfigure, Opts: recs(tc.opts)})
 		if out.Status != ErrBadArg || msg != tc.msg || out.Data != nil {
 			t.Errorf("%q: %d %q, want %q", tc.opts, out.Status, msg, tc.msg)
 		}
 	}
-	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=on\nsysmon="+SysmonMode()+"\n" {
+	if got := configure(t, r, ""); got != "gomaxprocs="+procs()+"\nmetrics=1\nsysmon="+SysmonMode()+"\n" {
 		t.Fatalf("after bad opts: %q", got)
 	}
 }

@@ -1,12 +1,9 @@
 package bridge
 
 import (
-	"bytes"
-	"fmt"
+	"math"
 	"net"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
@@ -14,75 +11,27 @@ import (
 )
 
 // Every connection of the runtime is a qrpc.Pool: with one address and no
-// pool options it behaves as a single client. CONNECT's opts lines
-// ("key=value\n") configure it:
-//
-//	addr=host:port          one per server or name (repeatable); when
-//	                        present they replace the v1 addr field; an
-//	                        SRV name, _service._proto.name (no port),
-//	                        stands for its records' targets, ports,
-//	                        priorities and weights
-//	balance=round_robin|least_inflight|hash
-//	health_failures=N       transport failures in a row that eject (3)
-//	health_eject_ms=N       first ejection (10000)
-//	health_stall_ms=N       calls in flight and no answer this long: new
-//	                        calls go elsewhere (200; 0 = never)
-//	check_method=M          active health check method (none)
-//	check_interval_ms=N     (2000)
-//	check_timeout_ms=N      (500)
-//	retries=N               default extra attempts on another server (0)
-//	try_timeout_ms=N        each attempt's bound (0 = off)
-//	hedge_delay_ms=N|p95    hedge: delay before each copy
-//	hedge_max=N             hedge: copies besides the first (0 = off)
-//	budget_ratio=F          retry budget: share of the calls (0.2)
-//	budget_min_per_s=N      retry budget: reserve per second (10)
-//	health_on=a,b,...       failures that eject: connect, reset, timeout
-//	resolve_ms=N            re-resolve names this often (0 = once)
-//	resolver=host:port      UDP DNS server instead of the system's
-//	                        (for SRV names too)
-//	throttle_k=F            adaptive throttling's K: 0 = off (default),
-//	                        else at least 1 (the SRE book's 2)
-//	throttle_codes=a,b,...  response codes that count as overloaded
-//	                        (1..4294967295, at most 16; needs throttle_k)
-//
-// Unknown keys, bad numbers and duplicate addresses are errors.
-
-// maxOptsLen bounds the opts text: a few hundred addresses at most.
-const maxOptsLen = 64 << 10
-
-// eachOpt calls f with the key and value of each "key=value" line of opts
-// (spaces around a line trimmed, empty lines skipped), after bounding
-// opts' length; a line without "=" or f's error ends it.
-func eachOpt(opts []byte, f func(key, val string) error) error {
-	if len(opts) > maxOptsLen {
-		return Badf("opts: %d bytes, at most %d", len(opts), maxOptsLen)
-	}
-	for _, line := range bytes.Split(opts, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		k, v, ok := bytes.Cut(line, []byte("="))
-		if !ok {
-			return Badf("opts: %q is not key=value", clipOpt(string(line)))
-		}
-		if err := f(string(k), string(v)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// pool options it behaves as a single client. CONNECT's opts block (the
+// records of wire.go, keys in wire_keys.go) configures it: ADDR records
+// (one per server or name; an SRV name, _service._proto.name without a
+// port, stands for its records) replace the addr field; the others set
+// the pool's balance, health, active check, retries, hedging, budget,
+// re-resolution, resolver, stream batch and throttling. Lua checks every
+// value against the schema first; the checks here keep a malformed
+// command from reaching qrpc. Unknown keys, values out of bounds and
+// duplicate addresses are errors.
 
 // poolConfig reads CONNECT's opts into the pool's addresses and config;
-// base carries the v1 fields (TLS, conns, streams, timeouts).
+// base carries the fixed fields (TLS, conns, streams, timeouts).
 func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, error) {
 	pc := &qrpc.PoolConfig{Config: *base}
 	var addrs []string
 	seen := map[string]bool{}
-	err := eachOpt(cmd.Opts, func(key, val string) error {
+	err := eachRec(cmd.Opts, func(r Rec) error {
 		var err error
-		switch key {
-		case "addr":
+		switch r.Key {
+		case KeyAddr:
+			val := r.Str()
 			if _, _, e := net.SplitHostPort(val); (e != nil || val == "") && !qrpc.IsSRVName(val) {
 				return Badf("opts: addr %q is not host:port or _service._proto.name", clipOpt(val))
 			}
@@ -91,81 +40,85 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 			}
 			seen[val] = true
 			addrs = append(addrs, val)
-		case "balance":
-			pc.Balance, err = qrpc.ParseBalance(val)
+		case KeyBalance:
+			pc.Balance, err = qrpc.ParseBalance(r.Str())
 			if err != nil {
-				return Badf("opts: unknown balance %q (round_robin, least_inflight or hash)", clipOpt(val))
+				return Badf("opts: unknown balance %q (round_robin, least_inflight, hash or p2c)", clipOpt(r.Str()))
 			}
-		case "health_failures":
-			pc.Failures, err = optInt(key, val, 1)
-		case "health_eject_ms":
-			pc.Eject, err = optMS(key, val)
-		case "health_stall_ms":
-			pc.Stall, err = optMS(key, val)
+		case KeyHealthFailures:
+			pc.Failures, err = optInt("health_failures", r, 1, 1<<30)
+		case KeyHealthEjectMs:
+			pc.Eject, err = optMS("health_eject_ms", r)
+		case KeyHealthStallMs:
+			pc.Stall, err = optMS("health_stall_ms", r)
 			if pc.Stall == 0 {
 				pc.Stall = -1 // 0 is qrpc's "default"; here it means never
 			}
-		case "check_method":
-			pc.Check.Method = val
-		case "check_interval_ms":
-			pc.Check.Interval, err = optMS(key, val)
-		case "check_timeout_ms":
-			pc.Check.Timeout, err = optMS(key, val)
-		case "retries":
-			pc.Retries, err = optInt(key, val, 0)
-			if err == nil && pc.Retries > qrpc.MaxRetries {
-				err = Badf("opts: retries must be 0..%d, got %q", qrpc.MaxRetries, clipOpt(val))
-			}
-		case "try_timeout_ms":
-			pc.TryTimeout, err = optMS(key, val)
-		case "hedge_delay_ms", "hedge_max":
-			err = hedgeOpt(key, val, &pc.Hedge)
-		case "budget_ratio":
-			var f float64
-			f, err = strconv.ParseFloat(val, 64)
+		case KeyCheckMethod:
+			pc.Check.Method = r.Str()
+		case KeyCheckIntervalMs:
+			pc.Check.Interval, err = optMS("check_interval_ms", r)
+		case KeyCheckTimeoutMs:
+			pc.Check.Timeout, err = optMS("check_timeout_ms", r)
+		case KeyRetries:
+			pc.Retries, err = optInt("retries", r, 0, qrpc.MaxRetries)
+		case KeyTryTimeoutMs:
+			pc.TryTimeout, err = optMS("try_timeout_ms", r)
+		case KeyHedgeDelayMs, KeyHedgeP95, KeyHedgeMax:
+			err = hedgeOpt(r, &pc.Hedge)
+		case KeyBudgetRatio:
+			f := r.Float()
 			switch {
-			case err != nil || f < 0 || f > 1 || f != f:
-				err = Badf("opts: budget_ratio must be 0..1, got %q", clipOpt(val))
+			case !(f >= 0 && f <= 1):
+				err = Badf("opts: budget_ratio must be 0..1, got %v", f)
 			case f == 0:
 				pc.RetryRatio = -1 // 0 is qrpc's "default"; here it means none
 			default:
 				pc.RetryRatio = f
 			}
-		case "budget_min_per_s":
-			pc.RetryMinPerS, err = optInt(key, val, 0)
-			if err == nil && pc.RetryMinPerS > limits.BudgetMinPerS {
-				err = Badf("opts: budget_min_per_s must be 0..%d, got %q", limits.BudgetMinPerS, clipOpt(val))
-			}
+		case KeyBudgetMinPerS:
+			pc.RetryMinPerS, err = optInt("budget_min_per_s", r, 0, limits.BudgetMinPerS)
 			if err == nil && pc.RetryMinPerS == 0 {
 				pc.RetryMinPerS = -1
 			}
-		case "health_on":
-			pc.EjectOn, err = failureKinds(val)
-		case "resolve_ms":
-			pc.Resolve, err = optMS(key, val)
-		case "stream_batch":
-			// a connection option, not the pool's: Lua sends it as a line
-			// because the command's fixed fields predate it
-			pc.StreamBatch, err = optInt(key, val, 1)
-			if err == nil && pc.StreamBatch > maxStreams {
-				err = Badf("opts: stream_batch must be 1..%d, got %q", maxStreams, clipOpt(val))
+		case KeyHealthOn:
+			n := r.Int()
+			if n <= 0 || n > int64(qrpc.FailConnect|qrpc.FailReset|qrpc.FailTimeout) {
+				return Badf("opts: health_on: %d is not a non-empty set of connect 1, reset 2, timeout 4", n)
 			}
-		case "throttle_k":
-			var f float64
-			f, err = strconv.ParseFloat(val, 64)
-			if err != nil || f != f || f < 0 || f > 0 && f < 1 || f > 1e6 {
-				return Badf("opts: throttle_k must be 0 or 1..1e6, got %q", clipOpt(val))
+			pc.EjectOn = qrpc.Failure(n)
+		case KeyResolveMs:
+			pc.Resolve, err = optMS("resolve_ms", r)
+		case KeyStreamBatch:
+			// a connection option, not the pool's: a record because the
+			// command's fixed fields predate it
+			pc.StreamBatch, err = optInt("stream_batch", r, 1, maxStreams)
+		case KeyThrottleK:
+			f := r.Float()
+			if !(f == 0 || f >= 1 && f <= 1e6) {
+				return Badf("opts: throttle_k must be 0 or 1..1e6, got %v", f)
 			}
 			pc.Throttle.K = f
-		case "throttle_codes":
-			pc.Throttle.Codes, err = throttleCodes(val)
-		case "resolver":
+		case KeyThrottleCode:
+			n := r.Int()
+			if n < 1 || n > math.MaxUint32 {
+				return Badf("opts: throttle_codes: %d is not a code 1..4294967295", n)
+			}
+			if slices.Contains(pc.Throttle.Codes, uint32(n)) {
+				return Badf("opts: throttle_codes: %d twice", n)
+			}
+			if len(pc.Throttle.Codes) == qrpc.MaxThrottleCodes {
+				return Badf("opts: throttle_codes: at most %d codes", qrpc.MaxThrottleCodes)
+			}
+			pc.Throttle.Codes = append(pc.Throttle.Codes, uint32(n))
+		case KeyResolver:
+			val := r.Str()
 			if _, _, e := net.SplitHostPort(val); e != nil {
 				return Badf("opts: resolver %q is not host:port", clipOpt(val))
 			}
 			pc.Resolver = val
 		default:
-			return Badf("opts: unknown key %q", clipOpt(key))
+			return Badf("opts: record %d is not a CONNECT option", r.Key)
 		}
 		return err
 	})
@@ -184,73 +137,35 @@ func poolConfig(cmd *Command, base *qrpc.Config) ([]string, *qrpc.PoolConfig, er
 	return addrs, pc, nil
 }
 
-// hedgeOpt reads hedge_delay_ms (milliseconds, or "p95") and hedge_max.
-func hedgeOpt(key, val string, h *qrpc.Hedge) error {
+// hedgeOpt reads HEDGE_DELAY_MS, HEDGE_P95 (1: hedge after the p95
+// latency) and HEDGE_MAX.
+func hedgeOpt(r Rec, h *qrpc.Hedge) error {
 	var err error
-	switch {
-	case key == "hedge_delay_ms" && val == "p95":
+	switch r.Key {
+	case KeyHedgeP95:
+		if r.Int() != 1 {
+			return Badf("opts: hedge_p95 must be 1, got %d", r.Int())
+		}
 		h.P95 = true
-	case key == "hedge_delay_ms":
-		h.Delay, err = optMS(key, val)
+	case KeyHedgeDelayMs:
+		h.Delay, err = optMS("hedge_delay_ms", r)
 		h.P95 = false
 	default:
-		h.Max, err = optInt(key, val, 0)
-		if err == nil && h.Max > qrpc.MaxHedge {
-			err = Badf("opts: hedge_max must be 0..%d, got %q", qrpc.MaxHedge, clipOpt(val))
-		}
+		h.Max, err = optInt("hedge_max", r, 0, qrpc.MaxHedge)
 	}
 	return err
 }
 
-// throttleCodes reads throttle_codes' comma-separated response codes:
-// none, 0 (success) or a repeated code is an error.
-func throttleCodes(val string) ([]uint32, error) {
-	var out []uint32
-	for _, w := range strings.Split(val, ",") {
-		n, err := strconv.ParseUint(w, 10, 32)
-		if err != nil || n == 0 {
-			return nil, Badf("opts: throttle_codes: %q is not a code 1..4294967295", clipOpt(w))
-		}
-		if slices.Contains(out, uint32(n)) {
-			return nil, Badf("opts: throttle_codes: %d twice", n)
-		}
-		out = append(out, uint32(n))
-	}
-	if len(out) > qrpc.MaxThrottleCodes {
-		return nil, Badf("opts: throttle_codes: at most %d codes, got %d", qrpc.MaxThrottleCodes, len(out))
-	}
-	return out, nil
-}
-
-// failureKinds reads health_on's comma-separated kinds; none is an error
-// (a pool that never ejects says health.failures instead).
-func failureKinds(val string) (qrpc.Failure, error) {
-	var f qrpc.Failure
-	for _, w := range strings.Split(val, ",") {
-		switch w {
-		case "connect":
-			f |= qrpc.FailConnect
-		case "reset":
-			f |= qrpc.FailReset
-		case "timeout":
-			f |= qrpc.FailTimeout
-		default:
-			return 0, Badf("opts: health_on: unknown failure %q (connect, reset, timeout)", clipOpt(w))
-		}
-	}
-	return f, nil
-}
-
-// callOpts reads UNARY's opts lines, the per-call options that override
-// the pool's: try_timeout_ms, hedge_delay_ms, hedge_max (0 turns each
-// off for this call).
+// callOpts reads UNARY's opts block, the per-call options that override
+// the pool's: TRY_TIMEOUT_MS, HEDGE_DELAY_MS or HEDGE_P95, HEDGE_MAX (0
+// turns each off for this call).
 func callOpts(opts []byte, call *qrpc.Call) error {
 	var h qrpc.Hedge
 	hedged := false
-	err := eachOpt(opts, func(key, val string) error {
-		switch key {
-		case "try_timeout_ms":
-			d, err := optMS(key, val)
+	err := eachRec(opts, func(r Rec) error {
+		switch r.Key {
+		case KeyTryTimeoutMs:
+			d, err := optMS("try_timeout_ms", r)
 			if err != nil {
 				return err
 			}
@@ -259,11 +174,11 @@ func callOpts(opts []byte, call *qrpc.Call) error {
 				call.TryTimeout = -1
 			}
 			return nil
-		case "hedge_delay_ms", "hedge_max":
+		case KeyHedgeDelayMs, KeyHedgeP95, KeyHedgeMax:
 			hedged = true
-			return hedgeOpt(key, val, &h)
+			return hedgeOpt(r, &h)
 		}
-		return Badf("opts: unknown call option %q", clipOpt(key))
+		return Badf("opts: record %d is not a call option", r.Key)
 	})
 	if err != nil {
 		return err
@@ -277,16 +192,17 @@ func callOpts(opts []byte, call *qrpc.Call) error {
 	return nil
 }
 
-func optInt(key, val string, least int) (int, error) {
-	n, err := strconv.Atoi(val)
-	if err != nil || n < least || n > 1<<30 {
-		return 0, Badf("opts: %s must be an integer >= %d, got %q", key, least, clipOpt(val))
+// optInt reads an int record that must lie in least..most.
+func optInt(name string, r Rec, least, most int64) (int, error) {
+	n := r.Int()
+	if n < least || n > most {
+		return 0, Badf("opts: %s must be an integer %d..%d, got %d", name, least, most, n)
 	}
-	return n, nil
+	return int(n), nil
 }
 
-func optMS(key, val string) (time.Duration, error) {
-	n, err := optInt(key, val, 0)
+func optMS(name string, r Rec) (time.Duration, error) {
+	n, err := optInt(name, r, 0, 1<<30)
 	return time.Duration(n) * time.Millisecond, err
 }
 
@@ -299,34 +215,40 @@ func callRetries(n int32) int {
 	return int(n)
 }
 
-// Peers answers QRPC_OP_PEERS: one line per server of connection h,
-// "addr=... state=... inflight=N calls=N failures=N ejected_until=MS stalled=0|1\n",
-// ejected_until in Unix milliseconds (0 when not ejected).
+// Peers answers QRPC_OP_PEERS: a record block, per server of connection
+// h a PEER_ADDR record then its PEER_STATE, PEER_INFLIGHT, PEER_CALLS,
+// PEER_FAILURES, PEER_EJECTED_UNTIL_MS (Unix ms, 0 when not ejected) and
+// PEER_STALLED (0 or 1).
 func (r *Runtime) Peers(h uint64) ([]byte, error) {
 	c := r.lookup(h)
 	if c == nil {
 		return nil, qrpc.ErrClosed
 	}
-	var b strings.Builder
+	var b []byte
 	for _, p := range c.client.Peers() {
 		var until int64
 		if !p.EjectedUntil.IsZero() {
 			until = p.EjectedUntil.UnixMilli()
 		}
-		stalled := 0
+		var stalled int64
 		if p.Stalled {
 			stalled = 1
 		}
-		fmt.Fprintf(&b, "addr=%s state=%s inflight=%d calls=%d failures=%d ejected_until=%d stalled=%d\n",
-			p.Addr, p.State, p.Inflight, p.Calls, p.Failures, until, stalled)
+		b = AppendStr(b, KeyPeerAddr, p.Addr)
+		b = AppendStr(b, KeyPeerState, p.State.String())
+		b = AppendInt(b, KeyPeerInflight, int64(p.Inflight))
+		b = AppendInt(b, KeyPeerCalls, int64(p.Calls))
+		b = AppendInt(b, KeyPeerFailures, int64(p.Failures))
+		b = AppendInt(b, KeyPeerEjectedUntilMs, until)
+		b = AppendInt(b, KeyPeerStalled, stalled)
 	}
-	return []byte(b.String()), nil
+	return b, nil
 }
 
 func init() {
 	RegisterQuery(OpPeers, func(r *Runtime, cmd *Command) ([]byte, error) {
 		if cmd.Conn == 0 {
-			return fmt.Appendf(nil, "connections=%d\n", r.QUICConns()), nil
+			return AppendInt(nil, KeyConnections, int64(r.QUICConns())), nil
 		}
 		return r.Peers(cmd.Conn)
 	})

@@ -19,7 +19,7 @@ import (
 // TestPoolOptsSRVThrottle: an SRV name is an addr line of its own (no
 // port); throttle_k and throttle_codes fill PoolConfig.Throttle.
 func TestPoolOptsSRVThrottle(t *testing.T) {
-	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
+	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: recs(
 		"addr=_qrpc._udp.svc.example.internal\naddr=10.0.0.1:8443\nthrottle_k=2\nthrottle_codes=8,14\n")}
 	addrs, pc, err := connectConfig(&cmd, slog.Default())
 	if err != nil {
@@ -29,18 +29,18 @@ func TestPoolOptsSRVThrottle(t *testing.T) {
 		len(pc.Throttle.Codes) != 2 || pc.Throttle.Codes[0] != 8 || pc.Throttle.Codes[1] != 14 {
 		t.Fatalf("%v %+v", addrs, pc.Throttle)
 	}
-	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("throttle_k=0\n")}, slog.Default())
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: recs("throttle_k=0\n")}, slog.Default())
 	if err != nil || pc.Throttle.K != 0 {
 		t.Fatalf("throttle_k=0: %+v %v", pc.Throttle, err)
 	}
-	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("throttle_k=1.5\n")}, slog.Default())
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: recs("throttle_k=1.5\n")}, slog.Default())
 	if err != nil || pc.Throttle.K != 1.5 || pc.Throttle.Codes != nil {
 		t.Fatalf("throttle_k=1.5: %+v %v", pc.Throttle, err)
 	}
 }
 
 func TestPoolOpts(t *testing.T) {
-	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: []byte(
+	cmd := Command{Op: OpConnect, Addr: []byte("ignored:1"), Opts: recs(
 		"addr=10.0.0.1:8443\naddr=svc.local:8443\nbalance=hash\nhealth_failures=5\nhealth_eject_ms=2500\nhealth_stall_ms=350\n" +
 			"check_method=health\ncheck_interval_ms=1000\ncheck_timeout_ms=300\nretries=2\nresolve_ms=30000\nresolver=127.0.0.1:5353\nstream_batch=4\n")}
 	addrs, pc, err := connectConfig(&cmd, slog.Default())
@@ -60,39 +60,39 @@ func TestPoolOpts(t *testing.T) {
 	}
 	// health_stall_ms=0 turns the stall signal off (qrpc: negative), it
 	// does not ask for qrpc's default.
-	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte("health_stall_ms=0\n")}, slog.Default())
+	_, pc, err = connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: recs("health_stall_ms=0\n")}, slog.Default())
 	if err != nil || pc.Stall >= 0 {
 		t.Fatalf("health_stall_ms=0: %v %v", pc.Stall, err)
 	}
 	for _, tc := range []struct{ opts, want string }{
-		{"color=blue", `unknown key "color"`},
+		{"color=blue", "unknown record key 65535"},
 		{"balance=random", `unknown balance "random"`},
 		{"addr=a:1\naddr=a:1", `duplicate addr "a:1"`},
 		{"addr=nope", `addr "nope" is not host:port`},
-		{"health_failures=0", "health_failures must be an integer >= 1"},
-		{"health_eject_ms=-5", "health_eject_ms must be an integer >= 0"},
-		{"health_stall_ms=soon", "health_stall_ms must be an integer >= 0"},
-		{"retries=two", "retries must be an integer >= 0"},
+		{"health_failures=0", "health_failures must be an integer 1..1073741824, got 0"},
+		{"health_eject_ms=-5", "health_eject_ms must be an integer 0..1073741824, got -5"},
+		{"health_stall_ms=soon", "record 5: a number of 4 bytes"},
+		{"retries=17", "retries must be an integer 0..16"},
 		{"resolver=dns", `resolver "dns" is not host:port`},
-		{"stream_batch=0", "stream_batch must be an integer >= 1"},
-		{"stream_batch=1025", "stream_batch must be 1..1024"},
-		{"just words", "is not key=value"},
+		{"stream_batch=0", "stream_batch must be an integer 1..1024"},
+		{"stream_batch=1025", "stream_batch must be an integer 1..1024"},
+		{"health_on=", "health_on: 0 is not a non-empty set"},
+		{"hedge_max=99", "hedge_max must be an integer 0..4"},
 		{"addr=_qrpc._udp", `addr "_qrpc._udp" is not host:port or _service._proto.name`},
 		{"throttle_k=0.5", "throttle_k must be 0 or 1..1e6"},
 		{"throttle_k=-1", "throttle_k must be 0 or 1..1e6"},
 		{"throttle_k=NaN", "throttle_k must be 0 or 1..1e6"},
 		{"throttle_k=Inf", "throttle_k must be 0 or 1..1e6"},
-		{"throttle_k=two", "throttle_k must be 0 or 1..1e6"},
-		{"throttle_k=2\nthrottle_codes=", `throttle_codes: "" is not a code`},
-		{"throttle_k=2\nthrottle_codes=0", `throttle_codes: "0" is not a code`},
-		{"throttle_k=2\nthrottle_codes=8,,9", `throttle_codes: "" is not a code`},
-		{"throttle_k=2\nthrottle_codes=-8", `throttle_codes: "-8" is not a code`},
-		{"throttle_k=2\nthrottle_codes=4294967296", `throttle_codes: "4294967296" is not a code`},
+		{"throttle_k=two", "record 20: a number of 3 bytes"},
+		{"throttle_k=2\nthrottle_codes=", "throttle_codes: 0 is not a code"},
+		{"throttle_k=2\nthrottle_codes=0", "throttle_codes: 0 is not a code"},
+		{"throttle_k=2\nthrottle_codes=-8", "throttle_codes: -8 is not a code"},
+		{"throttle_k=2\nthrottle_codes=4294967296", "throttle_codes: 4294967296 is not a code"},
 		{"throttle_k=2\nthrottle_codes=8,8", "throttle_codes: 8 twice"},
-		{"throttle_k=2\nthrottle_codes=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "at most 16 codes, got 17"},
+		{"throttle_k=2\nthrottle_codes=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "at most 16 codes"},
 		{"throttle_codes=8", "throttle_codes needs throttle_k"},
 	} {
-		_, _, err := connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: []byte(tc.opts)}, slog.Default())
+		_, _, err := connectConfig(&Command{Op: OpConnect, Addr: []byte("a:1"), Opts: recs(tc.opts)}, slog.Default())
 		if st, msg := StatusOf(err); st != ErrBadArg || !strings.Contains(msg, tc.want) {
 			t.Errorf("%q: %d %q, want %q", tc.opts, st, msg, tc.want)
 		}
@@ -115,7 +115,7 @@ func TestRuntimePool(t *testing.T) {
 	opts.WriteString("balance=hash\n") // calls without a key go round-robin
 	r := New(newGoMemory(t), nil)
 	h := newTestHost(t, r, true)
-	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: bytes.Join(cas, nil), Opts: opts.Bytes()}, StatusPending)
+	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: bytes.Join(cas, nil), Opts: recs(opts.String())}, StatusPending)
 	c := h.wait(1, 10*time.Second)
 	if c.Status != StatusOK || c.Handle == 0 {
 		t.Fatalf("connect: %d %q", c.Status, text(c))
@@ -126,10 +126,11 @@ func TestRuntimePool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// one line per server: "peer_addr=A\npeer_state=S\n..." -> m[A] = "state=S ..."
 		m := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			f := strings.Fields(line)
-			m[strings.TrimPrefix(f[0], "addr=")] = strings.Join(f[1:], " ")
+		for _, p := range strings.Split(recText(out), "peer_addr=")[1:] {
+			f := strings.Fields(strings.ReplaceAll(p, "peer_", ""))
+			m[f[0]] = strings.Join(f[1:], " ")
 		}
 		return m
 	}
@@ -155,7 +156,7 @@ func TestRuntimePool(t *testing.T) {
 	}
 	p := peers()
 	for _, ts := range srvs {
-		if p[ts.Addr] != "state=up inflight=0 calls=10 failures=0 ejected_until=0 stalled=0" {
+		if p[ts.Addr] != "state=up inflight=0 calls=10 failures=0 ejected_until_ms=0 stalled=0" {
 			t.Fatalf("peers %v", p)
 		}
 	}
@@ -168,7 +169,7 @@ func TestRuntimePool(t *testing.T) {
 	}
 	moved := 0
 	for _, ts := range srvs {
-		if p := peers()[ts.Addr]; p == "state=up inflight=0 calls=30 failures=0 ejected_until=0 stalled=0" {
+		if p := peers()[ts.Addr]; p == "state=up inflight=0 calls=30 failures=0 ejected_until_ms=0 stalled=0" {
 			moved++
 		}
 	}
@@ -178,7 +179,7 @@ func TestRuntimePool(t *testing.T) {
 	if n := r.QUICConns(); n != 3 {
 		t.Fatalf("%d QUIC connections", n)
 	}
-	if msg := h.submit(Command{Op: OpConnect, CallID: 2, Opts: []byte("balance=fair")}, ErrBadArg); !strings.Contains(msg, "unknown balance") {
+	if msg := h.submit(Command{Op: OpConnect, CallID: 2, Opts: recs("balance=fair")}, ErrBadArg); !strings.Contains(msg, "unknown balance") {
 		t.Fatalf("bad opts: %q", msg)
 	}
 	if _, err := r.Peers(999); err == nil {
@@ -186,12 +187,12 @@ func TestRuntimePool(t *testing.T) {
 	}
 	// Through qrpc_query's path: conn 0 is the worker's QUIC connections.
 	out, msg := r.Query(&Command{Op: OpPeers})
-	if out.Status != StatusOK || text(out) != "connections=3\n" {
+	if out.Status != StatusOK || recText([]byte(text(out))) != "connections=3\n" {
 		t.Fatalf("PEERS 0: %d %q %q", out.Status, text(out), msg)
 	}
 	r.Free(&out)
 	out, _ = r.Query(&Command{Op: OpPeers, Conn: conn})
-	if out.Status != StatusOK || strings.Count(text(out), "state=up") != 3 {
+	if out.Status != StatusOK || strings.Count(recText([]byte(text(out))), "peer_state=up") != 3 {
 		t.Fatalf("PEERS: %d %q", out.Status, text(out))
 	}
 	r.Free(&out)
@@ -212,7 +213,7 @@ func TestRuntimeSRVThrottle(t *testing.T) {
 	r := New(newGoMemory(t), nil)
 	h := newTestHost(t, r, true)
 	opts := "addr=_qrpc._udp.svc.test\nresolver=" + dns.Addr + "\nthrottle_k=2\nthrottle_codes=7\n"
-	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: ts.CA.CertPEM, Opts: []byte(opts)}, StatusPending)
+	h.submit(Command{Op: OpConnect, CallID: 1, TimeoutMS: 3000, CA: ts.CA.CertPEM, Opts: recs(opts)}, StatusPending)
 	c := h.wait(1, 10*time.Second)
 	if c.Status != StatusOK || c.Handle == 0 {
 		t.Fatalf("connect: %d %q", c.Status, text(c))

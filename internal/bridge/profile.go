@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/pprof"
-	"strconv"
 	"sync"
 	"time"
 
@@ -13,13 +12,13 @@ import (
 )
 
 // QRPC_OP_PROFILE: a pprof profile of this worker's Go runtime (where the
-// Go work of a request goes, seen from inside the worker), as
-// opts lines:
+// Go work of a request goes, seen from inside the worker), as opts
+// records:
 //
-//	kind=heap|allocs|goroutine|threadcreate   answers that profile now
-//	kind=cpu, seconds=N                       starts the CPU profile and
-//	                                          answers nothing
-//	kind=cpu-stop                             stops it and answers it
+//	PROFILE_KIND heap|allocs|goroutine|threadcreate  answers that profile now
+//	PROFILE_KIND cpu, PROFILE_SECONDS N              starts the CPU profile
+//	                                                 and answers nothing
+//	PROFILE_KIND cpu-stop                            stops it and answers it
 //
 // Profiles are gzipped protobuf, for `go tool pprof`. Lua's
 // qrpc.debug_profile starts the CPU profile, sleeps, and stops it; if
@@ -59,21 +58,21 @@ func init() {
 func profile(opts []byte) ([]byte, error) {
 	var kind string
 	secs := -1
-	err := eachOpt(opts, func(key, val string) error {
-		switch key {
-		case "kind":
+	err := eachRec(opts, func(r Rec) error {
+		switch r.Key {
+		case KeyProfileKind:
 			if kind != "" {
 				return Badf("opts: kind given twice")
 			}
-			kind = val
-		case "seconds":
-			n, err := strconv.Atoi(val)
-			if err != nil || n < 1 || n > MaxProfileSeconds {
-				return Badf("opts: seconds must be an integer 1..%d, got %q", MaxProfileSeconds, clipOpt(val))
+			kind = r.Str()
+		case KeyProfileSeconds:
+			n, err := optInt("seconds", r, 1, MaxProfileSeconds)
+			if err != nil {
+				return err
 			}
 			secs = n
 		default:
-			return Badf("opts: unknown key %q", clipOpt(key))
+			return Badf("opts: record %d is not a PROFILE option", r.Key)
 		}
 		return nil
 	})

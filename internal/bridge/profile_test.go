@@ -30,7 +30,7 @@ func gunzipped(t *testing.T, b []byte) []byte {
 
 func TestProfileInstant(t *testing.T) {
 	for kind, want := range map[string]string{"heap": "inuse_space", "allocs": "alloc_space", "goroutine": "goroutine", "threadcreate": "threadcreate"} {
-		b, err := profile([]byte("kind=" + kind + "\n"))
+		b, err := profile(recs("kind=" + kind + "\n"))
 		if err != nil {
 			t.Fatalf("%s: %v", kind, err)
 		}
@@ -39,22 +39,22 @@ func TestProfileInstant(t *testing.T) {
 		}
 	}
 	// a goroutine profile names this test's function
-	b, _ := profile([]byte("kind=goroutine"))
+	b, _ := profile(recs("kind=goroutine"))
 	if !bytes.Contains(gunzipped(t, b), []byte("TestProfileInstant")) {
 		t.Fatal("goroutine profile without this test's frame")
 	}
 }
 
 func TestProfileCPU(t *testing.T) {
-	if _, err := profile([]byte("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
+	if _, err := profile(recs("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
 		t.Fatalf("stop with none running: %v", err)
 	}
 	// 30 s: the profile stops by itself 35 s after it starts, well after
 	// the burn below ends, even on a loaded machine.
-	if _, err := profile([]byte("kind=cpu\nseconds=30\n")); err != nil {
+	if _, err := profile(recs("kind=cpu\nseconds=30\n")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := profile([]byte("kind=cpu\nseconds=1\n")); !errors.Is(err, errCPUProfileRunning) {
+	if _, err := profile(recs("kind=cpu\nseconds=1\n")); !errors.Is(err, errCPUProfileRunning) {
 		t.Fatalf("second start: %v", err)
 	}
 	// Burn 300 ms of this thread's CPU in a function the profile must
@@ -68,7 +68,7 @@ func TestProfileCPU(t *testing.T) {
 		burnProfiled()
 	}
 	runtime.UnlockOSThread()
-	b, err := profile([]byte("kind=cpu-stop"))
+	b, err := profile(recs("kind=cpu-stop"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestProfileCPU(t *testing.T) {
 	if !bytes.Contains(raw, []byte("cpu")) || !bytes.Contains(raw, []byte("burnProfiled")) {
 		t.Fatalf("CPU profile (%d bytes) without the burning function", len(raw))
 	}
-	if _, err := profile([]byte("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
+	if _, err := profile(recs("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
 		t.Fatalf("second stop: %v", err)
 	}
 }
@@ -110,41 +110,40 @@ func TestProfileCPUAbandoned(t *testing.T) {
 	seq := cpuProf.seq
 	cpuProf.mu.Unlock()
 	cpuProf.abandon(seq - 1) // an older profile's late timer: no effect
-	if _, err := profile([]byte("kind=cpu\nseconds=1")); !errors.Is(err, errCPUProfileRunning) {
+	if _, err := profile(recs("kind=cpu\nseconds=1")); !errors.Is(err, errCPUProfileRunning) {
 		t.Fatalf("after an older timer: %v, want still running", err)
 	}
 	cpuProf.abandon(seq)
-	if _, err := profile([]byte("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
+	if _, err := profile(recs("kind=cpu-stop")); !errors.Is(err, errNoCPUProfile) {
 		t.Fatalf("after its timer: %v, want none running", err)
 	}
-	if _, err := profile([]byte("kind=cpu\nseconds=1")); err != nil {
+	if _, err := profile(recs("kind=cpu\nseconds=1")); err != nil {
 		t.Fatalf("start after an abandoned one: %v", err)
 	}
-	if _, err := profile([]byte("kind=cpu-stop")); err != nil {
+	if _, err := profile(recs("kind=cpu-stop")); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestProfileBadOpts(t *testing.T) {
 	for opts, want := range map[string]string{
-		"":                         "no kind",
-		"kind=block":               "unknown profile kind",
-		"kind=cpu":                 "needs seconds",
-		"kind=cpu\nseconds=0":      "seconds must be an integer 1..300",
-		"kind=cpu\nseconds=301":    "seconds must be an integer 1..300",
-		"kind=cpu\nseconds=x":      "seconds must be an integer",
-		"kind=heap\nseconds=1":     "only for kind=cpu",
-		"kind=heap\nkind=cpu":      "kind given twice",
-		"kind=heap\ngc=1":          "unknown key",
-		"heap":                     "not key=value",
-		strings.Repeat("x", 70000): "bytes, at most",
+		"":                                   "no kind",
+		"kind=block":                         "unknown profile kind",
+		"kind=cpu":                           "needs seconds",
+		"kind=cpu\nseconds=0":                "seconds must be an integer 1..300",
+		"kind=cpu\nseconds=301":              "seconds must be an integer 1..300",
+		"kind=cpu\nseconds=x":                "record 26: a number of 1 bytes",
+		"kind=heap\nseconds=1":               "only for kind=cpu",
+		"kind=heap\nkind=cpu":                "kind given twice",
+		"kind=heap\ngc=1":                    "unknown record key",
+		"kind=" + strings.Repeat("x", 70000): "bytes, at most",
 	} {
-		_, err := profile([]byte(opts))
+		_, err := profile(recs(opts))
 		if !errors.Is(err, ErrBadCommand) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%.30q: %v, want a bad command with %q", opts, err, want)
 		}
 	}
-	if _, err := profile([]byte("kind=cpu-stop\nseconds=1")); err == nil || !strings.Contains(err.Error(), "only for kind=cpu") {
+	if _, err := profile(recs("kind=cpu-stop\nseconds=1")); err == nil || !strings.Contains(err.Error(), "only for kind=cpu") {
 		t.Errorf("cpu-stop with seconds: %v", err)
 	}
 }
@@ -152,13 +151,13 @@ func TestProfileBadOpts(t *testing.T) {
 // Through the runtime's query path: the answer lands in the host's memory.
 func TestProfileQuery(t *testing.T) {
 	r := New(newGoMemory(t), nil)
-	out, msg := r.Query(&Command{Op: OpProfile, Opts: []byte("kind=heap\n")})
+	out, msg := r.Query(&Command{Op: OpProfile, Opts: recs("kind=heap\n")})
 	if out.Status != StatusOK || out.Len == 0 {
 		t.Fatalf("status %d %q, %d bytes", out.Status, msg, out.Len)
 	}
 	gunzipped(t, Bytes(out.Data, int(out.Len)))
 	r.Free(&out)
-	out, msg = r.Query(&Command{Op: OpProfile, Opts: []byte("kind=cpu-stop\n")})
+	out, msg = r.Query(&Command{Op: OpProfile, Opts: recs("kind=cpu-stop\n")})
 	if out.Status != ErrGeneric || msg != "profile: no CPU profile is running in this worker" {
 		t.Fatalf("stop with none running: %d %q", out.Status, msg)
 	}

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -65,7 +64,7 @@ func init() {
 // yet, and described as JSON text (transcode.Schema): its services, their
 // methods' google.api.http rules, and the messages and enums they reach.
 func protoDescribe(_ *Runtime, cmd *Command) ([]byte, error) {
-	importPaths, err := importPathLines(cmd.Opts, "proto describe")
+	importPaths, err := importPaths(cmd.Opts, "proto describe")
 	if err != nil {
 		return nil, err
 	}
@@ -78,26 +77,23 @@ func protoDescribe(_ *Runtime, cmd *Command) ([]byte, error) {
 	return schemas.Describe(string(cmd.Body), importPaths)
 }
 
-// importPathLines reads "import_path=DIR" lines.
-func importPathLines(opts []byte, what string) ([]string, error) {
-	var importPaths []string
-	for _, line := range strings.Split(string(opts), "\n") {
-		if line == "" {
-			continue
+// importPaths reads IMPORT_PATH records.
+func importPaths(opts []byte, what string) ([]string, error) {
+	var dirs []string
+	err := eachRec(opts, func(r Rec) error {
+		if r.Key != KeyImportPath || len(r.Val) == 0 {
+			return Badf("%s: record %d is not an import path", what, r.Key)
 		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok || k != "import_path" || v == "" {
-			return nil, Badf("%s: unknown option line %q (want import_path=DIR)", what, line)
-		}
-		importPaths = append(importPaths, v)
-	}
-	return importPaths, nil
+		dirs = append(dirs, r.Str())
+		return nil
+	})
+	return dirs, err
 }
 
 // protoLoad answers QRPC_OP_PROTO_LOAD: method "file" (body: the path) or
 // "descriptor_set" (body: the bytes); opts: "import_path=DIR" lines.
 func protoLoad(_ *Runtime, cmd *Command) ([]byte, error) {
-	importPaths, err := importPathLines(cmd.Opts, "proto load")
+	importPaths, err := importPaths(cmd.Opts, "proto load")
 	if err != nil {
 		return nil, err
 	}

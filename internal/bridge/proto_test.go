@@ -18,7 +18,7 @@ import (
 const greeterProto = "../../demo/proto/greeter.proto"
 
 func protoLoadCmd(method, body, opts string) *Command {
-	return &Command{Op: OpProtoLoad, Method: []byte(method), Body: []byte(body), Opts: []byte(opts)}
+	return &Command{Op: OpProtoLoad, Method: []byte(method), Body: []byte(body), Opts: recs(opts)}
 }
 
 func TestProtoLoadQuery(t *testing.T) {
@@ -35,7 +35,7 @@ func TestProtoLoadQuery(t *testing.T) {
 		{"missing", protoLoadCmd("file", "/nonexistent/x.proto", ""), ErrGeneric, "bad proto: /nonexistent/x.proto: file not found"},
 		{"garbage set", protoLoadCmd("descriptor_set", "\xff\xff", ""), ErrGeneric, "bad proto: descriptor set: "},
 		{"bad method", protoLoadCmd("url", "x", ""), ErrBadArg, `bad command: proto load: method must be "file" or "descriptor_set", got "url"`},
-		{"bad option", protoLoadCmd("file", greeterProto, "include=/x\n"), ErrBadArg, `bad command: proto load: unknown option line "include=/x"`},
+		{"bad option", protoLoadCmd("file", greeterProto, "include=/x\n"), ErrBadArg, "bad command: opts: unknown record key 65535"},
 		{"import path on a set", protoLoadCmd("descriptor_set", "x", "import_path=/x\n"), ErrBadArg, "bad command: proto load: import_path is for files"},
 		{"empty path", protoLoadCmd("file", "", ""), ErrBadArg, "bad command: proto load: empty path"},
 	}
@@ -260,7 +260,7 @@ func TestLuaRequestBodyAllocs(t *testing.T) {
 func TestProtoDescribeQuery(t *testing.T) {
 	r := New(newGoMemory(t), nil)
 	cmd := &Command{Op: OpProtoDescribe, Method: []byte("file"), Body: []byte("greeter_http.proto"),
-		Opts: []byte("import_path=../../demo/proto\n")}
+		Opts: recs("import_path=../../demo/proto\n")}
 	out, msg := r.Query(cmd)
 	if out.Status != StatusOK {
 		t.Fatalf("describe: %d %q", out.Status, msg)

@@ -62,7 +62,7 @@ const (
 
 // CmdVersion is QRPC_CMD_VERSION: the layout of qrpc_cmd_t this runtime
 // reads and of the result blobs and error messages it writes.
-const CmdVersion = 4
+const CmdVersion = 5
 
 // MaxVMs is QRPC_MAX_VMS: how many Lua VMs (one per nginx subsystem) one
 // process's built-in host serves; qrpc_cmd_t.vm is below it.

@@ -26,7 +26,7 @@ const maxQueuedLogs = 1000
 
 // Host is the host for stock nginx + ngx_lua: Lua submits through the C
 // submit queue (qrpc_submit_async, queue.go), completions wait in a
-// queue in C that qrpc_poll empties, and the first completion after the
+// queue in C that qrpc_vm_poll empties, and the first completion after the
 // queue was empty writes one byte to the dispatcher's unix socket. It is
 // the runtime's bridge.Host for every command of both, and for the EVENT
 // and CLOSE that qrpc_query runs at once (RunNow).
@@ -106,7 +106,7 @@ func Builtin() *Host { return builtin }
 func Runtime() *bridge.Runtime { return rt }
 
 // goEntries counts the calls that entered Go through the exports: the
-// built-in host's hot path (qrpc_submit_async, qrpc_poll, qrpc_release in
+// built-in host's hot path (qrpc_submit_async, qrpc_vm_poll, qrpc_release in
 // hostq.c) must not add to it, which the nginx tests check with
 // qrpc_go_entries.
 var goEntries atomic.Uint64

@@ -1,5 +1,5 @@
 // The built-in host's queues (hostq.h): plain C on purpose. The nginx
-// thread calls qrpc_submit_async, qrpc_poll and qrpc_release_n and must not
+// thread calls qrpc_submit_async, qrpc_vm_poll and qrpc_release_n and must not
 // enter Go there: a thread that has called into Go keeps a Go scheduler
 // slot (a P) while it runs nginx, and the goroutines it readies then wait
 // for a spinning thread or sysmon to take them.
@@ -455,8 +455,6 @@ int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max) {
     q_unlock();
     return (int)n;
 }
-
-int qrpc_poll(qrpc_completion_t *out, int max) { return qrpc_vm_poll(0, out, max); }
 
 size_t qrpc_cq_len(int vm) {
     size_t n = 0;

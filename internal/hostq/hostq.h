@@ -1,6 +1,6 @@
 /* The built-in host's queues in C (hostq.c), so that the nginx thread does
  * not enter Go on the hot path: a submit queue (qrpc_submit_async pushes,
- * the Go submitter takes), a completion queue (Go pushes, qrpc_poll pops)
+ * the Go submitter takes), a completion queue (Go pushes, qrpc_vm_poll pops)
  * and a list of released result blocks (qrpc_release pushes the big ones,
  * Go takes them back into its buffer cache). */
 #ifndef QRPC_HOSTQ_H

@@ -1,7 +1,7 @@
 package hostq
 
 // The Go side of the built-in host's C queues (hostq.c). The nginx thread
-// queues commands with qrpc_submit_async, pops completions with qrpc_poll
+// queues commands with qrpc_submit_async, pops completions with qrpc_vm_poll
 // and frees their blocks with qrpc_release_n, all plain C: it never enters
 // Go on the hot path. The submitter goroutine here sleeps in the
 // netpoller on an eventfd, takes everything queued at once and runs each
@@ -188,10 +188,6 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 		}
 	}
 }
-
-// wakerSignal is what the waker does for a kick: a wake byte to each VM
-// of mask (bit i: VM i); a variable for TestWakerDeathFallsBack.
-var wakerSignal = func(mask uint64) { builtin.signalVMs(mask) }
 
 // trim runs the trimmer: a timer of trimEvery while the queues are in use
 // (trimOn), none while they are idle.

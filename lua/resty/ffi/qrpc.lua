@@ -31,7 +31,6 @@ local proto = require "resty.ffi.qrpc.proto"
 local limits = require "resty.ffi.qrpc.limits"
 
 local ffi_new = ffi.new
-local ffi_string = ffi.string
 
 local ngx = ngx
 local get_phase = ngx.get_phase
@@ -395,25 +394,18 @@ function methods.unary(self, method, body, opts)
     end
     local status, val, info
     local secs = timeout / 1000 + SAFETY_SLACK_S
+    local c = { op = OP_UNARY, conn = v.handle, method = method, body = body,
+                nh = nh, hdrs = hbuf, hlen = hlen, timeout = timeout,
+                req_type = req, resp_type = resp, flags = flags,
+                hash_key = hash_key, retries = retries, opts = copts }
     if S.use_builtin then
-        status, val, info = builtin_call(OP_UNARY, v.handle, method, body, nh,
-                                         hbuf, hlen, timeout, secs, req, resp,
-                                         flags, hash_key, retries, copts)
+        status, val, info = builtin_call(c, secs)
     else
-        -- the header buffer is shared: this call keeps its own copy across
-        -- the yield
-        local hstr = nh > 0 and ffi_string(hbuf, hlen) or nil
-        local cmd = fill_cmd(ffi_new(cmd_t), OP_UNARY, v.handle, 0, method,
-                             body, nh, hstr, hlen, timeout, req, resp, flags,
-                             hash_key, retries, copts)
         -- Go reads the command after this coroutine yields, maybe after
-        -- it was killed: every string it points at stays pinned until
-        -- then (method and body here, the rest in keep).
-        local keep
-        if hstr or req or resp or hash_key or copts then
-            keep = { hstr, req, resp, hash_key, copts }
-        end
-        status, val, info = rf_decode(rf_call(cmd, method, body, keep, secs))
+        -- it was killed: c holds every string it points at, and the host
+        -- pins c until then.
+        local cmd = fill_cmd(ffi_new(cmd_t), c)
+        status, val, info = rf_decode(rf_call(cmd, c, secs))
     end
     e.handed = nil   -- its first call is over: evictable when idle
 

@@ -19,6 +19,7 @@ local ffi_copy = ffi.copy
 local ffi_sizeof = ffi.sizeof
 local ffi_typeof = ffi.typeof
 local new_tab = base.new_tab
+local buf_new = require("string.buffer").new
 
 local type = type
 local tostring = tostring
@@ -80,12 +81,9 @@ typedef struct {
 } qrpc_stats_t;
 
 int qrpc_init(char *err, size_t err_len);
-int qrpc_wake_open(const char *dir, size_t dir_len, char *path, size_t path_len,
-                   char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
-int qrpc_poll(qrpc_completion_t *out, int max);
 int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
 int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
                       size_t path_len, char *err, size_t err_len);
@@ -102,7 +100,7 @@ end
 -- here, QRPC_F_X is F_X, QRPC_CMD_VERSION is CMD_VERSION); the other Lua
 -- files take them from this table. nginx/abi_test.go compares the two
 -- lists, both ways.
-local CMD_VERSION = 4
+local CMD_VERSION = 5
 
 local OP_CONNECT = 1
 local OP_UNARY = 2
@@ -209,12 +207,16 @@ local _M = {
     u64_ptr_t = ffi_typeof("const uint64_t *"),
     cstr_t = ffi_typeof("const char *"),
 
-    -- The library writes its error messages here (qrpc_init, qrpc_query,
-    -- qrpc_wake_open); read right after the call, on the nginx thread.
+    -- The library writes its error messages into a caller's buffer of
+    -- this size (qrpc_init, qrpc_query, qrpc_vm_open, ...): new_errbuf().
     ERRBUF_LEN = ERRBUF_LEN,
-    errbuf = ffi_new(char_arr_t, ERRBUF_LEN),
 }
-local errbuf = _M.errbuf
+
+
+-- A buffer for one call's error message, the call's own.
+function _M.new_errbuf()
+    return ffi_new(char_arr_t, ERRBUF_LEN)
+end
 
 
 -- show(v): a caller's value in an error message, without calling anything
@@ -281,9 +283,10 @@ end
 _M.status_err = status_err
 
 
--- The error string of a failed synchronous call (its message is in errbuf).
-function _M.submit_err(rc)
-    return status_err(rc, ffi_string(errbuf))
+-- The error string of a failed synchronous call (its message is in eb,
+-- the buffer the call was given).
+function _M.submit_err(rc, eb)
+    return status_err(rc, ffi_string(eb))
 end
 
 
@@ -361,48 +364,28 @@ function _M.decode_bad_response(p, len)
 end
 
 
--- Headers are packed into a small shared buffer: the library copies it
--- before qrpc_submit_async (or qrpc_query) returns, and a call that keeps
--- headers across a yield copies them out first. Bigger blocks get a
--- buffer of their own, which the GC takes back after the call: a shared
--- buffer grown for one huge header would stay that big in the worker for
--- good.
-local HBUF_SMALL = 4096
-local hbuf_small = ffi_new(char_arr_t, HBUF_SMALL)
 -- Go refuses more entries (names + values) than this.
 local MAX_HDR_ENTRIES = limits.HEADER_ENTRIES
 
-local function put_str(buf, off, s)
+local function put_str(buf, s)
     local n = #s
-    ffi_cast(u32_wptr_t, buf + off)[0] = n
-    ffi_copy(buf + off + 4, s, n)
-    return off + 4 + n
-end
-
-
-local function pack_into(buf, h)
-    local off = 0
-    for k, v in pairs(h) do
-        if type(v) == "number" then
-            v = tostring(v)
-        end
-        off = put_str(buf, off, k)
-        off = put_str(buf, off, v)
-    end
-    return off
+    local p = buf:reserve(4 + n)
+    ffi_cast(u32_wptr_t, p)[0] = n
+    ffi_copy(p + 4, s, n)
+    buf:commit(4 + n)
 end
 
 
 -- Packs a { name = value } table (a plain one: the caller has copied a
 -- table with a metatable) into [u32 len][bytes] entries. limit: the
 -- connection's max_frame_size. Returns the number of entries (names +
--- values), the length in bytes and the buffer, or nil and an error. One
--- pass writes into the small buffer while the block fits there; a bigger
--- block is measured first, checked against limit and only then packed into
--- a buffer of its own.
+-- values), the length in bytes and the block, a string of this call's own
+-- (nothing shared between calls; the lua-resty-ffi host pins it with the
+-- command), or nil and an error. Entries stop being written once the
+-- block is past limit: a block that big is refused, not built.
 function _M.pack_headers(h, argn, limit)
     local n, size = 0, 0
-    local small = true
+    local buf = buf_new(256)
     for k, v in pairs(h) do
         if type(k) ~= "string" then
             return bad(argn, "header names must be strings")
@@ -415,15 +398,11 @@ function _M.pack_headers(h, argn, limit)
                              .. "' must be a string (got " .. tv .. ")")
         end
         n = n + 2
-        local need = size + 8 + #k + #v
-        if small then
-            if need <= HBUF_SMALL then
-                put_str(hbuf_small, put_str(hbuf_small, size, k), v)
-            else
-                small = false
-            end
+        size = size + 8 + #k + #v
+        if size <= limit then
+            put_str(buf, k)
+            put_str(buf, v)
         end
-        size = need
     end
     if n > MAX_HDR_ENTRIES then
         return bad(argn, "too many headers (" .. n / 2 .. "; at most "
@@ -434,34 +413,37 @@ function _M.pack_headers(h, argn, limit)
                { detail = "headers (" .. size .. " bytes; max_frame_size is "
                           .. limit .. ")" }
     end
-    if small then
-        return n, size, hbuf_small
-    end
-    local buf = ffi_new(char_arr_t, size)
-    return n, pack_into(buf, h), buf
+    return n, size, buf:tostring()
 end
 
 
--- hdrs is the packed buffer (copied before qrpc_submit_async returns) or, for
--- a call that crosses a yield with the lua-resty-ffi host, a string the
--- caller anchors (as hash_key: a pool's server choice; retries: extra
--- attempts on another server, 0 = none).
-function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
-                     timeout, req_type, resp_type, flags, hash_key, retries,
-                     copts)
+-- fill_cmd(cmd, c): writes the command c describes into cmd (a
+-- qrpc_cmd_t the caller owns for this call alone) and returns cmd. c is
+-- one table: op, conn (the handle), id (the call id, built-in host),
+-- method, body, nh (header entries), hdrs (the packed block, a string or
+-- a buffer) and hlen, timeout (ms), req_type, resp_type, flags, hash_key
+-- (a pool's server choice), retries (extra attempts on another server),
+-- opts (a record block: resty.ffi.qrpc.wire); absent fields are zero.
+-- cmd points into c's strings: the caller keeps c alive until the library
+-- has read the command (qrpc_submit_async and qrpc_query copy it before
+-- they return; the lua-resty-ffi host anchors c with the task).
+function _M.fill_cmd(cmd, c)
+    local method, body, nh = c.method or "", c.body or "", c.nh or 0
+    local hash_key, copts = c.hash_key, c.opts
+    local req_type, resp_type = c.req_type, c.resp_type
     cmd.version = CMD_VERSION
-    cmd.op = op
-    cmd.conn = handle
-    cmd.call_id = id
-    cmd.timeout_ms = timeout
+    cmd.op = c.op
+    cmd.conn = c.conn or 0
+    cmd.call_id = c.id or 0
+    cmd.timeout_ms = c.timeout or 0
     cmd.nhdrs = nh
     cmd.method = method
     cmd.method_len = #method
     cmd.body = body
     cmd.body_len = #body
     if nh > 0 then
-        cmd.hdrs = hdrs
-        cmd.hdrs_len = hlen
+        cmd.hdrs = c.hdrs
+        cmd.hdrs_len = c.hlen
     else
         cmd.hdrs = nil
         cmd.hdrs_len = 0
@@ -472,7 +454,8 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
     cmd.req_type_len = req_type and #req_type or 0
     cmd.resp_type = resp_type
     cmd.resp_type_len = resp_type and #resp_type or 0
-    cmd.flags = flags or 0
+    cmd.flags = c.flags or 0
+    cmd.vm = c.vm or 0
     if hash_key then
         cmd.hash_key = hash_key
         cmd.hash_key_len = #hash_key
@@ -480,8 +463,9 @@ function _M.fill_cmd(cmd, op, handle, id, method, body, nh, hdrs, hlen,
         cmd.hash_key = nil
         cmd.hash_key_len = 0
     end
-    cmd.retries = retries or 0
-    -- UNARY's per-call pool options (resty.ffi.qrpc.pool), "key=value\n"
+    cmd.retries = c.retries or 0
+    -- UNARY's per-call pool options (resty.ffi.qrpc.pool), a query's
+    -- options: a record block
     if copts then
         cmd.opts = copts
         cmd.opts_len = #copts

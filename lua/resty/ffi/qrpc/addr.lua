@@ -3,8 +3,11 @@
 -- that lists a pool's servers.
 
 local abi = require "resty.ffi.qrpc.abi"
+local wire = require "resty.ffi.qrpc.wire"
 
 local bad = abi.bad
+local decode = wire.decode
+local K = wire.keys
 local tostring = abi.show
 
 local type = type
@@ -87,27 +90,46 @@ end
 _M.norm_addr = norm_addr
 
 
--- Parses the PEERS answer into { { addr, state, inflight, calls, failures,
--- ejected_until, stalled (boolean) }, ... }.
-function _M.parse_peers(text)
-    local out = {}
-    for line in str_gmatch(text, "[^\n]+") do
-        local p = {}
-        for k, v in str_gmatch(line, "(%S+)=(%S*)") do
-            p[k] = k ~= "addr" and tonumber(v) or v
-        end
-        if p.addr then
-            p.stalled = p.stalled == 1
+-- The PEERS answer (a record block: per server PEER_ADDR, then its
+-- PEER_* records) -> { { addr, state, inflight, calls, failures,
+-- ejected_until, stalled (boolean) }, ... }; or nil, err for a malformed
+-- block.
+local peer_fields = {
+    [K.PEER_STATE] = "state", [K.PEER_INFLIGHT] = "inflight",
+    [K.PEER_CALLS] = "calls", [K.PEER_FAILURES] = "failures",
+    [K.PEER_EJECTED_UNTIL_MS] = "ejected_until",
+}
+
+function _M.parse_peers(block)
+    local ks, vs, n = decode(block)
+    if not ks then
+        return nil, "qrpc: malformed result from the library"
+    end
+    local out, p = {}, nil
+    for i = 1, n do
+        local k, v = ks[i], vs[i]
+        if k == K.PEER_ADDR then
+            p = { addr = v, stalled = false }
             out[#out + 1] = p
+        elseif p and k == K.PEER_STALLED then
+            p.stalled = v == 1
+        elseif p and peer_fields[k] then
+            p[peer_fields[k]] = v
         end
     end
     return out
 end
 
 
--- The "connections=N" answer of PEERS for handle 0.
-function _M.parse_connections(text)
-    return tonumber(str_match(text or "", "connections=(%d+)")) or 0
+-- The CONNECTIONS answer of PEERS for handle 0.
+function _M.parse_connections(block)
+    local ks, vs, n = decode(block or "")
+    for i = 1, ks and n or 0 do
+        if ks[i] == K.CONNECTIONS then
+            return vs[i]
+        end
+    end
+    return 0
 end
 
 

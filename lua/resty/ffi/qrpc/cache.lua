@@ -6,6 +6,7 @@
 
 local semaphore = require "ngx.semaphore"
 local abi = require "resty.ffi.qrpc.abi"
+local wire = require "resty.ffi.qrpc.wire"
 local limits = require "resty.ffi.qrpc.limits"
 local builtin = require "resty.ffi.qrpc.host_builtin"
 local propagate = require "resty.ffi.qrpc.propagate"
@@ -267,10 +268,11 @@ function _M.start(addr, o, pins, spec)
         used = 0,
         -- the command points into these: e anchors them for the dial
         first_addr = spec.list and spec.list[1] or addr,
-        -- stream_batch has no field in the command: Go reads it as a line
-        opts_lines = o.stream_batch
-                     and spec.lines .. "stream_batch=" .. o.stream_batch .. "\n"
-                     or spec.lines,
+        -- stream_batch has no field in the command: Go reads it as a record
+        opts = o.stream_batch
+               and wire.put(wire.new():put(spec.opts), wire.keys.STREAM_BATCH,
+                            o.stream_batch):tostring()
+               or spec.opts,
         pins = o.pins and { unpack(o.pins) },
         propagate = o.propagate and { unpack(o.propagate) },
         prop = o.propagate and propagate.check(o.propagate),
@@ -291,7 +293,7 @@ function _M.start(addr, o, pins, spec)
     end
     list[#list + 1] = e
 
-    local cmd = set_opts(connect_cmd(e.first_addr, o, pins), e.opts_lines)
+    local cmd = set_opts(connect_cmd(e.first_addr, o, pins), e.opts)
 
     -- Both hosts dial through the built-in host's completion queue: its
     -- dispatcher closes the handle of a dial nobody waits for any more

@@ -38,7 +38,7 @@ local str_match = string.match
 
 local QRPC_OK = abi.QRPC_OK
 local char_arr_t = abi.char_arr_t
-local errbuf = abi.errbuf
+local new_errbuf = abi.new_errbuf
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local submit_err = abi.submit_err
 
@@ -68,7 +68,6 @@ local vm = 0
 local socket_dir = "/tmp"
 local wake_path         -- a wake-up socket opened by init(), for the dispatcher
 local wake_broken       -- init() could not open one: do not try again
-local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
 
 -- Calls of the lua-resty-ffi host in flight (see hold): they wait in
 -- lua-resty-ffi, not here, but the dispatcher must outlive them too.
@@ -107,10 +106,12 @@ end
 
 local function wake_listen()
     local dir = socket_dir
+    local pathbuf = ffi_new(char_arr_t, PATHBUF_LEN)
+    local errbuf = new_errbuf()
     local rc = lib.qrpc_vm_wake_open(vm, dir, #dir, pathbuf, PATHBUF_LEN,
                                      errbuf, ERRBUF_LEN)
     if rc ~= QRPC_OK then
-        return nil, submit_err(rc)
+        return nil, submit_err(rc, errbuf)
     end
     return ffi_string(pathbuf)
 end
@@ -124,7 +125,7 @@ local function open_wake()
         local err
         path, err = wake_listen()
         if not path then
-            return nil, "qrpc_wake_open(" .. socket_dir .. "): " .. err
+            return nil, "qrpc_vm_wake_open(" .. socket_dir .. "): " .. err
         end
     end
     local sock = socket_tcp()

@@ -112,11 +112,13 @@ function _M.check_throttle(t)
             end
             seen[c] = true
             out[i] = str_format("%d", c)
+            list[i] = c
         end
         if n > 0 and k == 0 then
             return bad(2, "throttle.codes needs throttle.k")
         end
         codes = tab_concat(out, ",")
+        return k, codes, list
     end
     return k, codes
 end

@@ -2,7 +2,7 @@
 -- in through qrpc_submit_async on the nginx thread (plain C: a queue that
 -- Go's submitter takes from); results come back on a per-worker
 -- completion queue, announced by a byte on a unix socket that one
--- background light thread (the dispatcher) reads, drains with qrpc_poll
+-- background light thread (the dispatcher) reads, drains with qrpc_vm_poll
 -- and turns into ngx.semaphore posts for the waiting calls. Events,
 -- closes and queries, whose callers get their answer at once, go through
 -- qrpc_query.
@@ -47,7 +47,7 @@ local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
 local QRPC_ERR = abi.QRPC_ERR
 local QRPC_ERR_TIMEOUT = abi.QRPC_ERR_TIMEOUT
 local cmd_t = abi.cmd_t
-local errbuf = abi.errbuf
+local new_errbuf = abi.new_errbuf
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local status_err = abi.status_err
 local submit_err = abi.submit_err
@@ -83,10 +83,6 @@ local comps             -- qrpc_completion_t[BATCH]
 local rels              -- void *[BATCH]
 local nrel = 0
 
--- Reused: qrpc_submit_async and qrpc_query copy or read a command before
--- they return, never after.
-local ucmd = ffi_new(cmd_t)
-
 local pend = {}         -- call id -> waiter of a call in flight
 local npend = 0
 local pool = {}         -- idle waiters
@@ -105,13 +101,13 @@ local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
 function _M.init(l, dir, subsystem)
     lib = l
     -- this VM's completion queue: every command names it
+    local errbuf = new_errbuf()
     local idx = lib.qrpc_vm_open(subsystem, #subsystem, errbuf, ERRBUF_LEN)
     if idx < 0 then
         disp.broken()
-        return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx)
+        return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx, errbuf)
     end
     vm = idx
-    ucmd.vm = vm
     direct.init(lib, vm)
     comps = ffi_new("qrpc_completion_t[?]", BATCH)
     rels = ffi_new("void *[?]", BATCH)
@@ -360,7 +356,8 @@ local function get_waiter()
         pool[npool] = nil
         npool = npool - 1
     else
-        w = { sema = sema_new(0) }
+        -- cmd: the command of the call that holds the waiter
+        w = { sema = sema_new(0), cmd = ffi_new(cmd_t) }
     end
     return w
 end
@@ -413,27 +410,32 @@ local function next_call_id()
 end
 
 
--- Submits a call (UNARY or ECHO) and waits up to secs for its completion.
--- Returns status, value (a result table, or an error string).
-function _M.call(op, handle, method, body, nh, hdrs, hlen, timeout, secs,
-                 req_type, resp_type, flags, hash_key, retries, copts)
+-- Submits a call (UNARY or ECHO: the command table c of abi.fill_cmd)
+-- and waits up to secs for its completion. Returns status, value (a
+-- result table, or an error string).
+function _M.call(c, secs)
     local id = next_call_id()
-    fill_cmd(ucmd, op, handle, id, method, body, nh, hdrs, hlen, timeout,
-             req_type, resp_type, flags, hash_key, retries, copts)
+    local handle = c.conn
+    c.id = id
+    -- The waiter's own command: the waiter belongs to this call alone
+    -- until put_waiter, so no other call can see the command.
+    local w = get_waiter()
+    local cmd = fill_cmd(w.cmd, c)
+    cmd.vm = vm
     -- Queued in C without entering Go (qrpc_submit_async in qrpc.h): Go's
     -- refusals come back as the completion; this fails only when the host
     -- is closed or its queue full, and writes no message.
-    local rc = lib.qrpc_submit_async(ucmd)
+    local rc = lib.qrpc_submit_async(cmd)
     if rc ~= QRPC_PENDING then
+        put_waiter(w)
         return rc, status_err(rc)
     end
 
     local now = ngx_now()
     local disp_ok = ensure_dispatcher(now)
 
-    local w = get_waiter()
     w.id = id
-    w.op = op
+    w.op = c.op
     w.handle = handle
     w.deadline = now + secs
     pend[id] = w

@@ -14,14 +14,13 @@ local tonumber = tonumber
 local pairs = pairs
 local next = next
 
-local CMD_VERSION = abi.CMD_VERSION
 local OP_EVENT = abi.OP_EVENT
 local OP_CLOSE = abi.OP_CLOSE
 local OP_CANCEL = abi.OP_CANCEL
 local QRPC_OK = abi.QRPC_OK
 local QRPC_ERR_FULL = abi.QRPC_ERR_FULL
 local cmd_t = abi.cmd_t
-local errbuf = abi.errbuf
+local new_errbuf = abi.new_errbuf
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local status_err = abi.status_err
 local submit_err = abi.submit_err
@@ -31,21 +30,17 @@ local _M = {}
 
 local lib               -- the loaded library; nil until init()
 
--- Reused: qrpc_submit_async and qrpc_query copy or read a command before
--- they return, never after, and nothing yields between filling one and
--- that call.
-local ecmd = ffi_new(cmd_t)
-local xcmd = ffi_new(cmd_t)
-local qcmd = ffi_new(cmd_t)
-local stats_buf = ffi_new("qrpc_stats_t")
+local vm = 0            -- this Lua VM's index (qrpc_vm_open)
+
+-- Every command, answer pointer and error buffer below is the call's own
+-- (ffi.new per call): nothing filled for one call can be seen by another,
+-- whatever yields in between.
 
 
 -- init(lib, vm): the library, and this Lua VM's index (qrpc_vm_open).
-function _M.init(l, vm)
+function _M.init(l, v)
     lib = l
-    ecmd.vm = vm
-    xcmd.vm = vm
-    qcmd.vm = vm
+    vm = v
 end
 
 
@@ -57,11 +52,8 @@ end
 local late_cancels = {}
 
 local function cancel(handle, id)
-    xcmd.version = CMD_VERSION
-    xcmd.op = OP_CANCEL
-    xcmd.conn = handle or 0
-    xcmd.call_id = id
-    local rc = lib.qrpc_submit_async(xcmd)
+    local rc = lib.qrpc_submit_async(fill_cmd(ffi_new(cmd_t), {
+        op = OP_CANCEL, conn = handle, id = id, vm = vm }))
     if rc == QRPC_ERR_FULL then
         late_cancels[id] = handle or 0
     end
@@ -92,32 +84,39 @@ _M.late_cancels = function()
 end
 
 
--- qrpc_query's answer.
-local qout = ffi_new("char *[1]")
-local qlen = ffi_new("size_t[1]")
-
-
--- Runs cmd with qrpc_query when its answer is no data (EVENT, CLOSE):
--- returns the status and, on failure, the error.
-local function run_now(cmd)
-    local rc = lib.qrpc_query(cmd, qout, qlen, errbuf, ERRBUF_LEN)
+-- Runs the command c (abi.fill_cmd) with qrpc_query: returns the status
+-- and, on failure, the error; on success the answer, freed.
+local function run_now(c)
+    local qout = ffi_new("char *[1]")
+    local qlen = ffi_new("size_t[1]")
+    local errbuf = new_errbuf()
+    local rc = lib.qrpc_query(fill_cmd(ffi_new(cmd_t), c), qout, qlen, errbuf,
+                              ERRBUF_LEN)
     if rc ~= QRPC_OK then
-        return rc, submit_err(rc)
+        return rc, submit_err(rc, errbuf)
     end
     local p = qout[0]
-    if p ~= nil then
-        lib.qrpc_release(p)
+    if p == nil then
+        return rc, ""
+    end
+    local out = ffi_string(p, qlen[0])
+    lib.qrpc_release(p)
+    return rc, out
+end
+
+
+-- Runs c when its answer is no data (EVENT, CLOSE).
+local function run_nodata(c)
+    local rc, err = run_now(c)
+    if rc ~= QRPC_OK then
+        return rc, err
     end
     return rc
 end
 
 
 local function close_handle(handle)
-    xcmd.version = CMD_VERSION
-    xcmd.op = OP_CLOSE
-    xcmd.conn = handle
-    xcmd.call_id = 0
-    local rc, err = run_now(xcmd)
+    local rc, err = run_nodata({ op = OP_CLOSE, conn = handle, vm = vm })
     if rc ~= QRPC_OK then
         return nil, err
     end
@@ -129,42 +128,31 @@ _M.close_handle = close_handle
 -- Sends an event; returns the library's status and, on failure, the error.
 function _M.event(handle, method, body, nh, hdrs, hlen, req_type, flags,
                   hash_key)
-    fill_cmd(ecmd, OP_EVENT, handle, 0, method, body, nh, hdrs, hlen, 0,
-             req_type, nil, flags, hash_key)
-    return run_now(ecmd)
+    return run_nodata({ op = OP_EVENT, conn = handle, method = method,
+                        body = body, nh = nh, hdrs = hdrs, hlen = hlen,
+                        req_type = req_type, flags = flags,
+                        hash_key = hash_key, vm = vm })
 end
 
 
--- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with opts lines if
--- given; returns the answer as a string.
+-- Runs a qrpc_query op (PEERS, CONFIGURE, ...) now, with an opts record
+-- block if given; returns the answer as a string.
 function _M.query(op, handle, opts)
-    fill_cmd(qcmd, op, handle, 0, "", "", 0, nil, 0, 0)
-    -- fill_cmd clears opts (the command is reused): the query's go in after
-    qcmd.opts = opts
-    qcmd.opts_len = opts and #opts or 0
-    local rc = lib.qrpc_query(qcmd, qout, qlen, errbuf, ERRBUF_LEN)
-    qcmd.opts = nil
-    qcmd.opts_len = 0
+    local rc, out = run_now({ op = op, conn = handle, opts = opts, vm = vm })
     if rc ~= QRPC_OK then
-        return nil, submit_err(rc)
+        return nil, out
     end
-    local p = qout[0]
-    if p == nil then
-        return ""
-    end
-    local out = ffi_string(p, qlen[0])
-    lib.qrpc_release(p)
     return out
 end
 
 
 -- Counters of a connection (handle 0: the whole runtime of this worker).
 function _M.stats(handle)
-    local rc = lib.qrpc_stats(handle, stats_buf)
+    local s = ffi_new("qrpc_stats_t")
+    local rc = lib.qrpc_stats(handle, s)
     if rc ~= QRPC_OK then
         return nil, status_err(rc)
     end
-    local s = stats_buf
     return {
         inflight = tonumber(s.inflight),
         calls = tonumber(s.calls),

@@ -35,7 +35,7 @@ local debug_getinfo = debug.getinfo
 local package_cpath = package.cpath
 
 local QRPC_OK = abi.QRPC_OK
-local errbuf = abi.errbuf
+local new_errbuf = abi.new_errbuf
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local submit_err = abi.submit_err
 
@@ -109,8 +109,8 @@ end
 
 
 local symbols = {
-    "qrpc_init", "qrpc_wake_open", "qrpc_stats", "qrpc_shutdown",
-    "qrpc_query", "qrpc_submit_async", "qrpc_poll", "qrpc_release",
+    "qrpc_init", "qrpc_stats", "qrpc_shutdown",
+    "qrpc_query", "qrpc_submit_async", "qrpc_release",
     "qrpc_release_n", "qrpc_vm_open", "qrpc_vm_wake_open", "qrpc_vm_poll",
 }
 
@@ -170,9 +170,10 @@ end
 
 
 local function init_runtime(l)
+    local errbuf = new_errbuf()
     local rc = l.qrpc_init(errbuf, ERRBUF_LEN)
     if rc ~= QRPC_OK then
-        return nil, "qrpc: init: " .. submit_err(rc)
+        return nil, "qrpc: init: " .. submit_err(rc, errbuf)
     end
     return true
 end

@@ -61,10 +61,6 @@ local flushing         -- the flush timer runs
 
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local OP_METRICS = abi.OP_METRICS
-local qcmd = ffi_new(abi.cmd_t)
-local out_p = ffi_new("char *[1]")
-local out_len = ffi_new("size_t[1]")
-local errbuf = ffi_new("char[?]", ERRBUF_LEN)
 
 
 -- add_source(t): t is a table of Lua-side counters of this worker,
@@ -93,8 +89,12 @@ end
 -- query asks Go for this worker's metrics: what is "" (text format),
 -- "snapshot", or "render" with body (a dump). One synchronous call.
 local function query(what, body)
-    abi.fill_cmd(qcmd, OP_METRICS, 0, 0, what, body or "", 0, nil, 0, 0)
-    local rc = lib.qrpc_query(qcmd, out_p, out_len, errbuf, ERRBUF_LEN)
+    local cmd = abi.fill_cmd(ffi_new(abi.cmd_t), { op = OP_METRICS,
+                                                   method = what, body = body })
+    local out_p = ffi_new("char *[1]")
+    local out_len = ffi_new("size_t[1]")
+    local errbuf = abi.new_errbuf()
+    local rc = lib.qrpc_query(cmd, out_p, out_len, errbuf, ERRBUF_LEN)
     if rc ~= abi.QRPC_OK then
         return nil, "qrpc: metrics: " .. ffi_string(errbuf)
     end

@@ -1,10 +1,11 @@
 -- resty.ffi.qrpc.pool: several servers behind one connect. The
 -- checks of addrs and of the pool options, their normalised cache key, the
--- CONNECT "opts" lines Go reads, the per-call hash_key / retries, and
+-- CONNECT opts record block Go reads, the per-call hash_key / retries, and
 -- conn:peers(). Balancing, health, failover and re-resolution are Go's
 -- (qrpc.Pool), one implementation for both hosts.
 
 local abi = require "resty.ffi.qrpc.abi"
+local wire = require "resty.ffi.qrpc.wire"
 local limits = require "resty.ffi.qrpc.limits"
 local addrs_mod = require "resty.ffi.qrpc.addr"
 local guard = require "resty.ffi.qrpc.guard"
@@ -14,6 +15,7 @@ local bad = abi.bad
 
 local type = type
 local pairs = pairs
+local tonumber = tonumber
 -- never a caller's __tostring (abi.show)
 local tostring = abi.show
 local math_floor = math.floor
@@ -21,6 +23,9 @@ local math_ceil = math.ceil
 local str_find = string.find
 local str_match = string.match
 local tab_concat = table.concat
+local wire_new = wire.new
+local put = wire.put
+local K = wire.keys
 local tab_sort = table.sort
 local getmetatable = getmetatable
 local ipairs = ipairs
@@ -83,7 +88,8 @@ local failure_kinds = { connect = 1, reset = 2, timeout = 4 }
 local failure_order = { "connect", "reset", "timeout" }
 
 
--- health.on -> "connect,reset,timeout" (in that order), or nil, err.
+-- health.on -> "connect,reset,timeout" (in that order) and the bit set
+-- (connect 1, reset 2, timeout 4), or nil, err.
 local function check_on(on)
     if type(on) ~= "table" then
         return bad(2, "health.on must be a list of \"connect\", \"reset\", "
@@ -116,12 +122,13 @@ local function check_on(on)
             out[#out + 1] = name
         end
     end
-    return tab_concat(out, ",")
+    return tab_concat(out, ","), mask
 end
 
 
 -- hedge = { delay = ms | "p95", max = n } -> delay text, max; false (per
 -- call: none) -> "0", 0; or nil, err. argn names the argument.
+-- put_hedge(buf, delay, max) writes them as records.
 local function check_hedge(h, argn, what)
     if h == false then
         return "0", 0
@@ -154,6 +161,16 @@ local function check_hedge(h, argn, what)
 end
 
 
+local function put_hedge(buf, delay, max)
+    if delay == "p95" then
+        put(buf, K.HEDGE_P95, 1)
+    else
+        put(buf, K.HEDGE_DELAY_MS, tonumber(delay))
+    end
+    put(buf, K.HEDGE_MAX, max)
+end
+
+
 -- The pool options, normalised: a default written out gives the same key
 -- as an option left out.
 local DEFAULT_KEY = "round_robin|3|10000|200|connect,reset,timeout||0|0|0|0|"
@@ -168,29 +185,25 @@ end
 
 
 -- A connect methods entry's pool options (hedge, try_timeout; the rest of
--- the entry is resty.ffi.qrpc.proto's) -> UNARY opts text ("" for none);
--- or nil, err. what names the entry.
+-- the entry is resty.ffi.qrpc.proto's) -> UNARY opts record block (""
+-- for none); or nil, err. what names the entry.
 function _M.method_opts(mo, what)
-    local lines = {}
+    local buf = wire_new()
     if mo.try_timeout ~= nil then
         if not is_ms(mo.try_timeout) then
             return bad(2, what .. ".try_timeout must be a number of "
                           .. "milliseconds >= 0")
         end
-        lines[#lines + 1] = "try_timeout_ms=" .. math_ceil(mo.try_timeout)
+        put(buf, K.TRY_TIMEOUT_MS, math_ceil(mo.try_timeout))
     end
     if mo.hedge ~= nil then
         local delay, max = check_hedge(mo.hedge, 2, what .. ".hedge")
         if not delay then
             return nil, max
         end
-        lines[#lines + 1] = "hedge_delay_ms=" .. delay
-        lines[#lines + 1] = "hedge_max=" .. max
+        put_hedge(buf, delay, max)
     end
-    if #lines == 0 then
-        return ""
-    end
-    return tab_concat(lines, "\n") .. "\n"
+    return buf:tostring()
 end
 
 
@@ -201,7 +214,7 @@ local function pool_spec(o, spec)
         spec.key = DEFAULT_KEY
         spec.balance = "round_robin"
         spec.retries = 0
-        spec.lines = ""
+        spec.opts = ""
         return spec
     end
 
@@ -214,6 +227,7 @@ local function pool_spec(o, spec)
     balance = balance or "round_robin"
 
     local failures, eject, stall, on = 3, 10000, 200, "connect,reset,timeout"
+    local on_mask = 7
     if health ~= nil then
         if type(health) ~= "table" then
             return bad(2, "health must be a table { failures = n, eject = ms, "
@@ -247,7 +261,8 @@ local function pool_spec(o, spec)
             stall = math_ceil(health.stall)
         end
         if health.on ~= nil then
-            on, err = check_on(health.on)
+            on, on_mask = check_on(health.on)
+            err = on_mask
             if not on then
                 return nil, err
             end
@@ -353,7 +368,7 @@ local function pool_spec(o, spec)
         end
     end
 
-    local tk, tcodes = check_throttle(o.throttle)
+    local tk, tcodes, tlist = check_throttle(o.throttle)
     if not tk then
         return nil, tcodes
     end
@@ -380,37 +395,35 @@ local function pool_spec(o, spec)
                             shared or "" }, "|")
     spec.balance = balance
     spec.retries = retries
-    local lines = {
-        "balance=" .. balance,
-        "health_failures=" .. failures,
-        "health_eject_ms=" .. eject,
-        "health_stall_ms=" .. stall,
-        "health_on=" .. on,
-        "retries=" .. retries,
-        "resolve_ms=" .. resolve,
-        "try_timeout_ms=" .. try,
-        "budget_ratio=" .. ratio,
-        "budget_min_per_s=" .. min_per_s,
-    }
+    local b = wire_new()
+    put(b, K.BALANCE, balance)
+    put(b, K.HEALTH_FAILURES, failures)
+    put(b, K.HEALTH_EJECT_MS, eject)
+    put(b, K.HEALTH_STALL_MS, stall)
+    put(b, K.HEALTH_ON, on_mask)
+    put(b, K.RETRIES, retries)
+    put(b, K.RESOLVE_MS, resolve)
+    put(b, K.TRY_TIMEOUT_MS, try)
+    put(b, K.BUDGET_RATIO, ratio)
+    put(b, K.BUDGET_MIN_PER_S, min_per_s)
     if hmax > 0 then
-        lines[#lines + 1] = "hedge_delay_ms=" .. hdelay
-        lines[#lines + 1] = "hedge_max=" .. hmax
+        put_hedge(b, hdelay, hmax)
     end
     if cmethod ~= "" then
-        lines[#lines + 1] = "check_method=" .. cmethod
-        lines[#lines + 1] = "check_interval_ms=" .. cinterval
-        lines[#lines + 1] = "check_timeout_ms=" .. ctimeout
+        put(b, K.CHECK_METHOD, cmethod)
+        put(b, K.CHECK_INTERVAL_MS, cinterval)
+        put(b, K.CHECK_TIMEOUT_MS, ctimeout)
     end
     if resolver ~= "" then
-        lines[#lines + 1] = "resolver=" .. resolver
+        put(b, K.RESOLVER, resolver)
     end
     if tk ~= 0 then
-        lines[#lines + 1] = "throttle_k=" .. tk
-        if tcodes ~= "" then
-            lines[#lines + 1] = "throttle_codes=" .. tcodes
+        put(b, K.THROTTLE_K, tk)
+        for i = 1, tlist and #tlist or 0 do
+            put(b, K.THROTTLE_CODE, tlist[i])
         end
     end
-    spec.lines = tab_concat(lines, "\n") .. "\n"
+    spec.opts = b:tostring()
     return spec
 end
 
@@ -438,7 +451,7 @@ end
 
 -- check(addrs, opts) -> spec | nil, err. addrs is "host:port" or a list
 -- of them; spec has addr (the cache's address key: the sorted list joined
--- by ","), key (the normalised pool options), lines (CONNECT's opts text,
+-- by ","), key (the normalised pool options), opts (CONNECT's record block,
 -- "" for one address with defaults: today's behaviour), balance, retries
 -- and naddrs.
 -- A lone address's spec is shared by every connect to it: read-only.
@@ -509,12 +522,12 @@ function _M.check(addrs, opts)
     if not ok then
         return nil, err
     end
-    if spec.list and (spec.naddrs > 1 or spec.lines ~= "" or spec.srv) then
-        local l = {}
+    if spec.list and (spec.naddrs > 1 or spec.opts ~= "" or spec.srv) then
+        local b = wire_new()
         for i = 1, spec.naddrs do
-            l[i] = "addr=" .. spec.list[i]
+            put(b, K.ADDR, spec.list[i])
         end
-        spec.lines = tab_concat(l, "\n") .. "\n" .. spec.lines
+        spec.opts = b:put(spec.opts):tostring()
     end
     if type(addrs) == "string" and no_pool_opts(opts) then
         if nlone >= MAX_LONE then
@@ -530,7 +543,7 @@ end
 -- Per-call options: hash_key and retries (default: the connection's),
 -- try_timeout and hedge (default: the method's entry in connect's methods
 -- option, else the connection's). Returns true, hash_key (or nil),
--- retries, UNARY opts text (or nil); or nil, err.
+-- retries, UNARY opts record block (or nil); or nil, err.
 function _M.call_opts(conn, opts, argn, method)
     local key, retries = nil, conn.retries or 0
     local copts = nil
@@ -564,25 +577,24 @@ function _M.call_opts(conn, opts, argn, method)
         end
         local try, hedge = opts.try_timeout, opts.hedge
         if try ~= nil or hedge ~= nil then
-            local lines = {}
+            -- the method's defaults first: a record given again wins
+            local b = wire_new():put(copts or "")
             if try ~= nil then
                 if not is_ms(try) then
                     return bad(argn, "try_timeout must be a number of "
                                      .. "milliseconds >= 0 (got "
                                      .. tostring(try) .. ")")
                 end
-                lines[1] = "try_timeout_ms=" .. math_ceil(try) .. "\n"
+                put(b, K.TRY_TIMEOUT_MS, math_ceil(try))
             end
             if hedge ~= nil then
                 local delay, max = check_hedge(hedge, argn, "hedge")
                 if not delay then
                     return nil, max
                 end
-                lines[#lines + 1] = "hedge_delay_ms=" .. delay .. "\nhedge_max="
-                                    .. max .. "\n"
+                put_hedge(b, delay, max)
             end
-            -- the method's defaults first: a line given again wins
-            copts = (copts or "") .. tab_concat(lines)
+            copts = b:tostring()
         end
     end
     if key == nil and conn.balance == "hash" then

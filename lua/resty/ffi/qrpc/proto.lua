@@ -20,6 +20,7 @@ local ffi = require "ffi"
 local abi = require "resty.ffi.qrpc.abi"
 local json = require "resty.ffi.qrpc.json"
 local pool = require "resty.ffi.qrpc.pool"
+local wire = require "resty.ffi.qrpc.wire"
 
 local ffi_new = ffi.new
 
@@ -40,7 +41,7 @@ local str_find = string.find
 local str_gsub = string.gsub
 local str_match = string.match
 local str_byte = string.byte
-local tab_concat = table.concat
+local IMPORT_PATH = wire.keys.IMPORT_PATH
 
 local bad = abi.bad
 local QRPC_OK = abi.QRPC_OK
@@ -141,25 +142,18 @@ local function absolute(p)
 end
 
 
-local out_p = ffi_new("char *[1]")
-local out_len = ffi_new("size_t[1]")
 local ffi_string = ffi.string
 
 -- Runs one load in Go (or, with op OP_PROTO_DESCRIBE, a description of
 -- the file, returned as its JSON text).
 local function query(rec, op)
-    local cmd = ffi_new(abi.cmd_t)
-    cmd.version = abi.CMD_VERSION
-    cmd.op = op or OP_PROTO_LOAD
-    cmd.method = rec.kind
-    cmd.method_len = #rec.kind
-    cmd.body = rec.arg
-    cmd.body_len = #rec.arg
-    if rec.opts ~= "" then
-        cmd.opts = rec.opts
-        cmd.opts_len = #rec.opts
-    end
-    local rc = lib.qrpc_query(cmd, out_p, out_len, abi.errbuf, abi.ERRBUF_LEN)
+    local cmd = abi.fill_cmd(ffi_new(abi.cmd_t), {
+        op = op or OP_PROTO_LOAD, method = rec.kind, body = rec.arg,
+        opts = rec.opts ~= "" and rec.opts or nil })
+    local out_p = ffi_new("char *[1]")
+    local out_len = ffi_new("size_t[1]")
+    local errbuf = abi.new_errbuf()
+    local rc = lib.qrpc_query(cmd, out_p, out_len, errbuf, abi.ERRBUF_LEN)
     local out = true
     if out_p[0] ~= nil then
         if op and rc == QRPC_OK then
@@ -169,7 +163,7 @@ local function query(rec, op)
         out_p[0] = nil
     end
     if rc ~= QRPC_OK then
-        return nil, abi.submit_err(rc)
+        return nil, abi.submit_err(rc, errbuf)
     end
     return out
 end
@@ -233,7 +227,7 @@ function _M.load(path, opts)
     if path == "" then
         return bad(1, "path must not be empty")
     end
-    local lines = {}
+    local paths, npaths = wire.new(), 0
     if opts ~= nil then
         if type(opts) ~= "table" then
             return bad(2, "opts must be a table (got " .. type(opts) .. ")")
@@ -253,7 +247,8 @@ function _M.load(path, opts)
                 if type(d) ~= "string" or d == "" or str_find(d, "\n", 1, true) then
                     return bad(2, "import_paths[" .. i .. "] must be a directory path")
                 end
-                lines[#lines + 1] = "import_path=" .. absolute(d) .. "\n"
+                wire.put(paths, IMPORT_PATH, absolute(d))
+                npaths = npaths + 1
             end
         end
     end
@@ -261,12 +256,12 @@ function _M.load(path, opts)
         return bad(1, "path must not contain a newline")
     end
     local where = path
-    if #lines == 0 or str_sub(path, 1, 1) == "/" then
+    if npaths == 0 or str_sub(path, 1, 1) == "/" then
         -- With import paths, a relative path is an import name (protoc's
         -- rule); without, it is a file under nginx's prefix.
         where = absolute(path)
     end
-    if get_phase() == "init" and (#lines == 0 or str_sub(path, 1, 1) == "/") then
+    if get_phase() == "init" and (npaths == 0 or str_sub(path, 1, 1) == "/") then
         -- Cheap early check in the master; parsing waits for the workers.
         local f = io_open(where, "rb")
         if not f then
@@ -274,7 +269,7 @@ function _M.load(path, opts)
         end
         f:close()
     end
-    return load("file", where, tab_concat(lines))
+    return load("file", where, paths:tostring())
 end
 
 
@@ -287,15 +282,15 @@ function _M.describe(path, import_paths)
     if not ok then
         return nil, err
     end
-    local lines = {}
+    local paths = wire.new()
     for i = 1, #import_paths do
-        lines[i] = "import_path=" .. import_paths[i] .. "\n"
+        wire.put(paths, IMPORT_PATH, import_paths[i])
     end
     local where = path
-    if #lines == 0 or str_sub(path, 1, 1) == "/" then
+    if #import_paths == 0 or str_sub(path, 1, 1) == "/" then
         where = absolute(path)
     end
-    return query({ kind = "file", arg = where, opts = tab_concat(lines) },
+    return query({ kind = "file", arg = where, opts = paths:tostring() },
                  abi.OP_PROTO_DESCRIBE)
 end
 _M.absolute = absolute

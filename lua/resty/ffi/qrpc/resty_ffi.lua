@@ -58,7 +58,7 @@ local pinned = {}
 local pin_seq = 0
 local last_pin_sweep = 0
 
-local function pin(cmd, a, b, c, secs)
+local function pin(cmd, c, secs)
     local now = ngx_now()
     if now - last_pin_sweep >= SWEEP_EVERY_S then
         last_pin_sweep = now
@@ -70,7 +70,7 @@ local function pin(cmd, a, b, c, secs)
     end
     pin_seq = pin_seq + 1
     local deadline = now + secs
-    pinned[pin_seq] = { cmd, a, b, c, deadline, deadline + PIN_GRACE_S }
+    pinned[pin_seq] = { cmd, c, false, false, deadline, deadline + PIN_GRACE_S }
     return pin_seq
 end
 
@@ -100,16 +100,17 @@ local function keep(key)
 end
 
 
--- Sends cmd as a lua-resty-ffi task; a, b, c are the Lua values its
--- pointers lead into. Returns status, response string | error.
+-- Sends cmd as a lua-resty-ffi task; c is the command table it was
+-- filled from (abi.fill_cmd), which holds every string its pointers lead
+-- into. Returns status, response string | error.
 --
 -- While the coroutine waits in lua-resty-ffi, something must keep an nginx
 -- timer pending, or an exiting worker (reload, quit) leaves at once and
 -- cuts the request. The dispatcher does (builtin.hold); once the worker
 -- exits and the dispatcher has stopped, ngx.timer.at is refused, so a light
 -- thread of the caller's own sleeps until the call returns.
-function _M.call(cmd, a, b, c, secs)
-    local key = pin(cmd, a, b, c, secs)
+function _M.call(cmd, c, secs)
+    local key = pin(cmd, c, secs)
     local keeper
     if not builtin.ensure_dispatcher() then
         local ok, th = pcall(thread_spawn, keep, key)

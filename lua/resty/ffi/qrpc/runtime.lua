@@ -16,6 +16,8 @@ local pool = require "resty.ffi.qrpc.pool"
 local share = require "resty.ffi.qrpc.share"
 local limits = require "resty.ffi.qrpc.limits"
 local proto = require "resty.ffi.qrpc.proto"
+local wire = require "resty.ffi.qrpc.wire"
+local new, put, decode, K = wire.new, wire.put, wire.decode, wire.keys
 local ffi = require "ffi"
 
 local ffi_new = ffi.new
@@ -27,7 +29,6 @@ local get_phase = ngx.get_phase
 local ngx_sleep = ngx.sleep
 
 local type = type
-local tonumber = tonumber
 local pairs = pairs
 local math_floor = math.floor
 local str_sub = string.sub
@@ -103,11 +104,11 @@ local gomaxprocs
 -- apply_settings sends the Go-side settings of configure to the library:
 -- whether to record the pools it dials next, and gomaxprocs when given.
 local function apply_settings()
-    local lines = metrics_on and "metrics=on\n" or "metrics=off\n"
+    local b = put(new(), K.METRICS, metrics_on and 1 or 0)
     if gomaxprocs then
-        lines = lines .. "gomaxprocs=" .. gomaxprocs .. "\n"
+        put(b, K.GOMAXPROCS, gomaxprocs)
     end
-    local _, err = builtin.query(abi.OP_CONFIGURE, 0, lines)
+    local _, err = builtin.query(abi.OP_CONFIGURE, 0, b:tostring())
     if err then
         return nil, "qrpc: configure: " .. err
     end
@@ -192,10 +193,15 @@ function _M.stats()
     s.pools = cache.count()
     if loaded then
         -- the GOMAXPROCS of this worker's Go runtime
-        local res = builtin.query(abi.OP_CONFIGURE, 0)
-        s.gomaxprocs = res and tonumber(res:match("gomaxprocs=(%d+)"))
-        -- "lazy" or "go": see loader.lua's set_godebug
-        s.sysmon = res and res:match("sysmon=(%a+)")
+        local ks, vs, n = decode(builtin.query(abi.OP_CONFIGURE, 0) or "")
+        for i = 1, ks and n or 0 do
+            if ks[i] == K.GOMAXPROCS then
+                s.gomaxprocs = vs[i]
+            elseif ks[i] == K.SYSMON then
+                -- "lazy" or "go": see loader.lua's set_godebug
+                s.sysmon = vs[i]
+            end
+        end
     end
     return s
 end
@@ -385,14 +391,16 @@ function _M.debug_profile(kind, seconds)
         return nil, err
     end
     if kind ~= "cpu" then
-        local out, qerr = builtin.query(OP_PROFILE, 0, "kind=" .. kind .. "\n")
+        local out, qerr = builtin.query(OP_PROFILE, 0,
+                                        put(new(), K.PROFILE_KIND, kind):tostring())
         if not out then
             return nil, "qrpc: " .. qerr
         end
         return out
     end
-    local _, qerr = builtin.query(OP_PROFILE, 0,
-                                  "kind=cpu\nseconds=" .. seconds .. "\n")
+    local start = put(put(new(), K.PROFILE_KIND, "cpu"), K.PROFILE_SECONDS,
+                      seconds)
+    local _, qerr = builtin.query(OP_PROFILE, 0, start:tostring())
     if qerr then
         return nil, "qrpc: " .. qerr
     end
@@ -400,7 +408,8 @@ function _M.debug_profile(kind, seconds)
     -- profile by itself 5 s after its seconds.
     ngx_sleep(seconds)
     local out
-    out, qerr = builtin.query(OP_PROFILE, 0, "kind=cpu-stop\n")
+    out, qerr = builtin.query(OP_PROFILE, 0,
+                              put(new(), K.PROFILE_KIND, "cpu-stop"):tostring())
     if not out then
         return nil, "qrpc: " .. qerr
     end
@@ -440,14 +449,13 @@ local function echo(body)
     end
     local status, val
     if S.use_builtin then
-        status, val = builtin.call(OP_ECHO, 0, "", body, 0, nil, 0,
-                                   DEFAULT_TIMEOUT_MS,
-                                   DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S,
-                                   nil, nil, nil, nil, nil)
+        status, val = builtin.call({ op = OP_ECHO, body = body,
+                                     timeout = DEFAULT_TIMEOUT_MS },
+                                   DEFAULT_TIMEOUT_MS / 1000 + SAFETY_SLACK_S)
     else
-        local cmd = fill_cmd(ffi_new(cmd_t), OP_ECHO, 0, 0, "", body, 0, nil, 0,
-                             DEFAULT_TIMEOUT_MS)
-        status, val = resty_ffi.decode(resty_ffi.call(cmd, body, nil, nil,
+        local c = { op = OP_ECHO, body = body, timeout = DEFAULT_TIMEOUT_MS }
+        local cmd = fill_cmd(ffi_new(cmd_t), c)
+        status, val = resty_ffi.decode(resty_ffi.call(cmd, c,
                                         DEFAULT_TIMEOUT_MS / 1000))
     end
     if status == QRPC_OK then
