@@ -131,6 +131,10 @@ lint:
 	$(GO) run ./internal/docscheck/cmd/docscheck
 	$(GO) run ./internal/limits/gen -check
 	$(GO) run ./internal/schema/gen -check
+	@# files a reader can hold: Lua at most 600 lines, non-test Go at most 800
+	@big=$$(find lua -name '*.lua' -exec awk 'END { if (NR > 600) print FILENAME ": " NR " lines (at most 600)" }' {} \; ; \
+	  find qrpc internal ffi demo bench -name '*.go' ! -name '*_test.go' ! -name '*.pb.go' -exec awk 'END { if (NR > 800) print FILENAME ": " NR " lines (at most 800)" }' {} \;); \
+	  if [ -n "$$big" ]; then echo "$$big"; exit 1; fi
 
 # ---- nginx flavours --------------------------------------------------------------
 

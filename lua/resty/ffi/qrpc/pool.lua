@@ -48,13 +48,6 @@ local _M = {
     },
 }
 
--- configure{ pools_dict }: the shared option of connects that give none
-local pools_dict
-
-function _M.set_pools_dict(name)
-    pools_dict = name
-end
-
 local balances = {
     round_robin = true, least_inflight = true, hash = true, p2c = true,
 }
@@ -180,7 +173,7 @@ local function no_pool_opts(o)
     return o.balance == nil and o.health == nil and o.check == nil
            and o.retries == nil and o.resolve == nil and o.resolver == nil
            and o.try_timeout == nil and o.hedge == nil and o.budget == nil
-           and o.throttle == nil and o.shared == nil and pools_dict == nil
+           and o.throttle == nil and o.shared == nil and not share.default
 end
 
 
@@ -373,16 +366,9 @@ local function pool_spec(o, spec)
         return nil, tcodes
     end
 
-    local shared = o.shared
-    if shared == nil then
-        shared = pools_dict
-    elseif shared == false then
-        shared = nil
-    else
-        local ok, err = share.check(shared, 2, "shared")
-        if not ok then
-            return nil, err
-        end
+    local shared, serr = share.option(o.shared)
+    if serr then
+        return nil, serr
     end
     spec.shared = shared
     spec.throttle = tk ~= 0

@@ -253,7 +253,7 @@ function _M.configure(opts)
         if not ok then
             return nil, err
         end
-        pool.set_pools_dict(pd)
+        share.set_default(pd)
     end
     local mc = opts.max_connections
     if mc ~= nil then

@@ -95,6 +95,30 @@ function _M.check(name, argn, what)
 end
 
 
+-- configure{ pools_dict }: the dict of the connects that name none
+_M.default = nil
+
+function _M.set_default(name)
+    _M.default = name
+end
+
+-- option(v) -> the dict connect's shared option v stands for (nil: not
+-- shared) | nil, err
+function _M.option(v)
+    if v == nil then
+        return _M.default
+    end
+    if v == false then
+        return nil
+    end
+    local ok, err = _M.check(v, 2, "shared")
+    if not ok then
+        return nil, err
+    end
+    return v
+end
+
+
 ---------------------------------------------------------------------------
 -- The binary record of QRPC_OP_POOL_SHARE (internal/bridge/share.go)
 ---------------------------------------------------------------------------
