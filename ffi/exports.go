@@ -172,15 +172,6 @@ func qrpc_stats(conn C.uint64_t, out unsafe.Pointer) (rc C.int) {
 	return C.int(bridge.StatusOK)
 }
 
-//export qrpc_shutdown
-func qrpc_shutdown() {
-	enterExport()
-	defer leaveExport()
-	defer exportPanic(nil, nil, 0)
-	builtin.Shutdown()
-	cmem.FreeAll()
-}
-
 //export libffi_init
 func libffi_init(cfg *C.char, tq unsafe.Pointer) (rc C.int) {
 	enterExport()

@@ -256,9 +256,9 @@ int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
  * (QRPC_ERR_BADARG): they go through qrpc_submit_async. */
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 
-/* Stops the runtime: fails pending calls, closes connections and the wake
- * socket. Safe to call more than once. */
-void qrpc_shutdown(void);
+/* Test builds (-tags qrpctesthooks) also export void qrpc_shutdown(void):
+ * it fails pending calls, closes connections and the wake socket (no host
+ * stops the runtime: a worker's lives as long as the worker). */
 
 /* lua-resty-ffi host: see design notes. cfg may be NULL, or space/comma
  * separated key=value pairs (only log_level=debug|info|warn|error).

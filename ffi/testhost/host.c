@@ -296,7 +296,8 @@ static __typeof__(qrpc_init) *p_init;
 static __typeof__(qrpc_vm_wake_open) *p_wake_open;
 static __typeof__(qrpc_stats) *p_stats;
 static __typeof__(qrpc_query) *p_query;
-static __typeof__(qrpc_shutdown) *p_shutdown;
+/* a test build's export (-tags qrpctesthooks), not in qrpc.h */
+static void (*p_shutdown)(void);
 static __typeof__(libffi_init) *p_libffi_init;
 static __typeof__(qrpc_submit_async) *p_submit_async;
 static __typeof__(qrpc_vm_poll) *p_poll;

@@ -30,7 +30,7 @@ func build(t *testing.T, dir string) (lib, host, nosyms string) {
 	}
 	lib = filepath.Join(dir, "libffi_qrpc.so")
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	run(t, exec.Command(goTool, "build", "-buildmode=c-shared", "-o", lib, ".."))
+	run(t, exec.Command(goTool, "build", "-tags", "qrpctesthooks", "-buildmode=c-shared", "-o", lib, ".."))
 	host = filepath.Join(dir, "host")
 	nosyms = filepath.Join(dir, "host-nosyms")
 	flags := []string{"-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I..", "host.c"}

@@ -92,7 +92,6 @@ void qrpc_release(void *p);
 void qrpc_release_n(void *const *ps, int n);
 uint64_t qrpc_go_entries(void);
 uint64_t qrpc_go_cgo_calls(void);
-void qrpc_shutdown(void);
 ]]
 end
 

@@ -109,7 +109,7 @@ end
 
 
 local symbols = {
-    "qrpc_init", "qrpc_stats", "qrpc_shutdown",
+    "qrpc_init", "qrpc_stats",
     "qrpc_query", "qrpc_submit_async", "qrpc_release",
     "qrpc_release_n", "qrpc_vm_open", "qrpc_vm_wake_open", "qrpc_vm_poll",
 }
