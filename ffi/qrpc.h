@@ -34,7 +34,10 @@
 #define QRPC_OP_PEERS      8  /* conn -> a record block: per server of that pool PEER_ADDR, then
                                  PEER_STATE, PEER_INFLIGHT, PEER_CALLS, PEER_FAILURES,
                                  PEER_EJECTED_UNTIL_MS, PEER_STALLED; conn 0 -> CONNECTIONS */
-#define QRPC_OP_METRICS    9  /* -> this worker's metrics snapshot */
+#define QRPC_OP_METRICS    9  /* method "": this worker's figures, Prometheus text; "snapshot": the same as
+                                 records (SAMPLE_SERIES, then SAMPLE_COUNTER or SAMPLE_GAUGE); "render":
+                                 body = records of SAMPLE_SERIES and SAMPLE_COUNTER (a dict's sums) ->
+                                 Prometheus text */
 #define QRPC_OP_PROTO_LOAD 10 /* body = .proto path or descriptor-set bytes;
                                  method = "file" | "descriptor_set";
                                  opts = IMPORT_PATH records */

@@ -128,15 +128,22 @@ func TestReasonMessage(t *testing.T) {
 	}
 }
 
-// TestMetricsQueryOp: QRPC_OP_METRICS through the query registry.
+// TestMetricsQueryOp: QRPC_OP_METRICS through the query registry; the
+// snapshot and the render input are record blocks.
 func TestMetricsQueryOp(t *testing.T) {
 	mem := newGoMemory(t)
 	r := New(mem, nil)
 	r.metrics.Pool("").PeerOf("s:1").CallDone([]byte("m"), 0, nil, time.Millisecond)
+	sample := func(series string, key uint16, v float64) string {
+		return string(AppendFloat(AppendStr(nil, KeySampleSeries, series), key, v))
+	}
+	okSeries := `qrpc_client_calls_total{method="m",server="s:1",result="ok"}`
+	x := `qrpc_client_calls_total{method="x",server="s:2",result="ok"}`
 	for _, tc := range []struct{ what, body, want string }{
-		{"", "", `qrpc_client_calls_total{method="m",server="s:1",result="ok"} 1` + "\n"},
-		{"snapshot", "", `c qrpc_client_calls_total{method="m",server="s:1",result="ok"} 1` + "\n"},
-		{"render", `qrpc_client_calls_total{method="x",server="s:2",result="ok"} 7` + "\n", `qrpc_client_calls_total{method="x",server="s:2",result="ok"} 7` + "\n"},
+		{"", "", okSeries + " 1\n"},
+		{"snapshot", "", sample(okSeries, KeySampleCounter, 1)},
+		{"snapshot", "", sample(`qrpc_client_inflight{server="s:1"}`, KeySampleGauge, 0)},
+		{"render", sample(x, KeySampleCounter, 7) + sample("g1 "+x, KeySampleCounter, 1), x + " 8\n"},
 	} {
 		c, msg := r.Query(&Command{Op: OpMetrics, Method: []byte(tc.what), Body: []byte(tc.body)})
 		if c.Status != StatusOK {
@@ -145,11 +152,17 @@ func TestMetricsQueryOp(t *testing.T) {
 		got := string(Bytes(c.Data, int(c.Len)))
 		mem.Free(c.Data)
 		if !strings.Contains(got, tc.want) {
-			t.Errorf("%q: no %q in\n%s", tc.what, tc.want, got)
+			t.Errorf("%q: no %q in\n%q", tc.what, tc.want, got)
 		}
 	}
-	c, msg := r.Query(&Command{Op: OpMetrics, Method: []byte("render"), Body: []byte("qrpc_client_calls_total{method=\"x 1\n")})
-	if c.Status != ErrBadArg || !strings.Contains(msg, "bad sample") {
-		t.Fatalf("bad dump: %d %q", c.Status, msg)
+	for _, bad := range []struct{ body, msg string }{
+		{sample(`qrpc_client_calls_total{method="x 1`, KeySampleCounter, 1), "bad sample"},
+		{string(AppendFloat(nil, KeySampleCounter, 1)), "without its series"},
+		{"xx", "cut short"},
+	} {
+		c, msg := r.Query(&Command{Op: OpMetrics, Method: []byte("render"), Body: []byte(bad.body)})
+		if c.Status != ErrBadArg || !strings.Contains(msg, bad.msg) {
+			t.Errorf("bad dump %q: %d %q, want %q", bad.body, c.Status, msg, bad.msg)
+		}
 	}
 }

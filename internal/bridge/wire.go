@@ -41,8 +41,13 @@ func (r Rec) Str() string { return string(r.Val) }
 // is whole, its key known and a number's length 8; a malformed record or
 // f's error ends it.
 func eachRec(b []byte, f func(Rec) error) error {
-	if len(b) > maxOptsLen {
-		return Badf("opts: %d bytes, at most %d", len(b), maxOptsLen)
+	return eachRecMax(b, maxOptsLen, f)
+}
+
+// eachRecMax is eachRec for a block of at most max bytes.
+func eachRecMax(b []byte, max int, f func(Rec) error) error {
+	if len(b) > max {
+		return Badf("opts: %d bytes, at most %d", len(b), max)
 	}
 	for len(b) > 0 {
 		if len(b) < recHead {

@@ -39,6 +39,9 @@ const (
 	KeyPeerFailures       uint16 = 33 // PEERS: failures in a row
 	KeyPeerEjectedUntilMs uint16 = 34 // PEERS: end of the ejection, Unix ms (0: not ejected)
 	KeyPeerStalled        uint16 = 35 // PEERS: 1 when new calls avoid it as stalled
+	KeySampleSeries       uint16 = 36 // METRICS: a sample's series (render: a dict key, a tag before the series allowed)
+	KeySampleCounter      uint16 = 37 // METRICS: the value of the series before it, a counter (render: any sample)
+	KeySampleGauge        uint16 = 38 // METRICS snapshot: the value of the series before it, a gauge
 )
 
 // wireTypes is each key's value type: recStr, recInt or recFloat.
@@ -78,4 +81,7 @@ var wireTypes = [...]uint8{
 	KeyPeerFailures:       recInt,
 	KeyPeerEjectedUntilMs: recInt,
 	KeyPeerStalled:        recInt,
+	KeySampleSeries:       recStr,
+	KeySampleCounter:      recFloat,
+	KeySampleGauge:        recFloat,
 }

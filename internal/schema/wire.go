@@ -79,6 +79,11 @@ var WireKeys = []WireKey{
 	{33, "PEER_FAILURES", Int, "PEERS: failures in a row"},
 	{34, "PEER_EJECTED_UNTIL_MS", Int, "PEERS: end of the ejection, Unix ms (0: not ejected)"},
 	{35, "PEER_STALLED", Int, "PEERS: 1 when new calls avoid it as stalled"},
+	// METRICS snapshot answers and render input: one sample is a series
+	// record, then its value.
+	{36, "SAMPLE_SERIES", Str, "METRICS: a sample's series (render: a dict key, a tag before the series allowed)"},
+	{37, "SAMPLE_COUNTER", Float, "METRICS: the value of the series before it, a counter (render: any sample)"},
+	{38, "SAMPLE_GAUGE", Float, "METRICS snapshot: the value of the series before it, a gauge"},
 }
 
 // WireLuaPath and WireGoPath are where the generated key tables live.

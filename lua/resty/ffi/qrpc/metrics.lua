@@ -2,9 +2,10 @@
 -- lua_shared_dict (from a timer, never on the request path) and sets its
 -- gauges under keys of its own; qrpc.metrics() renders the dict's sum.
 --
--- A worker's snapshot (made in Go, internal/metrics) is one sample a line:
---   c <series> <value>   a counter, cumulative since the worker started
---   g <series> <value>   a gauge
+-- A worker's snapshot (made in Go, internal/metrics) is a record block
+-- (resty.ffi.qrpc.wire), one sample a pair of records: SAMPLE_SERIES,
+-- then SAMPLE_COUNTER (cumulative since the worker started) or
+-- SAMPLE_GAUGE.
 -- Counters go into the dict as value - last added (incr, or safe_add for a
 -- new key: nothing is ever evicted); what was added is remembered only
 -- when that succeeds, so a failed flush is made good by the next one.
@@ -15,6 +16,15 @@
 
 local ffi = require "ffi"
 local abi = require "resty.ffi.qrpc.abi"
+local wire = require "resty.ffi.qrpc.wire"
+
+local K = wire.keys
+local K_SERIES = K.SAMPLE_SERIES
+local K_COUNTER = K.SAMPLE_COUNTER
+local K_GAUGE = K.SAMPLE_GAUGE
+local wire_new = wire.new
+local wire_put = wire.put
+local wire_decode = wire.decode
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
@@ -27,12 +37,9 @@ local timer_every = ngx.timer.every
 local shared = ngx.shared
 local type = type
 local tostring = tostring
-local tonumber = tonumber
 local pairs = pairs
-local str_gmatch = string.gmatch
 local str_format = string.format
 local str_byte = string.byte
-local tab_concat = table.concat
 
 local _M = { _VERSION = "0.1.0" }
 
@@ -71,19 +78,19 @@ function _M.add_source(t)
     sources[#sources + 1] = t
 end
 
--- extra: the sources' counters as snapshot lines ("c <series> <value>").
+-- extra: the sources' counters as snapshot records.
 local function extra()
     if #sources == 0 then
         return ""
     end
-    local buf, n = {}, 0
+    local b = wire_new()
     for i = 1, #sources do
         for series, v in pairs(sources[i]) do
-            n = n + 1
-            buf[n] = "c " .. series .. " " .. str_format("%.17g", v) .. "\n"
+            wire_put(b, K_SERIES, series)
+            wire_put(b, K_COUNTER, v)
         end
     end
-    return tab_concat(buf)
+    return b:tostring()
 end
 
 -- query asks Go for this worker's metrics: what is "" (text format),
@@ -151,10 +158,16 @@ end
 function _M.flush(dict, name, snapshot)
     local prefix = "g" .. worker_pid() .. " "
     local failed
-    for kind, series, val in str_gmatch(snapshot, "([cg]) ([^\n]*) ([^ \n]+)\n") do
-        local v = tonumber(val)
-        if v then
-            if kind == "c" then
+    local ks, vs, nrec = wire_decode(snapshot)
+    if not ks then
+        ngx_log(ngx_ERR, "qrpc: metrics: a snapshot that does not decode: ",
+                vs)
+        return nil, vs
+    end
+    for r = 2, nrec, 2 do
+        local series, v, kind = vs[r - 1], vs[r], ks[r]
+        if ks[r - 1] == K_SERIES and type(v) == "number" then
+            if kind == K_COUNTER then
                 local before = last[series]
                 local delta = v - (before or 0)
                 -- a new series goes in even at 0, so that every result
@@ -167,7 +180,7 @@ function _M.flush(dict, name, snapshot)
                         failed = failed or err
                     end
                 end
-            else
+            elseif kind == K_GAUGE then
                 local key = prefix .. series
                 local ok, err = dict:safe_set(key, v, GAUGE_TTL_S)
                 if ok then
@@ -195,7 +208,7 @@ function _M.forget(dict)
     gauge_keys = {}
 end
 
--- dump returns the dict's contents as "key value" lines for the renderer,
+-- dump returns the dict's contents as records for the renderer,
 -- or nil and an error when a flush failed.
 function _M.dump(dict, name)
     local health = dict:get(ERROR_KEY)
@@ -210,21 +223,18 @@ function _M.dump(dict, name)
         return nil, full_msg(name, "see error.log")
     end
     local keys = dict:get_keys(0)
-    local buf = {}
-    local n = 0
+    local buf = wire_new()
     for i = 1, #keys do
         local k = keys[i]
         local v = dict:get(k)
         -- "q"(qrpc_client_...) or "g"(g<pid> ...): ours; skip the rest.
         local b = str_byte(k, 1)
         if type(v) == "number" and (b == 113 or b == 103) then
-            n = n + 1
-            buf[n] = k .. " " .. str_format("%.17g", v)
+            wire_put(buf, K_SERIES, k)
+            wire_put(buf, K_COUNTER, v)
         end
     end
-    n = n + 1
-    buf[n] = ""
-    return tab_concat(buf, "\n")
+    return buf:tostring()
 end
 
 -- flush_timer runs every FLUSH_S; at worker exit (premature) it flushes

@@ -43,5 +43,8 @@ _M.PEER_CALLS = 32; names[32] = "PEER_CALLS"; types[32] = "int"  -- PEERS: calls
 _M.PEER_FAILURES = 33; names[33] = "PEER_FAILURES"; types[33] = "int"  -- PEERS: failures in a row
 _M.PEER_EJECTED_UNTIL_MS = 34; names[34] = "PEER_EJECTED_UNTIL_MS"; types[34] = "int"  -- PEERS: end of the ejection, Unix ms (0: not ejected)
 _M.PEER_STALLED = 35; names[35] = "PEER_STALLED"; types[35] = "int"  -- PEERS: 1 when new calls avoid it as stalled
+_M.SAMPLE_SERIES = 36; names[36] = "SAMPLE_SERIES"; types[36] = "str"  -- METRICS: a sample's series (render: a dict key, a tag before the series allowed)
+_M.SAMPLE_COUNTER = 37; names[37] = "SAMPLE_COUNTER"; types[37] = "float"  -- METRICS: the value of the series before it, a counter (render: any sample)
+_M.SAMPLE_GAUGE = 38; names[38] = "SAMPLE_GAUGE"; types[38] = "float"  -- METRICS snapshot: the value of the series before it, a gauge
 
 return _M
