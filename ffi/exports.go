@@ -58,9 +58,9 @@ func qrpc_go_cgo_calls() C.uint64_t { return C.uint64_t(runtime.NumCgoCall()) }
 // deferred directly by the export.
 func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 	if p := recover(); p != nil {
-		msg := fmt.Sprintf("internal error: %v", p)
+		// the word a caller compares, the panic as the detail (info.detail)
 		rt.Logger().Error("qrpc panic in an export", "panic", fmt.Sprint(p))
-		errString(errBuf, uintptr(errLen), bridge.Clip(msg))
+		errString(errBuf, uintptr(errLen), bridge.EncodeMessage("internal error", fmt.Sprint(p), 0, false))
 		if rc != nil {
 			*rc = C.int(bridge.ErrGeneric)
 		}

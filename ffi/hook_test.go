@@ -3,6 +3,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -27,7 +28,23 @@ func TestExportPanicBecomesError(t *testing.T) {
 		Method: unsafe.Pointer(&method[0]), MethodLen: uintptr(len(method))}
 	var out unsafe.Pointer
 	var outLen _Ctype_size_t
-	if rc := qrpc_query(unsafe.Pointer(cmd), &out, &outLen, nil, 0); int(rc) != int(bridge.ErrGeneric) || out != nil {
+	errBuf := make([]byte, 512)
+	if rc := qrpc_query(unsafe.Pointer(cmd), &out, &outLen, (*_Ctype_char)(unsafe.Pointer(&errBuf[0])), _Ctype_size_t(len(errBuf))); int(rc) != int(bridge.ErrGeneric) || out != nil {
 		t.Fatalf("qrpc_query of an EVENT after a panic returned %d", rc)
+	}
+	// the word a caller compares, the panic in the detail
+	msg := string(errBuf[:strings.IndexByte(string(errBuf), 0)])
+	if head, detail, _, _ := bridge.DecodeMessage(msg); head != "internal error" || !strings.Contains(detail, "injected in submit") {
+		t.Errorf("message %q: want internal error, the panic in the detail", msg)
+	}
+	// a panic caught by the export itself says the same
+	errBuf = make([]byte, 512)
+	func() {
+		defer exportPanic(nil, unsafe.Pointer(&errBuf[0]), _Ctype_size_t(len(errBuf)))
+		panic("injected in an export")
+	}()
+	msg = string(errBuf[:strings.IndexByte(string(errBuf), 0)])
+	if head, detail, _, _ := bridge.DecodeMessage(msg); head != "internal error" || !strings.Contains(detail, "injected in an export") {
+		t.Errorf("export's own message %q: want internal error, the panic in the detail", msg)
 	}
 }
