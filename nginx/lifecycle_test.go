@@ -767,9 +767,9 @@ func TestIdleDispatcherSleeps(t *testing.T) {
 	// Past the call's last poll (0.5 s) and its HTTP connection's close.
 	n.client.CloseIdleConnections()
 	plain.client.CloseIdleConnections()
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the scenario: idle for 1 s before the window
 	before, plainBefore := switches(pid), switches(plainPIDs[0])
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the scenario: the 3 s idle window both workers are compared over
 	d, pd := switches(pid)-before, switches(plainPIDs[0])-plainBefore
 	if d > pd+1 {
 		t.Errorf("the idle worker's nginx thread woke %d times in 3 s, a plain worker's %d", d, pd)
@@ -783,7 +783,7 @@ func TestIdleDispatcherSleeps(t *testing.T) {
 	// Idle again, then quit: the exit watch must wake the dispatcher (it
 	// would otherwise sleep for an hour and keep the worker).
 	n.client.CloseIdleConnections()
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the scenario: idle for 1 s before the quit
 	n.signal("quit")
 	if !n.waitExit(5 * time.Second) {
 		t.Fatalf("an idle worker did not exit within 5 s of quit:%s", procState(pid))
