@@ -23,6 +23,10 @@ import (
 type fastDecoder struct {
 	reg        *Registry
 	protoNames bool
+	// emit: every field outside a oneof is written, unpopulated ones with
+	// their zero value (null for a singular message), as protojson's
+	// EmitUnpopulated does. JSON text only (lua gives up on it).
+	emit bool
 	// lua: write the value in LuaJIT's string.buffer format, the bytes
 	// luaserial.FromJSON writes for the JSON text (see DecodeLua), instead
 	// of the text.
@@ -54,7 +58,7 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 	case wktOther:
 		return d.viaProtojson(out, p.md, b)
 	}
-	if d.lua && (p.dupLuaKey(d.protoNames) || d.depth >= luaMaxDepth) {
+	if d.lua && (d.emit || p.dupLuaKey(d.protoNames) || d.depth >= luaMaxDepth) {
 		return out, false
 	}
 	var stack [24]entry
@@ -105,6 +109,9 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 	out, table := d.open(out, '{')
 	written := 0
 	var ok bool
+	if d.emit {
+		return d.emitAll(out, p, es, lastOneof[:], table)
+	}
 	for i := 0; i < len(es); {
 		f := es[i].f
 		j := i + 1
@@ -113,54 +120,121 @@ func (d *fastDecoder) message(out []byte, p *plan, b []byte) ([]byte, bool) {
 		}
 		group := es[i:j]
 		i = j
-		if f.oneof >= 0 {
-			// Only the member set last counts; a message member set
-			// twice would be merged, which protojson does for us.
-			win := lastOneof[f.oneof] - 1
-			last := -1
-			n := 0
-			for k := range group {
-				if group[k].pos > last {
-					last = group[k].pos
-				}
-				n++
-			}
-			if last != win {
-				continue
-			}
-			if f.kind == protoreflect.MessageKind && n > 1 {
-				return out, false
-			}
-		}
-		start := len(out)
-		out = d.fieldKey(d.sep(out, written), f)
 		var wrote bool
-		switch {
-		case f.isMap:
-			out, wrote, ok = d.mapValue(out, f, group)
-		case f.list:
-			out, wrote, ok = d.list(out, f, group)
-		case f.kind == protoreflect.MessageKind:
-			if len(group) > 1 {
-				return out, false
-			}
-			out, ok = d.message(out, f.msg, group[0].b)
-			wrote = true
-		default:
-			e := group[len(group)-1] // the last one wins
-			if !f.presence && isZeroScalar(f.kind, e) {
-				out = out[:start]
-				continue
-			}
-			out, ok = d.scalar(out, f, e)
-			wrote = true
-		}
+		out, wrote, ok = d.group(out, f, group, lastOneof[:], written)
 		if !ok {
 			return out, false
 		}
-		if !wrote {
-			out = out[:start]
+		if wrote {
+			written++
+		}
+	}
+	return d.close(out, table, written, '}')
+}
+
+// group writes the key and value of field f, whose occurrences on the
+// wire are group, after written fields; wrote is false when it writes
+// nothing (a oneof member another one overrode, a zero scalar without
+// presence, an empty list or map), ok false to give up.
+func (d *fastDecoder) group(out []byte, f *fieldPlan, group []entry, lastOneof []int, written int) (_ []byte, wrote, ok bool) {
+	if f.oneof >= 0 {
+		// Only the member set last counts; a message member set
+		// twice would be merged, which protojson does for us.
+		win := lastOneof[f.oneof] - 1
+		last := -1
+		n := 0
+		for k := range group {
+			if group[k].pos > last {
+				last = group[k].pos
+			}
+			n++
+		}
+		if last != win {
+			return out, false, true
+		}
+		if f.kind == protoreflect.MessageKind && n > 1 {
+			return out, false, false
+		}
+	}
+	start := len(out)
+	out = d.fieldKey(d.sep(out, written), f)
+	switch {
+	case f.isMap:
+		out, wrote, ok = d.mapValue(out, f, group)
+	case f.list:
+		out, wrote, ok = d.list(out, f, group)
+	case f.kind == protoreflect.MessageKind:
+		if len(group) > 1 {
+			return out, false, false
+		}
+		out, ok = d.message(out, f.msg, group[0].b)
+		wrote = true
+	default:
+		e := group[len(group)-1] // the last one wins
+		if !f.presence && !d.emit && isZeroScalar(f.kind, e) {
+			return out[:start], false, true
+		}
+		out, ok = d.scalar(out, f, e)
+		wrote = true
+	}
+	if !ok {
+		return out, false, false
+	}
+	if !wrote {
+		if !d.emit {
+			return out[:start], false, true
+		}
+		// an empty list or map: written as such
+		out = d.fieldKey(d.sep(out[:start], written), f)
+		if f.isMap {
+			out = append(out, "{}"...)
+		} else {
+			out = append(out, "[]"...)
+		}
+	}
+	return out, true, true
+}
+
+// emitAll is message's write for emit: the fields in declaration order,
+// each one present (group) or not (its zero value), oneof members only
+// when set.
+func (d *fastDecoder) emitAll(out []byte, p *plan, es []entry, lastOneof []int, table int) ([]byte, bool) {
+	written, i := 0, 0
+	for _, f := range p.fields {
+		j := i
+		for j < len(es) && es[j].f == f {
+			j++
+		}
+		if j > i {
+			var wrote, ok bool
+			out, wrote, ok = d.group(out, f, es[i:j], lastOneof, written)
+			i = j
+			if !ok {
+				return out, false
+			}
+			if wrote {
+				written++
+			}
 			continue
+		}
+		fd := f.fd
+		if fd.ContainingOneof() != nil {
+			continue // unset oneof members (and proto3 optional) stay out
+		}
+		out = d.fieldKey(d.sep(out, written), f)
+		switch {
+		case f.isMap:
+			out = append(out, "{}"...)
+		case f.list:
+			out = append(out, "[]"...)
+		case f.kind == protoreflect.MessageKind || f.kind == protoreflect.GroupKind,
+			fd.Syntax() == protoreflect.Proto2 && fd.Default().IsValid():
+			out = append(out, "null"...)
+		default:
+			var ok bool
+			if out, ok = d.scalar(out, f, entry{f: f}); !ok {
+				return out, false
+			}
 		}
 		written++
 	}

@@ -52,6 +52,12 @@ func FuzzDecode(f *testing.F) {
 		if !bytes.Equal(js, genJSON) {
 			t.Fatalf("JSON differs:\n ours %s\n gen  %s", js, genJSON)
 		}
+		// every field outside a oneof, as protojson's EmitUnpopulated
+		jsAll, err := m.Decode(nil, pb, DecodeOptions{EmitDefaults: true})
+		genAll, genErr := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(&gen)
+		if err != nil || genErr != nil || !bytes.Equal(jsAll, compactJSON(genAll)) {
+			t.Fatalf("emit: JSON differs (%v, %v):\n ours %s\n gen  %s", err, genErr, jsAll, compactJSON(genAll))
+		}
 		pb2, err := m.Encode(nil, js, EncodeOptions{})
 		if err != nil {
 			t.Fatalf("our JSON %s does not encode: %v", js, err)

@@ -107,11 +107,9 @@ func (m *Message) encodeSlow(dst, js []byte, o EncodeOptions) ([]byte, error) {
 // message of this type. Fields pb has but the type does not know are left
 // out.
 func (m *Message) Decode(dst, pb []byte, o DecodeOptions) ([]byte, error) {
-	if !o.EmitDefaults {
-		fd := fastDecoder{reg: m.reg, protoNames: o.ProtoNames}
-		if res, ok := fd.message(dst, m.plan, pb); ok {
-			return res, nil
-		}
+	fd := fastDecoder{reg: m.reg, protoNames: o.ProtoNames, emit: o.EmitDefaults}
+	if res, ok := fd.message(dst, m.plan, pb); ok {
+		return res, nil
 	}
 	return m.decodeSlow(dst, pb, o)
 }

@@ -296,17 +296,19 @@ func TestFastDecodeMatchesProtojson(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, names := range []bool{false, true} {
-			fd := fastDecoder{reg: r, protoNames: names}
-			fast, ok := fd.message(nil, m.plan, pb)
-			if !ok {
-				t.Fatalf("%T: fast path gave up", gen)
-			}
-			slow, err := m.decodeSlow(nil, pb, DecodeOptions{ProtoNames: names})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(fast, slow) {
-				t.Fatalf("fast and protojson differ:\n fast %s\n slow %s", fast, slow)
+			for _, emit := range []bool{false, true} {
+				fd := fastDecoder{reg: r, protoNames: names, emit: emit}
+				fast, ok := fd.message(nil, m.plan, pb)
+				if !ok {
+					t.Fatalf("%T: fast path gave up", gen)
+				}
+				slow, err := m.decodeSlow(nil, pb, DecodeOptions{ProtoNames: names, EmitDefaults: emit})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(fast, slow) {
+					t.Fatalf("emit %v: fast and protojson differ:\n fast %s\n slow %s", emit, fast, slow)
+				}
 			}
 		}
 	}

@@ -48,7 +48,7 @@ func (d *fastDecoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor
 		dst = nil // the text is converted into out
 	}
 	start := len(dst)
-	js, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, Resolver: types}.MarshalAppend(dst, msg)
+	js, err := protojson.MarshalOptions{UseProtoNames: d.protoNames, EmitUnpopulated: d.emit, Resolver: types}.MarshalAppend(dst, msg)
 	if err != nil {
 		return out, false
 	}
