@@ -32,6 +32,9 @@ type udpSocket struct {
 	batch   *ipv4.PacketConn
 	raw     *rawIO // nil: batch and UDPConn do the I/O
 	recvErr bool   // IP_RECVERR (or IPV6_RECVERR) is set
+	// refused is a refusal held back while the datagrams queued before
+	// it are read (ReadBatch; quic-go's one read loop is its only user).
+	refused error
 }
 
 // listenUDP opens the socket for a connection to raddr, in raddr's family.
@@ -59,6 +62,10 @@ func newUDPSocket(uc *net.UDPConn) *udpSocket {
 // its own ipv4.PacketConn over the same socket): it sees each ICMP error
 // first.
 func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
+	if err := s.refused; err != nil {
+		s.refused = nil
+		return 0, err
+	}
 	for {
 		n, err := s.readBatch(ms, flags)
 		if err == nil || !s.recvErr {
@@ -73,6 +80,15 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 		// would crowd out the packets.
 		s.drainErrQueue()
 		if errno == syscall.ECONNREFUSED {
+			// The kernel reports the refusal before the datagrams queued
+			// ahead of it: a server's CONNECTION_CLOSE, sent before its
+			// port closed, goes to quic-go first (the connection ends
+			// "closed by server", with the server's reason), the refusal
+			// at the next read.
+			if m, rerr := s.readQueued(ms, flags); rerr == nil && m > 0 {
+				s.refused = err
+				return m, nil
+			}
 			return n, err
 		}
 		if n > 0 {
@@ -103,6 +119,19 @@ func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, err
 	// A genuine local error (EMSGSIZE for a packet over the interface's
 	// MTU) comes back the same the second time, for quic-go to handle.
 	return s.writeMsgUDP(b, oob, addr)
+}
+
+// readQueued reads what is queued on the socket, without waiting (0 when
+// nothing is, or the socket has no way to read without waiting).
+func (s *udpSocket) readQueued(ms []ipv4.Message, flags int) (int, error) {
+	if s.raw == nil {
+		return 0, nil
+	}
+	n, err, ok := s.raw.readBatchNow(ms, flags)
+	if !ok {
+		return 0, nil
+	}
+	return n, err
 }
 
 func (s *udpSocket) readBatch(ms []ipv4.Message, flags int) (int, error) {

@@ -69,6 +69,7 @@ type rawIO struct {
 	// per call would allocate), and what they pass back, under rmu / wmu.
 	recvFn, sendFn func(fd uintptr) bool
 	rcount, rflags int
+	noWait         bool // recv: EAGAIN ends the read (readBatchNow)
 	rgot           int
 	rerr           syscall.Errno
 	wsent          int
@@ -142,7 +143,7 @@ func rawCall(trap, fd, a1, a2, a3 uintptr) (n uintptr, e syscall.Errno, ok bool)
 func (r *rawIO) recv(fd uintptr) bool {
 	n, e, ok := rawCall(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(r.rcount), uintptr(r.rflags))
 	r.rgot, r.rerr = int(n), e
-	return ok
+	return ok || r.noWait
 }
 
 func (r *rawIO) send(fd uintptr) bool {
@@ -158,6 +159,16 @@ func (r *rawIO) opError(op string, addr net.Addr, call string, e syscall.Errno) 
 // readBatch is ipv4.PacketConn.ReadBatch's recvmmsg, for messages of one
 // buffer each (quic-go's); ok == false leaves others to the caller.
 func (r *rawIO) readBatch(ms []ipv4.Message, flags int) (n int, err error, ok bool) {
+	return r.read(ms, flags, false)
+}
+
+// readBatchNow is readBatch without waiting: (0, nil, true) when nothing
+// is queued.
+func (r *rawIO) readBatchNow(ms []ipv4.Message, flags int) (n int, err error, ok bool) {
+	return r.read(ms, flags, true)
+}
+
+func (r *rawIO) read(ms []ipv4.Message, flags int, noWait bool) (n int, err error, ok bool) {
 	for i := range ms {
 		if len(ms[i].Buffers) != 1 || len(ms[i].Buffers[0]) == 0 {
 			return 0, nil, false
@@ -188,12 +199,15 @@ func (r *rawIO) readBatch(ms []ipv4.Message, flags int) (n int, err error, ok bo
 			h.SetControllen(len(m.OOB))
 		}
 	}
-	r.rcount, r.rflags = len(ms), flags
+	r.rcount, r.rflags, r.noWait = len(ms), flags, noWait
 	if err := r.rc.Read(r.recvFn); err != nil {
 		return 0, err, true
 	}
 	runtime.KeepAlive(ms)
 	got, errno := r.rgot, r.rerr
+	if errno == syscall.EAGAIN && noWait {
+		return 0, nil, true
+	}
 	if errno != 0 {
 		return 0, r.opError("read", nil, "recvmmsg", errno), true
 	}

@@ -21,6 +21,8 @@ func newRawIO(*net.UDPConn) *rawIO { return nil }
 
 func (*rawIO) readBatch([]ipv4.Message, int) (int, error, bool) { return 0, nil, false }
 
+func (*rawIO) readBatchNow([]ipv4.Message, int) (int, error, bool) { return 0, nil, false }
+
 func (*rawIO) writeMsgUDP([]byte, []byte, *net.UDPAddr) (int, int, error, bool) {
 	return 0, 0, nil, false
 }
