@@ -3,9 +3,7 @@ package nginx
 import (
 	"context"
 	"encoding/json"
-	"io/fs"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -70,24 +68,7 @@ func echoServiceServer(t *testing.T) string {
 func grpcGatewayProtos(t *testing.T) string {
 	t.Helper()
 	dir := gatewayDir(t)
-	src := filepath.Join(repoRoot, "nginx", "testdata", "grpc-gateway")
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dir, rel), 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dir, rel), b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	copyProtoTree(t, filepath.Join(repoRoot, "nginx", "testdata", "grpc-gateway"), dir)
 	return dir
 }
 
