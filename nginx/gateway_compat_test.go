@@ -209,6 +209,10 @@ func TestGatewayCompat(t *testing.T) {
 	// as grpcgateway-<name> (Authorization also as itself), and the
 	// answer's metadata comes back as Grpc-Metadata-<name>.
 	t.Run("TestMetadata_headers", func(t *testing.T) {
+		front, err := url.Parse(n.url("/"))
+		if err != nil {
+			t.Fatal(err)
+		}
 		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"m1"}`, "Content-Type", "application/json",
 			"Grpc-Metadata-Foo", "bar", "Authorization", "Bearer t0k", "User-Agent", "sdk/1", "X-Other", "no")
 		if r.status != 200 {
@@ -223,9 +227,25 @@ func TestGatewayCompat(t *testing.T) {
 			"Grpc-Metadata-X-Seen-X-Forwarded-For":           "127.0.0.1",
 			"Grpc-Metadata-X-Seen-X-Other":                   "",
 			"Grpc-Metadata-X-Seen-Grpc-Metadata-Foo":         "",
+			// Go's HTTP server keeps Host out of a request's headers:
+			// grpc-gateway sends it only as x-forwarded-host
+			"Grpc-Metadata-X-Seen-Grpcgateway-Host": "",
+			"Grpc-Metadata-X-Seen-X-Forwarded-Host": front.Host,
 		} {
 			if got := r.hdr.Get(name); got != want {
 				t.Errorf("%s: %q, want %q", name, got, want)
+			}
+		}
+		// a proxy in front: its X-Forwarded-Host wins, its X-Forwarded-For
+		// gets the client's address appended
+		r = n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"m2"}`, "Content-Type", "application/json",
+			"X-Forwarded-Host", "front.example", "X-Forwarded-For", "192.0.2.7")
+		for name, want := range map[string]string{
+			"Grpc-Metadata-X-Seen-X-Forwarded-Host": "front.example",
+			"Grpc-Metadata-X-Seen-X-Forwarded-For":  "192.0.2.7, 127.0.0.1",
+		} {
+			if got := r.hdr.Get(name); got != want {
+				t.Errorf("behind a proxy, %s: %q, want %q", name, got, want)
 			}
 		}
 		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"m1"}`, "Content-Type", "application/json", "Grpc-Metadata-Foo", "bar")

@@ -382,9 +382,13 @@ end
 -- (nothing shared between calls; the lua-resty-ffi host pins it with the
 -- command), or nil and an error. Entries stop being written once the
 -- block is past limit: a block that big is refused, not built.
+-- The block is built in one buffer of the module's, reset each time:
+-- nothing yields between the reset and the copy out (buf:tostring()).
+local hdr_buf = buf_new(256)
+
 function _M.pack_headers(h, argn, limit)
     local n, size = 0, 0
-    local buf = buf_new(256)
+    local buf = hdr_buf:reset()
     for k, v in pairs(h) do
         if type(k) ~= "string" then
             return bad(argn, "header names must be strings")
@@ -402,6 +406,10 @@ function _M.pack_headers(h, argn, limit)
             put_str(buf, k)
             put_str(buf, v)
         end
+    end
+    if size > 65536 then
+        -- a rare big block: the next call does not keep its memory
+        hdr_buf = buf_new(256)
     end
     if n > MAX_HDR_ENTRIES then
         return bad(argn, "too many headers (" .. n / 2 .. "; at most "

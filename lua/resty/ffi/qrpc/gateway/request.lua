@@ -24,6 +24,7 @@ local str_lower = string.lower
 local str_match = string.match
 local str_gmatch = string.gmatch
 local str_sub = string.sub
+local str_byte = string.byte
 local ipairs = ipairs
 local tab_concat = table.concat
 local io_open = io.open
@@ -529,52 +530,64 @@ end
 local PERMANENT = {}
 for _, k in ipairs({
     "accept", "accept-charset", "accept-language", "accept-ranges", "authorization",
-    "cache-control", "content-type", "cookie", "date", "expect", "from", "host",
+    "cache-control", "content-type", "cookie", "date", "expect", "from",
     "if-match", "if-modified-since", "if-none-match", "if-schedule-tag-match",
     "if-unmodified-since", "max-forwards", "origin", "pragma", "referer",
     "user-agent", "via", "warning",
 }) do
-    PERMANENT[k] = true
+    PERMANENT[k] = "grpcgateway-" .. k
 end
 
 -- headers(conf) -> the request headers forward_headers names, and with
--- grpc_metadata the metadata grpc-gateway makes of them (nil: none)
+-- grpc_metadata the metadata grpc-gateway makes of them (nil: none).
+-- ngx.req.get_headers gives the names in lower case already. Host is not
+-- among them: Go's HTTP server keeps it out of a request's headers, so
+-- grpc-gateway sends it only as x-forwarded-host (when the client sent no
+-- X-Forwarded-Host of its own).
 function _M.headers(conf)
-    local headers
     local fwd = conf.forward
     local meta = conf.grpc_metadata
-    if fwd or meta then
-        local h = get_headers(100)
-        for k, v in pairs(h) do
-            k = str_lower(k)
-            v = type(v) == "table" and tab_concat(v, ", ") or v
-            if fwd and pattern_match(fwd, k) then
+    if not fwd and not meta then
+        return nil
+    end
+    local headers
+    local h = get_headers(100)
+    for k, v in pairs(h) do
+        if type(v) == "table" then
+            v = tab_concat(v, ", ")
+        end
+        if fwd and pattern_match(fwd, k) then
+            headers = headers or {}
+            headers[k] = v
+        end
+        if meta then
+            if #k > 14 and str_byte(k, 1) == 103 -- "g"
+               and str_sub(k, 1, 14) == "grpc-metadata-"
+            then
                 headers = headers or {}
-                headers[k] = v
-            end
-            if meta then
-                if str_find(k, "^grpc%-metadata%-.") then
-                    headers = headers or {}
-                    headers[str_sub(k, 15)] = v
-                elseif PERMANENT[k] then
-                    headers = headers or {}
-                    headers["grpcgateway-" .. k] = v
-                    if k == "authorization" then
-                        headers.authorization = v
-                    end
+                headers[str_sub(k, 15)] = v
+            elseif PERMANENT[k] then
+                headers = headers or {}
+                headers[PERMANENT[k]] = v
+                if k == "authorization" then
+                    headers.authorization = v
                 end
             end
         end
-        if meta then
-            headers = headers or {}
-            headers["x-forwarded-host"] = h.host
-            local xff = h["x-forwarded-for"]
-            if type(xff) == "table" then
-                xff = tab_concat(xff, ", ")
-            end
-            local remote = ngx_var.remote_addr
-            headers["x-forwarded-for"] = xff and remote and (xff .. ", " .. remote) or remote
+    end
+    if meta then
+        headers = headers or {}
+        local xfh = h["x-forwarded-host"]
+        if type(xfh) == "table" then
+            xfh = xfh[1]
         end
+        headers["x-forwarded-host"] = xfh or h.host
+        local xff = h["x-forwarded-for"]
+        if type(xff) == "table" then
+            xff = tab_concat(xff, ", ")
+        end
+        local remote = ngx_var.remote_addr
+        headers["x-forwarded-for"] = xff and remote and (xff .. ", " .. remote) or xff or remote
     end
     return headers
 end
