@@ -63,7 +63,7 @@ func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
 		hostq.Mem().Free(data)
 		return
 	}
-	taskRespond(t.task, rc, data, n)
+	respond(t.task, rc, data, n)
 	t.h.pending.Done()
 }
 
