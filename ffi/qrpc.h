@@ -26,8 +26,10 @@
 #define QRPC_OP_EVENT   3 /* one-way; accepted or refused synchronously (built-in host: qrpc_query) */
 #define QRPC_OP_CLOSE   4 /* close a connection; synchronous (built-in host: qrpc_query) */
 #define QRPC_OP_CANCEL  5 /* forget call_id (built-in host); no completion */
-#define QRPC_OP_ECHO    6 /* IPC benchmark: completes with body, no network */
-#define QRPC_OP_STATS   7 /* counters of a connection: a result blob whose body is a qrpc_stats_t */
+#define QRPC_OP_ECHO    6 /* completes with body, no network: the IPC benchmark (bench/) times the
+                             hand-off every call makes with it, so it ships in the library it measures */
+/* 7 is no op (refused): the ops after it keep their numbers. A connection's
+ * counters are qrpc_stats's. */
 
 /* Query ops: only for qrpc_query (synchronous, any host). An op this
  * library does not implement fails with QRPC_ERR_BADARG "unsupported op N". */

@@ -562,26 +562,27 @@ static void resty_host(const char *addr, const char *ca, size_t ca_len, const ch
     n = wait_answer(t, 5000);
     CHECK(n == 1 && t->rc == 0 && t->rsp == NULL, "resty: EVENT answered rc 0 without data");
 
-    /* ECHO and STATS. */
+    /* ECHO; the counters of the connection. */
     uc = unary_cmd(0, 0, "x", "echo body", 0);
     uc.op = QRPC_OP_ECHO;
     t = post_cmd(tq, &uc);
     n = wait_answer(t, 5000);
     CHECK(n == 1 && t->rc == 0 && parse_result(t->rsp, t->rsp_len, &r) == 0 && r.body_len == 9 &&
           memcmp(r.body, "echo body", 9) == 0, "resty: ECHO returns the body");
-    qrpc_cmd_t sc;
-    memset(&sc, 0, sizeof sc);
-    sc.version = QRPC_CMD_VERSION;
-    sc.op = QRPC_OP_STATS;
-    sc.conn = h;
-    t = post_cmd(tq, &sc);
-    n = wait_answer(t, 5000);
     qrpc_stats_t st;
     memset(&st, 0xff, sizeof st);
-    if (n == 1 && t->rc == 0 && parse_result(t->rsp, t->rsp_len, &r) == 0 && r.body_len == sizeof st)
-        memcpy(&st, r.body, sizeof st);
-    CHECK(st.calls == 3 && st.events == 1 && st.inflight == 0, "resty: STATS of the connection: %llu calls, %llu events, %llu in flight",
+    int src = p_stats(h, &st);
+    CHECK(src == QRPC_OK && st.calls == 3 && st.events == 1 && st.inflight == 0,
+          "resty: qrpc_stats of the connection: rc %d, %llu calls, %llu events, %llu in flight", src,
           (unsigned long long)st.calls, (unsigned long long)st.events, (unsigned long long)st.inflight);
+
+    /* 7 is no op. */
+    uc = unary_cmd(h, 0, "echo", "", 0);
+    uc.op = 7;
+    t = post_cmd(tq, &uc);
+    n = wait_answer(t, 5000);
+    CHECK(n == 1 && t->rc == QRPC_ERR_BADARG && strcmp(rsp_text(t), "bad command: unknown op 7") == 0,
+          "resty: op 7 -> rc %d \"%s\"", t->rc, rsp_text(t));
 
     /* Bad commands: answered, never crash. */
     t = post_raw(tq, "short", 5);

@@ -76,7 +76,7 @@ func View(p unsafe.Pointer, n uintptr, what string) ([]byte, error) {
 // Check validates everything that does not need the connection table, so
 // that the ops only look up handles.
 func (c *Command) Check() error {
-	if c.Op < OpConnect || c.Op > lastOp {
+	if c.Op < OpConnect || c.Op > lastOp || c.Op == opUnused {
 		return Badf("unknown op %d", c.Op)
 	}
 	if c.TimeoutMS < 0 {

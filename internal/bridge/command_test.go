@@ -188,14 +188,6 @@ func TestResultBlob(t *testing.T) {
 	}
 	r.Free(&e)
 
-	s := Stats{Inflight: 1, Calls: 2, Events: 3, Dropped: 4, Reconnects: 5, Queued: 6}
-	c = r.statsResult(s)
-	_, h, b = result(t, c)
-	if h != "" || len(b) != int(unsafe.Sizeof(s)) || *(*Stats)(unsafe.Pointer(&b[0])) != s {
-		t.Fatalf("stats body %x, headers %q", b, h)
-	}
-	r.Free(&c)
-
 	// Out of memory is an error completion, not a crash.
 	mem.fail = true
 	if c := r.Result(0, nil, body); c.Status != ErrGeneric || c.Data != nil {

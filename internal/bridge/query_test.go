@@ -46,8 +46,15 @@ func TestQuery(t *testing.T) {
 		}
 	}
 	// Commands of qrpc_submit_async are not queries, and the reverse.
-	if out, msg := r.Query(&Command{Op: OpStats}); out.Status != ErrBadArg || msg != "bad command: op 7 is not a query: use qrpc_submit_async" {
-		t.Errorf("stats as a query: %d %q", out.Status, msg)
+	if out, msg := r.Query(&Command{Op: OpEcho}); out.Status != ErrBadArg || msg != "bad command: op 6 is not a query: use qrpc_submit_async" {
+		t.Errorf("echo as a query: %d %q", out.Status, msg)
+	}
+	// 7 is no op, neither way.
+	if out, msg := r.Query(&Command{Op: 7}); out.Status != ErrBadArg || msg != "bad command: unknown op 7" {
+		t.Errorf("op 7 as a query: %d %q", out.Status, msg)
+	}
+	if msg := h.submit(Command{Op: 7}, ErrBadArg); msg != "bad command: unknown op 7" {
+		t.Errorf("op 7 submitted: %q", msg)
 	}
 	if msg := h.submit(Command{Op: OpMetrics}, ErrBadArg); msg != "bad command: op 9 is a query: use qrpc_query" {
 		t.Errorf("query op submitted: %q", msg)
@@ -94,7 +101,7 @@ func TestQuery(t *testing.T) {
 
 	for _, bad := range []func(){
 		func() { RegisterQuery(OpConfigure, func(*Runtime, *Command) ([]byte, error) { return nil, nil }) },
-		func() { RegisterQuery(OpStats, func(*Runtime, *Command) ([]byte, error) { return nil, nil }) },
+		func() { RegisterQuery(OpEcho, func(*Runtime, *Command) ([]byte, error) { return nil, nil }) },
 		func() { RegisterQuery(OpPeers, nil) },
 	} {
 		func() {

@@ -52,7 +52,7 @@ type Completion struct {
 }
 
 // Stats are a connection's or the runtime's counters, laid out as
-// qrpc_stats_t (ffi/ checks it): the STATS op's blob body is this struct.
+// qrpc_stats_t (ffi/ checks it): qrpc_stats copies it out.
 type Stats struct {
 	Inflight   uint64 // calls sent and not yet finished
 	Calls      uint64 // unary calls started
@@ -70,8 +70,6 @@ type Host interface {
 	// Calls is the table CANCEL looks call ids up in; nil when the host's
 	// calls cannot be cancelled.
 	Calls() *Calls
-	// Queued is how many completions wait in the host, for STATS.
-	Queued() int
 	// Complete receives the outcome of a command that Submit answered
 	// StatusPending: exactly once, on any goroutine.
 	Complete(Completion)
@@ -180,15 +178,6 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 		return StatusOK, ""
 	case OpEcho:
 		out := r.Result(0, nil, cmd.Body)
-		out.CallID = cmd.CallID
-		h.Complete(out)
-		return StatusPending, ""
-	case OpStats:
-		s, err := r.Stats(cmd.Conn, h.Queued())
-		if err != nil {
-			return StatusOf(err)
-		}
-		out := r.statsResult(s)
 		out.CallID = cmd.CallID
 		h.Complete(out)
 		return StatusPending, ""
@@ -436,12 +425,6 @@ func (r *Runtime) Stats(h uint64, queued int) (Stats, error) {
 		s.Reconnects += c.client.Stats().Reconnects
 	}
 	return s, nil
-}
-
-// statsResult wraps stats in a result blob whose body is a qrpc_stats_t.
-func (r *Runtime) statsResult(s Stats) Completion {
-	body := unsafe.Slice((*byte)(unsafe.Pointer(&s)), unsafe.Sizeof(s))
-	return r.Result(0, nil, body)
 }
 
 // hdrPool recycles the [][]byte that views a command's header block.

@@ -103,7 +103,6 @@ func (h *testHost) Gen() (*Gen, error) {
 	return h.gen, nil
 }
 func (h *testHost) Calls() *Calls         { return h.calls }
-func (h *testHost) Queued() int           { return len(h.out) }
 func (h *testHost) Complete(c Completion) { h.out <- c }
 
 // submit runs cmd and wants status back.
@@ -230,15 +229,13 @@ func TestRuntimeCommands(t *testing.T) {
 		t.Fatalf("server got %d events", n)
 	}
 
-	// ECHO and STATS complete through the host at once.
+	// ECHO completes through the host at once.
 	h.submit(Command{Op: OpEcho, CallID: 7, Body: []byte("echo body")}, StatusPending)
 	if _, _, body := result(t, h.wait(7, time.Second)); string(body) != "echo body" {
 		t.Fatalf("echo op: %q", body)
 	}
-	h.submit(Command{Op: OpStats, CallID: 8, Conn: conn}, StatusPending)
-	_, _, sb := result(t, h.wait(8, time.Second))
-	if s := *(*Stats)(unsafe.Pointer(&sb[0])); s.Inflight != 0 || s.Calls != 8 || s.Events != 3 { // 5 and the 3 echoes after CANCEL
-		t.Fatalf("stats %+v", s)
+	if s, err := r.Stats(conn, 0); err != nil || s.Inflight != 0 || s.Calls != 8 || s.Events != 3 { // 5 and the 3 echoes after CANCEL
+		t.Fatalf("stats %+v %v", s, err)
 	}
 
 	// CLOSE: the pending call completes with "closed", later ones fail at once.

@@ -18,7 +18,7 @@ const (
 	OpClose              // close a connection; done at once
 	OpCancel             // forget call_id; done at once
 	OpEcho               // completes with the body, no network (IPC benchmark)
-	OpStats              // completes with a qrpc_stats_t in a result blob
+	opUnused             // 7: no op; the ops after it keep qrpc.h's numbers
 
 	// Query ops (qrpc_query): answered synchronously by a registered
 	// QueryFunc.
@@ -32,7 +32,7 @@ const (
 
 	// lastSubmitOp is the highest op of Submit (qrpc_submit_async, the
 	// synchronous EVENT and CLOSE of qrpc_query, lua-resty-ffi).
-	lastSubmitOp = OpStats
+	lastSubmitOp = OpEcho
 	lastOp       = OpPoolShare
 )
 

@@ -209,11 +209,12 @@ func (b *Host) VMAt(i int) *VM {
 // QueuedAll is how many completions wait in all VMs' queues.
 func (b *Host) QueuedAll() int { return cqLen(-1) }
 
-// Gen, Calls, Queued and Complete make a VM a bridge.Host.
+// Gen, Calls and Complete make a VM a bridge.Host.
 func (v *VM) Gen() (*bridge.Gen, error) { return v.b.Gen() }
 
 func (v *VM) Calls() *bridge.Calls { return &v.calls }
 
+// Queued is how many completions wait in v's queue.
 func (v *VM) Queued() int { return cqLen(v.idx) }
 
 // Complete queues a completion (the host is closed: frees it).

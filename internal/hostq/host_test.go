@@ -307,14 +307,9 @@ func TestBuiltinHost(t *testing.T) {
 		t.Fatalf("the call whose id was reused: %d %q", r.Status, text(r))
 	}
 
-	// Stats, through the op and directly.
-	st := &bridge.CmdABI{Version: bridge.CmdVersion, Op: bridge.OpStats, Conn: h, CallID: 40}
-	submit(st)
-	r = d.wait(40, time.Second)
-	_, _, sb := readResult(t, r)
-	s := *(*bridge.Stats)(unsafe.Pointer(&sb[0]))
-	if s.Inflight != 0 || s.Calls != 9 || s.Events != 5 { // 5, the reference call and 3 echoes
-		t.Fatalf("stats %+v", s)
+	// Stats of the connection.
+	if s, err := rt.Stats(h, builtin.Queued()); err != nil || s.Inflight != 0 || s.Calls != 9 || s.Events != 5 { // 5, the reference call and 3 echoes
+		t.Fatalf("stats %+v %v", s, err)
 	}
 
 	// Close: pending calls complete with "closed", later ones fail at once.

@@ -267,12 +267,12 @@ size_t qrpc_submitq_cached(void) {
 }
 
 // The ops that go through the submit queue: those that complete later
-// (CONNECT, UNARY, ECHO, STATS) and CANCEL, which must not overtake the
+// (CONNECT, UNARY, ECHO) and CANCEL, which must not overtake the
 // call it cancels. EVENT, CLOSE and the query ops answer at once
 // (qrpc_query).
 static int queued_op(uint32_t op) {
     return op == QRPC_OP_CONNECT || op == QRPC_OP_UNARY || op == QRPC_OP_ECHO ||
-           op == QRPC_OP_STATS || op == QRPC_OP_CANCEL;
+           op == QRPC_OP_CANCEL;
 }
 
 // Whether VM vm is open (qrpc_vm_open); VM 0 always is. Read without

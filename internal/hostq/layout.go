@@ -37,7 +37,7 @@ static size_t qrpc_cmd_offset(int i) {
 static int qrpc_const(int i, long long *v) {
 	static const long long c[] = {
 		QRPC_CMD_VERSION,
-		QRPC_OP_CONNECT, QRPC_OP_UNARY, QRPC_OP_EVENT, QRPC_OP_CLOSE, QRPC_OP_CANCEL, QRPC_OP_ECHO, QRPC_OP_STATS,
+		QRPC_OP_CONNECT, QRPC_OP_UNARY, QRPC_OP_EVENT, QRPC_OP_CLOSE, QRPC_OP_CANCEL, QRPC_OP_ECHO,
 		QRPC_OP_PEERS, QRPC_OP_METRICS, QRPC_OP_PROTO_LOAD, QRPC_OP_CONFIGURE, QRPC_OP_PROFILE, QRPC_F_DISCARD_UNKNOWN,
 		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
 		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
@@ -79,7 +79,7 @@ import (
 )
 
 const constNames = `QRPC_CMD_VERSION
-	QRPC_OP_CONNECT QRPC_OP_UNARY QRPC_OP_EVENT QRPC_OP_CLOSE QRPC_OP_CANCEL QRPC_OP_ECHO QRPC_OP_STATS
+	QRPC_OP_CONNECT QRPC_OP_UNARY QRPC_OP_EVENT QRPC_OP_CLOSE QRPC_OP_CANCEL QRPC_OP_ECHO
 	QRPC_OP_PEERS QRPC_OP_METRICS QRPC_OP_PROTO_LOAD QRPC_OP_CONFIGURE QRPC_OP_PROFILE QRPC_F_DISCARD_UNKNOWN
 	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
 	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST
@@ -91,7 +91,7 @@ const constNames = `QRPC_CMD_VERSION
 func abiLayoutErr() error {
 	names := strings.Fields(constNames)
 	goVals := []int64{bridge.CmdVersion,
-		bridge.OpConnect, bridge.OpUnary, bridge.OpEvent, bridge.OpClose, bridge.OpCancel, bridge.OpEcho, bridge.OpStats,
+		bridge.OpConnect, bridge.OpUnary, bridge.OpEvent, bridge.OpClose, bridge.OpCancel, bridge.OpEcho,
 		bridge.OpPeers, bridge.OpMetrics, bridge.OpProtoLoad, bridge.OpConfigure, bridge.OpProfile, bridge.FlagDiscardUnknown,
 		int64(bridge.StatusOK), int64(bridge.StatusPending), int64(bridge.StatusLog), int64(bridge.ErrGeneric),
 		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),

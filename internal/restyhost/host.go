@@ -27,7 +27,7 @@ const restyStopWait = 10 * time.Second
 // queue, runs each command with the shared runtime and answers each task
 // exactly once with ngx_http_lua_ffi_respond.
 //
-// Answers with rc 0: UNARY, ECHO and STATS give a result blob (qrpc.h);
+// Answers with rc 0: UNARY and ECHO give a result blob (qrpc.h);
 // CONNECT gives the handle as 8 bytes (native-endian uint64); EVENT,
 // CLOSE and CANCEL give no data. CANCEL does nothing here: the caller's
 // coroutine is parked on its own task, and Go's deadline ends every call.
@@ -63,7 +63,7 @@ func (t *restyTask) answer(rc int32, data unsafe.Pointer, n int) {
 		hostq.Mem().Free(data)
 		return
 	}
-	taskRespond(t.task, rc, data, n)
+	respond(t.task, rc, data, n)
 	t.h.pending.Done()
 }
 
@@ -76,8 +76,6 @@ func (t *restyTask) Gen() (*bridge.Gen, error) { return t.h.gen, nil }
 
 // Calls is nil: CANCEL does nothing here (see restyHost).
 func (t *restyTask) Calls() *bridge.Calls { return nil }
-
-func (t *restyTask) Queued() int { return 0 }
 
 // Complete answers the task; a new connection's handle is encoded as 8
 // bytes.

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -53,5 +54,38 @@ func TestSpliceDoc(t *testing.T) {
 	}
 	if _, err := SpliceDoc("no markers"); err == nil {
 		t.Fatal("no markers accepted")
+	}
+}
+
+// TestCheckWire: the options agree with the record keys, and each kind
+// of drift CheckWire is there for is caught.
+func TestCheckWire(t *testing.T) {
+	if errs := CheckWire(Options); len(errs) > 0 {
+		t.Fatal(strings.Join(errs, "\n"))
+	}
+	with := func(name string, wire ...string) []Option {
+		opts := slices.Clone(Options)
+		for i := range opts {
+			if opts[i].Name == name {
+				opts[i].Wire = wire
+			}
+		}
+		return opts
+	}
+	for _, c := range []struct {
+		opts []Option
+		want string
+	}{
+		{with("balance"), "balance: no Wire"},
+		{with("balance", "BALANSE"), `balance: Wire "BALANSE" is no record key`},
+		{with("retries", "RETRIES"), "retries: accepted at call, but none of its records [RETRIES] is read by UNARY"},
+		{with("resolve", InCmd), "record RESOLVE_MS (CONNECT) carries no option"},
+		{with("headers", "RETRIES"), "headers: accepted at call, but none of its records [RETRIES] is read by UNARY"},
+		{with("host", InLua), "host: Wire, but not an option of a command"},
+	} {
+		got := strings.Join(CheckWire(c.opts), "\n")
+		if !strings.Contains(got, c.want) {
+			t.Errorf("want %q among:\n%s", c.want, got)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package schema
 import (
 	"fmt"
 	"go/format"
+	"slices"
 	"strings"
 )
 
@@ -84,6 +85,100 @@ var WireKeys = []WireKey{
 	{36, "SAMPLE_SERIES", Str, "METRICS: a sample's series (render: a dict key, a tag before the series allowed)"},
 	{37, "SAMPLE_COUNTER", Float, "METRICS: the value of the series before it, a counter (render: any sample)"},
 	{38, "SAMPLE_GAUGE", Float, "METRICS snapshot: the value of the series before it, a gauge"},
+}
+
+// Ops are the commands or answers a key belongs to, as its Doc begins
+// ("CONNECT, UNARY: ..." -> CONNECT, UNARY).
+func (k WireKey) Ops() []string {
+	head, _, _ := strings.Cut(k.Doc, ":")
+	return strings.Split(head, ", ")
+}
+
+// OptionOps are the commands whose opts carry the options of each place.
+var OptionOps = map[string]string{Connect: "CONNECT", Call: "UNARY", Method: "UNARY", Event: "EVENT"}
+
+// WireKeyNamed is the record key called name, or false.
+func WireKeyNamed(name string) (WireKey, bool) {
+	for _, k := range WireKeys {
+		if k.Name == name {
+			return k, true
+		}
+	}
+	return WireKey{}, false
+}
+
+// RecordsAt are the record keys that carry option o at place where: those
+// of o.Wire that the place's command reads.
+func RecordsAt(o Option, where string) []WireKey {
+	var out []WireKey
+	for _, w := range o.Wire {
+		k, ok := WireKeyNamed(w)
+		if ok && slices.Contains(k.Ops(), OptionOps[where]) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// CheckWire returns what disagrees between options and record keys (make
+// lint runs it through gen -check): every option of connect, a call, an
+// event or a methods entry says how it reaches the library (records that
+// exist, a fixed field or Lua); where an option is accepted, a record it
+// names belongs to that place's command, or another way is named too; and
+// every record of CONNECT and UNARY but ADDR (connect's addr argument)
+// carries some option. That Lua writes and Go reads each option under
+// these keys, TestWireOfOptions (nginx) and TestOptionRecordsDecoded
+// (internal/bridge) check.
+func CheckWire(opts []Option) []string {
+	var errs []string
+	named := map[string]bool{}
+	parents := map[string]bool{}
+	for _, o := range opts {
+		if top, _, ok := strings.Cut(o.Name, "."); ok {
+			parents[top] = true
+		}
+	}
+	for _, o := range opts {
+		// a table whose fields are options carries nothing itself
+		parent := o.Type == "table" && parents[o.Name]
+		place := false
+		for _, w := range o.Where {
+			place = place || OptionOps[w] != ""
+		}
+		if !place {
+			if len(o.Wire) != 0 {
+				errs = append(errs, o.Name+": Wire, but not an option of a command")
+			}
+			continue
+		}
+		if len(o.Wire) == 0 && !parent {
+			errs = append(errs, o.Name+": no Wire: name its record keys, InCmd or InLua")
+		}
+		other := parent
+		for _, w := range o.Wire {
+			if w == InCmd || w == InLua {
+				other = true
+				continue
+			}
+			if _, ok := WireKeyNamed(w); !ok {
+				errs = append(errs, fmt.Sprintf("%s: Wire %q is no record key", o.Name, w))
+			}
+			named[w] = true
+		}
+		for _, w := range o.Where {
+			if OptionOps[w] != "" && len(o.Wire) > 0 && len(RecordsAt(o, w)) == 0 && !other {
+				errs = append(errs, fmt.Sprintf("%s: accepted at %s, but none of its records %v is read by %s", o.Name, w, o.Wire, OptionOps[w]))
+			}
+		}
+	}
+	for _, k := range WireKeys {
+		for _, op := range k.Ops() {
+			if (op == "CONNECT" || op == "UNARY") && k.Name != "ADDR" && !named[k.Name] {
+				errs = append(errs, fmt.Sprintf("record %s (%s) carries no option: name it in an option's Wire", k.Name, op))
+			}
+		}
+	}
+	return errs
 }
 
 // WireLuaPath and WireGoPath are where the generated key tables live.

@@ -2,7 +2,7 @@
 // (lua/resty/ffi/qrpc/wire_keys.lua, internal/bridge/wire_keys.go) and
 // docs/api.md's option tables from internal/schema
 // (make schema), or with -check fails when the committed file differs
-// (make lint).
+// or the options and the record keys disagree (make lint).
 package main
 
 import (
@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/schema"
 )
@@ -36,6 +37,10 @@ func main() {
 		os.Exit(1)
 	}
 	if *check {
+		if errs := schema.CheckWire(schema.Options); len(errs) > 0 {
+			fmt.Fprintf(os.Stderr, "internal/schema: the options and the record keys disagree:\n  %s\n", strings.Join(errs, "\n  "))
+			os.Exit(1)
+		}
 		got, err := os.ReadFile(schema.LuaPath)
 		if err != nil || !bytes.Equal(got, want) {
 			fmt.Fprintf(os.Stderr, "%s differs from internal/schema: run make schema and commit it\n", schema.LuaPath)

@@ -1,7 +1,8 @@
 -- resty.ffi.qrpc.resty_ffi: the lua-resty-ffi host (a rebuilt nginx with
--- ngx.load_ffi). connect, unary and the testing echo go to Go as lua-resty-ffi tasks:
--- the calling light thread yields in rt:call until Go answers. The other
--- operations never wait and use the built-in host's direct calls.
+-- ngx.load_ffi). unary and the testing echo go to Go as lua-resty-ffi tasks:
+-- the calling light thread yields in rt:call until Go answers. connect
+-- dials through the built-in host's completion queue (cache.lua says why);
+-- the other operations never wait and use the built-in host's direct calls.
 
 local ffi = require "ffi"
 local abi = require "resty.ffi.qrpc.abi"
