@@ -41,6 +41,8 @@ local getmetatable = getmetatable
 local setmetatable = setmetatable
 
 local OP_UNARY = abi.OP_UNARY
+-- the command table of the built-in host's unary calls (see unary)
+local ucmd = { op = OP_UNARY }
 local QRPC_OK = abi.QRPC_OK
 local QRPC_ERR_CLOSED = abi.QRPC_ERR_CLOSED
 local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
@@ -394,13 +396,21 @@ function methods.unary(self, method, body, opts)
     end
     local status, val, info
     local secs = timeout / 1000 + SAFETY_SLACK_S
-    local c = { op = OP_UNARY, conn = v.handle, method = method, body = body,
-                nh = nh, hdrs = hbuf, hlen = hlen, timeout = timeout,
-                req_type = req, resp_type = resp, flags = flags,
-                hash_key = hash_key, retries = retries, opts = copts }
     if S.use_builtin then
+        -- the built-in host copies the command into its queue before the
+        -- call yields: one table serves every call, each field written
+        local c = ucmd
+        c.conn, c.method, c.body, c.nh, c.hdrs, c.hlen = v.handle, method, body, nh, hbuf, hlen
+        c.timeout, c.req_type, c.resp_type, c.flags = timeout, req, resp, flags
+        c.hash_key, c.retries, c.opts = hash_key, retries, copts
         status, val, info = builtin_call(c, secs)
+        -- not kept until the next call: the body may be big
+        c.body, c.hdrs, c.hash_key, c.opts = nil, nil, nil, nil
     else
+        local c = { op = OP_UNARY, conn = v.handle, method = method, body = body,
+                    nh = nh, hdrs = hbuf, hlen = hlen, timeout = timeout,
+                    req_type = req, resp_type = resp, flags = flags,
+                    hash_key = hash_key, retries = retries, opts = copts }
         -- Go reads the command after this coroutine yields, maybe after
         -- it was killed: c holds every string it points at, and the host
         -- pins c until then.
