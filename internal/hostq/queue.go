@@ -33,6 +33,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/threads"
 )
 
 // trimEvery is how often the trimmer returns idle result blocks (bufcache)
@@ -68,6 +69,10 @@ type submitter struct {
 	trimUsed atomic.Bool
 	trimWake chan struct{}
 	trims    atomic.Uint64 // ticks run, for tests
+
+	// retire ends the runtime's spare threads each time the trimmer
+	// stops: the worker has gone idle.
+	retire threads.Retirer
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -111,6 +116,7 @@ func (s *submitter) halt() {
 	close(stop)
 	_ = f.Close()
 	s.done.Wait()
+	s.retire.Wait()
 	C.qrpc_done_free()
 }
 
@@ -228,7 +234,9 @@ func (s *submitter) trim(stop, wake chan struct{}) {
 			if s.trimUsed.Load() && s.trimOn.CompareAndSwap(false, true) {
 				trimAwake()
 				t.Reset(trimEvery)
+				continue
 			}
+			s.retire.Retire(stop)
 		}
 	}
 }

@@ -1,0 +1,91 @@
+package threads
+
+import (
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
+)
+
+// tasks is the process's thread count (the test binary has no C threads).
+func tasks(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// blockThreads makes the runtime start threads: n goroutines wait in a
+// system call Go does not see through at the same time, so sysmon hands
+// the P on to a new thread for each.
+func blockThreads(n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ts := syscall.NsecToTimespec(int64(20 * time.Millisecond))
+			syscall.Syscall(syscall.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
+		}()
+	}
+	wg.Wait()
+}
+
+// TestRetireEndsSpareThreads: after threads were started for goroutines
+// in system calls, passes bring the process back to the runtime's fixed
+// threads. The test's own goroutine may start a thread again between
+// two looks (its sleeps, its system calls), so it runs passes until one
+// look finds the process down to them.
+func TestRetireEndsSpareThreads(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	// The template thread exists in a c-shared library from the start; in
+	// a program the first LockOSThread starts it.
+	runtime.LockOSThread()
+	runtime.UnlockOSThread()
+	stop := make(chan struct{})
+	defer close(stop)
+	for round := range 3 {
+		blockThreads(4)
+		before := tasks(t)
+		if before < fixed+2 {
+			t.Fatalf("round %d: %d threads after blocking 4 goroutines in system calls", round, before)
+		}
+		var r Retirer
+		testwait.Until(t, "the process down to the runtime's fixed threads", 10*time.Second, func() bool {
+			r.Retire(stop)
+			r.Wait()
+			return tasks(t) == fixed
+		})
+		t.Logf("round %d: %d threads, %d ended", round, before, r.Retired())
+	}
+}
+
+func TestRetireStops(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	blockThreads(4)
+	var r Retirer
+	stop := make(chan struct{})
+	close(stop)
+	r.Retire(stop)
+	r.Wait()
+	if r.Retired() != 0 {
+		t.Fatalf("a stopped pass ended %d threads", r.Retired())
+	}
+}
+
+func TestRetireNeedsOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	blockThreads(4)
+	var r Retirer
+	r.Retire(make(chan struct{}))
+	r.Wait()
+	if r.Retired() != 0 {
+		t.Fatalf("with 2 Ps a pass ended %d threads", r.Retired())
+	}
+}
