@@ -71,7 +71,9 @@ type submitter struct {
 	trims    atomic.Uint64 // ticks run, for tests
 
 	// retire ends the runtime's spare threads each time the trimmer
-	// stops: the worker has gone idle.
+	// stops (the worker has gone idle), and after each collection while
+	// it is asleep. Passes start under mu or from the trimmer, so none
+	// starts once halt has cleared f and the trimmer has returned.
 	retire threads.Retirer
 }
 
@@ -98,7 +100,19 @@ func (s *submitter) start() error {
 	go s.run(f)
 	go s.trim(s.stop, s.trimWake)
 	go s.waker(&kick, s.stop)
+	threads.AfterGC(s.stop, s.retireIdle)
 	return nil
+}
+
+// retireIdle ends the threads Go started while the worker was idle (see
+// threads.AfterGC), when the trimmer is asleep: never under load, where
+// the runtime would only start them again.
+func (s *submitter) retireIdle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil && !s.trimOn.Load() {
+		s.retire.Retire(s.stop)
+	}
 }
 
 // stop closes the queues (qrpc_submit_async then answers

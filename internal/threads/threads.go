@@ -116,6 +116,27 @@ func m0Sleep() {
 	syscall.Syscall(syscall.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
+// AfterGC calls f after each garbage collection (from the runtime's
+// cleanup goroutine, so f must not block) until stop is closed. An idle
+// Go runtime still collects every two minutes (forced by sysmon, on a
+// wake-up it has anyway), so an owner can look for threads made while
+// idle (a keep-alive's system call that sysmon took the P from hands it
+// to a new thread when no other is parked) without a timer of its own.
+func AfterGC(stop <-chan struct{}, f func()) {
+	// Not a tiny allocation: the runtime may never run the cleanup of
+	// an object that shares its block with others.
+	sentinel := new([64]byte)
+	runtime.AddCleanup(sentinel, func(struct{}) {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		f()
+		AfterGC(stop, f)
+	}, struct{}{})
+}
+
 var samples = []metrics.Sample{
 	{Name: "/sched/threads/total:threads"},
 	{Name: "/sched/goroutines/not-in-go:goroutines"},

@@ -1,9 +1,11 @@
 package threads
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -87,5 +89,41 @@ func TestRetireNeedsOneP(t *testing.T) {
 	r.Wait()
 	if r.Retired() != 0 {
 		t.Fatalf("with 2 Ps a pass ended %d threads", r.Retired())
+	}
+}
+
+func TestAfterGC(t *testing.T) {
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	calls := 0
+	AfterGC(stop, func() {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+	})
+	n := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls
+	}
+	for want := 1; want <= 3; want++ {
+		runtime.GC()
+		testwait.Until(t, fmt.Sprintf("call %d after collection %d", want, want), 10*time.Second, func() bool { return n() >= want })
+	}
+	close(stop)
+	// A chain stopped before its collection never calls f; a second
+	// chain shows when that collection's cleanups have run.
+	stopped := make(chan struct{})
+	close(stopped)
+	var late atomic.Int32
+	AfterGC(stopped, func() { late.Add(1) })
+	marker := make(chan struct{})
+	var seen atomic.Bool
+	AfterGC(marker, func() { seen.Store(true) })
+	runtime.GC()
+	testwait.Until(t, "the marker chain's call", 10*time.Second, seen.Load)
+	close(marker)
+	if late.Load() != 0 {
+		t.Fatalf("a stopped chain called f %d times", late.Load())
 	}
 }
