@@ -145,7 +145,8 @@ func TestIdleCollectionRetiresThreads(t *testing.T) {
 	echoBurst(t, d, 1000, 40, 4<<10)
 	testwait.Until(t, "the trimmer to stop", 60*time.Second, trimmerIdle)
 	r := &builtin.submitq.retire
-	r.Wait() // the pass the trimmer started as it stopped
+	// Not Wait: a collection may start a pass meanwhile.
+	testwait.Until(t, "the pass the trimmer started as it stopped to end", 30*time.Second, func() bool { return !r.Running() })
 	// Threads for goroutines waiting in system calls Go does not see
 	// through: sysmon hands the P on to a new thread for each.
 	var wg sync.WaitGroup
@@ -161,7 +162,6 @@ func TestIdleCollectionRetiresThreads(t *testing.T) {
 	before := r.Retired()
 	testwait.Until(t, "a collection's pass to end a thread", 30*time.Second, func() bool {
 		runtime.GC()
-		r.Wait()
 		return r.Retired() > before
 	})
 	if builtin.submitq.trimOn.Load() {

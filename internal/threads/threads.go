@@ -76,11 +76,15 @@ func (r *Retirer) Retire(stop <-chan struct{}) {
 	go r.pass(stop, 0)
 }
 
-// Wait waits for the running pass, if any, to end.
+// Wait waits for the running pass, if any, to end. As with a
+// sync.WaitGroup, no Retire may run concurrently with it.
 func (r *Retirer) Wait() { r.wg.Wait() }
 
 // Retired is the number of threads ended.
 func (r *Retirer) Retired() uint64 { return r.retired.Load() }
+
+// Running reports whether a pass runs.
+func (r *Retirer) Running() bool { return r.running.Load() }
 
 func (r *Retirer) pass(stop <-chan struct{}, step int) {
 	defer r.wg.Done()
