@@ -15,6 +15,9 @@ import (
 // trimmer stops, and again after the next busy spell.
 func TestIdleWorkerThreads(t *testing.T) {
 	requireNginx(t)
+	if ng.Host() == "resty_ffi" {
+		t.Skip("lua-resty-ffi's host has no trimmer, so no pass ends threads (docs/tuning.md, Idle cost)")
+	}
 	t.Parallel()
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
                 local res, err = conn:unary("echo", "idle ok", { timeout = 2000 })
