@@ -6,9 +6,9 @@
 //
 // The runtime ends a thread in one case only: a goroutine locked to it
 // (runtime.LockOSThread) exits without unlocking, except on m0, which it
-// wedges instead (the process would become a zombie were its first
-// thread to exit). So a pass locks, checks that it is not on m0, and
-// exits locked. The thread's P must then go to another thread: with one P
+// parks for good instead (it never lets m0 exit), losing the thread to
+// the scheduler. So a pass locks, checks that it is not on m0, and exits
+// locked. The thread's P must then go to another thread: with one P
 // the runtime hands it at once to an idle thread (one parked in the
 // scheduler's idle list), and creates a thread when there is none, which
 // would make the pass churn threads instead of ending them. A pass
@@ -42,18 +42,21 @@ const fixed = 3
 
 const (
 	// steps bounds a pass: each step ends one thread or moves the
-	// netpoller off m0, so a pass over two spare threads takes at most
-	// four; a busy worker (threads in system calls, work arriving)
-	// makes a pass give up rather than spin.
-	steps = 8
+	// netpoller off m0, which becomes the netpoller's thread again
+	// after an end about every other time, so a pass over two spare
+	// threads takes four steps or so; a busy worker (threads in system
+	// calls, work arriving) makes a pass give up rather than spin.
+	steps = 16
 	// settle is the wait before each step: long enough for the thread
-	// that ran the previous step to park, short enough that a pass is
-	// over within a few milliseconds.
+	// that ran the previous step to park, short enough that a pass of
+	// a few steps is over within a tenth of a second or so.
 	settle = 2 * time.Millisecond
 	// m0Wait is m0's system call when it waits in the netpoller: sysmon
-	// takes back the P of a thread in a system call within a few of its
-	// 20 µs ticks.
-	m0Wait = 5 * time.Millisecond
+	// takes the P of a thread in a system call at the second of its
+	// ticks that finds it there, and an idle sysmon ticks every 10 ms
+	// (every 20 µs when the system call itself woke it). With 5 ms, m0
+	// kept the netpoller for up to seven steps in a row.
+	m0Wait = 25 * time.Millisecond
 )
 
 // Retirer runs passes; the zero value is ready.
@@ -90,13 +93,19 @@ func (r *Retirer) pass(stop <-chan struct{}, step int) {
 	defer r.wg.Done()
 	t := time.NewTimer(settle)
 	defer t.Stop()
-	for ; step < steps && spare() > 0; step++ {
+	for ; step < steps; step++ {
 		t.Reset(settle)
 		select {
 		case <-stop:
 			r.running.Store(false)
 			return
 		case <-t.C:
+		}
+		// Counted after the wait: a thread that ends hands its P on
+		// (and so starts this goroutine) before the runtime counts it
+		// gone.
+		if spare() <= 0 {
+			break
 		}
 		runtime.LockOSThread()
 		if syscall.Gettid() != m0 {
