@@ -11,8 +11,9 @@ import (
 
 // TestIdleWorkerThreads: once a worker that called goes idle, its Go
 // runtime is down to three threads beside nginx's (m0, sysmon, the
-// template thread): the threads the calls made it start end when the
-// trimmer stops, and again after the next busy spell.
+// template thread): the threads the first calls made it start (two)
+// end when the trimmer stops, and a second busy spell leaves it there
+// once idle again.
 func TestIdleWorkerThreads(t *testing.T) {
 	requireNginx(t)
 	if ng.Host() == "resty_ffi" {
