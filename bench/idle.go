@@ -277,6 +277,9 @@ func figureIdle(e *env, p params, t *table) error {
 		ratio: q.rss() - plain.rss(), ratioLabel: "extra MB", target: "≤ 10", met: q.rss()-plain.rss() <= 10})
 	t.add(row{section: sec, name: "of that RSS: the library file's pages (shared by every worker, one copy in the page cache)",
 		subject: fmt.Sprintf("%.1f MB", q.lib()), baseline: "—", noRatio: true})
+	t.add(row{section: sec, name: "RSS per worker less the library file's pages",
+		subject: fmt.Sprintf("%.1f MB", q.rss()-q.lib()), baseline: fmt.Sprintf("%.1f MB plain", plain.rss()-plain.lib()),
+		ratio: q.rss() - q.lib() - (plain.rss() - plain.lib()), ratioLabel: "extra MB"})
 	t.add(row{section: sec, name: "private memory per worker (smaps_rollup Private_*)",
 		subject: fmt.Sprintf("%.1f MB", q.priv()), baseline: fmt.Sprintf("%.1f MB plain", plain.priv()),
 		ratio: q.priv() - plain.priv(), ratioLabel: "extra MB"})

@@ -33,6 +33,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/threads"
 )
 
 // trimEvery is how often the trimmer returns idle result blocks (bufcache)
@@ -68,6 +69,12 @@ type submitter struct {
 	trimUsed atomic.Bool
 	trimWake chan struct{}
 	trims    atomic.Uint64 // ticks run, for tests
+
+	// retire ends the runtime's spare threads each time the trimmer
+	// stops (the worker has gone idle), and after each collection while
+	// it is asleep. Passes start under mu or from the trimmer, so none
+	// starts once halt has cleared f and the trimmer has returned.
+	retire threads.Retirer
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -93,7 +100,19 @@ func (s *submitter) start() error {
 	go s.run(f)
 	go s.trim(s.stop, s.trimWake)
 	go s.waker(&kick, s.stop)
+	threads.AfterGC(s.stop, s.retireIdle)
 	return nil
+}
+
+// retireIdle ends the threads Go started while the worker was idle (see
+// threads.AfterGC), when the trimmer is asleep: never under load, where
+// the runtime would only start them again.
+func (s *submitter) retireIdle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil && !s.trimOn.Load() {
+		s.retire.Retire(s.stop)
+	}
 }
 
 // stop closes the queues (qrpc_submit_async then answers
@@ -111,6 +130,7 @@ func (s *submitter) halt() {
 	close(stop)
 	_ = f.Close()
 	s.done.Wait()
+	s.retire.Wait()
 	C.qrpc_done_free()
 }
 
@@ -228,7 +248,9 @@ func (s *submitter) trim(stop, wake chan struct{}) {
 			if s.trimUsed.Load() && s.trimOn.CompareAndSwap(false, true) {
 				trimAwake()
 				t.Reset(trimEvery)
+				continue
 			}
+			s.retire.Retire(stop)
 		}
 	}
 }
