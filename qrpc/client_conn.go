@@ -40,6 +40,7 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 	if err != nil {
 		return fail(nil, err)
 	}
+	sock.conn.Store(conn)
 	if c.cfg.skipConfirmation {
 		// Tests: let the server's verdict arrive after Dial, as it can
 		// when the confirmation wait runs out under load.

@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"syscall"
+	"time"
+
+	"github.com/quic-go/quic-go"
 
 	"golang.org/x/net/ipv4"
 )
@@ -35,6 +39,37 @@ type udpSocket struct {
 	// refused is a refusal held back while the datagrams queued before
 	// it are read (ReadBatch; quic-go's one read loop is its only user).
 	refused error
+	// conn is the connection once dialled: a refusal waits for it to
+	// end by itself (refusal).
+	conn atomic.Pointer[quic.Conn]
+}
+
+// refusalGrace bounds how long a refusal waits before it reaches
+// quic-go. A server that closes sends CONNECTION_CLOSE before its port
+// closes, but quic-go's connection handles a packet in its own goroutine,
+// after the read loop has handed it on: a refusal read at once closes
+// the transport, and the connection's loop picks the transport's close
+// or the queued packet at random, ending "refused" instead of "closed by
+// server" with the server's reason (seen under the race detector with
+// another suite loading the CPUs). Waiting until the
+// connection ends lets it handle the packet first; a killed server,
+// which sent no CONNECTION_CLOSE, is found this much later.
+const refusalGrace = 50 * time.Millisecond
+
+// refusal returns err once the connection has ended or refusalGrace has
+// passed.
+func (s *udpSocket) refusal(err error) error {
+	var done <-chan struct{}
+	if c := s.conn.Load(); c != nil {
+		done = c.Context().Done()
+	}
+	t := time.NewTimer(refusalGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	return err
 }
 
 // listenUDP opens the socket for a connection to raddr, in raddr's family.
@@ -64,7 +99,7 @@ func newUDPSocket(uc *net.UDPConn) *udpSocket {
 func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	if err := s.refused; err != nil {
 		s.refused = nil
-		return 0, err
+		return 0, s.refusal(err)
 	}
 	for {
 		n, err := s.readBatch(ms, flags)
@@ -89,7 +124,7 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 				s.refused = err
 				return m, nil
 			}
-			return n, err
+			return n, s.refusal(err)
 		}
 		if n > 0 {
 			return n, nil
