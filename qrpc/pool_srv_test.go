@@ -56,8 +56,11 @@ func allUp(p *qrpc.Pool, n int) func() bool {
 // from 16 callers. round_robin: within 5 standard deviations of a
 // binomial count (its weighted order is exact, in fact). p2c: its draws
 // follow the weights, but its latency comparison adds variance between
-// runs (pool_tier.go): within 0.10 of 0.75. least_inflight is checked by
-// TestTierLeastInflight.
+// runs (pool_tier.go): one run's share of the weight-3 server was 0.72 to
+// 0.78 in 12 runs beside stress-ng, 0.68 to 0.84 in 15 beside the race
+// suite, and 0.64 once in CI; within 0.15 of 0.75 it is still far from
+// the 0.5 of servers drawn without their weights. least_inflight is
+// checked by TestTierLeastInflight.
 func TestPoolSRVWeights(t *testing.T) {
 	for _, bal := range []qrpc.Balance{qrpc.RoundRobin, qrpc.P2C} {
 		t.Run(bal.String(), func(t *testing.T) {
@@ -97,7 +100,7 @@ func TestPoolSRVWeights(t *testing.T) {
 			t.Logf("%s: weight 3 took %d, weight 1 took %d: %.3f (binomial 5 sd: ± %.3f)", bal, da, db, float64(da)/total, 5*sd/total)
 			bound := 5 * sd / total
 			if bal == qrpc.P2C {
-				bound = 0.10
+				bound = 0.15
 			}
 			if math.Abs(float64(da)/total-0.75) > bound {
 				t.Fatalf("split %d:%d is not 3:1", da, db)
