@@ -33,6 +33,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/resident"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/threads"
 )
 
@@ -50,6 +51,14 @@ import (
 // the next command, or the next release of a block into a list, starts it
 // again.
 const trimEvery = 500 * time.Millisecond
+
+// releaseAfter is how long the trimmer has been asleep (the worker idle)
+// before the worker drops its mappings of the library's read-only pages
+// (internal/resident): some 12 MB of its RSS, kept once in the page cache
+// whatever the workers do. The first call after it maps back what it
+// touches, as minor faults (docs/tuning.md "Idle cost" has the cost); a
+// worker that calls more often than this never pays it.
+const releaseAfter = 5 * time.Second
 
 // submitter owns the eventfd and the goroutines that serve the queues.
 type submitter struct {
@@ -75,6 +84,16 @@ type submitter struct {
 	// it is asleep. Passes start under mu or from the trimmer, so none
 	// starts once halt has cleared f and the trimmer has returned.
 	retire threads.Retirer
+
+	// The release of the library's pages (releaseAfter), under mu:
+	// idleGen counts the trimmer's stops, relTimer is the release
+	// armed at the last one, releasedGen the stop after which a
+	// release ran. While releasedGen == idleGen the worker has been
+	// idle since, and each collection's pass releases again (a
+	// collection maps back some runtime code).
+	idleGen, releasedGen uint64
+	relTimer             *time.Timer
+	released             atomic.Int64 // kB dropped, for tests
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -111,8 +130,49 @@ func (s *submitter) retireIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f != nil && !s.trimOn.Load() {
+		// Release first: its system calls may start a thread, which
+		// the pass then ends.
+		if s.releasedGen == s.idleGen {
+			s.releaseLocked()
+		}
 		s.retire.Retire(s.stop)
 	}
+}
+
+// armRelease starts the release timer as the trimmer stops.
+func (s *submitter) armRelease() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		return
+	}
+	s.idleGen++
+	gen := s.idleGen
+	if s.relTimer != nil {
+		s.relTimer.Stop()
+	}
+	s.relTimer = time.AfterFunc(releaseAfter, func() {
+		defer rt.RecoverLog("qrpc release")
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		// A use since the stop turned the trimmer on (and its next
+		// stop armed a newer timer): not idle long enough.
+		if s.f == nil || s.trimOn.Load() || s.idleGen != gen {
+			return
+		}
+		s.releasedGen = gen
+		s.releaseLocked()
+		s.retire.Retire(s.stop)
+	})
+}
+
+func (s *submitter) releaseLocked() {
+	kb, err := resident.Release()
+	if err != nil {
+		rt.Logger().Warn("qrpc: idle worker keeps the library's pages", "err", err.Error())
+		return
+	}
+	s.released.Add(kb)
 }
 
 // stop closes the queues (qrpc_submit_async then answers
@@ -127,6 +187,12 @@ func (s *submitter) halt() {
 	}
 	C.qrpc_hostq_set_fd(-1)
 	s.kick.Store(nil)
+	s.mu.Lock()
+	if s.relTimer != nil {
+		s.relTimer.Stop()
+		s.relTimer = nil
+	}
+	s.mu.Unlock()
 	close(stop)
 	_ = f.Close()
 	s.done.Wait()
@@ -251,6 +317,7 @@ func (s *submitter) trim(stop, wake chan struct{}) {
 				continue
 			}
 			s.retire.Retire(stop)
+			s.armRelease()
 		}
 	}
 }
