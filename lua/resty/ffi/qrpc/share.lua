@@ -194,7 +194,8 @@ end
 -- counted since. Nothing is written when nothing was counted or ended: a
 -- pool whose calls are answered adds no dict writes. Returns the servers
 -- whose run this worker's failures brought to health.failures (nil:
--- none), and bumps v when a run changed, so that the others take it.
+-- none), and whether a run changed (the caller bumps v once what it
+-- publishes is written, so that the others take it all at once).
 local function runs(st, peers)
     local dict, pk, seen, limit = st.dict, st.pk, st.seen, st.failures
     local reached, changed
@@ -231,10 +232,7 @@ local function runs(st, peers)
             end
         end
     end
-    if changed then
-        dict:incr(st.vkey, 1, 0)
-    end
-    return reached
+    return reached, changed
 end
 
 -- verdict(st, addr, now) -> a server's shared verdict, as the dict has it
@@ -307,7 +305,7 @@ local function sync(st)
     if not gen then
         return
     end
-    local reached = runs(st, peers)
+    local reached, changed = runs(st, peers)
     if reached then
         -- this worker's failures brought these runs to health.failures:
         -- its pool ejects them (16), as its own count would have, and the
@@ -321,10 +319,14 @@ local function sync(st)
         local g, p = ask(st, verdicts, #reached)
         if g then
             peers = p
-            runs(st, peers)
+            local _, more = runs(st, peers)
+            changed = changed or more
         end
     end
     publish(st, peers, now)
+    if changed then
+        dict:incr(st.vkey, 1, 0)
+    end
     if me then
         dict:set(pk .. "tr:" .. me, reqs, THROTTLE_WINDOW_S)
         dict:set(pk .. "ta:" .. me, accs, THROTTLE_WINDOW_S)
@@ -343,7 +345,10 @@ local function sync(st)
         if nv > 0 then
             gen, peers = ask(st, verdicts, nv)
             if gen then
-                runs(st, peers)
+                local _, more = runs(st, peers)
+                if more then
+                    dict:incr(st.vkey, 1, 0)
+                end
                 -- what Go holds now, imports included: the base of the
                 -- next sync's transitions
                 local gov = st.gov
