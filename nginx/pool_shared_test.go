@@ -2,6 +2,7 @@ package nginx
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -386,6 +387,171 @@ func TestPoolSharedKilledServer(t *testing.T) {
 		if !strings.HasPrefix(f.err, "connection lost: refused") && f.err != "timeout" {
 			t.Errorf("a call failed with %q, want connection lost: refused (in flight)", f.err)
 		}
+	}
+}
+
+// TestPoolSharedFrozenServer: a server frozen (SIGSTOP) under calls from
+// 4 workers sharing the pool, with health = { failures = 3, on =
+// { "timeout" } }: summed over the workers, its calls time out no more
+// than failures + the calls that can be in flight (one per worker here:
+// each worker calls in a loop of its own, one call at a time), since the
+// run of failures in a row is the instance's: the worker whose timeout
+// brings it to 3 ejects the server for all. Unshared, each worker has to
+// count 3 of its own: 4 × 3.
+func TestPoolSharedFrozenServer(t *testing.T) {
+	requireNginx(t)
+	const (
+		failures = 3
+		workers  = 4 // one calling loop each: the calls that can be in flight
+	)
+	for _, shared := range []bool{true, false} {
+		t.Run(map[bool]string{true: "shared", false: "local"}[shared], func(t *testing.T) {
+			srvs, extra := startDemos(t, 3)
+			opt := ""
+			if shared {
+				opt = `shared = "qpools", `
+			}
+			n := startNginx(t, ngxConf{Workers: workers, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\n", Extra: extra,
+				InitWorkerByLua: `
+        -- each worker: one call at a time until told to stop, counting
+        -- answers and timeouts; before the timeout is set (warm-up), the
+        -- slowest answer; once s2 is frozen, the answers this worker had
+        -- when its pool showed s2 ejected
+        ngx.timer.at(0, function()
+            local qt = require "qtest"
+            local run = ngx.shared.qrun
+            local me = ngx.worker.id()
+            local conn, err = require("resty.ffi.qrpc").connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({ ` + opt + `
+                health = { failures = ` + strconv.Itoa(failures) + `, on = { "timeout" }, eject = 600000 } }))
+            if not conn then ngx.log(ngx.ERR, "connect: ", err) return end
+            run:incr("ready", 1, 0)
+            local ejected = false
+            for _ = 1, 1000000 do
+                if run:get("stop") then break end
+                local to = run:get("timeout")
+                ngx.update_time()
+                local t0 = ngx.now()
+                local res, cerr = conn:unary("echo", "x", { timeout = to or 10000 })
+                ngx.update_time()
+                if res then
+                    run:incr("ok:" .. me, 1, 0)
+                    local took = ngx.now() - t0
+                    if not to and took > (run:get("slowest:" .. me) or 0) then
+                        run:set("slowest:" .. me, took)
+                    end
+                elseif cerr == "timeout" then
+                    run:incr("timeouts:" .. me, 1, 0)
+                else
+                    run:incr("errors", 1, 0)
+                    ngx.log(ngx.ERR, "call: ", cerr)
+                end
+                if not ejected and run:get("frozen") then
+                    for _, p in ipairs(conn:peers()) do
+                        if p.addr == qt.s2 and p.state == "ejected" then
+                            ejected = true
+                            run:set("ejected:" .. me, run:get("ok:" .. me) or 0)
+                        end
+                    end
+                end
+            end
+        end)`,
+				Server: loc("/run", `
+                local run = ngx.shared.qrun
+                for _, k in ipairs(run:get_keys(0)) do
+                    ngx.say(k, " ", tostring(run:get(k)))
+                end`) + loc("/set", `ngx.shared.qrun:set(ngx.var.arg_k, tonumber(ngx.var.arg_v) or ngx.var.arg_v)`),
+			})
+			t.Cleanup(func() { n.get("/set?k=stop&v=1") })
+			state := func() map[string]float64 {
+				_, body := n.get("/run")
+				m := map[string]float64{}
+				for _, l := range strings.Split(body, "\n") {
+					if f := strings.Fields(l); len(f) == 2 {
+						m[f[0]], _ = strconv.ParseFloat(f[1], 64)
+					}
+				}
+				return m
+			}
+			// every worker's key k has reached want(worker)
+			all := func(m map[string]float64, k string, want func(id int) float64) bool {
+				for id := range workers {
+					if v, ok := m[k+":"+strconv.Itoa(id)]; !ok || v < want(id) {
+						return false
+					}
+				}
+				return true
+			}
+			sum := func(m map[string]float64, k string) (total int, each []int) {
+				for id := range workers {
+					each = append(each, int(m[k+":"+strconv.Itoa(id)]))
+					total += each[id]
+				}
+				return
+			}
+			wait := func(what string, d time.Duration, cond func(map[string]float64) bool) map[string]float64 {
+				t.Helper()
+				var m map[string]float64
+				testwait.Until(t, what, d, func() bool { m = state(); return cond(m) })
+				return m
+			}
+
+			// warm-up: 200 answers by every worker; the calls' timeout
+			// is then 20 × the slowest of them (ngx.now() counts whole
+			// ms: 1 ms at least)
+			m := wait("200 answers by every worker", 60*time.Second, func(m map[string]float64) bool {
+				return all(m, "ok", func(int) float64 { return 200 })
+			})
+			slowest := 0.001
+			for id := range workers {
+				slowest = max(slowest, m["slowest:"+strconv.Itoa(id)])
+			}
+			timeout := int(math.Ceil(20 * slowest * 1000))
+			n.get("/set?k=timeout&v=" + strconv.Itoa(timeout))
+			base := m
+			m = wait("100 answers by every worker under the timeout", 60*time.Second, func(m map[string]float64) bool {
+				return all(m, "ok", func(id int) float64 { return base["ok:"+strconv.Itoa(id)] + 100 })
+			})
+			if spurious, _ := sum(m, "timeouts"); spurious != 0 || m["errors"] != 0 {
+				t.Fatalf("%d timeouts and %v errors before any server was frozen (timeout %d ms, 20 × the slowest warm-up answer)", spurious, m["errors"], timeout)
+			}
+
+			victim := srvs[1]
+			if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = victim.cmd.Process.Signal(syscall.SIGCONT) })
+			n.get("/set?k=frozen&v=1")
+			// every worker's pool ejects s2, then makes 100 more answered
+			// calls: its call in flight at the ejection (if any) has ended
+			m = wait("s2 ejected in every worker", 60*time.Second, func(m map[string]float64) bool {
+				return all(m, "ejected", func(int) float64 { return 0 })
+			})
+			ej := m
+			m = wait("100 answers by every worker after the ejection", 60*time.Second, func(m map[string]float64) bool {
+				return all(m, "ok", func(id int) float64 { return ej["ejected:"+strconv.Itoa(id)] + 100 })
+			})
+			total, each := sum(m, "timeouts")
+			t.Logf("s2 frozen, %d workers calling, timeout %d ms (slowest warm-up answer %.0f ms): %d timeouts (by worker %v), %v other errors",
+				workers, timeout, slowest*1000, total, each, m["errors"])
+			if shared {
+				if total == 0 {
+					t.Fatal("no call timed out: was the server frozen under the calls?")
+				}
+				if total > failures+workers {
+					t.Errorf("shared pool: %d timeouts summed over the workers, want at most failures (%d) + the calls in flight (%d)",
+						total, failures, workers)
+				}
+			} else {
+				if total <= failures+workers {
+					t.Errorf("unshared pool: %d timeouts, not more than the shared bound %d: the test does not tell sharing apart", total, failures+workers)
+				}
+				for id, c := range each {
+					if c < failures {
+						t.Errorf("unshared pool: worker %d ejected s2 after %d timeouts, want its own %d", id, c, failures)
+					}
+				}
+			}
+		})
 	}
 }
 

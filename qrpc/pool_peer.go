@@ -22,6 +22,15 @@ type peer struct {
 	inflight atomic.Int64
 	calls    atomic.Uint64
 	fails    atomic.Int32 // transport failures in a row
+	// What a shared pool's other views learn of the run (pool_share.go):
+	// failCount counts the failures that count for fails (ever,
+	// wrapping), resets the runs this view ended (an answer after
+	// failures, the server back), failAtReset is failCount at the last
+	// reset and failShown failCount as View last reported it.
+	failCount   atomic.Uint32
+	resets      atomic.Uint32
+	failAtReset atomic.Uint32
+	failShown   atomic.Uint32
 
 	// ejectedUntil is the end of the ejection (monoNS), 0 when
 	// not ejected; it stays set past that time until a trial call (one at
@@ -513,7 +522,9 @@ func rrTake(pr *peer, ex *exclude, clk *pickClock, limit int64) (_ *peer, trial,
 // outcome updates a server's health after a call (or a check).
 func (p *Pool) outcome(pr *peer, trial bool, err error) {
 	if err == nil {
-		pr.fails.Store(0)
+		if pr.fails.Load() != 0 {
+			pr.resetRun()
+		}
 		if trial {
 			p.back(pr)
 		}
@@ -531,9 +542,19 @@ func (p *Pool) outcome(pr *peer, trial bool, err error) {
 		p.reeject(pr)
 		return
 	}
+	pr.failCount.Add(1)
 	if n := pr.fails.Add(1); int(n) >= p.cfg.Failures && pr.ejectedUntil.Load() == 0 {
 		p.eject(pr)
 	}
+}
+
+// resetRun ends the run of failures in a row: an answer came, or the
+// server is back. Only a run that was on counts as a reset: the
+// steady-state answer path stores nothing.
+func (pr *peer) resetRun() {
+	pr.fails.Store(0)
+	pr.failAtReset.Store(pr.failCount.Load())
+	pr.resets.Add(1)
 }
 
 // eject takes pr out of rotation, unless it is the last server that is
@@ -576,7 +597,9 @@ func (p *Pool) reeject(pr *peer) {
 func (p *Pool) back(pr *peer) {
 	pr.ejectFor.Store(int64(p.cfg.Eject))
 	pr.ejectedUntil.Store(0)
-	pr.fails.Store(0)
+	if pr.fails.Load() != 0 {
+		pr.resetRun()
+	}
 	pr.trial.Store(false)
 	pr.refresh()
 }

@@ -402,7 +402,9 @@ func (p *Pool) check(pr *peer) {
 		// Any answer: the server is alive.
 		now := p.clk.Now()
 		pr.answered(now, now.Sub(began))
-		pr.fails.Store(0)
+		if pr.fails.Load() != 0 {
+			pr.resetRun()
+		}
 		if pr.ejectedUntil.Load() != 0 {
 			p.back(pr)
 		}

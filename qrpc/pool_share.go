@@ -1,6 +1,7 @@
 package qrpc
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -27,6 +28,23 @@ type Verdict struct {
 	Stalled bool
 	// Keep: the ejection is not known (only Stalled is); leave it.
 	Keep bool
+
+	// The run of transport failures in a row (health.failures), counted
+	// over every view. Import: with HasRun, Run is the shared run; the
+	// pool's own run becomes Run plus the failures it counted since View
+	// last reported them (so that the next one of its own, or an
+	// answer's reset, counts from the instance's run). Reached: the
+	// shared run reached health.failures with this view's own failures:
+	// the pool ejects the server as its own failures would have (unless
+	// it already is ejected, or the panic threshold keeps it).
+	HasRun  bool
+	Run     int
+	Reached bool
+	// View: Counted is the failures this view counted towards its run
+	// (ever, wrapping), Resets the runs it ended (an answer after
+	// failures, or the server back; wrapping), SinceReset the failures
+	// it counted since the last of them.
+	Counted, Resets, SinceReset uint32
 }
 
 // remoteStallHold is how long another view's stall verdict holds here
@@ -89,6 +107,16 @@ func (p *Pool) Import(vs []Verdict) {
 		case pr.ejectedUntil.Load() != 0:
 			p.back(pr)
 		}
+		if v.HasRun {
+			// the failures counted here that the shared run does not
+			// have yet (View reports them at the end of this exchange)
+			pend := int64(int32(pr.failCount.Load() - pr.failShown.Load()))
+			n := min(int64(max(v.Run, 0))+max(pend, 0), math.MaxInt32)
+			pr.fails.Store(int32(n))
+			if v.Reached && int(n) >= p.cfg.Failures && pr.ejectedUntil.Load() == 0 {
+				p.eject(pr)
+			}
+		}
 	}
 }
 
@@ -115,7 +143,8 @@ func (pr *peer) remoteStalled(clk *pickClock) bool {
 
 // ShareView is what this view has to tell the others: each server's own
 // verdict (not the imported ones' echo: Stalled is this view's stall
-// verdict only) and the address list it last resolved.
+// verdict only), the run of failures it counted, and the address list
+// it last resolved.
 type ShareView struct {
 	Peers       []Verdict // sorted by address; Ejected with EjectFor 0 once over
 	ResolvedGen uint64
@@ -149,6 +178,10 @@ func (p *Pool) View(seenGen uint64) ShareView {
 			v.EjectFor = max(0, time.Duration(u-monoNS(now)))
 		}
 		v.Stalled = pr.stalled(pr.inflight.Load(), &clk, int64(p.cfg.Stall))
+		v.Resets = pr.resets.Load()
+		v.Counted = pr.failCount.Load()
+		v.SinceReset = v.Counted - pr.failAtReset.Load()
+		pr.failShown.Store(v.Counted)
 		out.Peers = append(out.Peers, v)
 	}
 	if th := p.throttle; th != nil {

@@ -2,6 +2,7 @@ package qrpc_test
 
 import (
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -126,5 +127,99 @@ func TestPoolImportResolved(t *testing.T) {
 	// an imported list is not this view's own resolution
 	if w := p.View(v.ResolvedGen); w.ResolvedGen != v.ResolvedGen {
 		t.Errorf("importing moved the pool's own generation: %d -> %d", v.ResolvedGen, w.ResolvedGen)
+	}
+}
+
+// TestPoolShareRun: View reports the failures in a row a view counted
+// and the runs it ended; an imported run becomes the pool's own (plus
+// the failures View has not reported yet); a run Reached ejects the
+// server, an imported one does not; an answer ends an imported run.
+func TestPoolShareRun(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(2)
+	b := addrs[1]
+	const bName = "s1"
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Balance: qrpc.Hash, Failures: 3, Eject: time.Minute, Stall: -1})
+	key := ""
+	for i := 0; i < 1000 && key == ""; i++ {
+		res, err := poolCall(p, 5*time.Second, "who", "k"+strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(res.Body) == bName {
+			key = "k" + strconv.Itoa(i)
+		}
+	}
+	if key == "" {
+		t.Fatal("no key of 1000 maps to b")
+	}
+	run := func() qrpc.Verdict {
+		for _, v := range p.View(0).Peers {
+			if v.Addr == b {
+				return v
+			}
+		}
+		t.Fatalf("%s not in the view", b)
+		return qrpc.Verdict{}
+	}
+	failures := func() int { in, _ := peerState(p, b); return in.Failures }
+	timeout := func() {
+		t.Helper()
+		if _, err := poolCall(p, 50*time.Millisecond, "work", key); err == nil {
+			t.Fatal("a call to b answered within 50 ms with b taking 10 s")
+		}
+	}
+	imp := func(v qrpc.Verdict) { v.Addr, v.Keep, v.HasRun = b, true, true; p.Import([]qrpc.Verdict{v}) }
+
+	if v := run(); v.Counted != 0 || v.Resets != 0 {
+		t.Fatalf("before any failure: %+v", v)
+	}
+	f.srvs[1].delay.Store(10000)
+	timeout()
+	if v := run(); v.Counted != 1 || v.SinceReset != 1 || v.Resets != 0 || failures() != 1 {
+		t.Fatalf("after one timeout: %+v, failures %d", v, failures())
+	}
+	// a failure View has not reported is added to the imported run
+	timeout()
+	imp(qrpc.Verdict{Run: 1})
+	if n := failures(); n != 2 {
+		t.Errorf("imported run 1 with one failure not reported yet: failures %d, want 2", n)
+	}
+	if v := run(); v.Counted != 2 || v.SinceReset != 2 {
+		t.Fatalf("after two timeouts: %+v", v)
+	}
+	// reported now: the imported run is the run
+	imp(qrpc.Verdict{Run: 2})
+	if n := failures(); n != 2 {
+		t.Errorf("imported run 2, all reported: failures %d", n)
+	}
+	// an imported run past the limit does not eject; Reached does
+	imp(qrpc.Verdict{Run: 5})
+	if in, _ := peerState(p, b); in.Failures != 5 || in.State != qrpc.PeerUp {
+		t.Errorf("imported run 5: %+v, want failures 5 and b up", in)
+	}
+	imp(qrpc.Verdict{Run: 1, Reached: true})
+	if in, _ := peerState(p, b); in.State != qrpc.PeerUp {
+		t.Errorf("Reached with a run of 1 (of 3): %+v, want b up", in)
+	}
+	imp(qrpc.Verdict{Run: 3, Reached: true})
+	if in, _ := peerState(p, b); in.State != qrpc.PeerEjected || in.Failures != 3 {
+		t.Fatalf("Reached with a run of 3: %+v, want b ejected", in)
+	}
+	// back (here from another view): the run ends
+	p.Import([]qrpc.Verdict{{Addr: b}})
+	if v := run(); v.Ejected || v.Resets != 1 || v.SinceReset != 0 || failures() != 0 {
+		t.Fatalf("after b came back: %+v, failures %d", v, failures())
+	}
+	// an answer ends an imported run, once
+	f.srvs[1].delay.Store(0)
+	imp(qrpc.Verdict{Run: 2})
+	for i := 0; i < 3; i++ {
+		if _, err := poolCall(p, 5*time.Second, "work", key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := run(); v.Resets != 2 || v.SinceReset != 0 || failures() != 0 {
+		t.Errorf("after answers on an imported run of 2: %+v, failures %d, want 2 resets", v, failures())
 	}
 }

@@ -9,8 +9,8 @@ import (
 
 // QRPC_OP_POOL_SHARE exchanges a pool's health with the other workers'
 // views of it (the Lua side keeps the shared copy in a lua_shared_dict:
-// lua/resty/ffi/qrpc/share.lua). Both ways the record is binary,
-// little-endian:
+// lua/resty/ffi/qrpc/share.lua; share_record.lua there encodes and
+// decodes the record). Both ways the record is binary, little-endian:
 //
 //	request (opts):  u8 roles (1: this view probes, 2: it resolves)
 //	                 u64 the resolved-list generation the caller has seen
@@ -18,12 +18,21 @@ import (
 //	                 u64 u64 the other views' adaptive throttling window:
 //	                 requests, accepts
 //	answer:          u64 this view's resolved-list generation
-//	                 this view's verdicts, then its resolved list when
-//	                 the generation differs from the one seen
+//	                 this view's runs, then its resolved list when the
+//	                 generation differs from the one seen
 //	                 u64 u64 this view's throttling window
 //	verdicts:        u16 n, then n × (u8 flags (1 ejected, 2 stalled,
-//	                 4 ejection unknown: leave it as it is), u32 ms of
-//	                 ejection left, u16 len, addr)
+//	                 4 ejection unknown: leave it as it is, 8 the run is
+//	                 given, 16 the run reached health.failures with this
+//	                 view's own failures: eject), u32 ms of ejection
+//	                 left, u32 the run of failures in a row over every
+//	                 view, u16 len, addr)
+//	runs:            u16 n, then n × (u8 flags (1 ejected, 2 stalled),
+//	                 u32 ms of ejection left, u32 failures counted
+//	                 towards the run (ever, wrapping), u32 runs ended (an
+//	                 answer after failures, the server back; wrapping),
+//	                 u32 failures counted since the last run ended,
+//	                 u16 len, addr)
 //	resolved list:   u16 n, then n × (u16 priority, u16 weight,
 //	                 u16 len, addr, u16 len, TLS name)
 //
@@ -37,6 +46,8 @@ const (
 	verdictEjected = 1
 	verdictStalled = 2
 	verdictKeep    = 4
+	verdictRun     = 8
+	verdictReached = 16
 )
 
 // maxShareEntries bounds both lists of a record.
@@ -108,12 +119,16 @@ func decodeShare(b []byte) (shareRequest, error) {
 	for i := 0; i < n && !r.bad; i++ {
 		f := r.u8()
 		ms := r.u32()
+		run := r.u32()
 		q.verdicts = append(q.verdicts, qrpc.Verdict{
 			Addr:     r.str(),
 			Ejected:  f&verdictEjected != 0,
 			EjectFor: time.Duration(ms) * time.Millisecond,
 			Stalled:  f&verdictStalled != 0,
 			Keep:     f&verdictKeep != 0,
+			HasRun:   f&verdictRun != 0,
+			Run:      int(min(run, 1<<31-1)),
+			Reached:  f&verdictReached != 0,
 		})
 	}
 	n = int(r.u16())
@@ -157,6 +172,9 @@ func encodeShareView(v qrpc.ShareView) []byte {
 		ms := min(p.EjectFor.Milliseconds(), 1<<32-1)
 		b = append(b, f)
 		b = binary.LittleEndian.AppendUint32(b, uint32(ms))
+		b = binary.LittleEndian.AppendUint32(b, p.Counted)
+		b = binary.LittleEndian.AppendUint32(b, p.Resets)
+		b = binary.LittleEndian.AppendUint32(b, p.SinceReset)
 		b = appendShareStr(b, p.Addr)
 	}
 	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(v.Resolved), maxShareEntries)))

@@ -371,6 +371,7 @@ local function pool_spec(o, spec)
         return nil, serr
     end
     spec.shared = shared
+    spec.failures = failures
     spec.throttle = tk ~= 0
     spec.check_ms = cinterval
     spec.resolve_ms = resolve

@@ -6,6 +6,11 @@
 --   * a server's ejection (until when) and its stall verdict: a worker
 --     that ejects a server writes it, the others read it and apply it to
 --     their pool (QRPC_OP_POOL_SHARE) before their next call's pick;
+--   * a server's run of transport failures in a row (health.failures):
+--     each worker adds the failures its pool counted, and an answer
+--     after failures ends the run; the worker whose failures bring the
+--     run to health.failures ejects the server (and writes the ejection
+--     as above), the others take the run into their pool;
 --   * the active checks and the re-resolution: one worker holds a lease
 --     (a dict key with an expiry) and runs them; the others turn theirs
 --     off and take the resolved address list from the dict.
@@ -21,6 +26,8 @@
 --   v          version, bumped by every change of the verdicts
 --   e:<addr>   ejected until (ngx.now() seconds), 0 once back
 --   t:<addr>   stalled (expires after STALL_TTL_S unless repeated)
+--   f:<addr>   the run of failures in a row, over every worker (absent:
+--              none; expires RUN_TTL_S after the last failure added)
 --   ag, al     the resolved list's version and the list (in the form
 --              of the binary record)
 --   tr:<id>, ta:<id>  worker <id>'s adaptive throttling window: requests
@@ -29,6 +36,7 @@
 
 local abi = require "resty.ffi.qrpc.abi"
 local builtin = require "resty.ffi.qrpc.host_builtin"
+local record = require "resty.ffi.qrpc.share_record"
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -39,10 +47,6 @@ local worker_id = ngx.worker.id
 local worker_count = ngx.worker.count
 local log = ngx.log
 local WARN = ngx.WARN
-local str_byte = string.byte
-local str_char = string.char
-local str_sub = string.sub
-local tab_concat = table.concat
 local math_floor = math.floor
 local math_min = math.min
 local math_max = math.max
@@ -50,6 +54,8 @@ local pairs = pairs
 local type = type
 
 local OP_POOL_SHARE = abi.OP_POOL_SHARE
+local encode, decode = record.encode, record.decode
+local encode_list, decode_list = record.encode_list, record.decode_list
 
 -- How often a pool that takes calls brings its view in line (s): with the
 -- import on the reader's side at its next sync, an ejection reaches every
@@ -71,6 +77,9 @@ local SAME_S = 0.05
 local LEAD_TICK_S = 0.1
 -- adaptive throttling's window (s): a worker's published counts last it
 local THROTTLE_WINDOW_S = 120
+-- A run of failures no worker added to for this long lapses (s): the
+-- key of a server that left the pool with failures does not stay.
+local RUN_TTL_S = 600
 
 local _M = {}
 
@@ -118,116 +127,6 @@ function _M.option(v)
     return v
 end
 
-
----------------------------------------------------------------------------
--- The binary record of QRPC_OP_POOL_SHARE (internal/bridge/share.go)
----------------------------------------------------------------------------
-
-local function u16(n)
-    return str_char(n % 256, math_floor(n / 256) % 256)
-end
-
-local function u32(n)
-    return str_char(n % 256, math_floor(n / 256) % 256,
-                    math_floor(n / 65536) % 256, math_floor(n / 16777216) % 256)
-end
-
-local function u64(n)
-    return u32(n % 4294967296) .. u32(math_floor(n / 4294967296))
-end
-
-local function lstr(s)
-    return u16(#s) .. s
-end
-
-local function rd16(s, i)
-    local a, b = str_byte(s, i, i + 1)
-    return a + b * 256, i + 2
-end
-
-local function rd32(s, i)
-    local a, b, c, d = str_byte(s, i, i + 3)
-    return a + b * 256 + c * 65536 + d * 16777216, i + 4
-end
-
-local function rdstr(s, i)
-    local n
-    n, i = rd16(s, i)
-    return str_sub(s, i, i + n - 1), i + n
-end
-
--- A resolved list, as the record has it; the dict keeps it so too.
-local function encode_list(list)
-    local nl = list and #list or 0
-    local b = { u16(nl) }
-    for i = 1, nl do
-        local r = list[i]
-        b[i + 1] = u16(r.prio) .. u16(r.weight) .. lstr(r.addr)
-                   .. lstr(r.name)
-    end
-    return tab_concat(b)
-end
-
-local function decode_list(s, i)
-    local n
-    n, i = rd16(s, i)
-    if n == 0 then
-        return nil, i
-    end
-    local list = {}
-    for k = 1, n do
-        local prio, weight, addr, name
-        prio, i = rd16(s, i)
-        weight, i = rd16(s, i)
-        addr, i = rdstr(s, i)
-        name, i = rdstr(s, i)
-        list[k] = { prio = prio, weight = weight, addr = addr, name = name }
-    end
-    return list, i
-end
-
--- encode(roles, gen, verdicts, nv, list, oreqs, oaccs) -> the request
--- record
-local function encode(roles, gen, verdicts, nv, list, oreqs, oaccs)
-    local b = { str_char(roles), u64(gen), u16(nv) }
-    for i = 1, nv do
-        local v = verdicts[i]
-        b[#b + 1] = str_char(v.flags) .. u32(v.ms) .. lstr(v.addr)
-    end
-    b[#b + 1] = encode_list(list)
-    b[#b + 1] = u64(oreqs)
-    b[#b + 1] = u64(oaccs)
-    return tab_concat(b)
-end
-
-local function rd64(s, i)
-    local lo, hi
-    lo, i = rd32(s, i)
-    hi, i = rd32(s, i)
-    return lo + hi * 4294967296, i
-end
-
--- decode(answer) -> gen, peers { { addr, ej, ms, stall } }, list or nil,
--- the throttling window's requests and accepts
-local function decode(s)
-    local gen, i = rd64(s, 1)
-    local n
-    n, i = rd16(s, i)
-    local peers = {}
-    for k = 1, n do
-        local f = str_byte(s, i)
-        local ms, addr
-        ms, i = rd32(s, i + 1)
-        addr, i = rdstr(s, i)
-        peers[k] = { addr = addr, ej = f % 2 == 1,
-                     ms = ms, stall = math_floor(f / 2) % 2 == 1 }
-    end
-    local list, reqs, accs
-    list, i = decode_list(s, i)
-    reqs, i = rd64(s, i)
-    accs = rd64(s, i)
-    return gen, peers, list, reqs, accs
-end
 
 ---------------------------------------------------------------------------
 -- Sync
@@ -289,27 +188,85 @@ local function publish(st, peers, now)
     end
 end
 
--- import reads every server's shared verdict into this worker's pool.
-local function import(st, now)
-    local dict, pk, gov = st.dict, st.pk, st.gov
-    local verdicts, nv = {}, 0
-    for addr in pairs(gov) do
-        local u = dict:get(pk .. "e:" .. addr)
-        local stall = dict:get(pk .. "t:" .. addr) ~= nil
-        local flags, ms = 0, 0
-        if u == nil or (u ~= 0 and u <= now) then
-            -- nobody said, or an ejection over: this worker's trial
-            -- calls and checks decide
-            flags = 4
-        elseif u ~= 0 then
-            flags, ms = 1, math_min(math_floor((u - now) * 1000), 4294967295)
+-- runs adds the failures in a row this worker's pool counted since its
+-- last answer to the shared runs (f:<addr>); a run the pool ended (an
+-- answer after failures, the server back) starts again from the failures
+-- counted since. Nothing is written when nothing was counted or ended: a
+-- pool whose calls are answered adds no dict writes. Returns the servers
+-- whose run this worker's failures brought to health.failures (nil:
+-- none), and whether a run changed (the caller bumps v once what it
+-- publishes is written, so that the others take it all at once).
+local function runs(st, peers)
+    local dict, pk, seen, limit = st.dict, st.pk, st.seen, st.failures
+    local reached, changed
+    for k = 1, #peers do
+        local p = peers[k]
+        local addr = p.addr
+        local s = seen[addr]
+        if not s then
+            seen[addr] = { nf = p.nf, nr = p.nr }
+        elseif p.nr ~= s.nr then
+            local key = pk .. "f:" .. addr
+            if p.since > 0 then
+                dict:set(key, p.since, RUN_TTL_S)
+                changed, st.hot = true, true
+            elseif dict:get(key) then
+                dict:delete(key)
+                changed = true
+            end
+            s.nf, s.nr = p.nf, p.nr
+        elseif p.nf ~= s.nf then
+            local key = pk .. "f:" .. addr
+            local d = (p.nf - s.nf) % 4294967296
+            s.nf = p.nf
+            local run = dict:incr(key, d, 0, RUN_TTL_S)
+            if run then
+                if dict.expire then
+                    dict:expire(key, RUN_TTL_S)
+                end
+                changed, st.hot = true, true
+                if run >= limit and run - d < limit then
+                    reached = reached or {}
+                    reached[#reached + 1] = addr
+                end
+            end
         end
-        if stall then
-            flags = flags + 2
-        end
-        nv = nv + 1
-        verdicts[nv] = { addr = addr, flags = flags, ms = ms }
     end
+    return reached, changed
+end
+
+-- verdict(st, addr, now) -> a server's shared verdict, as the dict has it
+local function verdict(st, addr, now)
+    local dict, pk = st.dict, st.pk
+    local u = dict:get(pk .. "e:" .. addr)
+    local flags, ms = 0, 0
+    if u == nil or (u ~= 0 and u <= now) then
+        -- nobody said, or an ejection over: this worker's trial
+        -- calls and checks decide
+        flags = 4
+    elseif u ~= 0 then
+        flags, ms = 1, math_min(math_floor((u - now) * 1000), 4294967295)
+    end
+    if dict:get(pk .. "t:" .. addr) ~= nil then
+        flags = flags + 2
+    end
+    -- the run (8: given)
+    local run = dict:get(pk .. "f:" .. addr) or 0
+    return { addr = addr, flags = flags + 8, ms = ms,
+             run = math_min(run, 4294967295) }
+end
+
+-- import reads every server's shared verdict into this worker's pool;
+-- st.hot says whether a run is on.
+local function import(st, now)
+    local verdicts, nv, hot = {}, 0, false
+    for addr in pairs(st.gov) do
+        nv = nv + 1
+        local v = verdict(st, addr, now)
+        verdicts[nv] = v
+        hot = hot or v.run > 0
+    end
+    st.hot = hot
     return verdicts, nv
 end
 
@@ -348,7 +305,28 @@ local function sync(st)
     if not gen then
         return
     end
+    local reached, changed = runs(st, peers)
+    if reached then
+        -- this worker's failures brought these runs to health.failures:
+        -- its pool ejects them (16), as its own count would have, and the
+        -- ejection is published below (the ejection as the pool has it: 4)
+        local verdicts = {}
+        for k = 1, #reached do
+            local v = verdict(st, reached[k], now)
+            v.flags = 4 + 8 + 16 + (v.flags % 4 >= 2 and 2 or 0)
+            verdicts[k] = v
+        end
+        local g, p = ask(st, verdicts, #reached)
+        if g then
+            peers = p
+            local _, more = runs(st, peers)
+            changed = changed or more
+        end
+    end
     publish(st, peers, now)
+    if changed then
+        dict:incr(st.vkey, 1, 0)
+    end
     if me then
         dict:set(pk .. "tr:" .. me, reqs, THROTTLE_WINDOW_S)
         dict:set(pk .. "ta:" .. me, accs, THROTTLE_WINDOW_S)
@@ -367,6 +345,10 @@ local function sync(st)
         if nv > 0 then
             gen, peers = ask(st, verdicts, nv)
             if gen then
+                local _, more = runs(st, peers)
+                if more then
+                    dict:incr(st.vkey, 1, 0)
+                end
                 -- what Go holds now, imports included: the base of the
                 -- next sync's transitions
                 local gov = st.gov
@@ -399,9 +381,14 @@ local function trailing(premature, st)
     sync(st)
 end
 
+-- While a server's run of failures is on (st.hot), a call first checks
+-- the dict's version, and syncs when another worker changed a verdict:
+-- the run reaching health.failures elsewhere ejects the server here
+-- before this call's pick, not up to SYNC_S later. A pool whose servers
+-- answer pays nothing of it.
 function _M.due(st)
     local now = ngx_now()
-    if now >= st.next then
+    if now >= st.next or st.hot and st.dict:get(st.vkey) ~= st.v then
         sync(st)
     elseif not st.trail then
         st.trail = true
@@ -411,10 +398,21 @@ function _M.due(st)
     end
 end
 
--- called after a failed call: what failed may have ejected a server
+-- called after a failed call: what failed may have ejected a server, or
+-- added to a run; too soon after the last sync, the next call (or the
+-- trailing timer) syncs once FAIL_SYNC_S has passed
 function _M.failed(st)
-    if ngx_now() >= st.last + FAIL_SYNC_S then
+    local now = ngx_now()
+    if now >= st.last + FAIL_SYNC_S then
         sync(st)
+    elseif st.next > st.last + FAIL_SYNC_S then
+        st.next = st.last + FAIL_SYNC_S
+        if not st.trail then
+            st.trail = true
+            if not timer_at(st.next - now, trailing, st) then
+                st.trail = false
+            end
+        end
     end
 end
 
@@ -484,8 +482,10 @@ function _M.attach(e, name, spec)
     local st = {
         e = e, dict = dict,
         pk = "qrpc:" .. ngx_md5(e.addr .. "|" .. e.pool_key) .. ":",
+        hot = false,
         next = 0, last = 0, v = false, gen = 0, ag = false,
-        gov = {}, stall_told = {},
+        gov = {}, stall_told = {}, seen = {},
+        failures = spec.failures or 3,
         check_s = spec.check_ms and spec.check_ms > 0
                   and spec.check_ms / 1000 or nil,
         resolve_s = spec.resolve_ms and spec.resolve_ms > 0
@@ -493,6 +493,7 @@ function _M.attach(e, name, spec)
         probe = true, resolve = true,
         throttle = spec.throttle, oreqs = 0, oaccs = 0,
     }
+    st.vkey = st.pk .. "v"
     if st.check_s or st.resolve_s then
         -- a lease holder that exits or stops renewing loses it within
         -- half its period; the others try every quarter
