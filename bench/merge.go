@@ -129,10 +129,50 @@ func (t *table) merge(old string, p params) error {
 	if p.quick {
 		mode = "quick (BENCH_QUICK=1)"
 	}
-	notes := append([]string(nil), oldNotes...)
-	notes = append(notes, fmt.Sprintf("Measured again later with -merge (machine: %s; mode: %s; CPU steal %.1f%%): %s. The rest comes from the run described on the first line.",
+	var notes []string
+	for _, n := range oldNotes {
+		if n, keep := dropRemeasured(n, byFamily); keep {
+			notes = append(notes, n)
+		}
+	}
+	notes = append(notes, fmt.Sprintf(mergedNote,
 		t.machine, mode, 100*t.steal, strings.Join(names, "; ")))
 	notes = append(notes, t.notes...)
 	t.header, t.rows, t.notes = header, merged, notes
 	return nil
+}
+
+const (
+	mergedNote = "Measured again later with -merge (machine: %s; mode: %s; CPU steal %.1f%%): %s" + mergedTail
+	mergedTail = ". The rest comes from the run described on the first line."
+)
+
+// dropRemeasured takes out of an earlier merge's note the sections of the
+// families measured again now, which that note no longer describes;
+// keep is false when none is left. Other notes are kept as they are.
+func dropRemeasured(note string, fresh map[string][]row) (string, bool) {
+	head, list, ok := strings.Cut(note, "%): ")
+	if !ok || !strings.HasPrefix(note, "Measured again later with -merge (") || !strings.HasSuffix(list, mergedTail) {
+		return note, true
+	}
+	// A section's name may hold "; " inside parentheses: "(same
+	// machine; for information)".
+	var secs []string
+	for _, part := range strings.Split(strings.TrimSuffix(list, mergedTail), "; ") {
+		if n := len(secs); n > 0 && strings.Count(secs[n-1], "(") > strings.Count(secs[n-1], ")") {
+			secs[n-1] += "; " + part
+			continue
+		}
+		secs = append(secs, part)
+	}
+	var left []string
+	for _, sec := range secs {
+		if _, again := fresh[family(sec)]; !again {
+			left = append(left, sec)
+		}
+	}
+	if len(left) == 0 {
+		return "", false
+	}
+	return head + "%): " + strings.Join(left, "; ") + mergedTail, true
 }

@@ -80,3 +80,36 @@ func TestMerge(t *testing.T) {
 		t.Error("the chart does not show the merged report")
 	}
 }
+
+// A second -merge takes the sections it measures again out of the notes
+// of earlier merges, and drops a note left with none.
+func TestMergeAgainDropsStaleNotes(t *testing.T) {
+	old := sampleTable().markdown(params{runs: 1})
+	first := &table{machine: "first"}
+	first.add(row{section: "A", name: "a time", subject: "1", baseline: "2", ratio: 0.5, ratioLabel: "time ratio"})
+	first.add(row{section: "B", name: "b time & more", subject: "1", baseline: "2", ratio: 0.5, ratioLabel: "time ratio"})
+	first.add(row{section: "B: two (one; two)", name: "b two", subject: "1", baseline: "2", ratio: 0.5, ratioLabel: "time ratio"})
+	if err := first.merge(old, params{runs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	second := &table{machine: "second"}
+	second.add(row{section: "B", name: "b time & more", subject: "1", baseline: "2", ratio: 0.5, ratioLabel: "time ratio"})
+	if err := second.merge(first.markdown(params{runs: 1}), params{runs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	md := second.markdown(params{runs: 1})
+	if !strings.Contains(md, "(machine: first; mode: full; CPU steal 0.0%): A. The rest") {
+		t.Errorf("the first merge's note should name A only:\n%s", md)
+	}
+	if !strings.Contains(md, "(machine: second; mode: full; CPU steal 0.0%): B. The rest") {
+		t.Errorf("the second merge's note is missing:\n%s", md)
+	}
+	third := &table{machine: "third"}
+	third.add(row{section: "A", name: "a time", subject: "1", baseline: "2", ratio: 0.5, ratioLabel: "time ratio"})
+	if err := third.merge(md, params{runs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if md := third.markdown(params{runs: 1}); strings.Contains(md, "machine: first") {
+		t.Errorf("a note whose every section was measured again is still there:\n%s", md)
+	}
+}
