@@ -93,7 +93,7 @@ type submitter struct {
 	// collection maps back some runtime code).
 	idleGen, releasedGen uint64
 	relTimer             *time.Timer
-	released             atomic.Int64 // kB dropped, for tests
+	releaseOff           bool // a release failed: none again
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -166,13 +166,17 @@ func (s *submitter) armRelease() {
 	})
 }
 
+// releaseLocked drops the library's pages; after a failure (madvise
+// refuses locked pages, say) it says so once and never tries again,
+// rather than log at each idle spell.
 func (s *submitter) releaseLocked() {
-	kb, err := resident.Release()
-	if err != nil {
-		rt.Logger().Warn("qrpc: idle worker keeps the library's pages", "err", err.Error())
+	if s.releaseOff {
 		return
 	}
-	s.released.Add(kb)
+	if _, err := resident.Release(); err != nil {
+		s.releaseOff = true
+		rt.Logger().Warn("qrpc: idle worker keeps the library's pages", "err", err.Error())
+	}
 }
 
 // stop closes the queues (qrpc_submit_async then answers
