@@ -11,15 +11,14 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
-// TestIdleWorkerThreads: once a worker that called goes idle, its Go
-// runtime is down to three threads beside nginx's (m0, sysmon, the
-// template thread): the threads the first calls made it start (two)
-// end when the trimmer stops, and a second busy spell leaves it there
-// once idle again.
-func TestIdleWorkerThreads(t *testing.T) {
+// idleWorker starts a one-worker nginx whose /t makes a call, for the
+// tests of the built-in host's idle transition (skipped on lua-resty-ffi's
+// host, which has none: why says what it would lack).
+func idleWorker(t *testing.T, why string) (*nginxProc, int) {
+	t.Helper()
 	requireNginx(t)
 	if ng.Host() == "resty_ffi" {
-		t.Skip("lua-resty-ffi's host has no trimmer, so no pass ends threads (docs/tuning.md, Idle cost)")
+		t.Skip("lua-resty-ffi's host has no trimmer, so " + why + " (docs/tuning.md, Idle cost)")
 	}
 	t.Parallel()
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
@@ -29,7 +28,16 @@ func TestIdleWorkerThreads(t *testing.T) {
 	if len(pids) != 1 {
 		t.Fatalf("workers %v", pids)
 	}
-	pid := pids[0]
+	return n, pids[0]
+}
+
+// TestIdleWorkerThreads: once a worker that called goes idle, its Go
+// runtime is down to three threads beside nginx's (m0, sysmon, the
+// template thread): the threads the first calls made it start (two)
+// end when the trimmer stops, and a second busy spell leaves it there
+// once idle again.
+func TestIdleWorkerThreads(t *testing.T) {
+	n, pid := idleWorker(t, "no pass ends threads")
 	threads := func() int {
 		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
@@ -101,19 +109,7 @@ func libraryClean(t *testing.T, pid int) int {
 // data, some 12 MB resident after a call), keeping what the idle
 // runtime touches; the next call maps back what it needs and works.
 func TestIdleWorkerReleasesLibrary(t *testing.T) {
-	requireNginx(t)
-	if ng.Host() == "resty_ffi" {
-		t.Skip("lua-resty-ffi's host has no trimmer, so nothing tells the library the worker is idle (docs/tuning.md, Idle cost)")
-	}
-	t.Parallel()
-	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
-                local res, err = conn:unary("echo", "idle ok", { timeout = 2000 })
-                ngx.say(res and res.body or err)`)})
-	pids := n.workerPIDs()
-	if len(pids) != 1 {
-		t.Fatalf("workers %v", pids)
-	}
-	pid := pids[0]
+	n, pid := idleWorker(t, "nothing tells the library the worker is idle")
 	for round := range 2 {
 		if st, body := n.get("/t"); st != 200 || body != "idle ok\n" {
 			t.Fatalf("round %d: %d %q", round, st, body)

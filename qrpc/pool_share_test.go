@@ -163,11 +163,15 @@ func TestPoolShareRun(t *testing.T) {
 		return qrpc.Verdict{}
 	}
 	failures := func() int { in, _ := peerState(p, b); return in.Failures }
-	timeout := func() {
+	// timeout makes a call to b time out, and waits until the pool has
+	// counted it (the attempt records its outcome after the caller has
+	// its error) as the run's failure number want.
+	timeout := func(want int) {
 		t.Helper()
 		if _, err := poolCall(p, 50*time.Millisecond, "work", key); err == nil {
 			t.Fatal("a call to b answered within 50 ms with b taking 10 s")
 		}
+		testwait.Until(t, "the timeout counted", 10*time.Second, func() bool { return failures() >= want })
 	}
 	imp := func(v qrpc.Verdict) { v.Addr, v.Keep, v.HasRun = b, true, true; p.Import([]qrpc.Verdict{v}) }
 
@@ -175,12 +179,12 @@ func TestPoolShareRun(t *testing.T) {
 		t.Fatalf("before any failure: %+v", v)
 	}
 	f.srvs[1].delay.Store(10000)
-	timeout()
+	timeout(1)
 	if v := run(); v.Counted != 1 || v.SinceReset != 1 || v.Resets != 0 || failures() != 1 {
 		t.Fatalf("after one timeout: %+v, failures %d", v, failures())
 	}
 	// a failure View has not reported is added to the imported run
-	timeout()
+	timeout(2)
 	imp(qrpc.Verdict{Run: 1})
 	if n := failures(); n != 2 {
 		t.Errorf("imported run 1 with one failure not reported yet: failures %d, want 2", n)

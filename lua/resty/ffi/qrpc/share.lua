@@ -381,6 +381,16 @@ local function trailing(premature, st)
     sync(st)
 end
 
+-- arm leaves the trailing timer for st.next, unless one is armed.
+local function arm(st, now)
+    if not st.trail then
+        st.trail = true
+        if not timer_at(st.next - now, trailing, st) then
+            st.trail = false
+        end
+    end
+end
+
 -- While a server's run of failures is on (st.hot), a call first checks
 -- the dict's version, and syncs when another worker changed a verdict:
 -- the run reaching health.failures elsewhere ejects the server here
@@ -390,11 +400,8 @@ function _M.due(st)
     local now = ngx_now()
     if now >= st.next or st.hot and st.dict:get(st.vkey) ~= st.v then
         sync(st)
-    elseif not st.trail then
-        st.trail = true
-        if not timer_at(st.next - now, trailing, st) then
-            st.trail = false
-        end
+    else
+        arm(st, now)
     end
 end
 
@@ -407,12 +414,7 @@ function _M.failed(st)
         sync(st)
     elseif st.next > st.last + FAIL_SYNC_S then
         st.next = st.last + FAIL_SYNC_S
-        if not st.trail then
-            st.trail = true
-            if not timer_at(st.next - now, trailing, st) then
-                st.trail = false
-            end
-        end
+        arm(st, now)
     end
 end
 
