@@ -11,29 +11,11 @@ local qt = require "qtest"
 
 local _M = {}
 
-local by_name = {}
-for _, o in ipairs(schema) do
-    by_name[o.name] = o
-end
+local qopts = require "qopts"
 
 -- opts with name (maybe "a.b") set to v, and the option it needs
 local function with(name, v)
-    local o = {}
-    local function set(n, x)
-        local a, b = n:match("^(%w+)%.([%w_]+)$")
-        if a then
-            o[a] = o[a] or {}
-            o[a][b] = x
-        else
-            o[n] = x
-        end
-    end
-    set(name, v)
-    local needs = by_name[name] and by_name[name].needs or ""
-    if needs ~= "" then
-        set(needs, by_name[needs].type == "string" and "echo" or 10)
-    end
-    return o
+    return qopts.needs(qopts.set({}, name, v), name)
 end
 
 local function refused(err, argn, name)

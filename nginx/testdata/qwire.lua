@@ -16,10 +16,8 @@ local qt = require "qtest"
 
 local _M = {}
 
-local by_name = {}
-for _, o in ipairs(schema) do
-    by_name[o.name] = o
-end
+local qopts = require "qopts"
+local set, needs = qopts.set, qopts.needs
 
 -- Values no bound gives (strings, lists, tables), or one the bounds
 -- would not pick.
@@ -52,24 +50,6 @@ local function values(o)
         return { o.default ~= "true" }
     end
     return {}
-end
-
-local function set(t, name, v)
-    local a, b = name:match("^(%w+)%.([%w_]+)$")
-    if a then
-        t[a] = t[a] or {}
-        t[a][b] = v
-    else
-        t[name] = v
-    end
-end
-
--- the option o needs, set in t
-local function needs(t, o)
-    if o.needs ~= "" then
-        set(t, o.needs, by_name[o.needs].type == "string" and "echo" or 10)
-    end
-    return t
 end
 
 local function records(s)
@@ -144,8 +124,8 @@ function _M.run()
                 for _, v in ipairs(vals) do
                     -- connect: retries = 0 makes Lua write every pool record
                     -- in both, so that only what v changes differs
-                    local base = needs(where == "connect" and { retries = 0 } or {}, o)
-                    local opts = needs(where == "connect" and { retries = 0 } or {}, o)
+                    local base = needs(where == "connect" and { retries = 0 } or {}, o.name)
+                    local opts = needs(where == "connect" and { retries = 0 } or {}, o.name)
                     set(opts, o.name, v)
                     local b, berr = encode[where](base)
                     local a, aerr = encode[where](opts)
