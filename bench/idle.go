@@ -110,8 +110,17 @@ func figureIdle(e *env, p params, t *table) error {
 		if err := n.start(nginxOpts{workers: workers, gomaxprocs: p.main.gomaxprocs, godebug: p.main.godebug}); err != nil {
 			return nil, err
 		}
-		r.pids, err = n.workers()
-		return r, err
+		// /pid answers once one worker is up: the others may still be
+		// forking.
+		for deadline := time.Now().Add(10 * time.Second); len(r.pids) < workers; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("%d of %d workers after 10 s", len(r.pids), workers)
+			}
+			if r.pids, err = n.workers(); err != nil {
+				return nil, err
+			}
+		}
+		return r, nil
 	}
 	var calls []*idleRun
 	for _, l := range libs {
