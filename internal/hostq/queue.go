@@ -15,7 +15,6 @@ package hostq
 // slows its 20 µs tick.
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../ffi
 #include <stdlib.h>
 #include "qrpc.h"
 #include "hostq.h"
