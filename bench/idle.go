@@ -100,6 +100,15 @@ func figureIdle(e *env, p params, t *table) error {
 			return nil, err
 		}
 		n.tmpl = tmpl
+		// A copy of its own for each nginx: the pages of a file count in
+		// the PSS of every process that maps them, so no other worker
+		// (the other nginx here, the main one of the earlier figures)
+		// may share them.
+		own := filepath.Join(n.dir, "lib", "libffi_qrpc.so")
+		if err := installCopy(lib, own); err != nil {
+			return nil, err
+		}
+		lib = own
 		_, port, _ := strings.Cut(e.qrpcAddr, ":")
 		for k, v := range map[string]any{"Mode": mode, "Lib": lib, "Calling": idleCalling, "Burst": *idleBurst,
 			"PoolAddr": poolName + ":" + port, "Resolver": dns.Addr, "CheckMS": idleCheckMS, "ResolveMS": idleResolveMS} {
@@ -403,6 +412,18 @@ func (r *idleRun) reportPool(t *table, series map[int]*procSeries, settle, windo
 		subject: hz(follow), baseline: hz(unshared) + " unshared", ratio: tot(follow) - tot(unshared), ratioLabel: "extra per s"})
 	t.add(row{section: sec, name: "wake-ups/s of the unshared pool (its checks and re-resolution) vs a plain worker",
 		subject: hz(unshared), baseline: hz(plain) + " plain", ratio: tot(unshared) - tot(plain), ratioLabel: "extra per s"})
+	return nil
+}
+
+// installCopy copies the library as make install does, into a directory
+// the workers can read.
+func installCopy(from, to string) error {
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.Command("install", "-m", "755", from, to).CombinedOutput(); err != nil {
+		return fmt.Errorf("install %s: %v: %s", to, err, out)
+	}
 	return nil
 }
 
