@@ -10,7 +10,7 @@
 #   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
 #   make bench-update  a full run into the committed bench/results.md and .svg
 #   make lint          gofmt, go vet, luacheck, the docs check (README length, links, no history, every option documented)
-#   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
+#   make install       Lua module + libffi_qrpc.so + qrpc.h under PREFIX (DESTDIR supported)
 #   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
 #   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
 #   make limits        regenerate lua/resty/ffi/qrpc/limits.lua from internal/limits
@@ -38,6 +38,8 @@ LUA_LIB_DIR ?= $(PREFIX)/share/lua/5.1
 # PREFIX/share/lua/5.1, its own Lua root (so OpenResty: LIB_DIR=$(LUA_LIB_DIR)),
 # package.cpath and the dynamic linker; anywhere else needs configure{ lib = ... }.
 LIB_DIR     ?= $(PREFIX)/lib
+# The C ABI (qrpc.h), for C hosts and for checking abi.lua's cdef against.
+INCLUDE_DIR ?= $(PREFIX)/include
 INSTALL     ?= install
 LUACHECK    ?= luacheck
 
@@ -135,6 +137,12 @@ lint:
 	@big=$$(find lua -name '*.lua' -exec awk 'END { if (NR > 600) print FILENAME ": " NR " lines (at most 600)" }' {} \; ; \
 	  find qrpc internal ffi demo bench -name '*.go' ! -name '*_test.go' ! -name '*.pb.go' -exec awk 'END { if (NR > 800) print FILENAME ": " NR " lines (at most 800)" }' {} \;); \
 	  if [ -n "$$big" ]; then echo "$$big"; exit 1; fi
+	@awk 'END { if (NR > 400) { print FILENAME ": " NR " lines (at most 400: its figures live in files of their own)"; exit 1 } }' bench/main.go
+	@# no arrow runs back up: ffi/ (the library: the exports) sits on top of internal/ and
+	@# qrpc/, so nothing there imports ffi/ or reaches for a header outside its own package
+	@up=$$(grep -rnE --include='*.go' --include='*.c' --include='*.h' \
+	  -e '#cgo [A-Z_]+: .*-I' -e '#include "[^"]*/' -e '"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/ffi[/"]' internal qrpc); \
+	  if [ -n "$$up" ]; then echo "an include or import under internal/ or qrpc/ leaves its floor:"; echo "$$up"; exit 1; fi
 
 # ---- nginx flavours --------------------------------------------------------------
 
@@ -185,7 +193,7 @@ bench-update: $(LIB)
 # Files go in under a temporary name and are renamed: replacing the library
 # of a running nginx in place would crash its workers.
 install: $(LIB)
-	$(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi $(DESTDIR)$(LIB_DIR)
+	$(INSTALL) -d $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi $(DESTDIR)$(LIB_DIR) $(DESTDIR)$(INCLUDE_DIR)
 	$(INSTALL) -m 644 lua/resty/ffi/qrpc.lua $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua
 	@for d in $$(cd lua && find resty/ffi/qrpc -type d | sort); do \
 	  echo "$(INSTALL) -m 644 lua/$$d/*.lua $(DESTDIR)$(LUA_LIB_DIR)/$$d/"; \
@@ -194,9 +202,10 @@ install: $(LIB)
 	done
 	$(INSTALL) -m 755 $(LIB) $(DESTDIR)$(LIB_DIR)/.$(LIB).new
 	mv -f $(DESTDIR)$(LIB_DIR)/.$(LIB).new $(DESTDIR)$(LIB_DIR)/$(LIB)
+	$(INSTALL) -m 644 internal/hostq/qrpc.h $(DESTDIR)$(INCLUDE_DIR)/qrpc.h
 
 uninstall:
-	rm -f $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua $(DESTDIR)$(LIB_DIR)/$(LIB)
+	rm -f $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc.lua $(DESTDIR)$(LIB_DIR)/$(LIB) $(DESTDIR)$(INCLUDE_DIR)/qrpc.h
 	rm -rf $(DESTDIR)$(LUA_LIB_DIR)/resty/ffi/qrpc
 
 # ---- packages for make test ------------------------------------------------------

@@ -1,305 +1,436 @@
 package main
 
-// Idle cost: what an nginx worker that made one qrpc call and then sits
-// idle costs, against plain Lua workers of the same nginx in the same run.
-// One nginx with 2N workers: workers 0..N-1 connect and make one call from
-// a timer at start, the others only configure the module (which must not
-// load the library). Then, for a quiet window, each worker's RSS, threads
-// and voluntary context switches (each one a wake-up of a thread that
-// slept), the nginx thread apart from the others (the Go runtime's).
+// Idle cost: what an nginx worker that made one call and then sits idle
+// costs, against plain workers of the same nginx in the same run, in the
+// kernel's own accounting: PSS (each shared page divided among the
+// processes that map it, what smem and systemd report), private memory
+// (USS: Private_Clean + Private_Dirty, what the worker alone holds) and
+// wake-ups (each thread's context switches), from /proc. RSS only for
+// reference: it counts the library's pages, one copy in the page cache,
+// in full in every worker that maps them.
+//
+// One nginx with 8 workers: 4 connect and make one call, the other 4 only
+// configure the module. Two windows per worker, cut around its own call:
+// the transition (the settle time after the call: the trimmer giving
+// back the call's blocks and stopping, the dispatcher's last poll) and
+// the idle window after it. A second nginx holds a shared pool with
+// checks and re-resolution: one worker takes the leases, another follows,
+// a third runs the same pool unshared, the fourth is plain. -idle-libs
+// runs the first nginx again beside it for each other build of the
+// library, so that builds compare in one run.
 
 import (
+	"flag"
 	"fmt"
 	"log"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"text/template"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 )
 
-const idleConf = `load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
-worker_processes {{.Workers}};
-pid {{.Dir}}/nginx.pid;
-error_log {{.Dir}}/error.log warn;
-env GOMAXPROCS;
-env GODEBUG;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    lua_package_path "{{.Dir}}/?.lua;{{.LuaDir}}/?.lua;/usr/share/lua/5.1/?.lua;;";
-    client_body_temp_path {{.Dir}}/body;
-    proxy_temp_path {{.Dir}}/proxy;
-    fastcgi_temp_path {{.Dir}}/fastcgi;
-    uwsgi_temp_path {{.Dir}}/uwsgi;
-    scgi_temp_path {{.Dir}}/scgi;
-    init_worker_by_lua_block {
-        local qrpc = require "resty.ffi.qrpc"
-        qrpc.configure{ host = "builtin", lib = "{{.Lib}}", socket_dir = "{{.Dir}}" }
-        if ngx.worker.id() < {{.Calling}} then
-            ngx.timer.at(0, function(premature)
-                if premature then return end
-                local cfg = require "bench_config"
-                local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
-                local res
-                if conn then res, err = conn:unary("echo", "hello") end
-                ngx.log(ngx.WARN, "idle-bench: pid ", ngx.worker.pid(), " call ", res and "ok" or tostring(err))
-            end)
-        end
-    }
-    server {
-        listen {{.Port}};
-        location = /pid { return 200 "ok"; }
-        # /call and /profile: for -hold-idle, by hand
-        location = /call {
-            content_by_lua_block {
-                local qrpc = require "resty.ffi.qrpc"
-                local cfg = require "bench_config"
-                local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
-                local res
-                if conn then res, err = conn:unary("echo", "hello") end
-                ngx.say(ngx.worker.pid(), " ", res and "ok" or tostring(err))
-            }
-        }
-        location = /profile {
-            content_by_lua_block {
-                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
-                if not p then return ngx.say(err) end
-                ngx.print(p)
-            }
-        }
-    }
-}
-`
+var (
+	idleLibs = flag.String("idle-libs", "", "idle figure: also measure these builds of the library, name=path,..., each in an nginx of its own beside the main one")
+	// A burst leaves blocks in the caches the trimmer gives back.
+	idleBurst = flag.Int("idle-burst", 0, "idle figure: after its call, each calling worker makes this many concurrent 64 KB echoes")
+)
 
-// taskCSW is each thread's voluntary context switches.
-func taskCSW(pid int) (map[int]int64, error) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	out := map[int]int64{}
-	for _, d := range ents {
-		tid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, d.Name(), "status"))
-		if err != nil {
-			continue // the thread ended
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
-				out[tid], _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			}
-		}
-	}
-	return out, nil
-}
+const (
+	idleWorkers = 8
+	idleCalling = 4
+	// The shared pool's options: what a deployment with active checks
+	// and DNS re-resolution sets.
+	idleCheckMS   = 2000
+	idleResolveMS = 30000
+	poolName      = "bench-pool.test"
+)
 
-// rollupKB is /proc/pid/smaps_rollup's fields, in KB.
-func rollupKB(pid int) (map[string]int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]int{}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[2] == "kB" {
-			out[strings.TrimSuffix(f[0], ":")], _ = strconv.Atoi(f[1])
-		}
-	}
-	return out, nil
-}
-
-// libRSSKB is the resident KB of pid's mappings of the library file (its
-// code and data, shared with the other workers but what is written).
-func libRSSKB(pid int, lib string) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
-	if err != nil {
-		return 0
-	}
-	kb, in := 0, false
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		if !strings.HasSuffix(f[0], ":") || strings.Contains(f[0], "-") {
-			// a mapping's header: "start-end perms offset dev inode [path]"
-			in = len(f) >= 6 && filepath.Base(f[5]) == filepath.Base(lib)
-			continue
-		}
-		if in && f[0] == "Rss:" {
-			v, _ := strconv.Atoi(f[1])
-			kb += v
-		}
-	}
-	return kb
-}
-
-// libLoaded says whether pid has the library mapped.
-func libLoaded(pid int, lib string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-	return err == nil && strings.Contains(string(b), filepath.Base(lib))
-}
-
-// idleWorker is one worker's reading over the window.
-type idleWorker struct {
-	pid             int
-	rssKB, threads  int
-	privKB, libKB   int     // private (clean + dirty) KB; resident KB of the library file
-	pssKB           int     // proportional set size: shared pages divided among their users
-	nginxHz, goHz   float64 // wake-ups/s of the nginx thread, of all others
-	busiestGoHz     float64
-	loaded, calling bool
+// idleRun is one nginx of the figure and what its workers did.
+type idleRun struct {
+	name  string // "" for the main build
+	n     *nginx
+	pids  []int
+	ends  map[int]time.Time // each worker's call (or connect), when it was done
+	roles map[int]string    // "call", "shared", "unshared"
 }
 
 func figureIdle(e *env, p params, t *table) error {
-	const calling = 4
-	// The window spans three keep-alive periods (a third of the default
-	// 30 s idle timeout); it starts once the call's after-effects are over
-	// (the trimmer's last ticks, quic-go's timers of a fresh connection).
+	// The transition is over within 10 s of the call (the trimmer stops
+	// within two bufcache intervals, 4 s); the window spans two
+	// keep-alive periods (half the default 30 s idle timeout).
 	settle, window := 10*time.Second, 30*time.Second
 	if p.quick {
-		settle, window = 3*time.Second, 10*time.Second
+		window = 10 * time.Second
 	}
-	n, err := e.newNginx("nginx", filepath.Join(e.dir, "idle"), "builtin", "")
+	dns, err := dnstest.Listen(poolName + ".")
 	if err != nil {
 		return err
 	}
-	if n.tmpl, err = template.New("idle").Parse(idleConf); err != nil {
-		return err
-	}
-	n.data["Calling"] = calling
-	if err := n.start(nginxOpts{workers: 2 * calling, gomaxprocs: p.main.gomaxprocs, godebug: p.main.godebug}); err != nil {
-		return err
-	}
-	defer n.stop()
-	// Each calling worker logs its pid once its call is done.
-	called := map[int]bool{}
-	for deadline := time.Now().Add(30 * time.Second); len(called) < calling; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d workers made their call; error.log:\n%s", len(called), calling, tail(filepath.Join(n.dir, "error.log")))
-		}
-		b, _ := os.ReadFile(filepath.Join(n.dir, "error.log"))
-		for _, line := range strings.Split(string(b), "\n") {
-			_, rest, ok := strings.Cut(line, "idle-bench: pid ")
-			if !ok {
-				continue
-			}
-			f := strings.Fields(rest)
-			if len(f) < 3 || strings.TrimSuffix(f[2], ",") != "ok" {
-				return fmt.Errorf("a worker's call failed: %s", line)
-			}
-			pid, _ := strconv.Atoi(f[0])
-			called[pid] = true
+	defer dns.Close()
+	dns.Set("127.0.0.1")
+	libs := []struct{ name, path string }{{"", e.lib}}
+	for _, kv := range strings.Split(*idleLibs, ",") {
+		if name, path, ok := strings.Cut(kv, "="); ok {
+			libs = append(libs, struct{ name, path string }{name, path})
+		} else if kv != "" {
+			return fmt.Errorf("-idle-libs: %q is not name=path", kv)
 		}
 	}
-	pids, err := n.workers()
+	tmpl, err := template.New("idle").Parse(idleConf)
 	if err != nil {
 		return err
 	}
-	// Past the call's own after-effects (the dispatcher's first sweeps,
-	// the trimmer giving back the call's blocks and stopping).
-	time.Sleep(settle)
-	before := map[int]map[int]int64{}
-	for _, pid := range pids {
-		if before[pid], err = taskCSW(pid); err != nil {
-			return err
+	var runs []*idleRun
+	defer func() {
+		for _, r := range runs {
+			r.n.stop()
 		}
-	}
-	log.Printf("idle: %d workers %v (%v made a call), %s quiet", len(pids), pids, called, window)
-	time.Sleep(window)
-	secs := window.Seconds()
-	var ws []idleWorker
-	for _, pid := range pids {
-		after, err := taskCSW(pid)
+	}()
+	start := func(name, mode, lib string, workers int) (*idleRun, error) {
+		n, err := e.newNginx("nginx", filepath.Join(e.dir, "idle-"+mode+name), "builtin", "")
 		if err != nil {
-			return err
+			return nil, err
 		}
-		rss, err := rssKB(strconv.Itoa(pid))
-		if err != nil {
-			return err
+		n.tmpl = tmpl
+		// A copy of its own for each nginx: the pages of a file count in
+		// the PSS of every process that maps them, so no other worker
+		// (the other nginx here, the main one of the earlier figures)
+		// may share them.
+		own := filepath.Join(n.dir, "lib", "libffi_qrpc.so")
+		if err := installCopy(lib, own); err != nil {
+			return nil, err
 		}
-		roll, err := rollupKB(pid)
-		if err != nil {
-			return err
+		lib = own
+		_, port, _ := strings.Cut(e.qrpcAddr, ":")
+		for k, v := range map[string]any{"Mode": mode, "Lib": lib, "Calling": idleCalling, "Burst": *idleBurst,
+			"PoolAddr": poolName + ":" + port, "Resolver": dns.Addr, "CheckMS": idleCheckMS, "ResolveMS": idleResolveMS} {
+			n.data[k] = v
 		}
-		w := idleWorker{pid: pid, rssKB: rss, threads: len(after), loaded: libLoaded(pid, e.lib), calling: called[pid],
-			privKB: roll["Private_Clean"] + roll["Private_Dirty"], libKB: libRSSKB(pid, e.lib), pssKB: roll["Pss"]}
-		for tid, v := range after {
-			hz := float64(v-before[pid][tid]) / secs // a thread born in the window counts from 0
-			if tid == pid {
-				w.nginxHz = hz
-			} else {
-				w.goHz += hz
-				w.busiestGoHz = max(w.busiestGoHz, hz)
+		r := &idleRun{name: name, n: n}
+		runs = append(runs, r)
+		if err := n.start(nginxOpts{workers: workers, gomaxprocs: p.main.gomaxprocs, godebug: p.main.godebug}); err != nil {
+			return nil, err
+		}
+		// /pid answers once one worker is up: the others may still be
+		// forking.
+		for deadline := time.Now().Add(10 * time.Second); len(r.pids) < workers; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("%d of %d workers after 10 s", len(r.pids), workers)
+			}
+			if r.pids, err = n.workers(); err != nil {
+				return nil, err
 			}
 		}
-		ws = append(ws, w)
+		return r, nil
 	}
-	var q, plain idleAvg
-	for _, w := range ws {
-		if w.calling {
-			q.add(w)
-		} else {
-			plain.add(w)
+	var calls []*idleRun
+	for _, l := range libs {
+		r, err := start(l.name, "calls", l.path, idleWorkers)
+		if err != nil {
+			return err
 		}
-		log.Printf("idle: pid %d calling=%v lib=%v RSS %.1f MB (private %.1f MB, PSS %.1f MB, library file %.1f MB), %d threads, wake-ups/s nginx %.2f, others %.2f (busiest %.2f)",
-			w.pid, w.calling, w.loaded, float64(w.rssKB)/1024, float64(w.privKB)/1024, float64(w.pssKB)/1024, float64(w.libKB)/1024, w.threads, w.nginxHz, w.goHz, w.busiestGoHz)
+		calls = append(calls, r)
 	}
-	if q.n == 0 || plain.n == 0 {
-		return fmt.Errorf("idle: %d calling and %d plain workers", q.n, plain.n)
+	pool, err := start("", "pool", e.lib, 4)
+	if err != nil {
+		return err
+	}
+	var pids []int
+	for _, r := range runs {
+		pids = append(pids, r.pids...)
+	}
+	// The sampler reads every worker before any call starts: the windows
+	// are cut from each worker's call on.
+	smp := startSampler(pids)
+	<-smp.first
+	for _, r := range runs {
+		if err := os.WriteFile(filepath.Join(r.n.dir, "go"), nil, 0o644); err != nil {
+			smp.stop()
+			return err
+		}
+	}
+	var last time.Time
+	for _, r := range runs {
+		want := idleCalling
+		if r == pool {
+			want = 3
+		}
+		if err := r.waitDone(want, 60*time.Second); err != nil {
+			smp.stop()
+			return err
+		}
+		for _, end := range r.ends {
+			if end.After(last) {
+				last = end
+			}
+		}
+	}
+	log.Printf("idle: %d nginx, workers called or connected by %s; %s to settle, then a %s window", len(runs), last.Format("15:04:05.000"), settle, window)
+	time.Sleep(time.Until(last.Add(settle + window + 2*cswEvery)))
+	series := smp.stop()
+	for _, r := range calls {
+		if err := r.report(t, series, settle, window); err != nil {
+			return err
+		}
+	}
+	if err := pool.reportPool(t, series, settle, window); err != nil {
+		return err
 	}
 	if p.holdIdle {
-		log.Printf("holding: idle nginx, prefix %s, workers %v; Ctrl-C to end", n.dir, pids)
+		log.Printf("holding: idle nginx, prefixes %s and %s; Ctrl-C to end", calls[0].n.dir, pool.n.dir)
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		<-sig
 	}
 	// An idle dispatcher must still notice the worker exit at once
 	// (Kong#6904): how long the old workers take to go after a reload.
-	reload, err := reloadTime(n, pids)
+	reload, err := reloadTime(calls[0].n, calls[0].pids)
 	if err != nil {
 		return err
 	}
-	const sec = "Idle worker (one call, then quiet)"
-	t.add(row{section: sec, name: fmt.Sprintf("RSS per worker, %d workers each side", q.n),
-		subject: fmt.Sprintf("%.1f MB", q.rss()), baseline: fmt.Sprintf("%.1f MB plain", plain.rss()),
-		ratio: q.rss() - plain.rss(), ratioLabel: "extra MB", target: "≤ 10", met: q.rss()-plain.rss() <= 10})
-	t.add(row{section: sec, name: "of that RSS: the library file's pages (shared by every worker, one copy in the page cache)",
-		subject: fmt.Sprintf("%.1f MB", q.lib()), baseline: "—", noRatio: true})
-	t.add(row{section: sec, name: "RSS per worker less the library file's pages",
-		subject: fmt.Sprintf("%.1f MB", q.rss()-q.lib()), baseline: fmt.Sprintf("%.1f MB plain", plain.rss()-plain.lib()),
-		ratio: q.rss() - q.lib() - (plain.rss() - plain.lib()), ratioLabel: "extra MB"})
-	t.add(row{section: sec, name: "private memory per worker (smaps_rollup Private_*)",
-		subject: fmt.Sprintf("%.1f MB", q.priv()), baseline: fmt.Sprintf("%.1f MB plain", plain.priv()),
-		ratio: q.priv() - plain.priv(), ratioLabel: "extra MB"})
-	t.add(row{section: sec, name: fmt.Sprintf("PSS per worker (shared pages split among their users, %d workers)", len(ws)),
-		subject: fmt.Sprintf("%.1f MB", q.pss()), baseline: fmt.Sprintf("%.1f MB plain", plain.pss()),
-		ratio: q.pss() - plain.pss(), ratioLabel: "extra MB"})
-	t.add(row{section: sec, name: "threads per worker",
-		subject: fmt.Sprintf("%.1f", q.thr()), baseline: fmt.Sprintf("%.1f plain", plain.thr()),
-		ratio: q.thr() - plain.thr(), ratioLabel: "extra threads", target: "≤ 3", met: q.thr()-plain.thr() <= 3})
-	qhz, phz := q.hz(), plain.hz()
-	t.add(row{section: sec, name: fmt.Sprintf("wake-ups/s per worker over %.0f s (nginx thread + others)", secs),
-		subject:  fmt.Sprintf("%.2f (%.2f + %.2f)", qhz, q.nginxHz/float64(q.n), q.goHz/float64(q.n)),
-		baseline: fmt.Sprintf("%.2f plain", phz), ratio: qhz - phz, ratioLabel: "extra per s", target: "≤ 2", met: qhz-phz <= 2})
-	t.add(row{section: sec, name: "plain workers with the library loaded",
-		subject: fmt.Sprintf("%d of %d", plain.loaded, plain.n), baseline: "—", noRatio: true,
-		target: "0", met: plain.loaded == 0})
-	t.add(row{section: sec, name: "nginx -s reload: until the idle old workers are gone",
+	t.add(row{section: calls[0].section(settle, window), name: "nginx -s reload: until the idle old workers are gone",
 		subject: fmt.Sprintf("%.2f s", reload.Seconds()), baseline: "—", noRatio: true,
 		target: "≤ 1 s", met: reload <= time.Second})
 	return nil
+}
+
+// waitDone waits until want workers have logged that their call (or
+// connect) is done, and records when.
+func (r *idleRun) waitDone(want int, limit time.Duration) error {
+	r.ends, r.roles = map[int]time.Time{}, map[int]string{}
+	for deadline := time.Now().Add(limit); len(r.ends) < want; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d workers done; error.log:\n%s", len(r.ends), want, tail(filepath.Join(r.n.dir, "error.log")))
+		}
+		b, _ := os.ReadFile(filepath.Join(r.n.dir, "error.log"))
+		for _, line := range strings.Split(string(b), "\n") {
+			_, rest, ok := strings.Cut(line, "idle-bench: pid ")
+			if !ok {
+				continue
+			}
+			// "<pid> <role> <ok|error> at <ngx.now()>, client: ..."
+			f := strings.Fields(rest)
+			if len(f) < 5 || f[2] != "ok" || f[3] != "at" {
+				return fmt.Errorf("a worker's call failed: %s", line)
+			}
+			pid, _ := strconv.Atoi(f[0])
+			at, err := strconv.ParseFloat(strings.TrimSuffix(f[4], ","), 64)
+			if err != nil {
+				return fmt.Errorf("bad time in %q", line)
+			}
+			r.ends[pid] = time.Unix(0, int64(at*1e9))
+			r.roles[pid] = f[1]
+		}
+	}
+	return nil
+}
+
+// medianEnd is the middle one of the workers' ends: the plain workers'
+// windows are cut there.
+func (r *idleRun) medianEnd() time.Time {
+	var ts []time.Time
+	for _, t := range r.ends {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	return ts[len(ts)/2]
+}
+
+// idleReading is one worker's figures in both windows.
+type idleReading struct {
+	pid                int
+	role               string
+	loaded             bool
+	busy, idle         memSample // just after the call; at the end of the idle window
+	transMain, transGo int64     // wake-ups in the transition
+	transSecs          float64
+	idleMain, idleGo   float64 // wake-ups/s in the idle window
+}
+
+func (r *idleRun) readings(series map[int]*procSeries, settle, window time.Duration) ([]idleReading, error) {
+	mid := r.medianEnd()
+	var out []idleReading
+	for _, pid := range r.pids {
+		ps := series[pid]
+		end, ok := r.ends[pid]
+		if !ok {
+			end = mid
+		}
+		w := idleReading{pid: pid, role: r.roles[pid], loaded: libLoaded(pid)}
+		if w.role == "" {
+			w.role = "plain"
+		}
+		var err error
+		if w.transMain, w.transGo, w.transSecs, err = ps.wakeups(end, end.Add(settle)); err != nil {
+			return nil, err
+		}
+		m, g, secs, err := ps.wakeups(end.Add(settle), end.Add(settle+window))
+		if err != nil {
+			return nil, err
+		}
+		w.idleMain, w.idleGo = float64(m)/secs, float64(g)/secs
+		if w.busy, err = ps.memAt(end); err != nil {
+			return nil, err
+		}
+		if w.idle, err = ps.memAt(end.Add(settle + window)); err != nil {
+			return nil, err
+		}
+		log.Printf("idle %s: pid %d %s: transition %d+%d wake-ups in %.1f s; idle %.2f+%.2f/s; after the call PSS %.1f private %.1f RSS %.1f MB; idle PSS %.1f private %.1f RSS %.1f MB, %d threads",
+			r.label(), pid, w.role, w.transMain, w.transGo, w.transSecs, w.idleMain, w.idleGo,
+			mb(w.busy.pss), mb(w.busy.priv), mb(w.busy.rss), mb(w.idle.pss), mb(w.idle.priv), mb(w.idle.rss), w.idle.threads)
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+func mb(kb int) float64 { return float64(kb) / 1024 }
+
+func (r *idleRun) label() string {
+	if r.name == "" {
+		return "main"
+	}
+	return r.name
+}
+
+func (r *idleRun) section(settle, window time.Duration) string {
+	s := fmt.Sprintf("Idle worker: one call, then quiet (%d workers: %d call, %d plain; %.0f s transition, %.0f s window)",
+		idleWorkers, idleCalling, idleWorkers-idleCalling, settle.Seconds(), window.Seconds())
+	if *idleBurst > 0 {
+		s = strings.Replace(s, "one call,", fmt.Sprintf("one call and %d concurrent 64 KB echoes,", *idleBurst), 1)
+	}
+	if r.name != "" {
+		s = strings.Replace(s, "Idle worker:", "Idle worker: the "+r.name+" build,", 1)
+	}
+	return s
+}
+
+// report adds the rows of a calling nginx.
+func (r *idleRun) report(t *table, series map[int]*procSeries, settle, window time.Duration) error {
+	ws, err := r.readings(series, settle, window)
+	if err != nil {
+		return err
+	}
+	var q, plain idleAvg
+	for _, w := range ws {
+		if w.role == "call" {
+			q.add(w)
+		} else {
+			plain.add(w)
+		}
+	}
+	if q.n == 0 || plain.n == 0 {
+		return fmt.Errorf("idle: %d calling and %d plain workers", q.n, plain.n)
+	}
+	sec := r.section(settle, window)
+	mem := func(name string, get func(idleReading) int, target float64) {
+		x, y := q.mem(get), plain.mem(get)
+		rw := row{section: sec, name: name, subject: fmt.Sprintf("%.1f MB", x), baseline: fmt.Sprintf("%.1f MB plain", y),
+			ratio: x - y, ratioLabel: "extra MB"}
+		if target > 0 {
+			rw = rw.withTarget(fmt.Sprintf("≤ %g", target))
+		}
+		t.add(rw)
+	}
+	mem("PSS per worker, idle (smaps_rollup Pss: shared pages split among the processes that map them)", func(w idleReading) int { return w.idle.pss }, 6)
+	mem("private memory per worker, idle (USS: Private_Clean + Private_Dirty)", func(w idleReading) int { return w.idle.priv }, 5)
+	qhz, phz := q.idleHz(), plain.idleHz()
+	t.add(row{section: sec, name: "wake-ups/s per worker, idle (context switches of all its threads: nginx's + the others)",
+		subject:  fmt.Sprintf("%.2f (%.2f + %.2f)", qhz, q.idleMain/float64(q.n), q.idleGo/float64(q.n)),
+		baseline: fmt.Sprintf("%.2f plain", phz), ratio: qhz - phz, ratioLabel: "extra per s"}.withTarget("≤ 1"))
+	qt, pt := q.trans(), plain.trans()
+	t.add(row{section: sec, name: fmt.Sprintf("wake-ups per worker in the transition (the %.0f s after the call; nginx's + the others)", settle.Seconds()),
+		subject:  fmt.Sprintf("%.0f (%.0f + %.0f)", qt, float64(q.transMain)/float64(q.n), float64(q.transGo)/float64(q.n)),
+		baseline: fmt.Sprintf("%.0f plain", pt), ratio: qt - pt, ratioLabel: "extra"}.withTarget("≤ 60"))
+	mem("PSS per worker just after the call", func(w idleReading) int { return w.busy.pss }, 0)
+	mem("private memory per worker just after the call", func(w idleReading) int { return w.busy.priv }, 0)
+	mem("RSS per worker, idle (for reference: counts the library's pages, one copy in the page cache, in every worker)", func(w idleReading) int { return w.idle.rss }, 0)
+	qth, pth := q.threads(), plain.threads()
+	t.add(row{section: sec, name: "threads per worker, idle (a parked thread costs its stacks, counted in private memory)",
+		subject: fmt.Sprintf("%.1f", qth), baseline: fmt.Sprintf("%.1f plain", pth), ratio: qth - pth, ratioLabel: "extra threads"})
+	t.add(row{section: sec, name: "plain workers with the library loaded",
+		subject: fmt.Sprintf("%d of %d", plain.loaded, plain.n), baseline: "—", noRatio: true,
+		target: "0", met: plain.loaded == 0})
+	return nil
+}
+
+// reportPool adds the rows of the shared pool's nginx.
+func (r *idleRun) reportPool(t *table, series map[int]*procSeries, settle, window time.Duration) error {
+	leases, err := r.n.get("/leases")
+	if err != nil {
+		return err
+	}
+	holders := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(leases), "\n") {
+		if role, pid, ok := strings.Cut(l, " "); ok {
+			holders[role], _ = strconv.Atoi(pid)
+		}
+	}
+	holder := holders["probe"]
+	if holder == 0 || holders["dns"] != holder || r.roles[holder] != "shared" {
+		return fmt.Errorf("idle pool: the leases are %q, want both held by one of the shared workers %v", leases, r.roles)
+	}
+	ws, err := r.readings(series, settle, window)
+	if err != nil {
+		return err
+	}
+	var hold, follow, unshared, plain *idleReading
+	for i, w := range ws {
+		switch {
+		case w.pid == holder:
+			hold = &ws[i]
+		case w.role == "shared":
+			follow = &ws[i]
+		case w.role == "unshared":
+			unshared = &ws[i]
+		default:
+			plain = &ws[i]
+		}
+	}
+	if hold == nil || follow == nil || unshared == nil || plain == nil {
+		return fmt.Errorf("idle pool: roles %v", r.roles)
+	}
+	sec := fmt.Sprintf("Idle worker: a shared pool (check every %d ms, resolve every %d ms), 4 workers, %.0f s window after %.0f s",
+		idleCheckMS, idleResolveMS, window.Seconds(), settle.Seconds())
+	hz := func(w *idleReading) string {
+		return fmt.Sprintf("%.2f (%.2f + %.2f)", w.idleMain+w.idleGo, w.idleMain, w.idleGo)
+	}
+	tot := func(w *idleReading) float64 { return w.idleMain + w.idleGo }
+	t.add(row{section: sec, name: "wake-ups/s of the worker holding the probe and resolve leases (nginx's + the others) vs the same pool unshared",
+		subject: hz(hold), baseline: hz(unshared) + " unshared", ratio: tot(hold) - tot(unshared), ratioLabel: "extra per s"}.withTarget("≤ 1"))
+	t.add(row{section: sec, name: "of those, the lease holder's nginx thread vs the unshared pool's",
+		subject: fmt.Sprintf("%.2f", hold.idleMain), baseline: fmt.Sprintf("%.2f unshared", unshared.idleMain),
+		ratio: hold.idleMain - unshared.idleMain, ratioLabel: "extra per s"})
+	t.add(row{section: sec, name: "wake-ups/s of a worker following the shared pool (no lease) vs the same pool unshared",
+		subject: hz(follow), baseline: hz(unshared) + " unshared", ratio: tot(follow) - tot(unshared), ratioLabel: "extra per s"})
+	t.add(row{section: sec, name: "wake-ups/s of the unshared pool (its checks and re-resolution) vs a plain worker",
+		subject: hz(unshared), baseline: hz(plain) + " plain", ratio: tot(unshared) - tot(plain), ratioLabel: "extra per s"})
+	return nil
+}
+
+// installCopy copies the library as make install does, into a directory
+// the workers can read.
+func installCopy(from, to string) error {
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.Command("install", "-m", "755", from, to).CombinedOutput(); err != nil {
+		return fmt.Errorf("install %s: %v: %s", to, err, out)
+	}
+	return nil
+}
+
+// libLoaded says whether pid has a build of the library mapped.
+func libLoaded(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	return err == nil && strings.Contains(string(b), "libffi_qrpc")
 }
 
 // reloadTime reloads n and waits until the workers pids have exited.
@@ -324,28 +455,40 @@ func reloadTime(n *nginx, pids []int) (time.Duration, error) {
 
 // idleAvg sums one side's workers.
 type idleAvg struct {
-	n, loaded, rssKB, threads int
-	privKB, pssKB, libKB      int
-	nginxHz, goHz             float64
+	n, loaded          int
+	readings           []idleReading
+	transMain, transGo int64
+	idleMain, idleGo   float64
 }
 
-func (a *idleAvg) add(w idleWorker) {
+func (a *idleAvg) add(w idleReading) {
 	a.n++
-	a.rssKB += w.rssKB
-	a.privKB += w.privKB
-	a.pssKB += w.pssKB
-	a.libKB += w.libKB
-	a.threads += w.threads
-	a.nginxHz += w.nginxHz
-	a.goHz += w.goHz
+	a.readings = append(a.readings, w)
+	a.transMain += w.transMain
+	a.transGo += w.transGo
+	a.idleMain += w.idleMain
+	a.idleGo += w.idleGo
 	if w.loaded {
 		a.loaded++
 	}
 }
 
-func (a idleAvg) rss() float64  { return float64(a.rssKB) / 1024 / float64(a.n) }
-func (a idleAvg) priv() float64 { return float64(a.privKB) / 1024 / float64(a.n) }
-func (a idleAvg) pss() float64  { return float64(a.pssKB) / 1024 / float64(a.n) }
-func (a idleAvg) lib() float64  { return float64(a.libKB) / 1024 / float64(a.n) }
-func (a idleAvg) thr() float64  { return float64(a.threads) / float64(a.n) }
-func (a idleAvg) hz() float64   { return (a.nginxHz + a.goHz) / float64(a.n) }
+// mem is the mean of get over the workers, in MB.
+func (a idleAvg) mem(get func(idleReading) int) float64 {
+	s := 0
+	for _, w := range a.readings {
+		s += get(w)
+	}
+	return mb(s) / float64(a.n)
+}
+
+func (a idleAvg) threads() float64 {
+	s := 0
+	for _, w := range a.readings {
+		s += w.idle.threads
+	}
+	return float64(s) / float64(a.n)
+}
+
+func (a idleAvg) idleHz() float64 { return (a.idleMain + a.idleGo) / float64(a.n) }
+func (a idleAvg) trans() float64  { return float64(a.transMain+a.transGo) / float64(a.n) }

@@ -5,9 +5,11 @@
 // several runs; nothing here passes or fails on time.
 //
 // One file per section (ipc, unary, http with the sidecar, memory,
-// placement, gomaxprocs, restyffi, proto, pools, metricscost, stream, idle), sharing harness.go; the report is
-// report.go and chart.go; the processes the figures call are servers.go
-// and goclient.go.
+// placement, gomaxprocs, restyffi, proto, pools, metricscost, stream,
+// idle with idleconf.go and idlesample.go), sharing harness.go and env.go
+// (the library build and the servers); the report is report.go and
+// chart.go, written where output.go says; the processes the figures call
+// are servers.go and goclient.go.
 package main
 
 import (
@@ -15,7 +17,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,6 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 )
 
@@ -169,96 +169,6 @@ func main() {
 	}
 }
 
-// The committed results are those of a full run; any other run writes to
-// scratch files under bench/out/ (ignored by git), so that a quick look
-// never leaves the tree dirty or replaces the committed table.
-const (
-	committedMD  = "bench/results.md"
-	committedSVG = "bench/results.svg"
-	scratchMD    = "bench/out/results.md"
-)
-
-// outputPaths returns where a run writes its table and chart ("" = no
-// chart). update asks for the committed files, which a quick run may not
-// write, whatever the flags say.
-func outputPaths(quick, update bool, out, svg string) (string, string, error) {
-	if out == "" {
-		out = scratchMD
-		if update {
-			out = committedMD
-		}
-	}
-	switch svg {
-	case "":
-		svg = strings.TrimSuffix(out, ".md") + ".svg"
-	case "-":
-		svg = ""
-	}
-	committed := filepath.Clean(out) == committedMD || (svg != "" && filepath.Clean(svg) == committedSVG)
-	if committed && quick {
-		return "", "", fmt.Errorf("a quick run does not write the committed %s or %s", committedMD, committedSVG)
-	}
-	if committed && !update {
-		return "", "", fmt.Errorf("writing %s or %s needs -update (make bench-update)", committedMD, committedSVG)
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return "", "", fmt.Errorf("output directory: %w", err)
-	}
-	return out, svg, nil
-}
-
-type env struct {
-	root     string
-	dir      string
-	lib      string
-	caPEM    []byte
-	caFile   string
-	qrpcAddr string
-	pair     certs.Pair // the servers' certificate: the pools figure starts more of them
-	srvPID   int
-	udsPath  string
-	httpAddr string
-	sidecar  *child
-	tmpl     *template.Template
-	nginx    *nginx
-}
-
-// newNginx prepares (does not start) an nginx whose files live in dir:
-// bin is the binary, host the library's host, restyLib lua-resty-ffi's
-// directory when bin was built for it.
-func (e *env) newNginx(bin, dir, host, restyLib string) (*nginx, error) {
-	// nginx workers run as an unprivileged user: they must read the config
-	// module and the library, and create their wake-up socket here.
-	if err := os.MkdirAll(dir, 0o777); err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(dir, 0o777); err != nil {
-		return nil, err
-	}
-	cfgLua := fmt.Sprintf("return { addr = %q, ca = [[\n%s]], uds = %q, proto = %q, rest_proto = %q, rest_dir = %q, proto_dir = %q }\n",
-		e.qrpcAddr, e.caPEM, e.udsPath,
-		filepath.Join(e.root, "demo", "proto", "greeter.proto"),
-		filepath.Join(e.root, "bench", "proto", "bench_http.proto"),
-		filepath.Join(e.root, "bench", "proto"),
-		filepath.Join(e.root, "demo", "proto"))
-	if err := os.WriteFile(filepath.Join(dir, "bench_config.lua"), []byte(cfgLua), 0o644); err != nil {
-		return nil, err
-	}
-	n := &nginx{bin: bin, dir: dir, tmpl: e.tmpl, data: map[string]any{
-		"Dir": dir, "LuaDir": filepath.Join(e.root, "lua"), "BenchLua": filepath.Join(e.root, "bench", "lua"),
-		"Lib": e.lib, "HTTPAddr": e.httpAddr, "Host": host, "RestyLib": restyLib,
-		// A build for lua-resty-ffi has ngx_lua built in: no load_module.
-		"Static": restyLib != "",
-	}}
-	if e.sidecar != nil {
-		n.data["SidecarAddr"] = e.sidecar.addr
-	}
-	if restyLib != "" {
-		n.env = []string{"LD_LIBRARY_PATH=" + restyLib}
-	}
-	return n, nil
-}
-
 func run(p params, out, svg string) error {
 	dir, err := os.MkdirTemp("", "qrpc-bench-")
 	if err != nil {
@@ -272,63 +182,13 @@ func run(p params, out, svg string) error {
 	if err != nil {
 		return err
 	}
-	e := &env{root: root, dir: dir, lib: filepath.Join(dir, "libffi_qrpc.so")}
-	log.Printf("building %s", e.lib)
-	built := filepath.Join(dir, ".libffi_qrpc.so.built")
-	build := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", built, "./ffi")
-	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build library: %w", err)
+	e, err := newEnv(root, dir)
+	if e != nil {
+		defer e.close()
 	}
-	// Loaded from a copy made as make install makes it: the page cache
-	// of a file the linker has just written holds folios of up to 2 MB,
-	// and the kernel maps a whole folio at a touch, so an idle worker's
-	// RSS would count more of the library than it does in production
-	// (docs/tuning.md "Idle cost").
-	inst := exec.Command("install", "-m", "755", built, e.lib)
-	inst.Stdout, inst.Stderr = os.Stderr, os.Stderr
-	if err := inst.Run(); err != nil {
-		return fmt.Errorf("install library: %w", err)
-	}
-	_ = os.Remove(built)
-
-	ca, err := certs.NewCA("bench ca")
 	if err != nil {
 		return err
 	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
-	if err != nil {
-		return err
-	}
-	srv, err := startServerProcess(dir, pair)
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	e.qrpcAddr, e.srvPID, e.caPEM, e.pair = srv.addr, srv.pid, ca.CertPEM, pair
-	e.caFile = filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(e.caFile, ca.CertPEM, 0o644); err != nil {
-		return err
-	}
-	e.sidecar, err = startChild("-sidecar", e.qrpcAddr, "-ca", e.caFile)
-	if err != nil {
-		return err
-	}
-	defer e.sidecar.stop()
-
-	e.udsPath = filepath.Join(dir, "echo.sock")
-	stopUDS, err := startUDSEcho(e.udsPath)
-	if err != nil {
-		return err
-	}
-	defer stopUDS()
-	var stopHTTP func()
-	e.httpAddr, stopHTTP, err = startHTTPEcho()
-	if err != nil {
-		return err
-	}
-	defer stopHTTP()
-
 	if e.tmpl, err = template.ParseFiles(filepath.Join(root, "bench", "nginx.conf.tmpl")); err != nil {
 		return err
 	}

@@ -1,6 +1,6 @@
 package main
 
-// The exported C functions, declared in qrpc.h. Each one recovers, decodes
+// The exported C functions, declared in internal/hostq/qrpc.h. Each one recovers, decodes
 // its C arguments, calls the runtime (internal/bridge) or a host adapter,
 // and encodes the answer.
 //

@@ -3,7 +3,7 @@
 //
 //	go build -buildmode=c-shared -o libffi_qrpc.so ./ffi
 //
-// qrpc.h is the C ABI. The library serves two hosts with one runtime (one
+// internal/hostq/qrpc.h is the C ABI. The library serves two hosts with one runtime (one
 // per process, i.e. per nginx worker): the built-in host (qrpc_init,
 // qrpc_submit_async, qrpc_vm_poll, ... driven by the Lua module
 // (lua/resty/ffi/qrpc/) on stock ngx_lua) and lua-resty-ffi (libffi_init).

@@ -10,7 +10,7 @@ import (
 )
 
 // TestLuaCdefMatchesHeader compares the ffi.cdef of
-// lua/resty/ffi/qrpc/abi.lua with ffi/qrpc.h: the same structs field by
+// lua/resty/ffi/qrpc/abi.lua with internal/hostq/qrpc.h: the same structs field by
 // field, the same prototypes, and every constant (each #define and enum
 // of qrpc.h against each numeric constant of abi.lua, both ways). A drift
 // there is silent memory corruption.
@@ -19,7 +19,7 @@ func TestLuaCdefMatchesHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdrSrc, err := os.ReadFile(filepath.Join(root, "ffi", "qrpc.h"))
+	hdrSrc, err := os.ReadFile(filepath.Join(root, "internal", "hostq", "qrpc.h"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@
 -- or at /usr/local/go/bin/go, or GO=/path/to/go), gcc and make. It installs
 --   resty/ffi/qrpc.lua (and resty/ffi/qrpc/**/*.lua) -> <tree>/share/lua/5.1/
 --   libffi_qrpc.so                               -> <tree>/lib/lua/5.1/
+--   qrpc.h (the C ABI)                           -> the rock's own directory,
+--                                                   include/ (luarocks show --rock-dir)
 -- The release tarball (`make dist`) carries its Go dependencies in vendor/:
 -- a source-rock install needs no network beyond the rocks server.
 rockspec_format = "3.0"

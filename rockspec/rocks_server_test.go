@@ -130,7 +130,7 @@ func checkTarball(t *testing.T, tarball string) {
 	}
 	names := strings.Split(strings.TrimSpace(string(out)), "\n")
 	top := "lua-resty-ffi-qrpc-0.1.0/"
-	for _, want := range []string{"vendor/modules.txt", "qrpc/qrpcpb/qrpc.pb.go", "ffi/qrpc.h", "lua/resty/ffi/qrpc.lua", "Makefile", "rockspec/" + rockName + "-" + rockVersion + ".rockspec"} {
+	for _, want := range []string{"vendor/modules.txt", "qrpc/qrpcpb/qrpc.pb.go", "internal/hostq/qrpc.h", "lua/resty/ffi/qrpc.lua", "Makefile", "rockspec/" + rockName + "-" + rockVersion + ".rockspec"} {
 		if !slices.Contains(names, top+want) {
 			t.Errorf("tarball lacks %s", want)
 		}
@@ -166,6 +166,7 @@ func installFrom(t *testing.T, luarocks string, rocks *rocksHTTP, tree string, e
 			t.Fatalf("not installed: %s", f)
 		}
 	}
+	checkHeader(t, filepath.Join(tree, "lib", "luarocks", "rocks-5.1", rockName, rockVersion, "include", "qrpc.h"))
 	spec, err := os.ReadFile(filepath.Join(tree, "lib", "luarocks", "rocks-5.1", rockName, rockVersion, rockName+"-"+rockVersion+".rockspec"))
 	if err != nil {
 		t.Fatal(err)

@@ -80,6 +80,7 @@ func TestLuarocksMakeThenNginx(t *testing.T) {
 	if err != nil || !bytes.Contains(list, []byte("lua-resty-ffi-qrpc\t0.1.0-1")) {
 		t.Fatalf("luarocks list does not show the rock (err %v):\n%s", err, list)
 	}
+	checkHeader(t, rockHeader(t, luarocks, tree))
 
 	srv := startServer(t)
 	luaRoot := filepath.Join(tree, "share", "lua", "5.1")
@@ -128,7 +129,37 @@ func TestMakeInstallThenNginx(t *testing.T) {
 			t.Fatalf("not installed: %v", err)
 		}
 	}
+	checkHeader(t, filepath.Join(prefix, "include", "qrpc.h"))
+	checkHeader(t, filepath.Join(stage, "opt", "qrpc", "include", "qrpc.h"))
 	checkFromNginx(t, nginx, dir, startServer(t), install{luaRoot: luaRoot, luaFile: luaFile, libFile: libFile, configure: "{}"})
+}
+
+// checkHeader checks that the C ABI was installed at path, as the
+// checkout has it.
+func checkHeader(t *testing.T, path string) {
+	t.Helper()
+	want, err := os.ReadFile(filepath.Join("..", "internal", "hostq", "qrpc.h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the C ABI is not installed: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s differs from internal/hostq/qrpc.h", path)
+	}
+}
+
+// rockHeader is where a rock installed in tree keeps the C ABI: include/
+// in the rock's own directory.
+func rockHeader(t *testing.T, luarocks, tree string) string {
+	t.Helper()
+	out, err := exec.Command(luarocks, "--tree", tree, "show", "--rock-dir", "lua-resty-ffi-qrpc").Output()
+	if err != nil {
+		t.Fatalf("luarocks show --rock-dir: %v", err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), "include", "qrpc.h")
 }
 
 // luaModules lists where every Lua file of the checkout's module family

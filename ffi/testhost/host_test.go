@@ -33,7 +33,7 @@ func build(t *testing.T, dir string) (lib, host, nosyms string) {
 	run(t, exec.Command(goTool, "build", "-tags", "qrpctesthooks", "-buildmode=c-shared", "-o", lib, ".."))
 	host = filepath.Join(dir, "host")
 	nosyms = filepath.Join(dir, "host-nosyms")
-	flags := []string{"-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I..", "host.c"}
+	flags := []string{"-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I../../internal/hostq", "host.c"}
 	// -rdynamic exports the ngx_http_lua_ffi_* functions, as nginx with
 	// lua-resty-ffi does; without it they are invisible to dlsym.
 	run(t, exec.Command(gcc, append(flags, "-rdynamic", "-o", host, "-ldl", "-lpthread")...))

@@ -2,7 +2,7 @@ package bridge
 
 import "unsafe"
 
-// Go mirrors of the C types in ffi/qrpc.h. internal/hostq checks at
+// Go mirrors of the C types in internal/hostq/qrpc.h. internal/hostq checks at
 // start-up that every size, offset and constant equals the C compiler's,
 // so a drift between Go and qrpc.h disables the library instead of
 // corrupting memory.

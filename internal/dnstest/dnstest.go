@@ -1,6 +1,7 @@
 // Package dnstest is a small real DNS server on the loopback for tests of
 // name re-resolution: it answers A queries for names, and SRV queries for
-// SRV names, from lists the test changes. Only tests import it.
+// SRV names, from lists the test changes. Only tests and the benchmark
+// import it.
 package dnstest
 
 import (
@@ -26,6 +27,8 @@ type Server struct {
 	a       map[string][]netip.Addr // by lower-case FQDN
 	srv     map[string][]SRV
 	queries atomic.Int64
+	pc      net.PacketConn
+	done    chan struct{}
 }
 
 // SRV is one SRV record: Target is a host name (with or without the
@@ -39,15 +42,25 @@ type SRV struct {
 // stops it when t ends.
 func Start(t testing.TB, name string) *Server {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	d, err := Listen(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Server{Addr: pc.LocalAddr().String(), name: name,
+	t.Cleanup(d.Close)
+	return d
+}
+
+// Listen starts a Server for name that runs until Close (for a program
+// that is not a test: the benchmark).
+func Listen(name string) (*Server, error) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	d := &Server{Addr: pc.LocalAddr().String(), name: name, pc: pc, done: make(chan struct{}),
 		a: map[string][]netip.Addr{fqdn(name): nil}, srv: map[string][]SRV{}}
-	done := make(chan struct{})
 	go func() {
-		defer close(done)
+		defer close(d.done)
 		buf := make([]byte, 1500)
 		for {
 			n, from, err := pc.ReadFrom(buf)
@@ -59,11 +72,13 @@ func Start(t testing.TB, name string) *Server {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		_ = pc.Close()
-		<-done
-	})
-	return d
+	return d, nil
+}
+
+// Close stops the server and waits for its goroutine.
+func (d *Server) Close() {
+	_ = d.pc.Close()
+	<-d.done
 }
 
 // Set replaces the A records the server's name answers with.

@@ -1,8 +1,9 @@
 // Package hostq is the built-in host of libffi_qrpc.so (the one for stock
 // nginx + ngx_lua): its queues in C (hostq.c: the submit queue, the
 // completion queue, the caches of blocks), their Go side (the submitter,
-// the waker), the wake-up socket, C memory for the runtime, the signal
-// forwarders and the check of qrpc.h's layout. ffi/ exports it.
+// the waker, the trimmer), the wake-up socket, C memory for the runtime,
+// the signal forwarders, and the C ABI (qrpc.h, which make install ships)
+// with the check of its layout. ffi/ exports it.
 //
 // The queues are C globals: a process has one built-in host (Builtin) and
 // one runtime (Runtime), which the lua-resty-ffi host shares.

@@ -64,6 +64,11 @@ void qrpc_done_free(void);
 /* Frees the kept small blocks (the submitter's timer, when idle). */
 void qrpc_small_trim(void);
 
+/* Gives the C heap's free pages back to the kernel (glibc's malloc_trim;
+ * nothing where the C library has none). The trimmer calls it as it
+ * stops, once every cache has been freed. Returns 1 when it trimmed. */
+int qrpc_heap_trim(void);
+
 /* Opens the queues with the eventfd that wakes the submitter, or closes
  * them (fd < 0): pushes then fail with QRPC_ERR_CLOSED. After it returns
  * the old fd is no longer written to. */

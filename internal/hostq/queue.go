@@ -15,7 +15,6 @@ package hostq
 // slows its 20 µs tick.
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../ffi
 #include <stdlib.h>
 #include "qrpc.h"
 #include "hostq.h"
@@ -33,8 +32,6 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/resident"
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/threads"
 )
 
 // trimEvery is how often the trimmer returns idle result blocks (bufcache)
@@ -49,16 +46,9 @@ import (
 // stops once a whole tick saw no command and it keeps nothing (every
 // cache given back: within two bufcache intervals of the last use), and
 // the next command, or the next release of a block into a list, starts it
-// again.
+// again. As it stops, it gives the C heap's free pages back to the
+// kernel (qrpc_heap_trim, hostq.c).
 const trimEvery = 500 * time.Millisecond
-
-// releaseAfter is how long the trimmer has been asleep (the worker idle)
-// before the worker drops its mappings of the library's read-only pages
-// (internal/resident): some 12 MB of its RSS, kept once in the page cache
-// whatever the workers do. The first call after it maps back what it
-// touches, as minor faults (docs/tuning.md "Idle cost" has the cost); a
-// worker that calls more often than this never pays it.
-const releaseAfter = 5 * time.Second
 
 // submitter owns the eventfd and the goroutines that serve the queues.
 type submitter struct {
@@ -78,22 +68,7 @@ type submitter struct {
 	trimUsed atomic.Bool
 	trimWake chan struct{}
 	trims    atomic.Uint64 // ticks run, for tests
-
-	// retire ends the runtime's spare threads each time the trimmer
-	// stops (the worker has gone idle), and after each collection while
-	// it is asleep. Passes start under mu or from the trimmer, so none
-	// starts once halt has cleared f and the trimmer has returned.
-	retire threads.Retirer
-
-	// The release of the library's pages (releaseAfter), under mu:
-	// idleGen counts the trimmer's stops, relTimer is the release
-	// armed at the last one, releasedGen the stop after which a
-	// release ran. While releasedGen == idleGen the worker has been
-	// idle since, and each collection's pass releases again (a
-	// collection maps back some runtime code).
-	idleGen, releasedGen uint64
-	relTimer             *time.Timer
-	releaseOff           bool // a release failed: none again
+	stops    atomic.Uint64 // times it stopped (and trimmed the C heap), for tests
 }
 
 // start opens the queues and starts the goroutines; a no-op when running.
@@ -119,66 +94,7 @@ func (s *submitter) start() error {
 	go s.run(f)
 	go s.trim(s.stop, s.trimWake)
 	go s.waker(&kick, s.stop)
-	threads.AfterGC(s.stop, s.retireIdle)
 	return nil
-}
-
-// retireIdle ends the threads Go started while the worker was idle (see
-// threads.AfterGC), when the trimmer is asleep: never under load, where
-// the runtime would only start them again.
-func (s *submitter) retireIdle() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.f != nil && !s.trimOn.Load() {
-		if s.releasedGen == s.idleGen {
-			s.releaseLocked()
-		}
-		s.retire.Retire(s.stop)
-	}
-}
-
-// armRelease starts the release timer as the trimmer stops.
-func (s *submitter) armRelease() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.f == nil {
-		return
-	}
-	s.idleGen++
-	gen := s.idleGen
-	if s.relTimer != nil {
-		s.relTimer.Stop()
-	}
-	s.relTimer = time.AfterFunc(releaseAfter, func() {
-		defer rt.RecoverLog("qrpc release")
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		// A use since the stop turned the trimmer on (and its next
-		// stop armed a newer timer): not idle long enough.
-		if s.f == nil || s.trimOn.Load() || s.idleGen != gen {
-			return
-		}
-		s.releasedGen = gen
-		s.releaseLocked()
-		// Waking for the timer, or the release's system calls, may
-		// make the runtime start a thread: with os.ReadFile in the
-		// release and no pass after it, calling workers of an idle
-		// bench run kept +4 and +5 threads.
-		s.retire.Retire(s.stop)
-	})
-}
-
-// releaseLocked drops the library's pages; after a failure (madvise
-// refuses locked pages, say) it says so once and never tries again,
-// rather than log at each idle spell.
-func (s *submitter) releaseLocked() {
-	if s.releaseOff {
-		return
-	}
-	if _, err := resident.Release(); err != nil {
-		s.releaseOff = true
-		rt.Logger().Warn("qrpc: idle worker keeps the library's pages", "err", err.Error())
-	}
 }
 
 // stop closes the queues (qrpc_submit_async then answers
@@ -193,16 +109,9 @@ func (s *submitter) halt() {
 	}
 	C.qrpc_hostq_set_fd(-1)
 	s.kick.Store(nil)
-	s.mu.Lock()
-	if s.relTimer != nil {
-		s.relTimer.Stop()
-		s.relTimer = nil
-	}
-	s.mu.Unlock()
 	close(stop)
 	_ = f.Close()
 	s.done.Wait()
-	s.retire.Wait()
 	C.qrpc_done_free()
 }
 
@@ -322,8 +231,8 @@ func (s *submitter) trim(stop, wake chan struct{}) {
 				t.Reset(trimEvery)
 				continue
 			}
-			s.retire.Retire(stop)
-			s.armRelease()
+			C.qrpc_heap_trim()
+			s.stops.Add(1)
 		}
 	}
 }

@@ -2,9 +2,6 @@ package hostq
 
 import (
 	"bytes"
-	"runtime"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -133,38 +130,4 @@ func TestTrimmerTicksUnderLoad(t *testing.T) {
 		}
 	}
 	testwait.Until(t, "the trimmer to stop after the load", 60*time.Second, trimmerIdle)
-}
-
-// TestIdleCollectionRetiresThreads: threads Go starts while the trimmer
-// sleeps (a goroutine's system call the P was taken from) end after the
-// next garbage collection: an idle worker's runtime collects every two
-// minutes, so it does not keep them until its next busy spell.
-func TestIdleCollectionRetiresThreads(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	d := openBuiltin(t)
-	echoBurst(t, d, 1000, 40, 4<<10)
-	testwait.Until(t, "the trimmer to stop", 60*time.Second, trimmerIdle)
-	r := &builtin.submitq.retire
-	// Not Wait: a collection may start a pass meanwhile.
-	testwait.Until(t, "the pass the trimmer started as it stopped to end", 30*time.Second, func() bool { return !r.Running() })
-	// Threads for goroutines waiting in system calls Go does not see
-	// through: sysmon hands the P on to a new thread for each.
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ts := syscall.NsecToTimespec(int64(20 * time.Millisecond))
-			syscall.Syscall(syscall.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
-		}()
-	}
-	wg.Wait()
-	before := r.Retired()
-	testwait.Until(t, "a collection's pass to end a thread", 30*time.Second, func() bool {
-		runtime.GC()
-		return r.Retired() > before
-	})
-	if builtin.submitq.trimOn.Load() {
-		t.Fatal("the pass woke the trimmer")
-	}
 }

@@ -2,9 +2,9 @@
 -- the codec on both sides of it: building a qrpc_cmd_t, packing headers,
 -- decoding result blobs, turning status codes into error strings.
 --
--- The declarations must match ffi/qrpc.h field for field (nginx/abi_test.go
--- compares the two, constants included). Nothing here touches the library
--- itself: loading it is resty.ffi.qrpc.loader's job.
+-- The declarations must match internal/hostq/qrpc.h field for field
+-- (nginx/abi_test.go compares the two, constants included). Nothing here
+-- touches the library itself: loading it is resty.ffi.qrpc.loader's job.
 
 local ffi = require "ffi"
 local base = require "resty.core.base"
@@ -29,7 +29,7 @@ local pcall = pcall
 local math_ceil = math.ceil
 
 
--- Keep in sync with ffi/qrpc.h (nginx/abi_test.go compares them).
+-- Keep in sync with internal/hostq/qrpc.h (nginx/abi_test.go compares them).
 if not pcall(ffi_typeof, "qrpc_cmd_t") then
 ffi.cdef[[
 typedef struct {
@@ -95,10 +95,10 @@ uint64_t qrpc_go_cgo_calls(void);
 ]]
 end
 
--- Every constant of the ABI, as ffi/qrpc.h defines it (QRPC_OP_X is OP_X
--- here, QRPC_F_X is F_X, QRPC_CMD_VERSION is CMD_VERSION); the other Lua
--- files take them from this table. nginx/abi_test.go compares the two
--- lists, both ways.
+-- Every constant of the ABI, as internal/hostq/qrpc.h defines it
+-- (QRPC_OP_X is OP_X here, QRPC_F_X is F_X, QRPC_CMD_VERSION is
+-- CMD_VERSION); the other Lua files take them from this table.
+-- nginx/abi_test.go compares the two lists, both ways.
 local CMD_VERSION = 5
 
 local OP_CONNECT = 1

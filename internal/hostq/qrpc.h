@@ -3,6 +3,9 @@
  *
  * This header is the contract. lua/resty/ffi/qrpc/abi.lua declares the same
  * types and functions in ffi.cdef (keep them in sync: a test compares them).
+ * It lives beside the C queues that implement the built-in host's half of
+ * it (internal/hostq), so that nothing below ffi/ reaches up for it; make
+ * install and the rockspec install it as <prefix>/include/qrpc.h.
  * All integers are native-endian (the library and nginx share a process).
  *
  * Ownership, in one rule: every pointer passed INTO the library is borrowed
