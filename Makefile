@@ -9,7 +9,8 @@
 #   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
 #   make bench-update  a full run into the committed bench/results.md and .svg
-#   make lint          gofmt, go vet, luacheck, the docs check (README length, links, no history, every option documented)
+#   make lint          gofmt, go vet, luacheck, the docs check (README length, links, no history, every option documented),
+#                      every goroutine through internal/safego (internal/golint)
 #   make install       Lua module + libffi_qrpc.so under PREFIX (DESTDIR supported)
 #   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
 #   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
@@ -129,6 +130,7 @@ lint:
 	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run nginx/flavours/*.sh; do bash -n "$$f" || exit 1; done
 	$(GO) run ./internal/docscheck/cmd/docscheck
+	$(GO) run ./internal/golint/cmd/golint
 	$(GO) run ./internal/limits/gen -check
 	$(GO) run ./internal/schema/gen -check
 	@# files a reader can hold: Lua at most 600 lines, non-test Go at most 800

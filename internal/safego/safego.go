@@ -131,6 +131,10 @@ func Recover(where string, onPanic func()) {
 	}
 }
 
+// Report counts and reports a panic recovered by code that must see its
+// value (an export turning it into an error message).
+func Report(where string, v any, stack []byte) { report(where, v, stack) }
+
 func report(where string, v any, stack []byte) {
 	counter(where).Add(1)
 	if r := reporter.Load(); r != nil {
