@@ -142,6 +142,14 @@ type qconn struct {
 	confirmed <-chan struct{}
 	// upAt is when Dial had the connection (the client's clock).
 	upAt time.Time
+
+	// The probes of a connection with calls in flight (probe.go):
+	// probing is set while the timer runs; probeSeen is the socket's
+	// send count at its last tick.
+	probing   atomic.Bool
+	probeMu   sync.Mutex
+	probeT    *time.Timer
+	probeSeen uint64
 }
 
 // fail marks the qconn dead, fails every pending call with err and
@@ -163,6 +171,7 @@ func (s *qconn) fail(err error) {
 		}
 		s.dead.Store(true) // after refusal: readers of dead see it
 		s.deadlines.close()
+		s.stopProbing()
 		s.pending.closeAll(func(pc *pendingCall) {
 			pc.done(nil, callErr)
 		})

@@ -87,6 +87,9 @@ func (s *qconn) start(call *Call, done Done) (Pending, error) {
 			}
 			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
 		}
+		if !s.probing.Load() {
+			s.startProbing()
+		}
 		// Timed only once the call is in the map: a deadline that passed
 		// before would find nothing to take, and the call would never time
 		// out. A response that comes first has removed it for good, and
