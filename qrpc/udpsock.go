@@ -50,7 +50,7 @@ type udpSocket struct {
 	// out only when it sent nothing for a while. probes counts those.
 	sends  atomic.Uint64
 	probes atomic.Uint64
-	raddr *net.UDPAddr // the server: where probes go
+	raddr  *net.UDPAddr // the server: where probes go
 }
 
 // refusalGrace bounds how long a refusal waits before it reaches
