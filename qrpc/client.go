@@ -354,7 +354,8 @@ func (c *Client) qconn() (*qconn, error) {
 		}
 	}
 	if refused != nil {
-		return nil, refused
+		// Nothing was sent: a pool tries another server (neverSent).
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, refused)
 	}
 	if lost != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, lost)

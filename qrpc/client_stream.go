@@ -83,7 +83,8 @@ func (s *qconn) start(call *Call, done Done) (Pending, error) {
 			st.callDone()
 			s.c.codec.PutBuffer(buf)
 			if s.refusal != nil {
-				return Pending{}, s.refusal
+				// Not sent: a pool tries another server (neverSent).
+				return Pending{}, fmt.Errorf("%w: %w", ErrUnavailable, s.refusal)
 			}
 			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
 		}
@@ -244,7 +245,8 @@ func (st *cstream) write(buf *[]byte) error {
 				s.fail(fmt.Errorf("write: %w", err))
 			}, nil)
 			if refusedBy(err) {
-				return classifyDialError(s.c.addr, err)
+				// TryWriteAll took nothing: not sent (neverSent).
+				return fmt.Errorf("%w: %w", ErrUnavailable, classifyDialError(s.c.addr, err))
 			}
 			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
 		}
