@@ -32,6 +32,8 @@ var panicKinds = []struct {
 	// closing a connection with a call in flight: the call hears
 	// "closed", not its timeout
 	{"close", "closed", ""},
+	// probing the server of a call in flight: the call still answers
+	{"probe timer", "", ""},
 	// owing the dispatcher a wake byte for an answer
 	{"waker", "", "builtin"},
 	// holding a task taken from lua-resty-ffi's queue
@@ -81,6 +83,8 @@ const panicLua = `
                     if res then
                         err = nil
                     end
+                elseif where == "probe timer" then
+                    res, err = conn:unary("slow", "300", { timeout = 5000 })
                 elseif where == "deadline timer" then
                     res, err = conn:unary("slow", "3000", { timeout = 100 })
                 elseif where == "stream writer" then

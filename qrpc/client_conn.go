@@ -144,11 +144,11 @@ type qconn struct {
 	upAt time.Time
 
 	// The probes of a connection with calls in flight (probe.go):
-	// probing is set while the timer runs; probeSeen is the socket's
-	// send count at its last tick.
+	// probing is set while the prober serves it; probeAt is its last
+	// probe interval's start, probeSeen the socket's send count then
+	// (the prober's ticks' alone).
 	probing   atomic.Bool
-	probeMu   sync.Mutex
-	probeT    *time.Timer
+	probeAt   time.Time
 	probeSeen uint64
 }
 
@@ -171,7 +171,6 @@ func (s *qconn) fail(err error) {
 		}
 		s.dead.Store(true) // after refusal: readers of dead see it
 		s.deadlines.close()
-		s.stopProbing()
 		s.pending.closeAll(func(pc *pendingCall) {
 			pc.done(nil, callErr)
 		})

@@ -1,6 +1,7 @@
 package qrpc
 
 import (
+	"sync"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
@@ -13,14 +14,18 @@ import (
 // one the calls wait for their deadlines. So while calls are in flight a
 // connection that sent nothing for a probe interval sends a probe
 // (udpSocket.probe: a datagram a live server's QUIC stack drops and a
-// closed port refuses): a crash is heard within two intervals, a round
-// trip and refusalGrace. A busy connection's own packets do the probes'
-// work, and an idle one (no call in flight) runs no timer.
+// closed port refuses): a crash is heard within about two intervals, a
+// round trip and refusalGrace. A busy connection's own packets do the
+// probes' work, and with no call in flight anywhere no timer runs.
+//
+// One timer serves every connection of the process: a timer each cost a
+// goroutine wake-up per probe, about 17 µs of CPU (measured: 100 quiet
+// connections probing 48 times a second took 8-9 % of a core).
 
-// Bounds of the probe interval, which is the connection's smoothed RTT
+// Bounds of a connection's probe interval, which is its smoothed RTT
 // within them: probing faster than a round trip learns nothing sooner,
-// and slower would let a crash go unheard for longer than about
-// 100 ms plus a round trip.
+// and slower would let a crash go unheard for longer than about 100 ms
+// plus a round trip.
 const (
 	minProbeEvery = 20 * time.Millisecond
 	// MaxProbeInterval is the longest: a crash is heard within two of
@@ -32,54 +37,88 @@ func (s *qconn) probeEvery() time.Duration {
 	return min(max(s.conn.ConnectionStats().SmoothedRTT, minProbeEvery), MaxProbeInterval)
 }
 
-// startProbing starts the probe timer, unless it runs (Start calls it on
-// a call's way out when probing is false).
+// prober is the process's probe timer and the connections it serves
+// (each with calls in flight, or just without: the next tick lets it go).
+type prober struct {
+	mu    sync.Mutex
+	conns map[*qconn]struct{}
+	timer *time.Timer
+	armed bool // the timer is set, or its tick runs
+}
+
+var probes = prober{conns: map[*qconn]struct{}{}}
+
+// startProbing has the prober serve s (Start calls it when probing is
+// false: the call it starts is in flight).
 func (s *qconn) startProbing() {
 	if s.sock == nil || !s.sock.recvErr || s.dead.Load() || !s.probing.CompareAndSwap(false, true) {
 		return
 	}
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	d := s.probeEvery()
-	s.probeSeen = s.sock.sends.Load()
-	if s.probeT == nil {
-		// After a panic of a tick, the next call starts the timer again.
-		s.probeT = safego.AfterFunc("probe timer", d, s.probeTick, func() { s.probing.Store(false) })
-		return
-	}
-	s.probeT.Reset(d)
-}
-
-// probeTick sends a probe when the connection sent nothing since the last
-// tick, and re-arms while calls are in flight.
-func (s *qconn) probeTick() {
-	if s.dead.Load() {
-		return
-	}
-	if s.callsInFlight() == 0 {
-		// A call that starts now finds probing false and starts the
-		// timer itself, or this tick goes on.
-		s.probing.Store(false)
-		if s.callsInFlight() == 0 || !s.probing.CompareAndSwap(false, true) {
-			return
+	p := &probes
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conns[s] = struct{}{}
+	if !p.armed {
+		p.armed = true
+		if p.timer == nil {
+			// After a panic of a tick the timer is set again by the next
+			// connection that starts probing.
+			p.timer = safego.AfterFunc("probe timer", minProbeEvery, p.tick, p.disarm)
+		} else {
+			p.timer.Reset(minProbeEvery)
 		}
 	}
-	safego.Inject("probe timer")
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	if s.sock.sends.Load() == s.probeSeen {
-		s.sock.probe()
-	}
-	s.probeSeen = s.sock.sends.Load()
-	s.probeT.Reset(s.probeEvery())
 }
 
-func (s *qconn) stopProbing() {
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	if s.probeT != nil {
-		s.probeT.Stop()
+func (p *prober) disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = false
+	for s := range p.conns {
+		s.probing.Store(false)
+		delete(p.conns, s)
 	}
+}
+
+// tick probes each connection that has calls in flight, sent nothing
+// since its last probe interval and is due, and lets the others go.
+func (p *prober) tick() {
+	now := time.Now()
+	p.mu.Lock()
+	due := make([]*qconn, 0, len(p.conns))
+	for s := range p.conns {
+		if !s.dead.Load() && s.callsInFlight() > 0 {
+			due = append(due, s)
+			continue
+		}
+		// A call that starts now finds probing false and adds s again
+		// (under mu: after this), or the count below sees it.
+		s.probing.Store(false)
+		if s.dead.Load() || s.callsInFlight() == 0 || !s.probing.CompareAndSwap(false, true) {
+			delete(p.conns, s)
+		}
+	}
+	p.mu.Unlock()
+	safego.Inject("probe timer")
+	for _, s := range due {
+		// probeAt and probeSeen are the ticks' alone: one runs at a time.
+		if now.Sub(s.probeAt) < s.probeEvery() {
+			continue
+		}
+		s.probeAt = now
+		if sends := s.sock.sends.Load(); sends != s.probeSeen {
+			s.probeSeen = sends
+			continue
+		}
+		s.sock.probe()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.conns) == 0 {
+		p.armed = false
+		return
+	}
+	p.timer.Reset(minProbeEvery)
 }
 
 // callsInFlight counts the calls of the streams in service.
