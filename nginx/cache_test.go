@@ -64,7 +64,7 @@ func TestMaxConnectionsCountsServers(t *testing.T) {
 	// Conns L1, L2, L3 are literal addresses of one server each, with
 	// options of their own; P is the name's pool.
 	n := startNginx(t, ngxConf{Workers: 1, QServer: first,
-		Extra: map[string]string{"name": "cap.qrpc.test:" + port, "dns": dns.Addr},
+		Extra:           map[string]string{"name": "cap.qrpc.test:" + port, "dns": dns.Addr},
 		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 4 })`,
 		Server: loc("/c", `
                 local qrpc = require "resty.ffi.qrpc"
