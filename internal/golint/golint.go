@@ -135,3 +135,47 @@ func CheckFile(fset *token.FileSet, f *ast.File) []Problem {
 	})
 	return probs
 }
+
+// Kinds lists the kinds of goroutine f names to internal/safego: the
+// string literal each call of Go, Func, AfterFunc, Run, Recover, Inject
+// or Report starts with (the label of qrpc_client_panics_total).
+func Kinds(f *ast.File) []string {
+	safegoName := ""
+	for _, imp := range f.Imports {
+		if p, _ := strconv.Unquote(imp.Path.Value); strings.HasSuffix(p, "/internal/safego") {
+			safegoName = "safego"
+			if imp.Name != nil {
+				safegoName = imp.Name.Name
+			}
+		}
+	}
+	if safegoName == "" {
+		return nil
+	}
+	var kinds []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || len(call.Args) == 0 {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		if id, ok := sel.X.(*ast.Ident); !ok || id.Name != safegoName {
+			return true
+		}
+		switch sel.Sel.Name {
+		case "Go", "Func", "AfterFunc", "Run", "Recover", "Inject", "Report":
+		default:
+			return true
+		}
+		if lit, ok := call.Args[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+			if k, err := strconv.Unquote(lit.Value); err == nil {
+				kinds = append(kinds, k)
+			}
+		}
+		return true
+	})
+	return kinds
+}

@@ -3,6 +3,8 @@ package golint
 import (
 	"go/parser"
 	"go/token"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -69,5 +71,42 @@ func TestLibraryDirs(t *testing.T) {
 	}
 	if strings.Contains(joined, "/internal/safego") {
 		t.Errorf("internal/safego checked: %s", joined)
+	}
+}
+
+// TestKindsDocumented: every kind of goroutine the library names to
+// safego (a value of qrpc_client_panics_total's where label) is listed
+// in docs/metrics.md.
+func TestKindsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := LibraryDirs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	fset := token.NewFileSet()
+	for _, dir := range dirs {
+		names, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, name := range names {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range Kinds(f) {
+				if !seen[k] && !strings.Contains(string(doc), "`"+k+"`") {
+					t.Errorf("%s: kind %q is not in docs/metrics.md (qrpc_client_panics_total)", name, k)
+				}
+				seen[k] = true
+			}
+		}
+	}
+	if len(seen) < 10 {
+		t.Fatalf("only %d kinds found: %v", len(seen), seen)
 	}
 }
