@@ -84,7 +84,9 @@ func TestKilledServerHeardWhenQuietNginx(t *testing.T) {
 
 	killedLoud := time.Now()
 	srvs[1].kill()
-	if _, b := n.get("/p?op=event&s=s2"); strings.TrimSpace(b) != "sent" {
+	// The loud connection probes too: on a loaded machine it may have
+	// heard the kill before the event goes, and refuses it.
+	if _, b := n.get("/p?op=event&s=s2"); strings.TrimSpace(b) != "sent" && strings.TrimSpace(b) != "unavailable: refused" {
 		t.Fatalf("event to the dead port: %q", b)
 	}
 	killedQuiet := time.Now()
