@@ -137,7 +137,8 @@ const panicLua = `
                 local s = qrpc.stats()
                 ngx.say("inflight=", s.inflight, " queued=", s.queued, " drained=", tostring(drained))
                 local m = assert(qrpc.metrics())
-                ngx.say("metric=", m:match('qrpc_client_panics_total{where="' .. where .. '"} (%d+)') or "none")
+                local pat = ('qrpc_client_panics_total{where="' .. where .. '"} '):gsub("%p", "%%%0")
+                ngx.say("metric=", m:match(pat .. "(%d+)") or "none")
 `
 
 // TestPanicsDoNotTakeNginxDown: a panic injected into each kind of the
