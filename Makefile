@@ -9,7 +9,8 @@
 #   make test-openresty / test-resty-ffi   build that nginx (cached in QRPC_BUILD_DIR), run the nginx suites on it
 #   make bench         the side-by-side benchmark into bench/out/ (BENCH_QUICK=1 for a short run)
 #   make bench-update  a full run into the committed bench/results.md and .svg
-#   make lint          gofmt, go vet, luacheck, the docs check (README length, links, no history, every option documented)
+#   make lint          gofmt, go vet, luacheck, the docs check (README length, links, no history, every option documented),
+#                      every goroutine through internal/safego (internal/golint)
 #   make install       Lua module + libffi_qrpc.so + qrpc.h under PREFIX (DESTDIR supported)
 #   make dist          release tarball dist/lua-resty-ffi-qrpc-<version>.tar.gz (Go deps vendored)
 #   make rocks         dist + source rock + linux-x86_64 binary rock in dist/
@@ -56,8 +57,11 @@ GO_TEST_TAGS    := -tags qrpctesthooks
 # suites mostly wait on processes and the network, so on 2 CPUs 4 at once
 # take about half the wall time of 2 (docs/testing.md).
 GO_TEST_P       ?= 4
-# What the suites share instead of each linking its own copy.
-TEST_ENV = QRPC_TEST_LIB=$(CURDIR)/$(LIB) QRPC_TEST_DEMO=$(CURDIR)/$(DEMO)
+# What the suites share instead of each linking its own copy. HOOKS_LIB is
+# the library with the test-only hooks (internal/safego's injected
+# panics), for the nginx tests that arm them; no user loads it.
+HOOKS_LIB := $(BIN)/hooks/$(LIB)
+TEST_ENV = QRPC_TEST_LIB=$(CURDIR)/$(LIB) QRPC_TEST_HOOKS_LIB=$(CURDIR)/$(HOOKS_LIB) QRPC_TEST_DEMO=$(CURDIR)/$(DEMO)
 # The long tests (each calls ngxtest.Long, which skips it unless
 # QRPC_TEST_LONG=1): run by make test-long only.
 LONG_TESTS := TestNoFalseStalls|TestLuarocksInstallFromRocksServer
@@ -79,6 +83,13 @@ $(LIB): $(LIB_SRC)
 	@tmp=$$(mktemp -d $(BIN)/build.XXXXXX) && \
 	  echo "$(GO) build -buildmode=c-shared -trimpath -o $@ ./ffi" && \
 	  $(GO) build -buildmode=c-shared -trimpath -o $$tmp/$(LIB) ./ffi && \
+	  mv -f $$tmp/$(LIB) $@; rc=$$?; rm -rf $$tmp; exit $$rc
+
+$(HOOKS_LIB): $(LIB_SRC)
+	@mkdir -p $(BIN)/hooks
+	@tmp=$$(mktemp -d $(BIN)/build.XXXXXX) && \
+	  echo "$(GO) build $(GO_TEST_TAGS) -buildmode=c-shared -trimpath -o $@ ./ffi" && \
+	  $(GO) build $(GO_TEST_TAGS) -buildmode=c-shared -trimpath -o $$tmp/$(LIB) ./ffi && \
 	  mv -f $$tmp/$(LIB) $@; rc=$$?; rm -rf $$tmp; exit $$rc
 
 $(DEMO): $(DEMO_SRC) $(LIB_SRC)
@@ -103,16 +114,16 @@ demo-stop:
 # The library and the demo server are built first so that a build error
 # shows up as one, not as a failing test; then the suites and the race run
 # go side by side (lines of their output interleave).
-test: test-deps lint proto-check $(LIB) $(DEMO)
+test: test-deps lint proto-check $(LIB) $(HOOKS_LIB) $(DEMO)
 	@$(MAKE) --no-print-directory --output-sync=line -j2 test-go test-race
 
-test-go: $(LIB) $(DEMO)
+test-go: $(LIB) $(HOOKS_LIB) $(DEMO)
 	$(TEST_ENV) $(GO) test $(GO_TEST_TAGS) -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) ./...
 
 # The tests that ngxtest.Long skips in make test: soaks, stress, the
 # 30-second scenarios. CI runs them once, on the Debian flavour; one
 # package at a time (TestNoFalseStalls brings its own CPU hog).
-test-long: $(LIB) $(DEMO)
+test-long: $(LIB) $(HOOKS_LIB) $(DEMO)
 	$(TEST_ENV) QRPC_TEST_LONG=1 $(GO) test -count=1 -p 1 -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) -run '^($(LONG_TESTS))$$' $(LONG_PKGS)
 
 # The protocol and the runtime under the race detector (the nginx suite
@@ -131,6 +142,7 @@ lint:
 	$(LUACHECK) --codes lua demo/lua bench/lua
 	@for f in demo/scripts/* .ci/run nginx/flavours/*.sh; do bash -n "$$f" || exit 1; done
 	$(GO) run ./internal/docscheck/cmd/docscheck
+	$(GO) run ./internal/golint/cmd/golint
 	$(GO) run ./internal/limits/gen -check
 	$(GO) run ./internal/schema/gen -check
 	@# files a reader can hold: Lua at most 600 lines, non-test Go at most 800
@@ -165,7 +177,7 @@ nginx-openresty nginx-resty-ffi: nginx-%:
 	@echo "==> nginx flavour $*: $(QRPC_BUILD_DIR)/$* (a first build takes minutes)"
 	@nginx/flavours/build-$*.sh $(QRPC_BUILD_DIR)/$*
 
-test-openresty test-resty-ffi: test-%: nginx-% $(LIB) $(DEMO)
+test-openresty test-resty-ffi: test-%: nginx-% $(LIB) $(HOOKS_LIB) $(DEMO)
 	QRPC_NGINX=$* QRPC_BUILD_DIR=$(QRPC_BUILD_DIR) $(TEST_ENV) \
 	  $(GO) test -count=1 -p $(GO_TEST_P) -timeout $(GO_TEST_TIMEOUT) $(GO_TEST_FLAGS) $(FLAVOUR_SUITES)
 

@@ -1,6 +1,6 @@
 module github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/bufbuild/protocompile v0.14.1

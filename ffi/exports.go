@@ -18,11 +18,13 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/hostq"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/restyhost"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // The process's (= nginx worker's) runtime, shared by both hosts, and its
@@ -58,8 +60,8 @@ func qrpc_go_cgo_calls() C.uint64_t { return C.uint64_t(runtime.NumCgoCall()) }
 // deferred directly by the export.
 func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 	if p := recover(); p != nil {
+		safego.Report("export", p, debug.Stack())
 		// the word a caller compares, the panic as the detail (info.detail)
-		rt.Logger().Error("qrpc panic in an export", "panic", fmt.Sprint(p))
 		errString(errBuf, uintptr(errLen), bridge.EncodeMessage("internal error", fmt.Sprint(p), 0, false))
 		if rc != nil {
 			*rc = C.int(bridge.ErrGeneric)

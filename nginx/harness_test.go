@@ -154,7 +154,47 @@ func findNginx() string {
 	return ""
 }
 
-func buildLibrary(out string) error {
+// hooksLib returns the library built with the test-only hooks (-tags
+// qrpctesthooks: internal/safego's injected panics, armed from Lua with
+// qrpc_test_arm), installed beside libPath's copy: QRPC_TEST_HOOKS_LIB
+// when make built it, else built here once.
+func hooksLib(t *testing.T) string {
+	t.Helper()
+	hooksOnce.Do(func() {
+		dir := filepath.Join(libDir, "hooks")
+		if hooksErr = os.MkdirAll(dir, 0o755); hooksErr != nil {
+			return
+		}
+		if hooksErr = os.Chmod(dir, 0o755); hooksErr != nil {
+			return
+		}
+		built := os.Getenv("QRPC_TEST_HOOKS_LIB")
+		if built == "" {
+			built = filepath.Join(dir, ".libffi_qrpc.so.built")
+			if hooksErr = buildLibrary(built, "-tags", "qrpctesthooks"); hooksErr != nil {
+				return
+			}
+		}
+		path := filepath.Join(dir, "libffi_qrpc.so")
+		if b, err := exec.Command("install", "-m", "755", built, path).CombinedOutput(); err != nil {
+			hooksErr = fmt.Errorf("install %s: %v: %s", built, err, b)
+			return
+		}
+		hooksPath = path
+	})
+	if hooksErr != nil {
+		t.Fatal(hooksErr)
+	}
+	return hooksPath
+}
+
+var (
+	hooksOnce sync.Once
+	hooksPath string
+	hooksErr  error
+)
+
+func buildLibrary(out string, flags ...string) error {
 	goBin := os.Getenv("GO")
 	if goBin == "" {
 		var err error
@@ -162,7 +202,7 @@ func buildLibrary(out string) error {
 			goBin = "/usr/local/go/bin/go"
 		}
 	}
-	cmd := exec.Command(goBin, "build", "-buildmode=c-shared", "-o", out, "./ffi")
+	cmd := exec.Command(goBin, append(append([]string{"build"}, flags...), "-buildmode=c-shared", "-o", out, "./ffi")...)
 	cmd.Dir = repoRoot
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building libffi_qrpc.so: %v\n%s", err, b)
@@ -455,6 +495,10 @@ type ngxConf struct {
 	// AllowAlerts of [alert] lines (a worker the test kills).
 	AllowErrors []string
 	AllowAlerts []string
+	// Hooks: the workers load the library with the test-only hooks
+	// (hooksLib) instead of the release build.
+	Hooks bool
+	lib   string // the library the workers load (startNginx)
 	// Stream, when set, is the inside of a stream {} block (servers),
 	// a template: {{.StreamPort}} and {{.StreamPort2}} are free ports for
 	// its listen directives (nginxProc.streamPort, streamPort2). Its
@@ -532,13 +576,17 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 		t.Fatal(err)
 	}
 
+	c.lib = libPath
+	if c.Hooks {
+		c.lib = hooksLib(t)
+	}
 	port := ngxtest.FreePort(t)
 	init := c.InitByLua
 	if init == "" {
 		// The flavour's host: with lua-resty-ffi there, every call of the
 		// suite goes through it.
 		init = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ host = %q, lib = %q, socket_dir = %q })",
-			ng.Host(), libPath, filepath.Join(dir, "run"))
+			ng.Host(), c.lib, filepath.Join(dir, "run"))
 	}
 	var envNames []string
 	for _, e := range c.EnvNames {
@@ -563,7 +611,7 @@ func startNginx(t *testing.T, c ngxConf) *nginxProc {
 	streamInit := c.StreamInitByLua
 	if streamInit == "" {
 		streamInit = fmt.Sprintf("        assert(require(\"resty.ffi.qrpc\").configure{ lib = %q, socket_dir = %q })",
-			libPath, filepath.Join(dir, "run"))
+			c.lib, filepath.Join(dir, "run"))
 	}
 	data := map[string]any{
 		"Dir": dir, "LuaDir": lua, "Port": port, "Workers": c.Workers, "LogLevel": c.LogLevel,
@@ -645,7 +693,7 @@ func qtestModule(t *testing.T, c ngxConf, dir string) string {
 	field("key", string(clientPair.KeyPEM))
 	field("pin_hex", pinHex)
 	field("pin_b64", pinB64)
-	field("lib", libPath)
+	field("lib", c.lib)
 	field("shim", shimPath)
 	field("dir", dir)
 	field("test", t.Name())

@@ -16,9 +16,9 @@ func TestMetricsSwitch(t *testing.T) {
 	n := startNginx(t, ngxConf{Workers: 1, QServer: srv, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
-                -- qrpc.metrics(): its sample lines but the bytes totals and
-                -- the Lua VMs' completions (always there), the bytes sent,
-                -- and greet's ok count
+                -- qrpc.metrics(): its sample lines but the bytes totals,
+                -- the Lua VMs' completions and the recovered panics (always
+                -- there), the bytes sent, and greet's ok count
                 local function scrape()
                     local text, err = qrpc.metrics()
                     if not text then
@@ -27,7 +27,8 @@ func TestMetricsSwitch(t *testing.T) {
                     local n = 0
                     for line in text:gmatch("[^\n]+") do
                         if line:sub(1, 1) ~= "#" and not line:find("qrpc_client_bytes_total", 1, true)
-                           and not line:find("qrpc_client_vm_completions_total", 1, true) then
+                           and not line:find("qrpc_client_vm_completions_total", 1, true)
+                           and not line:find("qrpc_client_panics_total", 1, true) then
                             n = n + 1
                         end
                     end

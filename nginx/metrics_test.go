@@ -183,6 +183,8 @@ func TestMetricsAcrossWorkers(t *testing.T) {
 		`qrpc_client_inflight{server="` + server + `"}`:                                  0,
 		`qrpc_client_connections{server="` + server + `",state="up"}`:                    2,
 		`qrpc_client_call_duration_seconds_count{method="fail",server="` + server + `"}`: float64(fail),
+		// summed over both workers too, at 0 (their readers started)
+		`qrpc_client_panics_total{where="stream reader"}`: 0,
 	}
 	for k, v := range checks {
 		if g, ok := got[k]; !ok || g != v {

@@ -12,6 +12,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
 )
@@ -158,7 +159,7 @@ func (c *Client) connect(ctx context.Context) error {
 	c.slots = slots
 	for i, s := range qconns {
 		c.wg.Add(1)
-		go slots[i].run(s)
+		safego.Go("redial", func() { slots[i].run(s) }, nil)
 	}
 	return nil
 }
@@ -225,7 +226,7 @@ func dialBackground(addr string, conf Config, obs peerObserver, onState func()) 
 func (c *Client) startSlots() {
 	for _, sl := range c.slots {
 		c.wg.Add(1)
-		go sl.run(nil)
+		safego.Go("redial", func() { sl.run(nil) }, nil)
 	}
 }
 
@@ -353,7 +354,8 @@ func (c *Client) qconn() (*qconn, error) {
 		}
 	}
 	if refused != nil {
-		return nil, refused
+		// Nothing was sent: a pool tries another server (neverSent).
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, refused)
 	}
 	if lost != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, lost)

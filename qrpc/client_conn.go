@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 func (c *Client) dial(ctx context.Context) (*qconn, error) {
@@ -49,7 +51,7 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 	}
 	s := &qconn{c: c, conn: conn, tr: tr, sock: sock, done: make(chan struct{}), confirmed: confirmed.ch, upAt: c.now()}
 	s.pending.init()
-	s.deadlines.init(s.expire)
+	s.deadlines.init(s.expire, s.abort)
 	s.nextID.Store(rand.Uint64() >> 1)
 	s.streams = make([]atomic.Pointer[cstream], c.cfg.Streams)
 	for i := range s.streams {
@@ -61,7 +63,7 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 	}
 	for i := range s.streams {
 		c.wg.Add(1)
-		go s.streams[i].Load().readLoop()
+		safego.Go("stream reader", s.streams[i].Load().readLoop, nil)
 	}
 	return s, nil
 }
@@ -140,6 +142,14 @@ type qconn struct {
 	confirmed <-chan struct{}
 	// upAt is when Dial had the connection (the client's clock).
 	upAt time.Time
+
+	// The probes of a connection with calls in flight (probe.go):
+	// probing is set while the prober serves it; probeAt is its last
+	// probe interval's start, probeSeen the socket's send count then
+	// (the prober's ticks' alone).
+	probing   atomic.Bool
+	probeAt   time.Time
+	probeSeen uint64
 }
 
 // fail marks the qconn dead, fails every pending call with err and
@@ -149,7 +159,7 @@ func (s *qconn) fail(err error) {
 		s.err = err
 		callErr := err
 		switch {
-		case errors.Is(err, ErrClosed):
+		case errors.Is(err, ErrClosed), errors.Is(err, ErrInternal):
 		case refusedBy(err):
 			callErr = classifyDialError(s.c.addr, err)
 			s.refusal = callErr

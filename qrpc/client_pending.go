@@ -15,6 +15,15 @@ func (s *qconn) expire(pc *pendingCall) {
 	pc.st.checkStuck(pc.id)
 }
 
+// abort fails a call with ErrInternal after a panic of the goroutine that
+// held it (the deadlines' timer): unless something else ended it first.
+func (s *qconn) abort(pc *pendingCall) {
+	if s.take(pc.id) == nil {
+		return
+	}
+	pc.done(nil, fmt.Errorf("%w: deadline timer", ErrInternal))
+}
+
 // take removes a call from the pending map and from its stream's count.
 func (s *qconn) take(id uint64) *pendingCall {
 	pc := s.pending.take(id)

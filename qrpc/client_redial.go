@@ -2,9 +2,12 @@ package qrpc
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // slot owns one connection position: the live qconn, and the goroutine
@@ -19,18 +22,55 @@ type slot struct {
 	refusal atomic.Pointer[error]
 }
 
+// slotRun is what a slot's goroutine knows across a panic of its loop
+// (safego.Run runs the loop again after recovered): the live qconn, one
+// dialled and not yet published, the failed attempts in a row, and
+// whether a connection was ever up.
+type slotRun struct {
+	s       *qconn
+	fresh   *qconn
+	attempt int
+	everUp  bool
+}
+
 func (sl *slot) run(s *qconn) {
 	c := sl.c
 	defer c.wg.Done()
+	st := &slotRun{s: s, everUp: s != nil}
+	for safego.Run("redial", func() { sl.loop(st) }, func() { sl.recovered(st) }) {
+		if c.ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// recovered puts the slot right after a panic of its loop: the
+// connections it held (in place or just dialled) fail their calls with
+// ErrInternal and go, and the loop dials again after the backoff.
+func (sl *slot) recovered(st *slotRun) {
+	err := fmt.Errorf("%w: redial", ErrInternal)
+	for _, s := range []*qconn{st.fresh, st.s} {
+		if s != nil {
+			s.fail(err)
+			s.release()
+		}
+	}
+	st.fresh, st.s = nil, nil
+	if sl.cur.Swap(nil) != nil {
+		sl.c.stateChanged()
+	}
+	st.attempt++
+}
+
+func (sl *slot) loop(st *slotRun) {
+	c := sl.c
 	// attempt counts consecutive failed dials, and connections that died
 	// before they had been up for BackoffBase. gRPC resets the backoff after
 	// any successful connection; here one that dies at once (a server that
 	// accepts and then closes) counts as a failure, or the client would
 	// re-dial it in a tight loop.
-	attempt := 0
-	everUp := s != nil
 	for {
-		if s != nil {
+		if s := st.s; s != nil {
 			up := c.clk.Now()
 			select {
 			case <-s.done:
@@ -40,24 +80,30 @@ func (sl *slot) run(s *qconn) {
 			case <-c.ctx.Done():
 				s.fail(ErrClosed)
 				s.release()
+				st.s = nil
 				return
 			}
 			s.release()
 			sl.lastErr.Store(&s.err)
+			// The refusal of the connection that died, or none: an older
+			// one no longer says why the slot is down.
 			if s.refusal != nil {
 				sl.refusal.Store(&s.refusal)
+			} else {
+				sl.refusal.Store(nil)
 			}
 			sl.cur.Store(nil)
+			st.s = nil
 			c.stateChanged()
 			if c.clk.Now().Sub(up) >= c.cfg.BackoffBase {
-				attempt = 0
+				st.attempt = 0
 			}
 			c.cfg.Logger.Warn("qrpc connection lost, re-dialling", "addr", c.addr, "err", s.err)
 		}
-		for ; ; attempt++ {
-			if attempt > 0 {
+		for ; ; st.attempt++ {
+			if st.attempt > 0 {
 				wake := make(chan struct{})
-				t := c.clk.AfterFunc(c.backoff(attempt-1), func() { close(wake) })
+				t := c.clk.AfterFunc(c.backoff(st.attempt-1), safego.Func("redial", func() { close(wake) }, nil))
 				select {
 				case <-wake:
 				case <-c.ctx.Done():
@@ -67,24 +113,29 @@ func (sl *slot) run(s *qconn) {
 			}
 			ns, err := c.dial(c.ctx)
 			if err == nil {
-				s = ns
+				st.fresh = ns
+				safego.Inject("redial")
+				st.s, st.fresh = ns, nil
 				sl.refusal.Store(nil)
 				sl.cur.Store(ns)
-				if everUp {
+				if st.everUp {
 					c.reconnects.Add(1)
 					c.obs.Reconnected()
-					c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempt", attempt+1)
+					c.cfg.Logger.Info("qrpc connection re-established", "addr", c.addr, "attempt", st.attempt+1)
 				}
-				everUp = true
+				st.everUp = true
 				c.stateChanged()
-				attempt++
+				st.attempt++
 				break
 			}
 			if c.ctx.Err() != nil {
 				return
 			}
 			sl.lastErr.Store(&err)
-			c.cfg.Logger.Warn("qrpc re-dial failed", "addr", c.addr, "attempt", attempt+1, "err", err)
+			// This failure is why the slot is down now: a refusal of an
+			// earlier connection (a TLS verdict, say) no longer is.
+			sl.refusal.Store(nil)
+			c.cfg.Logger.Warn("qrpc re-dial failed", "addr", c.addr, "attempt", st.attempt+1, "err", err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
 
@@ -82,9 +83,13 @@ func (s *qconn) start(call *Call, done Done) (Pending, error) {
 			st.callDone()
 			s.c.codec.PutBuffer(buf)
 			if s.refusal != nil {
-				return Pending{}, s.refusal
+				// Not sent: a pool tries another server (neverSent).
+				return Pending{}, fmt.Errorf("%w: %w", ErrUnavailable, s.refusal)
 			}
 			return Pending{}, fmt.Errorf("%w: %v", ErrUnavailable, s.err)
+		}
+		if !s.probing.Load() {
+			s.startProbing()
 		}
 		// Timed only once the call is in the map: a deadline that passed
 		// before would find nothing to take, and the call would never time
@@ -235,12 +240,13 @@ func (st *cstream) write(buf *[]byte) error {
 			// calls in flight, and the caller of Start (a Pool) may hold a
 			// lock that done takes.
 			s.c.wg.Add(1)
-			go func() {
+			safego.Go("connection fail", func() {
 				defer s.c.wg.Done()
 				s.fail(fmt.Errorf("write: %w", err))
-			}()
+			}, nil)
 			if refusedBy(err) {
-				return classifyDialError(s.c.addr, err)
+				// TryWriteAll took nothing: not sent (neverSent).
+				return fmt.Errorf("%w: %w", ErrUnavailable, classifyDialError(s.c.addr, err))
 			}
 			return fmt.Errorf("%w: write: %v", ErrConnLost, err)
 		}
@@ -255,15 +261,36 @@ func (st *cstream) write(buf *[]byte) error {
 	if !st.flushing {
 		st.flushing = true
 		s.c.wg.Add(1)
-		go st.flush()
+		safego.Go("stream writer", st.flushLoop, nil)
 	}
 	st.mu.Unlock()
 	return nil
 }
 
+// flushLoop is the writer goroutine: flush, and after a panic in it the
+// stream's end (writerPanicked) before the client's wait group hears of
+// it.
+func (st *cstream) flushLoop() {
+	defer st.sess.c.wg.Done()
+	safego.Run("stream writer", st.flush, st.writerPanicked)
+}
+
+// writerPanicked: the frames the writer held are lost, and with them the
+// calls they carried; which those are is not known, so the stream goes
+// out of service and every call on it fails with ErrInternal.
+func (st *cstream) writerPanicked() {
+	codec := st.sess.c.codec
+	st.mu.Lock()
+	for _, b := range st.queue {
+		codec.PutBuffer(b)
+	}
+	st.queue, st.queued, st.flushing = nil, 0, false
+	st.mu.Unlock()
+	st.retire(fmt.Errorf("%w: stream writer", ErrInternal))
+}
+
 func (st *cstream) flush() {
 	s := st.sess
-	defer s.c.wg.Done()
 	codec := s.c.codec
 	for {
 		st.mu.Lock()
@@ -280,6 +307,7 @@ func (st *cstream) flush() {
 		st.queue = st.queue[1:]
 		st.queued -= len(*buf)
 		st.mu.Unlock()
+		safego.Inject("stream writer")
 		n, err := st.s.Write(*buf)
 		codec.PutBuffer(buf)
 		if n > 0 {
@@ -306,6 +334,12 @@ func (st *cstream) flush() {
 // calls fail (they may have run), the stream is cancelled both ways and a
 // new one takes its place. The connection and its other streams go on.
 func (st *cstream) broken(cause error) {
+	st.retire(fmt.Errorf("%w: stream: %v", ErrConnLost, cause))
+}
+
+// retire takes the stream out of service, fails its calls with err,
+// cancels it and opens another in its place.
+func (st *cstream) retire(err error) {
 	s := st.sess
 	if since := st.stuckSince.Swap(0); since != 0 {
 		s.suspects.Add(-1)
@@ -313,20 +347,22 @@ func (st *cstream) broken(cause error) {
 	if !st.retired.CompareAndSwap(false, true) {
 		return
 	}
-	s.c.cfg.Logger.Debug("qrpc stream broken, reopening", "addr", s.c.addr, "err", cause)
-	err := fmt.Errorf("%w: stream: %v", ErrConnLost, cause)
-	// The calls fail on a goroutine of their own: broken may run inside
+	s.c.cfg.Logger.Debug("qrpc stream broken, reopening", "addr", s.c.addr, "err", err)
+	// The calls fail on a goroutine of their own: retire may run inside
 	// Start (a write that found the stream reset), whose caller may hold a
-	// lock that done takes.
+	// lock that done takes. Each call's end is apart: a panic in one's
+	// done leaves the others theirs.
 	s.c.wg.Add(1)
-	go func() {
+	safego.Go("stream retire", func() {
 		defer s.c.wg.Done()
 		s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
-			s.deadlines.remove(pc)
-			st.inflight.Add(-1)
-			pc.done(nil, err)
+			safego.Run("stream retire", func() {
+				s.deadlines.remove(pc)
+				st.inflight.Add(-1)
+				pc.done(nil, err)
+			}, nil)
 		})
-	}()
+	}, nil)
 	st.cancel()
 	s.replace(st)
 }
@@ -346,57 +382,84 @@ func (st *cstream) cancel() {
 func (s *qconn) replace(old *cstream) {
 	c := s.c
 	c.wg.Add(1)
-	go func() {
+	safego.Go("stream reopen", func() {
 		defer c.wg.Done()
-		for attempt := 0; ; attempt++ {
-			if attempt > 0 {
-				wake := make(chan struct{})
-				t := c.clk.AfterFunc(c.backoff(attempt-1), func() { close(wake) })
-				select {
-				case <-wake:
-				case <-s.conn.Context().Done():
-					t.Stop()
-					return // the qconn's own end takes care of the rest
-				case <-c.ctx.Done():
-					t.Stop()
-					return
-				}
-			}
-			ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
-			qs, err := s.conn.OpenStreamSync(ctx)
-			cancel()
-			if err == nil {
-				ns := newCstream(s, qs, old.idx)
-				c.wg.Add(1)
-				go ns.readLoop()
-				s.streams[old.idx].Store(ns)
-				if attempt > 0 {
-					c.cfg.Logger.Info("qrpc stream reopened", "addr", c.addr, "attempt", attempt+1)
-				}
-				return
-			}
-			if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
-				return // the qconn's own end takes care of the rest
-			}
-			if s.pick(0) == nil {
-				s.fail(fmt.Errorf("no stream in service: open stream: %w", err))
-				return
-			}
-			if attempt == 0 {
-				c.cfg.Logger.Warn("qrpc cannot reopen a stream, retrying", "addr", c.addr, "err", err)
-			}
+		attempt := 0
+		// A panic while reopening starts the loop again (after the
+		// backoff): the stream's place must not stay empty.
+		for safego.Run("stream reopen", func() { s.reopen(old, &attempt) }, func() { attempt++ }) {
 		}
-	}()
+	}, nil)
 }
 
-func (st *cstream) readLoop() {
-	s := st.sess
-	defer s.c.wg.Done()
-	defer func() {
-		if r := recover(); r != nil {
-			s.fail(fmt.Errorf("%w: panic in reader: %v", ErrProtocol, r))
+// reopen is replace's loop: it returns when a stream has taken old's
+// place or the connection is gone.
+func (s *qconn) reopen(old *cstream, attempt *int) {
+	c := s.c
+	for ; ; *attempt++ {
+		if *attempt > 0 {
+			wake := make(chan struct{})
+			t := c.clk.AfterFunc(c.backoff(*attempt-1), safego.Func("stream reopen", func() { close(wake) }, nil))
+			select {
+			case <-wake:
+			case <-s.conn.Context().Done():
+				t.Stop()
+				return // the qconn's own end takes care of the rest
+			case <-c.ctx.Done():
+				t.Stop()
+				return
+			}
 		}
-	}()
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+		qs, err := s.conn.OpenStreamSync(ctx)
+		cancel()
+		if err == nil {
+			ns := newCstream(s, qs, old.idx)
+			c.wg.Add(1)
+			safego.Go("stream reader", ns.readLoop, nil)
+			s.streams[old.idx].Store(ns)
+			if *attempt > 0 {
+				c.cfg.Logger.Info("qrpc stream reopened", "addr", c.addr, "attempt", *attempt+1)
+			}
+			return
+		}
+		if s.conn.Context().Err() != nil || c.ctx.Err() != nil {
+			return // the qconn's own end takes care of the rest
+		}
+		if s.pick(0) == nil {
+			s.fail(fmt.Errorf("no stream in service: open stream: %w", err))
+			return
+		}
+		if *attempt == 0 {
+			c.cfg.Logger.Warn("qrpc cannot reopen a stream, retrying", "addr", c.addr, "err", err)
+		}
+	}
+}
+
+// readLoop is a stream's reader goroutine. A panic while it reads ends
+// the stream (readerPanicked) before the client's wait group hears of it.
+func (st *cstream) readLoop() {
+	defer st.sess.c.wg.Done()
+	var held *pendingCall
+	safego.Run("stream reader", func() { st.read(&held) }, func() { st.readerPanicked(held) })
+}
+
+// readerPanicked ends what the reader held: the call it had taken (not
+// yet handed to done) and every other call of the stream fail with
+// ErrInternal, and another stream takes this one's place.
+func (st *cstream) readerPanicked(held *pendingCall) {
+	err := fmt.Errorf("%w: stream reader", ErrInternal)
+	if held != nil {
+		st.sess.deadlines.remove(held)
+		held.done(nil, err)
+	}
+	st.retire(err)
+}
+
+// read reads the stream's answers until it ends. *held is the call taken
+// from the pending map and not yet handed to its done.
+func (st *cstream) read(held **pendingCall) {
+	s := st.sess
 	fr := s.c.codec.NewReader(st.s)
 	var resp Response
 	for {
@@ -447,7 +510,10 @@ func (st *cstream) readLoop() {
 		if pc == nil {
 			continue // cancelled or timed out: drop quietly
 		}
+		*held = pc
+		safego.Inject("stream reader")
 		s.deadlines.remove(pc)
+		*held = nil // from here done owns the call
 		// Under load the deadline's timer can run late, after the response
 		// is read: a response past the deadline is still a timeout.
 		if !pc.deadline.IsZero() {

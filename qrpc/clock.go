@@ -1,6 +1,10 @@
 package qrpc
 
-import "time"
+import (
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
+)
 
 // clock is where a pool reads the time and arms its timers: the real one
 // in production; a test gives a pool its own fake one (export_test.go) to
@@ -21,8 +25,13 @@ type timer interface {
 
 type realClock struct{}
 
-func (realClock) Now() time.Time                            { return time.Now() }
-func (realClock) AfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) AfterFunc(d time.Duration, f func()) timer {
+	// Callers wrap f with their own kind (safego.Func); this is the
+	// backstop for one that does not.
+	return safego.AfterFunc("timer", d, f, nil)
+}
 
 // monoBase anchors monoNS.
 var monoBase = time.Now()

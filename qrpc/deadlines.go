@@ -3,6 +3,8 @@ package qrpc
 import (
 	"sync"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // deadlines times out a qconn's calls with a few timers for the whole
@@ -36,14 +38,17 @@ type deadlineShard struct {
 	armed  time.Time      // when timer fires; zero: not armed
 	closed bool
 	expire func(*pendingCall)
-	_      [48]byte // 128 bytes: shards on separate cache lines (TestDeadlineShardSize)
+	abort  func(*pendingCall)
+	_      [40]byte // 128 bytes: shards on separate cache lines (TestDeadlineShardSize)
 }
 
-// init sets the function that times out a call; it runs on the timer's
-// goroutine, outside every lock.
-func (d *deadlines) init(expire func(*pendingCall)) {
+// init sets the function that times out a call and the one that fails
+// it after a panic of the timer (the calls it had taken as due); both
+// run on the timer's goroutine, outside every lock.
+func (d *deadlines) init(expire, abort func(*pendingCall)) {
 	for i := range d.shards {
 		d.shards[i].expire = expire
+		d.shards[i].abort = abort
 	}
 }
 
@@ -120,7 +125,7 @@ func (sh *deadlineShard) arm(t time.Time) {
 	sh.armed = t
 	wait := time.Until(t)
 	if sh.timer == nil {
-		sh.timer = time.AfterFunc(wait, sh.fire)
+		sh.timer = safego.AfterFunc("deadline timer", wait, sh.fire, nil)
 		return
 	}
 	sh.timer.Reset(wait)
@@ -148,11 +153,21 @@ func (sh *deadlineShard) fire() {
 	} else {
 		sh.armed = time.Time{}
 	}
-	expire := sh.expire
+	expire, abort := sh.expire, sh.abort
 	sh.mu.Unlock()
-	for _, pc := range due {
-		expire(pc)
-	}
+	// The calls taken as due are the timer's alone: after a panic the
+	// ones not yet timed out fail (abort) rather than wait for nothing.
+	i := 0
+	safego.Run("deadline timer", func() {
+		for ; i < len(due); i++ {
+			safego.Inject("deadline timer")
+			expire(due[i])
+		}
+	}, func() {
+		for ; i < len(due); i++ {
+			abort(due[i])
+		}
+	})
 }
 
 // The heap, by hand: container/heap would box every call in an interface.

@@ -10,9 +10,10 @@ import (
 
 // expiry records what a deadlines' timer times out, and when.
 type expiry struct {
-	mu  sync.Mutex
-	got map[uint64]time.Time
-	ch  chan uint64
+	mu      sync.Mutex
+	got     map[uint64]time.Time
+	aborted []uint64 // failed after a panic of the timer ("timed out twice")
+	ch      chan uint64
 }
 
 func newExpiry(d *deadlines) *expiry {
@@ -25,6 +26,10 @@ func newExpiry(d *deadlines) *expiry {
 		e.got[pc.id] = time.Now()
 		e.mu.Unlock()
 		e.ch <- pc.id
+	}, func(pc *pendingCall) {
+		e.mu.Lock()
+		e.aborted = append(e.aborted, pc.id)
+		e.mu.Unlock()
 	})
 	return e
 }
@@ -38,6 +43,11 @@ func (e *expiry) wait(t *testing.T, n int, within time.Duration) {
 		case <-timeout:
 			t.Fatalf("%d of %d calls timed out within %v", i, n, within)
 		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.aborted) > 0 {
+		t.Fatalf("the timer panicked (a call timed out twice?); calls failed after it: %v", e.aborted)
 	}
 }
 
@@ -161,7 +171,7 @@ func TestDeadlinesRemoveAndClose(t *testing.T) {
 // and removes in every position, and gives its calls up earliest first.
 func TestDeadlinesHeapInvariant(t *testing.T) {
 	var d deadlines
-	d.init(func(*pendingCall) {})
+	d.init(func(*pendingCall) {}, func(*pendingCall) {})
 	defer d.close()
 	rng := rand.New(rand.NewPCG(3, 4))
 	base := time.Now().Add(time.Hour)

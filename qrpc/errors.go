@@ -28,6 +28,9 @@ var (
 	ErrTooLarge = errors.New("qrpc: message too large")
 	// ErrBadConfig: a Config field is invalid.
 	ErrBadConfig = errors.New("qrpc: bad config")
+	// ErrInternal: a goroutine of the client panicked while it held the
+	// call (a bug); the panic was recovered and reported (internal/safego).
+	ErrInternal = errors.New("qrpc: internal error")
 )
 
 // Frame decoding errors, re-exported for errors.Is.

@@ -107,3 +107,15 @@ func ShiftPoolClockForTest(p *Pool) (advance func(time.Duration)) {
 	p.clk = c
 	return func(d time.Duration) { c.off.Add(int64(d)) }
 }
+
+// WireForTest reports, for the client's first live connection, the
+// datagrams quic-go sent, the probes sent beside them, and the smoothed
+// RTT (ok false when no connection is live).
+func WireForTest(c *Client) (sends, probes uint64, srtt time.Duration, ok bool) {
+	for _, sl := range c.slots {
+		if s := sl.cur.Load(); s != nil && s.sock != nil {
+			return s.sock.sends.Load(), s.sock.probes.Load(), s.conn.ConnectionStats().SmoothedRTT, true
+		}
+	}
+	return 0, 0, 0, false
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // Balance is how a Pool spreads calls over its servers.
@@ -513,11 +514,11 @@ func (p *Pool) awaitOne(ctx context.Context) error {
 func (p *Pool) startBackground() {
 	if p.cfg.Resolve > 0 && p.hasNames() {
 		p.wg.Add(1)
-		go p.resolveLoop()
+		safego.Go("pool resolver", p.resolveLoop, nil)
 	}
 	if p.cfg.Check.Method != "" && p.cfg.Check.Interval > 0 {
 		p.wg.Add(1)
-		go p.checkLoop()
+		safego.Go("pool prober", p.checkLoop, nil)
 	}
 }
 
@@ -648,7 +649,7 @@ func (p *Pool) Close() error {
 	var wg sync.WaitGroup
 	for _, pr := range all {
 		wg.Add(1)
-		go func() {
+		safego.Go("pool close", func() {
 			defer wg.Done()
 			_ = pr.c.Close()
 			// The observer hears of the end (its gauges count servers of
@@ -657,7 +658,7 @@ func (p *Pool) Close() error {
 			if PeerState(pr.state.Swap(uint32(PeerRemoved))) != PeerRemoved {
 				pr.obs.StateChanged(PeerRemoved)
 			}
-		}()
+		}, nil)
 	}
 	wg.Wait()
 	return nil

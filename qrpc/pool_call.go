@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // Start sends a call to a server that is up, as Client.Start does. A call
@@ -355,7 +357,7 @@ func (pc *poolCall) armHedge(h Hedge) {
 		d = max(d, time.Millisecond)
 	}
 	pc.hedge, pc.hedges = h, h.Max
-	pc.timer = pc.pool.clk.AfterFunc(d, pc.hedgeFire)
+	pc.timer = pc.pool.clk.AfterFunc(d, safego.Func("pool hedge timer", pc.hedgeFire, nil))
 }
 
 // hedgeFire sends the next copy of a call still unanswered, to a server

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 func netipParse(host string) (netip.Addr, error) { return netip.ParseAddr(host) }
@@ -283,7 +285,7 @@ func (p *Pool) apply(want []string, names map[string]string, meta map[string]srv
 		pr.refresh()
 		changed = true
 		p.wg.Add(1)
-		go p.drain(pr)
+		safego.Go("pool drain", func() { p.drain(pr) }, nil)
 	}
 	if changed {
 		p.publish()
@@ -379,10 +381,10 @@ func (p *Pool) checkLoop() {
 		peers := p.set.Load().peers
 		done := make(chan struct{}, len(peers))
 		for _, pr := range peers {
-			go func() {
+			safego.Go("pool probe", func() {
 				defer func() { done <- struct{}{} }()
 				p.check(pr)
-			}()
+			}, nil)
 		}
 		for range peers {
 			<-done

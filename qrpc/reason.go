@@ -23,6 +23,7 @@ const (
 	WordConnLost    = "connection lost" // the connection died with the call in flight
 	WordTooLarge    = "too large"       // the request does not fit in one frame
 	WordBadConfig   = "bad config"      // an option was rejected (free text follows)
+	WordInternal    = "internal error"  // a panic was recovered while the library held the call
 	WordOther       = "qrpc"            // anything else (free text follows)
 )
 
@@ -91,11 +92,14 @@ type Reason struct {
 }
 
 // String renders "word: reason (detail)". Words that say it all (timeout,
-// closed, queue full) have neither reason nor detail; free-text words
-// (bad config, qrpc) render as "word: detail".
+// closed, queue full) have neither reason nor detail, internal error a
+// detail only ("internal error (stream reader)"); free-text words (bad
+// config, qrpc) render as "word: detail".
 func (r Reason) String() string {
 	s := r.Word
 	switch {
+	case r.Word == WordInternal && r.Detail != "":
+		s += " (" + r.Detail + ")"
 	case r.Reason != "":
 		s += ": " + r.Reason
 		if r.Detail != "" {
@@ -110,7 +114,7 @@ func (r Reason) String() string {
 // Reasons lists every word and reason Classify can return (Detail empty),
 // except the free-text words bad config and qrpc.
 func Reasons() []Reason {
-	out := []Reason{{Word: WordTimeout}, {Word: WordClosed}, {Word: WordQueueFull}}
+	out := []Reason{{Word: WordTimeout}, {Word: WordClosed}, {Word: WordQueueFull}, {Word: WordInternal}}
 	for _, r := range dialReasons {
 		out = append(out, Reason{Word: WordConnect, Reason: r})
 	}
@@ -143,6 +147,8 @@ func ErrorWord(err error) string {
 		return WordClosed
 	case errors.Is(err, ErrQueueFull):
 		return WordQueueFull
+	case errors.Is(err, ErrInternal):
+		return WordInternal
 	case errors.Is(err, ErrUnavailable):
 		// Before connect: "unavailable" carries the last dial failure.
 		return WordUnavailable
@@ -169,6 +175,9 @@ func Classify(err error) Reason {
 		return Reason{}
 	case WordTimeout, WordClosed, WordQueueFull:
 		return Reason{Word: word}
+	case WordInternal:
+		// The word says it all to a caller; what panicked is the detail.
+		return Reason{Word: word, Detail: strip(err, ErrInternal)}
 	case WordConnect:
 		var de *DialError
 		if errors.As(err, &de) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/srvinfo"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
@@ -243,7 +244,7 @@ func (s *Server) start(pc net.PacketConn, tlsConf *tls.Config, ownSocket bool) e
 		s.pc = pc
 	}
 	s.wg.Add(1)
-	go s.acceptLoop(ln)
+	safego.Go("server accept", func() { s.acceptLoop(ln) }, nil)
 	return nil
 }
 
@@ -266,7 +267,7 @@ func (s *Server) acceptLoop(ln *quic.Listener) {
 		s.conns[conn] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
-		go s.serveConn(conn)
+		safego.Go("server connection", func() { s.serveConn(conn) }, nil)
 	}
 }
 
@@ -284,7 +285,7 @@ func (s *Server) serveConn(conn *quic.Conn) {
 			return
 		}
 		s.wg.Add(1)
-		go s.serveStream(conn, st, sem)
+		safego.Go("server stream", func() { s.serveStream(conn, st, sem) }, nil)
 	}
 }
 
@@ -338,13 +339,13 @@ func (s *Server) serveStream(conn *quic.Conn, qs *quic.Stream, sem chan struct{}
 		}
 		s.running.Add(1)
 		if kind == frame.KindEvent {
-			go s.runEvent(conn, req, sem)
+			safego.Go("server handler", func() { s.runEvent(conn, req, sem) }, nil)
 		} else {
 			st.running.Add(1)
-			go func() {
+			safego.Go("server handler", func() {
 				defer st.running.Done()
 				s.runUnary(conn, st, req, sem)
-			}()
+			}, nil)
 		}
 	}
 }

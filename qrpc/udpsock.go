@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -42,6 +43,14 @@ type udpSocket struct {
 	// conn is the connection once dialled: a refusal waits for it to
 	// end by itself (refusal).
 	conn atomic.Pointer[quic.Conn]
+	// sendRefused is a refusal a send met (WriteMsgUDP), for the read
+	// path to hand to quic-go as it does its own.
+	sendRefused atomic.Pointer[error]
+	// sends counts quic-go's datagrams: the probes (qconn.probeTick) go
+	// out only when it sent nothing for a while. probes counts those.
+	sends  atomic.Uint64
+	probes atomic.Uint64
+	raddr  *net.UDPAddr // the server: where probes go
 }
 
 // refusalGrace bounds how long a refusal waits before it reaches
@@ -84,6 +93,7 @@ func listenUDP(raddr *net.UDPAddr) (*udpSocket, error) {
 	}
 	s := newUDPSocket(uc)
 	s.recvErr = setRecvErr(uc, network == "udp6")
+	s.raddr = raddr
 	return s, nil
 }
 
@@ -101,9 +111,20 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 		s.refused = nil
 		return 0, s.refusal(err)
 	}
+	if ep := s.sendRefused.Swap(nil); ep != nil {
+		return s.heardOnSend(*ep, ms, flags)
+	}
 	for {
 		n, err := s.readBatch(ms, flags)
 		if err == nil || !s.recvErr {
+			return n, err
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Woken by WriteMsgUDP for a refusal it met; quic-go's own
+			// deadline (closing) passes through.
+			if ep := s.sendRefused.Swap(nil); ep != nil {
+				return s.heardOnSend(*ep, ms, flags)
+			}
 			return n, err
 		}
 		var errno syscall.Errno
@@ -136,9 +157,19 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 }
 
 // WriteMsgUDP is how quic-go sends. A send also reports (and clears) an
-// ICMP error pending on the socket, without sending: the same rule as for
-// reads applies, and a transient error sends again once.
+// ICMP error pending on the socket, without sending. A refusal goes to the
+// read path, which hands it to quic-go after the same grace as one it read
+// itself (quic-go ends a connection at once on a send error: a server's
+// CONNECTION_CLOSE queued for it would be lost, and its reason with it);
+// the datagram is sent again once, as after a transient error. A genuine
+// local error (EMSGSIZE for a packet over the interface's MTU) comes back
+// the same the second time, for quic-go to handle.
 func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
+	s.sends.Add(1)
+	return s.send(b, oob, addr)
+}
+
+func (s *udpSocket) send(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
 	n, oobn, err := s.writeMsgUDP(b, oob, addr)
 	if err == nil || !s.recvErr {
 		return n, oobn, err
@@ -149,12 +180,48 @@ func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, err
 	}
 	s.drainErrQueue()
 	if errno == syscall.ECONNREFUSED {
+		refusal := err
+		s.sendRefused.CompareAndSwap(nil, &refusal)
+		// The reader may wait in the netpoller for a datagram that
+		// will not come: a deadline in the past wakes it.
+		_ = s.UDPConn.SetReadDeadline(time.Now())
+		n, oobn, err = s.writeMsgUDP(b, oob, addr)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// Another ICMP error came meanwhile; the read path has the
+			// refusal, and the datagram counts as lost.
+			return len(b), len(oob), nil
+		}
 		return n, oobn, err
 	}
-	// A genuine local error (EMSGSIZE for a packet over the interface's
-	// MTU) comes back the same the second time, for quic-go to handle.
 	return s.writeMsgUDP(b, oob, addr)
 }
+
+// heardOnSend is ReadBatch for a refusal a send met: what is queued goes
+// to quic-go first (a server's CONNECTION_CLOSE sent before its port
+// closed), then the refusal, after the grace (refusal).
+func (s *udpSocket) heardOnSend(err error, ms []ipv4.Message, flags int) (int, error) {
+	_ = s.UDPConn.SetReadDeadline(time.Time{})
+	if m, rerr := s.readQueued(ms, flags); rerr == nil && m > 0 {
+		s.refused = err
+		return m, nil
+	}
+	return 0, s.refusal(err)
+}
+
+// probe sends the server a datagram its QUIC stack drops without a word
+// (one byte whose two high bits are clear: not QUIC, RFC 9000 17.2 and
+// RFC 9443; far below the 21 bytes a stateless reset answers) and a closed
+// port answers with ICMP port unreachable: a connection whose calls wait
+// quietly for their answers hears of a killed server a round trip later.
+func (s *udpSocket) probe() {
+	if s.raddr == nil {
+		return
+	}
+	s.probes.Add(1)
+	_, _, _ = s.send(probeDatagram[:], nil, s.raddr)
+}
+
+var probeDatagram = [1]byte{0}
 
 // readQueued reads what is queued on the socket, without waiting (0 when
 // nothing is, or the socket has no way to read without waiting).

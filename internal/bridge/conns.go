@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -59,9 +60,13 @@ func (r *Runtime) Conns() int { return len(*r.conns.Load()) }
 
 // closeClient closes a removed connection. qrpc.Client.Close waits for the
 // client's goroutines, so callers on the nginx thread run it in a goroutine.
+// Should the close panic before it got under way, it is tried once more:
+// its calls must hear "closed" and its goroutines end.
 func (r *Runtime) closeClient(c *conn) {
-	defer r.RecoverLog("close")
-	_ = c.client.Close()
+	safego.Run("close", func() {
+		safego.Inject("close")
+		_ = c.client.Close()
+	}, func() { _ = c.client.Close() })
 	r.closedReconnects.Add(c.client.Stats().Reconnects)
 }
 
@@ -132,7 +137,7 @@ func (r *Runtime) closeConn(h uint64) error {
 		return qrpc.ErrClosed
 	}
 	for _, c := range cs {
-		go r.closeClient(c)
+		safego.Go("close", func() { r.closeClient(c) }, nil)
 	}
 	return nil
 }
@@ -153,7 +158,7 @@ func (r *Runtime) EndGen(g *Gen, calls *Calls, wait bool) {
 		if wait {
 			r.closeClient(c)
 		} else {
-			go r.closeClient(c)
+			safego.Go("close", func() { r.closeClient(c) }, nil)
 		}
 	}
 }

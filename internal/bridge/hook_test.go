@@ -36,7 +36,7 @@ func TestPanicWhileCompleting(t *testing.T) {
 	}
 	found := false
 	for _, l := range sink.all() {
-		found = found || strings.HasPrefix(l, "4 qrpc: panic while completing a call panic=\"injected in complete\"")
+		found = found || strings.HasPrefix(l, "4 qrpc: panic recovered where=complete panic=\"injected in complete\" stack=\"internal/bridge.TestPanicWhileCompleting")
 	}
 	if !found {
 		t.Fatalf("no panic line in %q", sink.all())

@@ -162,3 +162,71 @@ func (r *Runtime) ApplyHostConfig(cfg string) error {
 	}
 	return nil
 }
+
+// reportPanic is safego's reporter: one error line per recovered panic,
+// with where it happened, the value and the stack (compactStack), so that
+// a bug found in production can be found in the code.
+func (r *Runtime) reportPanic(where string, v any, stack []byte) {
+	r.logger.Error("qrpc panic recovered", "where", where, "panic", fmt.Sprint(v), "stack", compactStack(stack))
+}
+
+// maxStackLen bounds the stack in a panic's line: nginx cuts an error
+// log line at 2048 bytes, and the line has its prefix and the panic's
+// value too.
+const maxStackLen = 1400
+
+// modulePrefix is this module's import path, left out of the stack's
+// function names (every reader knows it).
+const modulePrefix = "github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/"
+
+// compactStack renders debug.Stack()'s text on one line, from the frame
+// that panicked outwards: "pkg.Func file.go:123 < pkg.Caller file.go:45
+// < ...". The frames of the recovery itself (debug.Stack, the deferred
+// recover, runtime.gopanic) go: up to the panic( frame when there is one.
+func compactStack(stack []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(stack)), "\n")
+	if len(lines) > 0 && strings.HasPrefix(lines[0], "goroutine ") {
+		lines = lines[1:]
+	}
+	var frames []string
+	for i := 0; i+1 < len(lines); i += 2 {
+		fn := strings.TrimSpace(lines[i])
+		loc := strings.TrimSpace(lines[i+1])
+		if strings.HasPrefix(fn, "panic(") {
+			frames = frames[:0] // what came before is the recovery
+			continue
+		}
+		created := strings.HasPrefix(fn, "created by ")
+		if created {
+			fn = strings.TrimPrefix(fn, "created by ")
+			if j := strings.Index(fn, " in goroutine"); j > 0 {
+				fn = fn[:j]
+			}
+		} else if j := strings.LastIndexByte(fn, '('); j > 0 {
+			fn = fn[:j]
+		}
+		fn = strings.TrimPrefix(fn, modulePrefix)
+		if created {
+			fn = "created by " + fn
+		}
+		if j := strings.LastIndexByte(loc, ' '); j > 0 {
+			loc = loc[:j] // the +0x offset
+		}
+		if j := strings.LastIndexByte(loc, '/'); j >= 0 {
+			loc = loc[j+1:]
+		}
+		frames = append(frames, fn+" "+loc)
+	}
+	var b strings.Builder
+	for i, f := range frames {
+		if b.Len()+len(f)+3 > maxStackLen {
+			b.WriteString(" < ...")
+			break
+		}
+		if i > 0 {
+			b.WriteString(" < ")
+		}
+		b.WriteString(f)
+	}
+	return b.String()
+}

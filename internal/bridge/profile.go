@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // QRPC_OP_PROFILE: a pprof profile of this worker's Go runtime (where the
@@ -121,7 +122,7 @@ func (p *cpuProfile) start(d time.Duration) error {
 	p.seq++
 	seq := p.seq
 	p.buf = buf
-	p.timer = time.AfterFunc(d+cpuProfileGrace, func() { p.abandon(seq) })
+	p.timer = safego.AfterFunc("profile timer", d+cpuProfileGrace, func() { p.abandon(seq) }, nil)
 	return nil
 }
 

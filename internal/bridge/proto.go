@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/transcode"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -232,12 +233,9 @@ func (r *Runtime) decodedOutcome(rt *responseType, resp *qrpc.Response, err erro
 	if err != nil || resp.Code != 0 {
 		return r.outcome(resp, err)
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			r.logger.Error("qrpc panic while decoding a response", "panic", fmt.Sprint(p))
-			out = r.Message(ErrGeneric, "internal error", 0)
-		}
-	}()
+	defer safego.Recover("complete", func() {
+		out = r.Message(ErrGeneric, "internal error", 0)
+	})
 	if rt.lua {
 		// Straight from the wire data to the table's bytes; what the
 		// direct path leaves goes the JSON way below.

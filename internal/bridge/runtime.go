@@ -21,6 +21,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/metrics"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -136,6 +137,9 @@ func New(mem Memory, sink LogSink) *Runtime {
 	r.logger = slog.New(&logHandler{level: &r.logLevel, sink: sink})
 	m := map[uint64]*conn{}
 	r.conns.Store(&m)
+	// A process has one runtime (tests make more: the last one's log
+	// hears of panics).
+	safego.SetReporter(r.reportPanic)
 	return r
 }
 
@@ -193,128 +197,160 @@ func (r *Runtime) connect(h Host, g *Gen, cmd *Command) (int32, string) {
 		return StatusOf(err)
 	}
 	id := cmd.CallID
-	go func() {
-		completed := false
-		defer func() {
-			if p := recover(); p != nil {
-				r.logger.Error("qrpc panic while connecting", "panic", fmt.Sprint(p))
-				if !completed {
-					h.Complete(r.Message(ErrGeneric, "internal error", id))
-				}
-			}
-		}()
-		var out Completion
-		if c, err := r.dial(g, addr, cfg); err != nil {
-			out = r.errCompletion(err)
-		} else {
-			out = Completion{Status: StatusOK, Handle: c.handle}
+	var completed atomic.Bool
+	complete := func(out Completion) {
+		if completed.CompareAndSwap(false, true) {
+			out.CallID = id
+			h.Complete(out)
 		}
-		out.CallID = id
-		completed = true
-		h.Complete(out)
-	}()
+	}
+	safego.Go("connect", func() {
+		safego.Inject("connect")
+		if c, err := r.dial(g, addr, cfg); err != nil {
+			complete(r.errCompletion(err))
+		} else {
+			complete(Completion{Status: StatusOK, Handle: c.handle})
+		}
+	}, func() {
+		// A dial that got as far as a handle has it in the table, where
+		// the owner's end closes it; the caller hears of the panic.
+		complete(r.Message(ErrGeneric, "internal error", 0))
+	})
 	return StatusPending, ""
+}
+
+// unaryCall is one UNARY from Submit to its completion. Whichever way it
+// ends (its outcome, Start's refusal, a panic while it was being
+// started) settle runs once: the in-flight counts it added are given
+// back and its call id leaves the host's table; only the first way
+// delivers.
+type unaryCall struct {
+	r     *Runtime
+	c     *conn
+	h     Host
+	calls *Calls
+	entry callEntry // in calls (when the host has a table) until settled
+	rt    *responseType
+	id    uint64
+	ended atomic.Bool
+}
+
+func (u *unaryCall) settle() bool {
+	if !u.ended.CompareAndSwap(false, true) {
+		return false
+	}
+	if u.c != nil {
+		u.c.inflight.Add(-1)
+		u.r.inflight.Add(-1)
+	}
+	if u.calls != nil {
+		u.calls.remove(u.id, &u.entry)
+	}
+	return true
+}
+
+// done is the call's qrpc callback: on a qrpc goroutine, which
+// safego.Recover keeps alive should the host's Complete panic.
+func (u *unaryCall) done(resp *qrpc.Response, attempts int, err error) {
+	defer safego.Recover("complete", nil)
+	if !u.settle() {
+		return
+	}
+	r := u.r
+	var out Completion
+	if u.rt != nil {
+		out = r.decodedOutcome(u.rt, resp, err)
+	} else {
+		out = r.outcome(resp, err)
+	}
+	SetAttempts(out, attempts)
+	out.CallID = u.id
+	u.h.Complete(out)
 }
 
 // unary starts a call on the calling thread: qrpc.Client.Start encodes and
 // queues the frame without blocking and without a goroutine hop. The
 // outcome reaches h.Complete exactly once, on the goroutine that read the
 // response (or timed the call out), unless CANCEL stops the call first.
-func (r *Runtime) unary(h Host, cmd *Command) (int32, string) {
-	id := cmd.CallID
-	calls := h.Calls()
-	var e *callEntry
-	if calls != nil {
-		e = &callEntry{}
-		if !calls.insert(id, e) {
-			return ErrBadArg, fmt.Sprintf("bad command: call_id %d is already in flight", id)
+// A panic while the call is being started is the caller's "internal
+// error" (the call settles: nothing stays counted) unless the call had
+// already been answered.
+func (r *Runtime) unary(h Host, cmd *Command) (st int32, msg string) {
+	u := &unaryCall{r: r, h: h, calls: h.Calls(), id: cmd.CallID}
+	if u.calls != nil {
+		if !u.calls.insert(u.id, &u.entry) {
+			return ErrBadArg, fmt.Sprintf("bad command: call_id %d is already in flight", u.id)
 		}
 	}
-	p, c, err := r.startUnary(cmd, func(out Completion) {
-		if e != nil {
-			calls.remove(id, e)
+	defer safego.Recover("submitter", func() {
+		st, msg = StatusPending, ""
+		if u.settle() {
+			st, msg = ErrGeneric, "internal error"
 		}
-		out.CallID = id
-		h.Complete(out)
 	})
+	p, err := r.startUnary(cmd, u)
 	if err != nil {
-		if e != nil {
-			calls.remove(id, e)
-		}
+		u.settle()
 		return StatusOf(err)
 	}
-	if e != nil {
-		calls.started(id, e, p, c)
+	if u.calls != nil {
+		u.calls.started(u.id, &u.entry, p, u.c)
 	}
 	return StatusPending, ""
 }
 
-func (r *Runtime) startUnary(cmd *Command, deliver func(Completion)) (qrpc.Pending, *conn, error) {
+func (r *Runtime) startUnary(cmd *Command, u *unaryCall) (qrpc.Pending, error) {
 	c := r.lookup(cmd.Conn)
 	if c == nil {
-		return qrpc.Pending{}, nil, qrpc.ErrClosed
+		return qrpc.Pending{}, qrpc.ErrClosed
 	}
 	hp := hdrPool.Get().(*[][]byte)
 	defer putHeaders(hp)
 	hdrs, err := ParseHeaders(cmd.Hdrs, cmd.NHdrs, (*hp)[:0])
 	*hp = hdrs
 	if err != nil {
-		return qrpc.Pending{}, nil, err
+		return qrpc.Pending{}, err
 	}
 	timeout := defaultCallTimeout
 	if cmd.TimeoutMS > 0 {
 		timeout = time.Duration(cmd.TimeoutMS) * time.Millisecond
 	}
-	rt, err := responseTypeOf(cmd)
-	if err != nil {
-		return qrpc.Pending{}, nil, err
+	if u.rt, err = responseTypeOf(cmd); err != nil {
+		return qrpc.Pending{}, err
 	}
 	body, release, err := requestBody(cmd)
 	if err != nil {
-		return qrpc.Pending{}, nil, err
+		return qrpc.Pending{}, err
 	}
 	defer release()
 	call := qrpc.Call{Method: cmd.Method, Headers: hdrs, Body: body, Deadline: time.Now().Add(timeout),
 		HashKey: cmd.HashKey, Retries: callRetries(cmd.Retries)}
 	if len(cmd.Opts) > 0 {
 		if err := callOpts(cmd.Opts, &call); err != nil {
-			return qrpc.Pending{}, nil, err
+			return qrpc.Pending{}, err
 		}
 	}
+	// Counted before Start: the answer can come before Start returns.
+	// From here every way out settles u once (unary, done).
+	u.c = c
 	c.inflight.Add(1)
 	r.inflight.Add(1)
-	p, err := c.client.StartAttempts(&call, func(resp *qrpc.Response, attempts int, err error) {
-		defer r.RecoverLog("complete")
-		c.inflight.Add(-1)
-		r.inflight.Add(-1)
-		var out Completion
-		if rt != nil {
-			out = r.decodedOutcome(rt, resp, err)
-		} else {
-			out = r.outcome(resp, err)
-		}
-		SetAttempts(out, attempts)
-		deliver(out)
-	})
+	safego.Inject("submitter")
+	p, err := c.client.StartAttempts(&call, u.done)
 	if err != nil {
-		c.inflight.Add(-1)
-		r.inflight.Add(-1)
-		return qrpc.Pending{}, nil, err
+		return qrpc.Pending{}, err
 	}
 	c.calls.Add(1)
 	r.calls.Add(1)
-	return p, c, nil
+	return p, nil
 }
 
 // outcome turns a response into its completion. It runs on qrpc's
 // goroutines, where a panic would kill the process: recover into an error.
 func (r *Runtime) outcome(resp *qrpc.Response, err error) (out Completion) {
-	defer func() {
-		if p := recover(); p != nil {
-			r.logger.Error("qrpc panic while completing a call", "panic", fmt.Sprint(p))
-			out = r.Message(ErrGeneric, "internal error", 0)
-		}
-	}()
+	defer safego.Recover("complete", func() {
+		out = r.Message(ErrGeneric, "internal error", 0)
+	})
 	hook("complete")
 	if err != nil {
 		return r.errCompletion(err)
@@ -439,12 +475,4 @@ func putHeaders(hp *[][]byte) {
 	clear(*hp) // drop the views of C memory
 	*hp = (*hp)[:0]
 	hdrPool.Put(hp)
-}
-
-// RecoverLog is deferred at the top of every goroutine that runs inside
-// nginx: a panic there would otherwise take the worker down.
-func (r *Runtime) RecoverLog(where string) {
-	if p := recover(); p != nil {
-		r.logger.Error("qrpc panic recovered", "where", where, "panic", fmt.Sprint(p))
-	}
 }

@@ -154,6 +154,9 @@ func statusWords(err error) (int32, string, string) {
 		return ErrClosed, "closed", ""
 	case errors.Is(err, qrpc.ErrQueueFull):
 		return ErrFull, "queue full", ""
+	case errors.Is(err, qrpc.ErrInternal):
+		// what panicked is the detail (the log has the stack)
+		return ErrGeneric, qrpc.WordInternal, qrpc.Classify(err).Detail
 	case errors.Is(err, qrpc.ErrUnavailable):
 		// Checked before DialError: "unavailable" wraps the last dial
 		// failure's text, and the call did not try to dial.

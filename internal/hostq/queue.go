@@ -32,6 +32,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // trimEvery is how often the trimmer returns idle result blocks (bufcache)
@@ -91,9 +92,10 @@ func (s *submitter) start() error {
 	s.trimWake = make(chan struct{}, 1)
 	s.trimOn.Store(true) // started by a first use: keep it until idle
 	s.done.Add(3)
-	go s.run(f)
-	go s.trim(s.stop, s.trimWake)
-	go s.waker(&kick, s.stop)
+	stop, trimWake := s.stop, s.trimWake
+	safego.Go("submitter", func() { s.run(f) }, nil)
+	safego.Go("trimmer", func() { s.trim(stop, trimWake) }, nil)
+	safego.Go("waker", func() { s.waker(&kick, stop) }, nil)
 	return nil
 }
 
@@ -140,17 +142,22 @@ func (s *submitter) run(f *os.File) {
 		taken, kick = sqTake()
 		return taken != nil || kick
 	}
-	for {
-		if err := rc.Read(take); err != nil {
-			// Closed by halt: what was queued before the close runs now.
-			it, _ := sqTake()
-			runQueued(it)
-			return
+	// Each command's panic is its own (runAsync); should the loop itself
+	// panic, it serves on: without it no command would ever run again.
+	for safego.Run("submitter", func() {
+		for {
+			if err := rc.Read(take); err != nil {
+				// Closed by halt: what was queued before the close runs now.
+				it, _ := sqTake()
+				runQueued(it)
+				return
+			}
+			runQueued(taken)
+			// After the commands: their blocks are then on the lists the
+			// trimmer's next tick looks at.
+			s.used()
 		}
-		runQueued(taken)
-		// After the commands: their blocks are then on the lists the
-		// trimmer's next tick looks at.
-		s.used()
+	}, nil) {
 	}
 }
 
@@ -173,20 +180,31 @@ func (s *submitter) used() {
 // empty (wakeSoon), after a Gosched: that puts it behind the goroutines
 // runnable now, the other answers of a batch among them, which then join
 // the queue before the nginx thread wakes. A kick that arrives while it
-// writes is one more byte, never a lost one.
+// writes is one more byte, never a lost one. After a panic it writes the
+// bytes it had taken on (a dispatcher waiting for one would sleep on)
+// and goes on.
 func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 	defer s.done.Done()
-	defer rt.RecoverLog("qrpc waker")
-	// Should it die, pushes write their bytes themselves again.
+	// Should it end for good, pushes write their bytes themselves again.
 	defer s.kick.CompareAndSwap(kick, nil)
-	for {
-		select {
-		case <-stop:
-			return
-		case <-*kick:
-			runtime.Gosched()
-			wakerSignal(builtin.wakeMask.Swap(0))
+	var owed uint64
+	for safego.Run("waker", func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-*kick:
+				runtime.Gosched()
+				owed = builtin.wakeMask.Swap(0)
+				safego.Inject("waker")
+				builtin.signalVMs(owed)
+				owed = 0
+			}
 		}
+	}, func() {
+		builtin.signalVMs(owed)
+		owed = 0
+	}) {
 	}
 }
 
@@ -194,7 +212,6 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 // (trimOn), none while they are idle.
 func (s *submitter) trim(stop, wake chan struct{}) {
 	defer s.done.Done()
-	defer rt.RecoverLog("qrpc trim")
 	t := time.NewTicker(trimEvery)
 	defer t.Stop()
 	for {
@@ -400,14 +417,11 @@ func runAsync(abi *bridge.CmdABI) {
 	if v == nil {
 		v = builtin.VM
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			rt.Logger().Error("qrpc panic in the submitter", "panic", fmt.Sprint(p))
-			if completes {
-				v.Complete(rt.Message(bridge.ErrGeneric, "internal error", id))
-			}
+	defer safego.Recover("submitter", func() {
+		if completes {
+			v.Complete(rt.Message(bridge.ErrGeneric, "internal error", id))
 		}
-	}()
+	})
 	var c bridge.Command
 	status, msg := bridge.StatusOf(bridge.DecodeCmd(abi, &c))
 	if status == bridge.StatusOK {

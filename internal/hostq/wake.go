@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // acceptTimeout bounds how long a wake socket waits for its dispatcher:
@@ -102,7 +103,7 @@ func (w *wakeState) open(dir string, room int, onConnect func()) (string, error)
 	}
 	w.dropListenerLocked()
 	w.ln, w.path = ln, path
-	go w.accept(ln, path, onConnect)
+	safego.Go("wake accept", func() { w.accept(ln, path, onConnect) }, nil)
 	return path, nil
 }
 
@@ -115,7 +116,6 @@ func (w *wakeState) dropListenerLocked() {
 }
 
 func (w *wakeState) accept(ln *net.UnixListener, path string, onConnect func()) {
-	defer rt.RecoverLog("wake accept")
 	_ = ln.SetDeadline(time.Now().Add(acceptTimeout))
 	for {
 		c, err := ln.AcceptUnix()

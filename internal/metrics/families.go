@@ -39,6 +39,7 @@ const (
 	nameBudget      = "qrpc_client_retry_budget_exhausted_total"
 	nameBytes       = "qrpc_client_bytes_total"
 	nameThrottled   = "qrpc_client_throttled_total"
+	namePanics      = "qrpc_client_panics_total"
 
 	// Recorded in Lua by resty.ffi.qrpc.gateway and added to a worker's
 	// snapshot there (lua/resty/ffi/qrpc/metrics.lua): rendered here.
@@ -69,6 +70,7 @@ var families = []family{
 	{nameBudget, "counter", "Retries and hedged copies refused by the retry budget, by the server whose attempt failed or was slow."},
 	{nameBytes, "counter", "Frame bytes on the wire by direction (sent, received)."},
 	{nameThrottled, "counter", "Calls rejected by a pool's adaptive throttling before any server was asked (unavailable: throttled), by method."},
+	{namePanics, "counter", "Panics of the library's goroutines recovered (the worker went on; a call the goroutine held failed with internal error), by the kind of goroutine."},
 	{NameVMCompletions, "counter", "Completions (answers, errors, connects) the built-in host delivered to each Lua VM of the worker, by the VM's nginx subsystem (http, stream)."},
 	{nameExpired, "counter", "Unary calls not sent because their deadline had passed (timeout, no attempt), by method."},
 	{nameGWRequests, "counter", "REST gateway requests by route (its template, never the raw path), HTTP method and status."},
@@ -77,7 +79,7 @@ var families = []family{
 
 // Results of a call: ok, code, then the first words of errors with the
 // space turned into "_". Anything else is "other".
-var results = [...]string{"ok", "code", "timeout", "unavailable", "connection_lost", "closed", "too_large", "queue_full", "connect", "other"}
+var results = [...]string{"ok", "code", "timeout", "unavailable", "connection_lost", "closed", "too_large", "queue_full", "connect", "internal_error", "other"}
 
 const (
 	resOK = iota
@@ -89,6 +91,7 @@ const (
 	resTooLarge
 	resQueueFull
 	resConnect
+	resInternal
 	resOther
 	numResults
 )

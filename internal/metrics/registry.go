@@ -278,6 +278,8 @@ func resultOf(err error) int {
 		return resQueueFull
 	case qrpc.WordConnect:
 		return resConnect
+	case qrpc.WordInternal:
+		return resInternal
 	}
 	return resOther
 }

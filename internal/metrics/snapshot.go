@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // A snapshot is one worker's figures as text, one sample a line:
@@ -115,6 +117,11 @@ func (r *Registry) collect() (counters, gauges map[string]float64) {
 	}
 	counters[nameBytes+`{direction="sent"}`] += float64(sent)
 	counters[nameBytes+`{direction="received"}`] += float64(recv)
+	// The process's recovered panics (internal/safego), one series per
+	// kind of goroutine started so far: a fixed set of names in the code.
+	for _, c := range safego.Counts() {
+		counters[namePanics+`{where="`+escape(c.Where)+`"}`] += float64(c.N)
+	}
 	if f := r.extra.Load(); f != nil {
 		(*f)(func(series string, v float64) { counters[series] += v })
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/bridge"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/hostq"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // restyStopWait bounds how long a lua-resty-ffi host, told to stop, waits
@@ -112,26 +113,43 @@ func start(rt *bridge.Runtime, cfg string, tq unsafe.Pointer) (*restyHost, error
 		return nil, err
 	}
 	h := &restyHost{rt: rt, tq: tq, cfg: cfg, gen: bridge.NewGen()}
-	go h.run()
+	safego.Go("lua-resty-ffi poll loop", h.run, nil)
 	return h, nil
 }
 
+// run polls until lua-resty-ffi unloads the runtime. Should the loop
+// panic it polls on (no task would ever be answered again otherwise),
+// after answering the task it had taken with "internal error".
 func (h *restyHost) run() {
-	rt := h.rt
-	defer rt.RecoverLog("lua-resty-ffi poll loop")
 	// The poll call blocks its thread in a condition wait: keep it on one
 	// thread rather than have the scheduler spread it.
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
+	var held unsafe.Pointer // taken from the queue, not yet handed to handle
+	for safego.Run("lua-resty-ffi poll loop", func() { h.poll(&held) }, func() {
+		if held != nil {
+			h.pending.Add(1)
+			(&restyTask{h: h, task: held}).fail(bridge.ErrGeneric, "internal error")
+			held = nil
+		}
+	}) {
+	}
+	h.stop()
+}
+
+// poll takes tasks until the NULL one.
+func (h *restyHost) poll(held *unsafe.Pointer) {
 	for {
 		task := taskPoll(h.tq)
 		if task == nil {
-			break // the queue is freed: never touch tq again
+			return // the queue is freed: never touch tq again
 		}
 		h.tasks.Add(1)
+		*held = task
+		safego.Inject("lua-resty-ffi poll loop")
+		*held = nil
 		h.handle(task)
 	}
-	h.stop()
 }
 
 // handle decodes a task's command and runs it; synchronous results are
@@ -140,12 +158,7 @@ func (h *restyHost) handle(task unsafe.Pointer) {
 	rt := h.rt
 	t := &restyTask{h: h, task: task}
 	h.pending.Add(1)
-	defer func() {
-		if p := recover(); p != nil {
-			rt.Logger().Error("qrpc panic while handling a task", "panic", fmt.Sprint(p))
-			t.fail(bridge.ErrGeneric, "internal error")
-		}
-	}()
+	defer safego.Recover("lua-resty-ffi task", func() { t.fail(bridge.ErrGeneric, "internal error") })
 	req, n := taskReq(task)
 	if req == nil || n != hostq.SizeofCmd {
 		t.fail(bridge.ErrBadArg, fmt.Sprintf("bad command: request is %d bytes, want sizeof(qrpc_cmd_t) = %d", n, hostq.SizeofCmd))
@@ -170,13 +183,13 @@ func (h *restyHost) handle(task unsafe.Pointer) {
 // the remaining answers.
 func (h *restyHost) stop() {
 	rt := h.rt
-	defer rt.RecoverLog("lua-resty-ffi stop")
+	defer safego.Recover("lua-resty-ffi stop", nil)
 	rt.EndGen(h.gen, nil, true) // waiting is fine: we are on our own goroutine
 	done := make(chan struct{})
-	go func() {
+	safego.Go("lua-resty-ffi stop", func() {
 		h.pending.Wait()
 		close(done)
-	}()
+	}, nil)
 	t := time.NewTimer(restyStopWait)
 	defer t.Stop()
 	select {

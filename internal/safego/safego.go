@@ -16,6 +16,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Reporter is told about each recovered panic: where is the kind of
@@ -36,20 +37,18 @@ func SetReporter(r Reporter) {
 	reporter.Store(&r)
 }
 
-var (
-	mu     sync.Mutex
-	counts = map[string]*atomic.Uint64{}
-)
+// counts holds a counter for every kind of goroutine started so far
+// (Go, Func, AfterFunc note it): a kind that never panicked still shows,
+// as 0, so that a rate over the metric has a start. Reads of a known kind
+// take no lock.
+var counts sync.Map // where -> *atomic.Uint64
 
 func counter(where string) *atomic.Uint64 {
-	mu.Lock()
-	defer mu.Unlock()
-	c := counts[where]
-	if c == nil {
-		c = new(atomic.Uint64)
-		counts[where] = c
+	if c, ok := counts.Load(where); ok {
+		return c.(*atomic.Uint64)
 	}
-	return c
+	c, _ := counts.LoadOrStore(where, new(atomic.Uint64))
+	return c.(*atomic.Uint64)
 }
 
 // Count is one kind of goroutine's recovered panics.
@@ -58,14 +57,14 @@ type Count struct {
 	N     uint64
 }
 
-// Counts lists the panics recovered so far, by where, sorted.
+// Counts lists the panics recovered so far by where, sorted, with a 0
+// for every kind started and never recovered from.
 func Counts() []Count {
-	mu.Lock()
-	out := make([]Count, 0, len(counts))
-	for w, c := range counts {
-		out = append(out, Count{Where: w, N: c.Load()})
-	}
-	mu.Unlock()
+	var out []Count
+	counts.Range(func(k, v any) bool {
+		out = append(out, Count{Where: k.(string), N: v.(*atomic.Uint64).Load()})
+		return true
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Where < out[j].Where })
 	return out
 }
@@ -74,13 +73,36 @@ func Counts() []Count {
 // then onPanic (nil: nothing) runs on the same goroutine; a panic in
 // onPanic is recovered and reported too, and goes no further.
 func Go(where string, fn func(), onPanic func()) {
+	counter(where)
 	go run(where, fn, onPanic)
 }
 
 // Func wraps fn as Go does, for a function another goroutine runs:
 // time.AfterFunc's, or a callback the caller starts itself.
 func Func(where string, fn func(), onPanic func()) func() {
+	counter(where)
 	return func() { run(where, fn, onPanic) }
+}
+
+// AfterFunc is time.AfterFunc(d, Func(where, fn, onPanic)).
+func AfterFunc(where string, d time.Duration, fn func(), onPanic func()) *time.Timer {
+	return time.AfterFunc(d, Func(where, fn, onPanic))
+}
+
+// Run runs fn on the calling goroutine as Go would on a new one, and
+// reports whether it panicked: a loop that must outlive a panic of its
+// body (a poll loop, a re-dial loop) runs the body again after onPanic
+// has put things right.
+func Run(where string, fn func(), onPanic func()) (panicked bool) {
+	counter(where)
+	defer Recover(where, func() {
+		panicked = true
+		if onPanic != nil {
+			onPanic()
+		}
+	})
+	fn()
+	return false
 }
 
 func run(where string, fn func(), onPanic func()) {
@@ -108,6 +130,10 @@ func Recover(where string, onPanic func()) {
 		}()
 	}
 }
+
+// Report counts and reports a panic recovered by code that must see its
+// value (an export turning it into an error message).
+func Report(where string, v any, stack []byte) { report(where, v, stack) }
 
 func report(where string, v any, stack []byte) {
 	counter(where).Add(1)

@@ -360,6 +360,10 @@ local function check_opts(opts, event)
             return bad(4, "option '" .. k .. "' does not apply to events")
         end
     end
+    if event and opts.json == "response" then
+        -- an event has no answer: the one side it names is not there
+        return bad(4, 'json = "response" does not apply to events')
+    end
     return true
 end
 _M.check_opts = check_opts

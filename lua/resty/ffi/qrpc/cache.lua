@@ -10,6 +10,7 @@ local wire = require "resty.ffi.qrpc.wire"
 local limits = require "resty.ffi.qrpc.limits"
 local builtin = require "resty.ffi.qrpc.host_builtin"
 local propagate = require "resty.ffi.qrpc.propagate"
+local addr_mod = require "resty.ffi.qrpc.addr"
 
 local sema_new = semaphore.new
 
@@ -25,6 +26,11 @@ local tab_sort = table.sort
 local unpack = unpack
 
 local QRPC_OK = abi.QRPC_OK
+local OP_PEERS = abi.OP_PEERS
+local query = builtin.query
+local parse_peers = addr_mod.parse_peers
+local str_find = string.find
+local gmatch = string.gmatch
 local connect_cmd = abi.connect_cmd
 local set_opts = abi.set_opts
 local close_handle = builtin.close_handle
@@ -110,6 +116,11 @@ local function finish_connect(e, status, val, info)
     end
     local n = e.nwait
     if n > 0 then
+        -- The waiters get the connection when they resume: not evictable
+        -- before (make_room), for as long as a connect that returned it.
+        -- nwait itself is no guide: a waiter killed in its wait (its light
+        -- thread, its request) never takes itself off.
+        e.handed = ngx_now()
         e.sema:post(n)
     end
 end
@@ -178,17 +189,47 @@ function _M.find(addr, o, spec)
 end
 
 
--- QUIC connections the cached entries hold (an estimate for names, which
--- may resolve to several addresses: one per name).
+-- Whether an entry's addresses (its key: "host:port" joined by ",")
+-- name a host: a name (A/AAAA, SRV) may stand for several servers.
+local function has_names(addr)
+    for hp in gmatch(addr, "[^,]+") do
+        local host = hp:match("^(.*):%d+$") or hp
+        if not (str_find(host, "^%[") or str_find(host, "^%d+%.%d+%.%d+%.%d+$")) then
+            return true
+        end
+    end
+    return false
+end
+
+
+-- The QUIC connections entry e holds: its servers × conns. Until a pool
+-- of names is up that is an estimate (a name counts as one server); then
+-- it is the pool's own count, which follows re-resolution.
+local function count(e)
+    if e.names and e.state == "ready" and not e.closed and e.handle then
+        local blob = query(OP_PEERS, e.handle)
+        local n = blob and #parse_peers(blob) or 0
+        if n > 0 then
+            e.nconns = n * e.conns
+        end
+    end
+    return e.nconns
+end
+
+
 local function held()
     local n = 0
     for _, list in pairs(conn_cache) do
         for i = 1, #list do
-            n = n + list[i].nconns
+            n = n + count(list[i])
         end
     end
     return n
 end
+
+
+-- The last cap and stats function make_room was given: trim uses them.
+local last_max, last_stats
 
 
 -- Makes room for need more QUIC connections under max: closes the least
@@ -197,8 +238,9 @@ end
 -- (conn.handed, cleared by unary and event) is not idle: its caller is
 -- about to use it. That lasts at most the pool's timeout and a second, so
 -- a caller killed in between does not pin it. Returns true, or nil and
--- the error connect reports.
-function _M.make_room(need, max, stats)
+-- the error connect reports. keep: an entry never closed here.
+function _M.make_room(need, max, stats, keep)
+    last_max, last_stats = max, stats
     local total = held()
     if total + need <= max then
         return true
@@ -208,7 +250,7 @@ function _M.make_room(need, max, stats)
     for _, list in pairs(conn_cache) do
         for i = 1, #list do
             local e = list[i]
-            if e.state == "ready" and not e.closed and e.nwait == 0
+            if e.state == "ready" and not e.closed and e ~= keep
                and not (e.handed and now - e.handed < e.timeout / 1000 + 1)
             then
                 local st = stats(e.handle)
@@ -265,6 +307,7 @@ function _M.start(addr, o, pins, spec)
         balance = spec.balance,
         retries = spec.retries,
         nconns = spec.naddrs * (o.conns or DEFAULT_CONNS),
+        names = has_names(addr),
         used = 0,
         -- the command points into these: e anchors them for the dial
         first_addr = spec.list and spec.list[1] or addr,
@@ -339,6 +382,13 @@ function _M.wait(e)
     end
     if e.state == "ready" then
         touch(e)
+        if e.names and not e.counted and last_max then
+            -- Up: its names stand for this many servers now. A pool that
+            -- came out bigger than counted makes room now (idle pools
+            -- go, as for a connect) rather than stay over the cap.
+            e.counted = true
+            _M.make_room(0, last_max, last_stats, e)
+        end
         return e.conn
     end
     if e.state == "failed" then

@@ -1,0 +1,130 @@
+package nginx
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
+)
+
+// TestKilledConnectWaiterFreesRoom: with max_connections = 1, a light
+// thread killed while it waits for a connect another thread carries
+// does not pin the connection: once idle it is closed to make room for a
+// connect to another server, which used to fail "too many connections"
+// for the rest of the worker's life.
+func TestKilledConnectWaiterFreesRoom(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	srv := ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, QServer: srv, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                assert(qrpc.configure{ max_connections = 1 })
+                local o = qt.opts({ timeout = 3001 })
+                local a = ngx.thread.spawn(function() return qrpc.connect(qt.addr, o) end)
+                -- finds the entry connecting, and waits for a's dial
+                local b = ngx.thread.spawn(function() return qrpc.connect(qt.addr, o) end)
+                assert(ngx.thread.kill(b))
+                local _, conn, err = ngx.thread.wait(a)
+                assert(conn, err)
+                assert(conn:unary("echo", "first"))
+                local other, oerr = qrpc.connect(qt.shared_addr, qt.opts({ timeout = 3002 }))
+                if not other then
+                    return ngx.say("second server: ", oerr)
+                end
+                assert(other:unary("echo", "second"))
+                local _, cerr = conn:unary("echo", "again")
+                ngx.say("second server connected; the first ", cerr or "still open")`)})
+	if code, body := n.get("/t"); code != 200 || body != "second server connected; the first closed\n" {
+		t.Fatalf("HTTP %d: %q", code, body)
+	}
+}
+
+// TestMaxConnectionsCountsServers: max_connections caps QUIC connections,
+// servers × conns: a pool of a name with three addresses counts three
+// once it is up (it was one), and follows its re-resolution.
+func TestMaxConnectionsCountsServers(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	first := ownServer(t)
+	_, port, _ := net.SplitHostPort(first.addr)
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		s, err := newTestServer(ip+":"+port, nil)
+		if err != nil {
+			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
+		}
+		t.Cleanup(func() { _ = s.close() })
+	}
+	const name = "cap.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	// Conns L1, L2, L3 are literal addresses of one server each, with
+	// options of their own; P is the name's pool.
+	n := startNginx(t, ngxConf{Workers: 1, QServer: first,
+		Extra:           map[string]string{"name": "cap.qrpc.test:" + port, "dns": dns.Addr},
+		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 4 })`,
+		Server: loc("/c", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local which = ngx.var.arg_c
+                local conn, err
+                if which == "P" then
+                    conn, err = qrpc.connect(qt.name, qt.opts({ resolve = 200, resolver = qt.dns, timeout = 3000 }))
+                else
+                    conn, err = qrpc.connect(qt.addr, qt.opts({ timeout = 3000 + tonumber(which:sub(2)) }))
+                end
+                if not conn then
+                    return ngx.say("connect: ", err)
+                end
+                local _, cerr = conn:unary("echo", "x")
+                ngx.say(cerr or "ok", " ", #conn:peers(), " ", qrpc.stats().connections)`) +
+			loc("/pools", `
+                ngx.say(require("resty.ffi.qrpc").stats().pools)`)})
+	// connect returns "<call> <servers of the pool> <QUIC connections>"
+	connect := func(c string) (servers, conns string) {
+		t.Helper()
+		code, body := n.get("/c?c=" + c)
+		f := strings.Fields(body)
+		if code != 200 || len(f) != 3 || f[0] != "ok" {
+			t.Fatalf("connect %s: HTTP %d %q", c, code, body)
+		}
+		return f[1], f[2]
+	}
+	if servers, _ := connect("P"); servers != "3" {
+		t.Fatalf("the name's pool has %s servers, want 3", servers)
+	}
+	testwait.Until(t, "the name's three connections up", 10*time.Second, func() bool {
+		_, conns := connect("P")
+		return conns == "3"
+	})
+	if _, conns := connect("L1"); conns != "4" {
+		t.Fatalf("%s QUIC connections with P and L1, want 4", conns)
+	}
+	// L2 needs one more: P, the least recently used idle pool, goes.
+	if _, conns := connect("L2"); conns != "2" {
+		t.Fatalf("%s QUIC connections after L2 (cap 4), want 2: P (3 servers) closed", conns)
+	}
+	// P again: up with 3 servers it is over the cap; L1 (idle, least
+	// recently used) makes room.
+	connect("P")
+	testwait.Until(t, "the cap kept with P back", 10*time.Second, func() bool {
+		_, conns := connect("L2")
+		return conns == "4"
+	})
+	// The name goes down to one address: P counts 1, and L3 fits
+	// beside P and L2 without closing anyone.
+	dns.Set("127.0.0.1")
+	testwait.Until(t, "P follows DNS to one server", 15*time.Second, func() bool {
+		servers, conns := connect("P")
+		return servers == "1" && conns == "2"
+	})
+	if _, conns := connect("L3"); conns != "3" {
+		t.Fatalf("%s QUIC connections after L3, want 3 (P 1, L2, L3)", conns)
+	}
+	if _, body := n.get("/pools"); strings.TrimSpace(body) != "3" {
+		t.Fatalf("%s pools cached, want 3 (P, L2, L3)", strings.TrimSpace(body))
+	}
+}

@@ -1,0 +1,132 @@
+package qrpc_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// awaitQuiet waits until c's connection sends nothing of its own (the
+// request acknowledged, no ACK of ours pending) for as long as QUIC could
+// still owe a packet: the peer's ACK delay (25 ms) and a probe timeout of
+// a few RTTs, measured on the connection. Probes do not count.
+func awaitQuiet(t *testing.T, c *qrpc.Client) {
+	t.Helper()
+	last, _, _, _ := qrpc.WireForTest(c)
+	since := time.Now()
+	testwait.Until(t, "the connection to go quiet", 30*time.Second, func() bool {
+		sends, _, srtt, ok := qrpc.WireForTest(c)
+		if !ok {
+			t.Fatal("the connection went away")
+		}
+		if sends != last {
+			last, since = sends, time.Now()
+			return false
+		}
+		return time.Since(since) > 2*(25*time.Millisecond+4*srtt)
+	})
+}
+
+// TestKilledServerHeardWhenQuiet: a call in flight on a connection that
+// sends nothing (its request acknowledged) fails "connection lost:
+// refused" soon after its server is killed with its port closed, not at
+// its deadline: the connection probes the server while calls are in
+// flight. The bound is the machine's own: the time the same kill takes to
+// be heard by a connection that sends an event to the dead port at once,
+// plus two probe intervals.
+func TestKilledServerHeardWhenQuiet(t *testing.T) {
+	f := newFleet(t)
+	still, loud := f.add("127.0.0.1:0"), f.add("127.0.0.1:0")
+	for _, m := range []*member{still, loud} {
+		m.delay.Store(60_000)
+	}
+	dial := func(m *member) *qrpc.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := qrpc.Dial(ctx, m.addr, &qrpc.Config{CAPEM: f.ca.CertPEM, Logger: quiet,
+			BackoffBase: time.Minute, BackoffMax: time.Minute, CloseLinger: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	cq, cl := dial(still), dial(loud)
+	const deadline = 10 * time.Second
+	type outcome struct {
+		err error
+		at  time.Time
+	}
+	start := func(c *qrpc.Client) chan outcome {
+		ch := make(chan outcome, 1)
+		_, err := c.Start(&qrpc.Call{Method: []byte("work"), Deadline: time.Now().Add(deadline)},
+			func(_ *qrpc.Response, err error) { ch <- outcome{err, time.Now()} })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	gotQ, gotL := start(cq), start(cl)
+	testwait.Until(t, "both calls at their servers", 10*time.Second, func() bool {
+		return still.hits.Load() == 1 && loud.hits.Load() == 1
+	})
+	awaitQuiet(t, cq)
+
+	killedL := time.Now()
+	loud.kill()
+	_ = cl.Event([]byte("tick"), nil, nil) // a packet to the dead port: heard at once
+	killedQ := time.Now()
+	still.kill()
+	var q, l outcome
+	select {
+	case q = <-gotQ:
+	case <-time.After(deadline + 5*time.Second):
+		t.Fatal("the quiet call never ended")
+	}
+	l = <-gotL
+	for name, o := range map[string]outcome{"quiet": q, "loud": l} {
+		if r := qrpc.Classify(o.err); r.Word != qrpc.WordConnLost || r.Reason != qrpc.ReasonRefused {
+			t.Errorf("%s connection's call: %q, want connection lost: refused", name, qrpc.ErrorString(o.err))
+		}
+	}
+	heardLoud, heardQuiet := l.at.Sub(killedL), q.at.Sub(killedQ)
+	bound := heardLoud + 2*qrpc.MaxProbeInterval
+	t.Logf("kill heard after %v on the quiet connection, %v on the loud one (bound %v)", heardQuiet, heardLoud, bound)
+	if heardQuiet > bound {
+		t.Errorf("the quiet connection heard the kill after %v, the loud one after %v: want at most %v", heardQuiet, heardLoud, bound)
+	}
+}
+
+// TestProbesSpareALiveServer: the probes of a connection whose call waits
+// a long time for its answer do it no harm (the server's QUIC stack drops
+// them, and answers no stateless reset), and the answer comes.
+func TestProbesSpareALiveServer(t *testing.T) {
+	f := newFleet(t)
+	m := f.add("127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := qrpc.Dial(ctx, m.addr, &qrpc.Config{CAPEM: f.ca.CertPEM, Logger: quiet, CloseLinger: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Long enough for many probes: 20 intervals.
+	m.delay.Store(int64(20 * qrpc.MaxProbeInterval / time.Millisecond))
+	resp, err := unary(c, 30*time.Second, "work", nil)
+	if err != nil || string(resp.Body) != "s0" {
+		t.Fatalf("the slow call: %v", err)
+	}
+	_, probes, _, _ := qrpc.WireForTest(c)
+	if probes < 5 {
+		t.Errorf("%d probes sent during the call, want several", probes)
+	}
+	if st := c.Stats(); st.Reconnects != 0 {
+		t.Errorf("%d reconnects", st.Reconnects)
+	}
+	if _, err := unary(c, 5*time.Second, "who", nil); err != nil {
+		t.Fatalf("a call after the probes: %v", err)
+	}
+}
