@@ -32,8 +32,7 @@ func (p Problem) String() string {
 }
 
 // Exempt are the packages (import path suffixes) the goroutine check
-// leaves alone: safego itself, and the two packages of the idle
-// machinery that are on their way out of the tree.
+// leaves alone: safego itself.
 var Exempt = []string{"/internal/safego"}
 
 // LibraryDirs lists the directories of this module's packages that the
