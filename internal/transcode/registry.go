@@ -371,7 +371,8 @@ func (r *Registry) Message(name string) (*Message, error) {
 	if !ok {
 		return nil, &MessageError{Message: name, What: "not a message type"}
 	}
-	m := &Message{reg: r, desc: md, typ: dynamicpb.NewMessageType(md), plan: r.planFor(md)}
+	m := &Message{reg: r, desc: md, typ: dynamicpb.NewMessageType(md), plan: r.planFor(md),
+		masks: reachesFieldMask(md, map[protoreflect.FullName]bool{})}
 	actual, _ := r.messages.LoadOrStore(name, m)
 	return actual.(*Message), nil
 }
