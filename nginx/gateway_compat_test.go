@@ -113,6 +113,41 @@ func dropZero(v any) any {
 	return v
 }
 
+// maskPathsOf reads the paths of the FieldMask field num of the protobuf
+// answer r.
+func maskPathsOf(t *testing.T, r gwResp, num protowire.Number) []string {
+	t.Helper()
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	var paths []string
+	for b := []byte(r.body); len(b) > 0; {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			t.Fatalf("bad protobuf %x", r.body)
+		}
+		b = b[k:]
+		k = protowire.ConsumeFieldValue(n, typ, b)
+		if k < 0 {
+			t.Fatalf("bad protobuf %x", r.body)
+		}
+		if n == num && typ == protowire.BytesType {
+			fm, _ := protowire.ConsumeBytes(b)
+			for len(fm) > 0 {
+				_, _, tk := protowire.ConsumeTag(fm)
+				p, pk := protowire.ConsumeBytes(fm[tk:])
+				if tk < 0 || pk < 0 {
+					t.Fatalf("bad FieldMask %x", fm)
+				}
+				paths = append(paths, string(p))
+				fm = fm[tk+pk:]
+			}
+		}
+		b = b[k:]
+	}
+	return paths
+}
+
 // rawReq sends a request with exactly the headers given (no Content-Type
 // unless given).
 func (n *nginxProc) rawReq(t *testing.T, method, path, body string, hdrs ...string) gwResp {
@@ -187,13 +222,21 @@ func TestGatewayCompat(t *testing.T) {
 	// TestABEPatch / TestPatchWithFieldMask...: a PATCH of a body field
 	// without update_mask gets the mask of the fields the body sets.
 	t.Run("TestABEPatch_update_mask_from_body", func(t *testing.T) {
-		body := `{"int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
-			`"valueField":{"valueStructKey":"x"},"tags":["a"]}`
+		body := `{"int32Value":32,"nested":{"name":"n"},"struct_field":{"struct_key":{"layered_struct_key":1}},` +
+			`"valueField":{"value_struct_key":"x"},"tags":["a"]}`
 		r := n.rawReq(t, "PATCH", "/c/v1/things/u1", body, "Content-Type", "application/json")
-		want := `{"thing":{"uuid":"u1","int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
-			`"valueField":{"valueStructKey":"x"},"tags":["a"]},` +
+		want := `{"thing":{"uuid":"u1","int32Value":32,"nested":{"name":"n"},"structField":{"struct_key":{"layered_struct_key":1}},` +
+			`"valueField":{"value_struct_key":"x"},"tags":["a"]},` +
 			`"updateMask":"int32Value,nested.name,structField.structKey.layeredStructKey,tags,valueField.valueStructKey"}`
 		expectNonZero(t, "derived mask", r, 200, want)
+		// the paths as the server gets them (the protobuf answer: the
+		// request as it came): .proto names, a Struct's keys as written,
+		// which FieldMask's JSON form could not carry
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"structField":{"structKey":{"x":1}},"int32Value":3}`,
+			"Content-Type", "application/json", "Accept", "application/x-protobuf")
+		if got, want := maskPathsOf(t, r, 2), []string{"int32_value", "struct_field.structKey.x"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("update_mask paths %q, want %q", got, want)
+		}
 		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", `{"note":"x","int32Value":1}`, "Content-Type", "application/json")
 		expectNonZero(t, "a mask in the query wins", r, 200, `{"thing":{"uuid":"u1","note":"x","int32Value":1},"updateMask":"note"}`)
 		r = n.rawReq(t, "PATCH", "/d/v1/things/u1", `{"int32Value":32}`, "Content-Type", "application/json")
