@@ -237,6 +237,14 @@ func TestGatewayCompat(t *testing.T) {
 		if got, want := maskPathsOf(t, r, 2), []string{"int32_value", "struct_field.structKey.x"}; !reflect.DeepEqual(got, want) {
 			t.Errorf("update_mask paths %q, want %q", got, want)
 		}
+		// an Any ends a path, and must say its type
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"extra":{"@type":"type.googleapis.com/google.protobuf.Duration","value":"1s"}}`,
+			"Content-Type", "application/json", "Accept", "application/x-protobuf")
+		if got, want := maskPathsOf(t, r, 2), []string{"extra"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("update_mask paths %q, want %q", got, want)
+		}
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"extra":{"value":"1s"}}`, "Content-Type", "application/json")
+		expectError(t, "an Any without @type", r, 400, "extra: an Any needs its @type")
 		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", `{"note":"x","int32Value":1}`, "Content-Type", "application/json")
 		expectNonZero(t, "a mask in the query wins", r, 200, `{"thing":{"uuid":"u1","note":"x","int32Value":1},"updateMask":"note"}`)
 		r = n.rawReq(t, "PATCH", "/d/v1/things/u1", `{"int32Value":32}`, "Content-Type", "application/json")
@@ -318,7 +326,7 @@ func TestGatewayCompat(t *testing.T) {
 	t.Run("EmitUnpopulated", func(t *testing.T) {
 		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
 		expectJSON(t, "compat", r, 200,
-			`{"uuid":"z","int32Value":0,"nested":null,"structField":null,"valueField":null,"tags":[],"note":""}`)
+			`{"uuid":"z","int32Value":0,"nested":null,"structField":null,"valueField":null,"tags":[],"note":"","extra":null}`)
 		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
 		expectJSON(t, "default mode", r, 200, `{"uuid":"z"}`)
 	})
