@@ -223,7 +223,8 @@ local function serve(self)
     end
     local res, uerr, info = conn:unary(route.method, text, {
         request = route.input,
-        response = not want_pb and route.output or nil,
+        -- an HttpBody answer's bytes are read in Lua (httpbody.lua)
+        response = not want_pb and not route.raw_out and route.output or nil,
         json = true,
         discard_unknown = conf.discard_unknown or nil,
         proto_names = conf.proto_names or nil,

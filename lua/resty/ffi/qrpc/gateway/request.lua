@@ -8,6 +8,7 @@ local routes = require "resty.ffi.qrpc.gateway.routes"
 local config = require "resty.ffi.qrpc.gateway.config"
 local params = require "resty.ffi.qrpc.gateway.params"
 local body = require "resty.ffi.qrpc.gateway.body"
+local httpbody = require "resty.ffi.qrpc.gateway.httpbody"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -92,7 +93,29 @@ function _M.message(gw, route, segs, n, last, form_get)
         end
         local conf = gw.conf
         local ct = ngx_var.content_type
-        if data ~= "" and not json_type(ct) then
+        if route.raw_in then
+            -- a google.api.HttpBody: the body as it came, and its type
+            local hb = httpbody.request(data, ct or "")
+            local f = route.body_field
+            local into = msg
+            if f then
+                into = msg[f.name]
+            end
+            if type(into) == "table" then
+                -- path variables set over it, as over a JSON body
+                for k, v in pairs(into) do
+                    hb[k] = v
+                end
+            end
+            if f then
+                bound[f.name] = true
+                msg[f.name] = hb
+            else
+                msg = hb
+            end
+            data = ""
+            form = true
+        elseif data ~= "" and not json_type(ct) then
             if (ct == nil or ct == "") and conf.default_content_type then -- luacheck: ignore 542
                 -- read as JSON, as grpc-gateway reads a body without a type
             elseif conf.form_body and form_type(ct) then
@@ -108,7 +131,7 @@ function _M.message(gw, route, segs, n, last, form_get)
             end
         end
         if form then -- luacheck: ignore 542
-            -- the fields are set
+            -- the fields are set (a form, an HttpBody)
         elseif body_mode == "*" then
             if #vars == 0 then
                 text = data ~= "" and data or "{}"

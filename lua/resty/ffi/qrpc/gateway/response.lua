@@ -7,6 +7,7 @@ local json = require "resty.ffi.qrpc.json"
 local schema = require "resty.ffi.qrpc.gateway.schema"
 local errors = require "resty.ffi.qrpc.gateway.errors"
 local config = require "resty.ffi.qrpc.gateway.config"
+local httpbody = require "resty.ffi.qrpc.gateway.httpbody"
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -101,10 +102,11 @@ local function response_field(gw, route, text)
 end
 
 -- protobuf(route) -> true (the client accepts only protobuf), false | nil,
--- 406, err (a response_body route, which answers JSON only)
+-- 406, err (a response_body route, which answers JSON only). An HttpBody
+-- answer is its data whatever the client accepts, as in grpc-gateway.
 function _M.protobuf(route)
     local accept = ngx_var.http_accept
-    if accept and (str_find(accept, "application/x-protobuf", 1, true)
+    if accept and not route.raw_out and (str_find(accept, "application/x-protobuf", 1, true)
                    or str_find(accept, "application/protobuf", 1, true))
        and not str_find(accept, "application/json", 1, true)
     then
@@ -148,6 +150,15 @@ function _M.write(gw, route, res, want_pb)
                                                         and challenge or message })
         end
         return write_error(status, res.code, message)
+    end
+    if route.raw_out then
+        local ct, data = httpbody.answer(route, res.body)
+        if not ct then
+            return upstream_error(gw, data, route)
+        end
+        ngx_header["Content-Type"] = ct ~= "" and ct or "application/octet-stream"
+        ngx_print(data)
+        return 200
     end
     if want_pb then
         ngx_header["Content-Type"] = "application/x-protobuf"
