@@ -322,6 +322,20 @@ func TestGatewayCompat(t *testing.T) {
 		}
 	})
 
+	// grpc-gateway v2's default unmarshaler discards unknown fields
+	// (DiscardUnknown: true), and it skips query parameters that name no
+	// field.
+	t.Run("DiscardUnknown", func(t *testing.T) {
+		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"k","nope":1}`, "Content-Type", "application/json")
+		expectNonZero(t, "compat, an unknown body field", r, 200, `{"uuid":"k"}`)
+		r = n.rawReq(t, "POST", "/c/v1/echo/k2/nested?nope=1", `{"name":"x"}`, "Content-Type", "application/json")
+		expectNonZero(t, "compat, an unknown query parameter", r, 200, `{"uuid":"k2","nested":{"name":"x"}}`)
+		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"k","nope":1}`, "Content-Type", "application/json")
+		expectError(t, "default mode, an unknown body field", r, 400, "nope: unknown field")
+		r = n.rawReq(t, "POST", "/d/v1/echo/k2/nested?nope=1", `{"name":"x"}`, "Content-Type", "application/json")
+		expectError(t, "default mode, an unknown query parameter", r, 400, `query parameter "nope"`)
+	})
+
 	// grpc-gateway v2 emits unpopulated fields (EmitUnpopulated: true).
 	t.Run("EmitUnpopulated", func(t *testing.T) {
 		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
