@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 const maskProto = `syntax = "proto3"; package fm;
@@ -103,6 +105,23 @@ func TestFieldMaskMessageForm(t *testing.T) {
 	fe := fastEncoder{reg: r, in: []byte(`{"items":[{"mask":{"paths":["en_GB"]}}]}`)}
 	if _, ok := fe.encode(nil, m.plan); !ok {
 		t.Error("the message form left the fast path")
+	}
+	// a Lua table: the direct path leaves it to the JSON text, which reads it
+	ser, err := luaserial.FromJSON(nil, []byte(`{"items":[{"mask":{"paths":["en_GB","Num"]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.EncodeLua(nil, ser); ok {
+		t.Error("EncodeLua took a FieldMask itself")
+	}
+	if plain, err := luaserial.FromJSON(nil, []byte(`{"items":[{"n":3}]}`)); err != nil {
+		t.Fatal(err)
+	} else if _, ok := m.EncodeLua(nil, plain); !ok {
+		t.Error("EncodeLua refused a table without a FieldMask: the check above says nothing")
+	}
+	want := wantMask(t, m, `items { mask { paths: "en_GB" paths: "Num" } }`)
+	if got, err := viaJSON(m, ser); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("a Lua table: %x, %v, want %x", got, err, want)
 	}
 	// a FieldMask as the whole request
 	fmm := mustMessage(t, r, "google.protobuf.FieldMask")

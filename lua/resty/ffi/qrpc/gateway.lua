@@ -16,6 +16,10 @@
 --   schema    the messages and services Go describes, field lookups
 --   routes    path templates; the route table; matching a request
 --   request   the qrpc message and headers of an HTTP request
+--   params    the fields from URL arguments (path, query string, forms)
+--   body      the request body and its Content-Type
+--   mask      the update_mask a PATCH body implies (patch_update_mask)
+--   httpbody  google.api.HttpBody: raw bodies both ways
 --   response  the answer from the qrpc result
 --   errors    the error answers and the status of a qrpc error
 --   vars      the access-log variables ($qrpc_method, ...)
