@@ -210,12 +210,19 @@ func TestGatewayCompat(t *testing.T) {
 	})
 
 	// testEchoBody: Go's http.NewRequest and many SDKs send a body with no
-	// Content-Type; grpc-gateway reads it as JSON.
+	// Content-Type; grpc-gateway reads it as JSON (its wildcard marshaler).
 	t.Run("testEchoBody_no_content_type", func(t *testing.T) {
 		body := `{"uuid":"e1","int32Value":3}`
 		expectNonZero(t, "compat", n.rawReq(t, "POST", "/c/v1/echo", body), 200, body)
 		if r := n.rawReq(t, "POST", "/d/v1/echo", body); r.status != 415 {
 			t.Errorf("default mode: %d %s, want 415", r.status, r.body)
+		}
+		// nor any type it has no marshaler for: fetch() sends a string
+		// body as text/plain
+		ct := "text/plain;charset=UTF-8"
+		expectNonZero(t, "compat, text/plain", n.rawReq(t, "POST", "/c/v1/echo", body, "Content-Type", ct), 200, body)
+		if r := n.rawReq(t, "POST", "/d/v1/echo", body, "Content-Type", ct); r.status != 415 {
+			t.Errorf("default mode, text/plain: %d %s, want 415", r.status, r.body)
 		}
 	})
 

@@ -116,15 +116,16 @@ function _M.message(gw, route, segs, n, last, form_get)
             data = ""
             form = true
         elseif data ~= "" and not json_type(ct) then
-            if (ct == nil or ct == "") and conf.default_content_type then -- luacheck: ignore 542
-                -- read as JSON, as grpc-gateway reads a body without a type
-            elseif conf.form_body and form_type(ct) then
+            if conf.form_body and form_type(ct) then
                 local fok, fst, ferr = form_message(gw, route, msg, bound, data)
                 if not fok then
                     return nil, fst, ferr
                 end
                 data = ""
                 form = true
+            elseif conf.default_content_type then -- luacheck: ignore 542
+                -- read as JSON, as grpc-gateway's wildcard marshaler reads a
+                -- body of a type it has no marshaler for, or of none
             else
                 return nil, 415, "Content-Type must be application/json (got "
                               .. tostring(ct or "none") .. ")"
