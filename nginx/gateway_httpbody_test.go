@@ -285,6 +285,12 @@ func TestGatewayHttpBody(t *testing.T) {
 		expectError(t, "over max_body", n.rawReq(t, "POST", "/v1/files", string(big)+"x", "Content-Type", "application/octet-stream"),
 			413, fmt.Sprintf("request body larger than %d bytes", maxBody))
 
+		// a path variable sets a field of the HttpBody over the request's
+		m = storedOf(t, n.rawReq(t, "POST", "/v1/typed/text/csv", csv, "Content-Type", "application/octet-stream"))
+		if m["contentType"] != "text/csv" || m["sha256"] != sum([]byte(csv)) {
+			t.Errorf("stored %v, want text/csv and the CSV's bytes", m)
+		}
+
 		// no body, no Content-Type: an empty HttpBody
 		m = storedOf(t, n.rawReq(t, "POST", "/v1/files", ""))
 		if m["size"] != nil || m["contentType"] != nil {

@@ -201,6 +201,8 @@ local function serve(self)
     if not text then
         return fail(status, merr), route
     end
+    -- the request's protobuf bytes already (a raw google.api.HttpBody)
+    local pb_in = status == true
 
     -- a Grpc-Timeout caps the call's deadline and travels to the server
     local headers = request.headers(conf)
@@ -226,7 +228,7 @@ local function serve(self)
         return upstream_error(self, cerr, route), route
     end
     local res, uerr, info = conn:unary(route.method, text, {
-        request = route.input,
+        request = not pb_in and route.input or nil,
         -- an HttpBody answer's bytes are read in Lua (httpbody.lua)
         response = not want_pb and not route.raw_out and route.output or nil,
         json = true,

@@ -13,6 +13,7 @@ local ngx = ngx
 local encode_base64 = ngx.encode_base64
 
 local str_byte = string.byte
+local str_char = string.char
 local str_find = string.find
 local str_sub = string.sub
 local tab_concat = table.concat
@@ -35,6 +36,27 @@ function _M.request(data, ct)
         content_type = ct ~= "" and ct or nil,
         data = data ~= "" and encode_base64(data) or nil,
     }
+end
+
+local function varint_bytes(n)
+    local out = ""
+    while n >= 128 do
+        out = out .. str_char(n % 128 + 128)
+        n = math_floor(n / 128)
+    end
+    return out .. str_char(n)
+end
+
+-- encode(data, ct) -> the protobuf bytes of the HttpBody of a raw request
+-- body and its Content-Type, for a request that is nothing else: the
+-- data is copied once, not base64-encoded into JSON text for Go to decode
+-- again (at 256 KiB that cost the nginx worker three times the CPU)
+function _M.encode(data, ct)
+    return tab_concat({
+        ct ~= "" and "\10" .. varint_bytes(#ct) .. ct or "",
+        data ~= "" and "\18" .. varint_bytes(#data) or "",
+        data,
+    })
 end
 
 -- varint(s, i, n) -> the varint at s[i], the position after it | nil. A

@@ -60,10 +60,10 @@ local FORM_METHODS = { POST = true, PUT = true, PATCH = true }
 
 local _M = {}
 
--- message(gw, route, segs, n, last, form_get) -> JSON text | nil, status,
--- err: the request message of a matched route (find's segs, n, last;
--- form_get: a form POST served by a GET route, grpc-gateway's path length
--- fallback)
+-- message(gw, route, segs, n, last, form_get) -> JSON text | protobuf
+-- bytes, true | nil, status, err: the request message of a matched route
+-- (find's segs, n, last; form_get: a form POST served by a GET route,
+-- grpc-gateway's path length fallback)
 function _M.message(gw, route, segs, n, last, form_get)
     -- the message: path variables, then the body, then the query string
     local msg, bound, pathvals = {}, {}, {}
@@ -95,8 +95,11 @@ function _M.message(gw, route, segs, n, last, form_get)
         local ct = ngx_var.content_type
         if route.raw_in then
             -- a google.api.HttpBody: the body as it came, and its type
-            local hb = httpbody.request(data, ct or "")
             local f = route.body_field
+            if not f and #vars == 0 then
+                return httpbody.encode(data, ct or ""), true
+            end
+            local hb = httpbody.request(data, ct or "")
             local into = msg
             if f then
                 into = msg[f.name]
