@@ -197,6 +197,7 @@ func TestGatewayHttpBody(t *testing.T) {
 		"report.csv": {ContentType: "text/csv; charset=utf-8", Data: []byte(csv)},
 		"blob":       {Data: []byte{0, 1, 2, 255}},
 		"empty":      {ContentType: "text/plain"},
+		"evil":       {ContentType: "text/plain\r\nX-Injected: 1", Data: []byte("x")},
 	})
 	const maxBody = 256 << 10
 	n := startNginx(t, ngxConf{
@@ -265,6 +266,11 @@ func TestGatewayHttpBody(t *testing.T) {
 		expectError(t, "a missing file", n.rawReq(t, "GET", "/v1/files/nope", ""), 404, "no file nope")
 		expectError(t, "not a message", n.rawReq(t, "GET", "/v1/files/broken", ""), 502,
 			"bad response: google.api.HttpBody: cannot parse invalid wire-format data")
+		r := n.rawReq(t, "GET", "/v1/files/evil", "")
+		expectError(t, "a header in content_type", r, 502, "bad response: google.api.HttpBody: a control character in content_type")
+		if r.hdr.Get("X-Injected") != "" {
+			t.Error("content_type's CRLF made a header")
+		}
 	})
 
 	t.Run("upload", func(t *testing.T) {
