@@ -34,6 +34,14 @@ type filesServer struct {
 	mu    sync.Mutex
 	files map[string]*httpbody.HttpBody
 	puts  []protoreflect.Message // the PutRequests, as the server got them
+	calls int                    // the Upload and Put calls that reached the server
+}
+
+// storeCalls is how many Upload and Put calls reached the server.
+func (s *filesServer) storeCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
 }
 
 func (s *filesServer) stored(name string) *httpbody.HttpBody {
@@ -79,6 +87,9 @@ func startFilesServer(t *testing.T, fd protoreflect.FileDescriptor, files map[st
 		resp.Body, _ = proto.Marshal(hb)
 	})
 	srv.Handle("Upload", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.mu.Lock()
+		s.calls++
+		s.mu.Unlock()
 		hb := &httpbody.HttpBody{}
 		if err := proto.Unmarshal(req.Body, hb); err != nil {
 			resp.Code, resp.Body = 3, []byte(err.Error())
@@ -90,6 +101,9 @@ func startFilesServer(t *testing.T, fd protoreflect.FileDescriptor, files map[st
 		resp.Body = stored("upload", "", hb)
 	})
 	srv.Handle("Put", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		s.mu.Lock()
+		s.calls++
+		s.mu.Unlock()
 		in := msg("PutRequest")
 		if err := proto.Unmarshal(req.Body, in); err != nil {
 			resp.Code, resp.Body = 3, []byte(err.Error())
@@ -317,6 +331,26 @@ func TestGatewayHttpBody(t *testing.T) {
 		}
 		if hb := srv.stored("form.txt"); hb == nil || string(hb.GetData()) != "a=1&b=2" {
 			t.Errorf("the server stored %v", hb)
+		}
+	})
+
+	// A Content-Type that is not UTF-8 (an ISO-8859-1 parameter) cannot be
+	// an HttpBody's content_type, a proto3 string: the gateway refuses it
+	// with a 400 in its own words, whether the HttpBody is the whole
+	// request or the field body names, and no call reaches the server
+	// (whose parser would refuse the message as a whole).
+	t.Run("upload with a Content-Type that is not UTF-8", func(t *testing.T) {
+		const ct = "text/plain; name=caf\xe9"
+		for _, c := range []struct{ what, method, path string }{
+			{"the whole request", "POST", "/v1/files"},
+			{"the field body names", "PUT", "/v1/files/latin1.txt"},
+		} {
+			before := srv.storeCalls()
+			r := n.rawReq(t, c.method, c.path, "hello", "Content-Type", ct)
+			expectError(t, c.what, r, 400, "bad message: ", "content_type", "invalid UTF-8")
+			if got := srv.storeCalls() - before; got != 0 {
+				t.Errorf("%s: %d call(s) reached the server with content_type %q", c.what, got, ct)
+			}
 		}
 	})
 
