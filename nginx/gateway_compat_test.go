@@ -262,6 +262,28 @@ func TestGatewayCompat(t *testing.T) {
 		}
 	})
 
+	// The derived mask is the one grpc-gateway's FieldMaskFromRequestBody
+	// builds (docs/gateway.md says so): inside a Struct or a Value its
+	// buildPathsBlindly descends into every object and names the keys
+	// that hold something else, so an empty object there, at any depth,
+	// adds no path at all.
+	t.Run("TestABEPatch_mask_as_FieldMaskFromRequestBody", func(t *testing.T) {
+		for _, c := range []struct {
+			body string
+			want []string
+		}{
+			{`{"structField":{"a":{"b":1}},"int32Value":1}`, []string{"int32_value", "struct_field.a.b"}},
+			{`{"structField":{},"int32Value":1}`, []string{"int32_value"}},
+			{`{"structField":{"a":{},"b":2},"int32Value":1}`, []string{"int32_value", "struct_field.b"}},
+			{`{"valueField":{},"int32Value":1}`, []string{"int32_value"}},
+		} {
+			r := n.rawReq(t, "PATCH", "/c/v1/things/u1", c.body, "Content-Type", "application/json", "Accept", "application/x-protobuf")
+			if got := maskPathsOf(t, r, 2); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("%s: update_mask paths %q, want %q (grpc-gateway's)", c.body, got, c.want)
+			}
+		}
+	})
+
 	// TestABEWithHeader / testEchoOneof...: Grpc-Metadata-* request headers
 	// become metadata (the prefix taken off), permanent HTTP headers travel
 	// as grpcgateway-<name> (Authorization also as itself), and the
