@@ -97,7 +97,11 @@ function _M.message(gw, route, segs, n, last, form_get)
             -- a google.api.HttpBody: the body as it came, and its type
             local f = route.body_field
             if not f and #vars == 0 then
-                return httpbody.encode(data, ct or ""), true
+                local pb, herr = httpbody.encode(data, ct or "")
+                if not pb then
+                    return nil, 400, "bad message: " .. route.input .. ": " .. herr
+                end
+                return pb, true
             end
             local hb = httpbody.request(data, ct or "")
             local into = msg
