@@ -48,6 +48,11 @@ function _M.json_type(ct)
     return mime == "application/json" or str_find(mime, "^application/[%w.-]+%+json$") ~= nil
 end
 
+-- does the body start as a JSON object or array does (after white space)?
+function _M.json_text(data)
+    return str_find(data, "^[ \t\r\n]*[{%[]") ~= nil
+end
+
 -- is the Content-Type ct a form (application/x-www-form-urlencoded)?
 function _M.form_type(ct)
     return str_lower(str_match(ct or "", "^%s*([^;%s]+)") or "")

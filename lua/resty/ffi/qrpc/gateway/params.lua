@@ -16,6 +16,8 @@ local math_huge = math.huge
 local str_find = string.find
 local str_match = string.match
 local str_gmatch = string.gmatch
+local str_sub = string.sub
+local tab_sort = table.sort
 
 local chain = schema.chain
 local path_of = schema.path_of
@@ -143,10 +145,11 @@ local function query_chain(gw, input, name)
     return ch, cerr
 end
 
--- add_args(gw, input, msg, bound, args, label) sets msg's fields (of
+-- add_args(gw, input, msg, bound, args, label, seen) sets msg's fields (of
 -- message type input) from decoded URL arguments (the query string, a
--- form body); bound: the field paths set otherwise, which win
-local function add_args(gw, input, msg, bound, args, label)
+-- form body); bound: the field paths set otherwise, which win; seen (if
+-- given) gets the path of every field an argument names
+local function add_args(gw, input, msg, bound, args, label, seen)
     local function query_err(k)
         return label .. " " .. quote(k)
     end
@@ -159,6 +162,9 @@ local function add_args(gw, input, msg, bound, args, label)
             end
         end
         local ch, cerr = query_chain(gw, input, name)
+        if ch and seen then
+            seen[ch.path] = true
+        end
         if not ch then
             if not gw.conf.discard_unknown then
                 return nil, query_err(k) .. ": " .. cerr
@@ -274,30 +280,47 @@ function _M.add_query(gw, route, msg, bound, form)
     end
     return true
 end
--- A form body sets fields as the query string does: of the whole message
--- (body "*"), or of the body's field.
-function _M.form_message(gw, route, msg, bound, data)
+-- form_message(gw, route, msg, bound, data, want_paths) -> true, paths |
+-- nil, status, err: a form body sets fields as the query string does, of
+-- the whole message (body "*") or of the body's field (a message field);
+-- a field the path sets keeps the path's value, as with a JSON body.
+-- want_paths: paths is the sorted list of the fields the form names, by
+-- their .proto names, for the update_mask of a PATCH
+function _M.form_message(gw, route, msg, bound, data, want_paths)
     local args, err = decode_args(data, 100)
     if err == "truncated" then
         return nil, 400, "more than 100 form fields"
     end
-    local target, input = msg, route.input
+    local target, input, fbound = msg, route.input, bound
     local f = route.body_field
     if f then
-        if f.kind ~= "message" then
-            return nil, 415, "a form body needs a message field as the body ("
-                             .. f.name .. " is not one)"
-        end
         target = msg[f.name] or {}
         msg[f.name] = target
         input = f.type
+        -- the path's fields inside the body's field, by their paths there
+        fbound = {}
+        local pre = f.name .. "."
+        for p in pairs(bound) do
+            if str_sub(p, 1, #pre) == pre then
+                fbound[str_sub(p, #pre + 1)] = true
+            end
+        end
         bound[f.name] = true
     end
-    local ok, ferr = add_args(gw, input, target, {}, args, "form field")
+    local seen = want_paths and {} or nil
+    local ok, ferr = add_args(gw, input, target, fbound, args, "form field", seen)
     if not ok then
         return nil, 400, ferr
     end
-    return true
+    if not seen then
+        return true
+    end
+    local paths = {}
+    for p in pairs(seen) do
+        paths[#paths + 1] = p
+    end
+    tab_sort(paths)
+    return true, paths
 end
 
 _M.conv = conv

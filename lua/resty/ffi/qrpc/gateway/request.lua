@@ -33,6 +33,7 @@ local update_mask = require("resty.ffi.qrpc.gateway.mask").update_mask
 local conv, conv_list, set = params.conv, params.conv_list, params.set
 local add_query, form_message = params.add_query, params.form_message
 local read_body, json_type, form_type = body.read, body.json_type, body.form_type
+local json_text = body.json_text
 
 -- A decoder for request bodies that marks JSON arrays (an empty [] stays a
 -- list when encoded again), where lua-cjson offers it.
@@ -123,16 +124,28 @@ function _M.message(gw, route, segs, n, last, form_get)
             data = ""
             form = true
         elseif data ~= "" and not json_type(ct) then
-            if conf.form_body and form_type(ct) then
-                local fok, fst, ferr = form_message(gw, route, msg, bound, data)
+            local is_form = conf.form_body and form_type(ct)
+            -- JSON text sent as a form is read as JSON: curl -d sends every
+            -- body with the form type, and a form whose first name starts
+            -- with "{" or "[" names no field
+            local jtext = is_form and json_text(data)
+            local fbody = route.body_field
+            if is_form and not jtext and (not fbody or fbody.kind == "message") then
+                local fok, fst, ferr = form_message(gw, route, msg, bound, data,
+                                                    route.mask_field and conf.patch_update_mask)
                 if not fok then
                     return nil, fst, ferr
                 end
+                -- the paths of the form's fields, for the update_mask
+                mask = fst
                 data = ""
                 form = true
-            elseif conf.default_content_type then -- luacheck: ignore 542
+            elseif jtext or conf.default_content_type then -- luacheck: ignore 542
                 -- read as JSON, as grpc-gateway's wildcard marshaler reads a
                 -- body of a type it has no marshaler for, or of none
+            elseif is_form then
+                return nil, 415, "a form body needs a message field as the body ("
+                                 .. fbody.name .. " is not one)"
             else
                 return nil, 415, "Content-Type must be application/json (got "
                               .. tostring(ct or "none") .. ")"
