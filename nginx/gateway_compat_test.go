@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -332,6 +333,27 @@ func TestGatewayCompat(t *testing.T) {
 		for k := range r.hdr {
 			if strings.HasPrefix(k, "Grpc-Metadata-") {
 				t.Errorf("default mode answers %s", k)
+			}
+		}
+	})
+
+	// An error message quotes what the client sent (a query parameter's
+	// name, a form value), whose bytes need not be UTF-8: the error body
+	// stays UTF-8 JSON, each stray byte written as U+FFFD (as Go's
+	// encoding/json writes it), in the gateway's words and in Go's.
+	t.Run("error_message_not_utf8", func(t *testing.T) {
+		const form = "application/x-www-form-urlencoded"
+		for _, c := range []struct{ what, method, path, body string }{
+			{"a query parameter's name", "GET", "/d/v1/sleep/1?%FF%00=1", ""},
+			{"a form value", "POST", "/c/v1/echo", "int32_value=%FF%00"},
+		} {
+			r := n.rawReq(t, c.method, c.path, c.body, "Content-Type", form)
+			if !utf8.ValidString(r.body) {
+				t.Errorf("%s: the error body is not UTF-8: %q", c.what, r.body)
+				continue
+			}
+			if e := expectError(t, c.what, r, 400); e != nil && !strings.Contains(e["message"].(string), "\ufffd") {
+				t.Errorf("%s: message %q: want U+FFFD for the byte 0xFF", c.what, e["message"])
 			}
 		}
 	})

@@ -8,6 +8,7 @@ local schema = require "resty.ffi.qrpc.gateway.schema"
 local errors = require "resty.ffi.qrpc.gateway.errors"
 local config = require "resty.ffi.qrpc.gateway.config"
 local httpbody = require "resty.ffi.qrpc.gateway.httpbody"
+local utf8_valid = require("resty.ffi.qrpc.gateway.utf8").valid
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -17,7 +18,6 @@ local ngx_print = ngx.print
 local type = type
 local pairs = pairs
 local tostring = tostring
-local str_byte = string.byte
 local str_find = string.find
 local str_lower = string.lower
 
@@ -31,36 +31,7 @@ local _M = {}
 
 -- is s valid UTF-8 text (no NUL)?
 local function is_text(s)
-    if str_find(s, "%z") then
-        return false
-    end
-    if not str_find(s, "[\128-\255]") then
-        return true
-    end
-    local i, n = 1, #s
-    while i <= n do
-        local c = str_byte(s, i)
-        local k
-        if c < 0x80 then
-            k = 0
-        elseif c >= 0xC2 and c <= 0xDF then
-            k = 1
-        elseif c >= 0xE0 and c <= 0xEF then
-            k = 2
-        elseif c >= 0xF0 and c <= 0xF4 then
-            k = 3
-        else
-            return false
-        end
-        for j = i + 1, i + k do
-            local d = str_byte(s, j)
-            if not d or d < 0x80 or d > 0xBF then
-                return false
-            end
-        end
-        i = i + k + 1
-    end
-    return true
+    return not str_find(s, "%z") and utf8_valid(s)
 end
 
 
