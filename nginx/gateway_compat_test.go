@@ -430,6 +430,36 @@ func TestGatewayCompat(t *testing.T) {
 			`{"thing":{"uuid":"u1","int32Value":32},"updateMask":"int32Value"}`)
 	})
 
+	// A form-typed body on a route with a body, as the gateway reads it:
+	// JSON text (leading white space allowed) as JSON, as grpc-gateway
+	// reads it; a form's fields by their paths into the update_mask of a
+	// PATCH (unknown ones dropped under compat), unless the query string
+	// gives a mask; a body field that is no message, which no form can
+	// set, as JSON under default_content_type (grpc-gateway), else a 415.
+	t.Run("form_body_on_a_route_with_a_body", func(t *testing.T) {
+		const ct, form = "Content-Type", "application/x-www-form-urlencoded"
+		body := "\n {\"uuid\":\"e2\",\"tags\":[\"x\"]}"
+		expectNonZero(t, "JSON text with white space first", n.rawReq(t, "POST", "/c/v1/echo", body, ct, form), 200,
+			`{"uuid":"e2","tags":["x"]}`)
+		if r := n.rawReq(t, "POST", "/d/v1/echo", body, ct, form); r.status != 415 {
+			t.Errorf("default mode, JSON text as a form: %d %s, want 415", r.status, r.body)
+		}
+		pb := []string{ct, form, "Accept", "application/x-protobuf"}
+		r := n.rawReq(t, "PATCH", "/c/v1/things/u1", "nested.name=n&int32_value=3&tags=a&tags=b&bogus=1", pb...)
+		if got, want := maskPathsOf(t, r, 2), []string{"int32_value", "nested.name", "tags"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("a form PATCH: update_mask paths %q, want %q", got, want)
+		}
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", "int32_value=3", pb...)
+		if got, want := maskPathsOf(t, r, 2), []string{"note"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("a form PATCH with update_mask in the query: paths %q, want the query's %q", got, want)
+		}
+		expectNonZero(t, "a JSON string as a form, body field note", n.rawReq(t, "POST", "/c/v1/echo/n1/note", `"hi"`, ct, form), 200,
+			`{"uuid":"n1","note":"hi"}`)
+		if r := n.rawReq(t, "POST", "/d/v1/echo/n1/note", "a=1", ct, form); r.status != 415 {
+			t.Errorf("default mode, a form on body field note: %d %s, want 415", r.status, r.body)
+		}
+	})
+
 	// grpc-gateway v2's default unmarshaler discards unknown fields
 	// (DiscardUnknown: true), and it skips query parameters that name no
 	// field.
