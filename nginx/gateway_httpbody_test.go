@@ -360,6 +360,7 @@ func TestGatewayHttpBody(t *testing.T) {
 			t.Fatalf("%d %s", r.status, r.body)
 		}
 		validateOpenAPI(t, []byte(r.body))
+		redoclyLint(t, []byte(r.body))
 		var doc struct {
 			Paths map[string]map[string]struct {
 				RequestBody *struct {
