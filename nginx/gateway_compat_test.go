@@ -364,6 +364,25 @@ func TestGatewayCompat(t *testing.T) {
 		}
 	})
 
+	// ngx_lua decodes at most 100 URL arguments here: more is a 400 that
+	// says so, not a request with the rest dropped.
+	t.Run("more_than_100_arguments", func(t *testing.T) {
+		const ct, form = "Content-Type", "application/x-www-form-urlencoded"
+		var args []string
+		for i := 0; i <= 100; i++ {
+			args = append(args, "a"+strconv.Itoa(i)+"=1")
+		}
+		many := strings.Join(args, "&")
+		expectError(t, "101 query parameters", n.rawReq(t, "GET", "/c/v1/sleep/1?"+many, ""), 400, "more than 100 query parameters")
+		expectError(t, "101 form fields, body *", n.rawReq(t, "POST", "/c/v1/echo", many, ct, form), 400, "more than 100 form fields")
+		// a form POST served by the GET route (grpc-gateway's path length fallback)
+		expectError(t, "101 form fields, GET route", n.rawReq(t, "POST", "/c/v1/sleep/1", many, ct, form), 400, "more than 100 form fields")
+		// 100 are read (and dropped under compat: they name no field)
+		if r := n.rawReq(t, "GET", "/c/v1/sleep/1?"+strings.Join(args[:100], "&"), ""); r.status != 200 {
+			t.Errorf("100 query parameters: %d %s, want 200", r.status, r.body)
+		}
+	})
+
 	// A form-encoded body sets fields as the query string does.
 	t.Run("form_body", func(t *testing.T) {
 		form := url.Values{"uuid": {"f1"}, "int32_value": {"7"}, "tags": {"a", "b"}}.Encode()
