@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -113,6 +114,41 @@ func dropZero(v any) any {
 	return v
 }
 
+// maskPathsOf reads the paths of the FieldMask field num of the protobuf
+// answer r.
+func maskPathsOf(t *testing.T, r gwResp, num protowire.Number) []string {
+	t.Helper()
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	var paths []string
+	for b := []byte(r.body); len(b) > 0; {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			t.Fatalf("bad protobuf %x", r.body)
+		}
+		b = b[k:]
+		k = protowire.ConsumeFieldValue(n, typ, b)
+		if k < 0 {
+			t.Fatalf("bad protobuf %x", r.body)
+		}
+		if n == num && typ == protowire.BytesType {
+			fm, _ := protowire.ConsumeBytes(b)
+			for len(fm) > 0 {
+				_, _, tk := protowire.ConsumeTag(fm)
+				p, pk := protowire.ConsumeBytes(fm[tk:])
+				if tk < 0 || pk < 0 {
+					t.Fatalf("bad FieldMask %x", fm)
+				}
+				paths = append(paths, string(p))
+				fm = fm[tk+pk:]
+			}
+		}
+		b = b[k:]
+	}
+	return paths
+}
+
 // rawReq sends a request with exactly the headers given (no Content-Type
 // unless given).
 func (n *nginxProc) rawReq(t *testing.T, method, path, body string, hdrs ...string) gwResp {
@@ -175,25 +211,48 @@ func TestGatewayCompat(t *testing.T) {
 	})
 
 	// testEchoBody: Go's http.NewRequest and many SDKs send a body with no
-	// Content-Type; grpc-gateway reads it as JSON.
+	// Content-Type; grpc-gateway reads it as JSON (its wildcard marshaler).
 	t.Run("testEchoBody_no_content_type", func(t *testing.T) {
 		body := `{"uuid":"e1","int32Value":3}`
 		expectNonZero(t, "compat", n.rawReq(t, "POST", "/c/v1/echo", body), 200, body)
 		if r := n.rawReq(t, "POST", "/d/v1/echo", body); r.status != 415 {
 			t.Errorf("default mode: %d %s, want 415", r.status, r.body)
 		}
+		// nor any type it has no marshaler for: fetch() sends a string
+		// body as text/plain
+		ct := "text/plain;charset=UTF-8"
+		expectNonZero(t, "compat, text/plain", n.rawReq(t, "POST", "/c/v1/echo", body, "Content-Type", ct), 200, body)
+		if r := n.rawReq(t, "POST", "/d/v1/echo", body, "Content-Type", ct); r.status != 415 {
+			t.Errorf("default mode, text/plain: %d %s, want 415", r.status, r.body)
+		}
 	})
 
 	// TestABEPatch / TestPatchWithFieldMask...: a PATCH of a body field
 	// without update_mask gets the mask of the fields the body sets.
 	t.Run("TestABEPatch_update_mask_from_body", func(t *testing.T) {
-		body := `{"int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
-			`"valueField":{"valueStructKey":"x"},"tags":["a"]}`
+		body := `{"int32Value":32,"nested":{"name":"n"},"struct_field":{"struct_key":{"layered_struct_key":1}},` +
+			`"valueField":{"value_struct_key":"x"},"tags":["a"]}`
 		r := n.rawReq(t, "PATCH", "/c/v1/things/u1", body, "Content-Type", "application/json")
-		want := `{"thing":{"uuid":"u1","int32Value":32,"nested":{"name":"n"},"structField":{"structKey":{"layeredStructKey":1}},` +
-			`"valueField":{"valueStructKey":"x"},"tags":["a"]},` +
+		want := `{"thing":{"uuid":"u1","int32Value":32,"nested":{"name":"n"},"structField":{"struct_key":{"layered_struct_key":1}},` +
+			`"valueField":{"value_struct_key":"x"},"tags":["a"]},` +
 			`"updateMask":"int32Value,nested.name,structField.structKey.layeredStructKey,tags,valueField.valueStructKey"}`
 		expectNonZero(t, "derived mask", r, 200, want)
+		// the paths as the server gets them (the protobuf answer: the
+		// request as it came): .proto names, a Struct's keys as written,
+		// which FieldMask's JSON form could not carry
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"structField":{"structKey":{"x":1}},"int32Value":3}`,
+			"Content-Type", "application/json", "Accept", "application/x-protobuf")
+		if got, want := maskPathsOf(t, r, 2), []string{"int32_value", "struct_field.structKey.x"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("update_mask paths %q, want %q", got, want)
+		}
+		// an Any ends a path, and must say its type
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"extra":{"@type":"type.googleapis.com/google.protobuf.Duration","value":"1s"}}`,
+			"Content-Type", "application/json", "Accept", "application/x-protobuf")
+		if got, want := maskPathsOf(t, r, 2), []string{"extra"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("update_mask paths %q, want %q", got, want)
+		}
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"extra":{"value":"1s"}}`, "Content-Type", "application/json")
+		expectError(t, "an Any without @type", r, 400, "extra: an Any needs its @type")
 		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", `{"note":"x","int32Value":1}`, "Content-Type", "application/json")
 		expectNonZero(t, "a mask in the query wins", r, 200, `{"thing":{"uuid":"u1","note":"x","int32Value":1},"updateMask":"note"}`)
 		r = n.rawReq(t, "PATCH", "/d/v1/things/u1", `{"int32Value":32}`, "Content-Type", "application/json")
@@ -201,6 +260,34 @@ func TestGatewayCompat(t *testing.T) {
 		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", `{"nope":1}`, "Content-Type", "application/json")
 		if r.status != 400 {
 			t.Errorf("an unknown field in a PATCH body: %d %s, want 400", r.status, r.body)
+		}
+	})
+
+	// The derived mask is the one grpc-gateway's FieldMaskFromRequestBody
+	// builds (docs/gateway.md says so), as its releases since v2.32.0
+	// build it: an empty object ends a path, a message field's (as every
+	// v2 release has it: oneof_empty in its fieldmask_test.go) and, inside
+	// a Struct or a Value, at any depth (buildPathsBlindly returns the
+	// name for an empty object, and its loop takes only a populated object
+	// as a level to descend). Releases up to v2.31 added no path for an
+	// empty object inside a Struct or Value, so that {"structField": {}}
+	// in a PATCH left the field as it was.
+	t.Run("TestABEPatch_mask_as_FieldMaskFromRequestBody", func(t *testing.T) {
+		for _, c := range []struct {
+			body string
+			want []string
+		}{
+			{`{"structField":{"a":{"b":1}},"int32Value":1}`, []string{"int32_value", "struct_field.a.b"}},
+			{`{"structField":{},"int32Value":1}`, []string{"int32_value", "struct_field"}},
+			{`{"structField":{"a":{},"b":2},"int32Value":1}`, []string{"int32_value", "struct_field.a", "struct_field.b"}},
+			{`{"structField":{"a":{"b":{}}}}`, []string{"struct_field.a.b"}},
+			{`{"valueField":{},"int32Value":1}`, []string{"int32_value", "value_field"}},
+			{`{"nested":{},"int32Value":1}`, []string{"int32_value", "nested"}},
+		} {
+			r := n.rawReq(t, "PATCH", "/c/v1/things/u1", c.body, "Content-Type", "application/json", "Accept", "application/x-protobuf")
+			if got := maskPathsOf(t, r, 2); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("%s: update_mask paths %q, want %q (grpc-gateway's)", c.body, got, c.want)
+			}
 		}
 	})
 
@@ -256,6 +343,46 @@ func TestGatewayCompat(t *testing.T) {
 		}
 	})
 
+	// An error message quotes what the client sent (a query parameter's
+	// name, a form value), whose bytes need not be UTF-8: the error body
+	// stays UTF-8 JSON, each stray byte written as U+FFFD (as Go's
+	// encoding/json writes it), in the gateway's words and in Go's.
+	t.Run("error_message_not_utf8", func(t *testing.T) {
+		const form = "application/x-www-form-urlencoded"
+		for _, c := range []struct{ what, method, path, body string }{
+			{"a query parameter's name", "GET", "/d/v1/sleep/1?%FF%00=1", ""},
+			{"a form value", "POST", "/c/v1/echo", "int32_value=%FF%00"},
+		} {
+			r := n.rawReq(t, c.method, c.path, c.body, "Content-Type", form)
+			if !utf8.ValidString(r.body) {
+				t.Errorf("%s: the error body is not UTF-8: %q", c.what, r.body)
+				continue
+			}
+			if e := expectError(t, c.what, r, 400); e != nil && !strings.Contains(e["message"].(string), "\ufffd") {
+				t.Errorf("%s: message %q: want U+FFFD for the byte 0xFF", c.what, e["message"])
+			}
+		}
+	})
+
+	// ngx_lua decodes at most 100 URL arguments here: more is a 400 that
+	// says so, not a request with the rest dropped.
+	t.Run("more_than_100_arguments", func(t *testing.T) {
+		const ct, form = "Content-Type", "application/x-www-form-urlencoded"
+		var args []string
+		for i := 0; i <= 100; i++ {
+			args = append(args, "a"+strconv.Itoa(i)+"=1")
+		}
+		many := strings.Join(args, "&")
+		expectError(t, "101 query parameters", n.rawReq(t, "GET", "/c/v1/sleep/1?"+many, ""), 400, "more than 100 query parameters")
+		expectError(t, "101 form fields, body *", n.rawReq(t, "POST", "/c/v1/echo", many, ct, form), 400, "more than 100 form fields")
+		// a form POST served by the GET route (grpc-gateway's path length fallback)
+		expectError(t, "101 form fields, GET route", n.rawReq(t, "POST", "/c/v1/sleep/1", many, ct, form), 400, "more than 100 form fields")
+		// 100 are read (and dropped under compat: they name no field)
+		if r := n.rawReq(t, "GET", "/c/v1/sleep/1?"+strings.Join(args[:100], "&"), ""); r.status != 200 {
+			t.Errorf("100 query parameters: %d %s, want 200", r.status, r.body)
+		}
+	})
+
 	// A form-encoded body sets fields as the query string does.
 	t.Run("form_body", func(t *testing.T) {
 		form := url.Values{"uuid": {"f1"}, "int32_value": {"7"}, "tags": {"a", "b"}}.Encode()
@@ -271,11 +398,106 @@ func TestGatewayCompat(t *testing.T) {
 		}
 	})
 
+	// grpc-gateway's own tutorial calls its gateway with
+	// `curl -X POST ... -d '{"name": " hello"}'`, and curl -d sends
+	// Content-Type: application/x-www-form-urlencoded. grpc-gateway has no
+	// form marshaler: its wildcard marshaler reads that body as JSON. Such
+	// a request must not become a 200 whose message lost every field the
+	// client sent (its JSON text read as one form key that names no field,
+	// which discard_unknown then drops; for a PATCH also without a mask, a
+	// whole replace with an empty message): grpc-gateway's answer, or a
+	// 400 that says what is wrong.
+	t.Run("tutorial_curl_d_json", func(t *testing.T) {
+		for _, c := range []struct{ what, method, path, body, want string }{
+			{"POST, body *", "POST", "/c/v1/echo", `{"uuid":"e1","int32Value":3}`, `{"uuid":"e1","int32Value":3}`},
+			{"PATCH, body field", "PATCH", "/c/v1/things/u1", `{"int32Value":32}`,
+				`{"thing":{"uuid":"u1","int32Value":32},"updateMask":"int32Value"}`},
+		} {
+			r := n.rawReq(t, c.method, c.path, c.body, "Content-Type", "application/x-www-form-urlencoded")
+			if r.status == 400 {
+				expectError(t, c.what, r, 400)
+				continue
+			}
+			expectNonZero(t, c.what+", JSON text sent as curl -d sends it", r, 200, c.want)
+		}
+	})
+
+	// A form body sets fields as the query string does, so the path wins
+	// over it (docs/gateway.md: a parameter for a field the path sets is
+	// ignored), and a form PATCH under patch_update_mask updates only the
+	// fields it sends, as a JSON one does: the mask of the form's fields,
+	// or a 400 (grpc-gateway reads no form on a route with a body).
+	t.Run("form_body_PATCH", func(t *testing.T) {
+		const ct = "Content-Type"
+		r := n.rawReq(t, "PATCH", "/c/v1/things/u1", "uuid=fromform&int32_value=32", ct, "application/x-www-form-urlencoded")
+		var got struct {
+			Thing      struct{ UUID string }
+			UpdateMask string
+		}
+		if r.status != 200 || json.Unmarshal([]byte(r.body), &got) != nil {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		if got.Thing.UUID != "u1" {
+			t.Errorf("thing.uuid %q, want the path's u1 (a form field set it over the path): %s", got.Thing.UUID, r.body)
+		}
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1", "int32_value=32", ct, "application/x-www-form-urlencoded")
+		if r.status == 400 {
+			expectError(t, "a form PATCH", r, 400)
+			return
+		}
+		expectNonZero(t, "a form PATCH: the mask of the fields it sends", r, 200,
+			`{"thing":{"uuid":"u1","int32Value":32},"updateMask":"int32Value"}`)
+	})
+
+	// A form-typed body on a route with a body, as the gateway reads it:
+	// JSON text (leading white space allowed) as JSON, as grpc-gateway
+	// reads it; a form's fields by their paths into the update_mask of a
+	// PATCH (unknown ones dropped under compat), unless the query string
+	// gives a mask; a body field that is no message, which no form can
+	// set, as JSON under default_content_type (grpc-gateway), else a 415.
+	t.Run("form_body_on_a_route_with_a_body", func(t *testing.T) {
+		const ct, form = "Content-Type", "application/x-www-form-urlencoded"
+		body := "\n {\"uuid\":\"e2\",\"tags\":[\"x\"]}"
+		expectNonZero(t, "JSON text with white space first", n.rawReq(t, "POST", "/c/v1/echo", body, ct, form), 200,
+			`{"uuid":"e2","tags":["x"]}`)
+		if r := n.rawReq(t, "POST", "/d/v1/echo", body, ct, form); r.status != 415 {
+			t.Errorf("default mode, JSON text as a form: %d %s, want 415", r.status, r.body)
+		}
+		pb := []string{ct, form, "Accept", "application/x-protobuf"}
+		r := n.rawReq(t, "PATCH", "/c/v1/things/u1", "nested.name=n&int32_value=3&tags=a&tags=b&bogus=1", pb...)
+		if got, want := maskPathsOf(t, r, 2), []string{"int32_value", "nested.name", "tags"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("a form PATCH: update_mask paths %q, want %q", got, want)
+		}
+		r = n.rawReq(t, "PATCH", "/c/v1/things/u1?update_mask=note", "int32_value=3", pb...)
+		if got, want := maskPathsOf(t, r, 2), []string{"note"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("a form PATCH with update_mask in the query: paths %q, want the query's %q", got, want)
+		}
+		expectNonZero(t, "a JSON string as a form, body field note", n.rawReq(t, "POST", "/c/v1/echo/n1/note", `"hi"`, ct, form), 200,
+			`{"uuid":"n1","note":"hi"}`)
+		if r := n.rawReq(t, "POST", "/d/v1/echo/n1/note", "a=1", ct, form); r.status != 415 {
+			t.Errorf("default mode, a form on body field note: %d %s, want 415", r.status, r.body)
+		}
+	})
+
+	// grpc-gateway v2's default unmarshaler discards unknown fields
+	// (DiscardUnknown: true), and it skips query parameters that name no
+	// field.
+	t.Run("DiscardUnknown", func(t *testing.T) {
+		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"k","nope":1}`, "Content-Type", "application/json")
+		expectNonZero(t, "compat, an unknown body field", r, 200, `{"uuid":"k"}`)
+		r = n.rawReq(t, "POST", "/c/v1/echo/k2/nested?nope=1", `{"name":"x"}`, "Content-Type", "application/json")
+		expectNonZero(t, "compat, an unknown query parameter", r, 200, `{"uuid":"k2","nested":{"name":"x"}}`)
+		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"k","nope":1}`, "Content-Type", "application/json")
+		expectError(t, "default mode, an unknown body field", r, 400, "nope: unknown field")
+		r = n.rawReq(t, "POST", "/d/v1/echo/k2/nested?nope=1", `{"name":"x"}`, "Content-Type", "application/json")
+		expectError(t, "default mode, an unknown query parameter", r, 400, `query parameter "nope"`)
+	})
+
 	// grpc-gateway v2 emits unpopulated fields (EmitUnpopulated: true).
 	t.Run("EmitUnpopulated", func(t *testing.T) {
 		r := n.rawReq(t, "POST", "/c/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
 		expectJSON(t, "compat", r, 200,
-			`{"uuid":"z","int32Value":0,"nested":null,"structField":null,"valueField":null,"tags":[],"note":""}`)
+			`{"uuid":"z","int32Value":0,"nested":null,"structField":null,"valueField":null,"tags":[],"note":"","extra":null}`)
 		r = n.rawReq(t, "POST", "/d/v1/echo", `{"uuid":"z"}`, "Content-Type", "application/json")
 		expectJSON(t, "default mode", r, 200, `{"uuid":"z"}`)
 	})

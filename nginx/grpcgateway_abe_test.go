@@ -52,6 +52,12 @@ func copyProtoTree(t *testing.T, src, dst string) {
 // the library, for the test server and for reading the answers.
 func compileABE(t *testing.T, importPaths []string) protoreflect.FileDescriptor {
 	t.Helper()
+	return compileProto(t, importPaths, abeProto)
+}
+
+// compileProto compiles the file (an import name) as compileABE does.
+func compileProto(t *testing.T, importPaths []string, file string) protoreflect.FileDescriptor {
+	t.Helper()
 	global := protocompile.ResolverFunc(func(p string) (protocompile.SearchResult, error) {
 		fd, err := protoregistry.GlobalFiles.FindFileByPath(p)
 		if err != nil {
@@ -62,7 +68,7 @@ func compileABE(t *testing.T, importPaths []string) protoreflect.FileDescriptor 
 	comp := protocompile.Compiler{Resolver: protocompile.CompositeResolver{
 		&protocompile.SourceResolver{ImportPaths: importPaths}, global,
 	}}
-	files, err := comp.Compile(context.Background(), abeProto)
+	files, err := comp.Compile(context.Background(), file)
 	if err != nil {
 		t.Fatal(err)
 	}

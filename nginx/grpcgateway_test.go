@@ -4,10 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
 	"path/filepath"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
@@ -240,4 +245,147 @@ func TestGrpcGatewayEcho(t *testing.T) {
 			t.Errorf("answer %v", m)
 		}
 	})
+}
+
+// namesServer plays, over qrpc, grpc-gateway's example NonStandardService
+// (examples/internal/server/non_standard_names.go: each method applies
+// the request's update_mask to an empty message and answers it) and, for
+// TestRequestParseForm, EchoService's Echo (the request answered).
+func namesServer(t *testing.T, sd protoreflect.ServiceDescriptor) string {
+	t.Helper()
+	srv := qrpc.NewServer(&qrpc.ServerConfig{})
+	srv.Handle("Echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) { resp.Body = req.Body })
+	for i := 0; i < sd.Methods().Len(); i++ {
+		md := sd.Methods().Get(i)
+		srv.Handle(string(md.Name()), func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+			in := dynamicpb.NewMessage(md.Input())
+			if err := proto.Unmarshal(req.Body, in); err != nil {
+				resp.Code, resp.Body = 3, []byte(err.Error())
+				return
+			}
+			var paths []string
+			if mf := field(in, "update_mask"); in.Has(mf) {
+				pl := in.Get(mf).Message()
+				l := pl.Get(field(pl, "paths")).List()
+				for j := 0; j < l.Len(); j++ {
+					paths = append(paths, l.Get(j).String())
+				}
+			}
+			out := dynamicpb.NewMessage(md.Output())
+			applyFieldMask(out, in.Get(field(in, "body")).Message(), paths)
+			resp.Body, _ = proto.Marshal(out)
+		})
+	}
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(serverTLSCert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return a.String()
+}
+
+// TestGrpcGatewayNames runs grpc-gateway's TestNonStandardNames and
+// TestRequestParseForm (examples/internal/integration/integration_test.go)
+// against two gateways, as the upstream test runs two: one with
+// proto_names (its UseProtoNames marshaler, on port 8081 there) and one
+// with the default naming (port 8082), both compat = "grpc-gateway",
+// serving non_standard_names.proto and echo_service.proto in front of
+// namesServer. A PATCH body that names fields in any casing the schema
+// allows gets the update_mask of their .proto names (en_GB, Num,
+// thing.subThing.sub_value), and a form body on a binding without body
+// sets fields as the query string does.
+func TestGrpcGatewayNames(t *testing.T) {
+	dir := grpcGatewayProtos(t)
+	b, err := os.ReadFile(filepath.Join(repoRoot, "nginx", "testdata", "gateway", "non_standard_names.proto"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "non_standard_names.proto"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fd := compileProto(t, []string{dir}, "non_standard_names.proto")
+	echoMD := compileProto(t, []string{dir}, "examples/internal/proto/examplepb/echo_service.proto").
+		Messages().ByName("SimpleMessage")
+	addr := namesServer(t, fd.Services().ByName("NonStandardService"))
+	gw := func(extra string) *nginxProc {
+		return startNginx(t, ngxConf{
+			Workers: 1,
+			InitByLua: lines(
+				`        local qrpc = require "resty.ffi.qrpc"`,
+				`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+				`        local gateway = require "resty.ffi.qrpc.gateway"`,
+				`        local qt = require "qtest"`,
+				`        package.loaded.gw = assert(gateway.new{ upstream = qt.names_addr,`,
+				`            protos = { files = { "non_standard_names.proto",`,
+				`                                 "examples/internal/proto/examplepb/echo_service.proto" },`,
+				`                       import_paths = { qt.proto_dir } },`,
+				`            compat = "grpc-gateway", codes = "grpc", opts = qt.opts({ timeout = 10000 }),`,
+				`            `+extra+` })`,
+			),
+			Extra:  map[string]string{"names_addr": addr, "proto_dir": dir},
+			Server: `        location / { content_by_lua_block { package.loaded.gw:serve() } }`,
+		})
+	}
+	protoNames, plain := gw("proto_names = true"), gw("")
+	// want: the upstream case's message, here in protojson with .proto names
+	want := `{"id":"foo","Num":"1","line_num":"42","langIdent":"English","STATUS":"good","en_GB":"1","no":"yes",` +
+		`"thing":{"subThing":{"sub_value":"hi"}}}`
+
+	for _, tc := range []struct {
+		name   string
+		gw     *nginxProc
+		method string
+		body   string
+	}{
+		{"Test standard update method", protoNames, "update",
+			`{"id":"foo","Num":"1","line_num":"42","langIdent":"English","STATUS":"good","en_GB":"1","no":"yes",` +
+				`"thing":{"subThing":{"sub_value":"hi"}}}`},
+		{"Test update method using json_names in message", protoNames, "update_with_json_names",
+			`{"id":"foo","Num":"1","line_num":"42","langIdent":"English","STATUS":"good","en_GB":"1","no":"yes",` +
+				`"thing":{"subThing":{"sub_value":"hi"}}}`},
+		{"Test standard update method with UseProtoNames: false marshaller option", plain, "update",
+			`{"id":"foo","Num":"1","lineNum":"42","langIdent":"English","STATUS":"good","enGB":"1","no":"yes",` +
+				`"thing":{"subThing":{"subValue":"hi"}}}`},
+		{"Test update method using json_names in message with UseProtoNames: false marshaller option", plain, "update_with_json_names",
+			`{"ID":"foo","Num":"1","LineNum":"42","langIdent":"English","status":"good","En_GB":"1","yes":"yes",` +
+				`"Thingy":{"SubThing":{"sub_Value":"hi"}}}`},
+	} {
+		t.Run("TestNonStandardNames/"+tc.name, func(t *testing.T) {
+			// as http.NewRequest sends it: no Content-Type
+			r := tc.gw.rawReq(t, "PATCH", "/v1/example/non_standard/"+tc.method, tc.body)
+			if r.status != 200 {
+				t.Fatalf("patchResp.StatusCode= %d; want 200 resp: %v", r.status, r.body)
+			}
+			md := fd.Messages().ByName("NonStandardMessage")
+			if tc.method == "update_with_json_names" {
+				md = fd.Messages().ByName("NonStandardMessageWithJSONNames")
+			}
+			got, exp := dynamicpb.NewMessage(md), dynamicpb.NewMessage(md)
+			if err := protojson.Unmarshal([]byte(r.body), got); err != nil {
+				t.Fatalf("marshaler.Unmarshal failed: %v: %s", err, r.body)
+			}
+			if err := protojson.Unmarshal([]byte(want), exp); err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(got, exp) {
+				t.Errorf("got %s\nwant %s", r.body, want)
+			}
+		})
+	}
+
+	for name, n := range map[string]*nginxProc{"proto_names": protoNames, "default": plain} {
+		t.Run("TestRequestParseForm/"+name, func(t *testing.T) {
+			r := n.rawReq(t, "POST", "/v1/example/echo/myid1", "num=1", "Content-Type", "application/x-www-form-urlencoded")
+			if r.status != 200 {
+				t.Fatalf("resp.StatusCode = %d; want 200: %s", r.status, r.body)
+			}
+			msg := dynamicpb.NewMessage(echoMD)
+			if err := protojson.Unmarshal([]byte(r.body), msg); err != nil {
+				t.Fatalf("%v: %s", err, r.body)
+			}
+			if id, num := msg.Get(field(msg, "id")).String(), msg.Get(field(msg, "num")).Int(); id != "myid1" || num != 1 {
+				t.Errorf("id %q num %d, want myid1 and 1: %s", id, num, r.body)
+			}
+		})
+	}
 }

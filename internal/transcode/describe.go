@@ -58,6 +58,7 @@ type MsgInfo struct {
 // map field has Map set, Key the key kind, and Kind/Type for its values.
 type Field struct {
 	Name     string `json:"name"`
+	Number   int32  `json:"number"`
 	JSON     string `json:"json"`
 	Kind     string `json:"kind"`
 	Type     string `json:"type,omitempty"`
@@ -136,6 +137,7 @@ func (s *Schema) addMessage(md protoreflect.MessageDescriptor) {
 		f := fields.Get(i)
 		fi := &Field{
 			Name:     string(f.Name()),
+			Number:   int32(f.Number()),
 			JSON:     f.JSONName(),
 			Repeated: f.Cardinality() == protoreflect.Repeated && !f.IsMap(),
 			Optional: f.HasOptionalKeyword(),

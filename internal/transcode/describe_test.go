@@ -53,7 +53,7 @@ func TestDescribe(t *testing.T) {
 	for _, f := range k.Fields {
 		byName[f.Name] = f
 	}
-	if f := byName["by_num"]; f == nil || !f.Map || f.Key != "int32" || f.Kind != "message" || f.Type != "gwtest.Kinds.Nested" {
+	if f := byName["by_num"]; f == nil || !f.Map || f.Key != "int32" || f.Kind != "message" || f.Type != "gwtest.Kinds.Nested" || f.Number != 15 {
 		t.Errorf("by_num: %+v", f)
 	}
 	if f := byName["colors"]; f == nil || !f.Repeated || f.Kind != "enum" || f.Type != "gwtest.Color" {
@@ -70,5 +70,35 @@ func TestDescribe(t *testing.T) {
 	}
 	if _, ok := s.Messages["google.protobuf.Timestamp"]; !ok {
 		t.Errorf("no Timestamp")
+	}
+}
+
+// google/api/httpbody.proto is built in, as the well-known types are:
+// a file imports it with no file on disk, and google.api.HttpBody is
+// described field by field (the gateway reads its data and content_type).
+func TestDescribeHttpBody(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"h.proto": `syntax = "proto3"; package h;
+import "google/api/httpbody.proto";
+service S { rpc Get(In) returns (google.api.HttpBody); }
+message In { string id = 1; google.api.HttpBody file = 7; }`})
+	b, err := NewRegistry().Describe(filepath.Join(dir, "h.proto"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Schema
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	hb := s.Messages["google.api.HttpBody"]
+	if hb == nil || len(hb.Fields) != 3 {
+		t.Fatalf("google.api.HttpBody: %s", b)
+	}
+	for i, want := range []Field{{Name: "content_type", Number: 1, Kind: "string"}, {Name: "data", Number: 2, Kind: "bytes"}} {
+		if f := hb.Fields[i]; f.Name != want.Name || f.Number != want.Number || f.Kind != want.Kind {
+			t.Errorf("field %d: %+v, want %+v", i, f, want)
+		}
+	}
+	if f := s.Messages["h.In"].Fields[1]; f.Type != "google.api.HttpBody" || f.Number != 7 {
+		t.Errorf("h.In.file: %+v", f)
 	}
 }

@@ -487,7 +487,7 @@ func wellKnownWhat(md protoreflect.MessageDescriptor, raw []byte, protoMsg strin
 		return "invalid " + name + " " + shorten(string(raw)) + ` (seconds with an "s" suffix, e.g. "1.5s", at most 315576000000s)`
 	case "FieldMask":
 		if kind != "string" {
-			return "expected string (" + name + "), got " + kind
+			return `expected a string or {"paths": [strings]} (` + name + "), got " + kind
 		}
 	case "Struct", "Empty":
 		if kind != "object" {

@@ -46,12 +46,14 @@ import (
 	_ "google.golang.org/protobuf/types/known/wrapperspb"
 
 	// google/api/annotations.proto and google/api/http.proto: the HTTP
-	// rules a REST gateway reads (Describe), importable without files.
+	// rules a REST gateway reads (Describe), importable without files;
+	// google/api/httpbody.proto: the message of raw HTTP bodies.
 	_ "google.golang.org/genproto/googleapis/api/annotations"
+	_ "google.golang.org/genproto/googleapis/api/httpbody"
 )
 
 // wellKnownFiles are the files of the well-known types, as protoc ships
-// them, and the two files of google.api.http.
+// them, the two files of google.api.http and google.api.HttpBody's.
 var wellKnownFiles = []string{
 	"google/protobuf/any.proto",
 	"google/protobuf/api.proto",
@@ -66,6 +68,7 @@ var wellKnownFiles = []string{
 	"google/protobuf/wrappers.proto",
 	"google/api/http.proto",
 	"google/api/annotations.proto",
+	"google/api/httpbody.proto",
 }
 
 // Registry holds the schemas loaded so far and the message types built from
@@ -371,7 +374,8 @@ func (r *Registry) Message(name string) (*Message, error) {
 	if !ok {
 		return nil, &MessageError{Message: name, What: "not a message type"}
 	}
-	m := &Message{reg: r, desc: md, typ: dynamicpb.NewMessageType(md), plan: r.planFor(md)}
+	m := &Message{reg: r, desc: md, typ: dynamicpb.NewMessageType(md), plan: r.planFor(md),
+		masks: reachesFieldMask(md, map[protoreflect.FullName]bool{})}
 	actual, _ := r.messages.LoadOrStore(name, m)
 	return actual.(*Message), nil
 }

@@ -19,6 +19,9 @@ type Message struct {
 	desc protoreflect.MessageDescriptor
 	typ  protoreflect.MessageType
 	plan *plan
+	// masks: the type can hold a FieldMask, which a request may give in
+	// its message form (fieldmask.go)
+	masks bool
 }
 
 // Name is the message's full name.
@@ -88,11 +91,21 @@ func (m *Message) Encode(dst, js []byte, o EncodeOptions) ([]byte, error) {
 // encodeSlow is Encode by protojson and dynamicpb: for what the fast path
 // leaves alone, and for the errors.
 func (m *Message) encodeSlow(dst, js []byte, o EncodeOptions) ([]byte, error) {
+	var lifts []maskLift
+	if m.masks {
+		js, lifts = liftFieldMasks(m.desc, js)
+	}
 	msg := m.typ.New().Interface()
 	types := m.reg.resolver()
 	uo := protojson.UnmarshalOptions{DiscardUnknown: o.DiscardUnknown, Resolver: types}
 	if err := uo.Unmarshal(js, msg); err != nil {
 		return dst, m.requestError(js, o, err)
+	}
+	for _, l := range lifts {
+		if !l.apply(msg.ProtoReflect()) {
+			// protojson read the text, so each mask's place exists
+			return dst, &MessageError{Message: m.Name(), What: "internal error: a FieldMask in message form out of place"}
+		}
 	}
 	out, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(dst, msg)
 	if err != nil {

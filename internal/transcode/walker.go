@@ -537,6 +537,9 @@ func (e *fastEncoder) other(out []byte, md protoreflect.MessageDescriptor) ([]by
 	if e.lua {
 		return out, false
 	}
+	if md.FullName() == fieldMaskName && e.peek() == '{' {
+		return e.fieldMaskObject(out)
+	}
 	return e.viaProtojson(out, md)
 }
 

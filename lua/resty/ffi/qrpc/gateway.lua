@@ -16,6 +16,10 @@
 --   schema    the messages and services Go describes, field lookups
 --   routes    path templates; the route table; matching a request
 --   request   the qrpc message and headers of an HTTP request
+--   params    the fields from URL arguments (path, query string, forms)
+--   body      the request body and its Content-Type
+--   mask      the update_mask a PATCH body implies (patch_update_mask)
+--   httpbody  google.api.HttpBody: raw bodies both ways
 --   response  the answer from the qrpc result
 --   errors    the error answers and the status of a qrpc error
 --   vars      the access-log variables ($qrpc_method, ...)
@@ -197,6 +201,8 @@ local function serve(self)
     if not text then
         return fail(status, merr), route
     end
+    -- the request's protobuf bytes already (a raw google.api.HttpBody)
+    local pb_in = status == true
 
     -- a Grpc-Timeout caps the call's deadline and travels to the server
     local headers = request.headers(conf)
@@ -222,8 +228,9 @@ local function serve(self)
         return upstream_error(self, cerr, route), route
     end
     local res, uerr, info = conn:unary(route.method, text, {
-        request = route.input,
-        response = not want_pb and route.output or nil,
+        request = not pb_in and route.input or nil,
+        -- an HttpBody answer's bytes are read in Lua (httpbody.lua)
+        response = not want_pb and not route.raw_out and route.output or nil,
         json = true,
         discard_unknown = conf.discard_unknown or nil,
         proto_names = conf.proto_names or nil,

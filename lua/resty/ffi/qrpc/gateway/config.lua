@@ -40,6 +40,9 @@ local PRESETS = {
     ["grpc-gateway"] = {
         default_content_type = "application/json", grpc_metadata = true,
         patch_update_mask = true, form_body = true, emit_unpopulated = true,
+        -- its default unmarshaler's DiscardUnknown, and query parameters
+        -- it finds no field for are skipped
+        discard_unknown = true,
     },
 }
 
@@ -207,12 +210,10 @@ local function check_conf(c)
         return nil, err
     end
 
-    for _, k in ipairs({ "discard_unknown", "proto_names" }) do
-        if c[k] ~= nil and type(c[k]) ~= "boolean" then
-            return bad(k .. " must be a boolean")
-        end
-        conf[k] = c[k] == true
+    if c.proto_names ~= nil and type(c.proto_names) ~= "boolean" then
+        return bad("proto_names must be a boolean")
     end
+    conf.proto_names = c.proto_names == true
 
     local preset = {}
     if c.compat ~= nil then
@@ -222,7 +223,8 @@ local function check_conf(c)
         end
     end
     conf.compat = c.compat
-    for _, k in ipairs({ "grpc_metadata", "patch_update_mask", "form_body", "emit_unpopulated" }) do
+    for _, k in ipairs({ "grpc_metadata", "patch_update_mask", "form_body", "emit_unpopulated",
+                         "discard_unknown" }) do
         local v = c[k]
         if v == nil then
             v = preset[k] or false

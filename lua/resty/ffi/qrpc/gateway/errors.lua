@@ -3,6 +3,7 @@
 -- error string, and the code -> status tables.
 
 local json = require "resty.ffi.qrpc.json"
+local utf8 = require "resty.ffi.qrpc.gateway.utf8"
 
 local ngx = ngx
 local ngx_header = ngx.header
@@ -16,6 +17,7 @@ local tostring = tostring
 local str_find = string.find
 
 local json_encode = json.encode
+local utf8_clean = utf8.clean
 
 local _M = {}
 
@@ -43,7 +45,10 @@ local function write_error(status, code, msg, extra)
             ngx_header[k] = v
         end
     end
-    ngx_print('{"code":', code, ',"message":', json_encode(msg), ',"details":[]}\n')
+    -- a message quotes what the client sent (a query value, a path), whose
+    -- bytes need not be UTF-8; the error body must be UTF-8 JSON
+    ngx_print('{"code":', code, ',"message":', json_encode(utf8_clean(tostring(msg))),
+              ',"details":[]}\n')
     return status
 end
 

@@ -7,9 +7,6 @@ local type = type
 local next = next
 local pairs = pairs
 local tostring = tostring
-local str_gsub = string.gsub
-local str_upper = string.upper
-local tab_concat = table.concat
 local tab_sort = table.sort
 
 local field_of = schema.field_of
@@ -21,22 +18,25 @@ local DYNAMIC = {
     ["google.protobuf.Struct"] = true, ["google.protobuf.Value"] = true,
 }
 
-local function lower_camel(name)
-    return (str_gsub(name, "_(%l)", str_upper))
+local function is_object(v)
+    return type(v) == "table" and next(v) ~= nil and #v == 0
 end
 
--- update_mask(schema, msgname, body) -> the FieldMask (JSON form) of the
--- fields a PATCH body sets, as grpc-gateway derives it: each leaf's path;
--- a repeated or map field, an empty object and a non-object value end a
--- path; inside Struct and Value fields the object's keys are the path.
+-- update_mask(schema, msgname, body) -> the paths of the fields a PATCH
+-- body sets (a sorted list), as grpc-gateway's FieldMaskFromRequestBody
+-- derives them: a key names a field by its .proto or JSON name, the path
+-- uses the .proto names (en_GB, thing.subThing.sub_value); a repeated or
+-- map field, an Any, an empty object and a non-object value end a path;
+-- inside Struct and Value fields the object's keys continue it as they
+-- are written. The paths go to Go as a FieldMask in its message form
+-- ({"paths": [...]}), which holds any name; the JSON string form holds
+-- lower_snake_case names only.
 function _M.update_mask(sch, msgname, body)
     local paths = {}
     local function blind(path, v, depth)
-        if type(v) == "table" and next(v) ~= nil and #v == 0 and depth < 32 then
+        if is_object(v) and depth < 32 then
             for k, sub in pairs(v) do
-                -- camel-cased like a field's name: FieldMask's JSON form
-                -- that Go reads back into the proto path (struct_key)
-                blind(path .. "." .. lower_camel(tostring(k)), sub, depth + 1)
+                blind(path .. "." .. tostring(k), sub, depth + 1)
             end
         else
             paths[#paths + 1] = path
@@ -51,12 +51,17 @@ function _M.update_mask(sch, msgname, body)
             if not f then
                 return nil, "no field " .. tostring(k) .. " in " .. mname
             end
-            local path = prefix and (prefix .. "." .. lower_camel(f.name)) or lower_camel(f.name)
-            if f.kind == "message" and DYNAMIC[f.type] and not f.repeated and not f.map then
-                blind(path, v, depth)
-            elseif f.repeated or f.map then
+            local path = prefix and (prefix .. "." .. f.name) or f.name
+            if f.repeated or f.map then
                 paths[#paths + 1] = path
-            elseif f.kind == "message" and type(v) == "table" and next(v) ~= nil then
+            elseif f.kind == "message" and DYNAMIC[f.type] then
+                blind(path, v, depth)
+            elseif f.type == "google.protobuf.Any" then
+                if type(v) ~= "table" or v["@type"] == nil then
+                    return nil, f.name .. ": an Any needs its @type"
+                end
+                paths[#paths + 1] = path
+            elseif f.kind == "message" and is_object(v) then
                 local ok, err = walk(f.type, v, path, depth + 1)
                 if not ok then
                     return nil, err
@@ -72,7 +77,7 @@ function _M.update_mask(sch, msgname, body)
         return nil, err
     end
     tab_sort(paths)
-    return tab_concat(paths, ",")
+    return paths
 end
 
 return _M

@@ -53,6 +53,12 @@ local WKT_SCHEMA = {
     },
 }
 
+-- A google.api.HttpBody request or answer: raw bytes of any media type
+-- (the HttpBody's content_type, known only when it comes).
+local function binary()
+    return { ["*/*"] = { schema = { type = "string", format = "binary" } } }
+end
+
 local function ref(name)
     return { ["$ref"] = "#/components/schemas/" .. name }
 end
@@ -228,7 +234,11 @@ function _M.document(gw)
                     summary = r.name,
                     description = r.comment ~= "" and r.comment or nil,
                     responses = {
-                        ["200"] = {
+                        ["200"] = r.raw_out and {
+                            description = "OK: the data of the google.api.HttpBody answered, "
+                                          .. "with its content_type as Content-Type",
+                            content = binary(),
+                        } or {
                             description = "OK",
                             content = { ["application/json"] = {
                                 schema = r.resp_field and field_schema(r.resp_field, need)
@@ -260,7 +270,17 @@ function _M.document(gw)
                     op_ids[id] = 1
                 end
                 op.operationId = id
-                if r.body == "*" then
+                if r.raw_in then
+                    if r.body_field then
+                        bound[r.body_field.name] = true
+                    end
+                    op.requestBody = {
+                        required = false, content = binary(),
+                        description = "The bytes of the google.api.HttpBody "
+                                      .. (r.body_field and r.body_field.name or "request")
+                                      .. ", their Content-Type its content_type",
+                    }
+                elseif r.body == "*" then
                     need[r.input] = true
                     op.requestBody = { required = false, content = {
                         ["application/json"] = { schema = ref(r.input) } } }

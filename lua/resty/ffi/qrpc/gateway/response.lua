@@ -7,6 +7,8 @@ local json = require "resty.ffi.qrpc.json"
 local schema = require "resty.ffi.qrpc.gateway.schema"
 local errors = require "resty.ffi.qrpc.gateway.errors"
 local config = require "resty.ffi.qrpc.gateway.config"
+local httpbody = require "resty.ffi.qrpc.gateway.httpbody"
+local utf8_valid = require("resty.ffi.qrpc.gateway.utf8").valid
 
 local ngx = ngx
 local ngx_var = ngx.var
@@ -16,7 +18,6 @@ local ngx_print = ngx.print
 local type = type
 local pairs = pairs
 local tostring = tostring
-local str_byte = string.byte
 local str_find = string.find
 local str_lower = string.lower
 
@@ -30,36 +31,7 @@ local _M = {}
 
 -- is s valid UTF-8 text (no NUL)?
 local function is_text(s)
-    if str_find(s, "%z") then
-        return false
-    end
-    if not str_find(s, "[\128-\255]") then
-        return true
-    end
-    local i, n = 1, #s
-    while i <= n do
-        local c = str_byte(s, i)
-        local k
-        if c < 0x80 then
-            k = 0
-        elseif c >= 0xC2 and c <= 0xDF then
-            k = 1
-        elseif c >= 0xE0 and c <= 0xEF then
-            k = 2
-        elseif c >= 0xF0 and c <= 0xF4 then
-            k = 3
-        else
-            return false
-        end
-        for j = i + 1, i + k do
-            local d = str_byte(s, j)
-            if not d or d < 0x80 or d > 0xBF then
-                return false
-            end
-        end
-        i = i + k + 1
-    end
-    return true
+    return not str_find(s, "%z") and utf8_valid(s)
 end
 
 
@@ -101,10 +73,11 @@ local function response_field(gw, route, text)
 end
 
 -- protobuf(route) -> true (the client accepts only protobuf), false | nil,
--- 406, err (a response_body route, which answers JSON only)
+-- 406, err (a response_body route, which answers JSON only). An HttpBody
+-- answer is its data whatever the client accepts, as in grpc-gateway.
 function _M.protobuf(route)
     local accept = ngx_var.http_accept
-    if accept and (str_find(accept, "application/x-protobuf", 1, true)
+    if accept and not route.raw_out and (str_find(accept, "application/x-protobuf", 1, true)
                    or str_find(accept, "application/protobuf", 1, true))
        and not str_find(accept, "application/json", 1, true)
     then
@@ -148,6 +121,15 @@ function _M.write(gw, route, res, want_pb)
                                                         and challenge or message })
         end
         return write_error(status, res.code, message)
+    end
+    if route.raw_out then
+        local ct, data = httpbody.answer(route, res.body)
+        if not ct then
+            return upstream_error(gw, data, route)
+        end
+        ngx_header["Content-Type"] = ct ~= "" and ct or "application/octet-stream"
+        ngx_print(data)
+        return 200
     end
     if want_pb then
         ngx_header["Content-Type"] = "application/x-protobuf"

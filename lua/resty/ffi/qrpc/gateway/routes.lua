@@ -3,6 +3,7 @@
 -- path templates (google/api/http.proto), parsed and matched.
 
 local schema_mod = require "resty.ffi.qrpc.gateway.schema"
+local httpbody = require "resty.ffi.qrpc.gateway.httpbody"
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -293,7 +294,7 @@ local function bind_route(gw, r, m)
         end
         route.resp_field = f
     end
-    return route
+    return httpbody.bind(route, m.input, m.output, route.body_field)
 end
 
 local function build(gw)
