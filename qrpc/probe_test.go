@@ -2,8 +2,12 @@ package qrpc_test
 
 import (
 	"context"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -128,5 +132,130 @@ func TestProbesSpareALiveServer(t *testing.T) {
 	}
 	if _, err := unary(c, 5*time.Second, "who", nil); err != nil {
 		t.Fatalf("a call after the probes: %v", err)
+	}
+}
+
+// TestKilledServerHeardWhenQuietManyConns: many quiet connections to one
+// killed server all hear the kill about as soon as one does, though the
+// kernel answers a closed port's packets with ICMP port unreachable at a
+// limited rate (Linux: per host a burst of 6, then one a second; none on
+// loopback, so the servers live in a network namespace of their own,
+// reached over a veth pair, where root can make one): a refusal heard by
+// one connection to an address reaches the others to it. The bound is
+// the machine's own, as in TestKilledServerHeardWhenQuiet: the time a
+// connection that sends to the dead port at once takes to hear it, plus
+// two probe intervals.
+func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
+	const conns = 32
+	ca, cert, err := certs.NewLocal("many conns ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := remoteListener(t)
+	type server struct {
+		pc   *net.UDPConn
+		srv  *qrpc.Server
+		hits atomic.Int64
+	}
+	serve := func() *server {
+		s := &server{pc: listen()}
+		s.srv = qrpc.NewServer(&qrpc.ServerConfig{Logger: quiet})
+		s.srv.Handle("work", func(ctx context.Context, _ *qrpc.Request, _ *qrpc.Response) {
+			s.hits.Add(1)
+			<-ctx.Done() // answers nothing: the calls wait for the kill
+		})
+		if err := s.srv.ServePacketConn(s.pc, qrpc.ServerTLSConfig(cert, nil)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.srv.Close() })
+		return s
+	}
+	// kill closes the socket under the server (as kill -9 would: no
+	// CONNECTION_CLOSE, the port closed).
+	kill := func(s *server) {
+		_ = s.pc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = s.srv.Shutdown(ctx)
+	}
+	still, loud := serve(), serve()
+	dial := func(s *server) *qrpc.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := qrpc.Dial(ctx, s.pc.LocalAddr().String(), &qrpc.Config{CAPEM: ca.CertPEM, ServerName: "localhost",
+			Logger: quiet, BackoffBase: time.Minute, BackoffMax: time.Minute, CloseLinger: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	type outcome struct {
+		err error
+		at  time.Time
+	}
+	const deadline = 10 * time.Second
+	start := func(c *qrpc.Client) chan outcome {
+		ch := make(chan outcome, 1)
+		_, err := c.Start(&qrpc.Call{Method: []byte("work"), Deadline: time.Now().Add(deadline)},
+			func(_ *qrpc.Response, err error) { ch <- outcome{err, time.Now()} })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	cl := dial(loud)
+	gotL := start(cl)
+	var cs []*qrpc.Client
+	var got []chan outcome
+	for range conns {
+		c := dial(still)
+		cs = append(cs, c)
+		got = append(got, start(c))
+	}
+	testwait.Until(t, "every call at its server", 10*time.Second, func() bool {
+		return still.hits.Load() == conns && loud.hits.Load() == 1
+	})
+	for _, c := range cs {
+		awaitQuiet(t, c)
+	}
+
+	killedL := time.Now()
+	kill(loud)
+	_ = cl.Event([]byte("tick"), nil, nil) // a packet to the dead port: heard at once
+	var l outcome
+	select {
+	case l = <-gotL:
+	case <-time.After(deadline + 5*time.Second):
+		t.Fatal("the loud call never ended")
+	}
+	heardLoud := l.at.Sub(killedL)
+	if r := qrpc.Classify(l.err); r.Word != qrpc.WordConnLost || r.Reason != qrpc.ReasonRefused {
+		t.Fatalf("the loud connection's call: %q, want connection lost: refused", qrpc.ErrorString(l.err))
+	}
+	killedQ := time.Now()
+	kill(still)
+	bound := heardLoud + 2*qrpc.MaxProbeInterval
+	var worst time.Duration
+	late := 0
+	for i, ch := range got {
+		var q outcome
+		select {
+		case q = <-ch:
+		case <-time.After(deadline + 5*time.Second):
+			t.Fatalf("call %d never ended", i)
+		}
+		if r := qrpc.Classify(q.err); r.Word != qrpc.WordConnLost || r.Reason != qrpc.ReasonRefused {
+			t.Errorf("call %d: %q, want connection lost: refused", i, qrpc.ErrorString(q.err))
+		}
+		d := q.at.Sub(killedQ)
+		worst = max(worst, d)
+		if d > bound {
+			late++
+		}
+	}
+	t.Logf("%d quiet connections: the last heard the kill after %v, the loud one after %v (bound %v)", conns, worst, heardLoud, bound)
+	if late > 0 {
+		t.Errorf("%d of %d quiet connections heard the kill after more than %v (the last after %v)", late, conns, bound, worst)
 	}
 }

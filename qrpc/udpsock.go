@@ -51,6 +51,12 @@ type udpSocket struct {
 	sends  atomic.Uint64
 	probes atomic.Uint64
 	raddr  *net.UDPAddr // the server: where probes go
+	// peerKey is raddr's key in sameServer ("" for a server's socket);
+	// lastRecv is when a datagram last came (mono); shared counts the
+	// refusals other sockets to the server passed on (udpsock_share.go).
+	peerKey  string
+	lastRecv atomic.Int64
+	shared   atomic.Uint64
 }
 
 // refusalGrace bounds how long a refusal waits before it reaches
@@ -94,6 +100,9 @@ func listenUDP(raddr *net.UDPAddr) (*udpSocket, error) {
 	s := newUDPSocket(uc)
 	s.recvErr = setRecvErr(uc, network == "udp6")
 	s.raddr = raddr
+	if s.recvErr {
+		s.join(raddr)
+	}
 	return s, nil
 }
 
@@ -116,6 +125,9 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	}
 	for {
 		n, err := s.readBatch(ms, flags)
+		if err == nil && n > 0 {
+			s.lastRecv.Store(mono())
+		}
 		if err == nil || !s.recvErr {
 			return n, err
 		}
@@ -136,6 +148,7 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 		// would crowd out the packets.
 		s.drainErrQueue()
 		if errno == syscall.ECONNREFUSED {
+			s.shareRefusal(err)
 			// The kernel reports the refusal before the datagrams queued
 			// ahead of it: a server's CONNECTION_CLOSE, sent before its
 			// port closed, goes to quic-go first (the connection ends
@@ -181,6 +194,7 @@ func (s *udpSocket) send(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
 	s.drainErrQueue()
 	if errno == syscall.ECONNREFUSED {
 		refusal := err
+		s.shareRefusal(err)
 		s.sendRefused.CompareAndSwap(nil, &refusal)
 		// The reader may wait in the netpoller for a datagram that
 		// will not come: a deadline in the past wakes it.
