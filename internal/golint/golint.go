@@ -1,10 +1,13 @@
 // Package golint holds the repository's own Go checks that gofmt and go
 // vet do not make. One so far: every goroutine the library starts, and
-// every function it hands to time.AfterFunc, goes through
-// internal/safego, so that a panic there is recovered, reported and
-// counted instead of ending the nginx worker (see safego). A bare go
-// statement or a time.AfterFunc in the library's non-test code fails
-// `make lint` with its file and line.
+// every function it hands to another goroutine (time.AfterFunc,
+// context.AfterFunc, runtime.AddCleanup, runtime.SetFinalizer), goes
+// through internal/safego, so that a panic there is recovered, reported
+// and counted instead of ending the nginx worker (see safego). A bare go
+// statement, a Go method but safego's (sync.WaitGroup.Go), or one of
+// those functions in the library's non-test code fails `make lint` with
+// its file and line, unless the line says why it may
+// ("//golint:goroutine <reason>").
 package golint
 
 import (
@@ -95,7 +98,7 @@ func CheckDir(dir string) ([]Problem, error) {
 		if strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution|parser.ParseComments)
 		if err != nil {
 			return nil, err
 		}
@@ -104,34 +107,86 @@ func CheckDir(dir string) ([]Problem, error) {
 	return probs, nil
 }
 
-// CheckFile reports the go statements of f and its uses of
-// time.AfterFunc (called or not: a function value escapes the check
-// just as well), through whatever name f imports package time by.
+// starters are the package-level functions that run code on a goroutine
+// of their own (or the garbage collector's), by the import path of their
+// package.
+var starters = map[string]map[string]string{
+	"time":    {"AfterFunc": "time.AfterFunc: use safego.AfterFunc (its function runs on a goroutine of its own)"},
+	"context": {"AfterFunc": "context.AfterFunc: wrap its function with safego.Func (it runs on a goroutine of its own)"},
+	"runtime": {
+		"AddCleanup":   "runtime.AddCleanup: its function runs on the cleanup goroutine, where a panic ends the process",
+		"SetFinalizer": "runtime.SetFinalizer: its function runs on the finalizer goroutine, where a panic ends the process",
+	},
+}
+
+// exemptMark on a line, or alone on the line above, leaves that line's
+// goroutine start alone; the reason after it is required, for readers.
+const exemptMark = "//golint:goroutine"
+
+// CheckFile reports the go statements of f, its uses of the functions
+// that start code on another goroutine (starters, called or not: a
+// function value escapes the check just as well) through whatever name f
+// imports their package by, and every method or function named Go
+// (sync.WaitGroup.Go, errgroup.Group.Go) but safego's. A line marked
+// with exemptMark and a reason is left alone; a mark without a reason
+// is a problem. Parse f with its comments for the marks to count.
 func CheckFile(fset *token.FileSet, f *ast.File) []Problem {
-	timeNames := map[string]bool{}
+	pkgOf := map[string]string{} // local name -> import path, for starters and safego
+	safegoName := ""
 	for _, imp := range f.Imports {
-		if p, _ := strconv.Unquote(imp.Path.Value); p == "time" {
-			name := "time"
-			if imp.Name != nil {
-				name = imp.Name.Name
-			}
-			timeNames[name] = true
+		p, _ := strconv.Unquote(imp.Path.Value)
+		name := p[strings.LastIndex(p, "/")+1:]
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		if _, ok := starters[p]; ok {
+			pkgOf[name] = p
+		}
+		if strings.HasSuffix(p, "/internal/safego") {
+			safegoName = name
 		}
 	}
 	var probs []Problem
+	exempt := map[int]bool{}
+	for _, cg := range f.Comments {
+		for _, c := range cg.List {
+			rest, ok := strings.CutPrefix(c.Text, exemptMark)
+			if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '\t') {
+				continue
+			}
+			pos := fset.Position(c.Pos())
+			if strings.TrimSpace(rest) == "" {
+				probs = append(probs, Problem{pos, "golint:goroutine without a reason: say why the goroutine needs no safego"})
+				continue
+			}
+			exempt[pos.Line], exempt[pos.Line+1] = true, true
+		}
+	}
+	flag := func(n ast.Node, msg string) {
+		pos := fset.Position(n.Pos())
+		if !exempt[pos.Line] {
+			probs = append(probs, Problem{pos, msg})
+		}
+	}
 	ast.Inspect(f, func(n ast.Node) bool {
 		switch n := n.(type) {
 		case *ast.GoStmt:
-			probs = append(probs, Problem{fset.Position(n.Pos()),
-				"go statement: start goroutines with safego.Go (a panic there would end the nginx worker)"})
+			flag(n, "go statement: start goroutines with safego.Go (a panic there would end the nginx worker)")
 		case *ast.SelectorExpr:
-			if id, ok := n.X.(*ast.Ident); ok && timeNames[id.Name] && n.Sel.Name == "AfterFunc" {
-				probs = append(probs, Problem{fset.Position(n.Pos()),
-					"time.AfterFunc: use safego.AfterFunc (its function runs on a goroutine of its own)"})
+			id, isIdent := n.X.(*ast.Ident)
+			if isIdent {
+				if msg, ok := starters[pkgOf[id.Name]][n.Sel.Name]; ok {
+					flag(n, msg)
+					return true
+				}
+			}
+			if n.Sel.Name == "Go" && (!isIdent || id.Name != safegoName) {
+				flag(n, "Go method (sync.WaitGroup.Go, errgroup): start goroutines with safego.Go (a panic there would end the nginx worker)")
 			}
 		}
 		return true
 	})
+	sort.SliceStable(probs, func(i, j int) bool { return probs[i].Pos.Line < probs[j].Pos.Line })
 	return probs
 }
 

@@ -56,6 +56,64 @@ func work() {}
 	}
 }
 
+// TestCheckFileSeesEveryGoroutineStart: beside go statements and
+// time.AfterFunc, every standard way to have code run on another
+// goroutine is flagged (sync.WaitGroup.Go, errgroup's Go, context.AfterFunc,
+// runtime.AddCleanup, runtime.SetFinalizer), through whatever name f
+// imports its package by; safego's own Go is not, nor a use the line
+// exempts with a reason, while an exemption without one is a problem.
+func TestCheckFileSeesEveryGoroutineStart(t *testing.T) {
+	src := `package p
+
+import (
+	"context"
+	rt "runtime"
+	"sync"
+	sg "github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
+)
+
+func f(ctx context.Context, x *int) {
+	var wg sync.WaitGroup
+	wg.Go(work)
+	context.AfterFunc(ctx, work)
+	rt.AddCleanup(x, func(int) {}, 0)
+	rt.SetFinalizer(x, nil)
+	sg.Go("kind", work, nil)
+	rt.SetFinalizer(x, nil) //golint:goroutine clears a finalizer: starts nothing
+	//golint:goroutine
+	rt.SetFinalizer(x, nil)
+	rt.GC()
+}
+
+func work() {}
+`
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "p.go", src, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range CheckFile(fset, f) {
+		got = append(got, p.String())
+	}
+	want := []string{
+		"p.go:12: Go method",
+		"p.go:13: context.AfterFunc",
+		"p.go:14: runtime.AddCleanup",
+		"p.go:15: runtime.SetFinalizer",
+		"p.go:18: golint:goroutine without a reason",
+		"p.go:19: runtime.SetFinalizer",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("problem %d: %q, want it to start with %q", i, got[i], want[i])
+		}
+	}
+}
+
 // TestLibraryDirs: the library's packages are found from the module's
 // root, the exempt ones left out.
 func TestLibraryDirs(t *testing.T) {
