@@ -153,33 +153,68 @@ type qconn struct {
 }
 
 // fail marks the qconn dead, fails every pending call with err and
-// closes the connection. Only the first call has an effect.
+// closes the connection. Only the first call has an effect. A panic on
+// the way (a bug here, or in a call's done) is contained where it
+// happens: the steps after it still run, and each call still ends
+// exactly once (endCall), so none waits for nothing and the connection
+// does not stay open unserved.
 func (s *qconn) fail(err error) {
 	s.failOnce.Do(func() {
 		s.err = err
-		callErr := err
-		switch {
-		case errors.Is(err, ErrClosed), errors.Is(err, ErrInternal):
-		case refusedBy(err):
-			callErr = classifyDialError(s.c.addr, err)
-			s.refusal = callErr
-		case s.droppedUnconfirmed(err):
-			callErr = &DialError{Addr: s.c.addr, Reason: ReasonTLSFailed, Err: err}
-			s.refusal = callErr
-		default:
-			callErr = fmt.Errorf("%w: %w", ErrConnLost, err)
-		}
+		callErr := error(fmt.Errorf("%w: connection fail", ErrInternal))
+		safego.Run("connection fail", func() { callErr = s.failErr(err) }, nil)
 		s.dead.Store(true) // after refusal: readers of dead see it
-		s.deadlines.close()
+		safego.Run("connection fail", s.deadlines.close, nil)
 		s.pending.closeAll(func(pc *pendingCall) {
-			pc.done(nil, callErr)
+			endCall("connection fail", pc, callErr, nil)
 		})
-		if errors.Is(err, ErrProtocol) {
-			_ = s.conn.CloseWithError(1, "protocol error")
-		} else {
-			_ = s.conn.CloseWithError(0, "")
-		}
+		safego.Run("connection fail", func() {
+			if errors.Is(err, ErrProtocol) {
+				_ = s.conn.CloseWithError(1, "protocol error")
+			} else {
+				_ = s.conn.CloseWithError(0, "")
+			}
+		}, nil)
 		close(s.done)
+	})
+}
+
+// failErr is the error the calls of a connection that ended with err
+// fail with; it sets refusal for a connection the server refused.
+func (s *qconn) failErr(err error) error {
+	switch {
+	case errors.Is(err, ErrClosed), errors.Is(err, ErrInternal):
+		return err
+	case refusedBy(err):
+		s.refusal = classifyDialError(s.c.addr, err)
+		return s.refusal
+	case s.droppedUnconfirmed(err):
+		s.refusal = &DialError{Addr: s.c.addr, Reason: ReasonTLSFailed, Err: err}
+		return s.refusal
+	default:
+		return fmt.Errorf("%w: %w", ErrConnLost, err)
+	}
+}
+
+// endCall ends pc with err on behalf of where (a kind of goroutine):
+// before runs first (nil: nothing), then pc's done. A panic before done
+// has the call (a bug on the way) ends it with ErrInternal instead; one
+// in done (the caller's) goes no further. Either way the call ends
+// exactly once and the caller's loop over its calls goes on.
+func endCall(where string, pc *pendingCall, err error, before func()) {
+	handed := false
+	safego.Run(where, func() {
+		safego.Inject(where)
+		if before != nil {
+			before()
+		}
+		handed = true
+		pc.done(nil, err)
+	}, func() {
+		if !handed {
+			handed = true
+			pc.done(nil, fmt.Errorf("%w: %s", ErrInternal, where))
+		}
 	})
 }
 

@@ -356,11 +356,8 @@ func (st *cstream) retire(err error) {
 	safego.Go("stream retire", func() {
 		defer s.c.wg.Done()
 		s.pending.takeWhere(func(pc *pendingCall) bool { return pc.st == st }, func(pc *pendingCall) {
-			safego.Run("stream retire", func() {
-				s.deadlines.remove(pc)
-				st.inflight.Add(-1)
-				pc.done(nil, err)
-			}, nil)
+			st.inflight.Add(-1)
+			endCall("stream retire", pc, err, func() { s.deadlines.remove(pc) })
 		})
 	}, nil)
 	st.cancel()
@@ -446,14 +443,15 @@ func (st *cstream) readLoop() {
 
 // readerPanicked ends what the reader held: the call it had taken (not
 // yet handed to done) and every other call of the stream fail with
-// ErrInternal, and another stream takes this one's place.
+// ErrInternal, and another stream takes this one's place. The stream is
+// retired first: the held call's end (its done is the caller's) may
+// panic too, and the stream must not stay in service unread.
 func (st *cstream) readerPanicked(held *pendingCall) {
 	err := fmt.Errorf("%w: stream reader", ErrInternal)
+	safego.Run("stream reader", func() { st.retire(err) }, nil)
 	if held != nil {
-		st.sess.deadlines.remove(held)
-		held.done(nil, err)
+		endCall("stream reader", held, err, func() { st.sess.deadlines.remove(held) })
 	}
-	st.retire(err)
 }
 
 // read reads the stream's answers until it ends. *held is the call taken
