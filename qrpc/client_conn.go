@@ -107,9 +107,21 @@ type confirmSignal struct {
 
 func newConfirmSignal() *confirmSignal { return &confirmSignal{ch: make(chan struct{})} }
 
-func (cs *confirmSignal) Pop(string) *quic.ClientToken { return nil }
+// Pop and Put run on quic-go's goroutines, where a panic would end the
+// process: one is reported and counted, and Put still signals.
 
-func (cs *confirmSignal) Put(string, *quic.ClientToken) { cs.once.Do(func() { close(cs.ch) }) }
+func (cs *confirmSignal) Pop(string) *quic.ClientToken {
+	defer safego.Recover("quic callback", nil)
+	safego.Inject("quic callback")
+	return nil
+}
+
+func (cs *confirmSignal) Put(string, *quic.ClientToken) {
+	signal := func() { cs.once.Do(func() { close(cs.ch) }) }
+	defer safego.Recover("quic callback", signal)
+	safego.Inject("quic callback")
+	signal()
+}
 
 // qconn is one live QUIC connection of a Client, with its streams and
 // in-flight calls.

@@ -3,6 +3,9 @@
 package qrpc_test
 
 import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -149,6 +152,63 @@ func TestReaderCleanupPanicKeepsStreamServed(t *testing.T) {
 			if n := cl.Stats().InFlight; n != 0 {
 				t.Errorf("InFlight %d", n)
 			}
+		})
+	}
+}
+
+// TestCallbackPanicsContained: the callbacks the client hands to quic-go
+// and crypto/tls, which run on quic-go's goroutines (the pin check, the
+// token store that signals the server's confirmation, the socket quic-go
+// reads and writes through), do not end the process when they panic: the
+// handshake or the connection fails instead (or, for the confirmation,
+// the dial goes on), the panic is counted under its kind, and the client
+// serves the next call.
+func TestCallbackPanicsContained(t *testing.T) {
+	for _, c := range []struct {
+		where     string
+		dialFail  bool // the dial with the panic fails
+		afterDial bool // armed once the connection is up
+	}{{"tls callback", true, false}, {"quic callback", false, false}, {"socket", false, true}} {
+		t.Run(c.where, func(t *testing.T) {
+			reports := reportsTo(t)
+			e := newEnv(t)
+			leaf, err := x509.ParseCertificate(e.cert.Certificate[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			pin := sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+			cfg := func() *qrpc.Config {
+				return e.config(&qrpc.Config{Pins: [][]byte{pin[:]}, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+			}
+			if !c.afterDial {
+				safego.Arm(c.where, 1)
+			}
+			defer safego.Arm(c.where, 0)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cl, err := qrpc.Dial(ctx, e.addr, cfg())
+			if c.dialFail {
+				if err == nil {
+					_ = cl.Close()
+					t.Fatal("the dial whose pin check panicked succeeded")
+				}
+				cl, err = qrpc.Dial(ctx, e.addr, cfg())
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if c.afterDial {
+				safego.Arm(c.where, 1)
+				_, _ = unary(cl, 2*time.Second, "echo", nil) // its answer meets the panic
+			}
+			testwait.Until(t, "the panic to happen", 10*time.Second, func() bool { return reports(c.where) == 1 })
+			// The next calls answer (a socket's panic ends its connection:
+			// the client dials again).
+			testwait.Until(t, "a call to answer", 10*time.Second, func() bool {
+				resp, err := unary(cl, 2*time.Second, "echo", []byte("after"))
+				return err == nil && string(resp.Body) == "after"
+			})
 		})
 	}
 }

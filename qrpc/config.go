@@ -14,6 +14,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
+
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/limits"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 )
@@ -183,7 +185,11 @@ func (c *Config) tlsConfig(addr string) (*tls.Config, error) {
 		pins := c.Pins
 		// VerifyConnection runs after chain verification (unless the caller
 		// disabled it), so pins add to the chain check, not replace it.
-		t.VerifyConnection = func(cs tls.ConnectionState) error {
+		t.VerifyConnection = func(cs tls.ConnectionState) (err error) {
+			// crypto/tls runs this on quic-go's goroutine: a panic would
+			// end the process; it fails the handshake instead.
+			defer safego.Recover("tls callback", func() { err = errCallbackPanic })
+			safego.Inject("tls callback")
 			if len(cs.PeerCertificates) == 0 {
 				return errPinMismatch
 			}
@@ -200,6 +206,10 @@ func (c *Config) tlsConfig(addr string) (*tls.Config, error) {
 }
 
 var errPinMismatch = errors.New("server public key matches no pin")
+
+// errCallbackPanic fails what a callback run by quic-go or crypto/tls was
+// doing when it panicked (the panic is reported and counted).
+var errCallbackPanic = fmt.Errorf("%w: a callback panicked", ErrInternal)
 
 func (c *Config) quicConfig() *quic.Config {
 	win := uint64(c.ReceiveWindow)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
+
 	"golang.org/x/net/ipv4"
 )
 
@@ -115,7 +117,17 @@ func newUDPSocket(uc *net.UDPConn) *udpSocket {
 // ReadBatch is what quic-go reads with when the conn offers it (in place of
 // its own ipv4.PacketConn over the same socket): it sees each ICMP error
 // first.
-func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
+func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (n int, err error) {
+	// quic-go's read loop calls this: a panic here would end the process;
+	// it ends the transport (and its connection) instead.
+	defer safego.Recover("socket", func() { n, err = 0, errCallbackPanic })
+	if s.raddr != nil { // a client's: a test's servers share its process
+		safego.Inject("socket")
+	}
+	return s.readBatchChecked(ms, flags)
+}
+
+func (s *udpSocket) readBatchChecked(ms []ipv4.Message, flags int) (int, error) {
 	if err := s.refused; err != nil {
 		s.refused = nil
 		return 0, s.refusal(err)
@@ -177,7 +189,10 @@ func (s *udpSocket) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 // the datagram is sent again once, as after a transient error. A genuine
 // local error (EMSGSIZE for a packet over the interface's MTU) comes back
 // the same the second time, for quic-go to handle.
-func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (int, int, error) {
+func (s *udpSocket) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err error) {
+	// quic-go's connection loop calls this: a panic here would end the
+	// process; it ends the connection (a send error) instead.
+	defer safego.Recover("socket", func() { n, oobn, err = 0, 0, errCallbackPanic })
 	s.sends.Add(1)
 	return s.send(b, oob, addr)
 }
