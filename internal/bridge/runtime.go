@@ -197,23 +197,37 @@ func (r *Runtime) connect(h Host, g *Gen, cmd *Command) (int32, string) {
 		return StatusOf(err)
 	}
 	id := cmd.CallID
-	var completed atomic.Bool
+	// The connect goroutine (and its onPanic, on the same goroutine) is
+	// the only one to complete; a completion counts once the host's
+	// Complete has returned: one that panicked is taken as not delivered.
+	delivered := false
 	complete := func(out Completion) {
-		if completed.CompareAndSwap(false, true) {
-			out.CallID = id
-			h.Complete(out)
-		}
+		out.CallID = id
+		h.Complete(out)
+		delivered = true
 	}
+	var made *conn // dialled, its handle not yet delivered
 	safego.Go("connect", func() {
 		safego.Inject("connect")
-		if c, err := r.dial(g, addr, cfg); err != nil {
+		c, err := r.dial(g, addr, cfg)
+		if err != nil {
 			complete(r.errCompletion(err))
-		} else {
-			complete(Completion{Status: StatusOK, Handle: c.handle})
+			return
 		}
+		made = c
+		hook("connect after success")
+		complete(Completion{Status: StatusOK, Handle: c.handle})
 	}, func() {
-		// A dial that got as far as a handle has it in the table, where
-		// the owner's end closes it; the caller hears of the panic.
+		if delivered {
+			return
+		}
+		// A connection dialled and not handed over is closed: no one
+		// else knows its handle, and left in the table it would live
+		// (and count) until the owner's end. The caller hears of the
+		// panic.
+		if made != nil {
+			_ = r.closeConn(made.handle)
+		}
 		complete(r.Message(ErrGeneric, "internal error", 0))
 	})
 	return StatusPending, ""
