@@ -2,6 +2,7 @@ package nginx
 
 import (
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,5 +127,77 @@ func TestMaxConnectionsCountsServers(t *testing.T) {
 	}
 	if _, body := n.get("/pools"); strings.TrimSpace(body) != "3" {
 		t.Fatalf("%s pools cached, want 3 (P, L2, L3)", strings.TrimSpace(body))
+	}
+}
+
+// TestMaxConnectionsCapAfterReresolution: a pool whose name gains servers
+// on re-resolution dials them in Go, with no connect of a new pool to
+// keep max_connections: the next connect (here one that finds its pool
+// cached) recounts and closes idle pools until the cap holds again.
+func TestMaxConnectionsCapAfterReresolution(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	first := ownServer(t)
+	_, port, _ := net.SplitHostPort(first.addr)
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		s, err := newTestServer(ip+":"+port, nil)
+		if err != nil {
+			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
+		}
+		t.Cleanup(func() { _ = s.close() })
+	}
+	const name = "grow.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1")
+	n := startNginx(t, ngxConf{Workers: 1, QServer: first,
+		Extra:           map[string]string{"name": "grow.qrpc.test:" + port, "dns": dns.Addr},
+		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 4 })`,
+		Server: loc("/c", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local which = ngx.var.arg_c
+                local conn, err
+                if which == "P" then
+                    conn, err = qrpc.connect(qt.name, qt.opts({ resolve = 200, resolver = qt.dns, timeout = 3000 }))
+                else
+                    conn, err = qrpc.connect(qt.addr, qt.opts({ timeout = 3000 + tonumber(which:sub(2)) }))
+                end
+                if not conn then
+                    return ngx.say("connect: ", err)
+                end
+                local _, cerr = conn:unary("echo", "x")
+                ngx.say(cerr or "ok", " ", qrpc.stats().connections)`) +
+			loc("/held", `
+                ngx.say(require("resty.ffi.qrpc").stats().connections)`)})
+	connect := func(c string) int {
+		t.Helper()
+		code, body := n.get("/c?c=" + c)
+		f := strings.Fields(body)
+		if code != 200 || len(f) != 2 || f[0] != "ok" {
+			t.Fatalf("connect %s: HTTP %d %q", c, code, body)
+		}
+		k, _ := strconv.Atoi(f[1])
+		return k
+	}
+	held := func() int {
+		_, body := n.get("/held")
+		k, _ := strconv.Atoi(strings.TrimSpace(body))
+		return k
+	}
+	connect("P")
+	connect("L1")
+	if k := connect("L2"); k != 3 {
+		t.Fatalf("%d QUIC connections with P (1 server), L1, L2, want 3", k)
+	}
+	// The name grows to three servers: Go dials them, past the cap.
+	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	testwait.Until(t, "P to dial the name's new servers", 15*time.Second, func() bool { return held() == 5 })
+	// A connect that finds L2 cached brings the count back under the cap.
+	var last int
+	if !testwait.For(10*time.Second, func() bool {
+		last = connect("L2")
+		return last <= 4
+	}) {
+		t.Fatalf("%d QUIC connections after the name grew, cap 4", last)
 	}
 }

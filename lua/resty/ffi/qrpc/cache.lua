@@ -158,6 +158,32 @@ local function norm_ms(v, default)
 end
 
 
+-- A pool of names follows their re-resolution in Go, dialling the
+-- servers a name gained: the connections held can grow with no connect
+-- of a new pool to call make_room. So a connect that finds its pool in
+-- the cache recounts every pool, at most once every RECHECK_S, and makes
+-- room (closing idle pools, as for a new one) when the count went over
+-- the cap. A busy worker corrects within RECHECK_S; the count costs one
+-- OP_PEERS query per pool of names.
+local RECHECK_S = 1
+local last_recheck = 0
+local any_names = false   -- a pool of names was started: else no recount
+local last_max, last_stats -- the last cap and stats function make_room was given
+local make_room
+
+local function recheck(keep)
+    if not any_names or not last_max then
+        return
+    end
+    local now = ngx_now()
+    if now - last_recheck < RECHECK_S then
+        return
+    end
+    last_recheck = now
+    make_room(0, last_max, last_stats, keep)
+end
+
+
 -- The entry of addr (spec.addr: the sorted addresses) whose options equal
 -- o's and whose pool options are spec.key, or nil.
 function _M.find(addr, o, spec)
@@ -183,6 +209,7 @@ function _M.find(addr, o, spec)
            and e.prop_deadline == (o.propagate_deadline == true)
         then
             touch(e)
+            recheck(e)
             return e
         end
     end
@@ -228,8 +255,6 @@ local function held()
 end
 
 
--- The last cap and stats function make_room was given: trim uses them.
-local last_max, last_stats
 
 
 -- Makes room for need more QUIC connections under max: closes the least
@@ -239,7 +264,7 @@ local last_max, last_stats
 -- about to use it. That lasts at most the pool's timeout and a second, so
 -- a caller killed in between does not pin it. Returns true, or nil and
 -- the error connect reports. keep: an entry never closed here.
-function _M.make_room(need, max, stats, keep)
+function make_room(need, max, stats, keep)
     last_max, last_stats = max, stats
     local total = held()
     if total + need <= max then
@@ -276,6 +301,7 @@ function _M.make_room(need, max, stats, keep)
                 .. "max_connections = n } or connect to fewer distinct "
                 .. "servers/options"
 end
+_M.make_room = make_room
 
 
 -- Number of cached entries (any state).
@@ -326,6 +352,7 @@ function _M.start(addr, o, pins, spec)
     }
     local dial_ms = (o.timeout and o.timeout > 0) and o.timeout
                     or DEFAULT_TIMEOUT_MS
+    any_names = any_names or e.names
     e.wait_s = dial_ms / 1000 * (o.conns or DEFAULT_CONNS) + SAFETY_SLACK_S
     e.deadline = ngx_now() + e.wait_s
 
