@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -17,7 +18,9 @@ import (
 // what the kernel does for a remote host (rate-limiting the ICMP errors it
 // sends there) it does for this one, which it does not over loopback.
 // Without root or ip(8) the sockets are on 127.0.0.1, and the test says so.
-func remoteListener(t *testing.T) func() *net.UDPConn {
+// Each of a test's namespaces (n, 0 to 63) is a host of its own: the
+// kernel's ICMP budgets for this host are its own.
+func remoteListener(t *testing.T, n int) func() *net.UDPConn {
 	t.Helper()
 	loopback := func() *net.UDPConn {
 		pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -37,9 +40,9 @@ func remoteListener(t *testing.T) func() *net.UDPConn {
 	// Names and addresses from the pid: test processes running at once
 	// (other packages, other checkouts) each have their own.
 	id := os.Getpid() % 100000
-	ns, host, peer := fmt.Sprintf("qrpct%d", id), fmt.Sprintf("qrh%d", id), fmt.Sprintf("qrp%d", id)
-	netw := fmt.Sprintf("10.%d.%d", 64+(id>>8)%128, id&255)
-	hostIP, peerIP := netw+".1", netw+".2"
+	ns, host, peer := fmt.Sprintf("qrpct%d_%d", id, n), fmt.Sprintf("qrh%d_%d", id, n), fmt.Sprintf("qrp%d_%d", id, n)
+	netw := fmt.Sprintf("10.%d.%d.", 64+(id>>8)%128, id&255)
+	hostIP, peerIP := netw+strconv.Itoa(4*n+1), netw+strconv.Itoa(4*n+2)
 	run := func(args ...string) error {
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		if err != nil {

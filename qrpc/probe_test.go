@@ -151,13 +151,16 @@ func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listen := remoteListener(t)
+	// The two servers on hosts of their own: the refusals the loud
+	// connection and its re-dial meet use up the ICMP budget of its host
+	// only.
+	listenStill, listenLoud := remoteListener(t, 0), remoteListener(t, 1)
 	type server struct {
 		pc   *net.UDPConn
 		srv  *qrpc.Server
 		hits atomic.Int64
 	}
-	serve := func() *server {
+	serve := func(listen func() *net.UDPConn) *server {
 		s := &server{pc: listen()}
 		s.srv = qrpc.NewServer(&qrpc.ServerConfig{Logger: quiet})
 		s.srv.Handle("work", func(ctx context.Context, _ *qrpc.Request, _ *qrpc.Response) {
@@ -178,7 +181,7 @@ func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
 		defer cancel()
 		_ = s.srv.Shutdown(ctx)
 	}
-	still, loud := serve(), serve()
+	still, loud := serve(listenStill), serve(listenLoud)
 	dial := func(s *server) *qrpc.Client {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
