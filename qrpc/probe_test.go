@@ -142,9 +142,9 @@ func TestProbesSpareALiveServer(t *testing.T) {
 // loopback, so the servers live in a network namespace of their own,
 // reached over a veth pair, where root can make one): a refusal heard by
 // one connection to an address reaches the others to it. The bound is
-// the machine's own, as in TestKilledServerHeardWhenQuiet: the time a
-// connection that sends to the dead port at once takes to hear it, plus
-// two probe intervals.
+// the machine's own: the time a connection that sends to the dead port at
+// once takes to hear it, plus what ending as many connections at once
+// takes (a server closing them), plus two probe intervals.
 func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
 	const conns = 32
 	ca, cert, err := certs.NewLocal("many conns ca")
@@ -207,6 +207,29 @@ func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
 		}
 		return ch
 	}
+	// What ending this many connections at once costs the machine: a
+	// server on the loud host closes as many, with a call in flight on
+	// each (its CONNECTION_CLOSE ends them: no ICMP).
+	closer := serve(listenLoud)
+	var closing []chan outcome
+	for range conns {
+		closing = append(closing, start(dial(closer)))
+	}
+	testwait.Until(t, "every call at the closing server", 10*time.Second, func() bool { return closer.hits.Load() == conns })
+	closedAt := time.Now()
+	gone, cancelGone := context.WithCancel(context.Background())
+	cancelGone() // no grace for the calls: closed at once
+	_ = closer.srv.Shutdown(gone)
+	var endAll time.Duration
+	for i, ch := range closing {
+		select {
+		case o := <-ch:
+			endAll = max(endAll, o.at.Sub(closedAt))
+		case <-time.After(deadline + 5*time.Second):
+			t.Fatalf("call %d on the closing server never ended", i)
+		}
+	}
+
 	cl := dial(loud)
 	gotL := start(cl)
 	var cs []*qrpc.Client
@@ -238,7 +261,7 @@ func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
 	}
 	killedQ := time.Now()
 	kill(still)
-	bound := heardLoud + 2*qrpc.MaxProbeInterval
+	bound := heardLoud + endAll + 2*qrpc.MaxProbeInterval
 	var worst time.Duration
 	late := 0
 	for i, ch := range got {
@@ -257,7 +280,8 @@ func TestKilledServerHeardWhenQuietManyConns(t *testing.T) {
 			late++
 		}
 	}
-	t.Logf("%d quiet connections: the last heard the kill after %v, the loud one after %v (bound %v)", conns, worst, heardLoud, bound)
+	t.Logf("%d quiet connections: the last heard the kill after %v, the loud one after %v, %d closed by their server ended within %v (bound %v)",
+		conns, worst, heardLoud, conns, endAll, bound)
 	if late > 0 {
 		t.Errorf("%d of %d quiet connections heard the kill after more than %v (the last after %v)", late, conns, bound, worst)
 	}
