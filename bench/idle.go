@@ -9,11 +9,14 @@ package main
 // reference: it counts the library's pages, one copy in the page cache,
 // in full in every worker that maps them.
 //
-// One nginx with 8 workers: 4 connect and make one call, the other 4 only
-// configure the module. Two windows per worker, cut around its own call:
-// the transition (the settle time after the call: the trimmer giving
-// back the call's blocks and stopping, the dispatcher's last poll) and
-// the idle window after it. A second nginx holds a shared pool with
+// One nginx with 12 workers: 8 connect and make one call (each counted in
+// a shared dict by its pid, so that the bench knows all 8 did), the other
+// 4 only configure the module. Two windows per worker, cut around its own
+// call: the transition (everything the call sets off once: the trimmer
+// giving back the call's blocks and stopping, the deadline timer's one
+// firing, and the connection's first keep-alive, which a user pays once
+// per quiet spell) and the steady idle window after it (the keep-alives
+// every 15 s). A second nginx holds a shared pool with
 // checks and re-resolution: one worker takes the leases, another follows,
 // a third runs the same pool unshared, the fourth is plain. -idle-libs
 // runs the first nginx again beside it for each other build of the
@@ -44,8 +47,8 @@ var (
 )
 
 const (
-	idleWorkers = 8
-	idleCalling = 4
+	idleWorkers = 12
+	idleCalling = 8
 	// The shared pool's options: what a deployment with active checks
 	// and DNS re-resolution sets.
 	idleCheckMS   = 2000
@@ -60,15 +63,18 @@ type idleRun struct {
 	pids  []int
 	ends  map[int]time.Time // each worker's call (or connect), when it was done
 	roles map[int]string    // "call", "shared", "unshared"
+	// counted: the workers whose call the shared dict counted
+	counted int
 }
 
 func figureIdle(e *env, p params, t *table) error {
-	// The transition is over within 10 s of the call (the trimmer stops
-	// within two bufcache intervals, 4 s); the window spans two
-	// keep-alive periods (half the default 30 s idle timeout).
-	settle, window := 10*time.Second, 30*time.Second
+	// The transition ends after the connection's first keep-alive, sent
+	// 15 s (half the default 30 s idle timeout) after the call's last
+	// packet, and its ACK; the window spans four keep-alive periods (two
+	// when quick).
+	settle, window := 20*time.Second, 60*time.Second
 	if p.quick {
-		window = 10 * time.Second
+		window = 30 * time.Second
 	}
 	dns, err := dnstest.Listen(poolName + ".")
 	if err != nil {
@@ -167,6 +173,10 @@ func figureIdle(e *env, p params, t *table) error {
 			smp.stop()
 			return err
 		}
+		if err := r.checkCalls(want); err != nil {
+			smp.stop()
+			return err
+		}
 		for _, end := range r.ends {
 			if end.After(last) {
 				last = end
@@ -230,6 +240,32 @@ func (r *idleRun) waitDone(want int, limit time.Duration) error {
 			r.roles[pid] = f[1]
 		}
 	}
+	return nil
+}
+
+// checkCalls reads the per-worker call counter: each of the want workers
+// that logged its call must have counted it, and no other worker any.
+func (r *idleRun) checkCalls(want int) error {
+	body, err := r.n.get("/calls")
+	if err != nil {
+		return err
+	}
+	counted := map[int]int{}
+	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+		var pid, n int
+		if _, err := fmt.Sscanf(l, "%d %d", &pid, &n); err == nil {
+			counted[pid] = n
+		}
+	}
+	for pid := range r.ends {
+		if counted[pid] < 1 {
+			return fmt.Errorf("idle %s: worker %d logged its call but counted %d calls (%q)", r.label(), pid, counted[pid], body)
+		}
+	}
+	if len(counted) != len(r.ends) || len(r.ends) != want {
+		return fmt.Errorf("idle %s: %d workers counted calls, %d logged one, want %d (%q)", r.label(), len(counted), len(r.ends), want, body)
+	}
+	r.counted = len(counted)
 	return nil
 }
 
@@ -342,11 +378,11 @@ func (r *idleRun) report(t *table, series map[int]*procSeries, settle, window ti
 	mem("PSS per worker, idle (smaps_rollup Pss: shared pages split among the processes that map them)", func(w idleReading) int { return w.idle.pss }, 6)
 	mem("private memory per worker, idle (USS: Private_Clean + Private_Dirty)", func(w idleReading) int { return w.idle.priv }, 5)
 	qhz, phz := q.idleHz(), plain.idleHz()
-	t.add(row{section: sec, name: "wake-ups/s per worker, idle (context switches of all its threads: nginx's + the others)",
+	t.add(row{section: sec, name: "wake-ups/s per worker, steady idle window after the transition (keep-alives every 15 s; context switches of all its threads: nginx's + the others)",
 		subject:  fmt.Sprintf("%.2f (%.2f + %.2f)", qhz, q.idleMain/float64(q.n), q.idleGo/float64(q.n)),
 		baseline: fmt.Sprintf("%.2f plain", phz), ratio: qhz - phz, ratioLabel: "extra per s"}.withTarget("≤ 1"))
 	qt, pt := q.trans(), plain.trans()
-	t.add(row{section: sec, name: fmt.Sprintf("wake-ups per worker in the transition (the %.0f s after the call; nginx's + the others)", settle.Seconds()),
+	t.add(row{section: sec, name: fmt.Sprintf("wake-ups per worker in the transition (the %.0f s after the call: the trimmer, the deadline timer, the first keep-alive; nginx's + the others)", settle.Seconds()),
 		subject:  fmt.Sprintf("%.0f (%.0f + %.0f)", qt, float64(q.transMain)/float64(q.n), float64(q.transGo)/float64(q.n)),
 		baseline: fmt.Sprintf("%.0f plain", pt), ratio: qt - pt, ratioLabel: "extra"}.withTarget("≤ 60"))
 	mem("PSS per worker just after the call", func(w idleReading) int { return w.busy.pss }, 0)
@@ -355,10 +391,38 @@ func (r *idleRun) report(t *table, series map[int]*procSeries, settle, window ti
 	qth, pth := q.threads(), plain.threads()
 	t.add(row{section: sec, name: "threads per worker, idle (a parked thread costs its stacks, counted in private memory)",
 		subject: fmt.Sprintf("%.1f", qth), baseline: fmt.Sprintf("%.1f plain", pth), ratio: qth - pth, ratioLabel: "extra threads"})
+	t.add(row{section: sec, name: "calling workers whose call the per-worker counter saw",
+		subject: fmt.Sprintf("%d of %d", r.counted, q.n), baseline: "—", noRatio: true,
+		target: fmt.Sprint(idleCalling), met: r.counted == idleCalling && q.n == idleCalling})
+	r.timeline(series, settle+window)
 	t.add(row{section: sec, name: "plain workers with the library loaded",
 		subject: fmt.Sprintf("%d of %d", plain.loaded, plain.n), baseline: "—", noRatio: true,
 		target: "0", met: plain.loaded == 0})
 	return nil
+}
+
+// timeline logs the calling workers' mean wake-ups in each second after
+// their call, so that a reader sees what wakes when (the trimmer's ticks,
+// the deadline timer, each keep-alive). The seconds share their edges:
+// every switch falls in one of them.
+func (r *idleRun) timeline(series map[int]*procSeries, span time.Duration) {
+	secs := int(span / time.Second)
+	sum := make([]float64, secs)
+	for pid, end := range r.ends {
+		prev := series[pid].switchesAt(end)
+		for i := range sum {
+			c := series[pid].switchesAt(end.Add(time.Duration(i+1) * time.Second))
+			sum[i] += float64(c-prev) / float64(len(r.ends))
+			prev = c
+		}
+	}
+	var b strings.Builder
+	for i, v := range sum {
+		if v >= 0.05 {
+			fmt.Fprintf(&b, " %d s: %.1f;", i, v)
+		}
+	}
+	log.Printf("idle %s: calling workers' mean wake-ups in each second after the call (the others none):%s", r.label(), b.String())
 }
 
 // reportPool adds the rows of the shared pool's nginx.

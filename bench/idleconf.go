@@ -22,6 +22,8 @@ http {
     access_log off;
     lua_package_path "{{.Dir}}/?.lua;{{.LuaDir}}/?.lua;/usr/share/lua/5.1/?.lua;;";
     lua_shared_dict qpools 1m;
+    # calls made, by worker pid: the bench checks every calling worker made its call
+    lua_shared_dict idle_calls 1m;
     client_body_temp_path {{.Dir}}/body;
     proxy_temp_path {{.Dir}}/proxy;
     fastcgi_temp_path {{.Dir}}/fastcgi;
@@ -51,6 +53,7 @@ http {
                 local conn, err = qrpc.connect(cfg.addr, { ca = cfg.ca, server_name = "localhost" })
                 local res
                 if conn then res, err = conn:unary("echo", "hello") end
+                if res then ngx.shared.idle_calls:incr(ngx.worker.pid(), 1, 0) end
                 if res and {{.Burst}} > 0 then
                     local body = string.rep("b", 65536)
                     local ths = {}
@@ -78,6 +81,7 @@ http {
                 })
                 local res
                 if conn then res, err = conn:unary("echo", "hello") end
+                if res then ngx.shared.idle_calls:incr(ngx.worker.pid(), 1, 0) end
                 done(id < 2 and "shared" or "unshared", res, err)
             end)
         end
@@ -86,6 +90,13 @@ http {
     server {
         listen {{.Port}};
         location = /pid { return 200 "ok"; }
+        # the calls each worker made: "<pid> <n>"
+        location = /calls {
+            content_by_lua_block {
+                local d = ngx.shared.idle_calls
+                for _, k in ipairs(d:get_keys(0)) do ngx.say(k, " ", d:get(k)) end
+            }
+        }
         # the lease holders of the shared pool: "probe <pid>", "dns <pid>"
         location = /leases {
             content_by_lua_block {

@@ -187,6 +187,24 @@ func (ps *procSeries) wakeups(from, to time.Time) (main, others int64, secs floa
 	return main, others, ps.csw[j].at.Sub(ps.csw[i].at).Seconds(), nil
 }
 
+// switchesAt is the context switches of all ps's threads at the last
+// reading at or before t, each thread that ended counted up to its last
+// reading.
+func (ps *procSeries) switchesAt(t time.Time) int64 {
+	j := sort.Search(len(ps.csw), func(i int) bool { return ps.csw[i].at.After(t) })
+	last := map[int]int64{}
+	for _, s := range ps.csw[:j] {
+		for tid, v := range s.csw {
+			last[tid] = v
+		}
+	}
+	var n int64
+	for _, v := range last {
+		n += v
+	}
+	return n
+}
+
 // memAt is the first memory reading at or after t (the last one if
 // none is).
 func (ps *procSeries) memAt(t time.Time) (memSample, error) {

@@ -118,9 +118,9 @@ func setup() (func(), error) {
 	}
 	// Copied for the workers as make install copies it: the page cache of
 	// a file written in one go (as the linker writes it) holds folios of
-	// up to 2 MB, each mapped whole at a touch, which would make an idle
-	// worker's RSS count more of the library than it does in production
-	// (TestIdleWorkerReleasesLibrary).
+	// up to 2 MB, each mapped whole at a touch, which would make a
+	// worker map more of the library, in RSS and PSS, than it does in
+	// production (docs/tuning.md, Idle cost).
 	if b, err := exec.Command("install", "-m", "755", built, libPath).CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("install %s: %v: %s", built, err, b))
 	}

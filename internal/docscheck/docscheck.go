@@ -1,6 +1,7 @@
 // Package docscheck keeps the documentation true to the tree: the README's
 // length, every relative link and anchor, no development history in text
-// a reader meets, and every public Lua function and option documented.
+// a reader meets, every public Lua function and option documented, and
+// no include or import under internal/ or qrpc/ that leaves its floor.
 // `make lint` runs it through cmd/docscheck.
 package docscheck
 

@@ -565,11 +565,13 @@ extern int malloc_trim(size_t pad) __attribute__((weak));
 // too, so the blocks of a burst (commands, results, the buffer cache's
 // blocks) stay private memory of the idle worker. malloc_trim(0) hands
 // every free page of every arena back (madvise), the free lists stay.
-// Measured: 100 concurrent 64 KB echoes left an idle worker 4.6 MB more
-// private memory without it (bench -idle-burst 100); no difference
-// after one call. It holds each arena's lock while it walks it, so a
-// malloc on the nginx thread may wait that long: 30-40 us for 20 MB
-// freed in one piece, once per idle spell, when nothing is queued.
+// Measured side by side (bench -idle-libs, -idle-burst 100): 100
+// concurrent 64 KB echoes leave an idle worker 4.2 MB more PSS and
+// private memory without it; no difference after one call. It holds each
+// arena's lock while it walks that arena's free chunks, so a malloc on
+// the nginx thread (the main arena) may wait that long: up to 5.7 ms
+// with 320 freed 64 KB chunks and both CPUs busy (2.7 ms with no trim),
+// once per idle spell, when nothing is queued (docs/tuning.md).
 int qrpc_heap_trim(void) {
     if (malloc_trim == NULL) {
         return 0;

@@ -25,6 +25,7 @@ func main() {
 	probs = append(probs, docscheck.Links(root, files)...)
 	probs = append(probs, docscheck.History(root, files)...)
 	probs = append(probs, docscheck.API(root)...)
+	probs = append(probs, docscheck.Floors(root, files)...)
 	for _, p := range probs {
 		fmt.Println(p)
 	}
@@ -32,5 +33,5 @@ func main() {
 		fmt.Printf("docscheck: %d problem(s)\n", len(probs))
 		os.Exit(1)
 	}
-	fmt.Printf("docscheck: %d files, README, links, history and API names all right\n", len(files))
+	fmt.Printf("docscheck: %d files, README, links, history, API names and floors all right\n", len(files))
 }
