@@ -248,6 +248,7 @@ func run(p params, out, svg string) error {
 		{"stream", figureStream, p.want("stream", false)},
 		{"idle", figureIdle, p.want("idle", false)},
 		{"breakdown", figureBreakdown, p.want("breakdown", true)},
+		{"ab", figureAB, p.only["ab"]}, // ab.go: only when named
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {
