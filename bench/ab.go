@@ -21,6 +21,8 @@ var (
 	abLib    = flag.String("ab-lib", "", "ab figure: the build of the library to compare the tree's with (A)")
 	abRounds = flag.Int("ab-rounds", 9, "ab figure: interleaved rounds")
 	abN      = flag.Int("ab-n", 3000, "ab figure: sequential calls per build per round")
+	abPin    = flag.Bool("ab-pin", true, "ab figure: the nginx workers and the Go client on CPU 0, the servers on the others (false: all unpinned)")
+	abGMP    = flag.String("ab-gomaxprocs", "", "ab figure: GOMAXPROCS of both nginx workers and the Go client (\"\" = the library's default)")
 )
 
 // abSide is one build's nginx and its rounds.
@@ -41,7 +43,7 @@ func figureAB(e *env, p params, t *table) error {
 		t.note("A/B skipped: %s.", why)
 		return nil
 	}
-	pl := placement{name: "pinned to CPU 0, default GOMAXPROCS (1)", pin: true}
+	pl := placement{name: "pinned to CPU 0", pin: *abPin, gomaxprocs: *abGMP}
 	if err := e.apply(pl); err != nil { // the servers on the other CPUs
 		return err
 	}
@@ -88,7 +90,15 @@ func figureAB(e *env, p params, t *table) error {
 		goc = append(goc, g)
 	}
 	a, b := sides[0], sides[1]
-	sec := fmt.Sprintf("A/B, pinned to CPU 0: the tree's library (B) vs %s (A), %d interleaved rounds of %d sequential 100 B calls each", *abLib, *abRounds, calls)
+	gmp := "the library's default GOMAXPROCS"
+	if *abGMP != "" {
+		gmp = "GOMAXPROCS=" + *abGMP
+	}
+	where := "pinned to CPU 0"
+	if !*abPin {
+		where = "unpinned"
+	}
+	sec := fmt.Sprintf("A/B, %s, %s: the tree's library (B) vs %s (A), %d interleaved rounds of %d sequential 100 B calls each", where, gmp, *abLib, *abRounds, calls)
 	per := func(f func(callStats) float64) func(callStats) float64 {
 		return func(s callStats) float64 { return f(s) * 1e6 / float64(calls) }
 	}
