@@ -13,9 +13,6 @@
 
 #include "qrpc.h"
 #include "hostq.h"
-#ifdef QRPC_DIRECT_SUBMIT
-#include "_cgo_export.h"
-#endif
 
 // Bounds the commands waiting for the submitter (memory stays bounded if
 // it stalls); far above what one worker queues between two of its runs.
@@ -352,14 +349,6 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     }
     it->cmd.opts = copy_field(&p, cmd->opts, parts[12]);
 
-#ifdef QRPC_DIRECT_SUBMIT
-    // Experiment (bench ab): run the command in Go on this thread, through
-    // a cgo callback, instead of handing it to the submitter.
-    if (hq.fd >= 0) {
-        qrpcGoRunDirect(it);
-        return cmd->op == QRPC_OP_CANCEL ? QRPC_OK : QRPC_PENDING;
-    }
-#endif
     q_lock();
     if (hq.fd < 0 || hq.sq_len >= QRPC_SUBMITQ_MAX) {
         int rc = hq.fd < 0 ? QRPC_ERR_CLOSED : QRPC_ERR_FULL;

@@ -406,16 +406,6 @@ func runQueued(it *C.qrpc_qitem_t) {
 	qunlock()
 }
 
-// qrpcGoRunDirect runs a command on the thread that submits it (the
-// QRPC_DIRECT_SUBMIT experiment of hostq.c).
-//
-//export qrpcGoRunDirect
-func qrpcGoRunDirect(it *C.qrpc_qitem_t) {
-	EnterExport()
-	defer LeaveExport()
-	runQueued(it)
-}
-
 // runAsync runs one queued command; one that Submit refuses completes
 // with the refusal (all but CANCEL, which has no completion).
 func runAsync(abi *bridge.CmdABI) {
