@@ -268,7 +268,55 @@ func figureBreakdown(e *env, p params, t *table) error {
 		}
 		t.note("Flame graphs of the breakdown's profiles: %s-flame-worker.svg and %s-flame-goclient.svg.", filepath.Base(flameBase), filepath.Base(flameBase))
 	}
+	if err := handoffRows(e, p, t, pl); err != nil {
+		return err
+	}
 	return traceStatus(e, t, sec)
+}
+
+// handoffRows splits the sequential call's time, without perf, in
+// interleaved rounds: the module's hand-off alone (an IPC echo through
+// the submit queue, the submitter, the completion queue, the wake-up
+// socket and the dispatcher, no network) against the floor's (a bare
+// eventfd ping-pong between two threads, handoff.go), and the call
+// against the Go client's plus that hand-off: what is left beyond both
+// is the rest of the module's path (Lua, the bridge, the pool).
+func handoffRows(e *env, p params, t *table, pl placement) error {
+	n := p.placeN
+	var us, ipc, gos []callStats
+	var pps []time.Duration
+	for i := 0; i < p.runs; i++ {
+		u, err := e.nginx.stats("unary", n, 100, 1)()
+		if err != nil {
+			return err
+		}
+		c, err := e.nginx.stats("ipc", n, 100, 1)()
+		if err != nil {
+			return err
+		}
+		g, err := e.goClient(pl, "seq", n, 100, 1)
+		if err != nil {
+			return err
+		}
+		pp, err := pingPong(n)
+		if err != nil {
+			return err
+		}
+		us, ipc, gos, pps = append(us, u), append(ipc, c), append(gos, g), append(pps, pp)
+	}
+	per := func(s callStats) float64 { return s.d.Seconds() * 1e6 / float64(n) }
+	cpu := func(s callStats) float64 { return s.cpu.Seconds() * 1e6 / float64(n) }
+	sec := fmt.Sprintf("Where a sequential call goes: the hand-off (pinned to CPU 0, default GOMAXPROCS (1), 100 B, %d calls, no perf, median of %d interleaved runs)", n, p.runs)
+	pp := median(pps).Seconds() * 1e6 / float64(n)
+	hand, call, goc := medianBy(ipc, per), medianBy(us, per), medianBy(gos, per)
+	t.add(row{section: sec, name: "the module's hand-off alone (IPC echo: submit queue, submitter, completion queue, wake-up socket, dispatcher; no network) vs the floor's (eventfd ping-pong between two threads): time per round trip",
+		subject: fmtUS(hand), baseline: fmtUS(pp), ratio: hand / pp, ratioLabel: "time ratio"})
+	t.add(row{section: sec, name: "IPC echo: worker CPU per round trip", subject: fmtUS(medianBy(ipc, cpu)), baseline: "—", noRatio: true})
+	t.add(row{section: sec, name: "unary call vs the Go client's: time per call", subject: fmtUS(call), baseline: fmtUS(goc), ratio: call / goc, ratioLabel: "time ratio"})
+	t.add(row{section: sec, name: "unary call vs the Go client's + the floor's hand-off (the floor row of the placement figure)", subject: fmtUS(call), baseline: fmtUS(goc + pp), ratio: call / (goc + pp), ratioLabel: "time ratio"})
+	t.add(row{section: sec, name: "unary call vs the Go client's + the module's own hand-off (what the rest of the path adds)", subject: fmtUS(call), baseline: fmtUS(goc + hand), ratio: call / (goc + hand), ratioLabel: "time ratio"})
+	t.add(cpuRow(sec, "unary call vs the Go client's: CPU per call (worker vs Go client process)", medianBy(us, cpu), medianBy(gos, cpu)))
+	return nil
 }
 
 func fmtUSShare(us, total float64) string {
