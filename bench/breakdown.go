@@ -86,7 +86,8 @@ func recordWorker(pid int, out string, run func() error) error {
 // that counts as main (0 = each process's pid).
 func readProfile(data string) ([]sample, error) {
 	cmd := exec.Command("perf", "script", "-i", data, "-F", "pid,tid,period,ip,sym,dso")
-	cmd.Stderr = io.Discard
+	var errb strings.Builder
+	cmd.Stderr = &errb
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -96,7 +97,10 @@ func readProfile(data string) ([]sample, error) {
 	}
 	samples, perr := parsePerfScript(out)
 	if err := cmd.Wait(); err != nil {
-		return nil, fmt.Errorf("perf script %s: %w", data, err)
+		return nil, fmt.Errorf("perf script %s: %w: %s", data, err, errb.String())
+	}
+	if len(samples) == 0 {
+		return nil, fmt.Errorf("perf script %s: no samples: %s", data, errb.String())
 	}
 	return samples, perr
 }
@@ -115,7 +119,9 @@ func parsePerfScript(r io.Reader) ([]sample, error) {
 			cur = nil
 			continue
 		}
-		if l[0] != '\t' && l[0] != ' ' {
+		// frames start with a tab; a sample's line may start with the
+		// spaces that right-align its pid
+		if l[0] != '\t' {
 			f := strings.Fields(l)
 			if len(f) < 2 {
 				return nil, fmt.Errorf("perf script: bad sample line %q", l)
@@ -224,6 +230,9 @@ func figureBreakdown(e *env, p params, t *table) error {
 	gsam, err := readProfile(gdata)
 	if err != nil {
 		return err
+	}
+	if len(lsam) == 0 || len(gsam) == 0 {
+		return fmt.Errorf("perf recorded no samples (worker %d, Go client %d)", len(lsam), len(gsam))
 	}
 	lp, gp := profile{samples: lsam, calls: calls}, profile{samples: gsam, calls: calls}
 	lb, gb := lp.breakdown(), gp.breakdown()

@@ -18,7 +18,7 @@ func TestParsePerfScriptAndComponents(t *testing.T) {
 100/101     3000000 
 	          3beb4b github.com/quic-go/quic-go.(*frameSorter).push (/tmp/x/libffi_qrpc.so)
 
-100/100     500000 
+  100/100     500000 
 	          10a97a qrpc_vm_poll (/tmp/x/libffi_qrpc.so)
 
 100/101     500000 
