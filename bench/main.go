@@ -52,9 +52,10 @@ type params struct {
 	hold      bool
 	holdIdle  bool
 
-	metricsN    int  // sequential calls per mode per run in the metrics figure
-	metricsRuns int  // runs of the metrics figure at least (its effect is small)
-	merge       bool // -merge: see merge.go
+	metricsN    int    // sequential calls per mode per run in the metrics figure
+	metricsRuns int    // runs of the metrics figure at least (its effect is small)
+	merge       bool   // -merge: see merge.go
+	out         string // the report's path: the breakdown's flame graphs go beside it
 
 	streamSeqN    int    // sequential calls per subsystem per run in the stream figure
 	streamSeqRuns int    // runs of those, each subsystem in turn
@@ -84,7 +85,7 @@ func main() {
 	sidecar := flag.String("sidecar", "", "internal: run the HTTP sidecar calling the qrpc server at this address")
 	hold := flag.Bool("hold", false, "set up, print the nginx port, and wait (for profiling by hand)")
 	holdIdle := flag.Bool("hold-idle", false, "the idle figure keeps its nginx after measuring, until Ctrl-C (for strace/perf by hand)")
-	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics,stream,idle); default all")
+	only := flag.String("only", "", "comma-separated figures to run (ipc,unary,http,memory,placement,gomaxprocs,restyffi,proto,pools,balance,metrics,stream,idle,breakdown); default all, in quick mode all but placement, gomaxprocs and breakdown")
 	runs := flag.Int("runs", 0, "override: runs per figure (medians are taken)")
 	seqN := flag.Int("seqn", 0, "override: sequential unary calls per run")
 	parN := flag.Int("parn", 0, "override: unary calls per concurrent run")
@@ -170,6 +171,7 @@ func main() {
 }
 
 func run(p params, out, svg string) error {
+	p.out = out
 	dir, err := os.MkdirTemp("", "qrpc-bench-")
 	if err != nil {
 		return err
@@ -245,6 +247,8 @@ func run(p params, out, svg string) error {
 		{"metrics", figureMetricsCost, p.want("metrics", false)},
 		{"stream", figureStream, p.want("stream", false)},
 		{"idle", figureIdle, p.want("idle", false)},
+		{"breakdown", figureBreakdown, p.want("breakdown", true)},
+		{"ab", figureAB, p.only["ab"]}, // ab.go: only when named
 	}
 	start, total := time.Now(), readCPUStat()
 	for _, f := range figures {

@@ -192,6 +192,13 @@ function _M.run()
 
     -- the worker's CPU time and context switches during the loop: what a
     -- call costs the worker, beside how long it takes
+    -- jitv=<file>: the loop's LuaJIT trace log (breakdown.go), every
+    -- trace compiled again inside it
+    local jitv = args.jitv
+    if jitv then
+        jit.flush()
+        require("jit.v").on(jitv)
+    end
     local cpu0, csw0 = clock(PROCESS_CPUTIME), switches()
     local t0 = clock(MONOTONIC)
     local errs = 0
@@ -210,6 +217,9 @@ function _M.run()
         n = per * c
     end
     local secs = clock(MONOTONIC) - t0
+    if jitv then
+        require("jit.v").off()
+    end
     local cpu, csw = clock(PROCESS_CPUTIME) - cpu0, switches() - csw0
     ngx.say('{"secs":', secs, ',"calls":', n, ',"errors":', errs,
             ',"cpu":', cpu, ',"csw":', csw, '}')

@@ -1,0 +1,448 @@
+package main
+
+// Where a sequential call goes: the pinned 100 B sequential case (nginx
+// worker on CPU 0, the library's default GOMAXPROCS, as in placement.go)
+// profiled with `perf record` on the worker, side by side with the same
+// profile of the Go client making the same calls. Each sample's CPU time
+// (its period) goes to a component by the function it was taken in
+// (attribute.go), the kernel's by the system call it was in. Flame graphs
+// of both profiles are written beside the report (flame.go), and the
+// LuaJIT trace log of the call path (jit.v after a jit.flush) is read for
+// aborted traces.
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// perfFreq is the sampling frequency: on a VM without hardware counters
+// perf samples cpu-clock, whose timer interrupts cost the profiled
+// threads CPU of their own; at ~1 ms a run of 20,000 calls still gives a
+// few thousand samples.
+const perfFreq = 999
+
+// perfUsable says why the breakdown cannot run here, or "".
+func perfUsable() string {
+	if why := placementUsable(); why != "" {
+		return why
+	}
+	if _, err := exec.LookPath("perf"); err != nil {
+		return "perf not installed"
+	}
+	if out, err := exec.Command("perf", "record", "-F", "99", "-g", "-o", "/dev/null", "true").CombinedOutput(); err != nil {
+		return fmt.Sprintf("perf record does not run: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return ""
+}
+
+// profile is one perf profile read into stacks.
+type profile struct {
+	samples []sample
+	calls   int // the calls made while it was recorded
+}
+
+// sample is one perf sample: its CPU time, the thread, and the stack from
+// the leaf out.
+type sample struct {
+	ns     int64
+	main   bool // the process's first thread (the nginx thread; the Go client's main thread)
+	frames []frame
+}
+
+type frame struct{ sym, dso string }
+
+// recordWorker profiles the worker while run makes its calls.
+func recordWorker(pid int, out string, run func() error) error {
+	cmd := exec.Command("perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-p", strconv.Itoa(pid), "-o", out)
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	// perf attaches to every thread of pid before it prints anything; a
+	// run started before that loses its first samples, nothing else.
+	time.Sleep(500 * time.Millisecond)
+	runErr := run()
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	// perf ends by the SIGINT: its exit status says so, its output says
+	// whether it wrote the data
+	if err := cmd.Wait(); err != nil && runErr == nil && !strings.Contains(errb.String(), "Captured and wrote") {
+		return fmt.Errorf("perf record: %v: %s", err, errb.String())
+	}
+	return runErr
+}
+
+// readProfile runs perf script on a recording; mainTID is the thread
+// that counts as main (0 = each process's pid).
+func readProfile(data string) ([]sample, error) {
+	cmd := exec.Command("perf", "script", "-i", data, "-F", "pid,tid,period,ip,sym,dso")
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	samples, perr := parsePerfScript(out)
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("perf script %s: %w: %s", data, err, errb.String())
+	}
+	if len(samples) == 0 {
+		return nil, fmt.Errorf("perf script %s: no samples: %s", data, errb.String())
+	}
+	return samples, perr
+}
+
+// parsePerfScript reads `perf script -F pid,tid,period,ip,sym,dso`: a
+// header line "pid/tid period" per sample, then its stack, one frame a
+// line ("addr sym (dso)"), then a blank line.
+func parsePerfScript(r io.Reader) ([]sample, error) {
+	var out []sample
+	var cur *sample
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.TrimSpace(l) == "" {
+			cur = nil
+			continue
+		}
+		// frames start with a tab; a sample's line may start with the
+		// spaces that right-align its pid
+		if l[0] != '\t' {
+			f := strings.Fields(l)
+			if len(f) < 2 {
+				return nil, fmt.Errorf("perf script: bad sample line %q", l)
+			}
+			pid, tid, ok := strings.Cut(f[0], "/")
+			ns, err := strconv.ParseInt(f[1], 10, 64)
+			if !ok || err != nil {
+				return nil, fmt.Errorf("perf script: bad sample line %q", l)
+			}
+			out = append(out, sample{ns: ns, main: pid == tid})
+			cur = &out[len(out)-1]
+			continue
+		}
+		if cur == nil {
+			continue
+		}
+		f := strings.TrimSpace(l)
+		_, rest, _ := strings.Cut(f, " ") // the address
+		sym, dso := rest, ""
+		if i := strings.LastIndex(rest, " ("); i >= 0 && strings.HasSuffix(rest, ")") {
+			sym, dso = rest[:i], rest[i+2:len(rest)-1]
+		}
+		if j := strings.LastIndex(sym, "+0x"); j > 0 {
+			sym = sym[:j]
+		}
+		cur.frames = append(cur.frames, frame{sym: sym, dso: dso})
+	}
+	return out, sc.Err()
+}
+
+// breakdown is a profile's CPU time by component, per call.
+type breakdown struct {
+	perCall map[string]float64 // µs per call
+	onMain  map[string]float64 // µs per call on the main thread
+	main    float64            // µs per call on the main thread
+	total   float64
+}
+
+func (p profile) breakdown() breakdown {
+	b := breakdown{perCall: map[string]float64{}, onMain: map[string]float64{}}
+	n := float64(p.calls)
+	for _, s := range p.samples {
+		us := float64(s.ns) / 1e3 / n
+		c := component(s.frames, s.main)
+		b.perCall[c] += us
+		b.total += us
+		if s.main {
+			b.main += us
+			b.onMain[c] += us
+		}
+	}
+	return b
+}
+
+// breakdownCalls is how many sequential calls each profile covers.
+func breakdownCalls(p params) int {
+	if p.quick {
+		return 5000
+	}
+	return 20000
+}
+
+func figureBreakdown(e *env, p params, t *table) error {
+	defer e.restore(p)
+	if why := perfUsable(); why != "" {
+		t.note("Breakdown of a sequential call skipped: %s.", why)
+		return nil
+	}
+	pl := placement{name: "pinned to CPU 0, default GOMAXPROCS (1)", pin: true}
+	if err := e.apply(pl); err != nil {
+		return err
+	}
+	n := breakdownCalls(p)
+	// bench.lua and the Go client warm up with a tenth of the calls (at
+	// most warmupMax) inside the same request or process: the profiles
+	// cover those too.
+	calls := n + min(n/10+1, warmupMax)
+	if _, err := e.nginx.lua("unary", 2000, 100, 1); err != nil {
+		return err
+	}
+	ws, err := e.nginx.workers()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(e.dir, "breakdown")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	log.Printf("breakdown: %d sequential calls under perf, nginx worker then Go client", n)
+	var ls, gs callStats
+	wdata, gdata := filepath.Join(dir, "worker.data"), filepath.Join(dir, "goclient.data")
+	if err := recordWorker(ws[0], wdata, func() error {
+		var err error
+		ls, err = e.nginx.stats("unary", n, 100, 1)()
+		return err
+	}); err != nil {
+		return err
+	}
+	if gs, err = e.goClientUnder(pl, []string{"perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-o", gdata, "--"}, n); err != nil {
+		return err
+	}
+	lsam, err := readProfile(wdata)
+	if err != nil {
+		return err
+	}
+	gsam, err := readProfile(gdata)
+	if err != nil {
+		return err
+	}
+	if len(lsam) == 0 || len(gsam) == 0 {
+		return fmt.Errorf("perf recorded no samples (worker %d, Go client %d)", len(lsam), len(gsam))
+	}
+	lp, gp := profile{samples: lsam, calls: calls}, profile{samples: gsam, calls: calls}
+	lb, gb := lp.breakdown(), gp.breakdown()
+	sec := fmt.Sprintf("Where a sequential call goes (pinned to CPU 0, default GOMAXPROCS (1), 100 B, %d calls under perf record -F %d -g: CPU per call by the function each sample was taken in; worker vs Go client)", n, perfFreq)
+	t.add(row{section: sec, name: "time per call while profiled", subject: fmtUS(ls.d.Seconds() * 1e6 / float64(n)),
+		baseline: fmtUS(gs.d.Seconds() * 1e6 / float64(n)), ratio: ls.d.Seconds() / gs.d.Seconds(), ratioLabel: "time ratio"})
+	t.add(cpuRow(sec, "CPU per call, all threads (the profile's samples)", lb.total, gb.total))
+	t.add(row{section: sec, name: "of which the main thread (the nginx thread; the Go client's first thread)", subject: fmtUS(lb.main),
+		baseline: fmtUS(gb.main), ratio: lb.main / gb.main, ratioLabel: "CPU ratio"})
+	for _, c := range orderedComponents(lb, gb) {
+		l, g := lb.perCall[c], gb.perCall[c]
+		r := row{section: sec, name: c, subject: fmtUSShare(l, lb.total), baseline: fmtUSShare(g, gb.total), ratioLabel: "CPU ratio"}
+		if g >= 0.5 {
+			r.ratio = l / g
+		} else {
+			r.noRatio = true
+		}
+		t.add(r)
+	}
+	// The nginx thread's share alone: what the worker's thread of Lua
+	// and nginx spends, apart from the Go threads.
+	msec := "Where a sequential call goes: of which the nginx thread (the same profile; Go's threads are the rest)"
+	for _, c := range orderedComponents(breakdown{perCall: lb.onMain}, breakdown{}) {
+		if lb.onMain[c] >= 0.05 {
+			t.add(row{section: msec, name: c, subject: fmtUSShare(lb.onMain[c], lb.main), baseline: "—", noRatio: true})
+		}
+	}
+	flameBase := strings.TrimSuffix(p.out, ".md")
+	if flameBase != "" {
+		for _, f := range []struct {
+			name, title string
+			pr          profile
+		}{
+			{"worker", fmt.Sprintf("nginx worker, %d sequential 100 B calls, pinned to CPU 0 (%.1f µs CPU per call)", n, lb.total), lp},
+			{"goclient", fmt.Sprintf("Go client, %d sequential 100 B calls, pinned to CPU 0 (%.1f µs CPU per call)", n, gb.total), gp},
+		} {
+			path := flameBase + "-flame-" + f.name + ".svg"
+			if err := os.WriteFile(path, flameSVG(f.title, f.pr), 0o644); err != nil {
+				return err
+			}
+			log.Printf("wrote %s", path)
+		}
+		t.note("Flame graphs of the breakdown's profiles: %s-flame-worker.svg and %s-flame-goclient.svg.", filepath.Base(flameBase), filepath.Base(flameBase))
+	}
+	if err := handoffRows(e, p, t, pl); err != nil {
+		return err
+	}
+	return traceStatus(e, t, sec)
+}
+
+// handoffRows splits the sequential call's time, without perf, in
+// interleaved rounds: the module's hand-off alone (an IPC echo through
+// the submit queue, the submitter, the completion queue, the wake-up
+// socket and the dispatcher, no network) against the floor's (a bare
+// eventfd ping-pong between two threads, handoff.go), and the call
+// against the Go client's plus that hand-off: what is left beyond both
+// is the rest of the module's path (Lua, the bridge, the pool).
+func handoffRows(e *env, p params, t *table, pl placement) error {
+	n := p.placeN
+	var us, ipc, gos []callStats
+	var pps []time.Duration
+	for i := 0; i < p.runs; i++ {
+		u, err := e.nginx.stats("unary", n, 100, 1)()
+		if err != nil {
+			return err
+		}
+		c, err := e.nginx.stats("ipc", n, 100, 1)()
+		if err != nil {
+			return err
+		}
+		g, err := e.goClient(pl, "seq", n, 100, 1)
+		if err != nil {
+			return err
+		}
+		pp, err := pingPong(n)
+		if err != nil {
+			return err
+		}
+		us, ipc, gos, pps = append(us, u), append(ipc, c), append(gos, g), append(pps, pp)
+	}
+	per := func(s callStats) float64 { return s.d.Seconds() * 1e6 / float64(n) }
+	cpu := func(s callStats) float64 { return s.cpu.Seconds() * 1e6 / float64(n) }
+	sec := fmt.Sprintf("Where a sequential call goes: the hand-off (pinned to CPU 0, default GOMAXPROCS (1), 100 B, %d calls, no perf, median of %d interleaved runs)", n, p.runs)
+	pp := median(pps).Seconds() * 1e6 / float64(n)
+	hand, call, goc := medianBy(ipc, per), medianBy(us, per), medianBy(gos, per)
+	t.add(row{section: sec, name: "the module's hand-off alone (IPC echo: submit queue, submitter, completion queue, wake-up socket, dispatcher; no network) vs the floor's (eventfd ping-pong between two threads): time per round trip",
+		subject: fmtUS(hand), baseline: fmtUS(pp), ratio: hand / pp, ratioLabel: "time ratio"})
+	t.add(row{section: sec, name: "IPC echo: worker CPU per round trip", subject: fmtUS(medianBy(ipc, cpu)), baseline: "—", noRatio: true})
+	t.add(row{section: sec, name: "unary call vs the Go client's: time per call", subject: fmtUS(call), baseline: fmtUS(goc), ratio: call / goc, ratioLabel: "time ratio"})
+	t.add(row{section: sec, name: "unary call vs the Go client's + the floor's hand-off (the floor row of the placement figure)", subject: fmtUS(call), baseline: fmtUS(goc + pp), ratio: call / (goc + pp), ratioLabel: "time ratio"})
+	t.add(row{section: sec, name: "unary call vs the Go client's + the module's own hand-off (what the rest of the path adds)", subject: fmtUS(call), baseline: fmtUS(goc + hand), ratio: call / (goc + hand), ratioLabel: "time ratio"})
+	t.add(cpuRow(sec, "unary call vs the Go client's: CPU per call (worker vs Go client process)", medianBy(us, cpu), medianBy(gos, cpu)))
+	return nil
+}
+
+func fmtUSShare(us, total float64) string {
+	if total <= 0 {
+		return fmtUS(us)
+	}
+	return fmt.Sprintf("%.1f µs (%.0f%%)", us, 100*us/total)
+}
+
+// orderedComponents lists the components of either profile, the worker's
+// largest first.
+func orderedComponents(a, b breakdown) []string {
+	seen := map[string]bool{}
+	var cs []string
+	for _, m := range []map[string]float64{a.perCall, b.perCall} {
+		for c := range m {
+			if !seen[c] {
+				seen[c] = true
+				cs = append(cs, c)
+			}
+		}
+	}
+	sort.Slice(cs, func(i, j int) bool {
+		x, y := a.perCall[cs[i]]+b.perCall[cs[i]]/1e3, a.perCall[cs[j]]+b.perCall[cs[j]]/1e3
+		if x != y {
+			return x > y
+		}
+		return cs[i] < cs[j]
+	})
+	return cs
+}
+
+// goClientUnder runs the Go client's sequential loop under a wrapper
+// (perf record), placed like pl.
+func (e *env) goClientUnder(pl placement, wrap []string, n int) (callStats, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return callStats{}, err
+	}
+	args := append(append([]string{}, wrap...), "taskset", "-c", "0", self, "-client", e.qrpcAddr, "-ca", e.caFile,
+		"-kind", "seq", "-n", strconv.Itoa(n), "-size", "100", "-c", "1")
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = withoutEnv(os.Environ(), "GOMAXPROCS")
+	if pl.gomaxprocs != "" {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+pl.gomaxprocs)
+	}
+	cmd.Stderr = io.Discard // perf's own lines
+	out, err := cmd.Output()
+	if err != nil {
+		return callStats{}, fmt.Errorf("go client under perf: %w", err)
+	}
+	// perf record may print before the child's line
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "SECS ") {
+			return parseChild(l)
+		}
+	}
+	return callStats{}, fmt.Errorf("go client under perf answered %q", out)
+}
+
+// traceStatus runs the call path once more with LuaJIT's trace log on
+// (after jit.flush, so every trace of the loop is compiled again inside
+// it) and reports the traces compiled and aborted.
+func traceStatus(e *env, t *table, sec string) error {
+	logf := filepath.Join(e.nginx.dir, "jitv.log")
+	_ = os.Remove(logf)
+	if _, err := e.nginx.luaQuery("unary", "kind=unary&n=2000&size=100&c=1&jitv="+logf); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(logf)
+	if err != nil {
+		t.note("LuaJIT trace status: no jit.v log (%v).", err)
+		return nil
+	}
+	ts := parseJITV(string(b))
+	t.add(row{section: sec, name: "LuaJIT traces compiled in 2,000 calls after jit.flush() (jit.v)", subject: strconv.Itoa(ts.compiled), baseline: "—", noRatio: true})
+	t.add(row{section: sec, name: "LuaJIT trace aborts in those calls", subject: strconv.Itoa(len(ts.aborts)), baseline: "—", noRatio: true})
+	if len(ts.aborts) > 0 {
+		t.note("LuaJIT trace aborts on the sequential call path (jit.v, after jit.flush(), 2,000 calls): %s.", strings.Join(ts.summary(), "; "))
+	}
+	return nil
+}
+
+// jitStatus is what a jit.v log says.
+type jitStatus struct {
+	compiled int
+	aborts   []string // "where -- why"
+}
+
+// parseJITV reads jit.v's lines: "[TRACE n file:line ...]" for a trace
+// compiled, "[TRACE --- file:line -- reason]" for one aborted.
+func parseJITV(s string) jitStatus {
+	var st jitStatus
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(l, "[TRACE ") {
+			continue
+		}
+		body := strings.TrimSuffix(strings.TrimPrefix(l, "[TRACE "), "]")
+		if strings.HasPrefix(body, "--- ") {
+			st.aborts = append(st.aborts, strings.TrimPrefix(body, "--- "))
+			continue
+		}
+		st.compiled++
+	}
+	return st
+}
+
+// summary counts the aborts by place and reason.
+func (st jitStatus) summary() []string {
+	n := map[string]int{}
+	for _, a := range st.aborts {
+		n[a]++
+	}
+	var out []string
+	for a, c := range n {
+		out = append(out, fmt.Sprintf("%s (%d×)", a, c))
+	}
+	sort.Strings(out)
+	return out
+}
