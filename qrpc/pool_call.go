@@ -110,7 +110,7 @@ func cloneCall(c *Call) Call {
 type attemptRec struct {
 	pend  Pending
 	peer  *peer
-	trial bool
+	trial uint64 // the trial's token (0: not a trial)
 	began time.Time
 	seq   uint32
 }
@@ -180,9 +180,7 @@ func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 			return nil
 		}
 		pr.endCall()
-		if trial {
-			pr.trial.Store(false)
-		}
+		p.giveBack(pr, trial)
 		if !neverSent(err) {
 			return err
 		}
@@ -211,7 +209,7 @@ func (pc *poolCall) take(seq uint32) bool {
 }
 
 // account ends an attempt: counters, observer, the server's health.
-func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+func (pc *poolCall) account(pr *peer, trial uint64, began time.Time, resp *Response, err error) {
 	now := pc.pool.clk.Now()
 	if err == nil {
 		pr.answered(now, now.Sub(began))
@@ -229,7 +227,7 @@ func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Respons
 	pc.pool.outcome(pr, trial, err)
 }
 
-func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Time, resp *Response, err error) {
+func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial uint64, began time.Time, resp *Response, err error) {
 	pc.account(pr, trial, began, resp, err)
 	p := pc.pool
 	pc.mu.Lock()

@@ -100,6 +100,7 @@ type conn struct {
 	addr   string
 	client *qrpc.Pool
 	owner  *Gen
+	host   atomic.Value // Host: the host that dialled it (shared pools ask it for steps)
 
 	inflight atomic.Int64
 	calls    atomic.Uint64
@@ -209,6 +210,7 @@ func (r *Runtime) connect(h Host, g *Gen, cmd *Command) (int32, string) {
 		if c, err := r.dial(g, addr, cfg); err != nil {
 			complete(r.errCompletion(err))
 		} else {
+			c.host.Store(hostBox{h})
 			complete(Completion{Status: StatusOK, Handle: c.handle})
 		}
 	}, func() {
