@@ -208,15 +208,24 @@ func (pc *poolCall) take(seq uint32) bool {
 	return false
 }
 
+// failurePenalty is the answer time a failed attempt counts for in the
+// peak EWMA (p2c's cost, the stall limit): as slow as a slow answer.
+const failurePenalty = time.Second
+
 // account ends an attempt: counters, observer, the server's health.
 func (pc *poolCall) account(pr *peer, trial uint64, began time.Time, resp *Response, err error) {
 	now := pc.pool.clk.Now()
 	if err == nil {
 		pr.answered(now, now.Sub(began))
-	} else if failureOf(err) == FailTimeout {
+	} else if f := failureOf(err); f == FailTimeout {
 		// A timed-out attempt is a latency sample too: p2c and the stall
 		// limit must see that the server is slow.
 		pr.observeLatency(monoNS(now), now.Sub(began))
+	} else if f != 0 {
+		// A transport failure that came fast is no fast answer: p2c would
+		// send a server that fails every call at once nearly all of them
+		// (its cost stays 0). It weighs as an answer of failurePenalty.
+		pr.observeLatency(monoNS(now), max(now.Sub(began), failurePenalty))
 	}
 	pr.endCall()
 	var code uint32
@@ -260,6 +269,8 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial uint64, began time.T
 				pc.mu.Unlock()
 				return
 			}
+			// No server took the retry: what it withdrew goes back.
+			p.budget.refund(now)
 		} else {
 			budget = true
 			pr.obs.BudgetExhausted()

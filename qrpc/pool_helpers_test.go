@@ -388,4 +388,3 @@ func progress(t *testing.T, what string, count func() int64, n int64, within tim
 		t.Fatalf("%s: %d of %d in %v", what, count()-from, n, within)
 	}
 }
-

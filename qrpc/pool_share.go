@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -178,7 +179,10 @@ func (p *Pool) Share(cfg ShareConfig) {
 	if period > 0 {
 		period = max(period, minLeasePeriod)
 	}
-	s.sh = &sharer{cfg: cfg, id: hex.EncodeToString(b[:]), period: period,
+	// The pid first: an operator (and a test) can tell which worker
+	// holds a lease.
+	id := strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+	s.sh = &sharer{cfg: cfg, id: id, period: period,
 		stallTold: map[string]int64{}, lastHadRun: map[string]bool{}}
 	s.notify = cfg.Notify
 	p.SetRoles(false, false)
@@ -369,9 +373,7 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 		p.SetOthersThrottle(r, a)
 	}
 	for j, pr := range st.peers {
-		if st.gens[j] > 0 {
-			st.ops = append(st.ops, get("f:"+pr.addr+":"+strconv.FormatInt(st.gens[j], 10)))
-		}
+		st.ops = append(st.ops, get("f:"+pr.addr+":"+strconv.FormatInt(st.gens[j], 10)))
 	}
 	st.listOp = false
 	if !sh.holds[leaseResolve] && p.cfg.Resolve > 0 && p.hasNames() && rg > sh.listSeen {
@@ -403,9 +405,6 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 		}
 	}
 	for j, pr := range st.peers {
-		if st.gens[j] <= 0 {
-			continue
-		}
 		n := num(res[k].Value)
 		k++
 		h := pr.h.Load()
@@ -470,7 +469,7 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 			ops = append(ops, StoreOp{Kind: OpIncr, Key: "g:" + pr.addr, Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
 			continue
 		}
-		if h.unshown > 0 && h.runGen > 0 {
+		if h.unshown > 0 {
 			st.runs = append(st.runs, runAdd{pr: pr, gen: h.runGen, n: h.unshown})
 			ops = append(ops, StoreOp{Kind: OpIncr, Key: "f:" + pr.addr + ":" + strconv.FormatUint(h.runGen, 10), Delta: int64(h.unshown), TTL: shareKeyTTL})
 		}

@@ -154,4 +154,3 @@ func gcd(a, b int) int {
 	}
 	return a
 }
-
