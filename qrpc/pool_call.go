@@ -286,6 +286,7 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial uint64, began time.T
 func (pc *poolCall) finish(resp *Response, attempts int, err error) {
 	if th := pc.pool.throttle; th != nil {
 		th.record(pc.pool.clk.Now(), resp, err)
+		pc.pool.shareSoon() // the window, for the other views
 	}
 	if pc.doneN != nil {
 		pc.doneN(resp, attempts, err)

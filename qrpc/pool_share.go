@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // A pool can be one of several views of the same servers: each nginx
@@ -119,6 +121,7 @@ type shareState struct {
 	noResolve atomic.Bool // another view resolves
 	notified  atomic.Bool
 	notify    func()
+	soon      atomic.Bool // a step is asked for in shareSync
 
 	// resolved is the last list this view resolved, resolvedGen counts
 	// its changes (under Pool.mu).
@@ -206,6 +209,23 @@ func (p *Pool) shareChanged() {
 	if s.on.Load() && s.notify != nil && s.notified.CompareAndSwap(false, true) {
 		s.notify()
 	}
+}
+
+// shareSync is how soon a view publishes what calls changed without a
+// verdict (its throttling window): the last calls of a burst reach the
+// others even when no call follows.
+const shareSync = 100 * time.Millisecond
+
+// shareSoon asks for a step within shareSync (one timer at a time).
+func (p *Pool) shareSoon() {
+	s := &p.share
+	if !s.on.Load() || s.notify == nil || !s.soon.CompareAndSwap(false, true) {
+		return
+	}
+	p.clk.AfterFunc(shareSync, safego.Func("pool share timer", func() {
+		s.soon.Store(false)
+		p.shareChanged()
+	}, func() { s.soon.Store(false) }))
 }
 
 // hostNS is CLOCK_MONOTONIC (ns) at t: one clock for every process of the
