@@ -376,6 +376,7 @@ func (pc *poolCall) hedgeFire() {
 	p := pc.pool
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	safego.Inject("pool hedge timer")
 	if pc.finished || pc.cancelled || pc.hedges <= 0 || pc.nlive == 0 || p.closed.Load() {
 		return
 	}

@@ -337,6 +337,7 @@ func (p *Pool) startDrain(pr *peer) {
 // A server that comes back meanwhile (apply) stops the drain.
 func (p *Pool) drain(pr *peer) {
 	defer p.wg.Done()
+	safego.Inject("pool drain")
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for pr.inflight.Load() > 0 {
@@ -373,19 +374,26 @@ func (p *Pool) resolveLoop() {
 		if p.share.noResolve.Load() {
 			continue // another view resolves (pool_share.go)
 		}
-		want, names, meta, err := p.resolve(p.ctx)
-		if err != nil {
-			if p.ctx.Err() == nil {
-				p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
-			}
-			continue
+		// A panic ends the round, not the loop: the next round resolves.
+		safego.Run("pool resolver", p.resolveRound, nil)
+	}
+}
+
+// resolveRound re-resolves the names once and applies the result.
+func (p *Pool) resolveRound() {
+	want, names, meta, err := p.resolve(p.ctx)
+	safego.Inject("pool resolver")
+	if err != nil {
+		if p.ctx.Err() == nil {
+			p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
 		}
-		p.mu.Lock()
-		if !p.closed.Load() {
-			p.noteResolved(want, names, meta)
-			_ = p.apply(want, names, meta) // logged per server
-		}
-		p.mu.Unlock()
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed.Load() {
+		p.noteResolved(want, names, meta)
+		_ = p.apply(want, names, meta) // logged per server
 	}
 }
 
@@ -420,6 +428,7 @@ func (p *Pool) checkLoop() {
 func (p *Pool) check(pr *peer) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Check.Timeout)
 	defer cancel()
+	safego.Inject("pool probe")
 	began := p.clk.Now()
 	_, err := pr.c.Unary(ctx, p.cfg.Check.Method, nil)
 	if p.ctx.Err() != nil {

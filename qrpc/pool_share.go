@@ -224,6 +224,7 @@ func (p *Pool) shareSoon() {
 	}
 	p.clk.AfterFunc(shareSync, safego.Func("pool share timer", func() {
 		s.soon.Store(false)
+		safego.Inject("pool share timer")
 		p.shareChanged()
 	}, func() { s.soon.Store(false) }))
 }
