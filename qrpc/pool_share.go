@@ -110,18 +110,20 @@ type ShareConfig struct {
 	// throttling windows are kept per slot.
 	Slot, Slots int
 	// Notify asks the host for a step (from any goroutine; it must not
-	// block): this view has something to publish.
-	Notify func()
+	// block): this view has something to publish. false: the host could
+	// not take the request.
+	Notify func() bool
 }
 
 // shareState is the part of Pool that sharing adds.
 type shareState struct {
-	on        atomic.Bool
-	noProbe   atomic.Bool // another view probes
-	noResolve atomic.Bool // another view resolves
-	notified  atomic.Bool
-	notify    func()
-	soon      atomic.Bool // a step is asked for in shareSync
+	on         atomic.Bool
+	noProbe    atomic.Bool // another view probes
+	noResolve  atomic.Bool // another view resolves
+	notified   atomic.Bool
+	notifiedAt atomic.Int64 // monoNS
+	notify     func() bool
+	soon       atomic.Bool // a step is asked for in shareSync
 
 	// resolved is the last list this view resolved, resolvedGen counts
 	// its changes (under Pool.mu).
@@ -190,6 +192,27 @@ func (p *Pool) Share(cfg ShareConfig) {
 	s.notify = cfg.Notify
 	p.SetRoles(false, false)
 	s.on.Store(true)
+	if period > 0 && cfg.Notify != nil {
+		p.leaseTick(period)
+	}
+}
+
+// leaseTick asks for a step every period while the pool is open: the
+// holder renews its leases, the others try to take a lapsed one. A Go
+// timer, so that no Lua timer has to run for it (lua_max_running_timers
+// cannot starve it) and an idle pool wakes its worker once a period.
+func (p *Pool) leaseTick(period time.Duration) {
+	p.clk.AfterFunc(period, safego.Func("pool share timer", func() {
+		if p.closed.Load() {
+			return
+		}
+		p.leaseTick(period)
+		p.shareChanged()
+	}, func() {
+		if !p.closed.Load() {
+			p.leaseTick(period)
+		}
+	}))
 }
 
 // LeasePeriod is how often a view of p must step for its leases (0: p
@@ -204,10 +227,23 @@ func (p *Pool) LeasePeriod() time.Duration {
 }
 
 // shareChanged asks for a step: this view has something to publish.
+//
+// One request is outstanding at a time; one the host did not take (its
+// queue full), or did not act on within a second, is asked again.
 func (p *Pool) shareChanged() {
 	s := &p.share
-	if s.on.Load() && s.notify != nil && s.notified.CompareAndSwap(false, true) {
-		s.notify()
+	if !s.on.Load() || s.notify == nil {
+		return
+	}
+	now := monoNS(p.clk.Now())
+	if !s.notified.CompareAndSwap(false, true) {
+		if now-s.notifiedAt.Load() < int64(time.Second) {
+			return
+		}
+	}
+	s.notifiedAt.Store(now)
+	if !s.notify() {
+		s.notified.Store(false)
 	}
 }
 

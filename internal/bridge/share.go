@@ -29,7 +29,9 @@ const StatusShare int32 = 4
 //	                 decimal), u32 TTL in ms (0: none))
 //
 // Attach answers u32: the lease period in ms (0: the pool needs no lease
-// tick).
+// tick), then u8: 1 when Go asks for the lease steps itself (QRPC_SHARE
+// completions of the built-in host), 0 when the host must tick (the
+// lua-resty-ffi host).
 const (
 	shareGoOn   = 0
 	shareStep   = 1
@@ -155,8 +157,18 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 		if rd.bad || len(rd.b) != 0 || slots < 1 || slot >= slots {
 			return nil, Badf("pool share: malformed attach record (%d bytes)", len(rec))
 		}
-		p.Share(qrpc.ShareConfig{Slot: slot, Slots: slots, Notify: c.askShare})
-		return binary.LittleEndian.AppendUint32(nil, uint32(p.LeasePeriod()/time.Millisecond)), nil
+		var notify func() bool
+		if hb, ok := c.host.Load().(hostBox); ok {
+			if _, ok := hb.h.(shareNotifier); ok {
+				notify = c.askShare
+			}
+		}
+		p.Share(qrpc.ShareConfig{Slot: slot, Slots: slots, Notify: notify})
+		b := binary.LittleEndian.AppendUint32(nil, uint32(p.LeasePeriod()/time.Millisecond))
+		if notify != nil {
+			return append(b, 1), nil
+		}
+		return append(b, 0), nil
 	case shareStep, shareExit:
 		if len(rd.b) != 0 {
 			return nil, Badf("pool share: malformed step record (%d bytes)", len(rec))
@@ -189,12 +201,13 @@ type shareNotifier interface {
 
 // askShare asks the host that dialled c for a step of its pool; a host
 // that cannot be asked steps at the next call or lease tick.
-func (c *conn) askShare() {
+func (c *conn) askShare() bool {
 	if hb, ok := c.host.Load().(hostBox); ok {
 		if n, ok := hb.h.(shareNotifier); ok {
-			n.NotifyShare(c.handle)
+			return n.NotifyShare(c.handle)
 		}
 	}
+	return false
 }
 
 // hostBox keeps a Host in an atomic.Value (which wants one concrete type).

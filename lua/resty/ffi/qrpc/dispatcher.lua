@@ -91,11 +91,14 @@ local ensure_dispatcher
 local drain, safe_drain, complete_failed, sweep
 local npending = function() return 0 end
 local deferred = function() return false end
+local on_exiting = function() end
+local exit_told = false
 
 function _M.hooks(h)
     drain, safe_drain, complete_failed = h.drain, h.safe_drain, h.failed
     sweep, npending = h.sweep, h.pending
     deferred = h.deferred or deferred
+    on_exiting = h.exiting or on_exiting
 end
 
 -- The VM could not be registered: no wake-up socket will open.
@@ -223,6 +226,13 @@ local function supervise(gen)
         disp_beat = ngx_now()
 
         if worker_exiting() then
+            if not exit_told then
+                exit_told = true
+                local ok, err = pcall(on_exiting)
+                if not ok then
+                    ngx_log(ngx_ERR, "qrpc: dispatcher: on exit: ", err)
+                end
+            end
             local n = npending() + others()
             if n == 0 then
                 break

@@ -347,6 +347,13 @@ disp.hooks({
     drain = drain, safe_drain = safe_drain, failed = complete_failed,
     sweep = sweep, pending = function() return npend end,
     deferred = function() return direct.late_cancels() > 0 end,
+    -- the worker is exiting: shared pools give up their leases
+    exiting = function()
+        local f = _M.on_exit
+        if f then
+            f()
+        end
+    end,
 })
 local ensure_dispatcher = disp.ensure
 _M.ensure_dispatcher = ensure_dispatcher

@@ -15,13 +15,17 @@
 --     call), or SYNC_S after its last step while it takes calls;
 --   * when Go asks (a QRPC_SHARE completion, the way log lines travel):
 --     a failure counted, an ejection, a check's verdict, a new list;
---   * on the worker's lease timer, for pools with active checks or
---     re-resolution: one ngx.timer.every per worker (a second one only
---     for a pool whose period is less than half the first's), so that
---     the lease holder renews its leases once per period. An idle pool
---     costs no wake-up beyond that.
--- When the worker exits, its timers run once more (premature) and give
--- up the leases it holds, so the next worker takes them at once.
+--   * once a lease period, for pools with active checks or
+--     re-resolution, so that the lease holder renews its leases and the
+--     others take a lapsed one: Go's own timer asks (as above), so no Lua
+--     timer has to run for it and lua_max_running_timers cannot starve
+--     it. Under the lua-resty-ffi host, which takes no such request, one
+--     ngx.timer.every per worker ticks instead (a second one only for a
+--     pool whose period is less than half the first's).
+-- An idle pool costs its worker one wake-up a lease period, none without
+-- leases. When the worker exits, its pools give up the leases they hold
+-- (from the dispatcher, or the timers' last, premature run), so that
+-- another worker takes them at once.
 
 local abi = require "resty.ffi.qrpc.abi"
 local builtin = require "resty.ffi.qrpc.host_builtin"
@@ -287,6 +291,19 @@ local function asked(h)
 end
 builtin.on_share = asked
 
+-- The worker exits: every pool gives up its leases.
+local function exiting()
+    for h, st in pairs(pools) do
+        if not st.left then
+            st.left = true
+            if not step(st, MODE_EXIT) then
+                pools[h] = nil
+            end
+        end
+    end
+end
+builtin.on_exit = exiting
+
 -- attach(e, dict, name) -> the share state of cache entry e (a ready
 -- connection), stepped once.
 function _M.attach(e, dict_name, name)
@@ -302,7 +319,7 @@ function _M.attach(e, dict_name, name)
         return nil
     end
     local ms = rd32(ans, 1)
-    if ms > 0 then
+    if ms > 0 and str_byte(ans, 5) ~= 1 then
         st.period = ms / 1000
         ensure_timer(st.period)
     end
