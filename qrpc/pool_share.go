@@ -277,23 +277,25 @@ type shareRun struct {
 	peers []*peer
 	gens  []int64 // per peer: g read
 	// proposals: peers whose verdict goes out, with the health published
-	props  []proposal
-	runs   []runAdd
+	props   []proposal
+	runs    []runAdd
+	leaseOp [2]int // the lease ops' places (-1: none)
 	wrote  bool
 	listOp bool
 	v      int64
 }
 
 type proposal struct {
-	pr  *peer
-	h   health
-	gen int64
+	pr *peer
+	h  health
+	op int // its incr among the step's ops
 }
 
 type runAdd struct {
 	pr  *peer
 	gen uint64
 	n   int32
+	op  int
 }
 
 // ShareStep runs one exchange of a step: mode is ShareStep or ShareExit
@@ -498,6 +500,7 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	}
 
 	ops := st.ops[:0]
+	st.leaseOp = [2]int{-1, -1}
 	// leases
 	if sh.period > 0 {
 		ttl := time.Duration(leaseTTLFactor * float64(sh.period))
@@ -508,10 +511,12 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 			}
 			if sh.holds[l] {
 				if nowNS-sh.renewed[l] >= int64(sh.period)*9/10 {
+					st.leaseOp[l] = len(ops)
 					ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: []byte(sh.id), TTL: ttl})
 					sh.renewed[l] = nowNS
 				}
 			} else {
+				st.leaseOp[l] = len(ops)
 				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l], Value: []byte(sh.id), TTL: ttl})
 			}
 		}
@@ -522,12 +527,12 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	for _, pr := range st.peers {
 		h := pr.h.Load()
 		if h.dirty() {
-			st.props = append(st.props, proposal{pr: pr, h: *h})
+			st.props = append(st.props, proposal{pr: pr, h: *h, op: len(ops)})
 			ops = append(ops, StoreOp{Kind: OpIncr, Key: "g:" + pr.addr, Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
 			continue
 		}
 		if h.unshown > 0 {
-			st.runs = append(st.runs, runAdd{pr: pr, gen: h.runGen, n: h.unshown})
+			st.runs = append(st.runs, runAdd{pr: pr, gen: h.runGen, n: h.unshown, op: len(ops)})
 			ops = append(ops, StoreOp{Kind: OpIncr, Key: "f:" + pr.addr + ":" + strconv.FormatUint(h.runGen, 10), Delta: int64(h.unshown), TTL: shareKeyTTL})
 		}
 	}
@@ -588,32 +593,19 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 	st := sh.step
 	nowNS := monoNS(now)
 	hostNow := p.hostNS(now)
-	k := 0
-	if sh.period > 0 {
-		want := [2]bool{p.cfg.Check.Method != "" && p.cfg.Check.Interval > 0, p.cfg.Resolve > 0 && p.hasNames()}
-		for l := range 2 {
-			if !want[l] {
-				continue
+	for l, k := range st.leaseOp {
+		if k >= 0 && st.ops[k].Kind == OpAdd && res[k].OK {
+			sh.holds[l] = true
+			sh.renewed[l] = nowNS
+			if l == leaseResolve {
+				sh.listPub = 0 // publish the list at the next step
 			}
-			op := st.ops[k]
-			if op.Key != leaseKeys[l] {
-				continue // a holder not due to renew
-			}
-			if op.Kind == OpAdd && res[k].OK {
-				sh.holds[l] = true
-				sh.renewed[l] = nowNS
-				if l == leaseResolve {
-					sh.listPub = 0 // publish the list at the next step
-				}
-			}
-			k++
 		}
 	}
 	p.SetRoles(sh.holds[leaseProbe], sh.holds[leaseResolve])
 	var ops []StoreOp
 	for _, pp := range st.props {
-		r := res[k]
-		k++
+		r := res[pp.op]
 		if !r.OK {
 			continue
 		}
@@ -631,8 +623,7 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 		st.wrote = true
 	}
 	for _, ra := range st.runs {
-		r := res[k]
-		k++
+		r := res[ra.op]
 		if !r.OK {
 			continue
 		}

@@ -198,3 +198,40 @@ func TestShareThrottleWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestShareLeaseHolderSteps: the lease holder steps more often than it
+// renews (on calls, on requests) with nothing else to write: each step
+// renews only when due, and one view holds the lease throughout.
+func TestShareLeaseHolderSteps(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	var views []*Pool
+	for i := range 2 {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Check = HealthCheck{Method: "probe", Interval: time.Second, Timeout: 100 * time.Millisecond}
+		p.Share(ShareConfig{Slot: i, Slots: 2})
+		views = append(views, p)
+	}
+	for range 300 {
+		for _, p := range views {
+			stepView(p, s, "x:", ShareStep)
+		}
+		probers := 0
+		for _, p := range views {
+			if !p.share.noProbe.Load() {
+				probers++
+			}
+		}
+		if probers != 1 {
+			t.Fatalf("%d views probe", probers)
+		}
+		clk.Advance(37 * time.Millisecond)
+	}
+	// The holder goes away: the other takes the lease at its next step.
+	stepView(views[0], s, "x:", ShareExit)
+	stepView(views[1], s, "x:", ShareStep)
+	if views[1].share.noProbe.Load() && views[0].share.noProbe.Load() {
+		t.Fatal("nobody probes after the holder left")
+	}
+}
