@@ -184,7 +184,7 @@ func TestPanicsDoNotTakeNginxDown(t *testing.T) {
 	t.Parallel()
 	srv := ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, Hooks: true, QServer: srv, Server: loc("/inject", panicLua),
-		HTTP: "lua_shared_dict qpanic 1m;\n",
+		HTTP:        "lua_shared_dict qpanic 1m;\n",
 		AllowErrors: []string{`qrpc: panic recovered where=`}})
 	pid := ""
 	for i, k := range panicKinds {

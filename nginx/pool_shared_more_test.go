@@ -94,7 +94,7 @@ func TestPoolSharedChurn(t *testing.T) {
 	dns.Set(list(0)...)
 	const workers = 4
 	n := startNginx(t, ngxConf{Workers: workers, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\n",
-		Extra: map[string]string{"a": a.addr, "b": b.addr, "name": "churn.qrpc.test:" + dead, "dns": dns.Addr},
+		Extra:  map[string]string{"a": a.addr, "b": b.addr, "name": "churn.qrpc.test:" + dead, "dns": dns.Addr},
 		Server: runLoc,
 		InitWorkerByLua: `
         ngx.timer.at(0, function()

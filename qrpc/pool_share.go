@@ -280,9 +280,9 @@ type shareRun struct {
 	props   []proposal
 	runs    []runAdd
 	leaseOp [2]int // the lease ops' places (-1: none)
-	wrote  bool
-	listOp bool
-	v      int64
+	wrote   bool
+	listOp  bool
+	v       int64
 }
 
 type proposal struct {
