@@ -3,6 +3,7 @@ package nginx
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -172,4 +173,132 @@ func closedUDPPort(t *testing.T) string {
 	_, port, _ := net.SplitHostPort(c.LocalAddr().String())
 	c.Close()
 	return port
+}
+
+// probesIn counts the probes s received in (from, to].
+func probesIn(s *testServer, from, to time.Time) int {
+	n := 0
+	for _, p := range s.probeTimes() {
+		if p.After(from) && !p.After(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPoolSharedTimersExhausted: with every running timer of each worker
+// taken (lua_max_running_timers 32, 40 timers that sleep), a shared
+// pool still probes from one worker: its leases ride on Go's timer, not
+// on Lua's. The same pool unshared, side by side, probes from all four.
+func TestPoolSharedTimersExhausted(t *testing.T) {
+	a, c := ownServer(t), ownServer(t)
+	const interval = 100 // ms
+	n := startNginx(t, ngxConf{Workers: 4, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\nlua_max_running_timers 32;\n",
+		Extra:  map[string]string{"a": a.addr, "c": c.addr},
+		Server: runLoc,
+		InitWorkerByLua: `
+        ngx.timer.at(0, function()
+            local qrpc = require "resty.ffi.qrpc"
+            local qt = require "qtest"
+            local check = { method = "probe", interval = ` + strconv.Itoa(interval) + ` }
+            assert(qrpc.connect(qt.a, qt.opts({ check = check, shared = "qpools" })))
+            assert(qrpc.connect(qt.c, qt.opts({ check = check })))
+            -- then every running timer of the worker is taken, until /run
+            -- sets "free"
+            for _ = 1, 40 do
+                ngx.timer.at(0, function()
+                    ngx.shared.qrun:incr("sleepers", 1, 0)
+                    for _ = 1, 300 do
+                        if ngx.worker.exiting() or ngx.shared.qrun:get("free") then break end
+                        ngx.sleep(0.1)
+                    end
+                    ngx.shared.qrun:incr("sleepers", -1, 0)
+                end)
+            end
+        end)`,
+		AllowAlerts: []string{`lua_max_running_timers are not enough`},
+	})
+	testwait.For(30*time.Second, func() bool { return strings.Contains(n.errorLog(), "lua_max_running_timers are not enough") })
+	// the leases settle, then a window of 40 of the unshared pool's probes
+	start := time.Now()
+	testwait.For(30*time.Second, func() bool { return probesIn(c, start, time.Now()) >= 20 })
+	from := time.Now()
+	testwait.For(30*time.Second, func() bool { return probesIn(c, from, time.Now()) >= 40 })
+	to := time.Now()
+	shared, local := probesIn(a, from, to), probesIn(c, from, to)
+	t.Logf("timers exhausted: shared pool %d probes, unshared %d", shared, local)
+	if shared == 0 || 2*shared > local {
+		t.Errorf("shared pool: %d probes where the unshared one sent %d: want about a quarter (one prober)", shared, local)
+	}
+	// The sleepers end before nginx stops: at exit, nginx runs the
+	// dispatcher's exit watch only with a running timer free (with none,
+	// the worker's exit waits for the dispatcher's idle wait).
+	runGet(n, "free&v=1")
+	testwait.For(10*time.Second, func() bool { return runGet(n, "sleepers") == "0" })
+}
+
+// TestPoolSharedReloadReleases: on reload, the old worker gives up its
+// leases as it starts shutting down, while a request keeps it alive: the
+// new worker probes, the old one no longer does (one prober, not two).
+func TestPoolSharedReloadReleases(t *testing.T) {
+	a := ownServer(t)
+	const interval = 100 // ms
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		InitWorkerByLua: `
+        ngx.timer.at(0, function()
+            local qt = require "qtest"
+            assert(require("resty.ffi.qrpc").connect(qt.a, qt.opts({
+                check = { method = "probe", interval = ` + strconv.Itoa(interval) + ` }, shared = "qpools" })))
+        end)`,
+		Server: leaseLoc + loc("/hold", `ngx.sleep(tonumber(ngx.var.arg_s)) ngx.say("held")`),
+	})
+	old := n.workerPIDs()
+	testwait.For(30*time.Second, func() bool { return len(a.probeTimes()) >= 5 })
+	held := make(chan string, 1)
+	go func() {
+		_, body := n.get("/hold?s=6")
+		held <- body
+	}()
+	time.Sleep(200 * time.Millisecond) // the scenario: the request reaches the old worker first
+	n.signal("reload")
+	var fresh []int
+	testwait.For(30*time.Second, func() bool {
+		fresh = nil
+		for _, p := range n.workerPIDs() {
+			if !slices.Contains(old, p) {
+				fresh = append(fresh, p)
+			}
+		}
+		return len(fresh) == 1
+	})
+	if len(fresh) != 1 {
+		t.Fatalf("no new worker after the reload: %v (was %v)", n.workerPIDs(), old)
+	}
+	// the new worker holds the probe lease
+	testwait.For(10*time.Second, func() bool {
+		_, body := n.get("/lease")
+		return strings.Contains(body, fmt.Sprintf("probe %d\n", fresh[0]))
+	})
+	from := time.Now()
+	testwait.For(10*time.Second, func() bool { return time.Since(from) >= 20*interval*time.Millisecond })
+	to := time.Now()
+	oldAlive := false
+	for _, p := range n.workerPIDs() {
+		oldAlive = oldAlive || slices.Contains(old, p)
+	}
+	got := probesIn(a, from, to)
+	rounds := float64(to.Sub(from)) / float64(interval*time.Millisecond)
+	t.Logf("after the reload: %d probes in %.1f rounds (old worker alive: %v)", got, rounds, oldAlive)
+	if !oldAlive {
+		t.Fatal("the old worker exited before the window: the request did not hold it")
+	}
+	// one prober sends at most one probe a round (a loaded machine sends
+	// fewer, never more); two send two
+	if float64(got) > 1.5*rounds+2 {
+		t.Errorf("%d probes in %.1f rounds while the old worker shuts down: two probers", got, rounds)
+	}
+	if body := <-held; body != "held\n" {
+		t.Errorf("the held request: %q", body)
+	}
 }

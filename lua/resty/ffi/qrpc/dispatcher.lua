@@ -47,10 +47,12 @@ local PATHBUF_LEN = 256
 -- worker exit (nginx -s reload/quit), lost wake-ups and abandoned calls.
 local POLL_S = 0.5
 -- With none in flight it waits this long for a kick (a new call, the
--- reader ending, the exit watch): an idle worker's nginx thread then does
--- not wake at all. The wait only bounds what a kick that never comes
--- (a bug) would cost.
-local IDLE_S = 3600
+-- reader ending, the exit watch): an idle worker's nginx thread then
+-- wakes twice a minute for it. The wait bounds what a kick that never
+-- comes costs: the exit watch is a timer, and at exit nginx cannot run it
+-- while lua_max_running_timers are all taken (the worker's exit then
+-- waits this long).
+local IDLE_S = 30
 -- The exit watch: a timer of this delay, re-armed when it runs in time.
 -- nginx runs pending timers at once, premature, when the worker exits;
 -- the watch then kicks the dispatcher out of its idle wait.
