@@ -538,10 +538,10 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 			if !want[l] {
 				continue
 			}
-			op := st.ops[k]
-			if op.Key != leaseKeys[l] {
-				continue // a holder not due to renew
+			if k >= len(st.ops) || st.ops[k].Key != leaseKeys[l] {
+				continue // a holder not due to renew (perhaps the step's only news)
 			}
+			op := st.ops[k]
 			if op.Kind == OpAdd && res[k].OK {
 				sh.holds[l] = true
 				sh.renewed[l] = nowNS
