@@ -462,6 +462,7 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	// verdict generations of this view's news
 	st.props = st.props[:0]
 	st.runs = st.runs[:0]
+	var runOps []StoreOp
 	for _, pr := range st.peers {
 		h := pr.h.Load()
 		if h.dirty() {
@@ -471,9 +472,11 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 		}
 		if h.unshown > 0 {
 			st.runs = append(st.runs, runAdd{pr: pr, gen: h.runGen, n: h.unshown})
-			ops = append(ops, StoreOp{Kind: OpIncr, Key: "f:" + pr.addr + ":" + strconv.FormatUint(h.runGen, 10), Delta: int64(h.unshown), TTL: shareKeyTTL})
+			runOps = append(runOps, StoreOp{Kind: OpIncr, Key: "f:" + pr.addr + ":" + strconv.FormatUint(h.runGen, 10), Delta: int64(h.unshown), TTL: shareKeyTTL})
 		}
 	}
+	// shareCommit reads the generations' results first, then the runs'.
+	ops = append(ops, runOps...)
 	// stall verdicts, repeated while they hold
 	clk := pickClock{t: now, src: p.clk}
 	for _, pr := range st.peers {
