@@ -573,6 +573,8 @@ type simView struct {
 	seeded   map[*peer]bool
 	all      []*peer
 	ejected  map[*peer]bool // as of the last check
+	// the set as of the last check
+	prevSetPtr *peerSet
 	// what the step in progress must bring: per peer, the generation in
 	// the store at its start
 	reach    map[*peer]int64
@@ -1103,7 +1105,8 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 		p.drain(pr)
 		w.tracef("drained %s from %v", pr.addr, v)
 	}
-	set := p.set.Load().peers
+	setPtr := p.set.Load()
+	set := setPtr.peers
 	now := monoNS(v.clk.Now())
 	limit := maxEjectFactor * int64(p.cfg.Eject)
 	for _, pr := range set {
@@ -1112,7 +1115,10 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 			w.failf("%v: %s ejected for %v (until +%v), more than 10 × %v", v, pr.addr,
 				time.Duration(h.ejectFor), time.Duration(h.until-now), p.cfg.Eject)
 		}
-		if h.ejected() && !v.ejected[pr] {
+		if h.ejected() && !v.ejected[pr] && pr.c.up() && setPtr == v.prevSetPtr {
+			// (An event that changed the membership, a list import in a
+			// step round, may have taken out the server up that allowed
+			// an ejection earlier in the round: not checked.)
 			up := false
 			for _, o := range set {
 				if oh := o.h.Load(); o != pr && !oh.ejected() && !oh.draining && o.c.up() {
@@ -1120,12 +1126,24 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 				}
 			}
 			if !up {
-				w.failf("%v: %s ejected with no other server up (the last server up is ejected)", v, pr.addr)
+				var b strings.Builder
+				for _, o := range set {
+					oh := o.h.Load()
+					fmt.Fprintf(&b, " %s(ejected %v, draining %v, up %v)", o.addr, oh.ejected(), oh.draining, o.c.up())
+				}
+				p.mu.Lock()
+				for a, o := range p.draining {
+					fmt.Fprintf(&b, " draining %s(seed %v, up %v)", a, v.seeded[o], o.c.up())
+				}
+				p.mu.Unlock()
+				w.tracef("set:%s", b.String())
+				w.failf("%v: %s ejected with no other server up (the last server up is ejected): %+v", v, pr.addr, *h)
 			}
 		}
 		v.ejected[pr] = h.ejected()
 		fmt.Fprintf(d, "%s %d %d %d %d %v;", pr.addr, h.until, h.fails, h.gen, pr.inflight.Load(), h.trial != 0)
 	}
+	v.prevSetPtr = setPtr
 	fmt.Fprintf(d, "|%d|", p.inflight.Load())
 }
 
