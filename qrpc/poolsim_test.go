@@ -334,6 +334,7 @@ type simServer struct {
 	slow     time.Duration // base latency
 	epoch    int           // bumped by each kill
 	backends []*simBackend
+	hits     int // attempts sent to it
 }
 
 // simBackend is a view's client of a server.
@@ -420,6 +421,7 @@ func (b *simBackend) Start(call *Call, done Done) (Pending, error) {
 			}
 		}
 	}
+	b.srv.hits++
 	b.next++
 	id := b.next
 	b.qc.pending.store(id, &pendingCall{id: id, done: done, st: &cstream{}})
@@ -954,6 +956,7 @@ type simCall struct {
 	attempts  int
 	cancelled bool
 	startErr  bool
+	err       error
 	pend      Pending
 }
 
@@ -989,7 +992,7 @@ func (w *simWorld) startCall(v *simView, o simCallOpts) *simCall {
 	w.open++
 	pend, err := p.StartAttempts(call, func(resp *Response, n int, err error) {
 		c.done++
-		c.attempts = n
+		c.attempts, c.err = n, err
 		switch {
 		case c.done > 1:
 			w.failf("call %d: done ran %d times", c.id, c.done)
