@@ -38,6 +38,15 @@ var panicKinds = []struct {
 	{"waker", "", "builtin"},
 	// holding a task taken from lua-resty-ffi's queue
 	{"lua-resty-ffi poll loop", "internal error", "resty_ffi"},
+	// a pool's hedge timer, about to send a copy of a slow call: the
+	// first copy still answers
+	{"pool hedge timer", "", ""},
+	// a pool's active check of a server; the pool's calls go on
+	{"pool probe", "", ""},
+	// a pool's re-resolution round; the next round resolves
+	{"pool resolver", "", ""},
+	// a shared pool's timer that publishes a burst's throttling window
+	{"pool share timer", "", ""},
 }
 
 // panicLua arms one panic of the kind in ?where= (qrpc_test_arm, in the
@@ -53,9 +62,21 @@ const panicLua = `
                 -- a pool of its own per kind (its timeout is the key), so
                 -- that connect and redial meet a first dial
                 local opts = qt.opts({ timeout = 4000 + tonumber(ngx.var.arg_n) })
+                local addr = qt.addr
+                if where == "pool hedge timer" then
+                    opts.hedge = { delay = 20, max = 1 }
+                elseif where == "pool probe" then
+                    opts.check = { method = "echo", interval = 100 }
+                elseif where == "pool resolver" then
+                    addr = addr:gsub("^127%.0%.0%.1:", "localhost:")
+                    opts.resolve = 100
+                elseif where == "pool share timer" then
+                    opts.shared = "qpanic"
+                    opts.throttle = { k = 2, codes = { 7 } }
+                end
                 local conn, err
                 if where ~= "connect" then
-                    conn = assert(qrpc.connect(qt.addr, opts))
+                    conn = assert(qrpc.connect(addr, opts))
                     if ngx.var.arg_phase ~= "after" then
                         assert(conn:unary("echo", "warm"))
                     end
@@ -83,6 +104,16 @@ const panicLua = `
                     if res then
                         err = nil
                     end
+                elseif where == "pool hedge timer" then
+                    res, err = conn:unary("slow", "300", { timeout = 5000 })
+                elseif where == "pool probe" or where == "pool resolver"
+                       or where == "pool share timer" then
+                    -- the pool's own goroutine meets the panic; its calls
+                    -- go on
+                    res, err = conn:unary("echo", "x")
+                    qt.wait(10, function()
+                        return lib.qrpc_test_armed(where) == 0
+                    end)
                 elseif where == "probe timer" then
                     res, err = conn:unary("slow", "300", { timeout = 5000 })
                 elseif where == "deadline timer" then
@@ -153,6 +184,7 @@ func TestPanicsDoNotTakeNginxDown(t *testing.T) {
 	t.Parallel()
 	srv := ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, Hooks: true, QServer: srv, Server: loc("/inject", panicLua),
+		HTTP:        "lua_shared_dict qpanic 1m;\n",
 		AllowErrors: []string{`qrpc: panic recovered where=`}})
 	pid := ""
 	for i, k := range panicKinds {

@@ -113,11 +113,12 @@ func TestEjectionWindowFakeClock(t *testing.T) {
 	p, clk := fakePool(t, 2)
 	a := p.set.Load().peers[0]
 	for range p.cfg.Failures {
-		p.outcome(a, false, errTimeoutForTest())
+		p.outcome(a, 0, errTimeoutForTest())
 	}
 	eligibleAt := func(d time.Duration) (bool, bool) {
 		c := pickClock{t: clk.Now().Add(d), src: clk}
-		return a.eligible(&c)
+		k := p.admit(a, nil, &c)
+		return k != admitNo, k == admitTrial
 	}
 	for i, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second} {
 		if ok, _ := eligibleAt(want - time.Nanosecond); ok {
@@ -126,23 +127,24 @@ func TestEjectionWindowFakeClock(t *testing.T) {
 		if ok, trial := eligibleAt(want); !ok || !trial {
 			t.Fatalf("ejection %d: not up for a trial after its %v (%v, %v)", i, want, ok, trial)
 		}
-		if until := wallAt(a.ejectedUntil.Load(), clk.Now()); !until.Equal(clk.Now().Add(want).Round(0)) {
+		if until := wallAt(a.h.Load().until, clk.Now()); !until.Equal(clk.Now().Add(want).Round(0)) {
 			t.Fatalf("ejection %d: until %v, want %v", i, until, clk.Now().Add(want))
 		}
 		clk.Advance(want)
 		pr, trial := p.pick(nil, &exclude{peers: [8]*peer{p.set.Load().peers[1]}, n: 1}, false, &pickClock{src: clk})
-		if pr != a || !trial {
+		if pr != a || trial == 0 {
 			t.Fatalf("ejection %d: its end gave no trial (%v, %v)", i, pr, trial)
 		}
-		p.outcome(a, true, errTimeoutForTest()) // the trial fails: again, longer
+		p.outcome(a, trial, errTimeoutForTest()) // the trial fails: again, longer
 	}
 	clk.Advance(10 * time.Second)
-	if pr, trial := p.pick(nil, &exclude{peers: [8]*peer{p.set.Load().peers[1]}, n: 1}, false, &pickClock{src: clk}); pr != a || !trial {
+	pr, trial := p.pick(nil, &exclude{peers: [8]*peer{p.set.Load().peers[1]}, n: 1}, false, &pickClock{src: clk})
+	if pr != a || trial == 0 {
 		t.Fatal("no trial after the last ejection")
 	}
-	p.outcome(a, true, nil)
-	if a.ejectedUntil.Load() != 0 || time.Duration(a.ejectFor.Load()) != p.cfg.Eject {
-		t.Fatalf("after a good trial: ejected until %d, next ejection %v", a.ejectedUntil.Load(), time.Duration(a.ejectFor.Load()))
+	p.outcome(a, trial, nil)
+	if h := a.h.Load(); h.until != 0 || time.Duration(h.ejectFor) != p.cfg.Eject {
+		t.Fatalf("after a good trial: ejected until %d, next ejection %v", h.until, time.Duration(h.ejectFor))
 	}
 }
 

@@ -343,6 +343,11 @@ type Pool struct {
 	throttle   *throttler  // nil: off
 	clk        clock       // realClock{}; a test's own (export_test.go)
 	share      shareState  // other views' verdicts and roles (pool_share.go)
+	hostOff    int64       // CLOCK_MONOTONIC - monoNS (hostNS)
+
+	// hmu serialises the transitions of the servers' health
+	// (pool_health.go): the last-server-up rule reads the others.
+	hmu sync.Mutex
 
 	mu       sync.Mutex // membership: targets, peers, draining
 	targets  []target
@@ -359,8 +364,8 @@ type Pool struct {
 
 type peerSet struct {
 	peers []*peer
-	// tiers is the servers by SRV priority, lowest first (nil when the
-	// pool has no SRV name): a call goes to the first tier that has a
+	// tiers is the servers by SRV priority, lowest first (one tier when
+	// the pool has no SRV name): a call goes to the first tier that has a
 	// server able to take it.
 	tiers []*tier
 }
@@ -425,6 +430,7 @@ func DialPool(ctx context.Context, addrs []string, cfg *PoolConfig) (*Pool, erro
 		budget:   newRetryBudget(pc.RetryRatio, pc.RetryMinPerS),
 		throttle: newThrottler(pc.Throttle),
 		clk:      realClock{},
+		hostOff:  hostOffset(),
 	}
 	_, nop := pc.Observer.(observe.Nop)
 	p.observed = !nop
@@ -545,11 +551,9 @@ func (p *Pool) SendEvent(call *Call) error {
 			return p.refused(lastErr)
 		}
 		err := pr.c.Event(call.Method, call.Headers, call.Body)
-		if trial {
-			// An event has no answer, so no verdict on the server: the
-			// trial goes back for a call that has one.
-			pr.trial.Store(false)
-		}
+		// An event has no answer, so no verdict on the server: the
+		// trial goes back for a call that has one.
+		p.giveBack(pr, trial)
 		pr.obs.EventDone(call.Method, err)
 		if err == nil || !neverSent(err) {
 			return err
@@ -654,7 +658,11 @@ func (p *Pool) Close() error {
 			_ = pr.c.Close()
 			// The observer hears of the end (its gauges count servers of
 			// open pools); the log does not: closing is the owner's doing.
-			pr.removed.Store(true)
+			p.hmu.Lock()
+			h := *pr.h.Load()
+			h.removed, h.draining, h.trial = true, false, 0
+			pr.h.Store(&h)
+			p.hmu.Unlock()
 			if PeerState(pr.state.Swap(uint32(PeerRemoved))) != PeerRemoved {
 				pr.obs.StateChanged(PeerRemoved)
 			}
@@ -696,7 +704,7 @@ func (p *Pool) noServer(lastErr error) error {
 	}
 	var e NoServerError
 	for _, pr := range set.peers {
-		if pr.ejectedUntil.Load() != 0 {
+		if pr.h.Load().ejected() {
 			e.Ejected++
 		} else {
 			e.Connecting++

@@ -110,7 +110,7 @@ func cloneCall(c *Call) Call {
 type attemptRec struct {
 	pend  Pending
 	peer  *peer
-	trial bool
+	trial uint64 // the trial's token (0: not a trial)
 	began time.Time
 	seq   uint32
 }
@@ -180,9 +180,7 @@ func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 			return nil
 		}
 		pr.endCall()
-		if trial {
-			pr.trial.Store(false)
-		}
+		p.giveBack(pr, trial)
 		if !neverSent(err) {
 			return err
 		}
@@ -210,15 +208,24 @@ func (pc *poolCall) take(seq uint32) bool {
 	return false
 }
 
+// failurePenalty is the answer time a failed attempt counts for in the
+// peak EWMA (p2c's cost, the stall limit): as slow as a slow answer.
+const failurePenalty = time.Second
+
 // account ends an attempt: counters, observer, the server's health.
-func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Response, err error) {
+func (pc *poolCall) account(pr *peer, trial uint64, began time.Time, resp *Response, err error) {
 	now := pc.pool.clk.Now()
 	if err == nil {
 		pr.answered(now, now.Sub(began))
-	} else if failureOf(err) == FailTimeout {
+	} else if f := failureOf(err); f == FailTimeout {
 		// A timed-out attempt is a latency sample too: p2c and the stall
 		// limit must see that the server is slow.
 		pr.observeLatency(monoNS(now), now.Sub(began))
+	} else if f != 0 {
+		// A transport failure that came fast is no fast answer: p2c would
+		// send a server that fails every call at once nearly all of them
+		// (its cost stays 0). It weighs as an answer of failurePenalty.
+		pr.observeLatency(monoNS(now), max(now.Sub(began), failurePenalty))
 	}
 	pr.endCall()
 	var code uint32
@@ -229,7 +236,7 @@ func (pc *poolCall) account(pr *peer, trial bool, began time.Time, resp *Respons
 	pc.pool.outcome(pr, trial, err)
 }
 
-func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Time, resp *Response, err error) {
+func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial uint64, began time.Time, resp *Response, err error) {
 	pc.account(pr, trial, began, resp, err)
 	p := pc.pool
 	pc.mu.Lock()
@@ -262,6 +269,8 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 				pc.mu.Unlock()
 				return
 			}
+			// No server took the retry: what it withdrew goes back.
+			p.budget.refund(now)
 		} else {
 			budget = true
 			pr.obs.BudgetExhausted()
@@ -277,6 +286,7 @@ func (pc *poolCall) attemptDone(seq uint32, pr *peer, trial bool, began time.Tim
 func (pc *poolCall) finish(resp *Response, attempts int, err error) {
 	if th := pc.pool.throttle; th != nil {
 		th.record(pc.pool.clk.Now(), resp, err)
+		pc.pool.shareSoon() // the window, for the other views
 	}
 	if pc.doneN != nil {
 		pc.doneN(resp, attempts, err)
@@ -366,6 +376,7 @@ func (pc *poolCall) hedgeFire() {
 	p := pc.pool
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	safego.Inject("pool hedge timer")
 	if pc.finished || pc.cancelled || pc.hedges <= 0 || pc.nlive == 0 || p.closed.Load() {
 		return
 	}

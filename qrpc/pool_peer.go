@@ -1,7 +1,7 @@
 package qrpc
 
 import (
-	"cmp"
+	"context"
 	"math"
 	"sync/atomic"
 	"time"
@@ -12,37 +12,22 @@ import (
 type peer struct {
 	pool *Pool
 	addr string
-	c    *Client
+	name string // the TLS server name its client checks
+	c    backend
 	obs  peerObserver
 	seed uint64 // rendezvous hashing weight seed, from addr
 	// meta is the SRV priority (high 16 bits) and weight (low 16 bits)
 	// the server was last resolved with (pool_tier.go).
 	meta atomic.Uint32
+	// split is how many addresses share the record's weight (share).
+	split atomic.Uint32
 
 	inflight atomic.Int64
 	calls    atomic.Uint64
-	fails    atomic.Int32 // transport failures in a row
-	// What a shared pool's other views learn of the run (pool_share.go):
-	// failCount counts the failures that count for fails (ever,
-	// wrapping), resets the runs this view ended (an answer after
-	// failures, the server back), failAtReset is failCount at the last
-	// reset and failShown failCount as View last reported it.
-	failCount   atomic.Uint32
-	resets      atomic.Uint32
-	failAtReset atomic.Uint32
-	failShown   atomic.Uint32
-
-	// ejectedUntil is the end of the ejection (monoNS), 0 when
-	// not ejected; it stays set past that time until a trial call (one at
-	// a time: trial) or an active check answers. ejectFor is the length of
-	// the next ejection.
-	ejectedUntil atomic.Int64
-	ejectFor     atomic.Int64
-	trial        atomic.Bool
-
-	draining atomic.Bool
-	removed  atomic.Bool
-	state    atomic.Uint32 // last PeerState reported
+	// h is the server's health: replaced only by Pool.transition
+	// (pool_health.go), read with one load.
+	h     atomic.Pointer[health]
+	state atomic.Uint32 // last PeerState reported
 
 	// progress is the busy server's last sign of life, on the pool's
 	// answer clock (Pool.active): its last answer, or when it went from
@@ -68,10 +53,6 @@ type peer struct {
 	// balancing and the stall limit read it.
 	ewma   atomic.Int64
 	ewmaAt atomic.Int64
-
-	// remoteStall is the end (monoNS) of another view's stall verdict
-	// (pool_share.go); 0: none.
-	remoteStall atomic.Int64
 }
 
 // ewmaDecay is the peak EWMA's time constant (linkerd's).
@@ -95,6 +76,19 @@ func (c *pickClock) now() time.Time {
 	return c.t
 }
 
+// backend is what a pool needs of a server's client: *Client, or the
+// simulation's stand-in (poolsim_test.go).
+type backend interface {
+	up() bool
+	Start(call *Call, done Done) (Pending, error)
+	Event(method []byte, headers [][]byte, body []byte) error
+	Unary(ctx context.Context, method string, body []byte, headers ...[]byte) (*Response, error)
+	Close() error
+	Stats() Stats
+	liveConns() int
+	lastDialErr() error
+}
+
 // stallLogEvery bounds the stall lines of one server in the log: a server
 // whose calls are slow may go in and out of a stall often.
 const stallLogEvery = 10 * time.Second
@@ -102,11 +96,23 @@ const stallLogEvery = 10 * time.Second
 func newPeer(p *Pool, addr string) *peer {
 	pr := &peer{pool: p, addr: addr, seed: mix64(fnv64(addr))}
 	pr.meta.Store(1) // priority 0, weight 1 until resolved otherwise
-	pr.ejectFor.Store(int64(p.cfg.Eject))
+	pr.h.Store(&health{ejectFor: int64(p.cfg.Eject)})
 	pr.obs = p.cfg.Observer.Peer(addr)
 	pr.state.Store(uint32(PeerConnecting))
 	pr.obs.StateChanged(PeerConnecting)
 	return pr
+}
+
+// gone tells the observer of the end of a server that never joined the
+// pool (its client could not be made or dialled): the gauges it counted
+// as connecting forget it.
+func (pr *peer) gone() {
+	h := *pr.h.Load()
+	h.removed = true
+	pr.h.Store(&h)
+	if PeerState(pr.state.Swap(uint32(PeerRemoved))) != PeerRemoved {
+		pr.obs.StateChanged(PeerRemoved)
+	}
 }
 
 // startCall counts a call sent at now. A server going from idle to busy
@@ -265,12 +271,13 @@ func (pr *peer) noteStall(clk *pickClock) {
 }
 
 func (pr *peer) compute() PeerState {
+	h := pr.h.Load()
 	switch {
-	case pr.removed.Load():
+	case h.removed:
 		return PeerRemoved
-	case pr.draining.Load():
+	case h.draining:
 		return PeerDraining
-	case pr.ejectedUntil.Load() != 0:
+	case h.ejected():
 		return PeerEjected
 	case pr.c == nil || !pr.c.up():
 		return PeerConnecting
@@ -294,8 +301,9 @@ func (pr *peer) refresh() {
 		log := pr.pool.log
 		switch {
 		case now == PeerEjected:
+			h := pr.h.Load()
 			log.Info("qrpc server ejected", "addr", pr.addr,
-				"for", time.Duration(pr.ejectFor.Load()), "until", wallAt(pr.ejectedUntil.Load(), pr.pool.clk.Now()).Format(time.RFC3339Nano))
+				"for", time.Duration(h.ejectFor), "until", wallAt(h.until, pr.pool.clk.Now()).Format(time.RFC3339Nano))
 		case old == PeerEjected && (now == PeerUp || now == PeerConnecting):
 			log.Info("qrpc server back", "addr", pr.addr, "state", now.String())
 		case now == PeerDraining:
@@ -313,295 +321,16 @@ func (pr *peer) info() PeerInfo {
 		State:    pr.compute(),
 		Inflight: int(pr.inflight.Load()),
 		Calls:    pr.calls.Load(),
-		Failures: int(pr.fails.Load()),
+		Failures: int(pr.h.Load().fails),
 		Priority: int(pr.prio()),
 		Weight:   int(pr.weight()),
 	}
 	clk := pickClock{src: pr.pool.clk}
-	if u := pr.ejectedUntil.Load(); u != 0 {
+	if u := pr.h.Load().until; u != 0 {
 		in.EjectedUntil = wallAt(u, clk.now())
 	}
 	in.Stalled = pr.stalled(int64(in.Inflight), &clk, int64(pr.pool.cfg.Stall))
 	return in
-}
-
-// eligible reports whether pr may take a call. An ejected server whose
-// time is up may take one trial call (needTrial); the caller claims it.
-func (pr *peer) eligible(clk *pickClock) (ok, needTrial bool) {
-	if until := pr.ejectedUntil.Load(); until != 0 {
-		if monoNS(clk.now()) < until || pr.trial.Load() {
-			return false, false
-		}
-		return pr.c.up(), true
-	}
-	return pr.c.up(), false
-}
-
-// pick chooses the server for a call, or nil when none may take it. It
-// takes no lock and allocates nothing: the set is an immutable snapshot,
-// the rest atomics. With one server in the pool it is always that one
-// (its client's own error then says why it cannot take the call).
-// relax lets a retry go back to a server in ex when no other can take it.
-// A stalled server is skipped softly: it takes the call only when no
-// other server can.
-func (p *Pool) pick(key []byte, ex *exclude, relax bool, clk *pickClock) (*peer, bool) {
-	if clk.src == nil {
-		clk.src = p.clk
-	}
-	set := p.set.Load()
-	peers := set.peers
-	n := len(peers)
-	if n == 0 {
-		return nil, false
-	}
-	if set.tiers != nil && n > 1 {
-		return p.pickTiers(set.tiers, key, ex, relax, clk)
-	}
-	if n == 1 {
-		pr := peers[0]
-		if ex != nil && ex.has(pr) && !relax {
-			return nil, false
-		}
-		if ok, trial := pr.eligible(clk); ok && trial {
-			if pr.trial.CompareAndSwap(false, true) {
-				return pr, true
-			}
-		}
-		return pr, false
-	}
-	pr, trial := p.choose(peers, key, ex, clk)
-	if pr == nil && relax && ex != nil && ex.n > 0 {
-		pr, trial = p.choose(peers, key, nil, clk)
-	}
-	return pr, trial
-}
-
-func (p *Pool) choose(peers []*peer, key []byte, ex *exclude, clk *pickClock) (*peer, bool) {
-	limit := int64(p.cfg.Stall)
-	n := uint32(len(peers))
-	// A retry, a hedged copy or a call moving on from a server that
-	// refused it takes turns of its own: taking the first attempts' turns
-	// would hand the server after the one it avoids an extra share (with
-	// a slow server hedged around, that is the slow one).
-	rr := &p.rr
-	if ex != nil && ex.n > 0 {
-		rr = &p.rrExtra
-	}
-	switch {
-	case p.cfg.Balance == P2C:
-		return p.chooseP2C(peers, ex, clk, limit, rr)
-	case p.cfg.Balance == LeastInflight:
-		return scanBest(peers, rr.Add(1), ex, clk, limit, func(pr *peer) int64 { return pr.inflight.Load() })
-	case p.cfg.Balance == Hash && len(key) > 0:
-		// rendezvous: the highest score wins (the lowest of its complement)
-		kh := fnv64b(key)
-		return scanBest(peers, 0, ex, clk, limit, func(pr *peer) uint64 { return ^mix64(kh ^ pr.seed) })
-	}
-	// Each probe takes a turn of its own: a server that is skipped uses up
-	// its turns instead of handing them to its neighbour, which would get
-	// twice its share.
-	var i uint32
-	stalls := false
-	for range n {
-		i = rr.Add(1)
-		pr, trial, st := rrTake(peers[i%n], ex, clk, limit)
-		if pr != nil {
-			return pr, trial
-		}
-		stalls = stalls || st
-	}
-	for k := uint32(1); k < n; k++ {
-		pr, trial, st := rrTake(peers[(i+k)%n], ex, clk, limit)
-		if pr != nil {
-			return pr, trial
-		}
-		stalls = stalls || st
-	}
-	if stalls {
-		// Every server that may take the call is stalled: one of them
-		// takes it rather than none, in turn (i moved on by n: i/n turns).
-		for k := range n {
-			if pr, trial, _ := rrTake(peers[(i/n+k)%n], ex, clk, 0); pr != nil {
-				return pr, trial
-			}
-		}
-	}
-	return nil, false
-}
-
-// chooseP2C draws two servers and takes the cheaper (peer.cost). When a
-// draw finds a server that may not take the call, it falls back to the
-// cheapest of all that may; a stalled server only when no other can.
-func (p *Pool) chooseP2C(peers []*peer, ex *exclude, clk *pickClock, limit int64, rr *atomic.Uint32) (*peer, bool) {
-	n := uint64(len(peers))
-	r := mix64(uint64(rr.Add(1)))
-	a := peers[r%n]
-	b := peers[(r%n+1+(r>>32)%(n-1))%n]
-	now := monoNS(clk.now())
-	if oka, ta, _ := takeable(a, ex, clk, limit); oka {
-		pa := a
-		if okb, tb, _ := takeable(b, ex, clk, limit); okb && b.cost(now) < a.cost(now) {
-			pa, ta = b, tb
-		}
-		if !ta || pa.trial.CompareAndSwap(false, true) {
-			return pa, ta
-		}
-	}
-	// From the draw's first server on: ties (servers not measured yet) are
-	// spread.
-	return scanBest(peers, uint32(r%n), ex, clk, limit, func(pr *peer) float64 { return pr.cost(now) })
-}
-
-// scanBest returns the server with the lowest score among those that may
-// take the call (a stalled one only when no other can), from peers[start]
-// on, claiming its trial when it needs one; when another call claimed that
-// trial first it looks again, at most len(peers) times.
-func scanBest[S cmp.Ordered](peers []*peer, start uint32, ex *exclude, clk *pickClock, limit int64, score func(*peer) S) (*peer, bool) {
-	n := uint32(len(peers))
-	for range n {
-		var best, slow *peer
-		var bestTrial, slowTrial bool
-		var bestS, slowS S
-		for i := range n {
-			pr := peers[(start+i)%n]
-			if ex != nil && ex.has(pr) {
-				continue
-			}
-			ok, trial := pr.eligible(clk)
-			if !ok {
-				continue
-			}
-			sc := score(pr)
-			if pr.stalled(pr.inflight.Load(), clk, limit) {
-				if slow == nil || sc < slowS {
-					slow, slowS, slowTrial = pr, sc, trial
-				}
-				continue
-			}
-			if best == nil || sc < bestS {
-				best, bestS, bestTrial = pr, sc, trial
-			}
-		}
-		if best == nil {
-			best, bestTrial = slow, slowTrial
-		}
-		if best == nil || !bestTrial || best.trial.CompareAndSwap(false, true) {
-			return best, bestTrial
-		}
-	}
-	return nil, false
-}
-
-// takeable reports whether pr may take the call: not excluded, eligible
-// (trial: it needs a trial call, not claimed here) and not stalled
-// (stalled: skipped only for being stalled).
-func takeable(pr *peer, ex *exclude, clk *pickClock, limit int64) (ok, trial, stalled bool) {
-	if ex != nil && ex.has(pr) {
-		return false, false, false
-	}
-	ok, trial = pr.eligible(clk)
-	if !ok {
-		return false, false, false
-	}
-	if pr.stalled(pr.inflight.Load(), clk, limit) || pr.remoteStall.Load() != 0 && pr.remoteStalled(clk) {
-		return false, false, true
-	}
-	return true, trial, false
-}
-
-// rrTake returns pr when it may take the call, claiming its trial if it
-// needs one; stalled reports a server skipped only for being stalled.
-func rrTake(pr *peer, ex *exclude, clk *pickClock, limit int64) (_ *peer, trial, stalled bool) {
-	ok, trial, stalled := takeable(pr, ex, clk, limit)
-	if !ok || trial && !pr.trial.CompareAndSwap(false, true) {
-		return nil, false, stalled
-	}
-	return pr, trial, false
-}
-
-// outcome updates a server's health after a call (or a check).
-func (p *Pool) outcome(pr *peer, trial bool, err error) {
-	if err == nil {
-		if pr.fails.Load() != 0 {
-			pr.resetRun()
-		}
-		if trial {
-			p.back(pr)
-		}
-		return
-	}
-	if failureOf(err)&p.cfg.EjectOn == 0 {
-		// Cancelled, closed, too large, or a failure the pool does not
-		// eject on (health.on): no verdict on the server.
-		if trial {
-			pr.trial.Store(false) // no verdict
-		}
-		return
-	}
-	if trial {
-		p.reeject(pr)
-		return
-	}
-	pr.failCount.Add(1)
-	if n := pr.fails.Add(1); int(n) >= p.cfg.Failures && pr.ejectedUntil.Load() == 0 {
-		p.eject(pr)
-	}
-}
-
-// resetRun ends the run of failures in a row: an answer came, or the
-// server is back. Only a run that was on counts as a reset: the
-// steady-state answer path stores nothing.
-func (pr *peer) resetRun() {
-	pr.fails.Store(0)
-	pr.failAtReset.Store(pr.failCount.Load())
-	pr.resets.Add(1)
-}
-
-// eject takes pr out of rotation, unless it is the last server that is
-// not already down (a panic threshold: with one left, it keeps taking
-// calls rather than none at all).
-func (p *Pool) eject(pr *peer) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pr.ejectedUntil.Load() != 0 || pr.draining.Load() {
-		return
-	}
-	others := 0
-	for _, o := range p.set.Load().peers {
-		if o != pr && o.ejectedUntil.Load() == 0 && o.c.up() {
-			others++
-		}
-	}
-	if others == 0 {
-		return
-	}
-	d := time.Duration(pr.ejectFor.Load())
-	pr.ejectedUntil.Store(monoNS(p.clk.Now().Add(d)))
-	// fails is kept: peers() then shows the run of failures that caused
-	// the ejection (and those still landing); back() resets it.
-	pr.obs.Ejected()
-	pr.refresh()
-}
-
-// reeject follows a failed trial: the next ejection is twice as long, up
-// to 10× the configured one.
-func (p *Pool) reeject(pr *peer) {
-	d := min(2*time.Duration(pr.ejectFor.Load()), maxEjectFactor*p.cfg.Eject)
-	pr.ejectFor.Store(int64(d))
-	pr.ejectedUntil.Store(monoNS(p.clk.Now().Add(d)))
-	pr.trial.Store(false)
-	pr.obs.Ejected()
-	p.log.Info("qrpc server still failing, ejected again", "addr", pr.addr, "for", d)
-}
-
-func (p *Pool) back(pr *peer) {
-	pr.ejectFor.Store(int64(p.cfg.Eject))
-	pr.ejectedUntil.Store(0)
-	if pr.fails.Load() != 0 {
-		pr.resetRun()
-	}
-	pr.trial.Store(false)
-	pr.refresh()
 }
 
 // FNV-1a, then a SplitMix64 finaliser: stable across processes (every

@@ -27,7 +27,7 @@ func benchPool(tb testing.TB, n int, b Balance) *Pool {
 		pr.c = &Client{slots: []*slot{sl}}
 		peers = append(peers, pr)
 	}
-	p.set.Store(&peerSet{peers: peers})
+	p.set.Store(&peerSet{peers: peers, tiers: buildTiers(peers)})
 	return p
 }
 
@@ -100,28 +100,30 @@ func TestPickSkipsEjected(t *testing.T) {
 	for _, bal := range []Balance{RoundRobin, LeastInflight, Hash, P2C} {
 		p := benchPool(t, 3, bal)
 		victim := p.set.Load().peers[1]
-		victim.ejectedUntil.Store(monoNS(time.Now().Add(time.Hour)))
+		setEjected(p, victim, monoNS(time.Now().Add(time.Hour)))
 		for i := range 300 {
 			pr, trial := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{})
-			if pr == victim || trial {
+			if pr == victim || trial != 0 {
 				t.Fatalf("%v: ejected server picked", bal)
 			}
 		}
-		victim.ejectedUntil.Store(monoNS(time.Now().Add(-time.Millisecond)))
+		setEjected(p, victim, monoNS(time.Now().Add(-time.Millisecond)))
 		trials := 0
+		var token uint64
 		for i := range 300 {
 			if pr, trial := p.pick([]byte("k"+strconv.Itoa(i)), nil, false, &pickClock{}); pr == victim {
-				if !trial {
+				if trial == 0 {
 					t.Fatalf("%v: ejected server picked without a trial", bal)
 				}
+				token = trial
 				trials++
 			}
 		}
 		if trials != 1 {
 			t.Fatalf("%v: %d trial calls, want 1", bal, trials)
 		}
-		p.outcome(victim, true, nil)
-		if victim.ejectedUntil.Load() != 0 {
+		p.outcome(victim, token, nil)
+		if victim.h.Load().until != 0 {
 			t.Fatalf("%v: a successful trial did not bring the server back", bal)
 		}
 	}
@@ -135,23 +137,23 @@ func TestEjectionDoubles(t *testing.T) {
 	a, b := p.set.Load().peers[0], p.set.Load().peers[1]
 	fail := errTimeoutForTest()
 	for range 3 {
-		p.outcome(a, false, fail)
+		p.outcome(a, 0, fail)
 	}
-	if a.ejectedUntil.Load() == 0 {
+	if a.h.Load().until == 0 {
 		t.Fatal("not ejected after 3 failures")
 	}
 	want := time.Second
 	for range 6 {
 		want = min(2*want, 10*time.Second)
-		p.outcome(a, true, fail)
-		if got := time.Duration(a.ejectFor.Load()); got != want {
+		p.outcome(a, trialOf(p, a), fail)
+		if got := time.Duration(a.h.Load().ejectFor); got != want {
 			t.Fatalf("ejection %v, want %v", got, want)
 		}
 	}
 	for range 10 {
-		p.outcome(b, false, fail)
+		p.outcome(b, 0, fail)
 	}
-	if b.ejectedUntil.Load() != 0 {
+	if b.h.Load().until != 0 {
 		t.Fatal("the last server up was ejected")
 	}
 }
@@ -167,7 +169,7 @@ func TestRetryAttemptEnds(t *testing.T) {
 	for _, n := range []int{1, 3} {
 		p := benchPool(t, n, RoundRobin)
 		for _, pr := range p.set.Load().peers {
-			pr.c.slots[0].cur.Store(nil) // connection down: Start refuses
+			clientOf(pr).slots[0].cur.Store(nil) // connection down: Start refuses
 		}
 		pc := &poolCall{pool: p, done: func(*Response, error) {}}
 		done := make(chan error, 1)
@@ -585,3 +587,21 @@ func TestStallWithEveryCallOnIt(t *testing.T) {
 		t.Fatal("stalled by the monotonic clock while another server has calls to answer")
 	}
 }
+
+// setEjected sets pr's ejection end (monoNS), as a transition would.
+func setEjected(p *Pool, pr *peer, until int64) {
+	p.hmu.Lock()
+	h := *pr.h.Load()
+	h.until = until
+	pr.h.Store(&h)
+	p.hmu.Unlock()
+}
+
+// trialOf ends pr's ejection now and claims its trial.
+func trialOf(p *Pool, pr *peer) uint64 {
+	setEjected(p, pr, monoNS(p.clk.Now()))
+	return p.claim(pr, &pickClock{src: p.clk})
+}
+
+// clientOf is pr's client (a pool of real servers).
+func clientOf(pr *peer) *Client { return pr.c.(*Client) }

@@ -57,6 +57,9 @@ func (p *Pool) resolve(ctx context.Context) ([]string, map[string]string, map[st
 type srvMeta struct {
 	prio   uint16
 	weight uint16
+	// split is how many addresses the record's target has: they share
+	// its weight (RFC 2782 weighs targets, not addresses).
+	split uint16
 }
 
 var plainMeta = srvMeta{weight: 1}
@@ -166,7 +169,7 @@ func resolveAll(ctx context.Context, targets []target, timeout time.Duration,
 					continue
 				}
 				for _, ip := range ips {
-					add(net.JoinHostPort(ip.Unmap().String(), port), host, srvMeta{prio: r.Priority, weight: r.Weight})
+					add(net.JoinHostPort(ip.Unmap().String(), port), host, srvMeta{prio: r.Priority, weight: r.Weight, split: uint16(min(len(ips), 0xffff))})
 				}
 			}
 			if len(out) == n && lastErr != nil {
@@ -213,8 +216,10 @@ func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string
 	pr := newPeer(p, addr)
 	pr.setMeta(meta[addr])
 	conf := p.peerConf(addr, names)
+	pr.name = conf.ServerName
 	tlsConf, err := conf.tlsConfig(addr)
 	if err != nil {
+		pr.gone()
 		return err
 	}
 	c := newClient(addr, conf, tlsConf, pr.obs, pr.refresh)
@@ -222,8 +227,7 @@ func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string
 	if err := c.connect(ctx); err != nil {
 		// Never joined: the observer hears of its end, the log does not
 		// (the caller reports the dial error).
-		pr.removed.Store(true)
-		pr.obs.StateChanged(PeerRemoved)
+		pr.gone()
 		return err
 	}
 	p.mu.Lock()
@@ -245,25 +249,39 @@ func (p *Pool) apply(want []string, names map[string]string, meta map[string]srv
 	changed := false
 	for _, a := range want {
 		keep[a] = true
-		if pr := p.peers[a]; pr != nil {
+		name := p.serverName(a, names)
+		if pr := p.peers[a]; pr != nil && pr.name == name {
 			changed = pr.setMeta(meta[a]) || changed
 			continue
+		} else if pr != nil {
+			// The same address under another TLS name: a new client
+			// checks the new name; the old one drains.
+			delete(p.peers, a)
+			p.startDrain(pr)
+			changed = true
 		}
-		if pr := p.draining[a]; pr != nil {
+		if pr := p.draining[a]; pr != nil && pr.name == name {
 			pr.setMeta(meta[a])
 			// Back before it was gone: it takes calls again.
 			delete(p.draining, a)
-			pr.draining.Store(false)
+			p.transition(pr, event{kind: evUndrain})
 			p.peers[a] = pr
-			pr.refresh()
 			changed = true
 			continue
 		}
+		if len(p.peers) >= maxPeers {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%w: more than %d servers", ErrBadConfig, maxPeers)
+			}
+			continue
+		}
 		pr := newPeer(p, a)
+		pr.name = name
 		pr.setMeta(meta[a])
 		c, err := dialBackground(a, p.peerConf(a, names), pr.obs, pr.refresh)
 		if err != nil {
 			p.log.Warn("qrpc server not added", "addr", a, "err", err)
+			pr.gone()
 			if firstErr == nil {
 				firstErr = err
 			}
@@ -280,12 +298,8 @@ func (p *Pool) apply(want []string, names map[string]string, meta map[string]srv
 			continue
 		}
 		delete(p.peers, a)
-		pr.draining.Store(true)
-		p.draining[a] = pr
-		pr.refresh()
+		p.startDrain(pr)
 		changed = true
-		p.wg.Add(1)
-		safego.Go("pool drain", func() { p.drain(pr) }, nil)
 	}
 	if changed {
 		p.publish()
@@ -300,17 +314,30 @@ func (p *Pool) publish() {
 		peers = append(peers, pr)
 	}
 	sort.Slice(peers, func(i, j int) bool { return peers[i].addr < peers[j].addr })
-	set := &peerSet{peers: peers}
-	if p.hasSRV {
-		set.tiers = buildTiers(peers)
-	}
+	set := &peerSet{peers: peers, tiers: buildTiers(peers)}
 	p.set.Store(set)
+}
+
+// startDrain moves pr (out of p.peers) to the draining servers. Called
+// with p.mu held.
+func (p *Pool) startDrain(pr *peer) {
+	if old := p.draining[pr.addr]; old != nil && old != pr {
+		// An older client of the same address (another TLS name)
+		// still draining: it goes now.
+		delete(p.draining, pr.addr)
+		safego.Go("pool drain", func() { _ = old.c.Close(); p.transition(old, event{kind: evRemove}) }, nil)
+	}
+	p.transition(pr, event{kind: evDrain})
+	p.draining[pr.addr] = pr
+	p.wg.Add(1)
+	safego.Go("pool drain", func() { p.drain(pr) }, nil)
 }
 
 // drain waits for the calls in flight on a removed server, then closes it.
 // A server that comes back meanwhile (apply) stops the drain.
 func (p *Pool) drain(pr *peer) {
 	defer p.wg.Done()
+	safego.Inject("pool drain")
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for pr.inflight.Load() > 0 {
@@ -319,20 +346,19 @@ func (p *Pool) drain(pr *peer) {
 		case <-p.ctx.Done():
 			return // Close closes it
 		}
-		if !pr.draining.Load() {
+		if !pr.h.Load().draining {
 			return
 		}
 	}
 	p.mu.Lock()
-	if !pr.draining.Load() || p.draining[pr.addr] != pr {
+	if !pr.h.Load().draining || p.draining[pr.addr] != pr {
 		p.mu.Unlock()
 		return
 	}
 	delete(p.draining, pr.addr)
 	p.mu.Unlock()
 	_ = pr.c.Close()
-	pr.removed.Store(true)
-	pr.refresh()
+	p.transition(pr, event{kind: evRemove})
 }
 
 func (p *Pool) resolveLoop() {
@@ -348,19 +374,26 @@ func (p *Pool) resolveLoop() {
 		if p.share.noResolve.Load() {
 			continue // another view resolves (pool_share.go)
 		}
-		want, names, meta, err := p.resolve(p.ctx)
-		if err != nil {
-			if p.ctx.Err() == nil {
-				p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
-			}
-			continue
+		// A panic ends the round, not the loop: the next round resolves.
+		safego.Run("pool resolver", p.resolveRound, nil)
+	}
+}
+
+// resolveRound re-resolves the names once and applies the result.
+func (p *Pool) resolveRound() {
+	want, names, meta, err := p.resolve(p.ctx)
+	safego.Inject("pool resolver")
+	if err != nil {
+		if p.ctx.Err() == nil {
+			p.log.Warn("qrpc re-resolution failed; servers unchanged", "err", err)
 		}
-		p.mu.Lock()
-		if !p.closed.Load() {
-			p.noteResolved(want, names, meta)
-			_ = p.apply(want, names, meta) // logged per server
-		}
-		p.mu.Unlock()
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed.Load() {
+		p.noteResolved(want, names, meta)
+		_ = p.apply(want, names, meta) // logged per server
 	}
 }
 
@@ -395,6 +428,7 @@ func (p *Pool) checkLoop() {
 func (p *Pool) check(pr *peer) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Check.Timeout)
 	defer cancel()
+	safego.Inject("pool probe")
 	began := p.clk.Now()
 	_, err := pr.c.Unary(ctx, p.cfg.Check.Method, nil)
 	if p.ctx.Err() != nil {
@@ -404,13 +438,10 @@ func (p *Pool) check(pr *peer) {
 		// Any answer: the server is alive.
 		now := p.clk.Now()
 		pr.answered(now, now.Sub(began))
-		if pr.fails.Load() != 0 {
-			pr.resetRun()
-		}
-		if pr.ejectedUntil.Load() != 0 {
-			p.back(pr)
+		if h := pr.h.Load(); h.ejected() || h.fails != 0 {
+			p.transition(pr, event{kind: evCheckOK})
 		}
 		return
 	}
-	p.outcome(pr, false, err)
+	p.outcome(pr, 0, err)
 }

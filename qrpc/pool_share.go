@@ -1,57 +1,45 @@
 package qrpc
 
 import (
-	"math"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
 // A pool can be one of several views of the same servers: each nginx
-// worker holds its own pool, and the Lua side may share the verdicts
-// between them (a lua_shared_dict). The pool then takes its peers' health
-// from outside (Import), lets one of the views probe and resolve (SetRoles)
-// and takes the address list that view resolved (ImportResolved). The
-// balancing stays the pool's own.
-
-// Verdict is one server's health as the pools sharing it last agreed.
-type Verdict struct {
-	Addr string
-	// Ejected: the server is out of rotation for EjectFor more (0: its
-	// ejection is over, and a trial call or a check decides).
-	Ejected  bool
-	EjectFor time.Duration
-	// Stalled: another view sees calls in flight and no answer; this
-	// pool skips the server softly (as its own stall verdict does) for
-	// remoteStallHold, unless told again.
-	Stalled bool
-	// Keep: the ejection is not known (only Stalled is); leave it.
-	Keep bool
-
-	// The run of transport failures in a row (health.failures), counted
-	// over every view. Import: with HasRun, Run is the shared run; the
-	// pool's own run becomes Run plus the failures it counted since View
-	// last reported them (so that the next one of its own, or an
-	// answer's reset, counts from the instance's run). Reached: the
-	// shared run reached health.failures with this view's own failures:
-	// the pool ejects the server as its own failures would have (unless
-	// it already is ejected, or the panic threshold keeps it).
-	HasRun  bool
-	Run     int
-	Reached bool
-	// View: Counted is the failures this view counted towards its run
-	// (ever, wrapping), Resets the runs it ended (an answer after
-	// failures, or the server back; wrapping), SinceReset the failures
-	// it counted since the last of them.
-	Counted, Resets, SinceReset uint32
-}
-
-// remoteStallHold is how long another view's stall verdict holds here
-// without being told again. The view that saw the stall repeats it while
-// it lasts; when that view stops calling (and so stops repeating), the
-// verdict lapses rather than keeping a server out forever.
-const remoteStallHold = time.Second
+// worker holds its own pool, and the workers share what they learn of
+// the servers through a store (a lua_shared_dict) that only the host can
+// reach. All the logic of sharing is here: the host runs the store
+// operations a step asks for and hands back their results (ShareStep),
+// without reading what it moves. The simulation (poolsim_test.go) runs
+// the same steps against a store of its own.
+//
+// The keys of a pool, under the prefix the host gives it (its identity,
+// or the name the user chose):
+//
+//	v            version: bumped by every write the others must read
+//	g:<addr>     the server's verdict generation (a counter)
+//	c:<addr>:<g> the verdict of generation g (written once, by add)
+//	f:<addr>:<g> the run of failures in a row since verdict g (a counter)
+//	t:<addr>     a view's stall verdict (lapses unless repeated)
+//	lp, ld       the probe and resolve leases: the holder's view id
+//	rg, rl       the resolved list's generation, and the list
+//	tr:<i>, ta:<i>  view slot i's throttling window: requests, accepts
+//
+// Every key has a TTL; counters start from the host's monotonic clock in
+// ms, so that a counter that expired and came back does not repeat the
+// numbers it had. Windows in records are on CLOCK_MONOTONIC, one clock
+// for every process of the host (hostNS): a step of the wall clock moves
+// none.
 
 // Resolved is one address of the list the resolving view found.
 type Resolved struct {
@@ -59,99 +47,692 @@ type Resolved struct {
 	Name     string // TLS server name ("" : the address's host)
 	Priority uint16
 	Weight   uint16
+	Split    uint16 // addresses of its SRV target (they share Weight)
+}
+
+// Store operations of a step.
+const (
+	OpGet    = 1 // key -> value or nil
+	OpAdd    = 2 // key, value, ttl -> true when the key was absent
+	OpSet    = 3 // key, value, ttl
+	OpIncr   = 4 // key, delta, init, ttl (also refreshes the TTL) -> the new value
+	OpDelete = 5 // key
+)
+
+// StoreOp is one operation a step asks the host to run.
+type StoreOp struct {
+	Kind  uint8
+	Key   string // under the pool's prefix
+	Value []byte // OpAdd, OpSet
+	Delta int64  // OpIncr
+	Init  int64  // OpIncr: the value of an absent key before the delta
+	TTL   time.Duration
+}
+
+// StoreResult is an operation's result: Value for OpGet (nil: absent),
+// OK for OpAdd, N for OpIncr (OK false: failed).
+type StoreResult struct {
+	OK    bool
+	Value []byte
+	N     int64
+}
+
+// Step modes.
+const (
+	ShareStep = 1 // read the others' verdicts, publish this view's
+	ShareExit = 2 // give up the leases: the view goes away
+)
+
+const (
+	// shareStallTTL: another view's stall verdict holds this long unless
+	// repeated; the view that sees it repeats it every shareStallRepeat.
+	shareStallTTL    = time.Second
+	shareStallRepeat = 400 * time.Millisecond
+	// shareKeyTTL: counters, runs and the resolved list live this long
+	// after their last write.
+	shareKeyTTL = 10 * time.Minute
+	// shareVerdictSlack: a verdict outlives its ejection by this much.
+	shareVerdictSlack = time.Minute
+	// throttleWindowTTL: a view's throttling window lapses with it.
+	throttleWindowTTL = 2 * time.Minute
+	// A lease lives leaseTTLFactor periods and is renewed every period;
+	// its holder stops acting on it after leaseFence of the TTL without
+	// a renewal, before another view can take it.
+	leaseTTLFactor = 2.5
+	leaseFence     = 0.9
+	// minLeasePeriod bounds the lease traffic of pools with fast checks.
+	minLeasePeriod = 100 * time.Millisecond
+)
+
+// ShareConfig makes a pool one view of a shared pool.
+type ShareConfig struct {
+	// Slot is this view's number among Slots (the worker's id and count):
+	// throttling windows are kept per slot.
+	Slot, Slots int
+	// Notify asks the host for a step (from any goroutine; it must not
+	// block): this view has something to publish. false: the host could
+	// not take the request.
+	Notify func() bool
 }
 
 // shareState is the part of Pool that sharing adds.
 type shareState struct {
-	noProbe   atomic.Bool // another view probes
-	noResolve atomic.Bool // another view resolves
-	// resolvedGen counts the address lists this pool resolved itself (or
-	// dialled with); resolved is the last one, under Pool.mu.
-	resolvedGen atomic.Uint64
+	on         atomic.Bool
+	noProbe    atomic.Bool // another view probes
+	noResolve  atomic.Bool // another view resolves
+	notified   atomic.Bool
+	notifiedAt atomic.Int64 // monoNS
+	notify     func() bool
+	soon       atomic.Bool // a step is asked for in shareSync
+
+	// resolved is the last list this view resolved, resolvedGen counts
+	// its changes (under Pool.mu).
 	resolved    []Resolved
+	resolvedGen uint64
+
+	mu sync.Mutex // one step at a time
+	sh *sharer
 }
 
+// sharer is the state of a view between steps.
+type sharer struct {
+	cfg    ShareConfig
+	id     string // this view's lease value
+	period time.Duration
+	// what the last steps saw and did
+	listSeen   int64  // the generation of the list applied or published
+	listPub    uint64 // resolvedGen last published
+	holds      [2]bool
+	renewed    [2]int64 // monoNS of the last lease write
+	stallTold  map[string]int64
+	lastStep   int64 // monoNS
+	exiting    bool
+	step       *shareRun
+	lastHadRun map[string]bool
+}
+
+// lease kinds
+const (
+	leaseProbe = iota
+	leaseResolve
+)
+
+var leaseKeys = [2]string{"lp", "ld"}
+
 // SetRoles says whether this view runs the active checks and the
-// re-resolution. A pool starts with both; the others' views turn them off.
+// re-resolution. A pool starts with both.
 func (p *Pool) SetRoles(probe, resolve bool) {
 	p.share.noProbe.Store(!probe)
 	p.share.noResolve.Store(!resolve)
 }
 
-// Import applies the verdicts other views reached. An ejection is kept
-// to the same rule as the pool's own (never the last server not already
-// down) and is not counted as an ejection of this view; a server no
-// longer ejected elsewhere comes back here too.
-func (p *Pool) Import(vs []Verdict) {
-	now := p.clk.Now()
-	for _, v := range vs {
-		p.mu.Lock()
-		pr := p.peers[v.Addr]
-		p.mu.Unlock()
-		if pr == nil {
-			continue
-		}
-		if v.Stalled {
-			pr.remoteStall.Store(monoNS(now.Add(remoteStallHold)))
-		} else {
-			pr.remoteStall.Store(0)
-		}
-		switch {
-		case v.Keep:
-		case v.Ejected && pr.ejectedUntil.Load() == 0:
-			p.importEject(pr, monoNS(now.Add(v.EjectFor)))
-		case v.Ejected:
-			if u := monoNS(now.Add(v.EjectFor)); u > pr.ejectedUntil.Load() {
-				pr.ejectedUntil.Store(u)
-			}
-		case pr.ejectedUntil.Load() != 0:
-			p.back(pr)
-		}
-		if v.HasRun {
-			// the failures counted here that the shared run does not
-			// have yet (View reports them at the end of this exchange)
-			pend := int64(int32(pr.failCount.Load() - pr.failShown.Load()))
-			n := min(int64(max(v.Run, 0))+max(pend, 0), math.MaxInt32)
-			pr.fails.Store(int32(n))
-			if v.Reached && int(n) >= p.cfg.Failures && pr.ejectedUntil.Load() == 0 {
-				p.eject(pr)
-			}
-		}
+// Share makes p a view of a shared pool. It gives up both roles until a
+// step wins their leases.
+func (p *Pool) Share(cfg ShareConfig) {
+	s := &p.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	period := time.Duration(0)
+	if p.cfg.Check.Method != "" && p.cfg.Check.Interval > 0 {
+		period = p.cfg.Check.Interval
+	}
+	if p.cfg.Resolve > 0 && p.hasNames() && (period == 0 || p.cfg.Resolve < period) {
+		period = p.cfg.Resolve
+	}
+	if period > 0 {
+		period = max(period, minLeasePeriod)
+	}
+	// The pid first: an operator (and a test) can tell which worker
+	// holds a lease.
+	id := strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+	s.sh = &sharer{cfg: cfg, id: id, period: period,
+		stallTold: map[string]int64{}, lastHadRun: map[string]bool{}}
+	s.notify = cfg.Notify
+	p.SetRoles(false, false)
+	s.on.Store(true)
+	if period > 0 && cfg.Notify != nil {
+		p.leaseTick(period)
 	}
 }
 
-func (p *Pool) importEject(pr *peer, until int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pr.ejectedUntil.Load() != 0 || pr.draining.Load() {
+// leaseTick asks for a step every period while the pool is open: the
+// holder renews its leases, the others try to take a lapsed one. A Go
+// timer, so that no Lua timer has to run for it (lua_max_running_timers
+// cannot starve it) and an idle pool wakes its worker once a period.
+func (p *Pool) leaseTick(period time.Duration) {
+	p.clk.AfterFunc(period, safego.Func("pool share timer", func() {
+		if p.closed.Load() {
+			return
+		}
+		p.leaseTick(period)
+		p.shareChanged()
+	}, func() {
+		if !p.closed.Load() {
+			p.leaseTick(period)
+		}
+	}))
+}
+
+// LeasePeriod is how often a view of p must step for its leases (0: p
+// has neither checks nor names to re-resolve, and needs no lease).
+func (p *Pool) LeasePeriod() time.Duration {
+	p.share.mu.Lock()
+	defer p.share.mu.Unlock()
+	if sh := p.share.sh; sh != nil {
+		return sh.period
+	}
+	return 0
+}
+
+// shareChanged asks for a step: this view has something to publish.
+//
+// One request is outstanding at a time; one the host did not take (its
+// queue full), or did not act on within a second, is asked again.
+func (p *Pool) shareChanged() {
+	s := &p.share
+	if !s.on.Load() || s.notify == nil {
 		return
 	}
-	for _, o := range p.set.Load().peers {
-		if o != pr && o.ejectedUntil.Load() == 0 && o.c.up() {
-			pr.ejectedUntil.Store(until)
-			pr.refresh()
+	now := monoNS(p.clk.Now())
+	if !s.notified.CompareAndSwap(false, true) {
+		if now-s.notifiedAt.Load() < int64(time.Second) {
 			return
 		}
 	}
+	s.notifiedAt.Store(now)
+	if !s.notify() {
+		s.notified.Store(false)
+	}
 }
 
-// remoteStalled reports whether another view's stall verdict on pr holds.
-func (pr *peer) remoteStalled(clk *pickClock) bool {
-	u := pr.remoteStall.Load()
-	return u != 0 && monoNS(clk.now()) < u
+// shareSync is how soon a view publishes what calls changed without a
+// verdict (its throttling window): the last calls of a burst reach the
+// others even when no call follows.
+const shareSync = 100 * time.Millisecond
+
+// shareSoon asks for a step within shareSync (one timer at a time).
+func (p *Pool) shareSoon() {
+	s := &p.share
+	if !s.on.Load() || s.notify == nil || !s.soon.CompareAndSwap(false, true) {
+		return
+	}
+	p.clk.AfterFunc(shareSync, safego.Func("pool share timer", func() {
+		s.soon.Store(false)
+		safego.Inject("pool share timer")
+		p.shareChanged()
+	}, func() { s.soon.Store(false) }))
 }
 
-// ShareView is what this view has to tell the others: each server's own
-// verdict (not the imported ones' echo: Stalled is this view's stall
-// verdict only), the run of failures it counted, and the address list
-// it last resolved.
-type ShareView struct {
-	Peers       []Verdict // sorted by address; Ejected with EjectFor 0 once over
-	ResolvedGen uint64
-	Resolved    []Resolved
-	// Requests and Accepts are this view's adaptive throttling window
-	// (0 without throttling).
-	Requests, Accepts int64
+// hostNS is CLOCK_MONOTONIC (ns) at t: one clock for every process of the
+// host, which records between views carry.
+func (p *Pool) hostNS(t time.Time) int64 { return monoNS(t) + p.hostOff }
+
+// shareRun is one step in progress: the ops asked, what to do with their
+// results.
+type shareRun struct {
+	phase int
+	ops   []StoreOp
+	peers []*peer
+	gens  []int64 // per peer: g read
+	// proposals: peers whose verdict goes out, with the health published
+	props   []proposal
+	runs    []runAdd
+	leaseOp [2]int // the lease ops' places (-1: none)
+	wrote   bool
+	listOp  bool
+	v       int64
+}
+
+type proposal struct {
+	pr *peer
+	h  health
+	op int // its incr among the step's ops
+}
+
+type runAdd struct {
+	pr  *peer
+	gen uint64
+	n   int32
+	op  int
+}
+
+// ShareStep runs one exchange of a step: mode is ShareStep or ShareExit
+// to begin one, 0 to go on with the results of the ops the last call
+// asked for. It returns the next ops and whether the host must call back
+// with their results (false: run them, the step is over).
+func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
+	s := &p.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.sh
+	if sh == nil {
+		return nil, false
+	}
+	now := p.clk.Now()
+	switch mode {
+	case ShareStep, ShareExit:
+		s.notified.Store(false)
+		sh.step = &shareRun{}
+		if mode == ShareExit {
+			sh.exiting = true
+			p.SetRoles(false, false)
+		}
+		return p.shareRead(sh, now), true
+	}
+	st := sh.step
+	if st == nil || len(res) != len(st.ops) {
+		sh.step = nil
+		return nil, false
+	}
+	switch st.phase {
+	case 1:
+		return p.shareReadMore(sh, now, res)
+	case 2:
+		return p.shareWrite(sh, now, res)
+	case 3:
+		return p.shareCommit(sh, now, res)
+	}
+	sh.step = nil
+	return nil, false
+}
+
+func get(key string) StoreOp { return StoreOp{Kind: OpGet, Key: key} }
+
+// shareRead is a step's first round: the version, the leases, the list's
+// generation, every server's verdict generation and stall key, the other
+// slots' throttling windows.
+func (p *Pool) shareRead(sh *sharer, now time.Time) []StoreOp {
+	st := sh.step
+	st.phase = 1
+	st.ops = append(st.ops, get("v"), get("lp"), get("ld"), get("rg"))
+	if sh.exiting {
+		return st.ops
+	}
+	st.peers = slices.Clone(p.set.Load().peers)
+	for _, pr := range st.peers {
+		st.ops = append(st.ops, get("g:"+pr.addr), get("t:"+pr.addr))
+	}
+	if p.throttle != nil {
+		for i := range sh.cfg.Slots {
+			if i != sh.cfg.Slot {
+				is := strconv.Itoa(i)
+				st.ops = append(st.ops, get("tr:"+is), get("ta:"+is))
+			}
+		}
+	}
+	return st.ops
+}
+
+func num(b []byte) int64 {
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if n == 0 {
+		f, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		n = int64(f)
+	}
+	return n
+}
+
+// shareReadMore takes the first round's results and reads the verdicts
+// newer than this view's, the runs and the resolved list.
+func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]StoreOp, bool) {
+	st := sh.step
+	st.v = num(res[0].Value)
+	leases := [2][]byte{res[1].Value, res[2].Value}
+	rg := num(res[3].Value)
+	nowNS := monoNS(now)
+	if sh.exiting {
+		// Give up what this view holds; the rest is the others'.
+		var ops []StoreOp
+		for k, v := range leases {
+			if string(v) == sh.id {
+				ops = append(ops, StoreOp{Kind: OpDelete, Key: leaseKeys[k]})
+			}
+		}
+		sh.holds = [2]bool{}
+		sh.step = nil
+		return ops, false
+	}
+	// Leases: a view holds one while the key names it; it stops acting on
+	// it when the key names another (it was evicted and taken) or when it
+	// has not renewed it in time.
+	for k, v := range leases {
+		if sh.holds[k] && (v != nil && string(v) != sh.id || nowNS-sh.renewed[k] > int64(leaseFence*leaseTTLFactor*float64(sh.period))) {
+			sh.holds[k] = false
+		}
+	}
+	p.SetRoles(sh.holds[leaseProbe], sh.holds[leaseResolve])
+	i := 4
+	st.gens = make([]int64, len(st.peers))
+	st.ops = st.ops[:0]
+	for j, pr := range st.peers {
+		g, t := res[i].Value, res[i+1]
+		i += 2
+		st.gens[j] = num(g)
+		h := pr.h.Load()
+		// another view's stall verdict (this view's own is its own)
+		var until int64
+		if t.Value != nil && string(t.Value) != sh.id {
+			until = nowNS + int64(shareStallTTL)
+		}
+		if (until != 0) != (h.remoteStall != 0) || until != 0 {
+			p.transition(pr, event{kind: evRemoteStall, until: until, now: nowNS})
+		}
+		if st.gens[j] > int64(h.gen) {
+			st.ops = append(st.ops, get("c:"+pr.addr+":"+strconv.FormatInt(st.gens[j], 10)))
+		}
+	}
+	if p.throttle != nil {
+		var r, a int64
+		for ; i+1 < len(res); i += 2 {
+			r += num(res[i].Value)
+			a += num(res[i+1].Value)
+		}
+		p.SetOthersThrottle(r, a)
+	}
+	for j, pr := range st.peers {
+		st.ops = append(st.ops, get("f:"+pr.addr+":"+strconv.FormatInt(st.gens[j], 10)))
+	}
+	st.listOp = false
+	if !sh.holds[leaseResolve] && p.cfg.Resolve > 0 && p.hasNames() && rg > sh.listSeen {
+		st.ops = append(st.ops, get("rl"))
+		st.listOp = true
+		sh.listSeen = rg
+	}
+	st.phase = 2
+	return st.ops, true
+}
+
+// shareWrite applies what the others published, then writes this view's
+// news: lease renewals, new verdicts (their generations first), failures
+// added to the runs, stall verdicts, the throttling window, the list.
+func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]StoreOp, bool) {
+	st := sh.step
+	nowNS := monoNS(now)
+	hostNow := p.hostNS(now)
+	k := 0
+	for j, pr := range st.peers {
+		if st.gens[j] <= int64(pr.h.Load().gen) {
+			continue
+		}
+		r := res[k]
+		k++
+		if rec, ok := decodeVerdict(r.Value); ok {
+			p.transition(pr, event{kind: evImport, gen: uint64(st.gens[j]), eject: rec.eject,
+				until: nowNS + (rec.until - hostNow), ejectFor: rec.ejectFor, now: nowNS})
+		}
+	}
+	for j, pr := range st.peers {
+		n := num(res[k].Value)
+		k++
+		h := pr.h.Load()
+		had := sh.lastHadRun[pr.addr]
+		switch {
+		case n > 0 && uint64(st.gens[j]) == h.runGen && int64(h.fails) < n:
+			p.transition(pr, event{kind: evRun, gen: h.runGen, n: int32(min(n, 1<<30)), now: nowNS})
+		case n > 0 && had && h.fails == 0 && pr.progressAt.Load() > sh.lastStep && uint64(st.gens[j]) == h.runGen:
+			// The run is on, and this view had an answer since its last
+			// step: the run ends (a new verdict generation starts another).
+			p.transition(pr, event{kind: evRunEnd, gen: h.runGen, now: nowNS})
+		}
+		sh.lastHadRun[pr.addr] = n > 0
+	}
+	if st.listOp {
+		if list, ok := decodeList(res[k].Value); ok && len(list) > 0 {
+			if err := p.ImportResolved(list); err != nil {
+				p.log.Warn("qrpc shared pool: resolved list not applied", "err", err)
+			}
+		}
+		k++
+	}
+	_ = k
+	// forget what servers gone from the pool left behind
+	for a := range sh.stallTold {
+		if !hasPeer(st.peers, a) {
+			delete(sh.stallTold, a)
+		}
+	}
+	for a := range sh.lastHadRun {
+		if !hasPeer(st.peers, a) {
+			delete(sh.lastHadRun, a)
+		}
+	}
+
+	ops := st.ops[:0]
+	st.leaseOp = [2]int{-1, -1}
+	// leases
+	if sh.period > 0 {
+		ttl := time.Duration(leaseTTLFactor * float64(sh.period))
+		want := [2]bool{p.cfg.Check.Method != "" && p.cfg.Check.Interval > 0, p.cfg.Resolve > 0 && p.hasNames()}
+		for l := range 2 {
+			if !want[l] {
+				continue
+			}
+			if sh.holds[l] {
+				if nowNS-sh.renewed[l] >= int64(sh.period)*9/10 {
+					st.leaseOp[l] = len(ops)
+					ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: []byte(sh.id), TTL: ttl})
+					sh.renewed[l] = nowNS
+				}
+			} else {
+				st.leaseOp[l] = len(ops)
+				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l], Value: []byte(sh.id), TTL: ttl})
+			}
+		}
+	}
+	// verdict generations of this view's news
+	st.props = st.props[:0]
+	st.runs = st.runs[:0]
+	for _, pr := range st.peers {
+		h := pr.h.Load()
+		if h.dirty() {
+			st.props = append(st.props, proposal{pr: pr, h: *h, op: len(ops)})
+			ops = append(ops, StoreOp{Kind: OpIncr, Key: "g:" + pr.addr, Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
+			continue
+		}
+		if h.unshown > 0 {
+			st.runs = append(st.runs, runAdd{pr: pr, gen: h.runGen, n: h.unshown, op: len(ops)})
+			ops = append(ops, StoreOp{Kind: OpIncr, Key: "f:" + pr.addr + ":" + strconv.FormatUint(h.runGen, 10), Delta: int64(h.unshown), TTL: shareKeyTTL})
+		}
+	}
+	// stall verdicts, repeated while they hold
+	clk := pickClock{t: now, src: p.clk}
+	for _, pr := range st.peers {
+		if pr.stalled(pr.inflight.Load(), &clk, int64(p.cfg.Stall)) {
+			if nowNS >= sh.stallTold[pr.addr] {
+				ops = append(ops, StoreOp{Kind: OpSet, Key: "t:" + pr.addr, Value: []byte(sh.id), TTL: shareStallTTL})
+				sh.stallTold[pr.addr] = nowNS + int64(shareStallRepeat)
+				st.wrote = true
+			}
+		} else if _, ok := sh.stallTold[pr.addr]; ok {
+			delete(sh.stallTold, pr.addr)
+			ops = append(ops, StoreOp{Kind: OpDelete, Key: "t:" + pr.addr})
+			st.wrote = true
+		}
+	}
+	if th := p.throttle; th != nil {
+		r, a := th.counts(now)
+		is := strconv.Itoa(sh.cfg.Slot)
+		ops = append(ops,
+			StoreOp{Kind: OpSet, Key: "tr:" + is, Value: []byte(strconv.FormatInt(r, 10)), TTL: throttleWindowTTL},
+			StoreOp{Kind: OpSet, Key: "ta:" + is, Value: []byte(strconv.FormatInt(a, 10)), TTL: throttleWindowTTL})
+	}
+	// The resolver's list: whenever it changed, and when this view has
+	// just become the resolver (the others may hold an older one).
+	if sh.holds[leaseResolve] {
+		p.mu.Lock()
+		gen, list := p.share.resolvedGen, p.share.resolved
+		p.mu.Unlock()
+		if gen != sh.listPub && len(list) > 0 {
+			ops = append(ops,
+				StoreOp{Kind: OpSet, Key: "rl", Value: encodeList(list), TTL: shareKeyTTL},
+				StoreOp{Kind: OpIncr, Key: "rg", Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
+			sh.listPub = gen
+			st.wrote = true
+		}
+	}
+	st.ops = ops
+	st.phase = 3
+	return ops, true
+}
+
+func hasPeer(peers []*peer, addr string) bool {
+	for _, pr := range peers {
+		if pr.addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// shareCommit takes the writes' results: leases won, generations got,
+// runs as they stand; then writes the verdicts under their generations
+// and bumps the version when the others have something to read.
+func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]StoreOp, bool) {
+	st := sh.step
+	nowNS := monoNS(now)
+	hostNow := p.hostNS(now)
+	for l, k := range st.leaseOp {
+		if k >= 0 && st.ops[k].Kind == OpAdd && res[k].OK {
+			sh.holds[l] = true
+			sh.renewed[l] = nowNS
+			if l == leaseResolve {
+				sh.listPub = 0 // publish the list at the next step
+			}
+		}
+	}
+	p.SetRoles(sh.holds[leaseProbe], sh.holds[leaseResolve])
+	var ops []StoreOp
+	for _, pp := range st.props {
+		r := res[pp.op]
+		if !r.OK {
+			continue
+		}
+		h := pp.h
+		rec := verdictRec{eject: h.ejected(), ejectFor: h.ejectFor}
+		if h.ejected() {
+			rec.until = h.until - nowNS + hostNow
+		}
+		ttl := shareVerdictSlack
+		if h.ejected() {
+			ttl += time.Duration(max(0, h.until-nowNS))
+		}
+		ops = append(ops, StoreOp{Kind: OpAdd, Key: "c:" + pp.pr.addr + ":" + strconv.FormatInt(r.N, 10), Value: rec.encode(), TTL: ttl})
+		p.transition(pp.pr, event{kind: evPublished, gen: uint64(r.N), seq: h.seq, now: nowNS})
+		st.wrote = true
+	}
+	for _, ra := range st.runs {
+		r := res[ra.op]
+		if !r.OK {
+			continue
+		}
+		total := r.N
+		reached := total >= int64(p.cfg.Failures) && total-int64(ra.n) < int64(p.cfg.Failures)
+		p.transition(ra.pr, event{kind: evRun, gen: ra.gen, n: int32(min(total, 1<<30)), seq: uint64(ra.n), reached: reached, now: nowNS})
+		st.wrote = true
+	}
+	if st.wrote {
+		ops = append(ops, StoreOp{Kind: OpIncr, Key: "v", Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
+	}
+	sh.lastStep = nowNS
+	sh.step = nil
+	// What changed during this step asks for the next one.
+	for _, pr := range st.peers {
+		if h := pr.h.Load(); h.dirty() || h.unshown > 0 {
+			p.shareChanged()
+			break
+		}
+	}
+	return ops, false
+}
+
+// verdictRec is a verdict as the store keeps it.
+type verdictRec struct {
+	eject    bool
+	until    int64 // CLOCK_MONOTONIC ns
+	ejectFor int64
+}
+
+const verdictVersion = 1
+
+func (r verdictRec) encode() []byte {
+	b := make([]byte, 0, 18)
+	f := byte(0)
+	if r.eject {
+		f = 1
+	}
+	b = append(b, verdictVersion, f)
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.until))
+	return binary.LittleEndian.AppendUint64(b, uint64(r.ejectFor))
+}
+
+func decodeVerdict(b []byte) (verdictRec, bool) {
+	if len(b) != 18 || b[0] != verdictVersion || b[1] > 1 {
+		return verdictRec{}, false
+	}
+	return verdictRec{eject: b[1] == 1, until: int64(binary.LittleEndian.Uint64(b[2:])),
+		ejectFor: max(0, int64(binary.LittleEndian.Uint64(b[10:])))}, true
+}
+
+func appendStr(b []byte, s string) []byte {
+	s = s[:min(len(s), 0xffff)]
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// encodeList: u16 n, then n × (u16 priority, u16 weight, u16 split,
+// u16 len, addr, u16 len, name).
+func encodeList(list []Resolved) []byte {
+	n := min(len(list), maxPeers)
+	b := binary.LittleEndian.AppendUint16(nil, uint16(n))
+	for _, e := range list[:n] {
+		b = binary.LittleEndian.AppendUint16(b, e.Priority)
+		b = binary.LittleEndian.AppendUint16(b, e.Weight)
+		b = binary.LittleEndian.AppendUint16(b, e.Split)
+		b = appendStr(b, e.Addr)
+		b = appendStr(b, e.Name)
+	}
+	return b
+}
+
+func decodeList(b []byte) ([]Resolved, bool) {
+	if len(b) < 2 {
+		return nil, false
+	}
+	n := int(binary.LittleEndian.Uint16(b))
+	if n > maxPeers {
+		return nil, false
+	}
+	b = b[2:]
+	str := func() (string, bool) {
+		if len(b) < 2 {
+			return "", false
+		}
+		l := int(binary.LittleEndian.Uint16(b))
+		if len(b) < 2+l {
+			return "", false
+		}
+		s := string(b[2 : 2+l])
+		b = b[2+l:]
+		return s, true
+	}
+	out := make([]Resolved, 0, n)
+	for range n {
+		if len(b) < 6 {
+			return nil, false
+		}
+		e := Resolved{Priority: binary.LittleEndian.Uint16(b), Weight: binary.LittleEndian.Uint16(b[2:]), Split: binary.LittleEndian.Uint16(b[4:])}
+		b = b[6:]
+		var ok1, ok2 bool
+		e.Addr, ok1 = str()
+		e.Name, ok2 = str()
+		if !ok1 || !ok2 {
+			return nil, false
+		}
+		out = append(out, e)
+	}
+	return out, len(b) == 0
 }
 
 // SetOthersThrottle gives adaptive throttling the other views' window
@@ -164,69 +745,46 @@ func (p *Pool) SetOthersThrottle(requests, accepts int64) {
 	}
 }
 
-// View reports this pool's verdicts, and its resolved list when its
-// generation differs from seenGen.
-func (p *Pool) View(seenGen uint64) ShareView {
-	now := p.clk.Now()
-	clk := pickClock{t: now, src: p.clk}
-	var out ShareView
-	p.mu.Lock()
-	for _, pr := range p.peers {
-		v := Verdict{Addr: pr.addr}
-		if u := pr.ejectedUntil.Load(); u != 0 {
-			v.Ejected = true
-			v.EjectFor = max(0, time.Duration(u-monoNS(now)))
-		}
-		v.Stalled = pr.stalled(pr.inflight.Load(), &clk, int64(p.cfg.Stall))
-		v.Resets = pr.resets.Load()
-		v.Counted = pr.failCount.Load()
-		v.SinceReset = v.Counted - pr.failAtReset.Load()
-		pr.failShown.Store(v.Counted)
-		out.Peers = append(out.Peers, v)
-	}
-	if th := p.throttle; th != nil {
-		out.Requests, out.Accepts = th.counts(now)
-	}
-	out.ResolvedGen = p.share.resolvedGen.Load()
-	if out.ResolvedGen != seenGen {
-		out.Resolved = slices.Clone(p.share.resolved)
-	}
-	p.mu.Unlock()
-	slices.SortFunc(out.Peers, func(a, b Verdict) int { return strings.Compare(a.Addr, b.Addr) })
-	return out
-}
-
-// noteResolved keeps the list this view resolved, for View. Called with
-// p.mu held.
+// noteResolved keeps the list this view resolved, for the others. Called
+// with p.mu held.
 func (p *Pool) noteResolved(want []string, names map[string]string, meta map[string]srvMeta) {
 	list := make([]Resolved, 0, len(want))
 	for _, a := range want {
 		m := meta[a]
-		list = append(list, Resolved{Addr: a, Name: names[a], Priority: m.prio, Weight: max(m.weight, 1)})
+		list = append(list, Resolved{Addr: a, Name: names[a], Priority: m.prio, Weight: max(m.weight, 1), Split: max(m.split, 1)})
 	}
-	if slices.Equal(list, p.share.resolved) && p.share.resolvedGen.Load() != 0 {
+	if slices.Equal(list, p.share.resolved) && p.share.resolvedGen != 0 {
 		return
 	}
 	p.share.resolved = list
-	p.share.resolvedGen.Add(1)
+	p.share.resolvedGen++
+	if p.share.on.Load() {
+		p.shareChanged() // published at the next step
+	}
 }
 
 // ImportResolved makes list the pool's servers, as its own re-resolution
-// would (new ones join, missing ones drain). It does nothing on a pool
-// without names to resolve, or on an empty list.
+// would (new ones join, missing ones drain; at most maxPeers). It does
+// nothing on a pool without names to resolve, or on an empty list.
 func (p *Pool) ImportResolved(list []Resolved) error {
 	if len(list) == 0 || !p.hasNames() {
 		return nil
+	}
+	if len(list) > maxPeers {
+		list = list[:maxPeers]
 	}
 	want := make([]string, 0, len(list))
 	names := map[string]string{}
 	meta := map[string]srvMeta{}
 	for _, r := range list {
+		if _, dup := meta[r.Addr]; dup {
+			continue
+		}
 		want = append(want, r.Addr)
 		if r.Name != "" {
 			names[r.Addr] = r.Name
 		}
-		meta[r.Addr] = srvMeta{prio: r.Priority, weight: max(r.Weight, 1)}
+		meta[r.Addr] = srvMeta{prio: r.Priority, weight: max(r.Weight, 1), split: max(r.Split, 1)}
 	}
 	slices.Sort(want)
 	p.mu.Lock()

@@ -37,8 +37,10 @@ import (
 //     the keys that the change must.
 //
 // A weight of 0 counts as 1 (RFC 2782 gives such servers "a very small
-// chance" when others weigh more); every address of a target takes its
-// record's weight.
+// chance" when others weigh more). A record's weight is the target's:
+// when its name has several addresses (dual stack, say), they share it
+// (share), so that a target does not weigh more for having more
+// addresses. A pool without an SRV name is one tier of equal weights.
 type tier struct {
 	peers    []*peer
 	sched    []uint16 // weighted round-robin order: indices into peers
@@ -54,7 +56,14 @@ func (pr *peer) setMeta(m srvMeta) (changed bool) {
 		m.weight = 1
 	}
 	v := uint32(m.prio)<<16 | uint32(m.weight)
-	return pr.meta.Swap(v) != v
+	s := uint32(max(m.split, 1))
+	return pr.meta.Swap(v) != v || pr.split.Swap(s) != s
+}
+
+// share is the server's part of its record's weight: the weight over
+// the number of addresses of the record's target.
+func (pr *peer) share() float64 {
+	return float64(pr.weight()) / float64(max(pr.split.Load(), 1))
 }
 
 func (pr *peer) prio() uint16   { return uint16(pr.meta.Load() >> 16) }
@@ -82,8 +91,17 @@ func newTier(peers []*peer) *tier {
 	t := &tier{peers: peers}
 	ws := make([]int, len(peers))
 	g, sum := 0, 0
+	// The shares as integers: every weight times the least common
+	// multiple of the splits (bounded: past maxSched the shares are
+	// rounded below).
+	l := 1
+	for _, pr := range peers {
+		if m := lcm(l, int(max(pr.split.Load(), 1))); m <= maxSched {
+			l = m
+		}
+	}
 	for i, pr := range peers {
-		ws[i] = int(pr.weight())
+		ws[i] = max(1, int(math.Round(float64(l)*pr.share())))
 		g = gcd(g, ws[i])
 		t.weighted = t.weighted || ws[i] != ws[0]
 	}
@@ -125,102 +143,14 @@ func (pr *peer) costW(now int64) float64 {
 	if e > 0 {
 		e *= decay(now - pr.ewmaAt.Load())
 	}
-	return e * (float64(pr.inflight.Load())/float64(pr.weight()) + 1)
+	return e * (float64(pr.inflight.Load())/pr.share() + 1)
 }
+
+func lcm(a, b int) int { return a / gcd(a, b) * b }
 
 func gcd(a, b int) int {
 	for b != 0 {
 		a, b = b, a%b
 	}
 	return a
-}
-
-// pickTiers is pick for a pool with tiers.
-func (p *Pool) pickTiers(tiers []*tier, key []byte, ex *exclude, relax bool, clk *pickClock) (*peer, bool) {
-	for _, t := range tiers {
-		if pr, trial := p.chooseTier(t, key, ex, clk); pr != nil {
-			return pr, trial
-		}
-	}
-	if relax && ex != nil && ex.n > 0 {
-		for _, t := range tiers {
-			if pr, trial := p.chooseTier(t, key, nil, clk); pr != nil {
-				return pr, trial
-			}
-		}
-	}
-	return nil, false
-}
-
-func (p *Pool) chooseTier(t *tier, key []byte, ex *exclude, clk *pickClock) (*peer, bool) {
-	if !t.weighted {
-		return p.choose(t.peers, key, ex, clk)
-	}
-	limit := int64(p.cfg.Stall)
-	rr := &p.rr
-	if ex != nil && ex.n > 0 {
-		rr = &p.rrExtra
-	}
-	L := uint32(len(t.sched))
-	switch {
-	case p.cfg.Balance == P2C:
-		r := mix64(uint64(rr.Add(1)))
-		a := t.peers[t.sched[uint32(r)%L]]
-		b := t.peers[t.sched[uint32(r>>32)%L]]
-		now := monoNS(clk.now())
-		if oka, ta, _ := takeable(a, ex, clk, limit); oka {
-			pa := a
-			if b != a {
-				if okb, tb, _ := takeable(b, ex, clk, limit); okb && b.costW(now) < a.costW(now) {
-					pa, ta = b, tb
-				}
-			}
-			if !ta || pa.trial.CompareAndSwap(false, true) {
-				return pa, ta
-			}
-		}
-		return scanBest(t.peers, uint32(t.sched[uint32(r)%L]), ex, clk, limit, func(pr *peer) float64 { return pr.costW(now) })
-	case p.cfg.Balance == LeastInflight:
-		return scanBest(t.peers, uint32(t.sched[rr.Add(1)%L]), ex, clk, limit, func(pr *peer) float64 {
-			return float64(pr.inflight.Load()+1) / float64(pr.weight())
-		})
-	case p.cfg.Balance == Hash && len(key) > 0:
-		// Weighted rendezvous hashing: of scores -ln(u)/w, u uniform in
-		// (0, 1) from the key and the server, the lowest wins; a server
-		// wins a share of the keys proportional to w.
-		kh := fnv64b(key)
-		return scanBest(t.peers, 0, ex, clk, limit, func(pr *peer) float64 {
-			u := (float64(mix64(kh^pr.seed)>>11) + 0.5) / (1 << 53)
-			return -math.Log(u) / float64(pr.weight())
-		})
-	}
-	n := uint32(len(t.peers))
-	var i uint32
-	stalls := false
-	// Turns of the weighted order, one probe each (a server skipped uses
-	// up its turns rather than handing them to the next in the order).
-	for range n {
-		i = rr.Add(1)
-		pr, trial, st := rrTake(t.peers[t.sched[i%L]], ex, clk, limit)
-		if pr != nil {
-			return pr, trial
-		}
-		stalls = stalls || st
-	}
-	start := uint32(t.sched[i%L])
-	for k := range n {
-		pr, trial, st := rrTake(t.peers[(start+k)%n], ex, clk, limit)
-		if pr != nil {
-			return pr, trial
-		}
-		stalls = stalls || st
-	}
-	if stalls {
-		for k := range n {
-			if pr, trial, _ := rrTake(t.peers[(start+k)%n], ex, clk, 0); pr != nil {
-				return pr, trial
-			}
-		}
-	}
-	return nil, false
 }

@@ -95,11 +95,13 @@ func TestTierFailover(t *testing.T) {
 	if c := count(); c[peers[2].addr] != 0 || c[peers[0].addr] != 50 {
 		t.Fatalf("all up: %v", c)
 	}
-	p.eject(peers[0])
+	p.transition(peers[0], event{kind: evFailure})
+	p.transition(peers[0], event{kind: evFailure})
+	p.transition(peers[0], event{kind: evFailure})
 	if c := count(); c[peers[2].addr] != 0 || c[peers[1].addr] != 100 {
 		t.Fatalf("one of the first tier ejected: %v", c)
 	}
-	peers[1].c.slots[0].cur.Store(nil) // not connected
+	clientOf(peers[1]).slots[0].cur.Store(nil) // not connected
 	if c := count(); c[peers[2].addr] != 100 {
 		t.Fatalf("the first tier down: %v", c)
 	}
@@ -113,7 +115,7 @@ func TestTierFailover(t *testing.T) {
 	if pr, _ := p.pick(nil, &ex, true, &pickClock{}); pr != peers[2] {
 		t.Fatalf("relaxed retry: %v", pr)
 	}
-	p.back(peers[0])
+	p.transition(peers[0], event{kind: evCheckOK})
 	if c := count(); c[peers[0].addr] != 100 {
 		t.Fatalf("a first-tier server back: %v", c)
 	}
@@ -215,9 +217,9 @@ func TestSRVResolve(t *testing.T) {
 		name string
 		m    srvMeta
 	}{
-		"10.0.0.1:7000": {"a.test", srvMeta{10, 3}},
-		"10.0.0.2:7000": {"a.test", srvMeta{10, 3}},
-		"10.0.1.1:7001": {"b.test", srvMeta{20, 1}},
+		"10.0.0.1:7000": {"a.test", srvMeta{10, 3, 2}},
+		"10.0.0.2:7000": {"a.test", srvMeta{10, 3, 2}},
+		"10.0.1.1:7001": {"b.test", srvMeta{20, 1, 1}},
 		"10.0.2.1:9000": {"plain.test", plainMeta},
 	} {
 		if got := p.peerConf(addr, names).ServerName; got != w.name {

@@ -100,6 +100,7 @@ type conn struct {
 	addr   string
 	client *qrpc.Pool
 	owner  *Gen
+	host   atomic.Value // Host: the host that dialled it (shared pools ask it for steps)
 
 	inflight atomic.Int64
 	calls    atomic.Uint64
@@ -214,6 +215,7 @@ func (r *Runtime) connect(h Host, g *Gen, cmd *Command) (int32, string) {
 			complete(r.errCompletion(err))
 			return
 		}
+		c.host.Store(hostBox{h})
 		made = c
 		hook("connect after success")
 		complete(Completion{Status: StatusOK, Handle: c.handle})

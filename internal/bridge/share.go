@@ -2,56 +2,51 @@ package bridge
 
 import (
 	"encoding/binary"
+	"strconv"
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
-// QRPC_OP_POOL_SHARE exchanges a pool's health with the other workers'
-// views of it (the Lua side keeps the shared copy in a lua_shared_dict:
-// lua/resty/ffi/qrpc/share.lua; share_record.lua there encodes and
-// decodes the record). Both ways the record is binary, little-endian:
-//
-//	request (opts):  u8 roles (1: this view probes, 2: it resolves)
-//	                 u64 the resolved-list generation the caller has seen
-//	                 verdicts, then a resolved list (count 0: none)
-//	                 u64 u64 the other views' adaptive throttling window:
-//	                 requests, accepts
-//	answer:          u64 this view's resolved-list generation
-//	                 this view's runs, then its resolved list when the
-//	                 generation differs from the one seen
-//	                 u64 u64 this view's throttling window
-//	verdicts:        u16 n, then n × (u8 flags (1 ejected, 2 stalled,
-//	                 4 ejection unknown: leave it as it is, 8 the run is
-//	                 given, 16 the run reached health.failures with this
-//	                 view's own failures: eject), u32 ms of ejection
-//	                 left, u32 the run of failures in a row over every
-//	                 view, u16 len, addr)
-//	runs:            u16 n, then n × (u8 flags (1 ejected, 2 stalled),
-//	                 u32 ms of ejection left, u32 failures counted
-//	                 towards the run (ever, wrapping), u32 runs ended (an
-//	                 answer after failures, the server back; wrapping),
-//	                 u32 failures counted since the last run ended,
-//	                 u16 len, addr)
-//	resolved list:   u16 n, then n × (u16 priority, u16 weight,
-//	                 u16 len, addr, u16 len, TLS name)
-//
-// A verdict for a server the pool does not have is ignored (the views may
-// be between two resolutions).
+// StatusShare is QRPC_SHARE: a completion (handle = a shared pool's
+// connection) asking the host for a step of that pool.
+const StatusShare int32 = 4
 
+// QRPC_OP_POOL_SHARE runs a shared pool's steps (qrpc/pool_share.go: the
+// logic; lua/resty/ffi/qrpc/share.lua: the store, a lua_shared_dict).
+// Both ways the record is binary, little-endian:
+//
+//	request (opts):  u8 mode, then
+//	                 mode 3 (attach): u16 slot, u16 slots
+//	                 mode 1 (step), 2 (exit): nothing
+//	                 mode 0 (go on): u16 n, then n results of the ops asked
+//	                 last: u8 type (0 absent/false, 1 a string, 2 a number,
+//	                 3 true), u32 len, the bytes (a number in decimal)
+//	answer:          u8 more (1: run the ops and call back with their
+//	                 results; 0: run them, the step is over), u16 n, then
+//	                 n × (u8 op (1 get, 2 add, 3 set, 4 incr, 5 delete),
+//	                 u16 len, key, u32 len, value (incr: "delta init" in
+//	                 decimal), u32 TTL in ms (0: none))
+//
+// Attach answers u32: the lease period in ms (0: the pool needs no lease
+// tick), then u8: 1 when Go asks for the lease steps itself (QRPC_SHARE
+// completions of the built-in host), 0 when the host must tick (the
+// lua-resty-ffi host).
 const (
-	shareProbe   = 1
-	shareResolve = 2
+	shareGoOn   = 0
+	shareStep   = 1
+	shareExit   = 2
+	shareAttach = 3
 
-	verdictEjected = 1
-	verdictStalled = 2
-	verdictKeep    = 4
-	verdictRun     = 8
-	verdictReached = 16
+	resNil    = 0
+	resString = 1
+	resNumber = 2
+	resTrue   = 3
 )
 
-// maxShareEntries bounds both lists of a record.
-const maxShareEntries = 4096
+// maxShareOps bounds a request's results (a pool has at most
+// qrpc.MaxPoolServers servers, a step a few ops per server).
+const maxShareOps = 8192
 
 type shareReader struct {
 	b   []byte
@@ -59,7 +54,7 @@ type shareReader struct {
 }
 
 func (r *shareReader) take(n int) []byte {
-	if r.bad || len(r.b) < n {
+	if r.bad || n < 0 || len(r.b) < n {
 		r.bad = true
 		return nil
 	}
@@ -89,131 +84,134 @@ func (r *shareReader) u32() uint32 {
 	return 0
 }
 
-func (r *shareReader) u64() uint64 {
-	if v := r.take(8); v != nil {
-		return binary.LittleEndian.Uint64(v)
-	}
-	return 0
-}
-
-func (r *shareReader) str() string { return string(r.take(int(r.u16()))) }
-
-// shareRequest is a decoded request record.
-type shareRequest struct {
-	roles            uint8
-	seenGen          uint64
-	verdicts         []qrpc.Verdict
-	resolved         []qrpc.Resolved
-	othReqs, othAccs uint64
-}
-
-func decodeShare(b []byte) (shareRequest, error) {
-	r := shareReader{b: b}
-	var q shareRequest
-	q.roles = r.u8()
-	q.seenGen = r.u64()
+func decodeResults(r *shareReader) ([]qrpc.StoreResult, error) {
 	n := int(r.u16())
-	if n > maxShareEntries {
-		return q, Badf("pool share: %d verdicts, at most %d", n, maxShareEntries)
+	if n > maxShareOps {
+		return nil, Badf("pool share: %d results, at most %d", n, maxShareOps)
 	}
+	out := make([]qrpc.StoreResult, 0, n)
 	for i := 0; i < n && !r.bad; i++ {
-		f := r.u8()
-		ms := r.u32()
-		run := r.u32()
-		q.verdicts = append(q.verdicts, qrpc.Verdict{
-			Addr:     r.str(),
-			Ejected:  f&verdictEjected != 0,
-			EjectFor: time.Duration(ms) * time.Millisecond,
-			Stalled:  f&verdictStalled != 0,
-			Keep:     f&verdictKeep != 0,
-			HasRun:   f&verdictRun != 0,
-			Run:      int(min(run, 1<<31-1)),
-			Reached:  f&verdictReached != 0,
-		})
+		t := r.u8()
+		v := r.take(int(r.u32()))
+		var res qrpc.StoreResult
+		switch t {
+		case resNil:
+		case resString:
+			res = qrpc.StoreResult{OK: true, Value: append([]byte{}, v...)}
+		case resNumber:
+			f, err := strconv.ParseFloat(string(v), 64)
+			if err != nil {
+				return nil, Badf("pool share: result %d: bad number %q", i+1, v)
+			}
+			res = qrpc.StoreResult{OK: true, Value: append([]byte{}, v...), N: int64(f)}
+		case resTrue:
+			res = qrpc.StoreResult{OK: true}
+		default:
+			return nil, Badf("pool share: result %d: unknown type %d", i+1, t)
+		}
+		out = append(out, res)
 	}
-	n = int(r.u16())
-	if n > maxShareEntries {
-		return q, Badf("pool share: %d addresses, at most %d", n, maxShareEntries)
-	}
-	for i := 0; i < n && !r.bad; i++ {
-		var e qrpc.Resolved
-		e.Priority, e.Weight = r.u16(), r.u16()
-		e.Addr = r.str()
-		e.Name = r.str()
-		q.resolved = append(q.resolved, e)
-	}
-	q.othReqs, q.othAccs = r.u64(), r.u64()
-	if r.bad || len(r.b) != 0 {
-		return q, Badf("pool share: malformed record (%d bytes)", len(b))
-	}
-	return q, nil
+	return out, nil
 }
 
-func appendShareStr(b []byte, s string) []byte {
+func appendShareStr16(b []byte, s string) []byte {
 	s = s[:min(len(s), 0xffff)]
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
 	return append(b, s...)
 }
 
-func encodeShareView(v qrpc.ShareView) []byte {
-	b := binary.LittleEndian.AppendUint64(nil, v.ResolvedGen)
-	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(v.Peers), maxShareEntries)))
-	for i, p := range v.Peers {
-		if i == maxShareEntries {
-			break
-		}
-		var f uint8
-		if p.Ejected {
-			f |= verdictEjected
-		}
-		if p.Stalled {
-			f |= verdictStalled
-		}
-		ms := min(p.EjectFor.Milliseconds(), 1<<32-1)
-		b = append(b, f)
-		b = binary.LittleEndian.AppendUint32(b, uint32(ms))
-		b = binary.LittleEndian.AppendUint32(b, p.Counted)
-		b = binary.LittleEndian.AppendUint32(b, p.Resets)
-		b = binary.LittleEndian.AppendUint32(b, p.SinceReset)
-		b = appendShareStr(b, p.Addr)
+func encodeOps(ops []qrpc.StoreOp, more bool) []byte {
+	b := make([]byte, 0, 3+len(ops)*32)
+	if more {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
 	}
-	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(v.Resolved), maxShareEntries)))
-	for i, e := range v.Resolved {
-		if i == maxShareEntries {
-			break
+	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(ops), 0xffff)))
+	for _, op := range ops[:min(len(ops), 0xffff)] {
+		b = append(b, op.Kind)
+		b = appendShareStr16(b, op.Key)
+		v := op.Value
+		if op.Kind == qrpc.OpIncr {
+			v = []byte(strconv.FormatInt(op.Delta, 10) + " " + strconv.FormatInt(op.Init, 10))
 		}
-		b = binary.LittleEndian.AppendUint16(b, e.Priority)
-		b = binary.LittleEndian.AppendUint16(b, e.Weight)
-		b = appendShareStr(b, e.Addr)
-		b = appendShareStr(b, e.Name)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
+		b = append(b, v...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(min(op.TTL.Milliseconds(), 1<<32-1)))
 	}
-	b = binary.LittleEndian.AppendUint64(b, uint64(v.Requests))
-	return binary.LittleEndian.AppendUint64(b, uint64(v.Accepts))
+	return b
 }
 
 // PoolShare answers QRPC_OP_POOL_SHARE for connection h.
 func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
-	q, err := decodeShare(rec)
-	if err != nil {
-		return nil, err
-	}
 	c := r.lookup(h)
 	if c == nil {
 		return nil, qrpc.ErrClosed
 	}
 	p := c.client
-	p.SetRoles(q.roles&shareProbe != 0, q.roles&shareResolve != 0)
-	if len(q.resolved) > 0 {
-		if err := p.ImportResolved(q.resolved); err != nil {
+	rd := shareReader{b: rec}
+	mode := rd.u8()
+	switch mode {
+	case shareAttach:
+		slot, slots := int(rd.u16()), int(rd.u16())
+		if rd.bad || len(rd.b) != 0 || slots < 1 || slot >= slots {
+			return nil, Badf("pool share: malformed attach record (%d bytes)", len(rec))
+		}
+		var notify func() bool
+		if hb, ok := c.host.Load().(hostBox); ok {
+			if _, ok := hb.h.(shareNotifier); ok {
+				notify = c.askShare
+			}
+		}
+		p.Share(qrpc.ShareConfig{Slot: slot, Slots: slots, Notify: notify})
+		b := binary.LittleEndian.AppendUint32(nil, uint32(p.LeasePeriod()/time.Millisecond))
+		if notify != nil {
+			return append(b, 1), nil
+		}
+		return append(b, 0), nil
+	case shareStep, shareExit:
+		if len(rd.b) != 0 {
+			return nil, Badf("pool share: malformed step record (%d bytes)", len(rec))
+		}
+		m := qrpc.ShareStep
+		if mode == shareExit {
+			m = qrpc.ShareExit
+		}
+		ops, more := p.ShareStep(m, nil)
+		return encodeOps(ops, more), nil
+	case shareGoOn:
+		res, err := decodeResults(&rd)
+		if err != nil {
 			return nil, err
 		}
+		if rd.bad || len(rd.b) != 0 {
+			return nil, Badf("pool share: malformed results (%d bytes)", len(rec))
+		}
+		ops, more := p.ShareStep(0, res)
+		return encodeOps(ops, more), nil
 	}
-	if len(q.verdicts) > 0 {
-		p.Import(q.verdicts)
-	}
-	p.SetOthersThrottle(int64(min(q.othReqs, 1<<62)), int64(min(q.othAccs, 1<<62)))
-	return encodeShareView(p.View(q.seenGen)), nil
+	return nil, Badf("pool share: unknown mode %d", mode)
 }
+
+// shareNotifier is a host that can ask its Lua side for a step of a
+// shared pool (the built-in host: a QRPC_SHARE completion).
+type shareNotifier interface {
+	NotifyShare(handle uint64) bool
+}
+
+// askShare asks the host that dialled c for a step of its pool; a host
+// that cannot be asked steps at the next call or lease tick.
+func (c *conn) askShare() bool {
+	if hb, ok := c.host.Load().(hostBox); ok {
+		if n, ok := hb.h.(shareNotifier); ok {
+			return n.NotifyShare(c.handle)
+		}
+	}
+	return false
+}
+
+// hostBox keeps a Host in an atomic.Value (which wants one concrete type).
+type hostBox struct{ h Host }
 
 func init() {
 	RegisterQuery(OpPoolShare, func(r *Runtime, cmd *Command) ([]byte, error) {

@@ -246,7 +246,7 @@ func (v *VM) enqueue(c bridge.Completion) bool {
 // caller's.
 func (v *VM) push(c *bridge.Completion) int {
 	rc := cqPush(v.idx, c, maxQueuedLogs)
-	if rc >= 0 && c.Status != bridge.StatusLog {
+	if rc >= 0 && c.Status != bridge.StatusLog && c.Status != bridge.StatusShare {
 		v.completed.Add(1)
 	}
 	if rc == 1 {
@@ -275,6 +275,14 @@ func (v *VM) wakeSoon() {
 		}
 	}
 	v.wake.signal()
+}
+
+// NotifyShare asks the VM's dispatcher for a step of the shared pool of
+// connection handle (QRPC_SHARE). The pool asks again only after the
+// step, so at most one is queued per pool.
+func (v *VM) NotifyShare(handle uint64) bool {
+	c := bridge.Completion{Status: bridge.StatusShare, Handle: handle}
+	return v.push(&c) == 0
 }
 
 // signalVMs writes a wake byte to each VM of mask (bit i: VM i).

@@ -42,7 +42,7 @@ static int qrpc_const(int i, long long *v) {
 		QRPC_OK, QRPC_PENDING, QRPC_LOG, QRPC_ERR, QRPC_ERR_TIMEOUT, QRPC_ERR_CLOSED, QRPC_ERR_FULL,
 		QRPC_ERR_BADARG, QRPC_ERR_CONNECT, QRPC_ERR_UNAVAIL, QRPC_ERR_TOOBIG, QRPC_ERR_LOST,
 		QRPC_F_PROTO_NAMES, QRPC_BAD_RESPONSE, QRPC_F_LUA_TABLE, QRPC_F_LUA_REQUEST,
-		QRPC_MAX_VMS, QRPC_RESULT_HEAD, QRPC_OP_PROTO_DESCRIBE, QRPC_OP_POOL_SHARE,
+		QRPC_MAX_VMS, QRPC_RESULT_HEAD, QRPC_OP_PROTO_DESCRIBE, QRPC_OP_POOL_SHARE, QRPC_SHARE,
 	};
 	if (i < 0 || i >= (int)(sizeof c / sizeof c[0])) return 0;
 	if (v != NULL) *v = c[i];
@@ -84,7 +84,7 @@ const constNames = `QRPC_CMD_VERSION
 	QRPC_OK QRPC_PENDING QRPC_LOG QRPC_ERR QRPC_ERR_TIMEOUT QRPC_ERR_CLOSED QRPC_ERR_FULL
 	QRPC_ERR_BADARG QRPC_ERR_CONNECT QRPC_ERR_UNAVAIL QRPC_ERR_TOOBIG QRPC_ERR_LOST
 	QRPC_F_PROTO_NAMES QRPC_BAD_RESPONSE QRPC_F_LUA_TABLE QRPC_F_LUA_REQUEST
-	QRPC_MAX_VMS QRPC_RESULT_HEAD QRPC_OP_PROTO_DESCRIBE QRPC_OP_POOL_SHARE`
+	QRPC_MAX_VMS QRPC_RESULT_HEAD QRPC_OP_PROTO_DESCRIBE QRPC_OP_POOL_SHARE QRPC_SHARE`
 
 // abiLayoutErr compares the Go mirrors (internal/bridge/cmdabi.go) and the runtime's
 // constants with the C compiler's view of qrpc.h.
@@ -97,7 +97,7 @@ func abiLayoutErr() error {
 		int64(bridge.ErrTimeout), int64(bridge.ErrClosed), int64(bridge.ErrFull), int64(bridge.ErrBadArg),
 		int64(bridge.ErrConnect), int64(bridge.ErrUnavail), int64(bridge.ErrTooBig), int64(bridge.ErrLost),
 		bridge.FlagProtoNames, bridge.StatusBadResponse, bridge.FlagLuaTable, bridge.FlagLuaRequest,
-		bridge.MaxVMs, bridge.ResultHead, bridge.OpProtoDescribe, bridge.OpPoolShare}
+		bridge.MaxVMs, bridge.ResultHead, bridge.OpProtoDescribe, bridge.OpPoolShare, int64(bridge.StatusShare)}
 	if len(names) != len(goVals) || C.qrpc_const(C.int(len(goVals)), nil) != 0 {
 		return fmt.Errorf("the constant lists of layout.go differ in length")
 	}

@@ -78,6 +78,8 @@
 #define QRPC_LOG          2  /* completion carrying a log line (code = level) */
 #define QRPC_BAD_RESPONSE 3  /* UNARY with resp_type: the answer did not decode as that message;
                                 data = [uint32 msg_len][msg][result blob with the raw body] */
+#define QRPC_SHARE        4  /* completion asking for a step of a shared pool (handle = the pool's
+                                connection): it has verdicts to publish (QRPC_OP_POOL_SHARE) */
 #define QRPC_ERR         -1  /* anything else; read the message */
 #define QRPC_ERR_TIMEOUT -2  /* "timeout" */
 #define QRPC_ERR_CLOSED  -3  /* "closed": connection or runtime closed */

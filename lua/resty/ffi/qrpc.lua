@@ -59,7 +59,6 @@ local mark_closed = cache.mark_closed
 local touch = cache.touch
 local pool_call_opts = pool.call_opts
 local share_due = share.due
-local share_failed = share.failed
 local plain = args.plain
 local check_opts = args.check_opts
 local check_call = args.check_call
@@ -290,7 +289,7 @@ function _M.connect(addr, opts)
     e.handed = ngx_now()
     local ss = e.share_spec
     if ss and not e.share then
-        e.share = share.attach(e, ss.shared, ss)
+        e.share = share.attach(e, ss.shared, ss.share_name)
     end
     local m = o.methods
     if m ~= nil then
@@ -436,8 +435,6 @@ function methods.unary(self, method, body, opts)
     end
     if status == QRPC_ERR_CLOSED then
         mark_closed(e)
-    elseif sh then
-        share_failed(sh)
     end
     return nil, val, info or {}
 end

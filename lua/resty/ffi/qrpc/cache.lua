@@ -23,6 +23,8 @@ local math_ceil = math.ceil
 local math_min = math.min
 local tab_remove = table.remove
 local tab_sort = table.sort
+local tab_concat = table.concat
+local tostring = tostring
 local unpack = unpack
 
 local QRPC_OK = abi.QRPC_OK
@@ -125,6 +127,22 @@ local function finish_connect(e, status, val, info)
     end
 end
 
+
+-- ident(e) -> the entry's identity: every field find compares, so that
+-- two entries find tells apart never share a shared pool's keys
+-- (resty.ffi.qrpc.share).
+local function ident(e)
+    local function list(t)
+        return t and tab_concat(t, ",") or "-"
+    end
+    return tab_concat({
+        e.addr, tostring(e.server_name), tostring(e.ca), tostring(e.cert),
+        tostring(e.key), tostring(e.insecure), e.conns, e.streams,
+        tostring(e.stream_batch), e.timeout, e.idle_timeout,
+        e.max_frame_size, e.pool_key, list(e.pins), list(e.propagate),
+        tostring(e.prop_deadline),
+    }, "\n")
+end
 
 local function same_pins(a, b)
     if a == b then
@@ -350,6 +368,7 @@ function _M.start(addr, o, pins, spec)
                        or DEFAULT_TIMEOUT_MS,
         max_frame = o.max_frame_size or DEFAULT_MAX_FRAME,
     }
+    e.ident = ident(e)
     local dial_ms = (o.timeout and o.timeout > 0) and o.timeout
                     or DEFAULT_TIMEOUT_MS
     any_names = any_names or e.names

@@ -47,10 +47,12 @@ local PATHBUF_LEN = 256
 -- worker exit (nginx -s reload/quit), lost wake-ups and abandoned calls.
 local POLL_S = 0.5
 -- With none in flight it waits this long for a kick (a new call, the
--- reader ending, the exit watch): an idle worker's nginx thread then does
--- not wake at all. The wait only bounds what a kick that never comes
--- (a bug) would cost.
-local IDLE_S = 3600
+-- reader ending, the exit watch): an idle worker's nginx thread then
+-- wakes twice a minute for it. The wait bounds what a kick that never
+-- comes costs: the exit watch is a timer, and at exit nginx cannot run it
+-- while lua_max_running_timers are all taken (the worker's exit then
+-- waits this long).
+local IDLE_S = 30
 -- The exit watch: a timer of this delay, re-armed when it runs in time.
 -- nginx runs pending timers at once, premature, when the worker exits;
 -- the watch then kicks the dispatcher out of its idle wait.
@@ -91,11 +93,14 @@ local ensure_dispatcher
 local drain, safe_drain, complete_failed, sweep
 local npending = function() return 0 end
 local deferred = function() return false end
+local on_exiting = function() end
+local exit_told = false
 
 function _M.hooks(h)
     drain, safe_drain, complete_failed = h.drain, h.safe_drain, h.failed
     sweep, npending = h.sweep, h.pending
     deferred = h.deferred or deferred
+    on_exiting = h.exiting or on_exiting
 end
 
 -- The VM could not be registered: no wake-up socket will open.
@@ -223,6 +228,13 @@ local function supervise(gen)
         disp_beat = ngx_now()
 
         if worker_exiting() then
+            if not exit_told then
+                exit_told = true
+                local ok, err = pcall(on_exiting)
+                if not ok then
+                    ngx_log(ngx_ERR, "qrpc: dispatcher: on exit: ", err)
+                end
+            end
             local n = npending() + others()
             if n == 0 then
                 break

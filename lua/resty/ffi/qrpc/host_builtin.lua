@@ -43,6 +43,7 @@ local OP_CONNECT = abi.OP_CONNECT
 local QRPC_OK = abi.QRPC_OK
 local QRPC_PENDING = abi.QRPC_PENDING
 local QRPC_LOG = abi.QRPC_LOG
+local QRPC_SHARE = abi.QRPC_SHARE
 local QRPC_BAD_RESPONSE = abi.QRPC_BAD_RESPONSE
 local QRPC_ERR = abi.QRPC_ERR
 local QRPC_ERR_TIMEOUT = abi.QRPC_ERR_TIMEOUT
@@ -170,6 +171,14 @@ local function complete(c)
     if status == QRPC_LOG then
         if data ~= nil then
             log_go(c.code, ffi_string(data, len))
+        end
+        return
+    end
+    if status == QRPC_SHARE then
+        -- a shared pool asks for a step (resty.ffi.qrpc.share)
+        local f = _M.on_share
+        if f then
+            f(c.handle)
         end
         return
     end
@@ -338,6 +347,13 @@ disp.hooks({
     drain = drain, safe_drain = safe_drain, failed = complete_failed,
     sweep = sweep, pending = function() return npend end,
     deferred = function() return direct.late_cancels() > 0 end,
+    -- the worker is exiting: shared pools give up their leases
+    exiting = function()
+        local f = _M.on_exit
+        if f then
+            f()
+        end
+    end,
 })
 local ensure_dispatcher = disp.ensure
 _M.ensure_dispatcher = ensure_dispatcher

@@ -167,7 +167,7 @@ end
 -- The pool options, normalised: a default written out gives the same key
 -- as an option left out.
 local DEFAULT_KEY = "round_robin|3|10000|200|connect,reset,timeout||0|0|0|0|"
-                    .. "|0||0|0.2|10|0||"
+                    .. "|0||0|0.2|10|0|||"
 
 local function no_pool_opts(o)
     return o.balance == nil and o.health == nil and o.check == nil
@@ -366,11 +366,12 @@ local function pool_spec(o, spec)
         return nil, tcodes
     end
 
-    local shared, serr = share.option(o.shared)
+    local shared, share_name, serr = share.option(o.shared)
     if serr then
         return nil, serr
     end
     spec.shared = shared
+    spec.share_name = share_name
     spec.failures = failures
     spec.throttle = tk ~= 0
     spec.check_ms = cinterval
@@ -379,7 +380,7 @@ local function pool_spec(o, spec)
     spec.key = tab_concat({ balance, failures, eject, stall, on, cmethod,
                             cinterval, ctimeout, retries, resolve, resolver,
                             try, hdelay, hmax, ratio, min_per_s, tk, tcodes,
-                            shared or "" }, "|")
+                            shared or "", share_name or "" }, "|")
     spec.balance = balance
     spec.retries = retries
     local b = wire_new()

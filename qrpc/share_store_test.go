@@ -1,0 +1,237 @@
+package qrpc
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// memStore is a lua_shared_dict as share.lua uses it: values with a TTL
+// on the store's clock, add/set/incr/delete, and (with max > 0) least
+// recently used eviction when full, as ngx.shared evicts.
+type memStore struct {
+	now  func() int64 // ns
+	max  int
+	m    map[string]*memItem
+	tick int64 // LRU clock
+	// evicted counts the keys evicted to make room
+	evicted int
+	// noTTL lists the keys written without a TTL (a defect)
+	noTTL []string
+}
+
+type memItem struct {
+	val  []byte
+	num  float64
+	isN  bool
+	exp  int64 // ns; 0: none
+	used int64
+}
+
+func newMemStore(now func() int64, max int) *memStore {
+	return &memStore{now: now, max: max, m: map[string]*memItem{}}
+}
+
+func (s *memStore) live(k string) *memItem {
+	it := s.m[k]
+	if it != nil && it.exp != 0 && s.now() >= it.exp {
+		delete(s.m, k)
+		return nil
+	}
+	return it
+}
+
+func (s *memStore) touch(it *memItem) {
+	s.tick++
+	it.used = s.tick
+}
+
+// room evicts the least recently used key when the store is full.
+func (s *memStore) room() {
+	if s.max <= 0 {
+		return
+	}
+	for k := range s.m {
+		s.live(k)
+	}
+	for len(s.m) >= s.max {
+		var oldest string
+		var used int64 = 1 << 62
+		keys := make([]string, 0, len(s.m))
+		for k := range s.m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys) // deterministic among equals
+		for _, k := range keys {
+			if it := s.m[k]; it.used < used {
+				oldest, used = k, it.used
+			}
+		}
+		delete(s.m, oldest)
+		s.evicted++
+	}
+}
+
+func (s *memStore) exp(ttl time.Duration, key string) int64 {
+	if ttl <= 0 {
+		s.noTTL = append(s.noTTL, key)
+		return 0
+	}
+	return s.now() + int64(ttl)
+}
+
+// run executes ops as share.lua does, with the keys under prefix.
+func (s *memStore) run(prefix string, ops []StoreOp) []StoreResult {
+	out := make([]StoreResult, len(ops))
+	for i, op := range ops {
+		k := prefix + op.Key
+		switch op.Kind {
+		case OpGet:
+			if it := s.live(k); it != nil {
+				s.touch(it)
+				if it.isN {
+					str := strconv.FormatFloat(it.num, 'f', 0, 64)
+					out[i] = StoreResult{OK: true, Value: []byte(str), N: int64(it.num)}
+				} else {
+					out[i] = StoreResult{OK: true, Value: append([]byte{}, it.val...)}
+				}
+			}
+		case OpAdd:
+			if s.live(k) != nil {
+				continue
+			}
+			s.room()
+			it := &memItem{val: append([]byte{}, op.Value...), exp: s.exp(op.TTL, op.Key)}
+			s.touch(it)
+			s.m[k] = it
+			out[i] = StoreResult{OK: true}
+		case OpSet:
+			if s.live(k) == nil {
+				s.room()
+			}
+			it := &memItem{val: append([]byte{}, op.Value...), exp: s.exp(op.TTL, op.Key)}
+			s.touch(it)
+			s.m[k] = it
+			out[i] = StoreResult{OK: true}
+		case OpIncr:
+			it := s.live(k)
+			if it == nil {
+				s.room()
+				it = &memItem{isN: true, num: float64(op.Init), exp: s.exp(op.TTL, op.Key)}
+				s.m[k] = it
+			} else if !it.isN {
+				continue // not a number: fails, as ngx.shared's incr does
+			}
+			it.num += float64(op.Delta)
+			if op.TTL > 0 {
+				it.exp = s.now() + int64(op.TTL)
+			}
+			s.touch(it)
+			out[i] = StoreResult{OK: true, Value: []byte(strconv.FormatFloat(it.num, 'f', 0, 64)), N: int64(it.num)}
+		case OpDelete:
+			delete(s.m, k)
+			out[i] = StoreResult{OK: true}
+		}
+	}
+	return out
+}
+
+// keys lists the live keys (without touching them).
+func (s *memStore) keys() []string {
+	var out []string
+	for k, it := range s.m {
+		if it.exp == 0 || s.now() < it.exp {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// stepView runs one whole step of p on s under prefix, as share.lua does;
+// mode is ShareStep or ShareExit. It returns the rounds it took.
+func stepView(p *Pool, s *memStore, prefix string, mode int) int {
+	ops, more := p.ShareStep(mode, nil)
+	rounds := 1
+	for {
+		res := s.run(prefix, ops)
+		if !more {
+			return rounds
+		}
+		rounds++
+		if rounds > 8 {
+			panic("a step of more than 8 rounds")
+		}
+		ops, more = p.ShareStep(0, res)
+	}
+}
+
+// TestShareThrottleWindows: a view's throttling window reaches the other
+// views at their next step, and they shed on the sum.
+func TestShareThrottleWindows(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	views := make([]*Pool, 2)
+	for i := range views {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.throttle = newThrottler(Throttle{K: 2, Codes: []uint32{7}})
+		p.Share(ShareConfig{Slot: i, Slots: 2})
+		views[i] = p
+	}
+	for range 200 {
+		views[0].throttle.record(clk.Now(), &Response{Code: 7}, nil)
+	}
+	stepView(views[0], s, "x:", ShareStep)
+	stepView(views[1], s, "x:", ShareStep)
+	if p := views[1].throttle.probability(clk.Now()); p < 0.9 {
+		t.Fatalf("the other view sheds with probability %.2f after 200 overloaded answers elsewhere (store: %v)", p, s.keys())
+	}
+	if len(s.noTTL) != 0 {
+		t.Fatalf("keys without a TTL: %v", s.noTTL)
+	}
+	for _, k := range s.keys() {
+		if !strings.HasPrefix(k, "x:") {
+			t.Fatalf("key %q outside the prefix", k)
+		}
+	}
+}
+
+// TestShareLeaseHolderSteps: the lease holder steps more often than it
+// renews (on calls, on requests) with nothing else to write: each step
+// renews only when due, and one view holds the lease throughout.
+func TestShareLeaseHolderSteps(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	var views []*Pool
+	for i := range 2 {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Check = HealthCheck{Method: "probe", Interval: time.Second, Timeout: 100 * time.Millisecond}
+		p.Share(ShareConfig{Slot: i, Slots: 2})
+		views = append(views, p)
+	}
+	for range 300 {
+		for _, p := range views {
+			stepView(p, s, "x:", ShareStep)
+		}
+		probers := 0
+		for _, p := range views {
+			if !p.share.noProbe.Load() {
+				probers++
+			}
+		}
+		if probers != 1 {
+			t.Fatalf("%d views probe", probers)
+		}
+		clk.Advance(37 * time.Millisecond)
+	}
+	// The holder goes away: the other takes the lease at its next step.
+	stepView(views[0], s, "x:", ShareExit)
+	stepView(views[1], s, "x:", ShareStep)
+	if views[1].share.noProbe.Load() && views[0].share.noProbe.Load() {
+		t.Fatal("nobody probes after the holder left")
+	}
+}
