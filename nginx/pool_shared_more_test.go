@@ -191,6 +191,11 @@ func probesIn(s *testServer, from, to time.Time) int {
 // pool still probes from one worker: its leases ride on Go's timer, not
 // on Lua's. The same pool unshared, side by side, probes from all four.
 func TestPoolSharedTimersExhausted(t *testing.T) {
+	if ng.Host() != "builtin" {
+		// The lua-resty-ffi host takes no step requests: its lease steps
+		// ride on ngx.timer.every, which this test starves (docs/pools.md).
+		t.Skip("leases on Go's timer need the built-in host")
+	}
 	a, c := ownServer(t), ownServer(t)
 	const interval = 100 // ms
 	n := startNginx(t, ngxConf{Workers: 4, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\nlua_max_running_timers 32;\n",
