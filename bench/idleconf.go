@@ -102,8 +102,10 @@ http {
             content_by_lua_block {
                 local d = ngx.shared.qpools
                 for _, k in ipairs(d:get_keys(0)) do
-                    local role = k:match(":(probe)$") or k:match(":(dns)$")
-                    if role then ngx.say(role, " ", d:get(k)) end
+                    -- lp: the probe lease, ld: the DNS one; the value
+                    -- names the holder, "<pid>-<random>"
+                    local role = ({ lp = "probe", ld = "dns" })[k:match(":(%a+)$")]
+                    if role then ngx.say(role, " ", d:get(k):match("^(%d+)-")) end
                 end
             }
         }

@@ -47,6 +47,11 @@ type health struct {
 	seq, pub uint64
 	unshown  int32
 	runGen   uint64
+	// endRun: this view ended the shared run of runGen (an answer after
+	// failures): the next step clears it. A run's end is no verdict: it
+	// takes no new generation, so it can neither undo another view's
+	// newer ejection nor leave keys behind per run.
+	endRun bool
 
 	draining, removed bool
 }
@@ -68,6 +73,8 @@ const (
 	evPublished                        // this view's verdict went out under gen (seq: what it held)
 	evRun                              // the shared run of runGen is n; reached: this view's failures brought it to health.failures
 	evRunEnd                           // the shared run of gen is on and this view had an answer since: it ends
+	evRunCleared                       // the shared run of gen was cleared (this view's end published)
+	evRunGone                          // the shared run of gen is 0: another view ended it
 	evRemoteStall                      // another view's stall verdict, until
 	evDrain                            // DNS removed the server: it finishes its calls
 	evUndrain                          // back in DNS before it drained
@@ -122,7 +129,7 @@ func next(h health, ev event, pol policy) (health, effect) {
 		}
 		if h.fails != 0 || h.unshown != 0 {
 			h.fails, h.unshown = 0, 0
-			h.seq++ // a run ended: the other views start a new one
+			h.endRun = true // a run ended: the other views hear of it
 		}
 	case evFailure:
 		if ev.token != 0 && ev.token == h.trial {
@@ -154,7 +161,7 @@ func next(h health, ev event, pol policy) (health, effect) {
 		}
 		if h.fails != 0 {
 			h.fails, h.unshown = 0, 0
-			h.seq++
+			h.endRun = true
 		}
 	case evClaim:
 		if !h.ejected() || ev.now < h.until || h.trial != 0 || h.draining {
@@ -193,6 +200,10 @@ func next(h health, ev event, pol policy) (health, effect) {
 			h.gen, h.runGen = ev.gen, ev.gen
 			eff = effBack
 		}
+		// What another view published is no change of this one's: not
+		// published again.
+		h.pub = h.seq
+		h.endRun = false
 	case evPublished:
 		if ev.gen > h.gen {
 			h.gen = ev.gen
@@ -217,7 +228,16 @@ func next(h health, ev event, pol policy) (health, effect) {
 			return h, effRefused
 		}
 		h.fails, h.unshown = 0, 0
-		h.seq++ // a new generation starts a new run
+		h.endRun = true
+	case evRunCleared:
+		if ev.gen == h.runGen {
+			h.endRun = false
+		}
+	case evRunGone:
+		if ev.gen != h.runGen || h.unshown != 0 || h.fails == 0 {
+			return h, effRefused
+		}
+		h.fails = 0
 	case evRemoteStall:
 		h.remoteStall = ev.until
 	case evDrain:
@@ -241,6 +261,7 @@ func back(h health, pol policy) health {
 	h.ejectFor = pol.eject
 	h.trial = 0
 	h.fails, h.unshown = 0, 0
+	h.endRun = false
 	h.seq++
 	return h
 }
@@ -277,7 +298,7 @@ func (p *Pool) transition(pr *peer, ev event) (health, effect) {
 	if h.ejected() != old.ejected() || h.draining != old.draining || h.removed != old.removed {
 		pr.refresh()
 	}
-	if h.dirty() && (!old.dirty() || h.seq != old.seq) || h.unshown > old.unshown {
+	if h.dirty() && (!old.dirty() || h.seq != old.seq) || h.unshown > old.unshown || h.endRun && !old.endRun {
 		p.shareChanged()
 	}
 	return h, eff

@@ -146,7 +146,10 @@ func (p *Pool) balance(t *tier, key []byte, ex *exclude, clk *pickClock, ok func
 		cost := func(pr *peer) float64 { return pr.costW(now) }
 		if n == 1 {
 			pr := t.peers[0]
-			return pr, ok(pr)
+			if a := ok(pr); a != admitNo {
+				return pr, a
+			}
+			return nil, admitNo
 		}
 		r := mix64(uint64(rr.Add(1)))
 		var a, b *peer
@@ -196,14 +199,16 @@ func (p *Pool) balance(t *tier, key []byte, ex *exclude, clk *pickClock, ok func
 	var i uint32
 	for range n {
 		i = rr.Add(1)
-		if pr := t.peers[t.sched[i%L]]; ok(pr) != admitNo {
-			return pr, ok(pr)
+		pr := t.peers[t.sched[i%L]]
+		if a := ok(pr); a != admitNo {
+			return pr, a
 		}
 	}
 	start := uint32(t.sched[i%L])
 	for k := range n {
-		if pr := t.peers[(start+k)%n]; ok(pr) != admitNo {
-			return pr, ok(pr)
+		pr := t.peers[(start+k)%n]
+		if a := ok(pr); a != admitNo {
+			return pr, a
 		}
 	}
 	return nil, admitNo

@@ -371,7 +371,7 @@ func (p *Pool) resolveLoop() {
 		case <-p.ctx.Done():
 			return
 		}
-		if p.share.noResolve.Load() {
+		if !p.roleHeld(leaseResolve) {
 			continue // another view resolves (pool_share.go)
 		}
 		// A panic ends the round, not the loop: the next round resolves.
@@ -408,7 +408,7 @@ func (p *Pool) checkLoop() {
 		case <-p.ctx.Done():
 			return
 		}
-		if p.share.noProbe.Load() {
+		if !p.roleHeld(leaseProbe) {
 			continue // another view probes (pool_share.go)
 		}
 		peers := p.set.Load().peers

@@ -215,6 +215,29 @@ func (p *Pool) leaseTick(period time.Duration) {
 	}))
 }
 
+// roleHeld reports whether this view runs the checks (leaseProbe) or the
+// re-resolution (leaseResolve) now: an unshared pool always; a shared
+// one while it holds the lease and renewed it within the fence. A view
+// whose host stopped stepping (a busy or blocked nginx thread) stops on
+// its own before another view can take the lapsed lease.
+func (p *Pool) roleHeld(l int) bool {
+	s := &p.share
+	if l == leaseProbe && s.noProbe.Load() || l == leaseResolve && s.noResolve.Load() {
+		return false
+	}
+	if !s.on.Load() {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.sh
+	if sh == nil || !sh.holds[l] {
+		return false
+	}
+	fence := int64(leaseFence * leaseTTLFactor * float64(sh.period))
+	return monoNS(p.clk.Now())-sh.renewed[l] <= fence
+}
+
 // LeasePeriod is how often a view of p must step for its leases (0: p
 // has neither checks nor names to re-resolve, and needs no lease).
 func (p *Pool) LeasePeriod() time.Duration {
@@ -279,6 +302,7 @@ type shareRun struct {
 	// proposals: peers whose verdict goes out, with the health published
 	props   []proposal
 	runs    []runAdd
+	clears  []runAdd // runs this view ended
 	leaseOp [2]int // the lease ops' places (-1: none)
 	wrote   bool
 	listOp  bool
@@ -471,6 +495,9 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 		switch {
 		case n > 0 && uint64(st.gens[j]) == h.runGen && int64(h.fails) < n:
 			p.transition(pr, event{kind: evRun, gen: h.runGen, n: int32(min(n, 1<<30)), now: nowNS})
+		case n == 0 && had && h.fails > 0 && uint64(st.gens[j]) == h.runGen:
+			// the run this view took in was ended by another
+			p.transition(pr, event{kind: evRunGone, gen: h.runGen, now: nowNS})
 		case n > 0 && had && h.fails == 0 && pr.progressAt.Load() > sh.lastStep && uint64(st.gens[j]) == h.runGen:
 			// The run is on, and this view had an answer since its last
 			// step: the run ends (a new verdict generation starts another).
@@ -524,11 +551,18 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	// verdict generations of this view's news
 	st.props = st.props[:0]
 	st.runs = st.runs[:0]
+	st.clears = st.clears[:0]
 	for _, pr := range st.peers {
 		h := pr.h.Load()
 		if h.dirty() {
 			st.props = append(st.props, proposal{pr: pr, h: *h, op: len(ops)})
 			ops = append(ops, StoreOp{Kind: OpIncr, Key: "g:" + pr.addr, Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
+			continue
+		}
+		if h.endRun && h.unshown == 0 {
+			st.clears = append(st.clears, runAdd{pr: pr, gen: h.runGen})
+			ops = append(ops, StoreOp{Kind: OpDelete, Key: "f:" + pr.addr + ":" + strconv.FormatUint(h.runGen, 10)})
+			st.wrote = true
 			continue
 		}
 		if h.unshown > 0 {
@@ -631,6 +665,9 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 		reached := total >= int64(p.cfg.Failures) && total-int64(ra.n) < int64(p.cfg.Failures)
 		p.transition(ra.pr, event{kind: evRun, gen: ra.gen, n: int32(min(total, 1<<30)), seq: uint64(ra.n), reached: reached, now: nowNS})
 		st.wrote = true
+	}
+	for _, c := range st.clears {
+		p.transition(c.pr, event{kind: evRunCleared, gen: c.gen, now: nowNS})
 	}
 	if st.wrote {
 		ops = append(ops, StoreOp{Kind: OpIncr, Key: "v", Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})

@@ -285,10 +285,11 @@ func TestSimStaleBack(t *testing.T) {
 	w, sp := simSmall(t, 2, nil, cfg, false, 2)
 	v1, v2 := sp.views[0], sp.views[1]
 	addr := w.servers[0].addr
-	// View 2 publishes a verdict "back" (a run that ended).
+	// View 2 publishes a verdict "back" (an ejection a check ended).
 	p2a := v2.p.peers[addr]
 	v2.p.outcome(p2a, 0, errTimeoutForTest())
-	v2.p.outcome(p2a, 0, nil)
+	v2.p.outcome(p2a, 0, errTimeoutForTest())
+	v2.p.transition(p2a, event{kind: evCheckOK})
 	v2.beginStep(ShareStep)
 	w.runFor(time.Millisecond)
 	if g := w.peekNum(sp.prefix + "g:" + addr); g == 0 {

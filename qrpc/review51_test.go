@@ -117,7 +117,7 @@ func TestReviewFencedHolderKeepsProbing(t *testing.T) {
 	}
 	probers := 0
 	for _, p := range views {
-		if !p.share.noProbe.Load() {
+		if p.roleHeld(leaseProbe) { // what the prober asks each round
 			probers++
 		}
 	}
