@@ -303,7 +303,7 @@ type shareRun struct {
 	props   []proposal
 	runs    []runAdd
 	clears  []runAdd // runs this view ended
-	leaseOp [2]int // the lease ops' places (-1: none)
+	leaseOp [2]int   // the lease ops' places (-1: none)
 	wrote   bool
 	listOp  bool
 	v       int64
