@@ -299,6 +299,8 @@ type shareRun struct {
 	ops   []StoreOp
 	peers []*peer
 	gens  []int64 // per peer: g read
+	// per peer: the stall key names this view (only then may it delete it)
+	stallMine []bool
 	// proposals: peers whose verdict goes out, with the health published
 	props   []proposal
 	runs    []runAdd
@@ -429,11 +431,13 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 	p.SetRoles(sh.holds[leaseProbe], sh.holds[leaseResolve])
 	i := 4
 	st.gens = make([]int64, len(st.peers))
+	st.stallMine = make([]bool, len(st.peers))
 	st.ops = st.ops[:0]
 	for j, pr := range st.peers {
 		g, t := res[i].Value, res[i+1]
 		i += 2
 		st.gens[j] = num(g)
+		st.stallMine[j] = string(t.Value) == sh.id
 		h := pr.h.Load()
 		// another view's stall verdict (this view's own is its own)
 		var until int64
@@ -572,7 +576,7 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	}
 	// stall verdicts, repeated while they hold
 	clk := pickClock{t: now, src: p.clk}
-	for _, pr := range st.peers {
+	for j, pr := range st.peers {
 		if pr.stalled(pr.inflight.Load(), &clk, int64(p.cfg.Stall)) {
 			if nowNS >= sh.stallTold[pr.addr] {
 				ops = append(ops, StoreOp{Kind: OpSet, Key: "t:" + pr.addr, Value: []byte(sh.id), TTL: shareStallTTL})
@@ -581,8 +585,11 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 			}
 		} else if _, ok := sh.stallTold[pr.addr]; ok {
 			delete(sh.stallTold, pr.addr)
-			ops = append(ops, StoreOp{Kind: OpDelete, Key: "t:" + pr.addr})
-			st.wrote = true
+			if st.stallMine[j] {
+				// another view's stall verdict stays its own
+				ops = append(ops, StoreOp{Kind: OpDelete, Key: "t:" + pr.addr})
+				st.wrote = true
+			}
 		}
 	}
 	if th := p.throttle; th != nil {
