@@ -46,7 +46,7 @@ func TestReviewP2CSingleServerTierIgnoresAdmit(t *testing.T) {
 // ejected). View B's next failure completes the run and ejects, and B
 // publishes generation N. A's step refuses N (dirty) and publishes its
 // own "not ejected" as N+1; B imports N+1 and brings the server back.
-// A stale "back" undid a fresher ejection (issue 51, must have 2).
+// A stale "back" must never undo a fresher ejection.
 func TestReviewRunEndUndoesFresherEjection(t *testing.T) {
 	clk := newFakeClock()
 	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
@@ -126,10 +126,10 @@ func TestReviewFencedHolderKeepsProbing(t *testing.T) {
 	}
 }
 
-// TestReviewKeysPerServerGrow: docs/pools.md says "up to three keys per
-// server". Every run that ends (a failure, then an answer) takes a new
-// verdict generation: a c:<addr>:<g> key (1 min) and an f:<addr>:<g> key
-// (10 min) each time. A server that fails now and then fills the dict.
+// TestReviewKeysPerServerGrow: the keys of a server do not grow with the
+// runs of failures that end (a failure, then an answer): a run's end takes
+// no new verdict generation, so a server that fails now and then does not
+// fill the dict with c:<addr>:<g> and f:<addr>:<g> keys.
 func TestReviewKeysPerServerGrow(t *testing.T) {
 	clk := newFakeClock()
 	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
