@@ -248,7 +248,7 @@ func TestPoolSharedTimersExhausted(t *testing.T) {
 func TestPoolSharedReloadReleases(t *testing.T) {
 	a := ownServer(t)
 	const interval = 100 // ms
-	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP + "lua_shared_dict qrun 1m;\n",
 		Extra: map[string]string{"a": a.addr},
 		InitWorkerByLua: `
         ngx.timer.at(0, function()
@@ -256,7 +256,10 @@ func TestPoolSharedReloadReleases(t *testing.T) {
             assert(require("resty.ffi.qrpc").connect(qt.a, qt.opts({
                 check = { method = "probe", interval = ` + strconv.Itoa(interval) + ` }, shared = "qpools" })))
         end)`,
-		Server: leaseLoc + loc("/hold", `ngx.sleep(tonumber(ngx.var.arg_s)) ngx.say("held")`),
+		Server: leaseLoc + runLoc + loc("/hold", `
+                ngx.shared.qrun:set("holding", ngx.worker.pid())
+                ngx.sleep(tonumber(ngx.var.arg_s)) -- the scenario: a long request
+                ngx.say("held")`),
 	})
 	old := n.workerPIDs()
 	testwait.For(30*time.Second, func() bool { return len(a.probeTimes()) >= 5 })
@@ -265,7 +268,9 @@ func TestPoolSharedReloadReleases(t *testing.T) {
 		_, body := n.get("/hold?s=6")
 		held <- body
 	}()
-	time.Sleep(200 * time.Millisecond) // the scenario: the request reaches the old worker first
+	testwait.Until(t, "the request held by the old worker", 10*time.Second, func() bool {
+		return runGet(n, "holding") == strconv.Itoa(old[0])
+	})
 	n.signal("reload")
 	var fresh []int
 	testwait.For(30*time.Second, func() bool {

@@ -718,16 +718,9 @@ func (p *Pool) noteResolved(want []string, names map[string]string, meta map[str
 	}
 }
 
-// ImportResolved makes list the pool's servers, as its own re-resolution
-// would (new ones join, missing ones drain; at most maxPeers). It does
-// nothing on a pool without names to resolve, or on an empty list.
-func (p *Pool) ImportResolved(list []Resolved) error {
-	if len(list) == 0 || !p.hasNames() {
-		return nil
-	}
-	if len(list) > maxPeers {
-		list = list[:maxPeers]
-	}
+// resolvedArgs turns a resolved list into apply's arguments: sorted
+// addresses (the first of a duplicate kept), TLS names, SRV metadata.
+func resolvedArgs(list []Resolved) ([]string, map[string]string, map[string]srvMeta) {
 	want := make([]string, 0, len(list))
 	names := map[string]string{}
 	meta := map[string]srvMeta{}
@@ -742,6 +735,20 @@ func (p *Pool) ImportResolved(list []Resolved) error {
 		meta[r.Addr] = srvMeta{prio: r.Priority, weight: max(r.Weight, 1), split: max(r.Split, 1)}
 	}
 	slices.Sort(want)
+	return want, names, meta
+}
+
+// ImportResolved makes list the pool's servers, as its own re-resolution
+// would (new ones join, missing ones drain; at most maxPeers). It does
+// nothing on a pool without names to resolve, or on an empty list.
+func (p *Pool) ImportResolved(list []Resolved) error {
+	if len(list) == 0 || !p.hasNames() {
+		return nil
+	}
+	if len(list) > maxPeers {
+		list = list[:maxPeers]
+	}
+	want, names, meta := resolvedArgs(list)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {

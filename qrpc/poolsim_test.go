@@ -585,26 +585,6 @@ type simView struct {
 
 func (v *simView) String() string { return fmt.Sprintf("%s/%d.%d", v.sp.name, v.slot, v.gen) }
 
-// listArgs turns a resolved list into apply's arguments, as
-// ImportResolved does.
-func listArgs(list []Resolved) ([]string, map[string]string, map[string]srvMeta) {
-	var want []string
-	names := map[string]string{}
-	meta := map[string]srvMeta{}
-	for _, r := range list {
-		if _, dup := meta[r.Addr]; dup {
-			continue
-		}
-		want = append(want, r.Addr)
-		if r.Name != "" {
-			names[r.Addr] = r.Name
-		}
-		meta[r.Addr] = srvMeta{prio: r.Priority, weight: max(r.Weight, 1), split: max(r.Split, 1)}
-	}
-	slices.Sort(want)
-	return want, names, meta
-}
-
 func (w *simWorld) addServers(n int, dual map[int]bool) {
 	for i := range n {
 		s := &simServer{idx: len(w.servers), addr: "10.9.0." + strconv.Itoa(i+1) + ":8443", target: "t" + strconv.Itoa(i) + ".sim.test"}
@@ -749,7 +729,7 @@ func (v *simView) settle() {
 // resolveWith is the view's re-resolution finding list (resolveLoop).
 func (v *simView) resolveWith(list []Resolved) {
 	v.seed()
-	want, names, meta := listArgs(list)
+	want, names, meta := resolvedArgs(list)
 	p := v.p
 	p.mu.Lock()
 	p.noteResolved(want, names, meta)
