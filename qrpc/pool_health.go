@@ -79,6 +79,7 @@ const (
 	evDrain                            // DNS removed the server: it finishes its calls
 	evUndrain                          // back in DNS before it drained
 	evRemove                           // gone
+	evLastUp                           // the servers up and not ejected left the pool: this ejected one is the last up
 )
 
 // event is one input of next.
@@ -248,6 +249,14 @@ func next(h health, ev event, pol policy) (health, effect) {
 	case evRemove:
 		h.removed, h.draining = true, false
 		h.trial = 0
+	case evLastUp:
+		// The ejection was allowed while another server was up; that
+		// one has left the pool since, and the last server up is never
+		// ejected by policy.
+		if !h.ejected() || h.draining || pol.othersUp {
+			return h, effRefused
+		}
+		return back(h, pol), effBack
 	}
 	return h, eff
 }
@@ -305,7 +314,7 @@ func (p *Pool) transition(pr *peer, ev event) (health, effect) {
 }
 
 func needsOthers(k eventKind) bool {
-	return k == evFailure || k == evImport || k == evRun
+	return k == evFailure || k == evImport || k == evRun || k == evLastUp
 }
 
 // othersUp reports whether a server of the pool other than pr is up and

@@ -316,6 +316,30 @@ func (p *Pool) publish() {
 	sort.Slice(peers, func(i, j int) bool { return peers[i].addr < peers[j].addr })
 	set := &peerSet{peers: peers, tiers: buildTiers(peers)}
 	p.set.Store(set)
+	p.keepOneUp(peers)
+}
+
+// keepOneUp lifts the ejection that ends first among the servers up when
+// a membership change left none up and not ejected (an ejection allowed
+// while the server now gone was up). Called with p.mu held.
+func (p *Pool) keepOneUp(peers []*peer) {
+	var first *peer
+	var until int64
+	for _, pr := range peers {
+		h := pr.h.Load()
+		if h.draining || !pr.c.up() {
+			continue
+		}
+		if !h.ejected() {
+			return
+		}
+		if first == nil || h.until < until {
+			first, until = pr, h.until
+		}
+	}
+	if first != nil {
+		p.transition(first, event{kind: evLastUp})
+	}
 }
 
 // startDrain moves pr (out of p.peers) to the draining servers. Called

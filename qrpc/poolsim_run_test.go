@@ -457,3 +457,37 @@ func freeUDPPort(t *testing.T) int {
 	defer c.Close()
 	return c.LocalAddr().(*net.UDPAddr).Port
 }
+
+// TestSimListImportKeepsOneUp: a DNS change that takes out the only
+// server up and not ejected gives one of the ejected ones back (the last
+// server up is never ejected by policy), so calls go on instead of
+// failing "no server up" until an ejection ends.
+func TestSimListImportKeepsOneUp(t *testing.T) {
+	cfg := PoolConfig{Failures: 2, Eject: 10 * time.Second, Stall: -1}
+	w, sp := simSmall(t, 3, nil, cfg, false, 1)
+	v := sp.views[0]
+	for _, s := range w.servers[:2] {
+		pr := v.p.peers[s.addr]
+		v.p.outcome(pr, 0, errTimeoutForTest())
+		v.p.outcome(pr, 0, errTimeoutForTest())
+		if !pr.h.Load().ejected() {
+			t.Fatalf("%s not ejected with a server up", s.addr)
+		}
+	}
+	sp.setDNS(sp.dnsList(map[string]bool{"t0.sim.test": true, "t1.sim.test": true}, nil, nil))
+	w.runFor(time.Millisecond)
+	w.mustOK(t)
+	up := 0
+	for _, s := range w.servers[:2] {
+		if !v.p.peers[s.addr].h.Load().ejected() {
+			up++
+		}
+	}
+	if up != 1 {
+		t.Fatalf("%d of the 2 ejected servers back after the server up left, want 1", up)
+	}
+	if c := w.call(v, simCallOpts{}); c.done == 0 || c.err != nil {
+		t.Fatalf("a call after the change: done %d err %v", c.done, c.err)
+	}
+	w.mustOK(t)
+}

@@ -1098,10 +1098,9 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 			w.failf("%v: %s ejected for %v (until +%v), more than 10 × %v", v, pr.addr,
 				time.Duration(h.ejectFor), time.Duration(h.until-now), p.cfg.Eject)
 		}
-		if h.ejected() && !v.ejected[pr] && pr.c.up() && setPtr == v.prevSetPtr {
-			// (An event that changed the membership, a list import in a
-			// step round, may have taken out the server up that allowed
-			// an ejection earlier in the round: not checked.)
+		if h.ejected() && pr.c.up() && (!v.ejected[pr] || setPtr != v.prevSetPtr) {
+			// A new ejection, or a membership change (a list import may
+			// take out the server up that allowed an ejection earlier).
 			up := false
 			for _, o := range set {
 				if oh := o.h.Load(); o != pr && !oh.ejected() && !oh.draining && o.c.up() {
