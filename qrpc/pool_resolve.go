@@ -354,7 +354,10 @@ func (p *Pool) startDrain(pr *peer) {
 	p.transition(pr, event{kind: evDrain})
 	p.draining[pr.addr] = pr
 	p.wg.Add(1)
-	safego.Go("pool drain", func() { p.drain(pr) }, nil)
+	// A drain that panics closes its server at once: its calls in
+	// flight end as on a lost connection, rather than the server staying
+	// open and listed as draining until the pool closes.
+	safego.Go("pool drain", func() { p.drain(pr) }, func() { p.drained(pr) })
 }
 
 // drain waits for the calls in flight on a removed server, then closes it.
@@ -374,6 +377,12 @@ func (p *Pool) drain(pr *peer) {
 			return
 		}
 	}
+	p.drained(pr)
+}
+
+// drained closes a draining server and takes it out of the pool, unless
+// it came back meanwhile.
+func (p *Pool) drained(pr *peer) {
 	p.mu.Lock()
 	if !pr.h.Load().draining || p.draining[pr.addr] != pr {
 		p.mu.Unlock()
