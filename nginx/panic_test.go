@@ -2,9 +2,12 @@ package nginx
 
 import (
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 )
 
 // panicKinds: each kind of goroutine of the library that a test build
@@ -47,6 +50,9 @@ var panicKinds = []struct {
 	{"pool resolver", "", ""},
 	// a shared pool's timer that publishes a burst's throttling window
 	{"pool share timer", "", ""},
+	// draining a server DNS took out of a pool: it is closed all the
+	// same; the pool's calls go on
+	{"pool drain", "", ""},
 }
 
 // panicLua arms one panic of the kind in ?where= (qrpc_test_arm, in the
@@ -73,6 +79,12 @@ const panicLua = `
                 elseif where == "pool share timer" then
                     opts.shared = "qpanic"
                     opts.throttle = { k = 2, codes = { 7 } }
+                elseif where == "pool drain" then
+                    -- the test's own DNS server answers two addresses,
+                    -- then (after "arm") one
+                    addr = qt.name
+                    opts.resolve = 100
+                    opts.resolver = qt.dns
                 end
                 local conn, err
                 if where ~= "connect" then
@@ -107,13 +119,18 @@ const panicLua = `
                 elseif where == "pool hedge timer" then
                     res, err = conn:unary("slow", "300", { timeout = 5000 })
                 elseif where == "pool probe" or where == "pool resolver"
-                       or where == "pool share timer" then
+                       or where == "pool share timer" or where == "pool drain" then
                     -- the pool's own goroutine meets the panic; its calls
                     -- go on
                     res, err = conn:unary("echo", "x")
                     qt.wait(10, function()
                         return lib.qrpc_test_armed(where) == 0
                     end)
+                    if where == "pool drain" and not qt.wait(10, function()
+                        return #conn:peers() == 1
+                    end) then
+                        err = "the drained server is still listed"
+                    end
                 elseif where == "probe timer" then
                     res, err = conn:unary("slow", "300", { timeout = 5000 })
                 elseif where == "deadline timer" then
@@ -183,8 +200,20 @@ func TestPanicsDoNotTakeNginxDown(t *testing.T) {
 	requireNginx(t)
 	t.Parallel()
 	srv := ownServer(t)
+	// "pool drain": a second server on 127.0.0.2 at the same port, and a
+	// name the test's own DNS server answers with both, then one.
+	_, port, _ := net.SplitHostPort(srv.addr)
+	second, err := newTestServer("127.0.0.2:"+port, nil)
+	if err != nil {
+		t.Fatalf("no server on 127.0.0.2:%s: %v", port, err)
+	}
+	t.Cleanup(func() { _ = second.close() })
+	const name = "drain.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2")
 	n := startNginx(t, ngxConf{Workers: 1, Hooks: true, QServer: srv, Server: loc("/inject", panicLua),
 		HTTP:        "lua_shared_dict qpanic 1m;\n",
+		Extra:       map[string]string{"name": "drain.qrpc.test:" + port, "dns": dns.Addr},
 		AllowErrors: []string{`qrpc: panic recovered where=`}})
 	pid := ""
 	for i, k := range panicKinds {
@@ -201,6 +230,14 @@ func TestPanicsDoNotTakeNginxDown(t *testing.T) {
 				if err := srv.restart(0); err != nil {
 					t.Fatal(err)
 				}
+				path += "&phase=after"
+			}
+			if k.where == "pool drain" {
+				// armed with both servers up, then DNS takes one out
+				if code, body := n.get(path + "&phase=arm"); code != 200 || body != "armed\n" {
+					t.Fatalf("arm: HTTP %d: %s", code, body)
+				}
+				dns.Set("127.0.0.1")
 				path += "&phase=after"
 			}
 			code, body := n.get(path)
