@@ -12,11 +12,11 @@ package main
 // One nginx with 12 workers: 8 connect and make one call (each counted in
 // a shared dict by its pid, so that the bench knows all 8 did), the other
 // 4 only configure the module. Two windows per worker, cut around its own
-// call: the transition (everything the call sets off once: the trimmer
-// giving back the call's blocks and stopping, the deadline timer's one
-// firing, and the connection's first keep-alive, which a user pays once
-// per quiet spell) and the steady idle window after it (the keep-alives
-// every 15 s). A second nginx holds a shared pool with
+// call: the transition (everything the call sets off once: its last
+// packets, the trimmer giving back the call's blocks and stopping, and the
+// connection's first keep-alive, which a user pays once per quiet spell,
+// Go's sysmon with it: docs/tuning.md) and the steady idle window after it
+// (the keep-alives every 15 s). A second nginx holds a shared pool with
 // checks and re-resolution: one worker takes the leases, another follows,
 // a third runs the same pool unshared, the fourth is plain. -idle-libs
 // runs the first nginx again beside it for each other build of the
@@ -382,7 +382,7 @@ func (r *idleRun) report(t *table, series map[int]*procSeries, settle, window ti
 		subject:  fmt.Sprintf("%.2f (%.2f + %.2f)", qhz, q.idleMain/float64(q.n), q.idleGo/float64(q.n)),
 		baseline: fmt.Sprintf("%.2f plain", phz), ratio: qhz - phz, ratioLabel: "extra per s"}.withTarget("≤ 1"))
 	qt, pt := q.trans(), plain.trans()
-	t.add(row{section: sec, name: fmt.Sprintf("wake-ups per worker in the transition (the %.0f s after the call: the trimmer, the deadline timer, the first keep-alive; nginx's + the others)", settle.Seconds()),
+	t.add(row{section: sec, name: fmt.Sprintf("wake-ups per worker in the transition (the %.0f s after the call: the call's last packets, the trimmer, the first keep-alive; nginx's + the others)", settle.Seconds()),
 		subject:  fmt.Sprintf("%.0f (%.0f + %.0f)", qt, float64(q.transMain)/float64(q.n), float64(q.transGo)/float64(q.n)),
 		baseline: fmt.Sprintf("%.0f plain", pt), ratio: qt - pt, ratioLabel: "extra"}.withTarget("≤ 60"))
 	mem("PSS per worker just after the call", func(w idleReading) int { return w.busy.pss }, 0)
@@ -403,7 +403,7 @@ func (r *idleRun) report(t *table, series map[int]*procSeries, settle, window ti
 
 // timeline logs the calling workers' mean wake-ups in each second after
 // their call, so that a reader sees what wakes when (the trimmer's ticks,
-// the deadline timer, each keep-alive). The seconds share their edges:
+// each keep-alive). The seconds share their edges:
 // every switch falls in one of them.
 func (r *idleRun) timeline(series map[int]*procSeries, span time.Duration) {
 	secs := int(span / time.Second)

@@ -223,3 +223,89 @@ func TestDeadlineShardSize(t *testing.T) {
 		t.Fatalf("a deadline shard is %d bytes, not a multiple of 64: adjust its padding", n)
 	}
 }
+
+// pendingTimers counts the shards whose timer is still set to fire. Stop
+// tells (it reports whether it stopped a timer set to fire), so it is
+// called on every timer: only for a deadlines about to be dropped.
+func pendingTimers(d *deadlines) int {
+	n := 0
+	for i := range d.shards {
+		sh := &d.shards[i]
+		sh.mu.Lock()
+		if sh.timer != nil && sh.timer.Stop() {
+			n++
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// The answer that empties a heap leaves no timer set: an idle worker's
+// last call must not wake it at its old deadline. An answer that leaves
+// calls behind keeps the timer set for them, and a call added after the
+// heap emptied is timed again.
+func TestDeadlinesEmptyHeapStopsTimer(t *testing.T) {
+	var d deadlines
+	e := newExpiry(&d)
+	defer d.close()
+	far := time.Now().Add(time.Hour)
+	a, b := dlCall(8, far), dlCall(16, far) // one shard
+	d.add(a)
+	d.add(b)
+	d.remove(a)
+	if sh := &d.shards[0]; sh.armed.IsZero() {
+		t.Fatal("the timer stopped while a call was still timed")
+	}
+	d.remove(b)
+	single := dlCall(3, far)
+	d.add(single)
+	d.remove(single)
+	var other deadlines
+	other.init(func(*pendingCall) {}, func(*pendingCall) {})
+	for _, pc := range []*pendingCall{dlCall(1, far), dlCall(2, far)} {
+		other.add(pc)
+		other.remove(pc)
+	}
+	if n := pendingTimers(&other); n != 0 {
+		t.Fatalf("%d timers still set after their heaps emptied", n)
+	}
+	// d's timers are stopped; one is set again by the next call.
+	again := dlCall(24, time.Now().Add(20*time.Millisecond))
+	d.add(again)
+	e.wait(t, 1, 5*time.Second)
+	if n := d.len(); n != 0 {
+		t.Fatalf("len %d after the timeout", n)
+	}
+	if n := pendingTimers(&d); n != 0 {
+		t.Fatalf("%d timers still set after the last timeout", n)
+	}
+}
+
+// BenchmarkDeadlinesEmptying: a sequential caller's add and remove, whose
+// remove empties the heap (the timer stopped, re-armed by the next add),
+// against the same with another call held in the shard (the timer left
+// set): what the stop costs a call.
+func BenchmarkDeadlinesEmptying(b *testing.B) {
+	for _, held := range []bool{false, true} {
+		name := "empties"
+		if held {
+			name = "held"
+		}
+		b.Run(name, func(b *testing.B) {
+			var d deadlines
+			d.init(func(*pendingCall) {}, func(*pendingCall) {})
+			defer d.close()
+			// The held call is due first, so that the calls' adds find
+			// the timer set early enough and leave it.
+			if held {
+				d.add(dlCall(0, time.Now().Add(time.Minute)))
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				pc := dlCall(uint64(i+1)*deadlineShards, time.Now().Add(time.Hour))
+				d.add(pc)
+				d.remove(pc)
+			}
+		})
+	}
+}
