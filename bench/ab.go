@@ -15,10 +15,12 @@ import (
 	"log"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 var (
 	abLib    = flag.String("ab-lib", "", "ab figure: the build of the library to compare the tree's with (A)")
+	abLua    = flag.String("ab-lua", "", "ab figure: A's lua directory (the one holding resty/ffi/qrpc.lua), e.g. a checkout of the commit before; A's library is then the tree's unless -ab-lib")
 	abRounds = flag.Int("ab-rounds", 9, "ab figure: interleaved rounds")
 	abN      = flag.Int("ab-n", 3000, "ab figure: sequential calls per build per round")
 	abPin    = flag.Bool("ab-pin", true, "ab figure: the nginx workers and the Go client on CPU 0, the servers on the others (false: all unpinned)")
@@ -35,9 +37,16 @@ type abSide struct {
 
 func figureAB(e *env, p params, t *table) error {
 	defer e.restore(p)
-	if *abLib == "" {
-		t.note("A/B skipped: no -ab-lib.")
+	if *abLib == "" && *abLua == "" {
+		t.note("A/B skipped: no -ab-lib or -ab-lua.")
 		return nil
+	}
+	aLib, aName := *abLib, *abLib
+	if aLib == "" {
+		aLib = e.lib
+	}
+	if *abLua != "" {
+		aName = strings.TrimPrefix(aName+" with lua "+*abLua, " with ")
 	}
 	if why := placementUsable(); why != "" {
 		t.note("A/B skipped: %s.", why)
@@ -48,13 +57,16 @@ func figureAB(e *env, p params, t *table) error {
 		return err
 	}
 	e.nginx.stop()
-	sides := []*abSide{{name: "A " + *abLib}, {name: "B (the tree)"}}
-	for i, lib := range []string{*abLib, e.lib} {
+	sides := []*abSide{{name: "A " + aName}, {name: "B (the tree)"}}
+	for i, lib := range []string{aLib, e.lib} {
 		n, err := e.newNginx("nginx", filepath.Join(e.dir, fmt.Sprintf("ab%d", i)), "builtin", "")
 		if err != nil {
 			return err
 		}
 		n.data["Lib"] = lib
+		if i == 0 && *abLua != "" {
+			n.data["LuaDir"] = *abLua
+		}
 		if err := n.start(pl.nginxOpts()); err != nil {
 			return err
 		}
@@ -66,7 +78,7 @@ func figureAB(e *env, p params, t *table) error {
 	}
 	var goc []callStats
 	calls := *abN
-	log.Printf("ab: %d rounds of %d calls, A = %s", *abRounds, calls, *abLib)
+	log.Printf("ab: %d rounds of %d calls, A = %s", *abRounds, calls, aName)
 	for r := 0; r < *abRounds; r++ {
 		order := []*abSide{sides[0], sides[1]}
 		if r%2 == 1 {
@@ -98,7 +110,7 @@ func figureAB(e *env, p params, t *table) error {
 	if !*abPin {
 		where = "unpinned"
 	}
-	sec := fmt.Sprintf("A/B, %s, %s: the tree's library (B) vs %s (A), %d interleaved rounds of %d sequential 100 B calls each", where, gmp, *abLib, *abRounds, calls)
+	sec := fmt.Sprintf("A/B, %s, %s: the tree (B) vs %s (A), %d interleaved rounds of %d sequential 100 B calls each", where, gmp, aName, *abRounds, calls)
 	per := func(f func(callStats) float64) func(callStats) float64 {
 		return func(s callStats) float64 { return f(s) * 1e6 / float64(calls) }
 	}
