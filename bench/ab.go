@@ -24,6 +24,7 @@ var (
 	abRounds = flag.Int("ab-rounds", 9, "ab figure: interleaved rounds")
 	abN      = flag.Int("ab-n", 3000, "ab figure: sequential calls per build per round")
 	abPin    = flag.Bool("ab-pin", true, "ab figure: the nginx workers and the Go client on CPU 0, the servers on the others (false: all unpinned)")
+	abC      = flag.Int("ab-c", 1, "ab figure: light threads (and Go client goroutines) making the calls at once; 1 = sequential")
 	abGMP    = flag.String("ab-gomaxprocs", "", "ab figure: GOMAXPROCS of both nginx workers and the Go client (\"\" = the library's default)")
 )
 
@@ -85,17 +86,21 @@ func figureAB(e *env, p params, t *table) error {
 			order[0], order[1] = order[1], order[0]
 		}
 		for _, s := range order {
-			u, err := s.n.stats("unary", calls, 100, 1)()
+			u, err := s.n.stats("unary", calls, 100, *abC)()
 			if err != nil {
 				return err
 			}
-			i, err := s.n.stats("ipc", calls, 100, 1)()
+			i, err := s.n.stats("ipc", calls, 100, *abC)()
 			if err != nil {
 				return err
 			}
 			s.unary, s.ipc = append(s.unary, u), append(s.ipc, i)
 		}
-		g, err := e.goClient(pl, "seq", calls, 100, 1)
+		kind := "seq"
+		if *abC > 1 {
+			kind = "par"
+		}
+		g, err := e.goClient(pl, kind, calls, 100, *abC)
 		if err != nil {
 			return err
 		}
@@ -110,7 +115,7 @@ func figureAB(e *env, p params, t *table) error {
 	if !*abPin {
 		where = "unpinned"
 	}
-	sec := fmt.Sprintf("A/B, %s, %s: the tree (B) vs %s (A), %d interleaved rounds of %d sequential 100 B calls each", where, gmp, aName, *abRounds, calls)
+	sec := fmt.Sprintf("A/B, %s, %s: the tree (B) vs %s (A), %d interleaved rounds of %d 100 B calls each, %s", where, gmp, aName, *abRounds, calls, abHow())
 	per := func(f func(callStats) float64) func(callStats) float64 {
 		return func(s callStats) float64 { return f(s) * 1e6 / float64(calls) }
 	}
@@ -144,4 +149,12 @@ func pairedRange(a, b []callStats, f func(callStats) float64) (float64, float64)
 	}
 	sort.Float64s(rs)
 	return rs[0], rs[len(rs)-1]
+}
+
+// abHow says how the A/B's calls are made.
+func abHow() string {
+	if *abC > 1 {
+		return fmt.Sprintf("%d at once", *abC)
+	}
+	return "sequential"
 }
