@@ -62,8 +62,8 @@ func TestPickupRunsWhatDidNotRing(t *testing.T) {
 // echoes on one CPU (playNginx with one in flight: each completes once)
 // and logs how many pushes found the submitter asleep and so rang it:
 // with the waker's pickup few do, as the thread that submits runs
-// between the wake byte and the pickup. A scheduling figure, not
-// asserted (make bench-sched logs it).
+// between the wake byte and the pickup. A scheduling figure: logged,
+// not asserted.
 func TestSequentialEchoesThroughPickup(t *testing.T) {
 	if raceEnabled {
 		t.Skip("scheduling is not measured under the race detector")
