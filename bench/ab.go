@@ -15,13 +15,16 @@ import (
 	"log"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 var (
 	abLib    = flag.String("ab-lib", "", "ab figure: the build of the library to compare the tree's with (A)")
+	abLua    = flag.String("ab-lua", "", "ab figure: A's lua directory (the one holding resty/ffi/qrpc.lua), e.g. a checkout of the commit before; A's library is then the tree's unless -ab-lib")
 	abRounds = flag.Int("ab-rounds", 9, "ab figure: interleaved rounds")
 	abN      = flag.Int("ab-n", 3000, "ab figure: sequential calls per build per round")
 	abPin    = flag.Bool("ab-pin", true, "ab figure: the nginx workers and the Go client on CPU 0, the servers on the others (false: all unpinned)")
+	abC      = flag.Int("ab-c", 1, "ab figure: light threads (and Go client goroutines) making the calls at once; 1 = sequential")
 	abGMP    = flag.String("ab-gomaxprocs", "", "ab figure: GOMAXPROCS of both nginx workers and the Go client (\"\" = the library's default)")
 )
 
@@ -35,9 +38,16 @@ type abSide struct {
 
 func figureAB(e *env, p params, t *table) error {
 	defer e.restore(p)
-	if *abLib == "" {
-		t.note("A/B skipped: no -ab-lib.")
+	if *abLib == "" && *abLua == "" {
+		t.note("A/B skipped: no -ab-lib or -ab-lua.")
 		return nil
+	}
+	aLib, aName := *abLib, *abLib
+	if aLib == "" {
+		aLib = e.lib
+	}
+	if *abLua != "" {
+		aName = strings.TrimPrefix(aName+" with lua "+*abLua, " with ")
 	}
 	if why := placementUsable(); why != "" {
 		t.note("A/B skipped: %s.", why)
@@ -48,13 +58,16 @@ func figureAB(e *env, p params, t *table) error {
 		return err
 	}
 	e.nginx.stop()
-	sides := []*abSide{{name: "A " + *abLib}, {name: "B (the tree)"}}
-	for i, lib := range []string{*abLib, e.lib} {
+	sides := []*abSide{{name: "A " + aName}, {name: "B (the tree)"}}
+	for i, lib := range []string{aLib, e.lib} {
 		n, err := e.newNginx("nginx", filepath.Join(e.dir, fmt.Sprintf("ab%d", i)), "builtin", "")
 		if err != nil {
 			return err
 		}
 		n.data["Lib"] = lib
+		if i == 0 && *abLua != "" {
+			n.data["LuaDir"] = *abLua
+		}
 		if err := n.start(pl.nginxOpts()); err != nil {
 			return err
 		}
@@ -66,24 +79,28 @@ func figureAB(e *env, p params, t *table) error {
 	}
 	var goc []callStats
 	calls := *abN
-	log.Printf("ab: %d rounds of %d calls, A = %s", *abRounds, calls, *abLib)
+	log.Printf("ab: %d rounds of %d calls, A = %s", *abRounds, calls, aName)
 	for r := 0; r < *abRounds; r++ {
 		order := []*abSide{sides[0], sides[1]}
 		if r%2 == 1 {
 			order[0], order[1] = order[1], order[0]
 		}
 		for _, s := range order {
-			u, err := s.n.stats("unary", calls, 100, 1)()
+			u, err := s.n.stats("unary", calls, 100, *abC)()
 			if err != nil {
 				return err
 			}
-			i, err := s.n.stats("ipc", calls, 100, 1)()
+			i, err := s.n.stats("ipc", calls, 100, *abC)()
 			if err != nil {
 				return err
 			}
 			s.unary, s.ipc = append(s.unary, u), append(s.ipc, i)
 		}
-		g, err := e.goClient(pl, "seq", calls, 100, 1)
+		kind := "seq"
+		if *abC > 1 {
+			kind = "par"
+		}
+		g, err := e.goClient(pl, kind, calls, 100, *abC)
 		if err != nil {
 			return err
 		}
@@ -98,7 +115,7 @@ func figureAB(e *env, p params, t *table) error {
 	if !*abPin {
 		where = "unpinned"
 	}
-	sec := fmt.Sprintf("A/B, %s, %s: the tree's library (B) vs %s (A), %d interleaved rounds of %d sequential 100 B calls each", where, gmp, *abLib, *abRounds, calls)
+	sec := fmt.Sprintf("A/B, %s, %s: the tree (B) vs %s (A), %d interleaved rounds of %d 100 B calls each, %s", where, gmp, aName, *abRounds, calls, abHow())
 	per := func(f func(callStats) float64) func(callStats) float64 {
 		return func(s callStats) float64 { return f(s) * 1e6 / float64(calls) }
 	}
@@ -132,4 +149,12 @@ func pairedRange(a, b []callStats, f func(callStats) float64) (float64, float64)
 	}
 	sort.Float64s(rs)
 	return rs[0], rs[len(rs)-1]
+}
+
+// abHow says how the A/B's calls are made.
+func abHow() string {
+	if *abC > 1 {
+		return fmt.Sprintf("%d at once", *abC)
+	}
+	return "sequential"
 }

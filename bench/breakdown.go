@@ -12,6 +12,7 @@ package main
 
 import (
 	"bufio"
+	"debug/elf"
 	"fmt"
 	"io"
 	"log"
@@ -359,9 +360,11 @@ func orderedComponents(a, b breakdown) []string {
 }
 
 // goClientUnder runs the Go client's sequential loop under a wrapper
-// (perf record), placed like pl.
+// (perf record), placed like pl, from a build of this program that keeps
+// its symbol table (symbolBinary): `go run` links without one, and perf
+// then names none of the Go client's functions.
 func (e *env) goClientUnder(pl placement, wrap []string, n int) (callStats, error) {
-	self, err := os.Executable()
+	self, err := symbolBinary(e.root, filepath.Join(e.dir, "breakdown"))
 	if err != nil {
 		return callStats{}, err
 	}
@@ -445,4 +448,41 @@ func (st jitStatus) summary() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// symbolBinary builds this program into dir with a symbol table perf
+// can read: `go run` links with -s -w, which drop the symbol table and
+// DWARF and nothing else, so the machine code is the same as the Go
+// client's in the other figures.
+func symbolBinary(root, dir string) (string, error) {
+	out := filepath.Join(dir, "bench-symbols")
+	build := exec.Command("go", "build", "-o", out, "./bench")
+	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("build the Go client with symbols: %w", err)
+	}
+	if !hasSymtab(out) {
+		return "", fmt.Errorf("build the Go client with symbols: %s has no symbol table", out)
+	}
+	return out, nil
+}
+
+// hasSymtab says whether the ELF file at path has a symbol table that
+// names its Go functions.
+func hasSymtab(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	syms, err := f.Symbols()
+	if err != nil {
+		return false
+	}
+	for _, s := range syms {
+		if s.Name == "main.main" {
+			return true
+		}
+	}
+	return false
 }

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 )
 
 func TestParsePerfScriptAndComponents(t *testing.T) {
@@ -57,5 +62,63 @@ func TestParseJITV(t *testing.T) {
 	}
 	if s := st.summary(); len(s) != 1 || !strings.HasSuffix(s[0], "(2×)") {
 		t.Errorf("summary %q", s)
+	}
+}
+
+// TestGoClientProfileNamesItsCode profiles the Go client's sequential
+// calls as the breakdown does and checks that perf names nearly all of
+// its CPU time: without a symbol table the Go client's column was 40%
+// "unknown" and could not be compared with the worker's component by
+// component.
+func TestGoClientProfileNamesItsCode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the bench and runs perf")
+	}
+	if why := perfUsable(); why != "" {
+		t.Skip(why)
+	}
+	dir := t.TempDir()
+	bin, err := symbolBinary("..", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := certs.NewCA("bench test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, caFile := filepath.Join(dir, "s.crt"), filepath.Join(dir, "s.key"), filepath.Join(dir, "ca.pem")
+	for f, b := range map[string][]byte{certFile: pair.CertPEM, keyFile: pair.KeyPEM, caFile: ca.CertPEM} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv, err := startChildOf(bin, "-serve", certFile+","+keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	e := &env{root: "..", dir: dir, qrpcAddr: srv.addr, caFile: caFile}
+	data := filepath.Join(dir, "goclient.data")
+	const n = 2000
+	if _, err := e.goClientUnder(placement{}, []string{"perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-o", data, "--"}, n); err != nil {
+		t.Fatal(err)
+	}
+	s, err := readProfile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := profile{samples: s, calls: n}.breakdown()
+	share := b.perCall[compUnknown] / b.total
+	t.Logf("%d samples, %.1f µs per call, unknown %.1f%%, Go runtime %.1f µs, quic-go %.1f µs", len(s), b.total, 100*share,
+		b.perCall[compGoSched], b.perCall[compQuic])
+	if share > 0.05 {
+		t.Errorf("%.0f%% of the Go client's samples have no symbol (at most 5%%)", 100*share)
+	}
+	if b.perCall[compQuic] == 0 {
+		t.Errorf("no sample in quic-go: %v", b.perCall)
 	}
 }

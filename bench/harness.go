@@ -61,7 +61,12 @@ func startChild(args ...string) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, args...)
+	return startChildOf(self, args...)
+}
+
+// startChildOf is startChild with another build of this program.
+func startChildOf(bin string, args ...string) (*child, error) {
+	cmd := exec.Command(bin, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

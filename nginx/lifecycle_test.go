@@ -514,6 +514,46 @@ func TestJITHotLoop(t *testing.T) {
 	}
 }
 
+// TestJITSequentialNoAborts: one call at a time, the built-in host's
+// completion path (the dispatcher's drain) compiles without a trace
+// abort. jit.flush() first, so that every trace of the loop is recorded
+// inside it; a loop that runs once per call aborted its root trace each
+// time it got hot ("leaving loop in root trace").
+func TestJITSequentialNoAborts(t *testing.T) {
+	requireNginx(t)
+	if ng.Host() == "resty_ffi" {
+		t.Skip("the lua-resty-ffi host completes calls its own way")
+	}
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", connectT+`
+                local v = require "jit.v"
+                local qt = require "qtest"
+                assert(conn:unary("echo", "warm"))
+                jit.flush()
+                v.on(qt.dir .. "/run/jit.log")
+                local bad = 0
+                for _ = 1, 2000 do
+                    local res = conn:unary("echo", "jit")
+                    if not res or res.body ~= "jit" then bad = bad + 1 end
+                end
+                v.off()
+                ngx.say("bad ", bad)`)})
+	if st, body := n.get("/t"); st != 200 || body != "bad 0\n" {
+		t.Fatalf("%d %q", st, body)
+	}
+	ours := moduleLine(t)
+	sc := bufio.NewScanner(strings.NewReader(n.readFile("run/jit.log")))
+	var aborts []string
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "[TRACE --- ") && ours.MatchString(l) {
+			aborts = append(aborts, l)
+		}
+	}
+	if len(aborts) > 0 {
+		t.Errorf("%d trace aborts in the module's files:\n%s", len(aborts), strings.Join(aborts, "\n"))
+	}
+}
+
 // TestCallAfterDispatcherStopped: a request still running when the worker
 // starts exiting makes its first call after the dispatcher has already
 // stopped (no call was waiting); the call must still complete.

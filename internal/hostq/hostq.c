@@ -366,6 +366,7 @@ int qrpc_submit_async(const qrpc_cmd_t *cmd) {
     if (hq.sleeping) {
         // Under the lock: qrpc_hostq_set_fd(-1) cannot close the fd meanwhile.
         hq.sleeping = 0;
+        hq.rings++;
         uint64_t one = 1;
         ssize_t n;
         do {

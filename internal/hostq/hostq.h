@@ -44,6 +44,7 @@ typedef struct {
     void *small[QRPC_SMALL_CLASSES]; /* free small blocks, by class */
     uint32_t small_n[QRPC_SMALL_CLASSES];
     uint64_t small_used; /* small blocks handed out since the trimmer looked */
+    uint64_t rings;      /* eventfd writes by qrpc_submit_async, for tests */
 } qrpc_hostq_t;
 
 extern qrpc_hostq_t qrpc_hostq;

@@ -5,7 +5,8 @@ package hostq
 // and frees their blocks with qrpc_release_n, all plain C: it never enters
 // Go on the hot path. The submitter goroutine here sleeps in the
 // netpoller on an eventfd, takes everything queued at once and runs each
-// command, turning a refusal into the call's completion.
+// command, turning a refusal into the call's completion; the waker runs
+// what was queued right after its wake byte (pickup).
 //
 // Why not call into Go from the nginx thread: after a cgo callback the
 // thread keeps its P (a Go scheduler slot) while it runs nginx (Go 1.26,
@@ -58,6 +59,9 @@ type submitter struct {
 	stop chan struct{} // closed to stop the trimmer and the waker
 	done sync.WaitGroup
 	kick atomic.Pointer[chan struct{}] // the waker's; nil when stopped
+	// runMu orders the commands: the submitter and the waker (pickup)
+	// each hold it from taking a list to having run it.
+	runMu sync.Mutex
 
 	// The trimmer's state (see trimEvery). trimOn: its timer runs; a
 	// user that finds it false and sets it sends trimWake. trimUsed: a
@@ -95,7 +99,7 @@ func (s *submitter) start() error {
 	stop, trimWake := s.stop, s.trimWake
 	safego.Go("submitter", func() { s.run(f) }, nil)
 	safego.Go("trimmer", func() { s.trim(stop, trimWake) }, nil)
-	safego.Go("waker", func() { s.waker(&kick, stop) }, nil)
+	safego.Go("waker", func() { s.waker(&kick, stop, f) }, nil)
 	return nil
 }
 
@@ -139,8 +143,13 @@ func (s *submitter) run(f *os.File) {
 		kick  bool
 	)
 	take := func(uintptr) bool {
+		s.runMu.Lock()
 		taken, kick = sqTake()
-		return taken != nil || kick
+		if taken == nil && !kick {
+			s.runMu.Unlock()
+			return false
+		}
+		return true // runMu held until runTaken
 	}
 	// Each command's panic is its own (runAsync); should the loop itself
 	// panic, it serves on: without it no command would ever run again.
@@ -148,17 +157,68 @@ func (s *submitter) run(f *os.File) {
 		for {
 			if err := rc.Read(take); err != nil {
 				// Closed by halt: what was queued before the close runs now.
+				s.runMu.Lock()
 				it, _ := sqTake()
-				runQueued(it)
+				s.runTaken(it)
 				return
 			}
-			runQueued(taken)
-			// After the commands: their blocks are then on the lists the
-			// trimmer's next tick looks at.
-			s.used()
+			s.runTaken(taken)
 		}
 	}, nil) {
 	}
+}
+
+// runTaken runs a list taken under runMu and releases runMu.
+func (s *submitter) runTaken(it *C.qrpc_qitem_t) {
+	defer s.runMu.Unlock()
+	runQueued(it)
+	// After the commands: their blocks are then on the lists the
+	// trimmer's next tick looks at.
+	s.used()
+}
+
+// armPickup tells qrpc_submit_async that the queue will be looked at
+// without its eventfd write (the waker's pickup, after its wake byte).
+func armPickup() {
+	qlock()
+	hq.sleeping = 0
+	qunlock()
+}
+
+// pickup takes and runs what was queued since the waker armed it. One
+// call at a time on one CPU, the nginx thread runs as soon as the wake
+// byte is written, submits its next call and sleeps, and Go goes on
+// here: the call starts without the eventfd write, the netpoller's
+// wake-up and the hop to the submitter goroutine. One list only: what
+// was queued while it ran goes to the submitter (f: its eventfd), so
+// that the waker is soon back to writing wake bytes.
+func (s *submitter) pickup(f *os.File) {
+	s.runMu.Lock()
+	it, kick := sqTake() // none: the submitter is marked asleep again
+	if it == nil && !kick {
+		s.runMu.Unlock()
+		return
+	}
+	s.runTaken(it)
+	if handBack() {
+		// closed by halt meanwhile: then the submitter runs the rest
+		_, _ = f.Write(eventfdOne[:])
+	}
+}
+
+var eventfdOne = [8]byte{1}
+
+// handBack ends a pickup: with the queue empty the submitter is marked
+// asleep (the next push rings); true when commands were queued while the
+// pickup ran, which the pickup's caller then rings the submitter for.
+func handBack() bool {
+	qlock()
+	more := hq.sq_head != nil || hq.trim_kick != 0
+	if !more {
+		hq.sleeping = 1
+	}
+	qunlock()
+	return more
 }
 
 // used tells the trimmer the queues are in use, and starts it if it
@@ -180,14 +240,19 @@ func (s *submitter) used() {
 // empty (wakeSoon), after a Gosched: that puts it behind the goroutines
 // runnable now, the other answers of a batch among them, which then join
 // the queue before the nginx thread wakes. A kick that arrives while it
-// writes is one more byte, never a lost one. After a panic it writes the
-// bytes it had taken on (a dispatcher waiting for one would sleep on)
-// and goes on.
-func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
+// writes is one more byte, never a lost one. Before the byte it arms its
+// pickup (armPickup), after it runs what the woken thread queued
+// (pickup). After a panic it writes the bytes it had taken on (a
+// dispatcher waiting for one would sleep on), runs the pickup it had
+// armed (no push rings for those commands) and goes on.
+func (s *submitter) waker(kick *chan struct{}, stop chan struct{}, f *os.File) {
 	defer s.done.Done()
 	// Should it end for good, pushes write their bytes themselves again.
 	defer s.kick.CompareAndSwap(kick, nil)
-	var owed uint64
+	var (
+		owed  uint64
+		armed bool
+	)
 	for safego.Run("waker", func() {
 		for {
 			select {
@@ -197,13 +262,22 @@ func (s *submitter) waker(kick *chan struct{}, stop chan struct{}) {
 				runtime.Gosched()
 				owed = builtin.wakeMask.Swap(0)
 				safego.Inject("waker")
+				armPickup()
+				armed = true
 				builtin.signalVMs(owed)
 				owed = 0
+				armed = false
+				s.pickup(f)
 			}
 		}
 	}, func() {
 		builtin.signalVMs(owed)
 		owed = 0
+		if armed {
+			// no push rang since armPickup: its commands wait for this
+			armed = false
+			s.pickup(f)
+		}
 	}) {
 	}
 }
@@ -539,4 +613,13 @@ func doneWaiting() int {
 		n++
 	}
 	return n
+}
+
+// submitterState is the submit queue's length, whether the submitter is
+// marked asleep (the next push rings it) and how many pushes have rung
+// it, for tests.
+func submitterState() (queued int, asleep bool, rings uint64) {
+	qlock()
+	defer qunlock()
+	return int(hq.sq_len), hq.sleeping != 0, uint64(hq.rings)
 }

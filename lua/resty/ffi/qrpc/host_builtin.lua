@@ -261,27 +261,12 @@ local function complete_failed(err)
 end
 
 
--- Raises what a completion raised; the caller's pcall reports it
--- (complete_failed) and drains again, which finishes the batch first. No
--- pcall in here: a hot trace returning into a pcall frame aborts (NYI:
--- return to lower frame), so the reader's pcall sits outside its loop.
---
--- The batch's blocks are released here, not in a function of their own: a
--- side trace starting in such a function returns into drain's frame, which
--- LuaJIT does not compile either (NYI: return to lower frame).
-local function drain()
-    -- the rest of a batch cut short by an error
-    while pos < npolled do
-        local i = pos
-        pos = i + 1
-        complete(comps[i])
-    end
-    if nrel > 0 then
-        local r = nrel
-        nrel = 0
-        lib.qrpc_release_n(rels, r)
-    end
-    local n = lib.qrpc_vm_poll(vm, comps, BATCH)
+-- The rest of drain's work once a poll returned n > 1 completions: the
+-- loops that a batch of several needs. Apart from drain because a loop
+-- that runs once per drain never closes into a trace: LuaJIT starts
+-- recording at a loop that got hot and aborts when that loop is left
+-- before it looped ("leaving loop in root trace"), again and again.
+local function drain_batch(n)
     while n > 0 do
         pos, npolled = 0, n
         for i = 0, n - 1 do
@@ -297,6 +282,47 @@ local function drain()
             break
         end
         n = lib.qrpc_vm_poll(vm, comps, BATCH)
+    end
+end
+
+
+-- Raises what a completion raised; the caller's pcall reports it
+-- (complete_failed) and drains again, which finishes the batch first. No
+-- pcall in here: a hot trace returning into a pcall frame aborts (NYI:
+-- return to lower frame), so the reader's pcall sits outside its loop.
+--
+-- The batch's blocks are released here, not in a function of their own: a
+-- side trace starting in such a function returns into drain's frame, which
+-- LuaJIT does not compile either (NYI: return to lower frame).
+--
+-- One call at a time, each poll returns one completion: that case runs no
+-- loop (see drain_batch), so the call path compiles into traces.
+local function drain()
+    -- the rest of a batch cut short by an error
+    while pos < npolled do
+        local i = pos
+        pos = i + 1
+        complete(comps[i])
+    end
+    if nrel > 0 then
+        local r = nrel
+        nrel = 0
+        lib.qrpc_release_n(rels, r)
+    end
+    local n = lib.qrpc_vm_poll(vm, comps, BATCH)
+    if n ~= 1 then
+        if n > 1 then
+            return drain_batch(n)
+        end
+        return
+    end
+    -- a batch of one is not a full one (BATCH > 1): the queue is empty
+    pos, npolled = 1, 1
+    complete(comps[0])
+    if nrel > 0 then
+        local r = nrel
+        nrel = 0
+        lib.qrpc_release_n(rels, r)
     end
 end
 
