@@ -81,24 +81,31 @@ func TestPoolTryTimeout(t *testing.T) {
 	f := newFleet(t)
 	addrs := f.start(3)
 	rec := newRecorder()
-	const try = 150 * time.Millisecond
-	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, TryTimeout: try, Retries: 1, Observer: rec,
-		Stall: -1, Failures: 1 << 20, RetryMinPerS: 1000})
-	unit := healthyLatency(t, p, "who", 10, 300)
-	// The same load on the healthy pool first: how long an answer takes
-	// on this machine now (the race detector, other work) sets the
-	// calls' deadline, so that a miss below says the retry failed, not
-	// that the machine is slow.
+	// The same load on the healthy servers first, through a pool with no
+	// try timeout: how long an answer takes on this machine now (the
+	// race detector, other work) sets the try timeout, which the retry
+	// on a healthy server must also meet, and the calls' deadline, so
+	// that a miss below says the retry failed, not that the machine is
+	// slow.
+	cp := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Stall: -1, Failures: 1 << 20})
+	unit := healthyLatency(t, cp, "who", 10, 300)
 	cal, calErrs := runCallsErrs(50, 500, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who")})
+		_, err := cp.Do(ctx, &qrpc.Call{Method: []byte("who")})
 		return err
 	})
 	if len(calErrs) > 0 {
 		t.Fatalf("%d of 500 calls failed before the freeze, first: %v", len(calErrs), calErrs[0])
 	}
-	callTimeout := max(time.Second, try+4*percentile(cal, 0.999))
+	slow := percentile(cal, 0.999)
+	try := max(150*time.Millisecond, 4*slow)
+	callTimeout := max(time.Second, try+4*slow)
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, TryTimeout: try, Retries: 1, Observer: rec,
+		Stall: -1, Failures: 1 << 20, RetryMinPerS: 1000})
+	if _, err := poolCall(p, 10*time.Second, "who", ""); err != nil {
+		t.Fatal(err)
+	}
 	f.srvs[1].freeze()
 	pz := testsrv.ProbePauses()
 	lat, errs := runCallsErrs(50, 1500, func() error {
@@ -134,7 +141,7 @@ func TestPoolTryTimeout(t *testing.T) {
 	// error says how many there were.
 	f.srvs[0].freeze()
 	f.srvs[2].freeze()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, 3*try))
 	defer cancel()
 	_, err := p.Do(ctx, &qrpc.Call{Method: []byte("who")})
 	if !errors.Is(err, qrpc.ErrTimeout) || !strings.HasSuffix(err.Error(), "(2 attempts)") {
