@@ -366,9 +366,7 @@ func (p *Pool) resolveLoop() {
 	t := time.NewTicker(p.cfg.Resolve)
 	defer t.Stop()
 	for {
-		select {
-		case <-t.C:
-		case <-p.ctx.Done():
+		if !p.roundDue(leaseResolve, t.C) {
 			return
 		}
 		if !p.roleHeld(leaseResolve) {
@@ -397,15 +395,33 @@ func (p *Pool) resolveRound() {
 	}
 }
 
+// roundDue waits for role l's next round: the ticker's tick, or while p
+// is shared the share timer's kick (pool_share_tick.go), so that a view
+// without the role waits without a timer. false: p is closing.
+func (p *Pool) roundDue(l int, tick <-chan time.Time) bool {
+	if kick := p.roleKick(l); kick != nil {
+		select {
+		case <-kick:
+		case <-p.ctx.Done():
+			return false
+		}
+		return true
+	}
+	select {
+	case <-tick:
+	case <-p.ctx.Done():
+		return false
+	}
+	return true
+}
+
 // checkLoop runs the active health check of every server each interval.
 func (p *Pool) checkLoop() {
 	defer p.wg.Done()
 	t := time.NewTicker(p.cfg.Check.Interval)
 	defer t.Stop()
 	for {
-		select {
-		case <-t.C:
-		case <-p.ctx.Done():
+		if !p.roundDue(leaseProbe, t.C) {
 			return
 		}
 		if !p.roleHeld(leaseProbe) {
