@@ -395,20 +395,18 @@ func (p *Pool) resolveRound() {
 	}
 }
 
-// roundDue waits for role l's next round: the ticker's tick, or while p
-// is shared the share timer's kick (pool_share_tick.go), so that a view
-// without the role waits without a timer. false: p is closing.
+// roundDue waits for role l's next round: the ticker's tick, or, while p
+// is shared and another view holds the role, the share timer's kick when
+// this view wins it (pool_share_tick.go), so that a view without the role
+// waits without a timer. false: p is closing.
 func (p *Pool) roundDue(l int, tick <-chan time.Time) bool {
-	if kick := p.roleKick(l); kick != nil {
-		select {
-		case <-kick:
-		case <-p.ctx.Done():
-			return false
-		}
-		return true
+	kick := p.roleKick(l)
+	if kick != nil && !p.roleHeld(l) {
+		tick = nil
 	}
 	select {
 	case <-tick:
+	case <-kick:
 	case <-p.ctx.Done():
 		return false
 	}

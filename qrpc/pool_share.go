@@ -152,11 +152,10 @@ type sharer struct {
 	attached   int64     // monoNS of Share
 	holder     [2]string // the other view holding each lease ("": none)
 	watching   map[string]func()
-	dead       map[string]bool // holders whose process exited
-	vSeen      int64           // the version as read by the last step that read the runs
-	tm         timer           // the pool's one timer (pool_share_tick.go)
-	kick       [2]chan struct{}
-	lastKick   [2]int64 // monoNS of each role's last round
+	dead       map[string]bool  // holders whose process exited
+	vSeen      int64            // the version as read by the last step that read the runs
+	tm         timer            // the pool's one timer (pool_share_tick.go)
+	kick       [2]chan struct{} // a role won: its loop's first round
 	stallTold  map[string]int64
 	lastStep   int64 // monoNS
 	exiting    bool
@@ -706,7 +705,7 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 			sh.holds[l] = true
 			sh.renewed[l] = nowNS
 			sh.watch[l] = 0
-			sh.kickLocked(l, nowNS) // the role's first round, now
+			sh.kickLocked(l) // the role's first round, now
 			if l == leaseResolve {
 				sh.listPub = 0 // publish the list at the next step
 			}

@@ -9,19 +9,20 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/safego"
 )
 
-// A shared pool runs one timer (shareTick) for everything periodic it
-// does, so that an idle view wakes its process only when there is work:
+// A shared pool's timer (shareTick) asks for the steps its leases need,
+// so that an idle view wakes its process only when there is work:
 //
-//   - the view that holds a role runs that role's rounds (checkLoop,
-//     resolveLoop) from this timer, at the role's interval, and asks the
-//     host for a step when its lease is due for renewal;
+//   - the view that holds a lease asks for a step when it is due for
+//     renewal; its role's rounds (checkLoop, resolveLoop) run on their
+//     own tickers, as in an unshared pool;
 //   - a view that holds no lease sleeps until the lease it watches
-//     lapses (the lease's record says when), then asks for a step to
-//     take it; its role loops wait without a timer of their own.
+//     lapses (the lease's record says when) or its holder's process
+//     exits, then asks for a step to take it; its role loops wait for
+//     that without a timer (roundDue).
 //
-// A step asked from here costs the host a wake-up of its thread, so the
-// lease is renewed every leaseRenew, not every period, and lives
-// leaseTTLFactor times that.
+// A step costs the host a wake-up of its thread and Go a few of its
+// own, so a lease is renewed every leaseRenew, not every period, and
+// lives leaseTTLFactor times that.
 
 // shareMargin: a view watching another's lease steps this long after the
 // lease's end, so that the key has gone from the store when it tries.
@@ -70,8 +71,8 @@ func (p *Pool) roleInterval(l int) time.Duration {
 	return 0
 }
 
-// roleKick is what role l's loop waits on while p is shared (nil: p is
-// not, the loop runs on its own ticker).
+// roleKick is what role l's loop waits on while p is shared and another
+// view holds the role (nil: p is not shared).
 func (p *Pool) roleKick(l int) <-chan struct{} {
 	s := &p.share
 	s.mu.Lock()
@@ -82,9 +83,9 @@ func (p *Pool) roleKick(l int) <-chan struct{} {
 	return s.sh.kick[l]
 }
 
-// kickLocked starts a round of role l now. Called with share.mu held.
-func (sh *sharer) kickLocked(l int, now int64) {
-	sh.lastKick[l] = now
+// kickLocked starts a round of role l now (the view has just won it).
+// Called with share.mu held.
+func (sh *sharer) kickLocked(l int) {
 	select {
 	case sh.kick[l] <- struct{}{}:
 	default: // a round is asked already
@@ -109,7 +110,6 @@ func (p *Pool) shareArmLocked(sh *sharer, now int64) {
 			continue
 		}
 		if sh.holds[l] {
-			soonest(sh.lastKick[l] + iv)
 			soonest(sh.renewed[l] + int64(sh.renew))
 		} else if sh.watch[l] > 0 {
 			soonest(sh.watch[l] + int64(shareMargin))
@@ -134,8 +134,8 @@ func (p *Pool) shareArmLocked(sh *sharer, now int64) {
 	sh.tm.Reset(d)
 }
 
-// shareTick runs the rounds that are due and asks for a step when a lease
-// needs one, then arms the timer again.
+// shareTick asks for a step when a lease needs one, then arms the timer
+// again.
 func (p *Pool) shareTick() {
 	if p.closed.Load() {
 		return
@@ -149,16 +149,11 @@ func (p *Pool) shareTick() {
 	}
 	now := monoNS(p.clk.Now())
 	ask := false
-	fence := int64(leaseFence * leaseTTLFactor * float64(sh.renew))
 	for l := range 2 {
-		iv := int64(p.roleInterval(l))
-		if iv == 0 {
+		if p.roleInterval(l) == 0 {
 			continue
 		}
 		if sh.holds[l] {
-			if now-sh.renewed[l] <= fence && now-sh.lastKick[l] >= iv*9/10 {
-				sh.kickLocked(l, now)
-			}
 			ask = ask || now-sh.renewed[l] >= int64(sh.renew)*9/10
 		} else {
 			ask = ask || now >= sh.watch[l]
