@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -233,5 +234,61 @@ func TestShareLeaseHolderSteps(t *testing.T) {
 	stepView(views[1], s, "x:", ShareStep)
 	if views[1].share.noProbe.Load() && views[0].share.noProbe.Load() {
 		t.Fatal("nobody probes after the holder left")
+	}
+}
+
+// TestShareIdleStepsFew: an idle shared pool asks its host for steps
+// only for its leases: the holder once a renewal interval, a view
+// without the lease when the lease it saw ends (each step wakes the
+// host's thread). One view probes throughout.
+func TestShareIdleStepsFew(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	const interval = 100 * time.Millisecond
+	var views []*Pool
+	asked := make([]atomic.Bool, 2)
+	for i := range 2 {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: 50 * time.Millisecond}
+		p.Share(ShareConfig{Slot: i, Slots: 2, Notify: func() bool { asked[i].Store(true); return true }})
+		views = append(views, p)
+		stepView(p, s, "x:", ShareStep)
+	}
+	steps := make([]int, 2)
+	run := func(d time.Duration, count bool) {
+		for end := clk.Now().Add(d); clk.Now().Before(end); {
+			clk.Advance(10 * time.Millisecond)
+			for i, p := range views {
+				if asked[i].Swap(false) {
+					stepView(p, s, "x:", ShareStep)
+					if count {
+						steps[i]++
+					}
+				}
+			}
+			probers := 0
+			for _, p := range views {
+				if !p.share.noProbe.Load() {
+					probers++
+				}
+			}
+			if probers != 1 {
+				t.Fatalf("%d views probe at %v", probers, clk.Now())
+			}
+		}
+	}
+	renew := leaseRenew(interval)
+	run(2*renew, false) // the views' first looks
+	const span = 40 * time.Second
+	run(span, true)
+	holder, follower := steps[0], steps[1]
+	if views[0].share.noProbe.Load() {
+		holder, follower = follower, holder
+	}
+	t.Logf("in %v idle with checks every %v: the holder stepped %d times, the other view %d (renewal every %v)", span, interval, holder, follower, renew)
+	// Checks every 100 ms: a step a period would be 400 each.
+	if limit := int(span/(10*interval)) + 2; holder > limit || follower > limit {
+		t.Errorf("in %v, the lease holder stepped %d times, the other view %d: want at most %d each (one every 10 check intervals)", span, holder, follower, limit)
 	}
 }
