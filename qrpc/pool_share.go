@@ -424,6 +424,11 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 				ops = append(ops, StoreOp{Kind: OpDelete, Key: leaseKeys[k]})
 			}
 		}
+		if len(ops) > 0 {
+			// the version moves: a view that takes calls steps at its
+			// next one, and takes the lease
+			ops = append(ops, StoreOp{Kind: OpIncr, Key: "v", Delta: 1, Init: p.hostNS(now) / 1e6, TTL: shareKeyTTL})
+		}
 		sh.holds = [2]bool{}
 		sh.step = nil
 		sh.stopWatchersLocked()

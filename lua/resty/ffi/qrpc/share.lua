@@ -22,10 +22,9 @@
 --     it. Under the lua-resty-ffi host, which takes no such request, one
 --     ngx.timer.every per worker ticks instead (a second one only for a
 --     pool whose period is less than half the first's).
--- An idle pool costs its worker one wake-up a lease period, none without
--- leases. When the worker exits, its pools give up the leases they hold
--- (from the dispatcher, or the timers' last, premature run), so that
--- another worker takes them at once.
+-- When the worker exits, or a pool closes, the pool gives up the leases
+-- it holds (from the dispatcher, the timers' last, premature run, or the
+-- cache's close), so that another worker takes them at its next step.
 
 local abi = require "resty.ffi.qrpc.abi"
 local builtin = require "resty.ffi.qrpc.host_builtin"
@@ -326,6 +325,17 @@ function _M.attach(e, dict_name, name)
     pools[tonumber(e.handle)] = st
     step(st, MODE_STEP)
     return st
+end
+
+-- leave(st): the pool closes (connection closed, or evicted from the
+-- cache): it gives up the leases it holds at once, so that another worker
+-- takes them at its next step instead of when they lapse.
+function _M.leave(st)
+    if not st.left then
+        st.left = true
+        step(st, MODE_EXIT)
+    end
+    pools[tonumber(st.e.handle)] = nil
 end
 
 -- due(st): before a call. One dict read while nothing changed.
