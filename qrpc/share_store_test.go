@@ -292,3 +292,50 @@ func TestShareIdleStepsFew(t *testing.T) {
 		t.Errorf("in %v, the lease holder stepped %d times, the other view %d: want at most %d each (one every 10 check intervals)", span, holder, follower, limit)
 	}
 }
+
+// TestShareStallKeyOwner: a server's stall key names the view that saw
+// the stall, and only that view deletes it when its stall ends: a view
+// whose own stall ended while the key names another leaves the other's
+// verdict in place.
+func TestShareStallKeyOwner(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	var views []*Pool
+	for i := range 2 {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Stall = 200 * time.Millisecond
+		p.Share(ShareConfig{Slot: i, Slots: 2})
+		views = append(views, p)
+	}
+	a, b := views[0], views[1]
+	addr := a.set.Load().peers[0].addr
+	if b.set.Load().peers[0].addr != addr {
+		t.Fatalf("the views' first servers differ: %s, %s", addr, b.set.Load().peers[0].addr)
+	}
+	stall := func(p *Pool, on bool) {
+		pr := p.set.Load().peers[0]
+		pr.stallSeen.Store(on)
+		pr.inflight.Store(int64(b2i(on)))
+		stepView(p, s, "x:", ShareStep)
+	}
+	key := func() string {
+		if it := s.live("x:t:" + addr); it != nil {
+			return string(it.val)
+		}
+		return ""
+	}
+	stall(b, true)
+	if got := key(); got != b.share.sh.id {
+		t.Fatalf("stall key %q after the second view's stall, want its id %q", got, b.share.sh.id)
+	}
+	stall(a, true) // the first view's verdict replaces it
+	stall(b, false)
+	if got := key(); got != a.share.sh.id {
+		t.Fatalf("stall key %q after the second view's stall ended, want the first view's verdict %q kept", got, a.share.sh.id)
+	}
+	stall(a, false)
+	if got := key(); got != "" {
+		t.Fatalf("stall key %q after the first view's stall ended, want it deleted", got)
+	}
+}
