@@ -154,6 +154,7 @@ type sharer struct {
 	lastStep   int64 // monoNS
 	exiting    bool
 	step       *shareRun
+	pre        *shareRun // the next step's first round, handed out (ShareNext)
 	lastHadRun map[string]bool
 }
 
@@ -329,7 +330,9 @@ type runAdd struct {
 // ShareStep runs one exchange of a step: mode is ShareStep or ShareExit
 // to begin one, 0 to go on with the results of the ops the last call
 // asked for. It returns the next ops and whether the host must call back
-// with their results (false: run them, the step is over).
+// with their results (false: run them, the step is over). A ShareStep
+// may come with the results of the ops ShareNext handed out: the step's
+// first round, run by the host as the step began.
 func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	s := &p.share
 	s.mu.Lock()
@@ -346,6 +349,13 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 		if mode == ShareExit {
 			sh.exiting = true
 			p.SetRoles(false, false)
+		}
+		pre := sh.pre
+		sh.pre = nil
+		if mode == ShareStep && res != nil && pre != nil && len(res) == len(pre.ops) &&
+			slices.Equal(pre.peers, p.set.Load().peers) {
+			sh.step = pre
+			return p.shareReadMore(sh, now, res)
 		}
 		return p.shareRead(sh, now), true
 	}
@@ -364,6 +374,24 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	}
 	sh.step = nil
 	return nil, false
+}
+
+// ShareNext hands out the first round of this view's next step, for the
+// host to run when that step begins and to give with it (ShareStep): an
+// idle step then takes one exchange with Go instead of two (each wakes
+// Go's threads). Called after a step's last exchange; nil: none.
+func (p *Pool) ShareNext() []StoreOp {
+	s := &p.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.sh
+	if sh == nil || sh.exiting || sh.step != nil {
+		return nil
+	}
+	sh.step = &shareRun{}
+	ops := p.shareRead(sh, p.clk.Now())
+	sh.pre, sh.step = sh.step, nil
+	return ops
 }
 
 func get(key string) StoreOp { return StoreOp{Kind: OpGet, Key: key} }

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -151,14 +152,26 @@ func (s *memStore) keys() []string {
 	return out
 }
 
-// stepView runs one whole step of p on s under prefix, as share.lua does;
-// mode is ShareStep or ShareExit. It returns the rounds it took.
+// preOps holds each view's next first round (ShareNext), as share.lua
+// keeps it.
+var preOps sync.Map // *Pool -> []StoreOp
+
+// stepView runs one whole step of p on s under prefix, as share.lua does
+// (with the first round the last step handed out); mode is ShareStep or
+// ShareExit. It returns the exchanges with Go it took.
 func stepView(p *Pool, s *memStore, prefix string, mode int) int {
-	ops, more := p.ShareStep(mode, nil)
+	var first []StoreResult
+	if pre, ok := preOps.LoadAndDelete(p); ok && mode == ShareStep {
+		first = s.run(prefix, pre.([]StoreOp))
+	}
+	ops, more := p.ShareStep(mode, first)
 	rounds := 1
 	for {
 		res := s.run(prefix, ops)
 		if !more {
+			if next := p.ShareNext(); next != nil {
+				preOps.Store(p, next)
+			}
 			return rounds
 		}
 		rounds++
@@ -255,15 +268,16 @@ func TestShareIdleStepsFew(t *testing.T) {
 		views = append(views, p)
 		stepView(p, s, "x:", ShareStep)
 	}
-	steps := make([]int, 2)
+	steps, exchanges := make([]int, 2), make([]int, 2)
 	run := func(d time.Duration, count bool) {
 		for end := clk.Now().Add(d); clk.Now().Before(end); {
 			clk.Advance(10 * time.Millisecond)
 			for i, p := range views {
 				if asked[i].Swap(false) {
-					stepView(p, s, "x:", ShareStep)
+					n := stepView(p, s, "x:", ShareStep)
 					if count {
 						steps[i]++
+						exchanges[i] += n
 					}
 				}
 			}
@@ -285,6 +299,10 @@ func TestShareIdleStepsFew(t *testing.T) {
 	holder, follower := steps[0], steps[1]
 	if views[0].share.noProbe.Load() {
 		holder, follower = follower, holder
+	}
+	// each step: one exchange with Go, its first round run ahead
+	if exchanges[0] != steps[0] || exchanges[1] != steps[1] {
+		t.Errorf("steps %v took %v exchanges with Go: want one each", steps, exchanges)
 	}
 	t.Logf("in %v idle with checks every %v: the holder stepped %d times, the other view %d (renewal every %v)", span, interval, holder, follower, renew)
 	// Checks every 100 ms: a step a period would be 400 each.

@@ -168,9 +168,11 @@ local function result(buf, n, v)
 end
 
 -- run executes the ops of Go's answer ans; returns whether Go wants their
--- results, and the record carrying them.
+-- results, the record carrying them, and the next step's first ops (an
+-- answer of their own) when Go gave them.
 local function run(dict, pk, ans)
-    local more = str_byte(ans, 1) == 1
+    local flag = str_byte(ans, 1)
+    local more = flag == 1
     local n = rd16(ans, 2)
     local i = 4
     local buf, nb = { "\0", u16(n) }, 2
@@ -205,7 +207,8 @@ local function run(dict, pk, ans)
             nb = result(buf, nb, r)
         end
     end
-    return more, more and tab_concat(buf, "", 1, nb)
+    return more, more and tab_concat(buf, "", 1, nb),
+           flag == 2 and "\1" .. str_sub(ans, i) or nil
 end
 
 local function query(st, rec)
@@ -219,7 +222,17 @@ local function step(st, mode)
         return false
     end
     st.next = ngx_now() + SYNC_S
-    local ans, err = query(st, str_char(mode))
+    local ans, err
+    local pre = st.pre
+    st.pre = nil
+    if pre and mode == MODE_STEP then
+        -- the step's first round, which the last step's answer gave:
+        -- its results go with the step (one exchange with Go the fewer)
+        local _, rec = run(st.dict, st.pk, pre)
+        ans, err = query(st, "\1" .. str_sub(rec, 2))
+    else
+        ans, err = query(st, str_char(mode))
+    end
     for _ = 1, MAX_ROUNDS do
         if not ans then
             if not st.warned then
@@ -228,8 +241,9 @@ local function step(st, mode)
             end
             return true
         end
-        local more, rec = run(st.dict, st.pk, ans)
+        local more, rec, nxt = run(st.dict, st.pk, ans)
         if not more then
+            st.pre = nxt
             break
         end
         ans, err = query(st, rec)
