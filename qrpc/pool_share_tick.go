@@ -92,8 +92,10 @@ func (sh *sharer) kickLocked(l int) {
 	}
 }
 
-// shareArmLocked (re)arms the pool's timer for the next thing due.
-// Called with share.mu held.
+// shareArmLocked (re)arms the pool's timer for the next thing due. What
+// is due now has had its step asked, and the step arms the timer again
+// when it ends: the timer comes back a period later only in case the
+// step never runs. Called with share.mu held.
 func (p *Pool) shareArmLocked(sh *sharer, now int64) {
 	if sh.period <= 0 || sh.exiting {
 		return
@@ -126,7 +128,10 @@ func (p *Pool) shareArmLocked(sh *sharer, now int64) {
 	if next < 0 {
 		return
 	}
-	d := time.Duration(max(next-now, int64(minLeasePeriod)/10))
+	if next <= now {
+		next = now + int64(sh.period)
+	}
+	d := time.Duration(next - now)
 	if sh.tm == nil {
 		sh.tm = p.clk.AfterFunc(d, safego.Func("pool share timer", p.shareTick, p.shareTickPanicked))
 		return
