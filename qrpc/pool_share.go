@@ -1,7 +1,6 @@
 package qrpc
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
@@ -205,12 +204,14 @@ func (p *Pool) Share(cfg ShareConfig) {
 	// asks for steps only where the host takes the request (Notify).
 	p.shareArmLocked(s.sh, monoNS(p.clk.Now()))
 	if p.ctx != nil {
-		sh := s.sh
-		context.AfterFunc(p.ctx, safego.Func("pool share watch", func() {
+		// the watches of the holders' processes end with the pool
+		sh, done := s.sh, p.ctx.Done()
+		safego.Go("pool share watch", func() {
+			<-done
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			sh.stopWatchersLocked()
-		}, nil))
+		}, nil)
 	}
 }
 
