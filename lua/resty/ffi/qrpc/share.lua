@@ -15,13 +15,16 @@
 --     call), or SYNC_S after its last step while it takes calls;
 --   * when Go asks (a QRPC_SHARE completion, the way log lines travel):
 --     a failure counted, an ejection, a check's verdict, a new list;
---   * once a lease period, for pools with active checks or
---     re-resolution, so that the lease holder renews its leases and the
---     others take a lapsed one: Go's own timer asks (as above), so no Lua
---     timer has to run for it and lua_max_running_timers cannot starve
---     it. Under the lua-resty-ffi host, which takes no such request, one
---     ngx.timer.every per worker ticks instead (a second one only for a
+--   * for the leases of pools with active checks or re-resolution: the
+--     holder when they are due for renewal, the others when the lease
+--     they saw ends or its holder's process exits. Go's own timer asks
+--     (as above), so no Lua timer has to run for it and
+--     lua_max_running_timers cannot starve it. Under the lua-resty-ffi
+--     host, which takes no such request, one ngx.timer.every per worker
+--     steps them once a lease period instead (a second one only for a
 --     pool whose period is less than half the first's).
+-- A step's last answer carries the next step's first round, which runs
+-- as that step begins: an idle step is one exchange with Go.
 -- When the worker exits, or a pool closes, the pool gives up the leases
 -- it holds (from the dispatcher, the timers' last, premature run, or the
 -- cache's close), so that another worker takes them at its next step.
