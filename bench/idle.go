@@ -18,7 +18,8 @@ package main
 // Go's sysmon with it: docs/tuning.md) and the steady idle window after it
 // (the keep-alives every 15 s). A second nginx holds a shared pool with
 // checks and re-resolution: one worker takes the leases, another follows,
-// a third runs the same pool unshared, the fourth is plain. -idle-libs
+// a third runs the same pool unshared, a fourth the same pool unshared
+// without checks or re-resolution, the fifth is plain. -idle-libs
 // runs the first nginx again beside it for each other build of the
 // library, so that builds compare in one run.
 
@@ -62,7 +63,7 @@ type idleRun struct {
 	n     *nginx
 	pids  []int
 	ends  map[int]time.Time // each worker's call (or connect), when it was done
-	roles map[int]string    // "call", "shared", "unshared"
+	roles map[int]string    // "call", "shared", "unshared", "quiet"
 	// counted: the workers whose call the shared dict counted
 	counted int
 }
@@ -145,7 +146,7 @@ func figureIdle(e *env, p params, t *table) error {
 		}
 		calls = append(calls, r)
 	}
-	pool, err := start("", "pool", e.lib, 4)
+	pool, err := start("", "pool", e.lib, 5)
 	if err != nil {
 		return err
 	}
@@ -167,7 +168,7 @@ func figureIdle(e *env, p params, t *table) error {
 	for _, r := range runs {
 		want := idleCalling
 		if r == pool {
-			want = 3
+			want = 4
 		}
 		if err := r.waitDone(want, 60*time.Second); err != nil {
 			smp.stop()
@@ -445,7 +446,7 @@ func (r *idleRun) reportPool(t *table, series map[int]*procSeries, settle, windo
 	if err != nil {
 		return err
 	}
-	var hold, follow, unshared, plain *idleReading
+	var hold, follow, unshared, quiet, plain *idleReading
 	for i, w := range ws {
 		switch {
 		case w.pid == holder:
@@ -454,14 +455,16 @@ func (r *idleRun) reportPool(t *table, series map[int]*procSeries, settle, windo
 			follow = &ws[i]
 		case w.role == "unshared":
 			unshared = &ws[i]
+		case w.role == "quiet":
+			quiet = &ws[i]
 		default:
 			plain = &ws[i]
 		}
 	}
-	if hold == nil || follow == nil || unshared == nil || plain == nil {
+	if hold == nil || follow == nil || unshared == nil || quiet == nil || plain == nil {
 		return fmt.Errorf("idle pool: roles %v", r.roles)
 	}
-	sec := fmt.Sprintf("Idle worker: a shared pool (check every %d ms, resolve every %d ms), 4 workers, %.0f s window after %.0f s",
+	sec := fmt.Sprintf("Idle worker: a shared pool (check every %d ms, resolve every %d ms), 5 workers, %.0f s window after %.0f s",
 		idleCheckMS, idleResolveMS, window.Seconds(), settle.Seconds())
 	hz := func(w *idleReading) string {
 		return fmt.Sprintf("%.2f (%.2f + %.2f)", w.idleMain+w.idleGo, w.idleMain, w.idleGo)
@@ -472,10 +475,12 @@ func (r *idleRun) reportPool(t *table, series map[int]*procSeries, settle, windo
 	t.add(row{section: sec, name: "of those, the lease holder's nginx thread vs the unshared pool's",
 		subject: fmt.Sprintf("%.2f", hold.idleMain), baseline: fmt.Sprintf("%.2f unshared", unshared.idleMain),
 		ratio: hold.idleMain - unshared.idleMain, ratioLabel: "extra per s"})
-	t.add(row{section: sec, name: "wake-ups/s of a worker following the shared pool (no lease) vs the same pool unshared",
-		subject: hz(follow), baseline: hz(unshared) + " unshared", ratio: tot(follow) - tot(unshared), ratioLabel: "extra per s"})
+	t.add(row{section: sec, name: "wake-ups/s of a worker following the shared pool (no lease) vs the same pool unshared without checks or re-resolution",
+		subject: hz(follow), baseline: hz(quiet) + " quiet", ratio: tot(follow) - tot(quiet), ratioLabel: "extra per s"}.withTarget("≤ 1"))
 	t.add(row{section: sec, name: "wake-ups/s of the unshared pool (its checks and re-resolution) vs a plain worker",
 		subject: hz(unshared), baseline: hz(plain) + " plain", ratio: tot(unshared) - tot(plain), ratioLabel: "extra per s"})
+	t.add(row{section: sec, name: "wake-ups/s of the quiet pool (one connection, its keep-alives) vs a plain worker",
+		subject: hz(quiet), baseline: hz(plain) + " plain", ratio: tot(quiet) - tot(plain), ratioLabel: "extra per s"})
 	return nil
 }
 

@@ -9,7 +9,9 @@ package main
 // and log when they are done; the others only configure the module
 // (which must not load the library). In pool mode workers 0 and 1
 // connect a shared pool with checks and re-resolution (one of them
-// takes the leases), worker 2 the same pool unshared, worker 3 nothing.
+// takes the leases), worker 2 the same pool unshared, worker 3 the same
+// pool unshared without checks or re-resolution (a quiet pool: what a
+// follower is measured against), worker 4 nothing.
 const idleConf = `load_module /usr/lib/nginx/modules/ndk_http_module.so;
 load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
 worker_processes {{.Workers}};
@@ -69,20 +71,22 @@ http {
             end)
         end
 {{else}}
-        if id < 3 then
+        if id < 4 then
             ngx.timer.at(0, function(premature)
                 if premature or not go_file() then return end
                 local cfg = require "bench_config"
+                local quiet = id == 3
                 local conn, err = qrpc.connect({ "{{.PoolAddr}}" }, {
                     ca = cfg.ca, server_name = "localhost",
-                    check = { method = "echo", interval = {{.CheckMS}} },
-                    resolve = {{.ResolveMS}}, resolver = "{{.Resolver}}",
+                    check = not quiet and { method = "echo", interval = {{.CheckMS}} } or nil,
+                    resolve = not quiet and {{.ResolveMS}} or nil,
+                    resolver = "{{.Resolver}}",
                     shared = id < 2 and "qpools" or false,
                 })
                 local res
                 if conn then res, err = conn:unary("echo", "hello") end
                 if res then ngx.shared.idle_calls:incr(ngx.worker.pid(), 1, 0) end
-                done(id < 2 and "shared" or "unshared", res, err)
+                done(id < 2 and "shared" or quiet and "quiet" or "unshared", res, err)
             end)
         end
 {{end}}

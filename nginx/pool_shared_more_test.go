@@ -312,3 +312,46 @@ func TestPoolSharedReloadReleases(t *testing.T) {
 		t.Errorf("the held request: %q", body)
 	}
 }
+
+// TestPoolSharedCloseReleases: a shared pool that closes (conn:close(),
+// or evicted from the connection cache to make room) gives up the leases
+// it holds at once, instead of leaving them to lapse while no worker
+// probes.
+func TestPoolSharedCloseReleases(t *testing.T) {
+	a := ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		Server: leaseLoc + loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local how = ngx.var.arg_how
+                if how == "evict" then
+                    assert(qrpc.configure{ max_connections = 1 })
+                end
+                local conn = assert(qrpc.connect(qt.a, qt.opts({ timeout = 3000 + #how,
+                    check = { method = "probe", interval = 100 }, shared = "qpools" })))
+                assert(conn:unary("echo", "x"))
+                local function held()
+                    for _, k in ipairs(ngx.shared.qpools:get_keys(0)) do
+                        if k:match(":lp$") then return true end
+                    end
+                end
+                for _ = 1, 100 do
+                    if held() then break end
+                    ngx.sleep(0.02)
+                end
+                if not held() then return ngx.say("no probe lease") end
+                if how == "evict" then
+                    -- the other server's pool takes the only room
+                    local other = assert(qrpc.connect(qt.shared_addr, qt.opts({ timeout = 3002 })))
+                    assert(other:unary("echo", "y"))
+                else
+                    conn:close()
+                end
+                ngx.say(held() and "lease kept" or "lease given up")`)})
+	for _, how := range []string{"close", "evict"} {
+		if code, body := n.get("/t?how=" + how); code != 200 || body != "lease given up\n" {
+			t.Errorf("%s: HTTP %d: %q", how, code, body)
+		}
+	}
+}

@@ -399,9 +399,7 @@ func (p *Pool) resolveLoop() {
 	t := time.NewTicker(p.cfg.Resolve)
 	defer t.Stop()
 	for {
-		select {
-		case <-t.C:
-		case <-p.ctx.Done():
+		if !p.roundDue(leaseResolve, t.C) {
 			return
 		}
 		if !p.roleHeld(leaseResolve) {
@@ -430,15 +428,31 @@ func (p *Pool) resolveRound() {
 	}
 }
 
+// roundDue waits for role l's next round: the ticker's tick, or, while p
+// is shared and another view holds the role, the share timer's kick when
+// this view wins it (pool_share_tick.go), so that a view without the role
+// waits without a timer. false: p is closing.
+func (p *Pool) roundDue(l int, tick <-chan time.Time) bool {
+	kick := p.roleKick(l)
+	if kick != nil && !p.roleHeld(l) {
+		tick = nil
+	}
+	select {
+	case <-tick:
+	case <-kick:
+	case <-p.ctx.Done():
+		return false
+	}
+	return true
+}
+
 // checkLoop runs the active health check of every server each interval.
 func (p *Pool) checkLoop() {
 	defer p.wg.Done()
 	t := time.NewTicker(p.cfg.Check.Interval)
 	defer t.Stop()
 	for {
-		select {
-		case <-t.C:
-		case <-p.ctx.Done():
+		if !p.roundDue(leaseProbe, t.C) {
 			return
 		}
 		if !p.roleHeld(leaseProbe) {

@@ -30,7 +30,10 @@ import (
 //	c:<addr>:<g> the verdict of generation g (written once, by add)
 //	f:<addr>:<g> the run of failures in a row since verdict g (a counter)
 //	t:<addr>     a view's stall verdict (lapses unless repeated)
-//	lp, ld       the probe and resolve leases: the holder's view id
+//	lp, ld       the probe and resolve leases: the holder's view id and
+//	             the lease's end (pool_share_tick.go)
+//	lpx:<id>, ldx:<id>  the token of the view that takes over the lease
+//	             of holder id, whose process exited
 //	rg, rl       the resolved list's generation, and the list
 //	tr:<i>, ta:<i>  view slot i's throttling window: requests, accepts
 //
@@ -39,15 +42,6 @@ import (
 // numbers it had. Windows in records are on CLOCK_MONOTONIC, one clock
 // for every process of the host (hostNS): a step of the wall clock moves
 // none.
-
-// Resolved is one address of the list the resolving view found.
-type Resolved struct {
-	Addr     string
-	Name     string // TLS server name ("" : the address's host)
-	Priority uint16
-	Weight   uint16
-	Split    uint16 // addresses of its SRV target (they share Weight)
-}
 
 // Store operations of a step.
 const (
@@ -139,14 +133,27 @@ type sharer struct {
 	id     string // this view's lease value
 	period time.Duration
 	// what the last steps saw and did
-	listSeen   int64  // the generation of the list applied or published
-	listPub    uint64 // resolvedGen last published
-	holds      [2]bool
-	renewed    [2]int64 // monoNS of the last lease write
+	listSeen int64  // the generation of the list applied or published
+	listPub  uint64 // resolvedGen last published
+	holds    [2]bool
+	renewed  [2]int64 // monoNS of the last lease write
+	// renew: how often the holder renews a lease (its TTL is
+	// leaseTTLFactor times that); watch: when the lease another view
+	// holds ends (monoNS; 0: unknown)
+	renew      time.Duration
+	watch      [2]int64
+	attached   int64     // monoNS of Share
+	holder     [2]string // the other view holding each lease ("": none)
+	watching   map[string]func()
+	dead       map[string]bool  // holders whose process exited
+	vSeen      int64            // the version as read by the last step that read the runs
+	tm         timer            // the pool's one timer (pool_share_tick.go)
+	kick       [2]chan struct{} // a role won: its loop's first round
 	stallTold  map[string]int64
 	lastStep   int64 // monoNS
 	exiting    bool
 	step       *shareRun
+	pre        *shareRun // the next step's first round, handed out (ShareNext)
 	lastHadRun map[string]bool
 }
 
@@ -186,32 +193,26 @@ func (p *Pool) Share(cfg ShareConfig) {
 	// The pid first: an operator (and a test) can tell which worker
 	// holds a lease.
 	id := strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
-	s.sh = &sharer{cfg: cfg, id: id, period: period,
-		stallTold: map[string]int64{}, lastHadRun: map[string]bool{}}
+	s.sh = &sharer{cfg: cfg, id: id, period: period, renew: leaseRenew(period), attached: monoNS(p.clk.Now()),
+		watching: map[string]func(){}, dead: map[string]bool{},
+		stallTold: map[string]int64{}, lastHadRun: map[string]bool{},
+		kick: [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}}
 	s.notify = cfg.Notify
 	p.SetRoles(false, false)
 	s.on.Store(true)
-	if period > 0 && cfg.Notify != nil {
-		p.leaseTick(period)
+	// The timer runs the role rounds, so it runs under either host; it
+	// asks for steps only where the host takes the request (Notify).
+	p.shareArmLocked(s.sh, monoNS(p.clk.Now()))
+	if p.ctx != nil {
+		// the watches of the holders' processes end with the pool
+		sh, done := s.sh, p.ctx.Done()
+		safego.Go("pool share watch", func() {
+			<-done
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			sh.stopWatchersLocked()
+		}, nil)
 	}
-}
-
-// leaseTick asks for a step every period while the pool is open: the
-// holder renews its leases, the others try to take a lapsed one. A Go
-// timer, so that no Lua timer has to run for it (lua_max_running_timers
-// cannot starve it) and an idle pool wakes its worker once a period.
-func (p *Pool) leaseTick(period time.Duration) {
-	p.clk.AfterFunc(period, safego.Func("pool share timer", func() {
-		if p.closed.Load() {
-			return
-		}
-		p.leaseTick(period)
-		p.shareChanged()
-	}, func() {
-		if !p.closed.Load() {
-			p.leaseTick(period)
-		}
-	}))
 }
 
 // roleHeld reports whether this view runs the checks (leaseProbe) or the
@@ -233,7 +234,7 @@ func (p *Pool) roleHeld(l int) bool {
 	if sh == nil || !sh.holds[l] {
 		return false
 	}
-	fence := int64(leaseFence * leaseTTLFactor * float64(sh.period))
+	fence := int64(leaseFence * leaseTTLFactor * float64(sh.renew))
 	return monoNS(p.clk.Now())-sh.renewed[l] <= fence
 }
 
@@ -305,9 +306,13 @@ type shareRun struct {
 	runs    []runAdd
 	clears  []runAdd // runs this view ended
 	leaseOp [2]int   // the lease ops' places (-1: none)
-	wrote   bool
-	listOp  bool
-	v       int64
+	leaseAt [2]bool  // the lease key was there when read
+	// takeover: the lease op is the token of a dead holder's lease
+	takeover [2]bool
+	runsOp   bool // the runs were read
+	wrote    bool
+	listOp   bool
+	v        int64
 }
 
 type proposal struct {
@@ -326,7 +331,9 @@ type runAdd struct {
 // ShareStep runs one exchange of a step: mode is ShareStep or ShareExit
 // to begin one, 0 to go on with the results of the ops the last call
 // asked for. It returns the next ops and whether the host must call back
-// with their results (false: run them, the step is over).
+// with their results (false: run them, the step is over). A ShareStep
+// may come with the results of the ops ShareNext handed out: the step's
+// first round, run by the host as the step began.
 func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	s := &p.share
 	s.mu.Lock()
@@ -343,6 +350,13 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 		if mode == ShareExit {
 			sh.exiting = true
 			p.SetRoles(false, false)
+		}
+		pre := sh.pre
+		sh.pre = nil
+		if mode == ShareStep && res != nil && pre != nil && len(res) == len(pre.ops) &&
+			slices.Equal(pre.peers, p.set.Load().peers) {
+			sh.step = pre
+			return p.shareReadMore(sh, now, res)
 		}
 		return p.shareRead(sh, now), true
 	}
@@ -361,6 +375,24 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	}
 	sh.step = nil
 	return nil, false
+}
+
+// ShareNext hands out the first round of this view's next step, for the
+// host to run when that step begins and to give with it (ShareStep): an
+// idle step then takes one exchange with Go instead of two (each wakes
+// Go's threads). Called after a step's last exchange; nil: none.
+func (p *Pool) ShareNext() []StoreOp {
+	s := &p.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.sh
+	if sh == nil || sh.exiting || sh.step != nil {
+		return nil
+	}
+	sh.step = &shareRun{}
+	ops := p.shareRead(sh, p.clk.Now())
+	sh.pre, sh.step = sh.step, nil
+	return ops
 }
 
 func get(key string) StoreOp { return StoreOp{Kind: OpGet, Key: key} }
@@ -411,22 +443,46 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 		// Give up what this view holds; the rest is the others'.
 		var ops []StoreOp
 		for k, v := range leases {
-			if string(v) == sh.id {
+			if id, _ := leaseParse(v); id == sh.id {
 				ops = append(ops, StoreOp{Kind: OpDelete, Key: leaseKeys[k]})
 			}
 		}
+		if len(ops) > 0 {
+			// the version moves: a view that takes calls steps at its
+			// next one, and takes the lease
+			ops = append(ops, StoreOp{Kind: OpIncr, Key: "v", Delta: 1, Init: p.hostNS(now) / 1e6, TTL: shareKeyTTL})
+		}
 		sh.holds = [2]bool{}
 		sh.step = nil
+		sh.stopWatchersLocked()
+		if sh.tm != nil {
+			sh.tm.Stop()
+		}
 		return ops, false
 	}
 	// Leases: a view holds one while the key names it; it stops acting on
 	// it when the key names another (it was evicted and taken) or when it
 	// has not renewed it in time.
+	hostNow := p.hostNS(now)
 	for k, v := range leases {
-		if sh.holds[k] && (v != nil && string(v) != sh.id || nowNS-sh.renewed[k] > int64(leaseFence*leaseTTLFactor*float64(sh.period))) {
+		id, end := leaseParse(v)
+		st.leaseAt[k] = v != nil
+		if sh.holds[k] && (v != nil && id != sh.id || nowNS-sh.renewed[k] > int64(leaseFence*leaseTTLFactor*float64(sh.renew))) {
 			sh.holds[k] = false
 		}
+		// Another view's lease: this view steps again when it ends (a
+		// record without an end: after a period).
+		sh.watch[k] = 0
+		sh.holder[k] = ""
+		if v != nil && id != sh.id {
+			sh.holder[k] = id
+			sh.watch[k] = nowNS + int64(sh.period)
+			if end != 0 {
+				sh.watch[k] = nowNS + max(0, end-hostNow)
+			}
+		}
 	}
+	p.watchHoldersLocked(sh)
 	p.SetRoles(sh.holds[leaseProbe], sh.holds[leaseResolve])
 	i := 4
 	st.gens = make([]int64, len(st.peers))
@@ -458,8 +514,17 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 		}
 		p.SetOthersThrottle(r, a)
 	}
-	for j, pr := range st.peers {
-		st.ops = append(st.ops, get("f:"+pr.addr+":"+strconv.FormatInt(st.gens[j], 10)))
+	// The runs: unless the version is the one this view read them at
+	// (every write to a run moves it) and this view is in none.
+	st.runsOp = st.v != sh.vSeen
+	for _, had := range sh.lastHadRun {
+		st.runsOp = st.runsOp || had
+	}
+	if st.runsOp {
+		sh.vSeen = st.v
+		for j, pr := range st.peers {
+			st.ops = append(st.ops, get("f:"+pr.addr+":"+strconv.FormatInt(st.gens[j], 10)))
+		}
 	}
 	st.listOp = false
 	if !sh.holds[leaseResolve] && p.cfg.Resolve > 0 && p.hasNames() && rg > sh.listSeen {
@@ -468,6 +533,9 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 		sh.listSeen = rg
 	}
 	st.phase = 2
+	if len(st.ops) == 0 {
+		return p.shareWrite(sh, now, nil)
+	}
 	return st.ops, true
 }
 
@@ -491,6 +559,9 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 		}
 	}
 	for j, pr := range st.peers {
+		if !st.runsOp {
+			break
+		}
 		n := num(res[k].Value)
 		k++
 		h := pr.h.Load()
@@ -533,21 +604,29 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	st.leaseOp = [2]int{-1, -1}
 	// leases
 	if sh.period > 0 {
-		ttl := time.Duration(leaseTTLFactor * float64(sh.period))
+		ttl := time.Duration(leaseTTLFactor * float64(sh.renew))
 		want := [2]bool{p.cfg.Check.Method != "" && p.cfg.Check.Interval > 0, p.cfg.Resolve > 0 && p.hasNames()}
 		for l := range 2 {
 			if !want[l] {
 				continue
 			}
 			if sh.holds[l] {
-				if nowNS-sh.renewed[l] >= int64(sh.period)*9/10 {
+				if nowNS-sh.renewed[l] >= int64(sh.renew)*9/10 {
 					st.leaseOp[l] = len(ops)
-					ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: []byte(sh.id), TTL: ttl})
+					ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
 					sh.renewed[l] = nowNS
 				}
-			} else {
+			} else if !st.leaseAt[l] {
+				// a lease another view holds is not tried: the add
+				// would fail
 				st.leaseOp[l] = len(ops)
-				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l], Value: []byte(sh.id), TTL: ttl})
+				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
+			} else if id := sh.holder[l]; id != "" && sh.dead[id] {
+				// The holder's process exited: of the views that saw
+				// it, the one that adds the token takes the lease.
+				st.leaseOp[l] = len(ops)
+				st.takeover[l] = true
+				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l] + "x:" + id, Value: []byte(sh.id), TTL: ttl})
 			}
 		}
 	}
@@ -614,6 +693,16 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 	}
 	st.ops = ops
 	st.phase = 3
+	// No op whose result counts (a lease tried, a generation or a run
+	// counted): the step ends with these ops, one exchange fewer.
+	need := len(st.props) > 0 || len(st.runs) > 0
+	for l, k := range st.leaseOp {
+		need = need || k >= 0 && !sh.holds[l]
+	}
+	if !need {
+		more, _ := p.shareCommit(sh, now, nil)
+		return append(ops, more...), false
+	}
 	return ops, true
 }
 
@@ -633,17 +722,24 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 	st := sh.step
 	nowNS := monoNS(now)
 	hostNow := p.hostNS(now)
+	var ops []StoreOp
 	for l, k := range st.leaseOp {
 		if k >= 0 && st.ops[k].Kind == OpAdd && res[k].OK {
+			if st.takeover[l] {
+				ttl := time.Duration(leaseTTLFactor * float64(sh.renew))
+				ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
+				sh.holder[l] = ""
+			}
 			sh.holds[l] = true
 			sh.renewed[l] = nowNS
+			sh.watch[l] = 0
+			sh.kickLocked(l) // the role's first round, now
 			if l == leaseResolve {
 				sh.listPub = 0 // publish the list at the next step
 			}
 		}
 	}
 	p.SetRoles(sh.holds[leaseProbe], sh.holds[leaseResolve])
-	var ops []StoreOp
 	for _, pp := range st.props {
 		r := res[pp.op]
 		if !r.OK {
@@ -680,6 +776,7 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 	}
 	sh.lastStep = nowNS
 	sh.step = nil
+	p.shareArmLocked(sh, nowNS)
 	// What changed during this step asks for the next one.
 	for _, pr := range st.peers {
 		if h := pr.h.Load(); h.dirty() || h.unshown > 0 {
@@ -688,71 +785,4 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 		}
 	}
 	return ops, false
-}
-
-// SetOthersThrottle gives adaptive throttling the other views' window
-// (their requests and accepts over the last two minutes): the pool then
-// sheds on the sum, as one pool would. No-op without throttling.
-func (p *Pool) SetOthersThrottle(requests, accepts int64) {
-	if th := p.throttle; th != nil {
-		th.otherReqs.Store(max(0, requests))
-		th.otherAccs.Store(max(0, accepts))
-	}
-}
-
-// noteResolved keeps the list this view resolved, for the others. Called
-// with p.mu held.
-func (p *Pool) noteResolved(want []string, names map[string]string, meta map[string]srvMeta) {
-	list := make([]Resolved, 0, len(want))
-	for _, a := range want {
-		m := meta[a]
-		list = append(list, Resolved{Addr: a, Name: names[a], Priority: m.prio, Weight: max(m.weight, 1), Split: max(m.split, 1)})
-	}
-	if slices.Equal(list, p.share.resolved) && p.share.resolvedGen != 0 {
-		return
-	}
-	p.share.resolved = list
-	p.share.resolvedGen++
-	if p.share.on.Load() {
-		p.shareChanged() // published at the next step
-	}
-}
-
-// resolvedArgs turns a resolved list into apply's arguments: sorted
-// addresses (the first of a duplicate kept), TLS names, SRV metadata.
-func resolvedArgs(list []Resolved) ([]string, map[string]string, map[string]srvMeta) {
-	want := make([]string, 0, len(list))
-	names := map[string]string{}
-	meta := map[string]srvMeta{}
-	for _, r := range list {
-		if _, dup := meta[r.Addr]; dup {
-			continue
-		}
-		want = append(want, r.Addr)
-		if r.Name != "" {
-			names[r.Addr] = r.Name
-		}
-		meta[r.Addr] = srvMeta{prio: r.Priority, weight: max(r.Weight, 1), split: max(r.Split, 1)}
-	}
-	slices.Sort(want)
-	return want, names, meta
-}
-
-// ImportResolved makes list the pool's servers, as its own re-resolution
-// would (new ones join, missing ones drain; at most maxPeers). It does
-// nothing on a pool without names to resolve, or on an empty list.
-func (p *Pool) ImportResolved(list []Resolved) error {
-	if len(list) == 0 || !p.hasNames() {
-		return nil
-	}
-	if len(list) > maxPeers {
-		list = list[:maxPeers]
-	}
-	want, names, meta := resolvedArgs(list)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed.Load() {
-		return ErrClosed
-	}
-	return p.apply(want, names, meta)
 }

@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -150,14 +152,26 @@ func (s *memStore) keys() []string {
 	return out
 }
 
-// stepView runs one whole step of p on s under prefix, as share.lua does;
-// mode is ShareStep or ShareExit. It returns the rounds it took.
+// preOps holds each view's next first round (ShareNext), as share.lua
+// keeps it.
+var preOps sync.Map // *Pool -> []StoreOp
+
+// stepView runs one whole step of p on s under prefix, as share.lua does
+// (with the first round the last step handed out); mode is ShareStep or
+// ShareExit. It returns the exchanges with Go it took.
 func stepView(p *Pool, s *memStore, prefix string, mode int) int {
-	ops, more := p.ShareStep(mode, nil)
+	var first []StoreResult
+	if pre, ok := preOps.LoadAndDelete(p); ok && mode == ShareStep {
+		first = s.run(prefix, pre.([]StoreOp))
+	}
+	ops, more := p.ShareStep(mode, first)
 	rounds := 1
 	for {
 		res := s.run(prefix, ops)
 		if !more {
+			if next := p.ShareNext(); next != nil {
+				preOps.Store(p, next)
+			}
 			return rounds
 		}
 		rounds++
@@ -233,5 +247,113 @@ func TestShareLeaseHolderSteps(t *testing.T) {
 	stepView(views[1], s, "x:", ShareStep)
 	if views[1].share.noProbe.Load() && views[0].share.noProbe.Load() {
 		t.Fatal("nobody probes after the holder left")
+	}
+}
+
+// TestShareIdleStepsFew: an idle shared pool asks its host for steps
+// only for its leases: the holder once a renewal interval, a view
+// without the lease when the lease it saw ends (each step wakes the
+// host's thread). One view probes throughout.
+func TestShareIdleStepsFew(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	const interval = 100 * time.Millisecond
+	var views []*Pool
+	asked := make([]atomic.Bool, 2)
+	for i := range 2 {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: 50 * time.Millisecond}
+		p.Share(ShareConfig{Slot: i, Slots: 2, Notify: func() bool { asked[i].Store(true); return true }})
+		views = append(views, p)
+		stepView(p, s, "x:", ShareStep)
+	}
+	steps, exchanges := make([]int, 2), make([]int, 2)
+	run := func(d time.Duration, count bool) {
+		for end := clk.Now().Add(d); clk.Now().Before(end); {
+			clk.Advance(10 * time.Millisecond)
+			for i, p := range views {
+				if asked[i].Swap(false) {
+					n := stepView(p, s, "x:", ShareStep)
+					if count {
+						steps[i]++
+						exchanges[i] += n
+					}
+				}
+			}
+			probers := 0
+			for _, p := range views {
+				if !p.share.noProbe.Load() {
+					probers++
+				}
+			}
+			if probers != 1 {
+				t.Fatalf("%d views probe at %v", probers, clk.Now())
+			}
+		}
+	}
+	renew := leaseRenew(interval)
+	run(2*renew, false) // the views' first looks
+	const span = 40 * time.Second
+	run(span, true)
+	holder, follower := steps[0], steps[1]
+	if views[0].share.noProbe.Load() {
+		holder, follower = follower, holder
+	}
+	// each step: one exchange with Go, its first round run ahead
+	if exchanges[0] != steps[0] || exchanges[1] != steps[1] {
+		t.Errorf("steps %v took %v exchanges with Go: want one each", steps, exchanges)
+	}
+	t.Logf("in %v idle with checks every %v: the holder stepped %d times, the other view %d (renewal every %v)", span, interval, holder, follower, renew)
+	// Checks every 100 ms: a step a period would be 400 each.
+	if limit := int(span/(10*interval)) + 2; holder > limit || follower > limit {
+		t.Errorf("in %v, the lease holder stepped %d times, the other view %d: want at most %d each (one every 10 check intervals)", span, holder, follower, limit)
+	}
+}
+
+// TestShareStallKeyOwner: a server's stall key names the view that saw
+// the stall, and only that view deletes it when its stall ends: a view
+// whose own stall ended while the key names another leaves the other's
+// verdict in place.
+func TestShareStallKeyOwner(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	var views []*Pool
+	for i := range 2 {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Stall = 200 * time.Millisecond
+		p.Share(ShareConfig{Slot: i, Slots: 2})
+		views = append(views, p)
+	}
+	a, b := views[0], views[1]
+	addr := a.set.Load().peers[0].addr
+	if b.set.Load().peers[0].addr != addr {
+		t.Fatalf("the views' first servers differ: %s, %s", addr, b.set.Load().peers[0].addr)
+	}
+	stall := func(p *Pool, on bool) {
+		pr := p.set.Load().peers[0]
+		pr.stallSeen.Store(on)
+		pr.inflight.Store(int64(b2i(on)))
+		stepView(p, s, "x:", ShareStep)
+	}
+	key := func() string {
+		if it := s.live("x:t:" + addr); it != nil {
+			return string(it.val)
+		}
+		return ""
+	}
+	stall(b, true)
+	if got := key(); got != b.share.sh.id {
+		t.Fatalf("stall key %q after the second view's stall, want its id %q", got, b.share.sh.id)
+	}
+	stall(a, true) // the first view's verdict replaces it
+	stall(b, false)
+	if got := key(); got != a.share.sh.id {
+		t.Fatalf("stall key %q after the second view's stall ended, want the first view's verdict %q kept", got, a.share.sh.id)
+	}
+	stall(a, false)
+	if got := key(); got != "" {
+		t.Fatalf("stall key %q after the first view's stall ended, want it deleted", got)
 	}
 }

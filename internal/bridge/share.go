@@ -18,15 +18,19 @@ const StatusShare int32 = 4
 //
 //	request (opts):  u8 mode, then
 //	                 mode 3 (attach): u16 slot, u16 slots
-//	                 mode 1 (step), 2 (exit): nothing
+//	                 mode 1 (step): nothing, or the results (as below) of
+//	                 the ops the last step's answer gave for the next
+//	                 mode 2 (exit): nothing
 //	                 mode 0 (go on): u16 n, then n results of the ops asked
 //	                 last: u8 type (0 absent/false, 1 a string, 2 a number,
 //	                 3 true), u32 len, the bytes (a number in decimal)
 //	answer:          u8 more (1: run the ops and call back with their
-//	                 results; 0: run them, the step is over), u16 n, then
-//	                 n × (u8 op (1 get, 2 add, 3 set, 4 incr, 5 delete),
-//	                 u16 len, key, u32 len, value (incr: "delta init" in
-//	                 decimal), u32 TTL in ms (0: none))
+//	                 results; 0: run them, the step is over; 2: as 0, and
+//	                 the ops that follow them are the next step's first:
+//	                 run them when it begins and send their results with
+//	                 it), u16 n, then n × (u8 op (1 get, 2 add, 3 set,
+//	                 4 incr, 5 delete), u16 len, key, u32 len, value (incr:
+//	                 "delta init" in decimal), u32 TTL in ms (0: none))
 //
 // Attach answers u32: the lease period in ms (0: the pool needs no lease
 // tick), then u8: 1 when Go asks for the lease steps itself (QRPC_SHARE
@@ -127,6 +131,20 @@ func encodeOps(ops []qrpc.StoreOp, more bool) []byte {
 	} else {
 		b = append(b, 0)
 	}
+	return appendOps(b, ops)
+}
+
+// encodeLast is a step's last answer: its ops, then the next step's first.
+func encodeLast(ops, next []qrpc.StoreOp) []byte {
+	b := encodeOps(ops, false)
+	if len(next) == 0 {
+		return b
+	}
+	b[0] = 2
+	return appendOps(b, next)
+}
+
+func appendOps(b []byte, ops []qrpc.StoreOp) []byte {
 	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(ops), 0xffff)))
 	for _, op := range ops[:min(len(ops), 0xffff)] {
 		b = append(b, op.Kind)
@@ -170,14 +188,24 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 		}
 		return append(b, 0), nil
 	case shareStep, shareExit:
-		if len(rd.b) != 0 {
-			return nil, Badf("pool share: malformed step record (%d bytes)", len(rec))
-		}
 		m := qrpc.ShareStep
 		if mode == shareExit {
 			m = qrpc.ShareExit
 		}
-		ops, more := p.ShareStep(m, nil)
+		var res []qrpc.StoreResult
+		if mode == shareStep && len(rd.b) != 0 {
+			var err error
+			if res, err = decodeResults(&rd); err != nil {
+				return nil, err
+			}
+		}
+		if rd.bad || len(rd.b) != 0 {
+			return nil, Badf("pool share: malformed step record (%d bytes)", len(rec))
+		}
+		ops, more := p.ShareStep(m, res)
+		if !more && m == qrpc.ShareStep {
+			return encodeLast(ops, p.ShareNext()), nil
+		}
 		return encodeOps(ops, more), nil
 	case shareGoOn:
 		res, err := decodeResults(&rd)
@@ -188,6 +216,9 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 			return nil, Badf("pool share: malformed results (%d bytes)", len(rec))
 		}
 		ops, more := p.ShareStep(0, res)
+		if !more {
+			return encodeLast(ops, p.ShareNext()), nil
+		}
 		return encodeOps(ops, more), nil
 	}
 	return nil, Badf("pool share: unknown mode %d", mode)

@@ -36,6 +36,7 @@ local gmatch = string.gmatch
 local connect_cmd = abi.connect_cmd
 local set_opts = abi.set_opts
 local close_handle = builtin.close_handle
+local share_leave = require("resty.ffi.qrpc.share").leave
 local drain = builtin.drain
 local SAFETY_SLACK_S = builtin.SAFETY_SLACK_S
 
@@ -92,9 +93,13 @@ end
 _M.remove = cache_remove
 
 
--- Marks an entry's connection closed and forgets the entry.
+-- Marks an entry's connection closed and forgets the entry. A shared
+-- pool gives up its leases first, while its connection still answers.
 function _M.mark_closed(e)
     if not e.closed then
+        if e.share then
+            share_leave(e.share)
+        end
         e.closed = true
         cache_remove(e)
     end

@@ -15,17 +15,19 @@
 --     call), or SYNC_S after its last step while it takes calls;
 --   * when Go asks (a QRPC_SHARE completion, the way log lines travel):
 --     a failure counted, an ejection, a check's verdict, a new list;
---   * once a lease period, for pools with active checks or
---     re-resolution, so that the lease holder renews its leases and the
---     others take a lapsed one: Go's own timer asks (as above), so no Lua
---     timer has to run for it and lua_max_running_timers cannot starve
---     it. Under the lua-resty-ffi host, which takes no such request, one
---     ngx.timer.every per worker ticks instead (a second one only for a
+--   * for the leases of pools with active checks or re-resolution: the
+--     holder when they are due for renewal, the others when the lease
+--     they saw ends or its holder's process exits. Go's own timer asks
+--     (as above), so no Lua timer has to run for it and
+--     lua_max_running_timers cannot starve it. Under the lua-resty-ffi
+--     host, which takes no such request, one ngx.timer.every per worker
+--     steps them once a lease period instead (a second one only for a
 --     pool whose period is less than half the first's).
--- An idle pool costs its worker one wake-up a lease period, none without
--- leases. When the worker exits, its pools give up the leases they hold
--- (from the dispatcher, or the timers' last, premature run), so that
--- another worker takes them at once.
+-- A step's last answer carries the next step's first round, which runs
+-- as that step begins: an idle step is one exchange with Go.
+-- When the worker exits, or a pool closes, the pool gives up the leases
+-- it holds (from the dispatcher, the timers' last, premature run, or the
+-- cache's close), so that another worker takes them at its next step.
 
 local abi = require "resty.ffi.qrpc.abi"
 local builtin = require "resty.ffi.qrpc.host_builtin"
@@ -169,9 +171,11 @@ local function result(buf, n, v)
 end
 
 -- run executes the ops of Go's answer ans; returns whether Go wants their
--- results, and the record carrying them.
+-- results, the record carrying them, and the next step's first ops (an
+-- answer of their own) when Go gave them.
 local function run(dict, pk, ans)
-    local more = str_byte(ans, 1) == 1
+    local flag = str_byte(ans, 1)
+    local more = flag == 1
     local n = rd16(ans, 2)
     local i = 4
     local buf, nb = { "\0", u16(n) }, 2
@@ -206,7 +210,8 @@ local function run(dict, pk, ans)
             nb = result(buf, nb, r)
         end
     end
-    return more, more and tab_concat(buf, "", 1, nb)
+    return more, more and tab_concat(buf, "", 1, nb),
+           flag == 2 and "\1" .. str_sub(ans, i) or nil
 end
 
 local function query(st, rec)
@@ -220,7 +225,17 @@ local function step(st, mode)
         return false
     end
     st.next = ngx_now() + SYNC_S
-    local ans, err = query(st, str_char(mode))
+    local ans, err
+    local pre = st.pre
+    st.pre = nil
+    if pre and mode == MODE_STEP then
+        -- the step's first round, which the last step's answer gave:
+        -- its results go with the step (one exchange with Go the fewer)
+        local _, rec = run(st.dict, st.pk, pre)
+        ans, err = query(st, "\1" .. str_sub(rec, 2))
+    else
+        ans, err = query(st, str_char(mode))
+    end
     for _ = 1, MAX_ROUNDS do
         if not ans then
             if not st.warned then
@@ -229,8 +244,9 @@ local function step(st, mode)
             end
             return true
         end
-        local more, rec = run(st.dict, st.pk, ans)
+        local more, rec, nxt = run(st.dict, st.pk, ans)
         if not more then
+            st.pre = nxt
             break
         end
         ans, err = query(st, rec)
@@ -326,6 +342,17 @@ function _M.attach(e, dict_name, name)
     pools[tonumber(e.handle)] = st
     step(st, MODE_STEP)
     return st
+end
+
+-- leave(st): the pool closes (connection closed, or evicted from the
+-- cache): it gives up the leases it holds at once, so that another worker
+-- takes them at its next step instead of when they lapse.
+function _M.leave(st)
+    if not st.left then
+        st.left = true
+        step(st, MODE_EXIT)
+    end
+    pools[tonumber(st.e.handle)] = nil
 end
 
 -- due(st): before a call. One dict read while nothing changed.
