@@ -32,6 +32,8 @@ func watchExit(pid int, gone func()) (stop func(), exited bool) {
 		return nil, false
 	}
 	safego.Go("pool share watch", func() {
+		// A panic ends the watch: the lease's end takes its place.
+		safego.Inject("pool share watch")
 		exited := false
 		// Read returns once the function reports the exit, or with an
 		// error once f is closed (stop).
