@@ -572,9 +572,12 @@ type simView struct {
 	stepSoon bool
 	stepping bool
 	again    bool
-	seeded   map[*peer]bool
-	all      []*peer
-	ejected  map[*peer]bool // as of the last check
+	// pre: the next step's first round, handed out with the last one's
+	// answer (ShareNext), run as that step begins, as share.lua does
+	pre     []StoreOp
+	seeded  map[*peer]bool
+	all     []*peer
+	ejected map[*peer]bool // as of the last check
 	// the set as of the last check
 	prevSetPtr *peerSet
 	// what the step in progress must bring: per peer, the generation in
@@ -819,8 +822,19 @@ func (v *simView) beginStep(mode int) {
 			}
 		}
 	}
+	// The first round handed out with the last step's answer runs now,
+	// and goes with the step (one exchange for an idle step); now and
+	// then a host that lost it (a new worker, a reload) steps without.
+	var pre []StoreResult
+	if mode == ShareStep && v.pre != nil && w.rng.IntN(8) != 0 {
+		pre = w.runOps(v, v.pre)
+	}
+	v.pre = nil
 	v.seed()
-	ops, more := v.p.ShareStep(mode, nil)
+	ops, more := v.p.ShareStep(mode, pre)
+	if !more && mode == ShareStep {
+		v.pre = v.p.ShareNext()
+	}
 	v.settle()
 	v.round(ops, more, mode)
 }
@@ -840,6 +854,9 @@ func (v *simView) round(ops []StoreOp, more bool, mode int) {
 		}
 		v.seed()
 		ops, more := v.p.ShareStep(0, res)
+		if !more {
+			v.pre = v.p.ShareNext()
+		}
 		v.settle()
 		v.round(ops, more, mode)
 	})
