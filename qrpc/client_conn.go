@@ -59,8 +59,11 @@ func (c *Client) dial(ctx context.Context) (*qconn, error) {
 		if err != nil {
 			return fail(conn, fmt.Errorf("open stream: %w", err))
 		}
-		// Its reader starts with its first frame (startReader).
 		s.streams[i].Store(newCstream(s, qs, i))
+	}
+	for i := range s.streams {
+		c.wg.Add(1)
+		safego.Go("stream reader", s.streams[i].Load().readLoop, nil)
 	}
 	return s, nil
 }

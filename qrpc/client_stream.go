@@ -175,11 +175,6 @@ type cstream struct {
 	// something, and stuck once another stream answers a later call.
 	stuckSince atomic.Uint64
 	cancelOnce sync.Once
-	// readerOn: the reader runs. It starts with the stream's first frame
-	// or its finish, not with the stream: a worker whose calls used a few
-	// of a connection's streams keeps no reader (a goroutine stack of
-	// about 8 KB) for the others (docs/tuning.md, Idle cost).
-	readerOn atomic.Bool
 
 	mu       sync.Mutex
 	queue    []*[]byte // frames waiting for flow-control credit, in order
@@ -201,22 +196,9 @@ func (st *cstream) finish() {
 		return
 	}
 	st.closing = true
-	// The server's end of the stream answers the finish: read it.
-	st.startReader()
 	if !st.flushing {
 		_ = st.s.Close()
 	}
-}
-
-// startReader starts the stream's reader unless it runs. Under mu, before
-// the stream's first frame goes out, so the reader is there for its
-// answer.
-func (st *cstream) startReader() {
-	if st.readerOn.Load() || !st.readerOn.CompareAndSwap(false, true) {
-		return
-	}
-	st.sess.c.wg.Add(1)
-	safego.Go("stream reader", st.readLoop, nil)
 }
 
 // write sends one encoded frame. The fast path queues it in quic-go without
@@ -237,7 +219,6 @@ func (st *cstream) write(buf *[]byte) error {
 		st.mu.Unlock()
 		return errStreamGone
 	}
-	st.startReader()
 	if !st.flushing {
 		err := st.s.TryWriteAll(*buf)
 		if err == nil {
@@ -431,6 +412,8 @@ func (s *qconn) reopen(old *cstream, attempt *int) {
 		cancel()
 		if err == nil {
 			ns := newCstream(s, qs, old.idx)
+			c.wg.Add(1)
+			safego.Go("stream reader", ns.readLoop, nil)
 			s.streams[old.idx].Store(ns)
 			if *attempt > 0 {
 				c.cfg.Logger.Info("qrpc stream reopened", "addr", c.addr, "attempt", *attempt+1)
