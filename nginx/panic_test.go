@@ -3,7 +3,9 @@ package nginx
 import (
 	"fmt"
 	"net"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -53,6 +55,9 @@ var panicKinds = []struct {
 	// draining a server DNS took out of a pool: it is closed all the
 	// same; the pool's calls go on
 	{"pool drain", "", ""},
+	// watching the process of another worker that holds a shared pool's
+	// lease (here the test's own process): the lease's end takes over
+	{"pool share watch", "", ""},
 }
 
 // panicLua arms one panic of the kind in ?where= (qrpc_test_arm, in the
@@ -79,6 +84,14 @@ const panicLua = `
                 elseif where == "pool share timer" then
                     opts.shared = "qpanic"
                     opts.throttle = { k = 2, codes = { 7 } }
+                elseif where == "pool share watch" then
+                    -- a probe lease held by another live process: the
+                    -- pool's first step starts watching it, armed
+                    opts.shared = { dict = "qpanic", name = "watch" }
+                    opts.check = { method = "echo", interval = 1000 }
+                    ngx.shared.qpanic:set("qrpc:n:watch:lp",
+                        qt.otherpid .. "-00 9000000000000000000", 60)
+                    lib.qrpc_test_arm(where, 1)
                 elseif where == "pool drain" then
                     -- the test's own DNS server answers two addresses,
                     -- then (after "arm") one
@@ -93,7 +106,7 @@ const panicLua = `
                         assert(conn:unary("echo", "warm"))
                     end
                 end
-                if ngx.var.arg_phase ~= "after" then
+                if ngx.var.arg_phase ~= "after" and where ~= "pool share watch" then
                     lib.qrpc_test_arm(where, 1)
                 end
                 if ngx.var.arg_phase == "arm" then
@@ -119,7 +132,8 @@ const panicLua = `
                 elseif where == "pool hedge timer" then
                     res, err = conn:unary("slow", "300", { timeout = 5000 })
                 elseif where == "pool probe" or where == "pool resolver"
-                       or where == "pool share timer" or where == "pool drain" then
+                       or where == "pool share timer" or where == "pool drain"
+                       or where == "pool share watch" then
                     -- the pool's own goroutine meets the panic; its calls
                     -- go on
                     res, err = conn:unary("echo", "x")
@@ -212,8 +226,9 @@ func TestPanicsDoNotTakeNginxDown(t *testing.T) {
 	dns := dnstest.Start(t, name)
 	dns.Set("127.0.0.1", "127.0.0.2")
 	n := startNginx(t, ngxConf{Workers: 1, Hooks: true, QServer: srv, Server: loc("/inject", panicLua),
-		HTTP:        "lua_shared_dict qpanic 1m;\n",
-		Extra:       map[string]string{"name": "drain.qrpc.test:" + port, "dns": dns.Addr},
+		HTTP: "lua_shared_dict qpanic 1m;\n",
+		Extra: map[string]string{"name": "drain.qrpc.test:" + port, "dns": dns.Addr,
+			"otherpid": strconv.Itoa(os.Getpid())},
 		AllowErrors: []string{`qrpc: panic recovered where=`}})
 	pid := ""
 	for i, k := range panicKinds {
