@@ -88,9 +88,9 @@ const (
 	shareVerdictSlack = time.Minute
 	// throttleWindowTTL: a view's throttling window lapses with it.
 	throttleWindowTTL = 2 * time.Minute
-	// A lease lives leaseTTLFactor periods and is renewed every period;
-	// its holder stops acting on it after leaseFence of the TTL without
-	// a renewal, before another view can take it.
+	// A lease lives leaseTTLFactor renewal intervals (leaseRenew); its
+	// holder stops acting on it after leaseFence of the TTL without a
+	// renewal, before another view can take it.
 	leaseTTLFactor = 2.5
 	leaseFence     = 0.9
 	// minLeasePeriod bounds the lease traffic of pools with fast checks.
@@ -144,6 +144,8 @@ type sharer struct {
 	watch      [2]int64
 	attached   int64     // monoNS of Share
 	holder     [2]string // the other view holding each lease ("": none)
+	holderEnd  [2]int64  // when its lease ends (host ns; 0: its record has no end)
+	lostTake   [2]string // the dead holder whose lease another view took over
 	watching   map[string]func()
 	dead       map[string]bool  // holders whose process exited
 	vSeen      int64            // the version as read by the last step that read the runs
@@ -474,8 +476,10 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 		// record without an end: after a period).
 		sh.watch[k] = 0
 		sh.holder[k] = ""
+		sh.holderEnd[k] = 0
 		if v != nil && id != sh.id {
 			sh.holder[k] = id
+			sh.holderEnd[k] = end
 			sh.watch[k] = nowNS + int64(sh.period)
 			if end != 0 {
 				sh.watch[k] = nowNS + max(0, end-hostNow)
@@ -621,9 +625,13 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 				// would fail
 				st.leaseOp[l] = len(ops)
 				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
-			} else if id := sh.holder[l]; id != "" && sh.dead[id] {
+			} else if id := sh.holder[l]; id != "" && sh.dead[id] &&
+				(sh.holderEnd[l] == 0 || sh.holderEnd[l]-hostNow > int64(takeoverMargin)) {
 				// The holder's process exited: of the views that saw
-				// it, the one that adds the token takes the lease.
+				// it, the one that adds the token takes the lease. A
+				// lease about to end is left to end instead: the
+				// taker's set of the lease would overwrite the lease
+				// another view adds once it has lapsed.
 				st.leaseOp[l] = len(ops)
 				st.takeover[l] = true
 				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l] + "x:" + id, Value: []byte(sh.id), TTL: ttl})
@@ -724,6 +732,13 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 	hostNow := p.hostNS(now)
 	var ops []StoreOp
 	for l, k := range st.leaseOp {
+		if k >= 0 && st.takeover[l] && !res[k].OK && sh.lostTake[l] != sh.holder[l] {
+			// Another view won the takeover and sets the lease now:
+			// read it again soon, to watch the winner's process as
+			// any holder's (once per dead holder).
+			sh.lostTake[l] = sh.holder[l]
+			sh.watch[l] = nowNS + int64(shareSync)
+		}
 		if k >= 0 && st.ops[k].Kind == OpAdd && res[k].OK {
 			if st.takeover[l] {
 				ttl := time.Duration(leaseTTLFactor * float64(sh.renew))

@@ -28,6 +28,11 @@ import (
 // lease's end, so that the key has gone from the store when it tries.
 const shareMargin = 20 * time.Millisecond
 
+// takeoverMargin: a dead holder's lease that ends sooner than this is not
+// taken over but left to lapse (a step's rounds take microseconds; this
+// covers a worker's thread descheduled between the read and the set).
+const takeoverMargin = time.Second
+
 // A lease is renewed every leaseRenewPeriods periods, at most every
 // leaseRenewMax (and at least every period): each renewal is a step, and
 // a step wakes the host's thread. A view whose holder's process exits
