@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
@@ -16,24 +17,24 @@ import (
 
 const srvName = "_qrpc._udp.svc.qrpc.test"
 
-// srvOf is the SRV record of a fleet member: its target is "localhost",
+// srvOf is the SRV record of a fleet member: its target is certs.LocalTarget,
 // the name its certificate is for, so that the TLS name checked is the
 // target's (no server name is configured).
 func srvOf(mem *member, prio, weight uint16) dnstest.SRV {
 	_, port, _ := net.SplitHostPort(mem.addr)
 	n, _ := strconv.Atoi(port)
-	return dnstest.SRV{Priority: prio, Weight: weight, Port: uint16(n), Target: "localhost"}
+	return dnstest.SRV{Priority: prio, Weight: weight, Port: uint16(n), Target: certs.LocalTarget}
 }
 
 // srvFleet starts n servers on 127.0.0.1 and a DNS server that knows
-// localhost.
+// certs.LocalTarget.
 func srvFleet(t *testing.T, n int) (*fleet, *dnstest.Server) {
 	f := newFleet(t)
 	for range n {
 		f.add("127.0.0.1:0")
 	}
 	dns := dnstest.Start(t, srvName+".")
-	dns.SetA("localhost", "127.0.0.1")
+	dns.SetA(certs.LocalTarget, "127.0.0.1")
 	return f, dns
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
@@ -200,7 +201,7 @@ func TestRuntimePool(t *testing.T) {
 
 // TestRuntimeSRVThrottle: a CONNECT whose addr line is an SRV name reaches
 // the server its record names (verified against the record's target,
-// localhost: no server name is set); with throttle_k and throttle_codes,
+// certs.LocalTarget: no server name is set); with throttle_k and throttle_codes,
 // calls answered with the listed code soon fail locally with
 // "unavailable: throttled", and the worker's metrics count them.
 func TestRuntimeSRVThrottle(t *testing.T) {
@@ -208,8 +209,8 @@ func TestRuntimeSRVThrottle(t *testing.T) {
 	_, port, _ := net.SplitHostPort(ts.Addr)
 	n, _ := strconv.Atoi(port)
 	dns := dnstest.Start(t, "_qrpc._udp.svc.test.")
-	dns.SetA("localhost", "127.0.0.1")
-	dns.SetSRV("_qrpc._udp.svc.test", dnstest.SRV{Priority: 1, Weight: 5, Port: uint16(n), Target: "localhost"})
+	dns.SetA(certs.LocalTarget, "127.0.0.1")
+	dns.SetSRV("_qrpc._udp.svc.test", dnstest.SRV{Priority: 1, Weight: 5, Port: uint16(n), Target: certs.LocalTarget})
 	r := New(newGoMemory(t), nil)
 	h := newTestHost(t, r, true)
 	opts := "addr=_qrpc._udp.svc.test\nresolver=" + dns.Addr + "\nthrottle_k=2\nthrottle_codes=7\n"

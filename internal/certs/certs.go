@@ -67,7 +67,14 @@ func (ca *CA) Pool() *x509.CertPool {
 
 // localHosts are the names a server on the loopback is reached by: the Go
 // client dials 127.0.0.1, and the Lua tests verify against "localhost".
-var localHosts = []string{"localhost", "127.0.0.1"}
+// SRV tests name LocalTarget, which only the test's own DNS server
+// answers: "localhost" is in /etc/hosts, which Go's resolver reads first,
+// and a stock Debian 12 lists it for ::1 too.
+var localHosts = []string{"localhost", "127.0.0.1", LocalTarget}
+
+// LocalTarget is a name the local server certificate is for and no
+// system resolver knows: a test's DNS server maps it to the loopback.
+const LocalTarget = "target.qrpc.test"
 
 // IssueLocal signs a server certificate for localHosts, parsed for
 // crypto/tls (test servers need it in that form only).
