@@ -256,7 +256,14 @@ func next(h health, ev event, pol policy) (health, effect) {
 		if !h.ejected() || h.draining || pol.othersUp {
 			return h, effRefused
 		}
-		return back(h, pol), effBack
+		// This view's exception, as an import's "the last server up
+		// stays up here": not published (the others may have servers
+		// up), and the next ejection goes on from this one's length.
+		ejectFor := h.ejectFor
+		h = back(h, pol)
+		h.ejectFor = ejectFor
+		h.pub = h.seq
+		return h, effBack
 	}
 	return h, eff
 }

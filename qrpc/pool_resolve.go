@@ -246,7 +246,7 @@ func (p *Pool) addSync(ctx context.Context, addr string, names map[string]string
 func (p *Pool) apply(want []string, names map[string]string, meta map[string]srvMeta) error {
 	var firstErr error
 	keep := make(map[string]bool, len(want))
-	changed := false
+	changed, lostUp := false, false
 	for _, a := range want {
 		keep[a] = true
 		name := p.serverName(a, names)
@@ -298,13 +298,24 @@ func (p *Pool) apply(want []string, names map[string]string, meta map[string]srv
 			continue
 		}
 		delete(p.peers, a)
+		lostUp = lostUp || pr.takes()
 		p.startDrain(pr)
 		changed = true
 	}
 	if changed {
 		p.publish()
 	}
+	if lostUp {
+		p.keepOneUp(p.set.Load().peers)
+	}
 	return firstErr
+}
+
+// takes reports whether pr is up and not ejected: a server that takes
+// calls.
+func (pr *peer) takes() bool {
+	h := pr.h.Load()
+	return !h.ejected() && !h.draining && pr.c.up()
 }
 
 // publish replaces the snapshot the call path reads. Called with p.mu held.
@@ -316,12 +327,11 @@ func (p *Pool) publish() {
 	sort.Slice(peers, func(i, j int) bool { return peers[i].addr < peers[j].addr })
 	set := &peerSet{peers: peers, tiers: buildTiers(peers)}
 	p.set.Store(set)
-	p.keepOneUp(peers)
 }
 
 // keepOneUp lifts the ejection that ends first among the servers up when
-// a membership change left none up and not ejected (an ejection allowed
-// while the server now gone was up). Called with p.mu held.
+// DNS took out the servers that were up and not ejected (an ejection
+// allowed while one of them was up). Called with p.mu held.
 func (p *Pool) keepOneUp(peers []*peer) {
 	var first *peer
 	var until int64
@@ -357,13 +367,14 @@ func (p *Pool) startDrain(pr *peer) {
 	// A drain that panics closes its server at once: its calls in
 	// flight end as on a lost connection, rather than the server staying
 	// open and listed as draining until the pool closes.
-	safego.Go("pool drain", func() { p.drain(pr) }, func() { p.drained(pr) })
+	safego.Go("pool drain", func() { p.drain(pr); p.wg.Done() }, func() { p.drained(pr); p.wg.Done() })
 }
 
 // drain waits for the calls in flight on a removed server, then closes it.
 // A server that comes back meanwhile (apply) stops the drain.
+// Its caller marks p.wg done after it (and after the clean-up of a panic
+// in it, so that Close waits for that too).
 func (p *Pool) drain(pr *peer) {
-	defer p.wg.Done()
 	safego.Inject("pool drain")
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()

@@ -260,3 +260,21 @@ func (sh *sharer) stopWatchersLocked() {
 		delete(sh.watching, id)
 	}
 }
+
+// ShareNext hands out the first round of this view's next step, for the
+// host to run when that step begins and to give with it (ShareStep): an
+// idle step then takes one exchange with Go instead of two (each wakes
+// Go's threads). Called after a step's last exchange; nil: none.
+func (p *Pool) ShareNext() []StoreOp {
+	s := &p.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.sh
+	if sh == nil || sh.exiting || sh.step != nil {
+		return nil
+	}
+	sh.step = &shareRun{}
+	ops := p.shareRead(sh, p.clk.Now())
+	sh.pre, sh.step = sh.step, nil
+	return ops
+}

@@ -578,6 +578,7 @@ type simView struct {
 	seeded  map[*peer]bool
 	all     []*peer
 	ejected map[*peer]bool // as of the last check
+	took    map[*peer]bool // up and not ejected, as of the last check
 	// the set as of the last check
 	prevSetPtr *peerSet
 	// what the step in progress must bring: per peer, the generation in
@@ -651,7 +652,7 @@ func (sp *simPool) addView(slot int) *simView {
 			gen = max(gen, o.gen+1)
 		}
 	}
-	v := &simView{sp: sp, slot: slot, gen: gen, obs: &simObserver{}, seeded: map[*peer]bool{}, ejected: map[*peer]bool{}}
+	v := &simView{sp: sp, slot: slot, gen: gen, obs: &simObserver{}, seeded: map[*peer]bool{}, ejected: map[*peer]bool{}, took: map[*peer]bool{}}
 	cfg := sp.cfg
 	cfg.Observer = v.obs
 	pc, conf, err := cfg.populate()
@@ -1101,7 +1102,6 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 	p.mu.Unlock()
 	slices.SortFunc(idle, func(a, b *peer) int { return strings.Compare(a.addr, b.addr) })
 	for _, pr := range idle {
-		p.wg.Add(1)
 		p.drain(pr)
 		w.tracef("drained %s from %v", pr.addr, v)
 	}
@@ -1109,15 +1109,25 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 	set := setPtr.peers
 	now := monoNS(v.clk.Now())
 	limit := maxEjectFactor * int64(p.cfg.Eject)
+	// A membership change that took out a server taking calls at the last
+	// check: the last-server-up rule holds after it too.
+	lostUp := false
+	if setPtr != v.prevSetPtr && v.prevSetPtr != nil {
+		for _, o := range v.prevSetPtr.peers {
+			if v.took[o] && !slices.Contains(set, o) {
+				lostUp = true
+			}
+		}
+	}
 	for _, pr := range set {
 		h := pr.h.Load()
 		if h.until != 0 && h.until-now > limit || h.ejectFor > limit {
 			w.failf("%v: %s ejected for %v (until +%v), more than 10 × %v", v, pr.addr,
 				time.Duration(h.ejectFor), time.Duration(h.until-now), p.cfg.Eject)
 		}
-		if h.ejected() && pr.c.up() && (!v.ejected[pr] || setPtr != v.prevSetPtr) {
-			// A new ejection, or a membership change (a list import may
-			// take out the server up that allowed an ejection earlier).
+		if h.ejected() && pr.c.up() && (!v.ejected[pr] || lostUp) {
+			// A new ejection, or a membership change that took out the
+			// server up that allowed an ejection earlier.
 			up := false
 			for _, o := range set {
 				if oh := o.h.Load(); o != pr && !oh.ejected() && !oh.draining && o.c.up() {
@@ -1141,6 +1151,10 @@ func (w *simWorld) checkView(v *simView, d hash.Hash64) {
 		}
 		v.ejected[pr] = h.ejected()
 		fmt.Fprintf(d, "%s %d %d %d %d %v;", pr.addr, h.until, h.fails, h.gen, pr.inflight.Load(), h.trial != 0)
+	}
+	clear(v.took)
+	for _, pr := range set {
+		v.took[pr] = pr.takes()
 	}
 	v.prevSetPtr = setPtr
 	fmt.Fprintf(d, "|%d|", p.inflight.Load())
