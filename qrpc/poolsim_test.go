@@ -818,7 +818,13 @@ func (v *simView) beginStep(mode int) {
 	v.reachEvs = w.store.evicted
 	if mode == ShareStep {
 		for _, pr := range v.p.set.Load().peers {
-			if g := w.peekNum(v.sp.prefix + "g:" + pr.addr); g > 0 && w.peek(v.sp.prefix+"c:"+pr.addr+":"+strconv.FormatInt(g, 10)) != nil {
+			// A view whose own change is on its way out refuses the
+			// verdict; it publishes its change instead (a newer
+			// generation), or, when it keeps that change to itself (the
+			// last server up lifted here), takes the verdict at its
+			// next step: not checked.
+			if g := w.peekNum(v.sp.prefix + "g:" + pr.addr); g > 0 && !pr.h.Load().dirty() &&
+				w.peek(v.sp.prefix+"c:"+pr.addr+":"+strconv.FormatInt(g, 10)) != nil {
 				v.reach[pr] = g
 			}
 		}
