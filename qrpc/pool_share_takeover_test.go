@@ -5,7 +5,6 @@ package qrpc
 import (
 	"os/exec"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -42,15 +41,7 @@ func TestShareTakeoverLoserWatchesWinner(t *testing.T) {
 	clk := newFakeClock()
 	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
 	const interval = time.Second // lease period 1 s: renewal 16 s, TTL 40 s
-	var views []*Pool
-	asked := make([]atomic.Bool, 2)
-	for i := range 2 {
-		p, _ := fakePool(t, 2)
-		p.clk = clk
-		p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: 100 * time.Millisecond}
-		p.Share(ShareConfig{Slot: i, Slots: 3, Notify: func() bool { asked[i].Store(true); return true }})
-		views = append(views, p)
-	}
+	views, asked := checkViews(t, clk, 2, 3, interval, 100*time.Millisecond)
 	f1, f2 := views[0], views[1]
 	// f1 is the view of the winner's process (an id names its pid)
 	f1.share.mu.Lock()
@@ -128,15 +119,7 @@ func TestShareTakeoverKeepsOtherLease(t *testing.T) {
 	clk := newFakeClock()
 	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
 	const interval = time.Second
-	var views []*Pool
-	asked := make([]atomic.Bool, 2)
-	for i := range 2 {
-		p, _ := fakePool(t, 2)
-		p.clk = clk
-		p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: 100 * time.Millisecond}
-		p.Share(ShareConfig{Slot: i, Slots: 3, Notify: func() bool { asked[i].Store(true); return true }})
-		views = append(views, p)
-	}
+	views, asked := checkViews(t, clk, 2, 3, interval, 100*time.Millisecond)
 	f1, f2 := views[0], views[1]
 	// the dead holder's lease, 10 ms from its end
 	deadID := strconv.Itoa(deadCmd.ProcessState.Pid()) + "-dead"

@@ -258,14 +258,8 @@ func TestShareIdleStepsFew(t *testing.T) {
 	clk := newFakeClock()
 	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
 	const interval = 100 * time.Millisecond
-	var views []*Pool
-	asked := make([]atomic.Bool, 2)
-	for i := range 2 {
-		p, _ := fakePool(t, 2)
-		p.clk = clk
-		p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: 50 * time.Millisecond}
-		p.Share(ShareConfig{Slot: i, Slots: 2, Notify: func() bool { asked[i].Store(true); return true }})
-		views = append(views, p)
+	views, asked := checkViews(t, clk, 2, 2, interval, 50*time.Millisecond)
+	for _, p := range views {
 		stepView(p, s, "x:", ShareStep)
 	}
 	steps, exchanges := make([]int, 2), make([]int, 2)
@@ -356,4 +350,21 @@ func TestShareStallKeyOwner(t *testing.T) {
 	if got := key(); got != "" {
 		t.Fatalf("stall key %q after the first view's stall ended, want it deleted", got)
 	}
+}
+
+// checkViews makes n views of a shared pool with active checks every
+// interval, on clk, in slots of a pool of the given size; asked[i] is set
+// when view i asks its host for a step.
+func checkViews(t *testing.T, clk *fakeClock, n, slots int, interval, timeout time.Duration) ([]*Pool, []atomic.Bool) {
+	t.Helper()
+	var views []*Pool
+	asked := make([]atomic.Bool, n)
+	for i := range n {
+		p, _ := fakePool(t, 2)
+		p.clk = clk
+		p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: timeout}
+		p.Share(ShareConfig{Slot: i, Slots: slots, Notify: func() bool { asked[i].Store(true); return true }})
+		views = append(views, p)
+	}
+	return views, asked
 }
