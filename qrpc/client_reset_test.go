@@ -10,6 +10,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/internal/frame"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
@@ -99,13 +100,8 @@ func TestIdleStreamResetHealsBeforeItsFirstCall(t *testing.T) {
 			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for reaped.Load() == 0 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if reaped.Load() == 0 {
-				t.Fatal("the server never reaped the client's unused stream 0")
-			}
+			testwait.Until(t, "the server to reap the client's unused stream 0", 10*time.Second,
+				func() bool { return reaped.Load() > 0 })
 			// Long after the reset: the client had all the time to see it.
 			time.Sleep(500 * time.Millisecond)
 			failed := 0
@@ -170,10 +166,9 @@ func TestIdleStreamResetCloseDoesNotLinger(t *testing.T) {
 	if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // the reaper's 20 ms, and then some
-	if reaped.Load() == 0 {
-		t.Fatal("the server never reaped the unused stream")
-	}
+	testwait.Until(t, "the server to reap the unused stream", 10*time.Second, func() bool { return reaped.Load() > 0 })
+	// The scenario: the client has had the time to hear the reset.
+	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
 	_ = c.Close()
 	if d := time.Since(start); d > 2*time.Second {
