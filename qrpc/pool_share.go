@@ -74,6 +74,11 @@ type StoreResult struct {
 const (
 	ShareStep = 1 // read the others' verdicts, publish this view's
 	ShareExit = 2 // give up the leases: the view goes away
+	// ShareAsync, or'd into a mode (or alone: go on), marks an exchange
+	// that came through the host's queue, not a call on its thread. A
+	// step runs through one or the other; an exchange of the other kind
+	// than the step's is refused (nil, false) and leaves the step be.
+	ShareAsync = 16
 )
 
 const (
@@ -314,6 +319,7 @@ type shareRun struct {
 	runsOp   bool // the runs were read
 	wrote    bool
 	listOp   bool
+	async    bool // its exchanges come through the host's queue
 	v        int64
 }
 
@@ -345,10 +351,12 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 		return nil, false
 	}
 	now := p.clk.Now()
-	switch mode {
+	async := mode&ShareAsync != 0
+	switch mode &^ ShareAsync {
 	case ShareStep, ShareExit:
+		mode &^= ShareAsync
 		s.notified.Store(false)
-		sh.step = &shareRun{}
+		sh.step = &shareRun{async: async}
 		if mode == ShareExit {
 			sh.exiting = true
 			p.SetRoles(false, false)
@@ -357,12 +365,15 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 		sh.pre = nil
 		if mode == ShareStep && res != nil && pre != nil && len(res) == len(pre.ops) &&
 			slices.Equal(pre.peers, p.set.Load().peers) {
-			sh.step = pre
+			sh.step, pre.async = pre, async
 			return p.shareReadMore(sh, now, res)
 		}
 		return p.shareRead(sh, now), true
 	}
 	st := sh.step
+	if st != nil && st.async != async {
+		return nil, false
+	}
 	if st == nil || len(res) != len(st.ops) {
 		sh.step = nil
 		return nil, false

@@ -159,6 +159,9 @@ func (r *Runtime) Submit(h Host, cmd *Command) (int32, string) {
 	if err := cmd.Check(); err != nil {
 		return StatusOf(err)
 	}
+	if cmd.Op == OpPoolShare {
+		return r.PoolShareAsync(h, cmd)
+	}
 	if cmd.Op > lastSubmitOp {
 		return ErrBadArg, fmt.Sprintf("bad command: op %d is a query: use qrpc_query", cmd.Op)
 	}

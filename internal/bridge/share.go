@@ -160,8 +160,9 @@ func appendOps(b []byte, ops []qrpc.StoreOp) []byte {
 	return b
 }
 
-// PoolShare answers QRPC_OP_POOL_SHARE for connection h.
-func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
+// PoolShare answers QRPC_OP_POOL_SHARE for connection h; async: the
+// record came through the submit queue (PoolShareAsync), not qrpc_query.
+func (r *Runtime) PoolShare(h uint64, rec []byte, async bool) ([]byte, error) {
 	c := r.lookup(h)
 	if c == nil {
 		return nil, qrpc.ErrClosed
@@ -169,6 +170,10 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 	p := c.client
 	rd := shareReader{b: rec}
 	mode := rd.u8()
+	var via int
+	if async {
+		via = qrpc.ShareAsync
+	}
 	switch mode {
 	case shareAttach:
 		slot, slots := int(rd.u16()), int(rd.u16())
@@ -202,7 +207,7 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 		if rd.bad || len(rd.b) != 0 {
 			return nil, Badf("pool share: malformed step record (%d bytes)", len(rec))
 		}
-		ops, more := p.ShareStep(m, res)
+		ops, more := p.ShareStep(m|via, res)
 		if !more && m == qrpc.ShareStep {
 			return encodeLast(ops, p.ShareNext()), nil
 		}
@@ -215,13 +220,43 @@ func (r *Runtime) PoolShare(h uint64, rec []byte) ([]byte, error) {
 		if rd.bad || len(rd.b) != 0 {
 			return nil, Badf("pool share: malformed results (%d bytes)", len(rec))
 		}
-		ops, more := p.ShareStep(0, res)
+		ops, more := p.ShareStep(via, res)
 		if !more {
 			return encodeLast(ops, p.ShareNext()), nil
 		}
 		return encodeOps(ops, more), nil
 	}
 	return nil, Badf("pool share: unknown mode %d", mode)
+}
+
+// The codes of a QRPC_SHARE completion: Go asks for a step (no data),
+// or answers a record submitted through the queue (call id: the
+// record's; data: the answer), or says it failed (data: the message).
+const (
+	ShareAsk    = 0
+	ShareAnswer = 1
+	ShareFailed = 2
+)
+
+// PoolShareAsync runs a QRPC_OP_POOL_SHARE record that came through the
+// built-in host's submit queue, on the submitter: the answer goes back as
+// a QRPC_SHARE completion, so that a step Go asked for never makes the
+// nginx thread enter Go (a thread that has called into Go keeps a Go
+// scheduler slot while it runs nginx, and Go's sysmon then watches it).
+func (r *Runtime) PoolShareAsync(h Host, cmd *Command) (int32, string) {
+	out, err := r.PoolShare(cmd.Conn, cmd.Opts, true)
+	var c Completion
+	if err != nil {
+		_, msg := StatusOf(err)
+		c = r.Message(StatusShare, msg, cmd.CallID)
+		c.Code = ShareFailed
+	} else {
+		c = r.Message(StatusShare, string(out), cmd.CallID)
+		c.Code = ShareAnswer
+	}
+	c.Handle = cmd.Conn
+	h.Complete(c)
+	return StatusPending, ""
 }
 
 // shareNotifier is a host that can ask its Lua side for a step of a
@@ -246,6 +281,6 @@ type hostBox struct{ h Host }
 
 func init() {
 	RegisterQuery(OpPoolShare, func(r *Runtime, cmd *Command) ([]byte, error) {
-		return r.PoolShare(cmd.Conn, cmd.Opts)
+		return r.PoolShare(cmd.Conn, cmd.Opts, false)
 	})
 }

@@ -267,12 +267,12 @@ size_t qrpc_submitq_cached(void) {
 }
 
 // The ops that go through the submit queue: those that complete later
-// (CONNECT, UNARY, ECHO) and CANCEL, which must not overtake the
-// call it cancels. EVENT, CLOSE and the query ops answer at once
-// (qrpc_query).
+// (CONNECT, UNARY, ECHO, and POOL_SHARE's steps that Go asked for) and
+// CANCEL, which must not overtake the call it cancels. EVENT, CLOSE and
+// the query ops answer at once (qrpc_query).
 static int queued_op(uint32_t op) {
     return op == QRPC_OP_CONNECT || op == QRPC_OP_UNARY || op == QRPC_OP_ECHO ||
-           op == QRPC_OP_CANCEL;
+           op == QRPC_OP_CANCEL || op == QRPC_OP_POOL_SHARE;
 }
 
 // Whether VM vm is open (qrpc_vm_open); VM 0 always is. Read without
@@ -385,7 +385,6 @@ void qrpc_hostq_set_fd(int fd) {
     hq.fd = fd;
     hq.sleeping = 0;
     hq.trim_asleep = 0; // a new submitter starts its trimmer running
-    hq.trim_kick = 0;
     q_unlock();
 }
 
@@ -502,33 +501,18 @@ void qrpc_release_n(void *const *ps, int n) {
         return;
     }
     void *drop = NULL;
-    int kept = 0;
     q_lock();
+    // The lists serve a queue in use. While the trimmer sleeps (nothing
+    // kept, no command for a whole tick) a block is freed, not kept:
+    // keeping it would take the trimmer's timer to give it back, a few
+    // ticks that wake three of Go's threads each, for the one answer an
+    // idle worker's shared-pool step or query gets.
+    int keep = !hq.trim_asleep;
     for (int i = 0; i < n; i++) {
         void *p = ps[i];
-        if (p != NULL) {
-            if (release_locked(p)) {
-                kept = 1;
-            } else {
-                *(void **)p = drop;
-                drop = p;
-            }
-        }
-    }
-    if (kept && hq.trim_asleep) {
-        // Kept blocks with the trimmer stopped would stay until the next
-        // command: the submitter restarts it. Once per idle spell, so the
-        // write costs nothing on the hot path.
-        hq.trim_asleep = 0;
-        hq.trim_kick = 1;
-        if (hq.sleeping && hq.fd >= 0) {
-            // Under the lock: qrpc_hostq_set_fd(-1) cannot close the fd meanwhile.
-            hq.sleeping = 0;
-            uint64_t one = 1;
-            ssize_t w;
-            do {
-                w = write(hq.fd, &one, sizeof one);
-            } while (w < 0 && errno == EINTR);
+        if (p != NULL && !(keep && release_locked(p))) {
+            *(void **)p = drop;
+            drop = p;
         }
     }
     q_unlock();

@@ -31,10 +31,9 @@ typedef struct {
     uint32_t lock;
     int32_t fd;       /* the submitter's eventfd; -1: closed */
     int32_t sleeping; /* the submitter found the queue empty */
-    /* The trimmer stopped with nothing kept (queue.go, trimmer): the next
-     * qrpc_release_n sets trim_kick and rings the eventfd, so that the
-     * submitter restarts it for the blocks just kept. */
-    uint8_t trim_asleep, trim_kick, pad_[2];
+    /* The trimmer stopped with nothing kept (queue.go, trimmer):
+     * qrpc_release_n then frees what it is given instead of keeping it. */
+    uint8_t trim_asleep, pad_[3];
     qrpc_qitem_t *sq_head, *sq_tail; /* submit queue */
     uint64_t sq_len;
     qrpc_cq_t cq[QRPC_MAX_VMS]; /* a completion queue per Lua VM */

@@ -56,7 +56,10 @@
 #define QRPC_OP_PROTO_DESCRIBE 13 /* body = .proto path, method = "file", opts as PROTO_LOAD: loads it if
                                      needed and answers JSON: services, google.api.http rules, messages */
 #define QRPC_OP_POOL_SHARE 14 /* conn, opts = a binary record of the other workers' verdicts (and roles,
-                                 resolved list) -> this worker's own, same form: internal/bridge/share.go */
+                                 resolved list) -> this worker's own, same form: internal/bridge/share.go.
+                                 The built-in host may also queue it (qrpc_submit_async): the answer
+                                 then comes as a QRPC_SHARE completion with the command's call_id
+                                 (code 1: data = the answer; code 2: it failed, data = the message) */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */
@@ -78,8 +81,9 @@
 #define QRPC_LOG          2  /* completion carrying a log line (code = level) */
 #define QRPC_BAD_RESPONSE 3  /* UNARY with resp_type: the answer did not decode as that message;
                                 data = [uint32 msg_len][msg][result blob with the raw body] */
-#define QRPC_SHARE        4  /* completion asking for a step of a shared pool (handle = the pool's
-                                connection): it has verdicts to publish (QRPC_OP_POOL_SHARE) */
+#define QRPC_SHARE        4  /* completion of a shared pool (handle = the pool's connection): code 0
+                                asks for a step (it has verdicts to publish, QRPC_OP_POOL_SHARE);
+                                codes 1 and 2 answer a queued QRPC_OP_POOL_SHARE */
 #define QRPC_ERR         -1  /* anything else; read the message */
 #define QRPC_ERR_TIMEOUT -2  /* "timeout" */
 #define QRPC_ERR_CLOSED  -3  /* "closed": connection or runtime closed */
@@ -203,7 +207,7 @@ int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
  * scheduler slot while it runs nginx, and Go then spends more CPU on its
  * scheduler than on the call.
  *
- * qrpc_submit_async queues a CONNECT, UNARY, ECHO, STATS or CANCEL command
+ * qrpc_submit_async queues a CONNECT, UNARY, ECHO, POOL_SHARE or CANCEL command
  * and returns at once: it copies the command and its strings (addr to
  * pins for CONNECT only; the other ops never read them), and wakes the
  * library's submitter only when it sleeps. Returns

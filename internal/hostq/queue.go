@@ -47,8 +47,8 @@ import (
 // next timer): more than all else an idle worker does. So the trimmer
 // stops once a whole tick saw no command and it keeps nothing (every
 // cache given back: within two bufcache intervals of the last use), and
-// the next command, or the next release of a block into a list, starts it
-// again. As it stops, it gives the C heap's free pages back to the
+// the next command starts it again; a block released while it sleeps is
+// freed at once (qrpc_release_n), not kept for it. As it stops, it gives the C heap's free pages back to the
 // kernel (qrpc_heap_trim, hostq.c).
 const trimEvery = 500 * time.Millisecond
 
@@ -138,14 +138,11 @@ func (s *submitter) run(f *os.File) {
 	// 13 or so system calls a sequential call costs the worker).
 	// The counter cannot fill: qrpc_submit_async adds 1 per wake-up, and
 	// 2^64-2 of them would take over 500,000 years at a million a second.
-	var (
-		taken *C.qrpc_qitem_t
-		kick  bool
-	)
+	var taken *C.qrpc_qitem_t
 	take := func(uintptr) bool {
 		s.runMu.Lock()
-		taken, kick = sqTake()
-		if taken == nil && !kick {
+		taken = sqTake()
+		if taken == nil {
 			s.runMu.Unlock()
 			return false
 		}
@@ -158,7 +155,7 @@ func (s *submitter) run(f *os.File) {
 			if err := rc.Read(take); err != nil {
 				// Closed by halt: what was queued before the close runs now.
 				s.runMu.Lock()
-				it, _ := sqTake()
+				it := sqTake()
 				s.runTaken(it)
 				return
 			}
@@ -171,10 +168,11 @@ func (s *submitter) run(f *os.File) {
 // runTaken runs a list taken under runMu and releases runMu.
 func (s *submitter) runTaken(it *C.qrpc_qitem_t) {
 	defer s.runMu.Unlock()
-	runQueued(it)
-	// After the commands: their blocks are then on the lists the
-	// trimmer's next tick looks at.
-	s.used()
+	if runQueued(it) {
+		// After the commands: their blocks are then on the lists the
+		// trimmer's next tick looks at.
+		s.used()
+	}
 }
 
 // armPickup tells qrpc_submit_async that the queue will be looked at
@@ -194,8 +192,8 @@ func armPickup() {
 // that the waker is soon back to writing wake bytes.
 func (s *submitter) pickup(f *os.File) {
 	s.runMu.Lock()
-	it, kick := sqTake() // none: the submitter is marked asleep again
-	if it == nil && !kick {
+	it := sqTake() // none: the submitter is marked asleep again
+	if it == nil {
 		s.runMu.Unlock()
 		return
 	}
@@ -213,7 +211,7 @@ var eventfdOne = [8]byte{1}
 // pickup ran, which the pickup's caller then rings the submitter for.
 func handBack() bool {
 	qlock()
-	more := hq.sq_head != nil || hq.trim_kick != 0
+	more := hq.sq_head != nil
 	if !more {
 		hq.sleeping = 1
 	}
@@ -328,8 +326,8 @@ func (s *submitter) trim(stop, wake chan struct{}) {
 	}
 }
 
-// trimAwake tells qrpc_release_n the trimmer runs again: its releases
-// need not ring.
+// trimAwake tells qrpc_release_n the trimmer runs again: it may keep
+// blocks for reuse.
 func trimAwake() {
 	qlock()
 	hq.trim_asleep = 0
@@ -338,7 +336,7 @@ func trimAwake() {
 
 // trimSleep reports whether nothing is kept that a later tick would give
 // back, and if so marks the trimmer asleep for qrpc_release_n, under the
-// lock that release takes: a block released after it wakes the trimmer.
+// lock that release takes: a block released after it is freed, not kept.
 func trimSleep() bool {
 	if cmem.Stats().Bytes > 0 || C.qrpc_submitq_cached() > 0 {
 		return false
@@ -398,21 +396,18 @@ func procUnpin()
 // sqTake takes every queued command (a list in queue order), or returns
 // nil and records that the submitter goes to sleep. The flag is set under
 // the lock that pushes take, so the next push writes the eventfd and no
-// wake-up is lost (TestSubmitQueueNoLostWakeup). kick: qrpc_release_n
-// kept blocks while the trimmer was asleep.
-func sqTake() (it *C.qrpc_qitem_t, kick bool) {
+// wake-up is lost (TestSubmitQueueNoLostWakeup).
+func sqTake() (it *C.qrpc_qitem_t) {
 	qlock()
 	it = hq.sq_head
 	hq.sq_head, hq.sq_tail, hq.sq_len = nil, nil, 0
-	kick = hq.trim_kick != 0
-	hq.trim_kick = 0
-	if it == nil && !kick {
+	if it == nil {
 		hq.sleeping = 1
 	} else {
 		hq.sleeping = 0
 	}
 	qunlock()
-	return it, kick
+	return it
 }
 
 // smallIdle reports whether no small block was handed out (to a result
@@ -462,13 +457,21 @@ func takeReleased(p unsafe.Pointer) {
 	}
 }
 
-// runQueued runs and frees a list of queued commands, in order.
-func runQueued(it *C.qrpc_qitem_t) {
+// runQueued runs and frees a list of queued commands, in order. It
+// reports whether the trimmer is wanted: a list of shared-pool steps only
+// (what an idle worker queues, once a lease period) does not start it.
+// Such a step's one small answer is freed when released, as the trimmer
+// sleeps (qrpc_release_n), and its command block waits on the done list
+// for the nginx thread's next command, which frees it: at most a step's
+// blocks are kept, where the trimmer would wake Go's threads for a few
+// ticks.
+func runQueued(it *C.qrpc_qitem_t) (trim bool) {
 	if it == nil {
-		return
+		return false
 	}
 	first, last := it, it
 	for ; it != nil; it = it.next {
+		trim = trim || it.cmd.op != bridge.OpPoolShare
 		runAsync((*bridge.CmdABI)(unsafe.Pointer(&it.cmd)))
 		last = it
 	}
@@ -478,6 +481,7 @@ func runQueued(it *C.qrpc_qitem_t) {
 	last.next = hq.done_head
 	hq.done_head = first
 	qunlock()
+	return trim
 }
 
 // runAsync runs one queued command; one that Submit refuses completes

@@ -175,10 +175,12 @@ local function complete(c)
         return
     end
     if status == QRPC_SHARE then
-        -- a shared pool asks for a step (resty.ffi.qrpc.share)
+        -- a shared pool asks for a step, or a step's exchange that went
+        -- through the queue is answered (resty.ffi.qrpc.share)
         local f = _M.on_share
         if f then
-            f(c.handle)
+            f(c.handle, c.code, tonumber(c.call_id),
+              data ~= nil and ffi_string(data, len) or nil)
         end
         return
     end
@@ -460,6 +462,19 @@ end
 local function next_call_id()
     last_id = last_id + 1
     return last_id
+end
+
+
+-- Queues a command nobody waits for: POOL_SHARE, whose answer comes as a
+-- QRPC_SHARE completion. Returns its call id, or nil and the error.
+function _M.post(op, handle, opts)
+    local id = next_call_id()
+    local rc = lib.qrpc_submit_async(fill_cmd(ffi_new(cmd_t), {
+        op = op, conn = handle, opts = opts, id = id, vm = vm }))
+    if rc ~= QRPC_PENDING then
+        return nil, status_err(rc)
+    end
+    return id
 end
 
 

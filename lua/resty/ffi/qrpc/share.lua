@@ -24,7 +24,13 @@
 --     steps them once a lease period instead (a second one only for a
 --     pool whose period is less than half the first's).
 -- A step's last answer carries the next step's first round, which runs
--- as that step begins: an idle step is one exchange with Go.
+-- as that step begins: an idle step is one exchange with Go. The steps
+-- Go asks for go through the built-in host's submit queue, their
+-- answers coming back as QRPC_SHARE completions, so that the nginx
+-- thread does not enter Go for them; the others (on the call path, at
+-- attach, exit and close, and lease ticks of the lua-resty-ffi host)
+-- run on the nginx thread through qrpc_query. A step of one kind drops
+-- the other's that is on its way.
 -- When the worker exits, or a pool closes, the pool gives up the leases
 -- it holds (from the dispatcher, the timers' last, premature run, or the
 -- cache's close), so that another worker takes them at its next step.
@@ -53,14 +59,20 @@ local tostring = tostring
 local tonumber = tonumber
 
 local OP_POOL_SHARE = abi.OP_POOL_SHARE
+local post = builtin.post
 
 -- While a pool takes calls it steps at least this often (s): its stall
 -- verdicts are repeated and its throttling window published.
 local SYNC_S = 0.1
 -- A step is a few exchanges with Go; a step that asks for more is cut.
 local MAX_ROUNDS = 8
+-- A step through the queue whose answer has not come within this long
+-- (s) is taken as lost: the next one may begin.
+local QUEUED_S = 1
 
 local MODE_STEP, MODE_EXIT, MODE_ATTACH = 1, 2, 3
+-- QRPC_SHARE completions' codes (internal/bridge/share.go)
+local ASK, ANSWER = 0, 1
 local OP_GET, OP_ADD, OP_SET, OP_INCR, OP_DELETE = 1, 2, 3, 4, 5
 
 local _M = {}
@@ -218,30 +230,44 @@ local function query(st, rec)
     return builtin.query(OP_POOL_SHARE, st.e.handle, rec)
 end
 
--- step(st, mode) runs one step of pool st; false when the pool is gone.
+-- queued(st): whether a step through the queue is on its way.
+local function queued(st)
+    return st.queued and ngx_now() - st.queued_at < QUEUED_S
+end
+
+-- first(st): the record that begins a step, with the results of the
+-- first round the last step's answer gave.
+local function first(st)
+    local pre = st.pre
+    st.pre = nil
+    if not pre then
+        return str_char(MODE_STEP)
+    end
+    local _, rec = run(st.dict, st.pk, pre)
+    return "\1" .. str_sub(rec, 2)
+end
+
+local function warn(st, err)
+    if not st.warned then
+        st.warned = true
+        log(WARN, "qrpc shared pool: step failed: ", err)
+    end
+end
+
+-- step(st, mode) runs one step of pool st on this thread, entering Go
+-- for each exchange; false when the pool is gone.
 local function step(st, mode)
     local e = st.e
     if e.closed or e.state ~= "ready" then
         return false
     end
+    st.queued = nil -- one on its way is dropped (Go refuses its rest)
     st.next = ngx_now() + SYNC_S
-    local ans, err
-    local pre = st.pre
-    st.pre = nil
-    if pre and mode == MODE_STEP then
-        -- the step's first round, which the last step's answer gave:
-        -- its results go with the step (one exchange with Go the fewer)
-        local _, rec = run(st.dict, st.pk, pre)
-        ans, err = query(st, "\1" .. str_sub(rec, 2))
-    else
-        ans, err = query(st, str_char(mode))
-    end
+    local ans, err = query(st, mode == MODE_STEP and first(st)
+                               or str_char(mode))
     for _ = 1, MAX_ROUNDS do
         if not ans then
-            if not st.warned then
-                st.warned = true
-                log(WARN, "qrpc shared pool: step failed: ", err)
-            end
+            warn(st, err)
             return true
         end
         local more, rec, nxt = run(st.dict, st.pk, ans)
@@ -253,6 +279,50 @@ local function step(st, mode)
     end
     st.v = st.dict:get(st.vkey)
     return true
+end
+
+-- send(st, rec) queues a step's record: Go answers it with a QRPC_SHARE
+-- completion (answered), so that the nginx thread never enters Go for
+-- the steps Go asks for (the steps of an idle pool).
+local function send(st, rec)
+    local id, err = post(OP_POOL_SHARE, st.e.handle, rec)
+    if not id then
+        st.queued = nil
+        warn(st, err)
+        return
+    end
+    st.queued, st.queued_at = id, ngx_now()
+end
+
+-- begin(st): a step through the queue; false when the pool is gone.
+local function begin(st)
+    local e = st.e
+    if e.closed or e.state ~= "ready" then
+        return false
+    end
+    st.next = ngx_now() + SYNC_S
+    st.rounds = 0
+    send(st, first(st))
+    return true
+end
+
+-- answered(st, ans): the answer to the step's last record.
+local function answered(st, ans)
+    st.rounds = st.rounds + 1
+    local more, rec, nxt = run(st.dict, st.pk, ans)
+    if more and st.rounds < MAX_ROUNDS then
+        send(st, rec) -- mode 0: go on
+        return
+    end
+    st.queued = nil
+    if not more then
+        st.pre = nxt
+    end
+    st.v = st.dict:get(st.vkey)
+    if st.again then
+        st.again = nil
+        begin(st)
+    end
 end
 
 ---------------------------------------------------------------------------
@@ -296,17 +366,33 @@ local function ensure_timer(period)
     shortest = period
 end
 
--- Go asked for a step of the pool of connection handle h.
-local function asked(h)
+-- A QRPC_SHARE completion for the pool of connection handle h: Go asks
+-- for a step (code ASK), or answers the record of call id id (data: the
+-- answer; or the message of its failure).
+local function asked(h, code, id, data)
     local st = pools[tonumber(h)]
-    if st and not st.left then
-        if not step(st, MODE_STEP) then
-            pools[tonumber(h)] = nil
+    if not st or st.left then
+        return
+    end
+    if code ~= ASK then
+        if id ~= st.queued then
+            return -- a step given up as lost, or replaced by one here
         end
+        if code == ANSWER and data then
+            answered(st, data)
+        else
+            st.queued = nil
+            warn(st, data or "no memory for the answer")
+        end
+        return
+    end
+    if queued(st) then
+        st.again = true -- once the step on its way has ended
+    elseif not begin(st) then
+        pools[tonumber(h)] = nil
     end
 end
 builtin.on_share = asked
-
 -- The worker exits: every pool gives up its leases.
 local function exiting()
     for h, st in pairs(pools) do
@@ -355,9 +441,12 @@ function _M.leave(st)
     pools[tonumber(st.e.handle)] = nil
 end
 
--- due(st): before a call. One dict read while nothing changed.
+-- due(st): before a call. One dict read while nothing changed; nothing
+-- while a step through the queue is on its way.
 function _M.due(st)
-    if ngx_now() >= st.next or st.dict:get(st.vkey) ~= st.v then
+    if (ngx_now() >= st.next or st.dict:get(st.vkey) ~= st.v)
+       and not queued(st)
+    then
         step(st, MODE_STEP)
     end
 end
