@@ -355,6 +355,12 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	switch mode &^ ShareAsync {
 	case ShareStep, ShareExit:
 		mode &^= ShareAsync
+		if async && sh.exiting {
+			// A step queued before the view exited reaches Go late,
+			// maybe between the exit's rounds: begun, it would cut the
+			// exit short, which then keeps the leases it gives up.
+			return nil, false
+		}
 		s.notified.Store(false)
 		sh.step = &shareRun{async: async}
 		if mode == ShareExit {
