@@ -77,7 +77,8 @@ const (
 	// ShareAsync, or'd into a mode (or alone: go on), marks an exchange
 	// that came through the host's queue, not a call on its thread. A
 	// step runs through one or the other; an exchange of the other kind
-	// than the step's is refused (nil, false) and leaves the step be.
+	// than the step's is refused (nil, false) and leaves the step be, and
+	// so is a queued step's first round once the view exits.
 	ShareAsync = 16
 )
 
