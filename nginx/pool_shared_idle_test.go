@@ -55,3 +55,62 @@ func TestPoolSharedIdleStepsStayOutOfGo(t *testing.T) {
 		t.Fatalf("HTTP %d: %q, want two lease renewals and no entry into Go", code, body)
 	}
 }
+
+// TestPoolSharedCloseWithQueuedStep: a pool closes while a step Go asked
+// for is queued, and the submitter (another CPU) reaches that step
+// between the two rounds of the close's exit step, which the nginx
+// thread runs: the close still gives the probe lease up. The test makes
+// that order certain: after the exit's first round it queues the step
+// itself (as share.lua's asked does, a record of mode 1) and waits until
+// Go has answered it.
+func TestPoolSharedCloseWithQueuedStep(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	a := ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		Server: loc("/t", `
+                local ffi = require "ffi"
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local builtin = require "resty.ffi.qrpc.host_builtin"
+                pcall(ffi.cdef, "size_t qrpc_cq_len(int vm);")
+                local lib = ffi.load(qt.lib)
+                local conn = assert(qrpc.connect(qt.a, qt.opts({
+                    check = { method = "probe", interval = 100 }, shared = "qpools" })))
+                assert(conn:unary("echo", "x"))
+                local function held()
+                    for _, k in ipairs(ngx.shared.qpools:get_keys(0)) do
+                        if k:match(":lp$") then return true end
+                    end
+                end
+                if not qt.wait(5, held) then return ngx.say("no probe lease") end
+                local query, queued = builtin.query, "not queued"
+                builtin.query = function(op, h, rec)
+                    local ans, err = query(op, h, rec)
+                    if op == 14 and rec == "\2" and queued == "not queued" then
+                        -- the exit's first round is done: the queued step
+                        -- reaches Go now (VM 0: http's queue)
+                        local n0 = lib.qrpc_cq_len(0)
+                        assert(builtin.post(14, h, "\1"))
+                        queued = "not answered"
+                        ngx.update_time()
+                        local t0 = ngx.now()
+                        for _ = 1, 1e7 do -- at most 10 s
+                            if lib.qrpc_cq_len(0) > n0 then
+                                queued = "answered"
+                                break
+                            end
+                            ngx.update_time()
+                            if ngx.now() - t0 > 10 then break end
+                        end
+                    end
+                    return ans, err
+                end
+                conn:close()
+                builtin.query = query
+                ngx.say(queued, ", ", held() and "lease kept" or "lease given up")`)})
+	if code, body := n.get("/t"); code != 200 || body != "answered, lease given up\n" {
+		t.Fatalf("HTTP %d: %q, want the queued step answered and the lease given up", code, body)
+	}
+}
