@@ -1,8 +1,10 @@
 package nginx
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPoolSharedIdleStepsStayOutOfGo: the steps Go asks for (here the
@@ -112,5 +114,74 @@ func TestPoolSharedCloseWithQueuedStep(t *testing.T) {
                 ngx.say(queued, ", ", held() and "lease kept" or "lease given up")`)})
 	if code, body := n.get("/t"); code != 200 || body != "answered, lease given up\n" {
 		t.Fatalf("HTTP %d: %q, want the queued step answered and the lease given up", code, body)
+	}
+}
+
+// TestPoolSharedStreamSteps: in the stream subsystem (a second Lua VM,
+// its own completion queue) the steps Go asks for go through the queue
+// too, their answers reach that VM: the stream worker's lease holder
+// renews its lease without entering Go, beside an http pool that does
+// the same.
+func TestPoolSharedStreamSteps(t *testing.T) {
+	requireStreamLua(t)
+	t.Parallel()
+	a := ownServer(t)
+	const body = `
+                local ffi = require "ffi"
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                pcall(ffi.cdef, "uint64_t qrpc_go_entries(void);")
+                local lib = ffi.load(qt.lib)
+                local d = ngx.shared[ngx.config.subsystem == "stream" and "qpools_s" or "qpools"]
+                local conn = assert(qrpc.connect(qt.a, qt.opts({
+                    check = { method = "probe", interval = 100 }, shared = ngx.config.subsystem == "stream" and "qpools_s" or "qpools" })))
+                assert(conn:unary("echo", "x"))
+                local function lease()
+                    for _, k in ipairs(d:get_keys(0)) do
+                        if k:match(":lp$") then return d:get(k) end
+                    end
+                end
+                local v = qt.wait(5, lease)
+                if not v then return ngx.say("no probe lease") end
+                local e0 = lib.qrpc_go_entries()
+                local renewals = 0
+                for _ = 1, 500 do -- at most 10 s
+                    local now = lease()
+                    if now ~= v then
+                        renewals = renewals + 1
+                        v = now
+                        if renewals == 2 then break end
+                    end
+                    ngx.sleep(0.02)
+                end
+                ngx.say("renewals ", renewals, " entries ",
+                        tonumber(lib.qrpc_go_entries() - e0))`
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		Stream: `
+    lua_shared_dict qpools_s 1m;
+    server {
+        listen 127.0.0.1:{{.StreamPort}};
+        content_by_lua_block {` + body + `
+        }
+    }`,
+		Server: loc("/t", body)})
+	http := make(chan string, 1)
+	go func() {
+		code, b := n.get("/t")
+		http <- fmt.Sprintf("%d %s", code, strings.TrimSpace(b))
+	}()
+	l, err := dialLines(n.streamPort, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	_ = l.c.SetDeadline(time.Now().Add(30 * time.Second))
+	got, err := l.r.ReadString('\n')
+	if err != nil || strings.TrimSpace(got) != "renewals 2 entries 0" {
+		t.Errorf("stream: %q (%v), want two lease renewals and no entry into Go", got, err)
+	}
+	if h := <-http; h != "200 renewals 2 entries 0" {
+		t.Errorf("http beside it: %q", h)
 	}
 }
