@@ -77,8 +77,7 @@ const (
 	// ShareAsync, or'd into a mode (or alone: go on), marks an exchange
 	// that came through the host's queue, not a call on its thread. A
 	// step runs through one or the other; an exchange of the other kind
-	// than the step's is refused (nil, false) and leaves the step be, and
-	// so is a queued step's first round once the view exits.
+	// than the step's is refused (nil, false) and leaves the step be.
 	ShareAsync = 16
 )
 
@@ -348,7 +347,8 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sh := s.sh
-	if sh == nil {
+	// A queued exchange after the exit (maybe between its rounds): begun, it would cut the exit short.
+	if sh == nil || sh.exiting && mode&ShareAsync != 0 {
 		return nil, false
 	}
 	now := p.clk.Now()
@@ -356,12 +356,6 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	switch mode &^ ShareAsync {
 	case ShareStep, ShareExit:
 		mode &^= ShareAsync
-		if async && sh.exiting {
-			// A step queued before the view exited reaches Go late,
-			// maybe between the exit's rounds: begun, it would cut the
-			// exit short, which then keeps the leases it gives up.
-			return nil, false
-		}
 		s.notified.Store(false)
 		sh.step = &shareRun{async: async}
 		if mode == ShareExit {
