@@ -98,7 +98,7 @@ func TestPoolSharedCloseWithQueuedStep(t *testing.T) {
                         queued = "not answered"
                         ngx.update_time()
                         local t0 = ngx.now()
-                        for _ = 1, 1e7 do -- at most 10 s
+                        for _ = 1, 1e8 do -- at most 10 s
                             if lib.qrpc_cq_len(0) > n0 then
                                 queued = "answered"
                                 break
