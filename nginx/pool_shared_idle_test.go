@@ -1,8 +1,10 @@
 package nginx
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPoolSharedIdleStepsStayOutOfGo: the steps Go asks for (here the
@@ -13,9 +15,8 @@ import (
 // watches it for milliseconds: the idle holder's wake-ups.
 func TestPoolSharedIdleStepsStayOutOfGo(t *testing.T) {
 	requireNginx(t)
-	if ng.Host() == "resty_ffi" {
-		t.Skip("the lua-resty-ffi host steps its pools from a timer, through qrpc_query")
-	}
+	// The lua-resty-ffi host too: it dials through the built-in host
+	// (cache.lua), whose dispatcher Go asks for the steps.
 	t.Parallel()
 	a := ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
@@ -54,5 +55,133 @@ func TestPoolSharedIdleStepsStayOutOfGo(t *testing.T) {
 	code, body := n.get("/t")
 	if code != 200 || strings.TrimSpace(body) != "renewals 2 entries 0" {
 		t.Fatalf("HTTP %d: %q, want two lease renewals and no entry into Go", code, body)
+	}
+}
+
+// TestPoolSharedCloseWithQueuedStep: a pool closes while a step Go asked
+// for is queued, and the submitter (another CPU) reaches that step
+// between the two rounds of the close's exit step, which the nginx
+// thread runs: the close still gives the probe lease up. The test makes
+// that order certain: after the exit's first round it queues the step
+// itself (as share.lua's asked does, a record of mode 1) and waits until
+// Go has answered it.
+func TestPoolSharedCloseWithQueuedStep(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	a := ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		Server: loc("/t", `
+                local ffi = require "ffi"
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local builtin = require "resty.ffi.qrpc.host_builtin"
+                pcall(ffi.cdef, "size_t qrpc_cq_len(int vm);")
+                local lib = ffi.load(qt.lib)
+                local conn = assert(qrpc.connect(qt.a, qt.opts({
+                    check = { method = "probe", interval = 100 }, shared = "qpools" })))
+                assert(conn:unary("echo", "x"))
+                local function held()
+                    for _, k in ipairs(ngx.shared.qpools:get_keys(0)) do
+                        if k:match(":lp$") then return true end
+                    end
+                end
+                if not qt.wait(5, held) then return ngx.say("no probe lease") end
+                local query, queued = builtin.query, "not queued"
+                builtin.query = function(op, h, rec)
+                    local ans, err = query(op, h, rec)
+                    if op == 14 and rec == "\2" and queued == "not queued" then
+                        -- the exit's first round is done: the queued step
+                        -- reaches Go now (VM 0: http's queue)
+                        local n0 = lib.qrpc_cq_len(0)
+                        assert(builtin.post(14, h, "\1"))
+                        queued = "not answered"
+                        ngx.update_time()
+                        local t0 = ngx.now()
+                        for _ = 1, 1e8 do -- at most 10 s
+                            if lib.qrpc_cq_len(0) > n0 then
+                                queued = "answered"
+                                break
+                            end
+                            ngx.update_time()
+                            if ngx.now() - t0 > 10 then break end
+                        end
+                    end
+                    return ans, err
+                end
+                conn:close()
+                builtin.query = query
+                ngx.say(queued, ", ", held() and "lease kept" or "lease given up")`)})
+	if code, body := n.get("/t"); code != 200 || body != "answered, lease given up\n" {
+		t.Fatalf("HTTP %d: %q, want the queued step answered and the lease given up", code, body)
+	}
+}
+
+// TestPoolSharedStreamSteps: in the stream subsystem (a second Lua VM,
+// its own completion queue) the steps Go asks for go through the queue
+// too, their answers reach that VM: the stream worker's lease holder
+// renews its lease without entering Go, beside an http pool that does
+// the same.
+func TestPoolSharedStreamSteps(t *testing.T) {
+	requireStreamLua(t)
+	t.Parallel()
+	a := ownServer(t)
+	const body = `
+                local ffi = require "ffi"
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                pcall(ffi.cdef, "uint64_t qrpc_go_entries(void);")
+                local lib = ffi.load(qt.lib)
+                local d = ngx.shared[ngx.config.subsystem == "stream" and "qpools_s" or "qpools"]
+                local conn = assert(qrpc.connect(qt.a, qt.opts({
+                    check = { method = "probe", interval = 100 }, shared = ngx.config.subsystem == "stream" and "qpools_s" or "qpools" })))
+                assert(conn:unary("echo", "x"))
+                local function lease()
+                    for _, k in ipairs(d:get_keys(0)) do
+                        if k:match(":lp$") then return d:get(k) end
+                    end
+                end
+                local v = qt.wait(5, lease)
+                if not v then return ngx.say("no probe lease") end
+                local e0 = lib.qrpc_go_entries()
+                local renewals = 0
+                for _ = 1, 500 do -- at most 10 s
+                    local now = lease()
+                    if now ~= v then
+                        renewals = renewals + 1
+                        v = now
+                        if renewals == 2 then break end
+                    end
+                    ngx.sleep(0.02)
+                end
+                ngx.say("renewals ", renewals, " entries ",
+                        tonumber(lib.qrpc_go_entries() - e0))`
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		Stream: `
+    lua_shared_dict qpools_s 1m;
+    server {
+        listen 127.0.0.1:{{.StreamPort}};
+        content_by_lua_block {` + body + `
+        }
+    }`,
+		Server: loc("/t", body)})
+	http := make(chan string, 1)
+	go func() {
+		code, b := n.get("/t")
+		http <- fmt.Sprintf("%d %s", code, strings.TrimSpace(b))
+	}()
+	l, err := dialLines(n.streamPort, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	_ = l.c.SetDeadline(time.Now().Add(30 * time.Second))
+	got, err := l.r.ReadString('\n')
+	if err != nil || strings.TrimSpace(got) != "renewals 2 entries 0" {
+		t.Errorf("stream: %q (%v), want two lease renewals and no entry into Go", got, err)
+	}
+	if h := <-http; h != "200 renewals 2 entries 0" {
+		t.Errorf("http beside it: %q", h)
 	}
 }

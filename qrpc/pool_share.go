@@ -347,7 +347,8 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sh := s.sh
-	if sh == nil {
+	// A queued exchange after the exit (maybe between its rounds): begun, it would cut the exit short.
+	if sh == nil || sh.exiting && mode&ShareAsync != 0 {
 		return nil, false
 	}
 	now := p.clk.Now()

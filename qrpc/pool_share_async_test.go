@@ -49,3 +49,51 @@ func TestShareStepTransports(t *testing.T) {
 		}
 	}
 }
+
+// TestShareExitNotCutByQueuedStep: a pool closes (or its worker exits)
+// while a step Go asked for is queued: the exit step runs on the nginx
+// thread, and the queued step's first round reaches Go between the exit's
+// two rounds (the submitter runs on another CPU). The exit still gives
+// the lease up: a view that exits takes no queued step.
+func TestShareExitNotCutByQueuedStep(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	p, _ := fakePool(t, 2)
+	p.clk = clk
+	p.cfg.Check = HealthCheck{Method: "probe", Interval: time.Second, Timeout: 100 * time.Millisecond}
+	p.Share(ShareConfig{Slot: 0, Slots: 1})
+	lease := func() bool {
+		for _, k := range s.keys() {
+			if strings.HasSuffix(k, ":lp") {
+				return true
+			}
+		}
+		return false
+	}
+	// a step through the queue takes the lease
+	ops, more := p.ShareStep(ShareStep|ShareAsync, nil)
+	for rounds := 1; more; rounds++ {
+		if rounds > 8 {
+			t.Fatal("a step of more than 8 rounds")
+		}
+		ops, more = p.ShareStep(ShareAsync, s.run("x:", ops))
+	}
+	s.run("x:", ops)
+	if !lease() {
+		t.Fatalf("no probe lease in the store: %v", s.keys())
+	}
+	// the exit, with the queued step's first round between its rounds
+	ops, more = p.ShareStep(ShareExit, nil)
+	res := s.run("x:", ops)
+	p.ShareStep(ShareStep|ShareAsync, nil)
+	for rounds := 1; more; rounds++ {
+		if rounds > 8 {
+			t.Fatal("an exit of more than 8 rounds")
+		}
+		ops, more = p.ShareStep(0, res)
+		res = s.run("x:", ops)
+	}
+	if lease() {
+		t.Fatalf("the exit kept the probe lease: %v", s.keys())
+	}
+}

@@ -193,7 +193,13 @@ static void *item_alloc(size_t n) {
 
 // Keeps a run command's block for the next command (big ones) or the next
 // small block of its class; 0 when it is to be freed. Under the lock.
+// While the trimmer sleeps nothing is kept (see qrpc_release_n): the
+// commands that do not start it (shared-pool steps) would leave their
+// blocks, up to the cache's 8 MB, for as long as the worker stays idle.
 static int item_keep_locked(qrpc_qitem_t *it) {
+    if (hq.trim_asleep) {
+        return 0;
+    }
     size_t u = malloc_usable_size(it);
     if (u >= QRPC_CACHE_MIN) {
         if (sq_cached < SQ_CACHE_BLOCKS && sq_cache_bytes + u <= SQ_CACHE_BYTES) {

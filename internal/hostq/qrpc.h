@@ -59,7 +59,9 @@
                                  resolved list) -> this worker's own, same form: internal/bridge/share.go.
                                  The built-in host may also queue it (qrpc_submit_async): the answer
                                  then comes as a QRPC_SHARE completion with the command's call_id
-                                 (code 1: data = the answer; code 2: it failed, data = the message) */
+                                 (code 1: data = the answer; code 2: the step failed, data = the
+                                 message); a malformed command, or one that panics, completes with
+                                 an error status instead, as any other */
 
 /* qrpc_cmd_t.flags */
 #define QRPC_F_DISCARD_UNKNOWN 1 /* req_type: ignore unknown JSON fields */

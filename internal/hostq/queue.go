@@ -460,11 +460,11 @@ func takeReleased(p unsafe.Pointer) {
 // runQueued runs and frees a list of queued commands, in order. It
 // reports whether the trimmer is wanted: a list of shared-pool steps only
 // (what an idle worker queues, once a lease period) does not start it.
-// Such a step's one small answer is freed when released, as the trimmer
-// sleeps (qrpc_release_n), and its command block waits on the done list
-// for the nginx thread's next command, which frees it: at most a step's
-// blocks are kept, where the trimmer would wake Go's threads for a few
-// ticks.
+// Such a step's answer is freed when released, as the trimmer sleeps
+// (qrpc_release_n), and its command block waits on the done list for the
+// nginx thread's next command or poll, which frees it (item_keep_locked):
+// at most a step's blocks wait, where the trimmer would wake Go's threads
+// for a few ticks.
 func runQueued(it *C.qrpc_qitem_t) (trim bool) {
 	if it == nil {
 		return false

@@ -19,17 +19,18 @@
 --     holder when they are due for renewal, the others when the lease
 --     they saw ends or its holder's process exits. Go's own timer asks
 --     (as above), so no Lua timer has to run for it and
---     lua_max_running_timers cannot starve it. Under the lua-resty-ffi
---     host, which takes no such request, one ngx.timer.every per worker
---     steps them once a lease period instead (a second one only for a
---     pool whose period is less than half the first's).
+--     lua_max_running_timers cannot starve it. Both hosts dial through
+--     the built-in host (cache.lua), which takes the request; for a pool
+--     whose host would not (attach says so), one ngx.timer.every per
+--     worker steps them once a lease period instead (a second one only
+--     for a pool whose period is less than half the first's).
 -- A step's last answer carries the next step's first round, which runs
 -- as that step begins: an idle step is one exchange with Go. The steps
 -- Go asks for go through the built-in host's submit queue, their
 -- answers coming back as QRPC_SHARE completions, so that the nginx
 -- thread does not enter Go for them; the others (on the call path, at
--- attach, exit and close, and lease ticks of the lua-resty-ffi host)
--- run on the nginx thread through qrpc_query. A step of one kind drops
+-- attach, exit and close, and the lease timer's ticks) run on the nginx
+-- thread through qrpc_query. A step of one kind drops
 -- the other's that is on its way.
 -- When the worker exits, or a pool closes, the pool gives up the leases
 -- it holds (from the dispatcher, the timers' last, premature run, or the
