@@ -10,9 +10,9 @@ import (
 // TestPoolSharedIdleStepsStayOutOfGo: the steps Go asks for (here the
 // lease holder's renewals of an idle pool) go through the submit queue
 // and come back as completions, so the nginx thread does not enter Go for
-// them (qrpc_go_entries does not move). A thread that has entered Go
-// keeps a Go scheduler slot while it runs nginx, and Go's sysmon then
-// watches it for milliseconds: the idle holder's wake-ups.
+// them (qrpc_go_entries does not move): an idle holder's steps then cost
+// Go's threads what any queued command costs, without the trimmer (see
+// docs/tuning.md, "A shared pool").
 func TestPoolSharedIdleStepsStayOutOfGo(t *testing.T) {
 	requireNginx(t)
 	// The lua-resty-ffi host too: it dials through the built-in host
@@ -183,5 +183,49 @@ func TestPoolSharedStreamSteps(t *testing.T) {
 	}
 	if h := <-http; h != "200 renewals 2 entries 0" {
 		t.Errorf("http beside it: %q", h)
+	}
+}
+
+// TestPoolSharedAskAfterFailedStep: Go asks for a step while one it asked
+// for earlier is on its way through the queue, and that one fails: the
+// ask is not lost, the next step is queued at once (else it waits for
+// Go's next ask, a second or a lease period later). The failure is
+// injected as Go's answer would carry it (a QRPC_SHARE completion of
+// code 2 for the queued step's call id), from the one thread that
+// handles them, without yielding between the three.
+func TestPoolSharedAskAfterFailedStep(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	a := ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
+		Extra: map[string]string{"a": a.addr},
+		Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local builtin = require "resty.ffi.qrpc.host_builtin"
+                local post, posts, last, handle = builtin.post, 0, nil, nil
+                builtin.post = function(op, h, rec)
+                    local id, err = post(op, h, rec)
+                    posts, last, handle = posts + 1, id, h
+                    return id, err
+                end
+                local conn = assert(qrpc.connect(qt.a, qt.opts({
+                    check = { method = "probe", interval = 100 }, shared = "qpools" })))
+                assert(conn:unary("echo", "x"))
+                -- the lease renewals Go asks for show the pool's handle
+                if not qt.wait(10, function() return handle end) then
+                    builtin.post = post
+                    return ngx.say("Go asked for no step")
+                end
+                builtin.on_share(handle, 0, 0, nil) -- begins one, or joins it
+                builtin.on_share(handle, 0, 0, nil) -- on its way: wait for it
+                local before = posts
+                builtin.on_share(handle, 2, last, "injected failure")
+                local after = posts
+                builtin.post = post
+                conn:close()
+                ngx.say("queued after the failure: ", after - before)`)})
+	if code, body := n.get("/t"); code != 200 || body != "queued after the failure: 1\n" {
+		t.Fatalf("HTTP %d: %q, want the ask that came meanwhile queued once the step failed", code, body)
 	}
 }

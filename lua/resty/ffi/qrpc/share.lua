@@ -60,7 +60,6 @@ local tostring = tostring
 local tonumber = tonumber
 
 local OP_POOL_SHARE = abi.OP_POOL_SHARE
-local post = builtin.post
 
 -- While a pool takes calls it steps at least this often (s): its stall
 -- verdicts are repeated and its throttling window published.
@@ -286,7 +285,7 @@ end
 -- completion (answered), so that the nginx thread never enters Go for
 -- the steps Go asks for (the steps of an idle pool).
 local function send(st, rec)
-    local id, err = post(OP_POOL_SHARE, st.e.handle, rec)
+    local id, err = builtin.post(OP_POOL_SHARE, st.e.handle, rec)
     if not id then
         st.queued = nil
         warn(st, err)
@@ -384,6 +383,11 @@ local function asked(h, code, id, data)
         else
             st.queued = nil
             warn(st, data or "no memory for the answer")
+            if st.again then
+                -- an ask that came meanwhile still wants its step
+                st.again = nil
+                begin(st)
+            end
         end
         return
     end
