@@ -356,6 +356,8 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	switch mode &^ ShareAsync {
 	case ShareStep, ShareExit:
 		mode &^= ShareAsync
+		// Notified off: a step begun since served this queued one's ask; its first round's results may predate that step.
+		fresh := !async || s.notified.Load()
 		s.notified.Store(false)
 		sh.step = &shareRun{async: async}
 		if mode == ShareExit {
@@ -364,7 +366,7 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 		}
 		pre := sh.pre
 		sh.pre = nil
-		if mode == ShareStep && res != nil && pre != nil && len(res) == len(pre.ops) &&
+		if mode == ShareStep && fresh && res != nil && pre != nil && len(res) == len(pre.ops) &&
 			slices.Equal(pre.peers, p.set.Load().peers) {
 			sh.step, pre.async = pre, async
 			return p.shareReadMore(sh, now, res)
