@@ -346,13 +346,12 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	s := &p.share
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sh := s.sh
-	// A queued exchange after the exit (maybe between its rounds): begun, it would cut the exit short.
-	if sh == nil || sh.exiting && mode&ShareAsync != 0 {
+	sh, async := s.sh, mode&ShareAsync != 0
+	// A queued exchange would cut short the exit, or a step on the nginx thread that served its ask (notified off).
+	if sh == nil || async && (sh.exiting || !s.notified.Load() && sh.step != nil && !sh.step.async) {
 		return nil, false
 	}
 	now := p.clk.Now()
-	async := mode&ShareAsync != 0
 	switch mode &^ ShareAsync {
 	case ShareStep, ShareExit:
 		mode &^= ShareAsync

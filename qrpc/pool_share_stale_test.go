@@ -15,7 +15,9 @@ import (
 // carries results of the old round's ops, read before that step; taken
 // as the results of the new round, they put the view back to what the
 // store held then: here a lease of another view that has since gone, so
-// the view stops probing although the store names it the holder.
+// the view stops probing although the store names it the holder, and no
+// view probes until that lease ends (75 s with check = 2000, steps every
+// 0.5 s meanwhile).
 func TestShareLateQueuedFirstRound(t *testing.T) {
 	clk := newFakeClock()
 	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
@@ -71,5 +73,45 @@ func TestShareLateQueuedFirstRound(t *testing.T) {
 	p.share.notified.Store(true) // Go asked
 	if _, more := p.ShareStep(ShareStep|ShareAsync, s.run("x:", pre)); more {
 		t.Fatal("a queued idle step with its first round's results took more than one exchange")
+	}
+}
+
+// TestShareLateQueuedStepNoCut: a late queued step (as above) reaches Go
+// while a step on the nginx thread is between its rounds: that step,
+// begun after the queued one's ask, serves it; cut there (after its add
+// of the free lease, before the round that takes the add's result), it
+// would leave the lease naming this view while the view does not hold
+// it: no view probes until the lease ends (75 s with check = 2000).
+func TestShareLateQueuedStepNoCut(t *testing.T) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	p, _ := fakePool(t, 2)
+	p.clk = clk
+	p.cfg.Check = HealthCheck{Method: "probe", Interval: 2 * time.Second, Timeout: 100 * time.Millisecond}
+	p.Share(ShareConfig{Slot: 0, Slots: 1})
+	ops, more := p.ShareStep(ShareStep, nil)
+	cut := false
+	for rounds := 1; more; rounds++ {
+		if rounds > 8 {
+			t.Fatal("a step of more than 8 rounds")
+		}
+		res := s.run("x:", ops)
+		for _, o := range ops {
+			if o.Kind == OpAdd && o.Key == "lp" && !cut {
+				cut = true
+				if o, m := p.ShareStep(ShareStep|ShareAsync, nil); o != nil || m {
+					t.Errorf("the late queued step began: %d ops, more %v", len(o), m)
+				}
+			}
+		}
+		ops, more = p.ShareStep(0, res)
+	}
+	s.run("x:", ops)
+	if !cut {
+		t.Fatalf("setup: the step added no probe lease (store %v)", s.keys())
+	}
+	if p.share.noProbe.Load() {
+		t.Fatalf("the late queued step cut the step after its lease add: the store names this view "+
+			"(store %v), the view does not probe", s.keys())
 	}
 }
