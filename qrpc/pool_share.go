@@ -346,16 +346,17 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 	s := &p.share
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sh := s.sh
-	// A queued exchange after the exit (maybe between its rounds): begun, it would cut the exit short.
-	if sh == nil || sh.exiting && mode&ShareAsync != 0 {
+	sh, async := s.sh, mode&ShareAsync != 0
+	// A queued exchange would cut short the exit, or a step on the nginx thread that served its ask (notified off).
+	if sh == nil || async && (sh.exiting || !s.notified.Load() && sh.step != nil && !sh.step.async) {
 		return nil, false
 	}
 	now := p.clk.Now()
-	async := mode&ShareAsync != 0
 	switch mode &^ ShareAsync {
 	case ShareStep, ShareExit:
 		mode &^= ShareAsync
+		// Notified off: a step begun since served this queued one's ask; its first round's results may predate that step.
+		fresh := !async || s.notified.Load()
 		s.notified.Store(false)
 		sh.step = &shareRun{async: async}
 		if mode == ShareExit {
@@ -364,7 +365,7 @@ func (p *Pool) ShareStep(mode int, res []StoreResult) ([]StoreOp, bool) {
 		}
 		pre := sh.pre
 		sh.pre = nil
-		if mode == ShareStep && res != nil && pre != nil && len(res) == len(pre.ops) &&
+		if mode == ShareStep && fresh && res != nil && pre != nil && len(res) == len(pre.ops) &&
 			slices.Equal(pre.peers, p.set.Load().peers) {
 			sh.step, pre.async = pre, async
 			return p.shareReadMore(sh, now, res)
