@@ -82,17 +82,7 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 	// ticks mean Go has run its timers for three periods, however loaded
 	// the machine; a trimmer timer left armed would have fired first).
 	n := builtin.submitq.trims.Load()
-	ref := time.NewTicker(trimEvery)
-	defer ref.Stop()
-	for ticks := 0; ticks < 3; {
-		d.pump(trimEvery)
-		select {
-		case <-ref.C:
-			ticks++
-		default:
-		}
-	}
-	if got := builtin.submitq.trims.Load(); got != n || builtin.submitq.trimOn.Load() {
+	if got := threePeriods(d); got != n || builtin.submitq.trimOn.Load() {
 		t.Fatalf("stopped trimmer ticked %d times (on: %v)", got-n, builtin.submitq.trimOn.Load())
 	}
 
@@ -113,6 +103,17 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 	if k := smallKept(0); k != 0 || rel != nil {
 		t.Fatalf("a release while the trimmer sleeps kept %d small blocks and a big one: %v", k, rel != nil)
 	}
+	if got := threePeriods(d); got != n || builtin.submitq.trimOn.Load() {
+		t.Fatalf("a release woke the sleeping trimmer: %d ticks (on: %v)", got-n, builtin.submitq.trimOn.Load())
+	}
+}
+
+// threePeriods pumps d for three trimmer periods, counted by a reference
+// ticker of the same period in this runtime, and returns the trimmer's
+// ticks then.
+func threePeriods(d *dispatcher) uint64 {
+	ref := time.NewTicker(trimEvery)
+	defer ref.Stop()
 	for ticks := 0; ticks < 3; {
 		d.pump(trimEvery)
 		select {
@@ -121,9 +122,7 @@ func TestTrimmerStopsAndRestarts(t *testing.T) {
 		default:
 		}
 	}
-	if got := builtin.submitq.trims.Load(); got != n || builtin.submitq.trimOn.Load() {
-		t.Fatalf("a release woke the sleeping trimmer: %d ticks (on: %v)", got-n, builtin.submitq.trimOn.Load())
-	}
+	return builtin.submitq.trims.Load()
 }
 
 // TestTrimmerTicksUnderLoad: while commands keep coming the trimmer never
