@@ -6,6 +6,28 @@ import (
 	"time"
 )
 
+// probingView is a shared pool, the only view of its store, with a probe
+// check every interval.
+func probingView(t *testing.T, interval time.Duration) (*Pool, *memStore, *fakeClock) {
+	clk := newFakeClock()
+	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
+	p, _ := fakePool(t, 2)
+	p.clk = clk
+	p.cfg.Check = HealthCheck{Method: "probe", Interval: interval, Timeout: 100 * time.Millisecond}
+	p.Share(ShareConfig{Slot: 0, Slots: 1})
+	return p, s, clk
+}
+
+// lease reports whether the store holds a probe lease.
+func (s *memStore) lease() bool {
+	for _, k := range s.keys() {
+		if strings.HasSuffix(k, ":lp") {
+			return true
+		}
+	}
+	return false
+}
+
 // TestShareStepTransports: a step runs through one transport, the host's
 // queue (ShareAsync) or a call on its thread; an exchange of the other
 // kind that comes meanwhile (a round of a step the host dropped, still
@@ -13,12 +35,7 @@ import (
 // would have: it takes the probe lease.
 func TestShareStepTransports(t *testing.T) {
 	for _, async := range []bool{true, false} {
-		clk := newFakeClock()
-		s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
-		p, _ := fakePool(t, 2)
-		p.clk = clk
-		p.cfg.Check = HealthCheck{Method: "probe", Interval: time.Second, Timeout: 100 * time.Millisecond}
-		p.Share(ShareConfig{Slot: 0, Slots: 1})
+		p, s, _ := probingView(t, time.Second)
 		via, other := 0, ShareAsync
 		if async {
 			via, other = ShareAsync, 0
@@ -40,11 +57,7 @@ func TestShareStepTransports(t *testing.T) {
 		if p.share.noProbe.Load() {
 			t.Fatalf("async %v: the step did not take the probe lease", async)
 		}
-		lease := false
-		for _, k := range s.keys() {
-			lease = lease || strings.HasSuffix(k, ":lp")
-		}
-		if !lease {
+		if !s.lease() {
 			t.Fatalf("async %v: no probe lease in the store: %v", async, s.keys())
 		}
 	}
@@ -56,20 +69,8 @@ func TestShareStepTransports(t *testing.T) {
 // two rounds (the submitter runs on another CPU). The exit still gives
 // the lease up: a view that exits takes no queued step.
 func TestShareExitNotCutByQueuedStep(t *testing.T) {
-	clk := newFakeClock()
-	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
-	p, _ := fakePool(t, 2)
-	p.clk = clk
-	p.cfg.Check = HealthCheck{Method: "probe", Interval: time.Second, Timeout: 100 * time.Millisecond}
-	p.Share(ShareConfig{Slot: 0, Slots: 1})
-	lease := func() bool {
-		for _, k := range s.keys() {
-			if strings.HasSuffix(k, ":lp") {
-				return true
-			}
-		}
-		return false
-	}
+	p, s, _ := probingView(t, time.Second)
+	lease := s.lease
 	// a step through the queue takes the lease
 	ops, more := p.ShareStep(ShareStep|ShareAsync, nil)
 	for rounds := 1; more; rounds++ {
@@ -95,5 +96,11 @@ func TestShareExitNotCutByQueuedStep(t *testing.T) {
 	}
 	if lease() {
 		t.Fatalf("the exit kept the probe lease: %v", s.keys())
+	}
+	// A queued step that comes after the exit has ended (no step of the
+	// nginx thread in progress then) is refused too: begun, it would read
+	// the leases again for a view that has gone.
+	if ops, more := p.ShareStep(ShareStep|ShareAsync, nil); ops != nil || more {
+		t.Fatalf("a queued step after the exit began: %d ops, more %v", len(ops), more)
 	}
 }

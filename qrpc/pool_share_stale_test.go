@@ -19,12 +19,7 @@ import (
 // view probes until that lease ends (75 s with check = 2000, steps every
 // 0.5 s meanwhile).
 func TestShareLateQueuedFirstRound(t *testing.T) {
-	clk := newFakeClock()
-	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
-	p, _ := fakePool(t, 2)
-	p.clk = clk
-	p.cfg.Check = HealthCheck{Method: "probe", Interval: time.Second, Timeout: 100 * time.Millisecond}
-	p.Share(ShareConfig{Slot: 0, Slots: 1})
+	p, s, clk := probingView(t, time.Second)
 	// step runs a whole step on the nginx thread; it returns the first
 	// round of the next one (ShareNext, as the last answer carries it).
 	step := func(first []StoreResult) []StoreOp {
@@ -83,12 +78,7 @@ func TestShareLateQueuedFirstRound(t *testing.T) {
 // would leave the lease naming this view while the view does not hold
 // it: no view probes until the lease ends (75 s with check = 2000).
 func TestShareLateQueuedStepNoCut(t *testing.T) {
-	clk := newFakeClock()
-	s := newMemStore(func() int64 { return monoNS(clk.Now()) }, 0)
-	p, _ := fakePool(t, 2)
-	p.clk = clk
-	p.cfg.Check = HealthCheck{Method: "probe", Interval: 2 * time.Second, Timeout: 100 * time.Millisecond}
-	p.Share(ShareConfig{Slot: 0, Slots: 1})
+	p, s, _ := probingView(t, 2*time.Second)
 	ops, more := p.ShareStep(ShareStep, nil)
 	cut := false
 	for rounds := 1; more; rounds++ {
