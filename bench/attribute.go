@@ -23,7 +23,7 @@ const (
 	compGoMem        = "Go runtime: allocation and GC"
 	compGoNet        = "Go net, internal/poll, syscall wrappers"
 	compGoOther      = "Go: other packages"
-	compGoClient     = "the Go client's loop (bench)"
+	compGoClient     = "the Go client's loop (bench; a design floor's C thread too)"
 	compLibc         = "libc (malloc, memcpy, system call wrappers)"
 	compVDSO         = "vdso (clock_gettime)"
 	compUnknown      = "unknown (no symbol)"
@@ -54,6 +54,9 @@ func component(frames []frame, main bool) string {
 	}
 	if goSym(leaf.sym) {
 		return goComponent(leaf.sym)
+	}
+	if strings.HasPrefix(leaf.sym, "floor_") {
+		return compGoClient // a design floor's C thread (designfloor.go)
 	}
 	if strings.Contains(leaf.dso, "libffi_qrpc") {
 		return compCQueue // C code of the library: hostq.c

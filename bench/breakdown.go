@@ -221,7 +221,19 @@ func figureBreakdown(e *env, p params, t *table) error {
 	}); err != nil {
 		return err
 	}
-	if gs, err = e.goClientUnder(pl, []string{"perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-o", gdata, "--"}, n); err != nil {
+	perfRec := func(data string) []string {
+		return []string{"perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-o", data, "--"}
+	}
+	if gs, err = e.goClientUnder(pl, perfRec(gdata), n, "seq"); err != nil {
+		return err
+	}
+	fdata := filepath.Join(dir, "floor.data")
+	fs, err := e.goClientUnder(pl, perfRec(fdata), n, "floor-"+floorNginx)
+	if err != nil {
+		return err
+	}
+	fsam, err := readProfile(fdata)
+	if err != nil {
 		return err
 	}
 	lsam, err := readProfile(wdata)
@@ -232,11 +244,11 @@ func figureBreakdown(e *env, p params, t *table) error {
 	if err != nil {
 		return err
 	}
-	if len(lsam) == 0 || len(gsam) == 0 {
-		return fmt.Errorf("perf recorded no samples (worker %d, Go client %d)", len(lsam), len(gsam))
+	if len(lsam) == 0 || len(gsam) == 0 || len(fsam) == 0 {
+		return fmt.Errorf("perf recorded no samples (worker %d, Go client %d, design floor %d)", len(lsam), len(gsam), len(fsam))
 	}
-	lp, gp := profile{samples: lsam, calls: calls}, profile{samples: gsam, calls: calls}
-	lb, gb := lp.breakdown(), gp.breakdown()
+	lp, gp, fp := profile{samples: lsam, calls: calls}, profile{samples: gsam, calls: calls}, profile{samples: fsam, calls: calls}
+	lb, gb, fb := lp.breakdown(), gp.breakdown(), fp.breakdown()
 	sec := fmt.Sprintf("Where a sequential call goes (pinned to CPU 0, default GOMAXPROCS (1), 100 B, %d calls under perf record -F %d -g: CPU per call by the function each sample was taken in; worker vs Go client)", n, perfFreq)
 	t.add(row{section: sec, name: "time per call while profiled", subject: fmtUS(ls.d.Seconds() * 1e6 / float64(n)),
 		baseline: fmtUS(gs.d.Seconds() * 1e6 / float64(n)), ratio: ls.d.Seconds() / gs.d.Seconds(), ratioLabel: "time ratio"})
@@ -261,6 +273,26 @@ func figureBreakdown(e *env, p params, t *table) error {
 			t.add(row{section: msec, name: c, subject: fmtUSShare(lb.onMain[c], lb.main), baseline: "—", noRatio: true})
 		}
 	}
+	// The same worker profile against the design floor's: what the
+	// module's own path costs beyond handing calls across as stock nginx
+	// must (designfloor.go).
+	fsec := fmt.Sprintf("Where a sequential call goes: worker vs the design floor, %s, profiled the same way (%d calls)", floorName[floorNginx], n)
+	t.add(row{section: fsec, name: "time per call while profiled", subject: fmtUS(ls.d.Seconds() * 1e6 / float64(n)),
+		baseline: fmtUS(fs.d.Seconds() * 1e6 / float64(n)), ratio: ls.d.Seconds() / fs.d.Seconds(), ratioLabel: "time ratio"})
+	t.add(cpuRow(fsec, "CPU per call, all threads (the profile's samples)", lb.total, fb.total))
+	for _, c := range orderedComponents(lb, fb) {
+		l, f := lb.perCall[c], fb.perCall[c]
+		if l < 0.05 && f < 0.05 {
+			continue
+		}
+		r := row{section: fsec, name: c, subject: fmtUSShare(l, lb.total), baseline: fmtUSShare(f, fb.total), ratioLabel: "CPU ratio"}
+		if f >= 0.5 {
+			r.ratio = l / f
+		} else {
+			r.noRatio = true
+		}
+		t.add(r)
+	}
 	flameBase := strings.TrimSuffix(p.out, ".md")
 	if flameBase != "" {
 		for _, f := range []struct {
@@ -269,6 +301,7 @@ func figureBreakdown(e *env, p params, t *table) error {
 		}{
 			{"worker", fmt.Sprintf("nginx worker, %d sequential 100 B calls, pinned to CPU 0 (%.1f µs CPU per call)", n, lb.total), lp},
 			{"goclient", fmt.Sprintf("Go client, %d sequential 100 B calls, pinned to CPU 0 (%.1f µs CPU per call)", n, gb.total), gp},
+			{"floor", fmt.Sprintf("design floor, nginx's way, %d sequential 100 B calls, pinned to CPU 0 (%.1f µs CPU per call)", n, fb.total), fp},
 		} {
 			path := flameBase + "-flame-" + f.name + ".svg"
 			if err := os.WriteFile(path, flameSVG(f.title, f.pr), 0o644); err != nil {
@@ -276,7 +309,8 @@ func figureBreakdown(e *env, p params, t *table) error {
 			}
 			log.Printf("wrote %s", path)
 		}
-		t.note("Flame graphs of the breakdown's profiles: %s-flame-worker.svg and %s-flame-goclient.svg.", filepath.Base(flameBase), filepath.Base(flameBase))
+		b := filepath.Base(flameBase)
+		t.note("Flame graphs of the breakdown's profiles: %s-flame-worker.svg, %s-flame-goclient.svg and %s-flame-floor.svg.", b, b, b)
 	}
 	if err := handoffRows(e, p, t, pl); err != nil {
 		return err
@@ -290,11 +324,15 @@ func figureBreakdown(e *env, p params, t *table) error {
 // socket and the dispatcher, no network) against the floor's (a bare
 // eventfd ping-pong between two threads, handoff.go), and the call
 // against the Go client's plus that hand-off: what is left beyond both
-// is the rest of the module's path (Lua, the bridge, the pool).
+// is the rest of the module's path (Lua, the bridge, the pool). The
+// design floors (designfloor.go) make the Go client's calls handed
+// across and back in one process, which also pays what the two threads
+// cost each other.
 func handoffRows(e *env, p params, t *table, pl placement) error {
 	n := p.placeN
 	var us, ipc, gos []callStats
 	var pps []time.Duration
+	floors := map[string][]callStats{}
 	for i := 0; i < p.runs; i++ {
 		u, err := e.nginx.stats("unary", n, 100, 1)()
 		if err != nil {
@@ -313,6 +351,13 @@ func handoffRows(e *env, p params, t *table, pl placement) error {
 			return err
 		}
 		us, ipc, gos, pps = append(us, u), append(ipc, c), append(gos, g), append(pps, pp)
+		for _, way := range floorWays {
+			f, err := e.goClient(pl, "floor-"+way, n, 100, 1)
+			if err != nil {
+				return err
+			}
+			floors[way] = append(floors[way], f)
+		}
 	}
 	per := func(s callStats) float64 { return s.d.Seconds() * 1e6 / float64(n) }
 	cpu := func(s callStats) float64 { return s.cpu.Seconds() * 1e6 / float64(n) }
@@ -326,7 +371,38 @@ func handoffRows(e *env, p params, t *table, pl placement) error {
 	t.add(row{section: sec, name: "unary call vs the Go client's + the floor's hand-off (the floor row of the placement figure)", subject: fmtUS(call), baseline: fmtUS(goc + pp), ratio: call / (goc + pp), ratioLabel: "time ratio"})
 	t.add(row{section: sec, name: "unary call vs the Go client's + the module's own hand-off (what the rest of the path adds)", subject: fmtUS(call), baseline: fmtUS(goc + hand), ratio: call / (goc + hand), ratioLabel: "time ratio"})
 	t.add(cpuRow(sec, "unary call vs the Go client's: CPU per call (worker vs Go client process)", medianBy(us, cpu), medianBy(gos, cpu)))
+	csw := func(s callStats) float64 { return float64(s.csw) / float64(n) }
+	for _, way := range floorWays {
+		fl := floors[way]
+		name := "design floor, " + floorName[way]
+		picked := 0.0
+		for _, f := range fl {
+			picked += float64(f.picks)
+		}
+		picked = 100 * picked / float64(n*len(fl))
+		t.add(row{section: sec, name: name + ": time per call vs the Go client's", subject: fmtUS(medianBy(fl, per)),
+			baseline: fmtUS(goc), ratio: medianBy(fl, per) / goc, ratioLabel: "time ratio"})
+		t.add(cpuRow(sec, name+": CPU per call vs the Go client's", medianBy(fl, cpu), medianBy(gos, cpu)))
+		t.add(row{section: sec, name: fmt.Sprintf("%s: context switches per call (calls taken by the pickup: %.0f%%)", name, picked),
+			subject: fmt.Sprintf("%.2f", medianBy(fl, csw)), baseline: fmt.Sprintf("%.2f", medianBy(gos, csw)),
+			ratio: medianBy(fl, csw) / medianBy(gos, csw), ratioLabel: "switch ratio"})
+	}
+	fl := floors[floorNginx]
+	t.add(row{section: sec, name: "unary call vs the design floor, " + floorName[floorNginx] + ": time per call", subject: fmtUS(call),
+		baseline: fmtUS(medianBy(fl, per)), ratio: call / medianBy(fl, per), ratioLabel: "time ratio"})
+	t.add(cpuRow(sec, "unary call vs the design floor, "+floorName[floorNginx]+": CPU per call (what the module's own path adds)", medianBy(us, cpu), medianBy(fl, cpu)))
 	return nil
+}
+
+// The design floors (designfloor.go), in the order of the rows.
+var floorWays = []string{"eventfd", "pickup", floorNginx}
+
+const floorNginx = "pickup-nginx"
+
+var floorName = map[string]string{
+	"eventfd":  "without the pickup (the Go client's calls, each handed from a C thread to a goroutine through an eventfd and back through another)",
+	"pickup":   "with the module's pickup (the same, the goroutine looking for the next call right after its answer's wake-up)",
+	floorNginx: "nginx's way (the pickup, with each answer woken through a unix socket the C thread waits for in epoll_wait, as a cosocket is)",
 }
 
 func fmtUSShare(us, total float64) string {
@@ -359,17 +435,18 @@ func orderedComponents(a, b breakdown) []string {
 	return cs
 }
 
-// goClientUnder runs the Go client's sequential loop under a wrapper
+// goClientUnder runs the Go client's sequential loop (kind: seq, or a
+// design floor's) under a wrapper
 // (perf record), placed like pl, from a build of this program that keeps
 // its symbol table (symbolBinary): `go run` links without one, and perf
 // then names none of the Go client's functions.
-func (e *env) goClientUnder(pl placement, wrap []string, n int) (callStats, error) {
+func (e *env) goClientUnder(pl placement, wrap []string, n int, kind string) (callStats, error) {
 	self, err := symbolBinary(e.root, filepath.Join(e.dir, "breakdown"))
 	if err != nil {
 		return callStats{}, err
 	}
 	args := append(append([]string{}, wrap...), "taskset", "-c", "0", self, "-client", e.qrpcAddr, "-ca", e.caFile,
-		"-kind", "seq", "-n", strconv.Itoa(n), "-size", "100", "-c", "1")
+		"-kind", kind, "-n", strconv.Itoa(n), "-size", "100", "-c", "1")
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = withoutEnv(os.Environ(), "GOMAXPROCS")
 	if pl.gomaxprocs != "" {

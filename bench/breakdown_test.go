@@ -28,23 +28,26 @@ func TestParsePerfScriptAndComponents(t *testing.T) {
 
 100/101     500000 
 	          10a97a github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc.(*Pool).start (/tmp/x/libffi_qrpc.so)
+
+100/102     500000 
+	          4a1b20 floor_host (/tmp/x/bench)
 `
 	s, err := parsePerfScript(strings.NewReader(out))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s) != 5 {
-		t.Fatalf("%d samples, want 5", len(s))
+	if len(s) != 6 {
+		t.Fatalf("%d samples, want 6", len(s))
 	}
-	want := []string{compLuaJITTraces, compKernelPrefix + "epoll_pwait", compQuic, compCQueue, compPool}
+	want := []string{compLuaJITTraces, compKernelPrefix + "epoll_pwait", compQuic, compCQueue, compPool, compGoClient}
 	for i, w := range want {
 		if got := component(s[i].frames, s[i].main); got != w {
 			t.Errorf("sample %d: %q, want %q", i, got, w)
 		}
 	}
 	b := profile{samples: s, calls: 10}.breakdown()
-	if b.total != 700 || b.main != 150 {
-		t.Errorf("total %v µs, main %v µs per call; want 700, 150", b.total, b.main)
+	if b.total != 750 || b.main != 150 {
+		t.Errorf("total %v µs, main %v µs per call; want 750, 150", b.total, b.main)
 	}
 	if svg := string(flameSVG("t", profile{samples: s, calls: 10})); !strings.Contains(svg, "frameSorter") || !strings.HasSuffix(svg, "</svg>\n") {
 		t.Errorf("flame graph lacks a frame or its end:\n%s", svg)
@@ -104,7 +107,7 @@ func TestGoClientProfileNamesItsCode(t *testing.T) {
 	e := &env{root: "..", dir: dir, qrpcAddr: srv.addr, caFile: caFile}
 	data := filepath.Join(dir, "goclient.data")
 	const n = 2000
-	if _, err := e.goClientUnder(placement{}, []string{"perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-o", data, "--"}, n); err != nil {
+	if _, err := e.goClientUnder(placement{}, []string{"perf", "record", "-F", strconv.Itoa(perfFreq), "-g", "-o", data, "--"}, n, "seq"); err != nil {
 		t.Fatal(err)
 	}
 	s, err := readProfile(data)

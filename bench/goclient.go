@@ -56,11 +56,14 @@ func runClient(addr, caFile, kind string, calls, size, workers int) error {
 		return err
 	}
 	var d time.Duration
+	picks := -1
 	switch kind {
 	case "seq":
 		d, err = goSeq(c, calls, size)
 	case "par":
 		d, err = goPar(c, calls, size, workers)
+	case "floor-eventfd", "floor-pickup", "floor-pickup-nginx":
+		d, picks, err = designFloor(c, calls, size, strings.TrimPrefix(kind, "floor-"))
 	default:
 		err = fmt.Errorf("unknown -kind %q", kind)
 	}
@@ -72,7 +75,11 @@ func runClient(addr, caFile, kind string, calls, size, workers int) error {
 	}
 	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
 	csw := ru1.Nvcsw + ru1.Nivcsw - ru0.Nvcsw - ru0.Nivcsw
-	fmt.Printf("SECS %.9f CPU %.9f CSW %d\n", d.Seconds(), cpu.Seconds(), csw)
+	fmt.Printf("SECS %.9f CPU %.9f CSW %d", d.Seconds(), cpu.Seconds(), csw)
+	if picks >= 0 {
+		fmt.Printf(" PICKS %d", picks)
+	}
+	fmt.Println()
 	return nil
 }
 
@@ -148,6 +155,9 @@ func (e *env) goClient(pl placement, kind string, calls, size, workers int) (cal
 	cmd.Env = os.Environ()
 	if pl.gomaxprocs != "" {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+pl.gomaxprocs)
+	} else if strings.HasPrefix(kind, "floor-") {
+		// a floor of the module's design runs with its default, 1 P
+		cmd.Env = append(withoutEnv(cmd.Env, "GOMAXPROCS"), "GOMAXPROCS=1")
 	} else {
 		cmd.Env = withoutEnv(cmd.Env, "GOMAXPROCS")
 	}
@@ -177,7 +187,7 @@ func parseChild(out string) (callStats, error) {
 	var st callStats
 	f := strings.Fields(out)
 	if len(f) < 2 || f[0] != "SECS" {
-		return st, fmt.Errorf("child answered %q, want SECS x [CPU y CSW n]", out)
+		return st, fmt.Errorf("child answered %q, want SECS x [CPU y CSW n [PICKS k]]", out)
 	}
 	for i := 0; i+1 < len(f); i += 2 {
 		v, err := strconv.ParseFloat(f[i+1], 64)
@@ -191,6 +201,8 @@ func parseChild(out string) (callStats, error) {
 			st.cpu = secs(v)
 		case "CSW":
 			st.csw = int64(v)
+		case "PICKS":
+			st.picks = int64(v)
 		default:
 			return st, fmt.Errorf("child answered %q: unknown %s", out, f[i])
 		}

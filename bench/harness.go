@@ -257,9 +257,10 @@ func medianBy[T any](xs []T, f func(T) float64) float64 {
 // time and context switches of the client side's process meanwhile (the
 // nginx worker, or the Go client).
 type callStats struct {
-	d   time.Duration
-	cpu time.Duration
-	csw int64
+	d     time.Duration
+	cpu   time.Duration
+	csw   int64
+	picks int64 // a design floor's calls taken by its pickup (designfloor.go)
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
