@@ -201,6 +201,12 @@ func run(p params, out, svg string) error {
 		return err
 	}
 	defer e.nginx.stop()
+	// Every figure's nginx serves this config: a location of it that no
+	// longer runs (a module function renamed) fails the run now, not in
+	// the figure that needs it after minutes of others.
+	if host, err := e.nginx.get("/host"); err != nil || host != "builtin" {
+		return fmt.Errorf("bench nginx: GET /host answered %q (%v), want builtin", host, err)
+	}
 
 	if p.hold {
 		// the protobuf section's files, for GET /bench/proto by hand
