@@ -25,6 +25,19 @@ func figureUnary(e *env, p params, t *table) error {
 			return err
 		}
 		t.add(timeRow(sec, fmt.Sprintf("%s, %d sequential calls: time", sizeName(size), n), l, g).withTarget("≤ 1.10"))
+		if i > 0 {
+			continue
+		}
+		// What any design on stock nginx pays here, unpinned too
+		// (designfloor.go; breakdown.go has it pinned).
+		log.Printf("unary %s sequential: the design floor, nginx's way", sizeName(size))
+		f, g2, err := pair(p.runs,
+			e.goMeasure(unpinned, "floor-"+floorNginx, n, size, 1),
+			e.goMeasure(unpinned, "seq", n, size, 1))
+		if err != nil {
+			return err
+		}
+		t.add(timeRow(sec, fmt.Sprintf("%s, %d sequential calls: the design floor, nginx's way (the Go client's calls handed from a C thread and back, 1 P), vs the Go client: time", sizeName(size), n), f, g2))
 	}
 	log.Printf("unary 100 B, %d concurrent", p.conc)
 	l, g, err := pair(p.runs,
