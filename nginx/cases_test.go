@@ -256,6 +256,17 @@ func TestUnary(t *testing.T) {
 			body: "hello 100000\n",
 		},
 		{
+			// The built-in host's echo fills one command table for every
+			// echo: an empty body, a killed echo, a refused argument and 30
+			// light threads at once must each get their own body back
+			// (qstream.lua's techo; TestStreamContract runs it in stream).
+			name: "testing echo's shared command table: each echo its own body",
+			conf: ngxConf{Workers: 1, Server: loc("/t", `
+                ngx.say(require("qstream").one("techo"))`)},
+			body:   "OK wrong=0 idle=true refused=bad argument #1: body must be a string\n",
+			logNot: []string{`techo: `},
+		},
+		{
 			// The library reuses large result buffers (internal/bufcache):
 			// a buffer handed to two results at once, or reused before Lua
 			// copied it out, shows as a body that comes back different. 40

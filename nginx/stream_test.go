@@ -128,6 +128,8 @@ func TestStreamContract(t *testing.T) {
 		"peers":            "OK 1 up",
 		"kill k":           "OK killed k",
 		"timer tm":         "OK OK 0 tm",
+		// the testing echo's shared command table (qstream.lua)
+		"techo": "OK wrong=0 idle=true refused=bad argument #1: body must be a string",
 	}
 	for line, w := range want {
 		if got := streamAsk(t, p, line); got != w {

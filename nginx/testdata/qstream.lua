@@ -195,6 +195,61 @@ function ops.kill(arg)
     return "OK killed " .. res.body
 end
 
+-- techo: resty.ffi.qrpc.testing's echo, whose built-in host path fills
+-- one command table shared by every echo: a 0-byte body; an echo whose
+-- light thread is killed while it waits; a refused argument; then 30
+-- light threads at once, each echoing its own bodies of 0 bytes to 1 MB.
+-- Each body must come back as its own (Lua strings are interned: ==
+-- compares every byte).
+function ops.techo()
+    local echo = require("resty.ffi.qrpc.testing").echo
+    local r, err = echo("")
+    if r ~= "" then
+        return "ERR empty: " .. tostring(r and #r) .. " " .. tostring(err)
+    end
+    -- spawn runs the thread up to its first yield: its echo is queued
+    local th = ngx.thread.spawn(echo, string.rep("k", 1048576))
+    local kok, kerr = ngx.thread.kill(th)
+    if not kok then
+        return "ERR kill: " .. tostring(kerr)
+    end
+    local _, berr = echo(1)
+    r, err = echo("after")
+    if r ~= "after" then
+        return "ERR after a refused echo: " .. tostring(r) .. " " .. tostring(err)
+    end
+    local sizes = { 0, 1, 100, 4096, 65536, 1048576 }
+    local function run(t)
+        local wrong = 0
+        for i = 1, 5 do
+            local tag = string.format("<%02d:%d>", t, i)
+            local size = sizes[(t + i) % #sizes + 1]
+            local body = string.rep(tag, math.floor(size / #tag)) .. tag:sub(1, size % #tag)
+            local res, eerr = echo(body)
+            if res ~= body then
+                wrong = wrong + 1
+                ngx.log(ngx.ERR, "techo: ", tag, " of ", #body, " bytes came back ",
+                        res and (#res .. " bytes, different") or eerr)
+            end
+        end
+        return wrong
+    end
+    local ths = {}
+    for t = 1, 30 do
+        ths[t] = ngx.thread.spawn(run, t)
+    end
+    local wrong = 0
+    for t = 1, 30 do
+        local ok, n = ngx.thread.wait(ths[t])
+        wrong = wrong + (ok and n or 1000)
+    end
+    -- the killed echo's completion comes and finds nobody (lua-resty-ffi
+    -- counts a killed call until its deadline: resty_ffi.lua)
+    local idle = qrpc.stats().host ~= "builtin"
+        or qtest.wait(10, function() return qrpc.stats().waiting == 0 end)
+    return "OK wrong=" .. wrong .. " idle=" .. tostring(idle) .. " refused=" .. tostring(berr)
+end
+
 -- timer <body>: a unary call from a timer, its answer waited for here
 function ops.timer(arg)
     local d = ngx.shared.qtest_stream or ngx.shared.qtest
