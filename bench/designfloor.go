@@ -36,7 +36,9 @@ typedef struct {
 	int to_go;   // eventfd Go's goroutine waits on
 	int back;    // eventfd (blocking) or the unix socket's reading end
 	int ep;      // epoll instance watching back; -1: read back directly
+	int done;    // eventfd the host thread writes as it ends, error or not
 	long n;
+	long fail_at; // tests: the host thread fails before this call (0: never)
 	int err;
 	// pickup: armed by Go before its wake-up, when it looks for the next
 	// call right after; the host thread then leaves the call in pending
@@ -55,24 +57,38 @@ static int floor_submit(floor_host_t *h) {
 	return write(h->to_go, &v, 8) == 8 ? 0 : -1;
 }
 
-static void *floor_host(void *arg) {
-	floor_host_t *h = arg;
+static int floor_calls(floor_host_t *h) {
 	uint64_t v = 1;
 	char buf[16];
 	struct epoll_event ev;
 	for (long i = 0; i < h->n; i++) {
-		if (floor_submit(h) != 0) { h->err = errno; return 0; }
+		if (h->fail_at > 0 && i == h->fail_at) return EIO;
+		if (floor_submit(h) != 0) return errno;
 		if (h->ep < 0) {
-			if (read(h->back, &v, 8) != 8) { h->err = errno; return 0; }
+			if (read(h->back, &v, 8) != 8) return errno;
 			continue;
 		}
 		for (;;) {
 			int r = epoll_wait(h->ep, &ev, 1, -1);
 			if (r < 0 && errno == EINTR) continue;
-			if (r < 0) { h->err = errno; return 0; }
-			if (recv(h->back, buf, sizeof buf, MSG_DONTWAIT) > 0) break;
+			if (r < 0) return errno;
+			ssize_t got = recv(h->back, buf, sizeof buf, MSG_DONTWAIT);
+			if (got > 0) break;
+			// edge-triggered: after an end of file no event comes again
+			if (got == 0) return EPIPE;
+			if (errno != EAGAIN && errno != EINTR) return errno;
 		}
 	}
+	return 0;
+}
+
+// The host thread's end is written to done, so that Go's side, which may
+// be waiting for a call that never comes, learns of an error.
+static void *floor_host(void *arg) {
+	floor_host_t *h = arg;
+	uint64_t v = 1;
+	h->err = floor_calls(h);
+	while (write(h->done, &v, 8) < 0 && errno == EINTR) {}
 	return 0;
 }
 
@@ -108,9 +124,17 @@ func designFloor(c *qrpc.Client, n, size int, way string) (el time.Duration, pic
 	}
 	f := os.NewFile(toGo, "floor-submit") // non-blocking: Go's netpoller
 	defer f.Close()
+	doneFd, _, e := syscall.RawSyscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if e != 0 {
+		return 0, 0, fmt.Errorf("eventfd: %w", e)
+	}
+	done := os.NewFile(doneFd, "floor-done")
+	defer done.Close()
+	// freed once the host thread is joined: after an error it may still
+	// read it (the process exits with the error)
 	h := (*C.floor_host_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.floor_host_t{}))))
-	defer C.free(unsafe.Pointer(h))
-	h.to_go, h.n, h.ep = C.int(toGo), C.long(n), -1
+	h.to_go, h.n, h.ep, h.done = C.int(toGo), C.long(n), -1, C.int(doneFd)
+	h.fail_at = C.long(floorFailAt)
 	var backW int // where Go writes the answer's wake-up
 	switch way {
 	case "eventfd", "pickup":
@@ -196,6 +220,14 @@ func designFloor(c *qrpc.Client, n, size int, way string) (el time.Duration, pic
 		}
 		errc <- nil
 	}()
+	// The host thread's end, seen in Go's netpoller: a goroutine parked
+	// there costs the loop nothing.
+	ended := make(chan error, 1)
+	go func() {
+		var v [8]byte
+		_, err := done.Read(v[:])
+		ended <- err
+	}()
 	start := time.Now()
 	// The C thread runs outside Go's scheduler, as the nginx thread does;
 	// this goroutine waits in Go, not in a cgo call that would hold its P.
@@ -203,18 +235,38 @@ func designFloor(c *qrpc.Client, n, size int, way string) (el time.Duration, pic
 	if rc := C.floor_start(h, &t); rc != 0 {
 		return 0, 0, fmt.Errorf("pthread_create: %d", int(rc))
 	}
-	if err := <-errc; err != nil {
-		// the host thread waits on: the child exits with the error
-		return 0, 0, err
+	select {
+	case err := <-errc:
+		if err != nil {
+			// the host thread waits on: the child exits with the error
+			return 0, 0, err
+		}
+	case err := <-ended:
+		if err != nil {
+			return 0, 0, fmt.Errorf("host thread's end: %w", err)
+		}
+		if h.err != 0 {
+			// the goroutine may wait on for a call that never comes
+			return 0, 0, fmt.Errorf("host thread: %w", syscall.Errno(h.err))
+		}
+		if err := <-errc; err != nil {
+			return 0, 0, err
+		}
 	}
 	rc := C.floor_join(t)
 	el = time.Since(start)
 	if rc != 0 || h.err != 0 {
-		return 0, 0, fmt.Errorf("host thread: rc %d errno %d", int(rc), int(h.err))
+		return 0, 0, fmt.Errorf("host thread: rc %d: %w", int(rc), syscall.Errno(h.err))
 	}
+	C.free(unsafe.Pointer(h))
 	runtime.KeepAlive(f)
+	runtime.KeepAlive(done)
 	return el, picks, nil
 }
+
+// floorFailAt makes the host thread fail before that call (tests; 0:
+// never).
+var floorFailAt int
 
 // wakeLen is what one wake-up writes: an eventfd takes 8 bytes, the
 // module's wake-up socket one.

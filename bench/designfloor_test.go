@@ -21,40 +21,12 @@ import (
 // machine's scheduling (bench/README.md), so it is logged, not asserted,
 // except where it cannot happen (the eventfd way has none).
 func TestDesignFloorsHandEveryCall(t *testing.T) {
-	ca, err := certs.NewCA("bench test ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := pair.TLS()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var calls atomic.Int64
-	srv := qrpc.NewServer(&qrpc.ServerConfig{})
-	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
-		calls.Add(1)
-		resp.Body = req.Body
-	})
-	addr, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	addr, caFile := floorServer(t, &calls)
 	const n = 300
 	for _, way := range []string{"eventfd", "pickup", "pickup-nginx"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDesignFloorChild$", "-test.count=1")
-		cmd.Env = append(withoutEnv(os.Environ(), "GOMAXPROCS"), "GOMAXPROCS=1",
-			"QRPC_FLOOR_CHILD="+strings.Join([]string{addr.String(), caFile, way, fmt.Sprint(n)}, ","))
-		out, err := cmd.CombinedOutput()
+		out, err := floorChild(ctx, addr, caFile, way, n, 0)
 		timedOut := ctx.Err() != nil
 		cancel()
 		if timedOut {
@@ -79,15 +51,84 @@ func TestDesignFloorsHandEveryCall(t *testing.T) {
 			t.Errorf("eventfd: %d pickups, want none", picks)
 		}
 	}
-	// the child's warm-up calls plus every way's
-	srv.Close()
+	// the child's warm-up calls plus every way's (each child has exited)
 	if got, want := calls.Load(), int64(3*(n+min(n/10+1, warmupMax))); got != want {
 		t.Errorf("the server answered %d calls, want %d: a call was lost or made twice", got, want)
 	}
 }
 
-// TestDesignFloorChild is TestDesignFloorsHandEveryCall's child
-// (QRPC_FLOOR_CHILD=addr,ca,way,n).
+// A host thread that fails must end its floor with the error, not leave
+// the goroutine waiting for a call that never comes: make bench waits for
+// its children without a bound. The bound here is ten times what the
+// same child takes to run all its calls (measured first, on this machine).
+func TestDesignFloorHostErrorEnds(t *testing.T) {
+	addr, caFile := floorServer(t, nil)
+	const n = 300
+	for _, way := range []string{"eventfd", "pickup", "pickup-nginx"} {
+		t0 := time.Now()
+		if out, err := floorChild(context.Background(), addr, caFile, way, n, 0); err != nil {
+			t.Fatalf("%s: child: %v\n%s", way, err, out)
+		}
+		bound := 10 * time.Since(t0)
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		out, err := floorChild(ctx, addr, caFile, way, n, n/2)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if timedOut {
+			t.Fatalf("%s: a host thread failing at call %d: the child hangs (killed after %v)\n%s", way, n/2, bound, out)
+		}
+		if err == nil || !strings.Contains(string(out), "host thread: input/output error") {
+			t.Fatalf("%s: a host thread failing at call %d: %v, want the child to fail with the host thread's error\n%s", way, n/2, err, out)
+		}
+	}
+}
+
+// floorServer is an echo server for the floors' children; calls counts
+// its calls when not nil.
+func floorServer(t *testing.T, calls *atomic.Int64) (addr, caFile string) {
+	t.Helper()
+	ca, err := certs.NewCA("bench test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pair.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := qrpc.NewServer(&qrpc.ServerConfig{})
+	srv.Handle("echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		if calls != nil {
+			calls.Add(1)
+		}
+		resp.Body = req.Body
+	})
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(cert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	caFile = filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return a.String(), caFile
+}
+
+// floorChild runs TestDesignFloorChild: n calls handed the way way, the
+// host thread failing before call failAt (0: never).
+func floorChild(ctx context.Context, addr, caFile, way string, n, failAt int) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDesignFloorChild$", "-test.count=1")
+	cmd.Env = append(withoutEnv(os.Environ(), "GOMAXPROCS"), "GOMAXPROCS=1",
+		"QRPC_FLOOR_CHILD="+strings.Join([]string{addr, caFile, way, fmt.Sprint(n), fmt.Sprint(failAt)}, ","))
+	return cmd.CombinedOutput()
+}
+
+// TestDesignFloorChild is the floor tests' child
+// (QRPC_FLOOR_CHILD=addr,ca,way,n[,failAt]).
 func TestDesignFloorChild(t *testing.T) {
 	arg := os.Getenv("QRPC_FLOOR_CHILD")
 	if arg == "" {
@@ -97,6 +138,11 @@ func TestDesignFloorChild(t *testing.T) {
 	var n int
 	if _, err := fmt.Sscan(f[3], &n); err != nil {
 		t.Fatal(err)
+	}
+	if len(f) > 4 {
+		if _, err := fmt.Sscan(f[4], &floorFailAt); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c, err := dial(f[0], f[1])
 	if err != nil {
