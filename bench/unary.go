@@ -28,8 +28,8 @@ func figureUnary(e *env, p params, t *table) error {
 		if i > 0 {
 			continue
 		}
-		// What any design on stock nginx pays here, unpinned too
-		// (designfloor.go; breakdown.go has it pinned).
+		// What any design on stock nginx with its client in Go pays here,
+		// unpinned too (designfloor.go; breakdown.go has it pinned).
 		log.Printf("unary %s sequential: the design floor, nginx's way", sizeName(size))
 		f, g2, err := pair(p.runs,
 			e.goMeasure(unpinned, "floor-"+floorNginx, n, size, 1),
