@@ -250,21 +250,10 @@ func figureBreakdown(e *env, p params, t *table) error {
 	lp, gp, fp := profile{samples: lsam, calls: calls}, profile{samples: gsam, calls: calls}, profile{samples: fsam, calls: calls}
 	lb, gb, fb := lp.breakdown(), gp.breakdown(), fp.breakdown()
 	sec := fmt.Sprintf("Where a sequential call goes (pinned to CPU 0, default GOMAXPROCS (1), 100 B, %d calls under perf record -F %d -g: CPU per call by the function each sample was taken in; worker vs Go client)", n, perfFreq)
-	t.add(row{section: sec, name: "time per call while profiled", subject: fmtUS(ls.d.Seconds() * 1e6 / float64(n)),
-		baseline: fmtUS(gs.d.Seconds() * 1e6 / float64(n)), ratio: ls.d.Seconds() / gs.d.Seconds(), ratioLabel: "time ratio"})
-	t.add(cpuRow(sec, "CPU per call, all threads (the profile's samples)", lb.total, gb.total))
+	profiledRows(t, sec, n, ls, gs, lb, gb)
 	t.add(row{section: sec, name: "of which the main thread (the nginx thread; the Go client's first thread)", subject: fmtUS(lb.main),
 		baseline: fmtUS(gb.main), ratio: lb.main / gb.main, ratioLabel: "CPU ratio"})
-	for _, c := range orderedComponents(lb, gb) {
-		l, g := lb.perCall[c], gb.perCall[c]
-		r := row{section: sec, name: c, subject: fmtUSShare(l, lb.total), baseline: fmtUSShare(g, gb.total), ratioLabel: "CPU ratio"}
-		if g >= 0.5 {
-			r.ratio = l / g
-		} else {
-			r.noRatio = true
-		}
-		t.add(r)
-	}
+	componentRows(t, sec, lb, gb)
 	// The nginx thread's share alone: what the worker's thread of Lua
 	// and nginx spends, apart from the Go threads.
 	msec := "Where a sequential call goes: of which the nginx thread (the same profile; Go's threads are the rest)"
@@ -277,22 +266,8 @@ func figureBreakdown(e *env, p params, t *table) error {
 	// module's own path costs beyond handing calls across as stock nginx
 	// must (designfloor.go).
 	fsec := fmt.Sprintf("Where a sequential call goes: worker vs the design floor, %s, profiled the same way (%d calls)", floorName[floorNginx], n)
-	t.add(row{section: fsec, name: "time per call while profiled", subject: fmtUS(ls.d.Seconds() * 1e6 / float64(n)),
-		baseline: fmtUS(fs.d.Seconds() * 1e6 / float64(n)), ratio: ls.d.Seconds() / fs.d.Seconds(), ratioLabel: "time ratio"})
-	t.add(cpuRow(fsec, "CPU per call, all threads (the profile's samples)", lb.total, fb.total))
-	for _, c := range orderedComponents(lb, fb) {
-		l, f := lb.perCall[c], fb.perCall[c]
-		if l < 0.05 && f < 0.05 {
-			continue
-		}
-		r := row{section: fsec, name: c, subject: fmtUSShare(l, lb.total), baseline: fmtUSShare(f, fb.total), ratioLabel: "CPU ratio"}
-		if f >= 0.5 {
-			r.ratio = l / f
-		} else {
-			r.noRatio = true
-		}
-		t.add(r)
-	}
+	profiledRows(t, fsec, n, ls, fs, lb, fb)
+	componentRows(t, fsec, lb, fb)
 	flameBase := strings.TrimSuffix(p.out, ".md")
 	if flameBase != "" {
 		for _, f := range []struct {
@@ -316,6 +291,32 @@ func figureBreakdown(e *env, p params, t *table) error {
 		return err
 	}
 	return traceStatus(e, t, sec)
+}
+
+// profiledRows are a profiled pair's time and CPU per call (n calls).
+func profiledRows(t *table, sec string, n int, as, bs callStats, a, b breakdown) {
+	t.add(row{section: sec, name: "time per call while profiled", subject: fmtUS(as.d.Seconds() * 1e6 / float64(n)),
+		baseline: fmtUS(bs.d.Seconds() * 1e6 / float64(n)), ratio: as.d.Seconds() / bs.d.Seconds(), ratioLabel: "time ratio"})
+	t.add(cpuRow(sec, "CPU per call, all threads (the profile's samples)", a.total, b.total))
+}
+
+// componentRows compare two profiles component by component; those
+// under 0.05 µs on both sides are left out, and a ratio is given only
+// against at least 0.5 µs.
+func componentRows(t *table, sec string, a, b breakdown) {
+	for _, c := range orderedComponents(a, b) {
+		x, y := a.perCall[c], b.perCall[c]
+		if x < 0.05 && y < 0.05 {
+			continue
+		}
+		r := row{section: sec, name: c, subject: fmtUSShare(x, a.total), baseline: fmtUSShare(y, b.total), ratioLabel: "CPU ratio"}
+		if y >= 0.5 {
+			r.ratio = x / y
+		} else {
+			r.noRatio = true
+		}
+		t.add(r)
+	}
 }
 
 // handoffRows splits the sequential call's time, without perf, in

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/certs"
 )
 
 func TestParsePerfScriptAndComponents(t *testing.T) {
@@ -85,14 +83,7 @@ func TestGoClientProfileNamesItsCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := certs.NewCA("bench test ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, pair := testCA(t)
 	certFile, keyFile, caFile := filepath.Join(dir, "s.crt"), filepath.Join(dir, "s.key"), filepath.Join(dir, "ca.pem")
 	for f, b := range map[string][]byte{certFile: pair.CertPEM, keyFile: pair.KeyPEM, caFile: ca.CertPEM} {
 		if err := os.WriteFile(f, b, 0o600); err != nil {

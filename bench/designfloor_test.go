@@ -94,14 +94,7 @@ func TestDesignFloorHostErrorEnds(t *testing.T) {
 // its calls when not nil.
 func floorServer(t *testing.T, calls *atomic.Int64) (addr, caFile string) {
 	t.Helper()
-	ca, err := certs.NewCA("bench test ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, pair := testCA(t)
 	cert, err := pair.TLS()
 	if err != nil {
 		t.Fatal(err)
@@ -172,4 +165,18 @@ func TestDesignFloorChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Printf("floor: picks %d\n", picks)
+}
+
+// testCA is a CA and a loopback server certificate it issued.
+func testCA(t *testing.T) (*certs.CA, certs.Pair) {
+	t.Helper()
+	ca, err := certs.NewCA("bench test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue(certs.Options{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, pair
 }
