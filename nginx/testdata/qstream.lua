@@ -195,12 +195,57 @@ function ops.kill(arg)
     return "OK killed " .. res.body
 end
 
+-- echo_many: threads light threads at once, each echoing rounds bodies
+-- of its own (sizes[...] + its number of bytes, tagged with the thread
+-- and round); how many came back other than sent (Lua strings are
+-- interned: == compares every byte).
+local function echo_many(threads, rounds, sizes)
+    local echo = require("resty.ffi.qrpc.testing").echo
+    local function run(t)
+        local wrong = 0
+        for i = 1, rounds do
+            local tag = string.format("<%03d:%03d>", t, i)
+            local size = sizes[(t + i) % #sizes + 1] + t
+            local body = string.rep(tag, math.floor(size / #tag)) .. tag:sub(1, size % #tag)
+            local res, err = echo(body)
+            if res ~= body then
+                wrong = wrong + 1
+                ngx.log(ngx.ERR, "echo_many: ", tag, " of ", #body, " bytes came back ",
+                        res and (#res .. " bytes, different") or err)
+            end
+        end
+        return wrong
+    end
+    local ths = {}
+    for t = 1, threads do
+        ths[t] = ngx.thread.spawn(run, t)
+    end
+    local wrong = 0
+    for t = 1, threads do
+        local ok, n = ngx.thread.wait(ths[t])
+        wrong = wrong + (ok and n or 1000)
+    end
+    return wrong
+end
+
+-- echoes <threads> <rounds> <size,...>: echo_many.
+function ops.echoes(arg)
+    local threads, rounds, list = arg:match("^(%d+) (%d+) ([%d,]+)$")
+    if not threads then
+        return "ERR echoes wants <threads> <rounds> <size,...>"
+    end
+    local sizes = {}
+    for n in list:gmatch("%d+") do
+        sizes[#sizes + 1] = tonumber(n)
+    end
+    return "wrong: " .. echo_many(tonumber(threads), tonumber(rounds), sizes)
+end
+
 -- techo: resty.ffi.qrpc.testing's echo, whose built-in host path fills
 -- one command table shared by every echo: a 0-byte body; an echo whose
 -- light thread is killed while it waits; a refused argument; then 30
--- light threads at once, each echoing its own bodies of 0 bytes to 1 MB.
--- Each body must come back as its own (Lua strings are interned: ==
--- compares every byte).
+-- light threads at once, each echoing its own bodies of 1 byte to 1 MB
+-- (echo_many).
 function ops.techo()
     local echo = require("resty.ffi.qrpc.testing").echo
     local r, err = echo("")
@@ -218,31 +263,7 @@ function ops.techo()
     if r ~= "after" then
         return "ERR after a refused echo: " .. tostring(r) .. " " .. tostring(err)
     end
-    local sizes = { 0, 1, 100, 4096, 65536, 1048576 }
-    local function run(t)
-        local wrong = 0
-        for i = 1, 5 do
-            local tag = string.format("<%02d:%d>", t, i)
-            local size = sizes[(t + i) % #sizes + 1]
-            local body = string.rep(tag, math.floor(size / #tag)) .. tag:sub(1, size % #tag)
-            local res, eerr = echo(body)
-            if res ~= body then
-                wrong = wrong + 1
-                ngx.log(ngx.ERR, "techo: ", tag, " of ", #body, " bytes came back ",
-                        res and (#res .. " bytes, different") or eerr)
-            end
-        end
-        return wrong
-    end
-    local ths = {}
-    for t = 1, 30 do
-        ths[t] = ngx.thread.spawn(run, t)
-    end
-    local wrong = 0
-    for t = 1, 30 do
-        local ok, n = ngx.thread.wait(ths[t])
-        wrong = wrong + (ok and n or 1000)
-    end
+    local wrong = echo_many(30, 5, { 0, 1, 100, 4096, 65536, 1048576 })
     -- the killed echo's completion comes and finds nobody (lua-resty-ffi
     -- counts a killed call until its deadline: resty_ffi.lua)
     local idle = qrpc.stats().host ~= "builtin"
