@@ -17,6 +17,10 @@ const (
 	// MaxMethods is the number of method names tracked per pool; calls to
 	// further methods are counted under method="other".
 	MaxMethods = 256
+	// MaxPools is the number of sets of servers (connect addresses) with
+	// a method table of their own, per registry; pools to further sets
+	// share one.
+	MaxPools = 256
 	// MaxServers is the number of server labels tracked per registry;
 	// further servers are counted under server="other".
 	MaxServers = 256

@@ -21,6 +21,7 @@ type Registry struct {
 	order   []*Pool        // pools in creation order, for a stable snapshot
 	servers map[string]int // server labels handed out, capped at MaxServers
 	extra   atomic.Pointer[func(add func(series string, v float64))]
+	sizes   [2]atomic.Int64 // the last snapshot's counters and gauges
 }
 
 // SetExtraCounters has each snapshot add the counters f reports (series
@@ -39,11 +40,21 @@ func New() *Registry {
 // use. A pool closed and created again with the same key (the same
 // connect options) gets the same Observer back, so its counters carry on
 // and the registry does not grow with every re-creation.
+//
+// Keys are what callers connect to, so their number is not ours to
+// bound: past MaxPools keys, every new key gets one overflow Pool, whose
+// method table they share.
 func (r *Registry) Pool(key string) *Pool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p := r.pools[key]; p != nil {
 		return p
+	}
+	if len(r.pools) >= MaxPools {
+		key = "\x00" + Other // no dialled key starts with NUL
+		if p := r.pools[key]; p != nil {
+			return p
+		}
 	}
 	p := &Pool{r: r, peers: make(map[string]*Peer)}
 	empty := map[string]uint16{}
@@ -87,7 +98,7 @@ type Pool struct {
 	mu      sync.Mutex  // serialises adding a name
 	names   []string    // label value by index; append-only, read under mu
 
-	peers map[string]*Peer // by address; guarded by r.mu
+	peers map[string]*Peer // by server label; guarded by r.mu
 	list  []*Peer          // guarded by r.mu
 
 	// throttled counts calls adaptive throttling rejected, by method
@@ -117,11 +128,14 @@ func (p *Pool) PeerOf(addr string) *Peer {
 	r := p.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pe := p.peers[addr]; pe != nil {
+	// By label: the servers past MaxServers share one recorder, so that
+	// the recorders are bounded as the labels are.
+	label := r.serverLabel(addr)
+	if pe := p.peers[label]; pe != nil {
 		return pe
 	}
-	pe := &Peer{pool: p, server: r.serverLabel(addr)}
-	p.peers[addr] = pe
+	pe := &Peer{pool: p, server: label}
+	p.peers[label] = pe
 	p.list = append(p.list, pe)
 	return pe
 }

@@ -24,6 +24,15 @@ type sample struct {
 	le     string
 }
 
+// sorted is a sample, its sum and the keys of its place among the lines
+// of its label set, computed once.
+type sorted struct {
+	sample
+	rank int     // of suffix: buckets, sum, count
+	leV  float64 // le as a number (+Inf for "+Inf")
+	v    float64
+}
+
 // Render prints the Prometheus text format (0.0.4) for lines of
 // "<key> <value>": a snapshot, or the keys and values of a shared dict
 // that workers add their snapshots into (see Snapshot). Samples of the
@@ -31,7 +40,7 @@ type sample struct {
 // (a dict shared with something else) are ignored; a line of one of ours
 // that does not parse is an error.
 func Render(in []byte) ([]byte, error) {
-	sums := make(map[sample]float64)
+	sums := make(map[sample]float64, bytes.Count(in, []byte{'\n'}))
 	for lineNo := 1; len(in) > 0; lineNo++ {
 		var line []byte
 		line, in, _ = bytes.Cut(in, []byte{'\n'})
@@ -65,50 +74,76 @@ func Render(in []byte) ([]byte, error) {
 		sums[s] += v
 	}
 
-	byFam := make([][]sample, len(families))
-	for s := range sums {
-		byFam[s.fam] = append(byFam[s.fam], s)
+	// Lines are ordered by labels, then (a histogram's) buckets by le,
+	// sum, count: sorting the label sets of each family, then each set's
+	// few lines, keeps a scrape of thousands of series to a sort of its
+	// hundreds of label sets.
+	type group struct {
+		fam    int
+		labels string
+	}
+	groups := make(map[group][]sorted)
+	labelSets := make([][]string, len(families))
+	size := 0
+	for s, v := range sums {
+		g := group{s.fam, s.labels}
+		lines, seen := groups[g]
+		if !seen {
+			labelSets[s.fam] = append(labelSets[s.fam], s.labels)
+		}
+		groups[g] = append(lines, sorted{sample: s, rank: suffixRank(s.suffix), leV: leValue(s.le), v: v})
+		size += len(s.labels) + len(s.le) + 48
 	}
 	var b bytes.Buffer
+	b.Grow(size + 256*len(families))
 	for i, f := range families {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
-		list := byFam[i]
-		slices.SortFunc(list, compareSamples)
-		for _, s := range list {
-			b.WriteString(f.name)
-			b.WriteString(s.suffix)
-			if s.labels != "" || s.suffix == "_bucket" {
-				b.WriteByte('{')
-				b.WriteString(s.labels)
-				if s.suffix == "_bucket" {
-					if s.labels != "" {
-						b.WriteByte(',')
+		slices.Sort(labelSets[i])
+		for _, labels := range labelSets[i] {
+			lines := groups[group{i, labels}]
+			slices.SortFunc(lines, compareLines)
+			for _, s := range lines {
+				b.WriteString(f.name)
+				b.WriteString(s.suffix)
+				if s.labels != "" || s.suffix == "_bucket" {
+					b.WriteByte('{')
+					b.WriteString(s.labels)
+					if s.suffix == "_bucket" {
+						if s.labels != "" {
+							b.WriteByte(',')
+						}
+						b.WriteString(`le="`)
+						b.WriteString(s.le)
+						b.WriteByte('"')
 					}
-					b.WriteString(`le="`)
-					b.WriteString(s.le)
-					b.WriteByte('"')
+					b.WriteByte('}')
 				}
-				b.WriteByte('}')
+				b.WriteByte(' ')
+				b.WriteString(formatValue(s.v))
+				b.WriteByte('\n')
 			}
-			b.WriteByte(' ')
-			b.WriteString(formatValue(sums[s]))
-			b.WriteByte('\n')
 		}
 	}
 	return b.Bytes(), nil
 }
 
 // suffixRank orders a histogram's lines: buckets, sum, count.
-var suffixRank = map[string]int{"": 0, "_bucket": 0, "_sum": 1, "_count": 2}
+func suffixRank(suffix string) int {
+	switch suffix {
+	case "_sum":
+		return 1
+	case "_count":
+		return 2
+	}
+	return 0
+}
 
-func compareSamples(a, b sample) int {
-	if c := strings.Compare(a.labels, b.labels); c != 0 {
+// compareLines orders the lines of one label set.
+func compareLines(a, b sorted) int {
+	if c := cmp.Compare(a.rank, b.rank); c != 0 {
 		return c
 	}
-	if c := cmp.Compare(suffixRank[a.suffix], suffixRank[b.suffix]); c != 0 {
-		return c
-	}
-	return cmp.Compare(leValue(a.le), leValue(b.le))
+	return cmp.Compare(a.leV, b.leV)
 }
 
 func leValue(le string) float64 {
@@ -153,7 +188,8 @@ func parseSeries(key string) (s sample, ours bool, err error) {
 		return s, true, fmt.Errorf("%q: no closing brace", key)
 	}
 	labels = labels[:len(labels)-1]
-	var kept []string
+	all := labels
+	leFrom, leTo := 0, 0 // the pair le="..." in all
 	for labels != "" {
 		eq := strings.Index(labels, `="`)
 		if eq <= 0 {
@@ -164,11 +200,10 @@ func parseSeries(key string) (s sample, ours bool, err error) {
 		if end < 0 {
 			return s, true, fmt.Errorf("%q: unterminated label value", key)
 		}
-		pair := labels[:end+1]
 		if lname == "le" && s.suffix == "_bucket" {
 			s.le = labels[eq+2 : end]
-		} else {
-			kept = append(kept, pair)
+			leFrom = len(all) - len(labels)
+			leTo = leFrom + end + 1
 		}
 		labels = labels[end+1:]
 		if labels != "" {
@@ -181,7 +216,19 @@ func parseSeries(key string) (s sample, ours bool, err error) {
 	if s.suffix == "_bucket" && s.le == "" {
 		return s, true, errors.New("bucket without le")
 	}
-	s.labels = strings.Join(kept, ",")
+	// The labels as printed, le taken out: a substring of key unless le
+	// stands between two others.
+	before, after := strings.TrimSuffix(all[:leFrom], ","), all[leTo:]
+	switch {
+	case leTo == 0:
+		s.labels = all
+	case after == "":
+		s.labels = before
+	case before == "":
+		s.labels = after[1:]
+	default:
+		s.labels = before + after
+	}
 	return s, true, nil
 }
 
