@@ -3,6 +3,7 @@ package qrpc_test
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,7 +95,8 @@ func TestIdleStreamResetHealsBeforeItsFirstCall(t *testing.T) {
 			var reaped atomic.Int64
 			addr := reapingServer(t, e, 50*time.Millisecond, tc.bothWays, &reaped)
 			// StreamBatch 1: calls take the streams in turn, 1, 2, 3, 0, ...
-			c := dialAddr(t, e, addr, &qrpc.Config{Streams: 4, StreamBatch: 1})
+			logs := &logCapture{}
+			c := dialAddr(t, e, addr, &qrpc.Config{Streams: 4, StreamBatch: 1, Logger: slog.New(logs)})
 			// The first call goes on stream index 1 (QUIC id 4): the server
 			// opens stream 0 with it and reaps it 50 ms later.
 			if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
@@ -102,13 +104,14 @@ func TestIdleStreamResetHealsBeforeItsFirstCall(t *testing.T) {
 			}
 			testwait.Until(t, "the server to reap the client's unused stream 0", 10*time.Second,
 				func() bool { return reaped.Load() > 0 })
-			// Long after the reset: the client had all the time to see it.
-			time.Sleep(500 * time.Millisecond)
+			// The client's reader of stream 0 has seen the reset; without
+			// a reader from the dial, nothing sees it and this times out.
+			waitRetired(t, logs)
 			failed := 0
 			for i := range 8 {
 				if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 					failed++
-					t.Errorf("call %d, 500 ms after the server reset an unused stream: %v", i, err)
+					t.Errorf("call %d, after the client saw the server reset an unused stream: %v", i, err)
 				}
 			}
 			if failed > 0 {
@@ -123,8 +126,9 @@ func TestIdleStreamResetHealsBeforeItsFirstCall(t *testing.T) {
 // and the call goes on another stream (errStreamGone). A reader started by
 // that write would read the reset as well and its retire would fail the
 // call with ErrConnLost (5 of 60 to 17 of 80 rounds, measured with such a
-// build); with the readers started at the dial the stream is retired long
-// before the call and never picked.
+// build); with the readers started at the dial the stream is retired as
+// soon as the reset arrives (each round waits for that, so a build whose
+// reader is not running fails here) and is never picked.
 func TestIdleStreamResetBothWaysRaces(t *testing.T) {
 	checkGoroutines(t)
 	e := newEnv(t)
@@ -135,11 +139,15 @@ func TestIdleStreamResetBothWaysRaces(t *testing.T) {
 	for round := range rounds {
 		// A fresh connection a round: its stream 0 unused, its stream 1
 		// carrying the first call (StreamBatch 1).
-		c := dialAddr(t, e, addr, &qrpc.Config{Streams: 2, StreamBatch: 1, CloseLinger: 10 * time.Millisecond})
+		logs := &logCapture{}
+		c := dialAddr(t, e, addr, &qrpc.Config{Streams: 2, StreamBatch: 1, CloseLinger: 10 * time.Millisecond, Logger: slog.New(logs)})
 		if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(80 * time.Millisecond) // the reaper's 20 ms, and then some
+		// Not a fixed pause: under load the reset can take longer than any
+		// constant to be read, and a call made before it is read may fail
+		// (connection lost: it may have run), as it must.
+		waitRetired(t, logs)
 		if _, err := unary(c, 5*time.Second, "echo", []byte("x")); err != nil {
 			failed++
 			t.Logf("round %d: %v", round, err)
@@ -147,8 +155,17 @@ func TestIdleStreamResetBothWaysRaces(t *testing.T) {
 		_ = c.Close()
 	}
 	if failed > 0 {
-		t.Fatalf("%d of %d calls made 60 ms or more after the server reset the unused stream failed (%d streams reaped)", failed, rounds, reaped.Load())
+		t.Fatalf("%d of %d calls made after the client saw the server reset the unused stream failed (%d streams reaped)", failed, rounds, reaped.Load())
 	}
+}
+
+// waitRetired waits for the client to take a stream the server reset out
+// of service (its log line), which its reader does as soon as the reset
+// arrives.
+func waitRetired(t *testing.T, logs *logCapture) {
+	t.Helper()
+	testwait.Until(t, "the client to retire the stream the server reset", 10*time.Second,
+		func() bool { return logs.count("qrpc stream broken, reopening", "") > 0 })
 }
 
 // TestIdleStreamResetCloseDoesNotLinger: Close's linger waits for the
