@@ -665,6 +665,23 @@ func TestRenderOrder(t *testing.T) {
 	}
 }
 
+// TestRenderTwoLE: a bucket key with le twice (a dict shared with
+// something else can hold any key) is an error, not a printed line that
+// names le twice (promtool check metrics does not see it).
+func TestRenderTwoLE(t *testing.T) {
+	const b = "qrpc_client_call_duration_seconds_bucket"
+	for _, key := range []string{
+		b + `{le="1",le="2"}`,
+		b + `{method="m",le="1",server="s",le="+Inf"}`,
+		b + `{le="0.5",method="m",le="1"}`,
+	} {
+		out, err := Render([]byte(key + " 1\n"))
+		if !errors.Is(err, ErrBadSample) {
+			t.Errorf("%s: %v, want ErrBadSample; rendered:\n%s", key, err, out)
+		}
+	}
+}
+
 // BenchmarkText: what qrpc.metrics() costs the nginx thread for a fleet
 // of 20 servers with 10 methods each (about 5,000 lines).
 func BenchmarkText(b *testing.B) {
