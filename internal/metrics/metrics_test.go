@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/observe"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -288,6 +290,89 @@ func TestRecordersBounded(t *testing.T) {
 		t.Fatalf("%v calls counted, want %d", calls, 2*sets)
 	}
 	want(t, got, `qrpc_client_calls_total{method="m",server="other",result="ok"}`, 2*sets-MaxServers)
+}
+
+// TestGaugesPastBounds: servers of pools past MaxPools keys (the overflow
+// pool) and past MaxServers addresses (one recorder for server="other")
+// open, change state, carry calls in flight and close in a random order;
+// every scrape's connections and inflight gauges equal what is open now,
+// per server label, never more, never less.
+func TestGaugesPastBounds(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	r := New()
+	type server struct {
+		o        observe.PeerObserver
+		label    string
+		state    qrpc.PeerState
+		inflight int
+	}
+	labels := map[string]string{} // what serverLabel hands out
+	label := func(addr string) string {
+		if l, ok := labels[addr]; ok {
+			return l
+		}
+		if len(labels) >= MaxServers {
+			return Other
+		}
+		labels[addr] = addr
+		return addr
+	}
+	var open []*server
+	for step := 1; step <= 40000; step++ {
+		switch x := rng.Intn(10); {
+		case x < 3:
+			key := fmt.Sprintf("k%d", rng.Intn(MaxPools+150))
+			addr := fmt.Sprintf("10.0.%d.%d:1", rng.Intn(2), rng.Intn(MaxServers/2+50))
+			s := &server{o: r.Pool(key).Peer(addr), label: label(addr), state: qrpc.PeerConnecting}
+			s.o.StateChanged(qrpc.PeerConnecting)
+			open = append(open, s)
+		case len(open) == 0:
+		case x == 3:
+			s := open[rng.Intn(len(open))]
+			s.o.InflightAdd(1)
+			s.inflight++
+		case x == 4:
+			if s := open[rng.Intn(len(open))]; s.inflight > 0 {
+				s.o.InflightAdd(-1)
+				s.inflight--
+			}
+		default:
+			i := rng.Intn(len(open))
+			s := open[i]
+			s.state = qrpc.PeerState(rng.Intn(numStates))
+			s.o.StateChanged(s.state)
+			if s.state == qrpc.PeerRemoved {
+				s.o.InflightAdd(-s.inflight)
+				open = append(open[:i], open[i+1:]...)
+			}
+		}
+		if step%5000 != 0 {
+			continue
+		}
+		wantG := map[string]float64{}
+		for _, s := range open {
+			if int(s.state) < len(stateLabels) {
+				wantG[nameConnections+`{server="`+s.label+`",state="`+stateLabels[s.state]+`"}`]++
+			}
+			wantG[nameInflight+`{server="`+s.label+`"}`] += float64(s.inflight)
+		}
+		for k, v := range parseText(t, r.Text()) {
+			if strings.HasPrefix(k, nameConnections+"{") || strings.HasPrefix(k, nameInflight+"{") {
+				if v != wantG[k] {
+					t.Fatalf("step %d, %d servers open: %s = %v, want %v", step, len(open), k, v, wantG[k])
+				}
+				delete(wantG, k)
+			}
+		}
+		for k, v := range wantG {
+			if v != 0 {
+				t.Fatalf("step %d: %s not listed, want %v", step, k, v)
+			}
+		}
+	}
+	if len(r.order) != MaxPools+1 || len(labels) != MaxServers {
+		t.Fatalf("%d pools, %d server labels: the bounds were not passed", len(r.order), len(labels))
+	}
 }
 
 func TestEscaping(t *testing.T) {
@@ -665,8 +750,25 @@ func TestRenderOrder(t *testing.T) {
 	}
 }
 
+// TestRenderTwoLE: a bucket key with le twice (a dict shared with
+// something else can hold any key) is an error, not a printed line that
+// names le twice (promtool check metrics does not see it).
+func TestRenderTwoLE(t *testing.T) {
+	const b = "qrpc_client_call_duration_seconds_bucket"
+	for _, key := range []string{
+		b + `{le="1",le="2"}`,
+		b + `{method="m",le="1",server="s",le="+Inf"}`,
+		b + `{le="0.5",method="m",le="1"}`,
+	} {
+		out, err := Render([]byte(key + " 1\n"))
+		if !errors.Is(err, ErrBadSample) {
+			t.Errorf("%s: %v, want ErrBadSample; rendered:\n%s", key, err, out)
+		}
+	}
+}
+
 // BenchmarkText: what qrpc.metrics() costs the nginx thread for a fleet
-// of 20 servers with 10 methods each (about 5,000 lines).
+// of 20 servers with 10 methods each (about 6,100 lines).
 func BenchmarkText(b *testing.B) {
 	r := New()
 	for s := 0; s < 20; s++ {

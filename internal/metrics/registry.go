@@ -317,8 +317,10 @@ func (pe *Peer) InflightAdd(delta int) { pe.inflight.Add(int64(delta)) }
 const numStates = int(qrpc.PeerRemoved) + 1
 
 // StateChanged records the state of the server for the connections gauge
-// when the Peer itself is the observer (it then stands for one pool's
-// server; Pool.Peer hands out a view per pool instead).
+// when the Peer itself is the observer: it then stands for one server of
+// one pool. The recorder of server="other" stands for many servers (and
+// every recorder for one per pool that shares it), whose states it cannot
+// tell apart: pools observe through Pool.Peer, a view per pool's server.
 func (pe *Peer) StateChanged(state qrpc.PeerState) {
 	pe.selfMu.Lock()
 	defer pe.selfMu.Unlock()

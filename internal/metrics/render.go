@@ -201,6 +201,11 @@ func parseSeries(key string) (s sample, ours bool, err error) {
 			return s, true, fmt.Errorf("%q: unterminated label value", key)
 		}
 		if lname == "le" && s.suffix == "_bucket" {
+			if leTo != 0 {
+				// Printed as it stands, the line would name le twice:
+				// a series names each label once.
+				return s, true, fmt.Errorf("%q: two le labels", key)
+			}
 			s.le = labels[eq+2 : end]
 			leFrom = len(all) - len(labels)
 			leTo = leFrom + end + 1

@@ -298,7 +298,9 @@ function _M.connect(addr, opts)
         local by = e.bound
         if not by then
             by = setmetatable({}, { __mode = "k" })
-            e.bound = by
+            if not e.closed then -- (closed: mark_closed let go of them)
+                e.bound = by
+            end
         end
         local c = by[m]
         if not c then

@@ -101,6 +101,10 @@ function _M.mark_closed(e)
             share_leave(e.share)
         end
         e.closed = true
+        -- The views of e's objects hold e, keyed weakly by the objects;
+        -- LuaJIT's weak tables are not ephemerons, so e must let go of
+        -- them for a dropped object (and e with it) to be collected.
+        e.conn, e.bound = nil, nil
         cache_remove(e)
     end
 end
@@ -440,7 +444,9 @@ function _M.wait(e)
             e.counted = true
             _M.make_room(0, last_max, last_stats, e)
         end
-        return e.conn
+        -- closed by another thread before this one woke: an object of
+        -- its own, which answers "closed" like the one let go of
+        return e.conn or new_conn(e)
     end
     if e.state == "failed" then
         return nil, e.err, e.info
