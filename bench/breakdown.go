@@ -454,7 +454,7 @@ func (e *env) goClientUnder(pl placement, wrap []string, n int, kind string) (ca
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+pl.gomaxprocs)
 	}
 	cmd.Stderr = io.Discard // perf's own lines
-	out, err := cmd.Output()
+	out, err := outputBounded(cmd)
 	if err != nil {
 		return callStats{}, fmt.Errorf("go client under perf: %w", err)
 	}

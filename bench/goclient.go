@@ -6,6 +6,7 @@ package main
 // pay the same cross-CPU wake-ups.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -175,11 +176,42 @@ func timedChild(what string, cmd *exec.Cmd) (time.Duration, error) {
 // during the loop, when it prints them ("SECS x CPU y CSW n").
 func childStats(what string, cmd *exec.Cmd) (callStats, error) {
 	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
+	out, err := outputBounded(cmd)
 	if err != nil {
 		return callStats{}, fmt.Errorf("%s: %w", what, err)
 	}
 	return parseChild(string(out))
+}
+
+// childLimit bounds a measuring child, as httpc bounds a request to
+// nginx: the Go client calls with no deadline (a timer per call would
+// add to the baseline's CPU), so a server that stops answering would
+// otherwise hang the bench for good.
+var childLimit = 10 * time.Minute
+
+// outputBounded is cmd.Output, with the child's process group killed
+// once childLimit has passed (a wrapper such as perf record forks the
+// child, which a kill of the wrapper alone would leave running).
+func outputBounded(cmd *exec.Cmd) ([]byte, error) {
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return out.Bytes(), err
+	case <-time.After(childLimit):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return out.Bytes(), fmt.Errorf("killed after %v: no answer (a server that stopped answering?)", childLimit)
+	}
 }
 
 // parseChild reads a child's answer line.

@@ -2,7 +2,9 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +65,42 @@ func TestParseChild(t *testing.T) {
 		if _, err := parseChild(bad); err == nil || !strings.Contains(err.Error(), "child answered") {
 			t.Fatalf("%q: %v, want an error", bad, err)
 		}
+	}
+}
+
+// A measuring child that never answers (a server that stopped) must not
+// hang the bench: once childLimit has passed its whole process group is
+// killed, a grandchild (what perf record forks) included, and the run
+// gets an error.
+func TestChildBounded(t *testing.T) {
+	defer func(l time.Duration) { childLimit = l }(childLimit)
+	childLimit = 300 * time.Millisecond
+	// the shell forks a sleeper and waits: both must go
+	cmd := exec.Command("sh", "-c", "sleep 600 & echo $!; wait")
+	began := time.Now()
+	out, err := outputBounded(cmd)
+	if err == nil || !strings.Contains(err.Error(), "killed after") {
+		t.Fatalf("err = %v, want killed after %v", err, childLimit)
+	}
+	if d := time.Since(began); d > time.Minute {
+		t.Fatalf("returned after %v", d)
+	}
+	pid, perr := strconv.Atoi(strings.TrimSpace(string(out)))
+	if perr != nil {
+		t.Fatalf("the shell printed %q", out)
+	}
+	// killed with its group (a zombie until whoever adopted it reaps it)
+	for i := 0; ; i++ {
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			break
+		}
+		if i == 500 {
+			t.Fatalf("the grandchild %d still runs", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if out, err := outputBounded(exec.Command("echo", "SECS 1")); err != nil || string(out) != "SECS 1\n" {
+		t.Fatalf("a child that answers: %q, %v", out, err)
 	}
 }
