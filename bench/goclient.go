@@ -199,6 +199,9 @@ func outputBounded(cmd *exec.Cmd) ([]byte, error) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
+	// In a group of its own the child no longer hears the terminal's ^C:
+	// it dies with the bench instead.
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
