@@ -116,11 +116,13 @@ func TestPoolTryTimeout(t *testing.T) {
 	})
 	pause := pz.End()
 	if len(errs) > 0 {
-		// A call has the try timeout and four times the slowest healthy
-		// answer measured under the same load: only a machine that stood
-		// still for a good part of it explains a miss.
-		if pause < (callTimeout-try)/2 {
-			t.Fatalf("%d of 1500 calls failed within %v (longest pause %v), first: %v", len(errs), callTimeout, pause, errs[0])
+		// Each attempt has four times the slowest healthy answer measured
+		// under the same load: only a machine that stood still for a good
+		// part of a try explains a miss, and then for a few calls (the
+		// load rose during the run). Without the retry a third of the
+		// calls would fail.
+		if pause < try/2 || len(errs) > 1500/100 {
+			t.Fatalf("%d of 1500 calls failed within %v (try timeout %v, longest pause %v), first: %v", len(errs), callTimeout, try, pause, errs[0])
 		}
 		t.Logf("%d of 1500 calls failed, the machine stood still for %v", len(errs), pause)
 	}
