@@ -185,7 +185,7 @@ func TestCancelRetriedWhenQueueFull(t *testing.T) {
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local abi = require "resty.ffi.qrpc.abi"
                 local direct = require "resty.ffi.qrpc.host_direct"
-                local sent, refuse = {}, 1
+                local sent, refuse = {}, 3
                 local fake = { qrpc_submit_async = function(cmd)
                     if refuse > 0 then
                         refuse = refuse - 1
@@ -196,12 +196,15 @@ func TestCancelRetriedWhenQueueFull(t *testing.T) {
                 end }
                 direct.init(fake, 0)
                 direct.cancel(7, 41)
+                direct.cancel(7, 41) -- refused again: still one kept
                 local kept = direct.late_cancels()
+                direct.retry_cancels() -- refused once more: kept
+                local again = direct.late_cancels()
                 direct.retry_cancels()
-                ngx.say("kept ", kept, ", sent ", table.concat(sent, ","), ", left ", direct.late_cancels(),
-                        ", op ", abi.OP_CANCEL)`)})
+                ngx.say("kept ", kept, ", again ", again, ", sent ", table.concat(sent, ","),
+                        ", left ", direct.late_cancels(), ", op ", abi.OP_CANCEL)`)})
 	st, body := n.get("/t")
-	if st != 200 || body != "kept 1, sent 5:41, left 0, op 5\n" {
+	if st != 200 || body != "kept 1, again 1, sent 5:41, left 0, op 5\n" {
 		t.Fatalf("%d %q", st, body)
 	}
 }

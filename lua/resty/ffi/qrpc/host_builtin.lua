@@ -422,9 +422,13 @@ end
 -- a call's answer and the end of its wait are handled in one turn of the
 -- event loop (a stalled loop), the wait's timer resumes the call first and
 -- the dispatcher's post stays counted, which would end the next wait on
--- that semaphore at once with no answer.
-local function put_waiter(w)
-    if w.sema:count() ~= 0 then
+-- that semaphore at once with no answer. unsure: the wait did not end with
+-- the post (a wait that took the post leaves 0), so the count is looked
+-- at. Not on every call: sema:count, called once per call after the
+-- resume, got hot on its own and its root trace aborted on returning
+-- ("leaving loop in root trace"), in some runs.
+local function put_waiter(w, unsure)
+    if unsure and w.sema:count() ~= 0 then
         w.sema = sema_new(0)
     end
     w.id = nil
@@ -530,7 +534,7 @@ function _M.call(c, secs)
             npend = npend - 1
         end
         cancel(handle, id)
-        put_waiter(w)
+        put_waiter(w, true)
         if err == "timeout" or ok then
             ngx_log(ngx_WARN, "qrpc: no completion for call ", id, " within ",
                     secs, " s; cancelled")
@@ -539,7 +543,7 @@ function _M.call(c, secs)
         return QRPC_ERR, "qrpc: wait: " .. tostring(err)
     end
     local val, info = w.val, w.info
-    put_waiter(w)
+    put_waiter(w, not ok)
     return status, val, info
 end
 
