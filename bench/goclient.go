@@ -44,6 +44,9 @@ func dial(addr, caFile string) (*qrpc.Client, error) {
 
 // runClient is the child: dial, warm up, time the loop, print the seconds.
 func runClient(addr, caFile, kind string, calls, size, workers int) error {
+	if err := dieWithParent(); err != nil {
+		return err
+	}
 	c, err := dial(addr, caFile)
 	if err != nil {
 		return err
@@ -215,6 +218,23 @@ func outputBounded(cmd *exec.Cmd) ([]byte, error) {
 		<-done
 		return out.Bytes(), fmt.Errorf("killed after %v: no answer (a server that stopped answering?)", childLimit)
 	}
+}
+
+// dieWithParent has this process killed when its parent ends. Under a
+// wrapper (perf record) the measuring client is the bench's grandchild:
+// the bench's Pdeathsig (outputBounded) kills only the wrapper, and in a
+// process group of its own the client does not hear the terminal's ^C
+// either, so it would go on calling, with no deadline, after the bench
+// is gone.
+func dieWithParent() error {
+	parent := os.Getppid()
+	if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0); e != 0 {
+		return fmt.Errorf("prctl(PR_SET_PDEATHSIG): %w", e)
+	}
+	if os.Getppid() != parent {
+		return errors.New("the parent ended before the child started")
+	}
+	return nil
 }
 
 // parseChild reads a child's answer line.

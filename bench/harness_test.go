@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -102,5 +105,51 @@ func TestChildBounded(t *testing.T) {
 	}
 	if out, err := outputBounded(exec.Command("echo", "SECS 1")); err != nil || string(out) != "SECS 1\n" {
 		t.Fatalf("a child that answers: %q, %v", out, err)
+	}
+}
+
+// A measuring client under a wrapper (perf record forks it) ends with the
+// wrapper, which the bench's Pdeathsig kills when the bench ends: the
+// shell here stands for perf, this test binary for the client.
+func TestClientDiesWithWrapper(t *testing.T) {
+	if os.Getenv("BENCH_TEST_WRAPPED_CLIENT") == "1" {
+		if err := dieWithParent(); err != nil {
+			fmt.Println(err)
+			os.Exit(2)
+		}
+		fmt.Println("ready")
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	cmd := exec.Command("sh", "-c", `"$0" -test.run='^TestClientDiesWithWrapper$' & echo $!; wait`, os.Args[0])
+	cmd.Env = append(os.Environ(), "BENCH_TEST_WRAPPED_CLIENT=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(out)
+	line, _ := r.ReadString('\n')
+	pid, perr := strconv.Atoi(strings.TrimSpace(line))
+	if perr != nil {
+		t.Fatalf("the shell printed %q", line)
+	}
+	defer func() { _ = syscall.Kill(pid, syscall.SIGKILL) }()
+	if line, _ := r.ReadString('\n'); line != "ready\n" {
+		t.Fatalf("the client printed %q", line)
+	}
+	_ = cmd.Process.Kill() // the wrapper dies, as the bench's Pdeathsig kills it
+	_ = cmd.Wait()
+	for i := 0; ; i++ {
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			break
+		}
+		if i == 500 {
+			t.Fatalf("the client %d still runs after its wrapper ended", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -763,6 +763,69 @@ func TestStalledLoopLeavesNoStaleWakeup(t *testing.T) {
 	}
 }
 
+// TestPooledWaitersAfterEveryEnd: waiters go back to the pool after every
+// way a wait ends (an answer, Go's timeout, both in one turn of a stalled
+// loop, a light thread killed while it waits) and none of them may end a
+// later call at once. The later calls run 20 at a time, so that every
+// pooled waiter is taken again, not only the last one put back.
+func TestPooledWaitersAfterEveryEnd(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		Server: loc("/t", connectT+`
+                assert(conn:unary("echo", "warm", { timeout = 3000 }))
+                local bad = 0
+                for round = 1, 2 do
+                    local ths = {}
+                    for i = 1, 12 do
+                        local kind = (i + round) % 4
+                        ths[i] = ngx.thread.spawn(function()
+                            if kind == 0 then
+                                return conn:unary("echo", "x", { timeout = 100 })
+                            elseif kind == 1 then
+                                return conn:unary("slow", "50", { timeout = 100 })
+                            elseif kind == 2 then
+                                return conn:unary("slow", "300", { timeout = 100 })
+                            end
+                            return conn:unary("slow", "2000", { timeout = 3000 })
+                        end)
+                    end
+                    ngx.sleep(0.02)
+                    for i = 3, 12, 4 do ngx.thread.kill(ths[i]) end
+                    if round == 1 then
+                        -- past the waits' ends (100 ms + the safety slack)
+                        -- and the answers: one turn handles both
+                        ngx.update_time()
+                        local stop = ngx.now() + 1.3
+                        while ngx.now() < stop do
+                            for _ = 1, 10000 do end
+                            ngx.update_time()
+                        end
+                    end
+                    for i = 1, 12 do
+                        if i % 4 ~= 3 then ngx.thread.wait(ths[i]) end
+                    end
+                    for _ = 1, 2 do
+                        local as = {}
+                        for j = 1, 20 do
+                            as[j] = ngx.thread.spawn(function()
+                                return conn:unary("echo", "after " .. j, { timeout = 3000 })
+                            end)
+                        end
+                        for j = 1, 20 do
+                            local _, r = ngx.thread.wait(as[j])
+                            if not r or r.body ~= "after " .. j then bad = bad + 1 end
+                        end
+                    end
+                end
+                ngx.say("bad=", bad)`),
+	})
+	if st, body := n.get("/t"); st != 200 || body != "bad=0\n" {
+		t.Fatalf("%d %q, want bad=0", st, body)
+	}
+}
+
 // waitGoQuiet waits until the Go threads of worker pid (all but nginx's)
 // have not run for three of the built-in host's trimmer periods (0.5 s:
 // it ticks that often while it runs), so that the worker's idle
