@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 )
 
 // The context-switch figures read every thread's status file; a count
@@ -93,16 +95,7 @@ func TestChildBounded(t *testing.T) {
 		t.Fatalf("the shell printed %q", out)
 	}
 	// killed with its group (a zombie until whoever adopted it reaps it)
-	for i := 0; ; i++ {
-		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil || strings.Contains(string(st), ") Z ") {
-			break
-		}
-		if i == 500 {
-			t.Fatalf("the grandchild %d still runs", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitEnded(t, "the grandchild", pid)
 	if out, err := outputBounded(exec.Command("echo", "SECS 1")); err != nil || string(out) != "SECS 1\n" {
 		t.Fatalf("a child that answers: %q, %v", out, err)
 	}
@@ -142,14 +135,15 @@ func TestClientDiesWithWrapper(t *testing.T) {
 	}
 	_ = cmd.Process.Kill() // the wrapper dies, as the bench's Pdeathsig kills it
 	_ = cmd.Wait()
-	for i := 0; ; i++ {
+	waitEnded(t, "the client, after its wrapper ended,", pid)
+}
+
+// waitEnded waits for process pid to end (a zombie until whoever adopted
+// it reaps it counts as ended).
+func waitEnded(t *testing.T, what string, pid int) {
+	t.Helper()
+	testwait.Until(t, what+" "+strconv.Itoa(pid)+" to end", 5*time.Second, func() bool {
 		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil || strings.Contains(string(st), ") Z ") {
-			break
-		}
-		if i == 500 {
-			t.Fatalf("the client %d still runs after its wrapper ended", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err != nil || strings.Contains(string(st), ") Z ")
+	})
 }
