@@ -11,8 +11,30 @@ import (
 // renewed every 1.6 s), waits for its probe lease, then for two renewals
 // of it (at most 10 s), and says how many it saw and how many times the
 // nginx thread entered Go meanwhile. In either subsystem (stream: the
-// dict qpools_s).
-const renewalsLua = `                local ffi = require "ffi"
+// dict qpools_s). The entry count is the worker's, whichever VM enters:
+// when sides names more than one subsystem, each side marks its steps
+// with a file in the nginx directory's run/ and waits (at most 10 s) for the
+// others' mark, so no side counts another's connect, or its request's
+// end, as its own entry.
+func renewalsLua(sides ...string) string {
+	return `                local sides = { "` + strings.Join(sides, `", "`) + `" }
+                local qt0 = require "qtest"
+                local function barrier(step)
+                    local f = assert(io.open(qt0.dir .. "/run/" .. step .. "." .. ngx.config.subsystem, "w"))
+                    f:close()
+                    return qt0.wait(10, function()
+                        for _, s in ipairs(sides) do
+                            local g = io.open(qt0.dir .. "/run/" .. step .. "." .. s)
+                            if not g then return false end
+                            g:close()
+                        end
+                        return true
+                    end)
+                end
+` + renewalsBody
+}
+
+const renewalsBody = `                local ffi = require "ffi"
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
                 pcall(ffi.cdef, "uint64_t qrpc_go_entries(void);")
@@ -21,6 +43,7 @@ const renewalsLua = `                local ffi = require "ffi"
                 local conn = assert(qrpc.connect(qt.a, qt.opts({
                     check = { method = "probe", interval = 100 }, shared = ngx.config.subsystem == "stream" and "qpools_s" or "qpools" })))
                 assert(conn:unary("echo", "x"))
+                if not barrier("connected") then return ngx.say("a side did not connect") end
                 local function lease()
                     for _, k in ipairs(d:get_keys(0)) do
                         if k:match(":lp$") then return d:get(k) end
@@ -39,8 +62,9 @@ const renewalsLua = `                local ffi = require "ffi"
                     end
                     ngx.sleep(0.02)
                 end
-                ngx.say("renewals ", renewals, " entries ",
-                        tonumber(lib.qrpc_go_entries() - e0))`
+                local entries = tonumber(lib.qrpc_go_entries() - e0)
+                if not barrier("counted") then return ngx.say("a side did not count") end
+                ngx.say("renewals ", renewals, " entries ", entries)`
 
 // TestPoolSharedIdleStepsStayOutOfGo: the steps Go asks for (here the
 // lease holder's renewals of an idle pool) go through the submit queue
@@ -56,7 +80,7 @@ func TestPoolSharedIdleStepsStayOutOfGo(t *testing.T) {
 	a := ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, HTTP: sharedPoolsHTTP,
 		Extra:  map[string]string{"a": a.addr},
-		Server: loc("/t", renewalsLua)})
+		Server: loc("/t", renewalsLua("http"))})
 	code, body := n.get("/t")
 	if code != 200 || strings.TrimSpace(body) != "renewals 2 entries 0" {
 		t.Fatalf("HTTP %d: %q, want two lease renewals and no entry into Go", code, body)
@@ -137,10 +161,10 @@ func TestPoolSharedStreamSteps(t *testing.T) {
     lua_shared_dict qpools_s 1m;
     server {
         listen 127.0.0.1:{{.StreamPort}};
-        content_by_lua_block {` + renewalsLua + `
+        content_by_lua_block {` + renewalsLua("http", "stream") + `
         }
     }`,
-		Server: loc("/t", renewalsLua)})
+		Server: loc("/t", renewalsLua("http", "stream"))})
 	http := make(chan string, 1)
 	go func() {
 		code, b := n.get("/t")
