@@ -7,7 +7,6 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
-	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -683,7 +682,7 @@ func (d *fastDecoder) jsonTimeValue(out []byte, p *plan, b []byte) ([]byte, bool
 		}
 		out = append(out, '"')
 		start := len(out)
-		out = time.Unix(secs, nanos).UTC().AppendFormat(out, "2006-01-02T15:04:05.000000000")
+		out = appendTimestamp(out, secs, nanos)
 		out = trimNanos(out, start)
 		return append(out, 'Z', '"'), true
 	}

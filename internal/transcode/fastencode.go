@@ -561,6 +561,15 @@ func (e *fastEncoder) skip(depth int) bool {
 // with up to nine fraction digits and Z or an offset, as protojson reads
 // it; anything else goes to protojson.
 func parseTimestamp(s string) (int64, int32, bool) {
+	if secs, nanos, ok := parseTimestampUTC(s); ok {
+		return secs, nanos, true
+	}
+	return parseTimestampGeneral(s)
+}
+
+// parseTimestampGeneral is parseTimestamp through the time package: the
+// forms with an offset, and the judge of what parseTimestampUTC leaves.
+func parseTimestampGeneral(s string) (int64, int32, bool) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return 0, 0, false
