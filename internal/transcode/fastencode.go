@@ -300,12 +300,25 @@ func finishLenAt(out []byte, lenPos, dataPos int) []byte {
 // base64 with or without padding as protojson reads it, and tells whether
 // it is empty.
 func appendBase64(out, s []byte) ([]byte, bool, bool) {
-	enc := base64.StdEncoding
-	if strings.ContainsAny(string(s), "-_") {
-		enc = base64.URLEncoding
+	url := false
+	for _, c := range s {
+		if c == '-' || c == '_' {
+			url = true
+			break
+		}
 	}
-	if len(s)%4 != 0 {
-		enc = enc.WithPadding(base64.NoPadding)
+	// The four encodings are package values: WithPadding would copy one
+	// per field.
+	var enc *base64.Encoding
+	switch {
+	case url && len(s)%4 != 0:
+		enc = base64.RawURLEncoding
+	case url:
+		enc = base64.URLEncoding
+	case len(s)%4 != 0:
+		enc = base64.RawStdEncoding
+	default:
+		enc = base64.StdEncoding
 	}
 	n := enc.DecodedLen(len(s))
 	out = protowire.AppendVarint(out, uint64(n)) // rewritten below

@@ -2,6 +2,7 @@ package transcode
 
 import (
 	"bytes"
+	"encoding/base64"
 	"math"
 	"testing"
 
@@ -88,4 +89,41 @@ func FuzzEncode(f *testing.F) {
 			t.Fatalf("%q:\n fast %x\n slow %x", js, fast, slow)
 		}
 	})
+}
+
+// TestEncodeBase64Forms: a bytes field written in each of the four base64
+// forms protojson reads (standard or URL alphabet, padded or not) comes
+// out of the fast path as protojson writes it, for every length up to 40
+// and bytes that put '+', '/', '-' and '_' in the text.
+func TestEncodeBase64Forms(t *testing.T) {
+	r := demoRegistry(t)
+	m := mustMessage(t, r, "demo.AllKinds")
+	encs := []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding}
+	for n := 0; n <= 40; n++ {
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(0xf8 + i*7) // 0xf8..0xff and onwards: '+'/'/' or '-'/'_' in most groups
+		}
+		for _, enc := range encs {
+			js := []byte(`{"data":"` + enc.EncodeToString(data) + `"}`)
+			fe := fastEncoder{reg: r, in: js}
+			fast, ok := fe.encode(nil, m.plan)
+			if !ok {
+				t.Fatalf("%s: fast path refused it", js)
+			}
+			slow, err := m.encodeSlow(nil, js, EncodeOptions{})
+			if err != nil {
+				t.Fatalf("%s: protojson: %v", js, err)
+			}
+			if !bytes.Equal(fast, slow) {
+				t.Fatalf("%s:\n fast %x\n slow %x", js, fast, slow)
+			}
+		}
+	}
+	// a text mixing the two alphabets is refused by both
+	js := []byte(`{"data":"+_AA"}`)
+	fe := fastEncoder{reg: r, in: js}
+	if _, ok := fe.encode(nil, m.plan); ok {
+		t.Fatalf("%s: fast path accepted it", js)
+	}
 }
