@@ -371,12 +371,12 @@ function methods.unary(self, method, body, opts)
     body, nh, hlen, timeout, hbuf = check_call(v.max_frame, v.prop, method,
                                                body, opts, v.timeout,
                                                v.prop_deadline)
+    local late   -- the deadline passed: said after the phase's check
     if not body then
-        if nh == EXPIRED then
-            count_expired(method)
-            return nil, "timeout", { attempts = 0, detail = hlen }
+        if nh ~= EXPIRED then
+            return nil, nh, hlen or {}
         end
-        return nil, nh, hlen or {}
+        late = hlen
     end
     local ok, hash_key, retries, copts = pool_call_opts(v, opts, 4, method)
     if not ok then
@@ -387,6 +387,10 @@ function methods.unary(self, method, body, opts)
     if not yieldable[phase] then
         return nil, "qrpc: unary cannot be used in the " .. phase_name(phase)
                     .. " phase (it yields); use conn:event, or a timer", {}
+    end
+    if late then
+        count_expired(method)
+        return nil, "timeout", { attempts = 0, detail = late }
     end
 
     local e = v.e

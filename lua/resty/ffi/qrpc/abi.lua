@@ -14,6 +14,7 @@ local ffi_new = ffi.new
 local ffi_string = ffi.string
 local str_sub = string.sub
 local str_find = string.find
+local str_format = string.format
 local ffi_cast = ffi.cast
 local ffi_copy = ffi.copy
 local ffi_sizeof = ffi.sizeof
@@ -386,6 +387,18 @@ end
 -- nothing yields between the reset and the copy out (buf:tostring()).
 local hdr_buf = buf_new(256)
 
+-- num_str(v): a number as a string that reads back as the same number.
+-- tostring keeps 14 significant digits, which rounds an integer past
+-- 10^14 (a microsecond timestamp, an id) and writes it in e notation.
+local function num_str(v)
+    local s = tostring(v)
+    if v == v and tonumber(s) ~= v then
+        s = str_format("%.17g", v)
+    end
+    return s
+end
+_M.num_str = num_str
+
 function _M.pack_headers(h, argn, limit)
     local n, size = 0, 0
     local buf = hdr_buf:reset()
@@ -395,7 +408,7 @@ function _M.pack_headers(h, argn, limit)
         end
         local tv = type(v)
         if tv == "number" then
-            v = tostring(v)
+            v = num_str(v)
         elseif tv ~= "string" then
             return bad(argn, "header '" .. str_sub(k, 1, 64)
                              .. "' must be a string (got " .. tv .. ")")

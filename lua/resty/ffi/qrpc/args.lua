@@ -10,6 +10,7 @@ local pool = require "resty.ffi.qrpc.pool"
 local propagate = require "resty.ffi.qrpc.propagate"
 local nkeys = require "table.nkeys"
 local schema = require "resty.ffi.qrpc.schema"
+local numbers = require "resty.ffi.qrpc.numbers"
 
 local new_tab = base.new_tab
 local decode_base64 = ngx.decode_base64
@@ -23,6 +24,7 @@ local next = next
 local getmetatable = getmetatable
 local pcall = pcall
 local str_sub = string.sub
+local str_lower = string.lower
 local str_gsub = string.gsub
 local str_find = string.find
 local str_char = string.char
@@ -33,26 +35,13 @@ local math_huge = math.huge
 local tab_concat = table.concat
 
 local bad = abi.bad
+local odd_number = numbers.odd_number
 local pack_headers = abi.pack_headers
 local propagate_apply = propagate.apply
 local pool_keys = pool.keys
 local MAX_MS = limits.MS
 
 local _M = {}
-
-
--- Numbers that no option takes: the word for them, or nil.
-local function odd_number(v)
-    if v ~= v then
-        return "NaN"
-    end
-    if v == math_huge then
-        return "inf"
-    end
-    if v == -math_huge then
-        return "-inf"
-    end
-end
 
 
 -- Checks a time in ms (0..MAX_MS); returns it rounded up to an integer.
@@ -378,6 +367,18 @@ _M.check_opts = check_opts
 local EXPIRED = {}
 _M.EXPIRED = EXPIRED
 
+-- grpc_timeout(ms) -> the header's value in gRPC's format: at most 8
+-- digits and a unit, so whole ms below 10^8 and whole seconds (rounded
+-- up) from there (a timeout is at most 2147483647 ms).
+local function grpc_timeout(ms)
+    ms = math_ceil(ms)
+    if ms < 100000000 then
+        return ms .. "m"
+    end
+    return math_ceil(ms / 1000) .. "S"
+end
+_M.grpc_timeout = grpc_timeout
+
 local function check_call(max_frame, prop, method, body, opts, def_timeout, prop_deadline)
     if type(method) ~= "string" then
         return bad(2, "method must be a string (got " .. type(method) .. ")")
@@ -395,7 +396,7 @@ local function check_call(max_frame, prop, method, body, opts, def_timeout, prop
                       .. "is " .. max_frame .. ")")
     end
     local nh, hlen, timeout, hbuf = 0, 0, 0, nil
-    local h, deadline
+    local h, deadline, expired
     if opts ~= nil then
         local err
         local t = opts.timeout
@@ -445,22 +446,25 @@ local function check_call(max_frame, prop, method, body, opts, def_timeout, prop
         if deadline then
             local left = (deadline - ngx_now()) * 1000
             if left <= 0 then
-                return nil, EXPIRED, "the deadline passed " .. math_ceil(-left)
-                                     .. " ms before the call"
-            end
-            if left < timeout then
+                -- said once the rest is checked: a bad argument comes first
+                expired = "the deadline passed " .. math_ceil(-left)
+                          .. " ms before the call"
+            elseif left < timeout then
                 timeout = math_ceil(left)
             end
         end
-        if prop_deadline then
-            -- the caller's table stays as it is
+        if prop_deadline and not expired then
+            -- the caller's table stays as it is; a grpc-timeout of its own
+            -- (in any case) gives way, so that one goes out
             local h2 = {}
             if h then
                 for k, v in pairs(h) do
-                    h2[k] = v
+                    if type(k) ~= "string" or str_lower(k) ~= "grpc-timeout" then
+                        h2[k] = v
+                    end
                 end
             end
-            h2["grpc-timeout"] = math_ceil(timeout) .. "m"
+            h2["grpc-timeout"] = grpc_timeout(timeout)
             h = h2
         end
     end
@@ -469,6 +473,9 @@ local function check_call(max_frame, prop, method, body, opts, def_timeout, prop
         if not nh then
             return nil, hlen, hbuf
         end
+    end
+    if expired then
+        return nil, EXPIRED, expired
     end
     return body, nh, hlen, timeout, hbuf
 end

@@ -11,6 +11,7 @@ local limits = require "resty.ffi.qrpc.limits"
 local builtin = require "resty.ffi.qrpc.host_builtin"
 local propagate = require "resty.ffi.qrpc.propagate"
 local addr_mod = require "resty.ffi.qrpc.addr"
+local nkeys = require "table.nkeys"
 
 local sema_new = semaphore.new
 
@@ -153,11 +154,16 @@ local function ident(e)
     }, "\n")
 end
 
+-- a: the entry's list (a plain copy); b: the caller's, which must be a
+-- list and nothing more (a hole or another key sends the connect through
+-- the full check, which names it, as it would without this entry).
 local function same_pins(a, b)
     if a == b then
         return true
     end
-    if type(a) ~= "table" or type(b) ~= "table" or #a ~= #b then
+    if type(a) ~= "table" or type(b) ~= "table" or #a ~= #b
+       or nkeys(b) ~= #b
+    then
         return false
     end
     for i = 1, #a do

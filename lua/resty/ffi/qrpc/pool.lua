@@ -5,6 +5,7 @@
 -- (qrpc.Pool), one implementation for both hosts.
 
 local abi = require "resty.ffi.qrpc.abi"
+local numbers = require "resty.ffi.qrpc.numbers"
 local wire = require "resty.ffi.qrpc.wire"
 local limits = require "resty.ffi.qrpc.limits"
 local addrs_mod = require "resty.ffi.qrpc.addr"
@@ -12,6 +13,9 @@ local guard = require "resty.ffi.qrpc.guard"
 local share = require "resty.ffi.qrpc.share"
 
 local bad = abi.bad
+local num_str = abi.num_str
+local ms_bad = numbers.ms_bad
+local count_bad = numbers.count_bad
 
 local type = type
 local pairs = pairs
@@ -184,8 +188,7 @@ function _M.method_opts(mo, what)
     local buf = wire_new()
     if mo.try_timeout ~= nil then
         if not is_ms(mo.try_timeout) then
-            return bad(2, what .. ".try_timeout must be a number of "
-                          .. "milliseconds >= 0")
+            return ms_bad(2, what .. ".try_timeout", mo.try_timeout)
         end
         put(buf, K.TRY_TIMEOUT_MS, math_ceil(mo.try_timeout))
     end
@@ -241,15 +244,13 @@ local function pool_spec(o, spec)
             -- 0 is refused: Go reads 0 as "the default" (10 s), which is
             -- not what a caller writing 0 means
             if not is_ms(health.eject) or health.eject == 0 then
-                return bad(2, "health.eject must be a number of milliseconds "
-                              .. "> 0 (got " .. tostring(health.eject) .. ")")
+                return ms_bad(2, "health.eject", health.eject, "> 0")
             end
             eject = math_ceil(health.eject)
         end
         if health.stall ~= nil then
             if not is_ms(health.stall) then
-                return bad(2, "health.stall must be a number of milliseconds "
-                              .. ">= 0")
+                return ms_bad(2, "health.stall", health.stall)
             end
             stall = math_ceil(health.stall)
         end
@@ -281,15 +282,13 @@ local function pool_spec(o, spec)
         cmethod, cinterval, ctimeout = check.method, 2000, 500
         if check.interval ~= nil then
             if not is_ms(check.interval) or check.interval == 0 then
-                return bad(2, "check.interval must be a number of "
-                              .. "milliseconds > 0")
+                return ms_bad(2, "check.interval", check.interval, "> 0")
             end
             cinterval = math_ceil(check.interval)
         end
         if check.timeout ~= nil then
             if not is_ms(check.timeout) or check.timeout == 0 then
-                return bad(2, "check.timeout must be a number of "
-                              .. "milliseconds > 0")
+                return ms_bad(2, "check.timeout", check.timeout, "> 0")
             end
             ctimeout = math_ceil(check.timeout)
         end
@@ -297,13 +296,12 @@ local function pool_spec(o, spec)
 
     if retries ~= nil and (not is_count(retries, 0) or retries > MAX_RETRIES)
     then
-        return bad(2, "retries must be an integer 0.." .. MAX_RETRIES
-                      .. " (got " .. tostring(retries) .. ")")
+        return count_bad(2, "retries", retries, 0, MAX_RETRIES)
     end
     retries = retries or 0
 
     if resolve ~= nil and not is_ms(resolve) then
-        return bad(2, "resolve must be a number of milliseconds >= 0")
+        return ms_bad(2, "resolve", resolve)
     end
     resolve = resolve and math_ceil(resolve) or 0
 
@@ -317,8 +315,7 @@ local function pool_spec(o, spec)
 
     local try = o.try_timeout
     if try ~= nil and not is_ms(try) then
-        return bad(2, "try_timeout must be a number of milliseconds >= 0 "
-                      .. "(got " .. tostring(try) .. ")")
+        return ms_bad(2, "try_timeout", try)
     end
     try = try and math_ceil(try) or 0
 
@@ -344,7 +341,10 @@ local function pool_spec(o, spec)
         end
         if budget.ratio ~= nil then
             local r = budget.ratio
-            if type(r) ~= "number" or r ~= r or r < 0 or r > 1 then
+            if type(r) == "number" and r ~= r then
+                return bad(2, "budget.ratio must be a number 0..1, not NaN")
+            end
+            if type(r) ~= "number" or r < 0 or r > 1 then
                 return bad(2, "budget.ratio must be a number 0..1 (got "
                               .. tostring(r) .. ")")
             end
@@ -353,9 +353,7 @@ local function pool_spec(o, spec)
         if budget.min_per_s ~= nil then
             local m = budget.min_per_s
             if not is_count(m, 0) or m > MAX_MIN_PER_S then
-                return bad(2, "budget.min_per_s must be an integer 0.."
-                              .. MAX_MIN_PER_S .. " (got " .. tostring(m)
-                              .. ")")
+                return count_bad(2, "budget.min_per_s", m, 0, MAX_MIN_PER_S)
             end
             min_per_s = m
         end
@@ -544,7 +542,7 @@ function _M.call_opts(conn, opts, argn, method)
         key = opts.hash_key
         if key ~= nil then
             if type(key) == "number" then
-                key = tostring(key)
+                key = num_str(key)
             elseif type(key) ~= "string" then
                 return bad(argn, "hash_key must be a string (got " .. type(key)
                                  .. ")")
@@ -557,9 +555,7 @@ function _M.call_opts(conn, opts, argn, method)
         local r = opts.retries
         if r ~= nil then
             if not is_count(r, 0) or r > MAX_RETRIES then
-                return bad(argn, "retries must be an integer 0.."
-                                 .. MAX_RETRIES .. " (got " .. tostring(r)
-                                 .. ")")
+                return count_bad(argn, "retries", r, 0, MAX_RETRIES)
             end
             retries = r
         end
@@ -569,9 +565,7 @@ function _M.call_opts(conn, opts, argn, method)
             local b = wire_new():put(copts or "")
             if try ~= nil then
                 if not is_ms(try) then
-                    return bad(argn, "try_timeout must be a number of "
-                                     .. "milliseconds >= 0 (got "
-                                     .. tostring(try) .. ")")
+                    return ms_bad(argn, "try_timeout", try)
                 end
                 put(b, K.TRY_TIMEOUT_MS, math_ceil(try))
             end
