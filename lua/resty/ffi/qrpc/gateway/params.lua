@@ -3,6 +3,7 @@
 -- bodies, converted as the proto3 JSON mapping reads them.
 
 local schema = require "resty.ffi.qrpc.gateway.schema"
+local utf8_valid = require("resty.ffi.qrpc.gateway.utf8").valid
 
 local ngx = ngx
 local get_uri_args = ngx.req.get_uri_args
@@ -83,6 +84,25 @@ local function conv_list(kind, s)
     return list
 end
 
+-- fits(f, v): can v, a decoded JSON value, be scalar field f's value?
+-- Its JSON kind only (and UTF-8 for a string): what protojson refuses of
+-- a value that a path variable then replaces, which Go never sees.
+local function fits(f, v)
+    local tv, k = type(v), f.kind
+    if f.repeated or f.map then
+        return true   -- set by the query string, a list: Go reads it
+    elseif k == "string" then
+        return tv == "string" and utf8_valid(v)
+    elseif k == "bytes" then
+        return tv == "string"
+    elseif k == "bool" then
+        return tv == "boolean"
+    elseif k == "message" then
+        return true   -- a well-known type's own forms: Go reads them
+    end
+    return tv == "number" or tv == "string"   -- numbers and enums
+end
+
 -- the body may already hold under either field name
 local function set(t, ch, v, from, qkey, label)
     for i = 1, #ch - 1 do
@@ -106,6 +126,13 @@ local function set(t, ch, v, from, qkey, label)
         t = sub
     end
     local f = ch[#ch]
+    local old = t[f.name]
+    if old == nil then
+        old = t[f.json]
+    end
+    if old ~= nil and old ~= ngx.null and not fits(f, old) then
+        return nil, from .. ": the body's " .. f.name .. " is not a " .. f.kind .. " value"
+    end
     if f.json ~= f.name and t[f.json] ~= nil then
         t[f.json] = nil
     end

@@ -18,8 +18,8 @@ local get_method = ngx_req.get_method
 
 local type = type
 local pairs = pairs
-local pcall = pcall
 local tostring = tostring
+local getmetatable = getmetatable
 local str_sub = string.sub
 local str_byte = string.byte
 local ipairs = ipairs
@@ -35,25 +35,16 @@ local add_query, form_message = params.add_query, params.form_message
 local read_body, json_type, form_type = body.read, body.json_type, body.form_type
 local json_text = body.json_text
 
--- A decoder for request bodies that marks JSON arrays (an empty [] stays a
--- list when encoded again), where lua-cjson offers it.
-local ok_cjson, cjson = pcall(require, "cjson.safe")
-local body_decode = json.decode
-if ok_cjson and cjson.new then
-    local c = cjson.new()
-    if c.decode_array_with_array_mt then
-        c.decode_array_with_array_mt(true)
-    end
-    if c.decode_max_depth then
-        c.decode_max_depth(100)
-    end
-    body_decode = function(s)
-        local v, err = c.decode(s)
-        if v == nil then
-            return nil, err
-        end
-        return v
-    end
+-- The decoder of the bodies merged with path variables: protojson's
+-- refusals of any message (a name twice, a number past a double's range)
+-- hold there as where Go reads the body; an empty [] keeps its mark
+-- (json.array_mt), so that it stays a list, and is no object.
+local body_decode = json.decode_strict
+local array_mt = json.array_mt
+
+-- is b, a decoded body, a JSON object?
+local function is_object(b)
+    return type(b) == "table" and #b == 0 and getmetatable(b) ~= array_mt
 end
 
 -- The methods whose form body net/http's ParseForm reads.
@@ -161,7 +152,7 @@ function _M.message(gw, route, segs, n, last, form_get)
                 if b == nil then
                     return nil, 400, "bad JSON body: " .. tostring(derr)
                 end
-                if type(b) ~= "table" or (#b > 0) then
+                if not is_object(b) then
                     return nil, 400, "bad message: " .. route.input
                                       .. ": the body must be a JSON object"
                 end
@@ -196,7 +187,7 @@ function _M.message(gw, route, segs, n, last, form_get)
                     if b == nil then
                         return nil, 400, "bad JSON body: " .. tostring(derr)
                     end
-                    if type(b) ~= "table" then
+                    if not is_object(b) then
                         return nil, 400, "bad message: " .. route.input .. ": " .. f.name
                                           .. ": the body must be a JSON object"
                     end
