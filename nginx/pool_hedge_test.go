@@ -114,3 +114,34 @@ ngx.say("ok=", ok, " failed=", bad)
 		t.Errorf("qrpc_client_call_duration_seconds_count %d, qrpc_client_calls_total %d: the histogram counts other attempts", durations, all)
 	}
 }
+
+// TestHedgeP95From20Answers: pools.md: delay = "p95" follows the pool's
+// measured 95th percentile answer time, "no copy until the pool has 20
+// answers to measure". After 19 answers of 5 ms a call of 300 ms sends no
+// copy; after 20 it sends one.
+func TestHedgeP95From20Answers(t *testing.T) {
+	_, extra := startDemos(t, 3)
+	n := luaRunNginx(t, extra)
+	body := runLua(t, n, `
+local function copies()
+  local m = assert(qrpc.metrics()); local s = 0
+  for v in m:gmatch('reason="hedge"} (%d+)') do s = s + tonumber(v) end
+  return s
+end
+for _, warm in ipairs({ 19, 20 }) do
+  -- a pool of its own (another timeout): its own answers
+  local c = assert(qrpc.connect({ qt.s1, qt.s2, qt.s3 }, qt.opts({ timeout = 3000 + warm, hedge = { delay = "p95" }, budget = { ratio = 1, min_per_s = 1000 } })))
+  for i = 1, warm do assert(c:unary("slow", "5")) end
+  local base = copies()
+  assert(c:unary("slow", "300"))
+  ngx.say(warm, " answers: ", copies() - base, " copies")
+end
+`)
+	t.Logf("%s", body)
+	if !strings.Contains(body, "19 answers: 0 copies") {
+		t.Errorf("a copy before the pool had 20 answers:\n%s", body)
+	}
+	if !strings.Contains(body, "20 answers: 1 copies") {
+		t.Errorf("no copy for a call 60 times the p95 once the pool had 20 answers:\n%s", body)
+	}
+}
