@@ -247,7 +247,7 @@ func TestHedgeDelayFakeClock(t *testing.T) {
 		t.Fatal("armed on a p95 not measured yet")
 	}
 	for range latencyMinSamples {
-		p.lat.add(3 * time.Millisecond)
+		p.lat.add(3*time.Millisecond, 1)
 	}
 	pc2.armHedge(Hedge{P95: true, Max: 1})
 	if got, want := clk.armed(), latencyUpper(latencyBucket(3*time.Millisecond)); len(got) != 1 || got[0] != want {

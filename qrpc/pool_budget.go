@@ -76,10 +76,16 @@ func (b *retryBudget) refund(now time.Time) { b.spent[b.slot(now)].Add(-1) }
 // latencyHist estimates a pool's 95th percentile answer time, for hedging
 // with delay "p95": log-spaced buckets (each 25 % wider than the last,
 // from 100 µs), halved every latencyHalveEvery samples so that the
-// estimate follows the recent past.
+// estimate follows the recent past. The buckets count answers: the first
+// latencyMinSamples answers each add 1; after them, to spare the call path
+// an atomic add on counters every server of the pool shares, only one
+// answer in latencySampleEvery is added, for latencySampleEvery (answer).
 type latencyHist struct {
+	// warm: the first latencyMinSamples answers are in. Set once, read by
+	// every answer.
+	warm    atomic.Bool
 	buckets [latencyBuckets]atomic.Uint32
-	n       atomic.Uint32
+	n       atomic.Uint32 // samples added
 }
 
 const (
@@ -89,6 +95,8 @@ const (
 	latencyHalveEvery = 2048
 	// latencyMinSamples: fewer answers than this give no estimate.
 	latencyMinSamples = 20
+	// latencySampleEvery: once warm, one answer in this many is added.
+	latencySampleEvery = 4
 )
 
 var logLatencyGrowth = math.Log(latencyGrowth)
@@ -106,9 +114,29 @@ func latencyUpper(i int) time.Duration {
 	return time.Duration(float64(latencyBase) * math.Pow(latencyGrowth, float64(i)))
 }
 
-func (h *latencyHist) add(d time.Duration) {
-	h.buckets[latencyBucket(d)].Add(1)
-	if h.n.Add(1)%latencyHalveEvery == 0 {
+// answer counts an answer that took d; calls is its server's count of
+// calls started (peer.calls), whose low bits pick the answers sampled once
+// the histogram is warm.
+func (h *latencyHist) answer(d time.Duration, calls uint64) {
+	if !h.warm.Load() {
+		h.add(d, 1)
+		return
+	}
+	if calls%latencySampleEvery == 0 {
+		h.add(d, latencySampleEvery)
+	}
+}
+
+// add adds a sample of d that stands for w answers.
+func (h *latencyHist) add(d time.Duration, w uint32) {
+	h.buckets[latencyBucket(d)].Add(w)
+	n := h.n.Add(1)
+	if n == latencyMinSamples {
+		// Racing answers may add a few more at weight 1: an estimate is
+		// enough.
+		h.warm.Store(true)
+	}
+	if n%latencyHalveEvery == 0 {
 		// Racing adds may be lost to the halving: an estimate is enough.
 		for i := range h.buckets {
 			h.buckets[i].Store(h.buckets[i].Load() / 2)

@@ -2,6 +2,7 @@ package qrpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -228,11 +229,16 @@ func (pc *poolCall) account(pr *peer, trial uint64, began time.Time, resp *Respo
 		pr.observeLatency(monoNS(now), max(now.Sub(began), failurePenalty))
 	}
 	pr.endCall()
-	var code uint32
-	if resp != nil {
-		code = resp.Code
+	if err == nil || !errors.Is(err, context.Canceled) {
+		// A cancelled attempt (a copy that lost to another's answer, a
+		// call its caller gave up on before its deadline) has no outcome
+		// anyone saw: it is no call result for the metrics.
+		var code uint32
+		if resp != nil {
+			code = resp.Code
+		}
+		pr.obs.CallDone(pc.method, code, err, now.Sub(began))
 	}
-	pr.obs.CallDone(pc.method, code, err, now.Sub(began))
 	pc.pool.outcome(pr, trial, err)
 }
 
@@ -327,7 +333,7 @@ func (pc *poolCall) cancelAll(live [1 + MaxHedge]attemptRec, err error) {
 }
 
 // errHedgeLost ends a copy whose call another copy answered: no verdict
-// on its server, counted as cancelled.
+// on its server, and no call result in the metrics (account).
 var errHedgeLost = fmt.Errorf("%w: another copy answered first", context.Canceled)
 
 func (pc *poolCall) cancel() bool {

@@ -147,9 +147,7 @@ func (pr *peer) answered(now time.Time, d time.Duration) {
 	}
 	if d > 0 {
 		pr.observeLatency(ns, d)
-		if pr.calls.Load()&3 == 0 {
-			p.lat.add(d)
-		}
+		p.lat.answer(d, pr.calls.Load())
 	}
 }
 

@@ -439,12 +439,48 @@ func TestRetryBudget(t *testing.T) {
 	}
 }
 
+// TestLatencyWarmUp: the estimate exists from the latencyMinSamples-th
+// answer, whatever the servers' call counts (pools.md: "no copy until the
+// pool has 20 answers"); from then on one answer in latencySampleEvery is
+// added, weighing as many, so the buckets still count answers.
+func TestLatencyWarmUp(t *testing.T) {
+	var h latencyHist
+	calls := uint64(1)
+	for range latencyMinSamples - 1 {
+		h.answer(5*time.Millisecond, calls)
+		calls++
+	}
+	if h.p95() != 0 {
+		t.Fatalf("an estimate after %d answers", latencyMinSamples-1)
+	}
+	h.answer(5*time.Millisecond, calls)
+	calls++
+	if got := h.p95(); got < 5*time.Millisecond || got > 6250*time.Microsecond {
+		t.Fatalf("after %d answers of 5 ms: p95 %v", latencyMinSamples, got)
+	}
+	n := h.n.Load()
+	for range 400 {
+		h.answer(5*time.Millisecond, calls)
+		calls++
+	}
+	if added := h.n.Load() - n; added != 400/latencySampleEvery {
+		t.Fatalf("warm: %d of 400 answers added, want one in %d", added, latencySampleEvery)
+	}
+	total := uint32(0)
+	for i := range h.buckets {
+		total += h.buckets[i].Load()
+	}
+	if total != latencyMinSamples+400 {
+		t.Fatalf("buckets count %d answers, want %d", total, latencyMinSamples+400)
+	}
+}
+
 // TestLatencyP95: the estimate is within one bucket (25 %) above the true
 // 95th percentile, and none is given before latencyMinSamples answers.
 func TestLatencyP95(t *testing.T) {
 	var h latencyHist
 	for range latencyMinSamples - 1 {
-		h.add(time.Millisecond)
+		h.add(time.Millisecond, 1)
 	}
 	if h.p95() != 0 {
 		t.Fatal("an estimate from too few samples")
@@ -455,14 +491,14 @@ func TestLatencyP95(t *testing.T) {
 		if i%100 >= 94 { // 6 % slow
 			d = 200 * time.Millisecond
 		}
-		h2.add(d)
+		h2.add(d, 1)
 	}
 	if got := h2.p95(); got < 200*time.Millisecond || got > 250*time.Millisecond {
 		t.Fatalf("p95 %v with 6 %% at 200 ms", got)
 	}
 	var h3 latencyHist
 	for range 1000 {
-		h3.add(3 * time.Millisecond)
+		h3.add(3*time.Millisecond, 1)
 	}
 	if got := h3.p95(); got < 3*time.Millisecond || got > 3750*time.Microsecond {
 		t.Fatalf("p95 %v of 3 ms answers", got)

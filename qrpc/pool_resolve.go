@@ -16,18 +16,31 @@ import (
 func netipParse(host string) (netip.Addr, error) { return netip.ParseAddr(host) }
 
 // newResolver returns the system's resolver, or one that sends every query
-// to addr over UDP (as nginx's resolver directive does).
+// to addr (as nginx's resolver directive does): over UDP, and over TCP
+// when Go's resolver asks for it, to repeat a question whose UDP answer
+// came truncated (TC).
 func newResolver(addr string) *net.Resolver {
 	if addr == "" {
 		return net.DefaultResolver
 	}
 	return &net.Resolver{
 		PreferGo: true,
-		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "udp", addr)
+			return d.DialContext(ctx, resolverNetwork(network), addr)
 		},
 	}
+}
+
+// resolverNetwork is the network to reach the resolver on when Go's
+// resolver asks for network ("udp" or "tcp", perhaps with a 4 or 6 that
+// is its server's family, not the configured one's): the same transport,
+// of whichever family addr has.
+func resolverNetwork(network string) string {
+	if strings.HasPrefix(network, "tcp") {
+		return "tcp"
+	}
+	return "udp"
 }
 
 func (p *Pool) hasNames() bool {

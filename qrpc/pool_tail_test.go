@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testsrv"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
@@ -207,6 +208,51 @@ func TestPoolHedge(t *testing.T) {
 	}
 	if rec.get(addrs[0]).hedged.Load() == 0 {
 		t.Fatal("the slow server's calls were never hedged")
+	}
+}
+
+// TestPoolHedgeLosersNotCounted: every server answers in 20 ms and every
+// call sends a copy after 1 ms; the copy that lost is cancelled, which is
+// no call result for the observer (metrics.md: a cancelled attempt is not
+// in qrpc_client_calls_total), while each copy sent is reported Hedged.
+func TestPoolHedgeLosersNotCounted(t *testing.T) {
+	f := newFleet(t)
+	addrs := f.start(3)
+	for _, m := range f.srvs {
+		m.delay.Store(20)
+	}
+	rec := newRecorder()
+	p := f.dial(t, addrs, &qrpc.PoolConfig{Config: slowDial, Observer: rec, Stall: -1, Failures: 1 << 20,
+		RetryRatio: 1, RetryMinPerS: 1000, Hedge: qrpc.Hedge{Delay: time.Millisecond, Max: 1}})
+	const calls = 20
+	for range calls {
+		if _, err := poolCall(p, 5*time.Second, "work", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inflight := func() int64 {
+		n := int64(0)
+		for _, a := range addrs {
+			n += rec.get(a).inflight.Load()
+		}
+		return n
+	}
+	// The losers are cancelled after the winner's answer is delivered.
+	testwait.Until(t, "no attempt in flight", 5*time.Second, func() bool { return inflight() == 0 })
+	var ok, failed, hedged int64
+	for _, a := range addrs {
+		r := rec.get(a)
+		ok += r.ok.Load()
+		failed += r.failed.Load()
+		hedged += r.hedged.Load()
+	}
+	t.Logf("%d calls: %d copies, %d results ok, %d failed", calls, hedged, ok, failed)
+	if hedged == 0 {
+		t.Fatal("no copy sent")
+	}
+	if failed != 0 || ok < calls || ok > calls+hedged {
+		t.Fatalf("%d calls answered, %d copies: %d results ok, %d failed; want %d to %d ok, none failed",
+			calls, hedged, ok, failed, calls, calls+hedged)
 	}
 }
 

@@ -53,6 +53,8 @@ func TestMetricsRecording(t *testing.T) {
 		`qrpc_client_calls_total{method="code",` + srv + `,result="code"} 1`,
 		`qrpc_client_calls_total{method="sleep",` + srv + `,result="timeout"} 1`,
 		`qrpc_client_calls_total{method="sleep",` + srv + `,result="ok"} 0`, // the cancelled one is not counted
+		`qrpc_client_calls_total{method="sleep",` + srv + `,result="closed"} 0`,
+		`qrpc_client_call_duration_seconds_count{method="sleep",` + srv + `} 1`,
 		`qrpc_client_call_duration_seconds_count{method="echo",` + srv + `} 4`,
 		`qrpc_client_events_total{method="ev",` + srv + `,result="sent"} 2`,
 		`qrpc_client_inflight{` + srv + `} 0`,

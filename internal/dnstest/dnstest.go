@@ -5,6 +5,8 @@
 package dnstest
 
 import (
+	"encoding/binary"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -19,17 +21,29 @@ import (
 // SRV queries for its SRV names (with the A records of the targets it
 // knows in the additional section, as name servers do), any other type
 // for a known name with no records, and anything else with NXDOMAIN. It
-// is a real UDP DNS server on 127.0.0.1.
+// is a real DNS server on 127.0.0.1, over UDP and TCP on the same port.
+// As name servers do, it answers over UDP within the size the question
+// allows (512 bytes, or its EDNS0 payload size): an answer that does not
+// fit goes out with the TC bit and no records, for the client to ask
+// again over TCP, where every answer is whole.
 type Server struct {
-	Addr    string // host:port of the UDP server
+	Addr    string // host:port of the server (UDP and TCP)
 	name    string
 	mu      sync.Mutex
 	a       map[string][]netip.Addr // by lower-case FQDN
 	srv     map[string][]SRV
 	queries atomic.Int64
 	pc      net.PacketConn
+	ln      net.Listener
+	conns   sync.WaitGroup
+	cmu     sync.Mutex
+	open    map[net.Conn]struct{}
 	done    chan struct{}
 }
+
+// udpMin is the UDP answer size every client takes (RFC 1035); a question
+// with an EDNS0 record may allow more.
+const udpMin = 512
 
 // SRV is one SRV record: Target is a host name (with or without the
 // final dot).
@@ -53,12 +67,18 @@ func Start(t testing.TB, name string) *Server {
 // Listen starts a Server for name that runs until Close (for a program
 // that is not a test: the benchmark).
 func Listen(name string) (*Server, error) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	pc, ln, err := listen()
 	if err != nil {
 		return nil, err
 	}
-	d := &Server{Addr: pc.LocalAddr().String(), name: name, pc: pc, done: make(chan struct{}),
-		a: map[string][]netip.Addr{fqdn(name): nil}, srv: map[string][]SRV{}}
+	d := &Server{Addr: pc.LocalAddr().String(), name: name, pc: pc, ln: ln, done: make(chan struct{}),
+		open: map[net.Conn]struct{}{},
+		a:    map[string][]netip.Addr{fqdn(name): nil}, srv: map[string][]SRV{}}
+	d.conns.Add(1)
+	go func() {
+		defer d.conns.Done()
+		d.serveTCP()
+	}()
 	go func() {
 		defer close(d.done)
 		buf := make([]byte, 1500)
@@ -67,7 +87,7 @@ func Listen(name string) (*Server, error) {
 			if err != nil {
 				return
 			}
-			if out := d.answer(buf[:n]); out != nil {
+			if out := d.answer(buf[:n], true); out != nil {
 				_, _ = pc.WriteTo(out, from)
 			}
 		}
@@ -75,9 +95,83 @@ func Listen(name string) (*Server, error) {
 	return d, nil
 }
 
-// Close stops the server and waits for its goroutine.
+// listen opens a UDP socket on a free port of 127.0.0.1 and a TCP
+// listener on the same port (a few tries: the port may be taken for TCP).
+func listen() (net.PacketConn, net.Listener, error) {
+	var err error
+	for range 20 {
+		var pc net.PacketConn
+		pc, err = net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return nil, nil, err
+		}
+		var ln net.Listener
+		ln, err = net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln, nil
+		}
+		_ = pc.Close()
+	}
+	return nil, nil, err
+}
+
+// serveTCP answers length-prefixed questions on each connection, whole.
+func (d *Server) serveTCP() {
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			return
+		}
+		d.cmu.Lock()
+		if d.open == nil { // closed
+			d.cmu.Unlock()
+			_ = c.Close()
+			return
+		}
+		d.open[c] = struct{}{}
+		d.conns.Add(1)
+		d.cmu.Unlock()
+		go func() {
+			defer d.conns.Done()
+			defer func() {
+				d.cmu.Lock()
+				delete(d.open, c)
+				d.cmu.Unlock()
+				_ = c.Close()
+			}()
+			for {
+				var l [2]byte
+				if _, err := io.ReadFull(c, l[:]); err != nil {
+					return
+				}
+				req := make([]byte, binary.BigEndian.Uint16(l[:]))
+				if _, err := io.ReadFull(c, req); err != nil {
+					return
+				}
+				out := d.answer(req, false)
+				if out == nil || len(out) > 0xffff {
+					return
+				}
+				binary.BigEndian.PutUint16(l[:], uint16(len(out)))
+				if _, err := c.Write(append(l[:], out...)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// Close stops the server and waits for its goroutines.
 func (d *Server) Close() {
 	_ = d.pc.Close()
+	_ = d.ln.Close()
+	d.cmu.Lock()
+	for c := range d.open {
+		_ = c.Close()
+	}
+	d.open = nil
+	d.cmu.Unlock()
+	d.conns.Wait()
 	<-d.done
 }
 
@@ -119,7 +213,9 @@ func fqdn(name string) string {
 	return name
 }
 
-func (d *Server) answer(req []byte) []byte {
+// answer builds the answer to req; over UDP (udp), one that does not fit
+// the size the question allows is cut to its question, with TC set.
+func (d *Server) answer(req []byte, udp bool) []byte {
 	var p dnsmessage.Parser
 	h, err := p.Start(req)
 	if err != nil {
@@ -130,6 +226,40 @@ func (d *Server) answer(req []byte) []byte {
 		return nil
 	}
 	d.queries.Add(1)
+	out := d.build(h, q)
+	if udp && out != nil && len(out) > udpLimit(&p) {
+		rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, Truncated: true}
+		b := dnsmessage.NewBuilder(nil, rh)
+		_ = b.StartQuestions()
+		_ = b.Question(q)
+		out, _ = b.Finish()
+	}
+	return out
+}
+
+// udpLimit is the UDP answer size a question allows: its EDNS0 payload
+// size (RFC 6891), at least 512; 512 without one. p has read the
+// question.
+func udpLimit(p *dnsmessage.Parser) int {
+	if p.SkipAllQuestions() != nil || p.SkipAllAnswers() != nil || p.SkipAllAuthorities() != nil {
+		return udpMin
+	}
+	for {
+		rh, err := p.AdditionalHeader()
+		if err != nil { // dnsmessage.ErrSectionDone: no EDNS0 record
+			return udpMin
+		}
+		if rh.Type == dnsmessage.TypeOPT {
+			return max(int(rh.Class), udpMin)
+		}
+		if p.SkipAdditional() != nil {
+			return udpMin
+		}
+	}
+}
+
+// build is the whole answer to question q of a query with header h.
+func (d *Server) build(h dnsmessage.Header, q dnsmessage.Question) []byte {
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired}
 	key := fqdn(q.Name.String())
 	d.mu.Lock()

@@ -158,7 +158,7 @@ return {
     { name = "resolver", type = "string", default = "", unit = "",
       min = nil, min_open = false, max = nil,
       where = { connect = true }, key = true, needs = "",
-      doc = "DNS server to ask (UDP)" },
+      doc = "DNS server to ask (UDP; TCP for a truncated answer)" },
     { name = "headers", type = "table", default = "", unit = "",
       min = nil, min_open = false, max = nil,
       where = { call = true, event = true }, key = false, needs = "",
