@@ -59,6 +59,8 @@ func TestPoolOptionNumberMessages(t *testing.T) {
                 say(qrpc.connect(qt.addr, qt.opts({ health = { stall = -1 } })))
                 say(qrpc.connect(qt.addr, qt.opts({ check = { method = "echo", interval = -1/0 } })))
                 say(qrpc.connect(qt.addr, qt.opts({ budget = { ratio = 0/0 } })))
+                say(qrpc.connect(qt.addr, qt.opts({ budget = { ratio = 1/0 } })))
+                say(qrpc.connect(qt.addr, qt.opts({ budget = { ratio = "0.5" } })))
                 say(qrpc.connect(qt.addr, qt.opts({ budget = { min_per_s = 1/0 } })))`)})
 	_, body := n.get("/t")
 	want := []string{
@@ -77,6 +79,8 @@ func TestPoolOptionNumberMessages(t *testing.T) {
 		"bad argument #2: health.stall must be a number of milliseconds >= 0 (got -1)",
 		"bad argument #2: check.interval must be a number of milliseconds, not -inf",
 		"bad argument #2: budget.ratio must be a number 0..1, not NaN",
+		"bad argument #2: budget.ratio must be a number 0..1, not inf",
+		"bad argument #2: budget.ratio must be a number 0..1 (got string)",
 		"bad argument #2: budget.min_per_s must be a number, not inf",
 	}
 	got := strings.Split(strings.TrimSpace(body), "\n")
@@ -131,11 +135,16 @@ func TestNumericHeadersExact(t *testing.T) {
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local qt = require "qtest"
                 local conn = assert(qt.connect())
-                local res = assert(conn:unary("echo", "x", { headers = { ["x-ts"] = 1733580000123456, ["x-n"] = 2^53 } }))
-                ngx.say(res.headers["x-ts"], " ", res.headers["x-n"])`)})
+                local res = assert(conn:unary("echo", "x", { headers = { ["x-ts"] = 1733580000123456, ["x-n"] = 2^53,
+                    ["x-r"] = 1733580000000000, ["x-b"] = 2^60, ["x-f"] = 0.1, ["x-m"] = -1e15 } }))
+                local h = res.headers
+                ngx.say(h["x-ts"], " ", h["x-n"], " ", h["x-r"], " ", h["x-b"], " ", h["x-f"], " ", h["x-m"])`)})
 	_, body := n.get("/t")
-	if strings.TrimSpace(body) != "1733580000123456 9007199254740992" {
-		t.Errorf("numeric headers arrived as %q, want %q", strings.TrimSpace(body), "1733580000123456 9007199254740992")
+	// a round integer too: its short form (1.73358e+15) reads back, but a
+	// server reading an integer id or a timestamp wants digits
+	want := "1733580000123456 9007199254740992 1733580000000000 1152921504606846976 0.1 -1000000000000000"
+	if strings.TrimSpace(body) != want {
+		t.Errorf("numeric headers arrived as %q, want %q", strings.TrimSpace(body), want)
 	}
 }
 

@@ -28,6 +28,7 @@ local tonumber = tonumber
 local pairs = pairs
 local pcall = pcall
 local math_ceil = math.ceil
+local math_floor = math.floor
 
 
 -- Keep in sync with internal/hostq/qrpc.h (nginx/abi_test.go compares them).
@@ -391,6 +392,11 @@ local hdr_buf = buf_new(256)
 -- tostring keeps 14 significant digits, which rounds an integer past
 -- 10^14 (a microsecond timestamp, an id) and writes it in e notation.
 local function num_str(v)
+    if (v >= 1e15 or v <= -1e15) and v < 2^63 and v >= -2^63
+       and math_floor(v) == v
+    then
+        return str_format("%d", v)   -- an integer in digits, never 1e+15
+    end
     local s = tostring(v)
     if v == v and tonumber(s) ~= v then
         s = str_format("%.17g", v)

@@ -146,13 +146,17 @@ local function key_text(k)
     return kt
 end
 
+-- Set while encode_body runs (nothing yields in an encode): ±inf is the
+-- number 1e999, not the string "Infinity".
+local inf_literal = false
+
 local function put_number(b, n)
     if n ~= n then
         b:put('"NaN"')
     elseif n == math_huge then
-        b:put('"Infinity"')
+        b:put(inf_literal and "1e999" or '"Infinity"')
     elseif n == -math_huge then
-        b:put('"-Infinity"')
+        b:put(inf_literal and "-1e999" or '"-Infinity"')
     elseif math_floor(n) == n and n > -1e14 and n < 1e14 then
         b:put(tostring(n))              -- %.14g: exact for these integers
     elseif math_floor(n) == n and n > -1e15 and n < 1e15 then
@@ -274,6 +278,22 @@ function _M.encode(v)
 end
 
 
+-- encode_body(v): encode(v) for a JSON body decoded and merged again (the
+-- gateway's): an infinity in it came from a number past a double's range
+-- (1e999), and goes out as such a number, which Go refuses for a field it
+-- knows (as it does in a body read whole) and drops with an unknown one
+-- under discard_unknown; "Infinity" would be a valid double.
+function _M.encode_body(v)
+    inf_literal = true
+    local ok, text, err = pcall(_M.encode, v)
+    inf_literal = false
+    if not ok then
+        return nil, text
+    end
+    return text, err
+end
+
+
 -------------------------------------------------------------------------
 -- Decoding
 -------------------------------------------------------------------------
@@ -291,11 +311,6 @@ end
 -- The decoder used without cjson: plain recursive descent over the text
 -- protojson writes (and any other valid JSON).
 local decode_value
-
--- Set while decode_strict runs (nothing yields inside a decode): a name
--- twice in one object and a number past a double's range are errors, as
--- protojson has them, instead of the last value and an infinity.
-local strict = false
 
 local function skip_ws(s, i)
     local _, e = str_find(s, "^[ \t\r\n]*", i)
@@ -345,13 +360,15 @@ local function decode_string(s, i)
         parts[np] = str_sub(s, j, a - 1)
         local e = str_sub(s, a + 1, a + 1)
         if e == "u" then
-            local cp = tonumber(str_sub(s, a + 2, a + 5), 16)
+            local hex = str_sub(s, a + 2, a + 5)
+            local cp = str_find(hex, "^%x%x%x%x$") and tonumber(hex, 16)
             if not cp then
                 return nil, "bad \\u escape at " .. a
             end
             j = a + 6
             if cp >= 0xD800 and cp < 0xDC00 and str_sub(s, j, j + 1) == "\\u" then
-                local lo = tonumber(str_sub(s, j + 2, j + 5), 16)
+                local lhex = str_sub(s, j + 2, j + 5)
+                local lo = str_find(lhex, "^%x%x%x%x$") and tonumber(lhex, 16)
                 if lo and lo >= 0xDC00 and lo < 0xE000 then
                     cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00)
                     j = j + 6
@@ -394,9 +411,6 @@ decode_value = function(s, i, depth)
             i = skip_ws(s, err)
             if str_sub(s, i, i) ~= ":" then
                 return nil, "expected ':' at " .. i
-            end
-            if strict and t[k] ~= nil then
-                return nil, "duplicate name \"" .. k .. "\" at " .. i
             end
             local v
             v, i = decode_value(s, i + 1, depth + 1)
@@ -455,9 +469,6 @@ decode_value = function(s, i, depth)
     if not v then
         return nil, "bad number at " .. i
     end
-    if strict and (v == math_huge or v == -math_huge) then
-        return nil, "number out of range at " .. i
-    end
     return v, b + 1
 end
 
@@ -478,20 +489,6 @@ local function decode_lua(s)
 end
 _M.decode_lua = decode_lua
 
-
--- decode_strict(s): decode_lua, refusing what protojson refuses of any
--- message: a name twice in an object, a number no double holds. The
--- gateway reads the bodies it merges path variables into with it, so
--- that such a body gets the same 400 there as where Go reads it.
-function _M.decode_strict(s)
-    strict = true
-    local ok, v, err = pcall(decode_lua, s)
-    strict = false
-    if not ok then
-        return nil, v
-    end
-    return v, err
-end
 
 
 function _M.decode(s)

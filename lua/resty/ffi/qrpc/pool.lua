@@ -16,6 +16,7 @@ local bad = abi.bad
 local num_str = abi.num_str
 local ms_bad = numbers.ms_bad
 local count_bad = numbers.count_bad
+local odd_number = numbers.odd_number
 
 local type = type
 local pairs = pairs
@@ -341,10 +342,15 @@ local function pool_spec(o, spec)
         end
         if budget.ratio ~= nil then
             local r = budget.ratio
-            if type(r) == "number" and r ~= r then
-                return bad(2, "budget.ratio must be a number 0..1, not NaN")
+            if type(r) ~= "number" then
+                return bad(2, "budget.ratio must be a number 0..1 (got "
+                              .. type(r) .. ")")
             end
-            if type(r) ~= "number" or r < 0 or r > 1 then
+            local odd = odd_number(r)
+            if odd then
+                return bad(2, "budget.ratio must be a number 0..1, not " .. odd)
+            end
+            if r < 0 or r > 1 then
                 return bad(2, "budget.ratio must be a number 0..1 (got "
                               .. tostring(r) .. ")")
             end

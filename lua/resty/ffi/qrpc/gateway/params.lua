@@ -130,7 +130,9 @@ local function set(t, ch, v, from, qkey, label)
     if old == nil then
         old = t[f.json]
     end
-    if old ~= nil and old ~= ngx.null and not fits(f, old) then
+    -- from: a path variable over a body (a query parameter or a form
+    -- field, from == nil, finds only values of ours)
+    if from and old ~= nil and old ~= ngx.null and not fits(f, old) then
         return nil, from .. ": the body's " .. f.name .. " is not a " .. f.kind .. " value"
     end
     if f.json ~= f.name and t[f.json] ~= nil then

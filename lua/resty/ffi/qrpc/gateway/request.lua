@@ -17,6 +17,7 @@ local get_headers = ngx_req.get_headers
 local get_method = ngx_req.get_method
 
 local type = type
+local pcall = pcall
 local pairs = pairs
 local tostring = tostring
 local getmetatable = getmetatable
@@ -25,7 +26,7 @@ local str_byte = string.byte
 local ipairs = ipairs
 local tab_concat = table.concat
 
-local json_encode = json.encode
+local json_encode = json.encode_body
 local value_kind = schema.value_kind
 local path_value = routes.path_value
 local pattern_match = config.pattern_match
@@ -35,16 +36,36 @@ local add_query, form_message = params.add_query, params.form_message
 local read_body, json_type, form_type = body.read, body.json_type, body.form_type
 local json_text = body.json_text
 
--- The decoder of the bodies merged with path variables: protojson's
--- refusals of any message (a name twice, a number past a double's range)
--- hold there as where Go reads the body; an empty [] keeps its mark
--- (json.array_mt), so that it stays a list, and is no object.
-local body_decode = json.decode_strict
-local array_mt = json.array_mt
+-- A decoder for request bodies that marks JSON arrays (an empty [] stays a
+-- list when encoded again), where lua-cjson offers it.
+local ok_cjson, cjson = pcall(require, "cjson.safe")
+local body_decode = json.decode
+if ok_cjson and cjson.new then
+    local c = cjson.new()
+    if c.decode_array_with_array_mt then
+        c.decode_array_with_array_mt(true)
+    end
+    if c.decode_max_depth then
+        c.decode_max_depth(100)
+    end
+    body_decode = function(s)
+        local v, err = c.decode(s)
+        if v == nil then
+            return nil, err
+        end
+        return v
+    end
+end
 
--- is b, a decoded body, a JSON object?
+-- The marks of a decoded JSON array (json's own and lua-cjson's).
+local array_mts = {}
+for _, mt in ipairs(json.array_mts) do
+    array_mts[mt] = true
+end
+
+-- is b, a decoded body, a JSON object? (an empty [] is no object either)
 local function is_object(b)
-    return type(b) == "table" and #b == 0 and getmetatable(b) ~= array_mt
+    return type(b) == "table" and #b == 0 and not array_mts[getmetatable(b)]
 end
 
 -- The methods whose form body net/http's ParseForm reads.
