@@ -1,0 +1,162 @@
+package nginx
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+)
+
+// limitsProto: a message nested in itself every way a request can (a
+// field, a list's item, a map's value, a oneof's member), that can hold a
+// FieldMask (which sends the slow path through the mask lifter), with the
+// 64-bit integers and the JSON-valued well-known types.
+const limitsProto = `syntax = "proto3";
+package lim;
+import "google/protobuf/field_mask.proto";
+import "google/protobuf/struct.proto";
+import "google/protobuf/wrappers.proto";
+message Node {
+  Node next = 1;
+  repeated Node items = 2;
+  map<string, Node> by_name = 3;
+  oneof pick { Node one = 4; string other = 5; }
+  google.protobuf.FieldMask mask = 6;
+  google.protobuf.Struct st = 7;
+  google.protobuf.Value va = 8;
+  google.protobuf.ListValue lv = 9;
+  int64 i64 = 10;
+  uint64 u64 = 11;
+  fixed64 f64 = 12;
+  sfixed64 sf64 = 13;
+  sint64 s64 = 14;
+  google.protobuf.Int64Value w64 = 15;
+  google.protobuf.UInt64Value wu64 = 16;
+  repeated int64 ri64 = 17;
+  int32 n = 18;
+}
+`
+
+// startLimits: an nginx of one worker with lim.Node loaded, an echo
+// server, /json (a JSON body, json = true) and /tbl (a Lua chunk that
+// returns the request table; the answer as JSON).
+func startLimits(t *testing.T) *nginxProc {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qlim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	_ = os.Chmod(dir, 0o755)
+	if err := os.WriteFile(filepath.Join(dir, "lim.proto"), []byte(limitsProto), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv := qrpc.NewServer(&qrpc.ServerConfig{})
+	srv.Handle("Echo", func(_ context.Context, req *qrpc.Request, resp *qrpc.Response) {
+		resp.Body = append([]byte(nil), req.Body...)
+	})
+	a, err := srv.Listen("127.0.0.1:0", qrpc.ServerTLSConfig(serverTLSCert, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	init := lines(
+		`        local qrpc = require "resty.ffi.qrpc"`,
+		`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+		`        assert(qrpc.proto.load("lim.proto", { import_paths = { "`+dir+`" } }))`,
+	)
+	server := `
+        client_max_body_size 4m;
+        client_body_buffer_size 4m;
+` + loc("/json", `
+                local qt = require "qtest"
+                local conn = assert(require("resty.ffi.qrpc").connect(qt.lim_addr, qt.opts({ timeout = 5000 })))
+                ngx.req.read_body()
+                local res, err = conn:unary("Echo", ngx.req.get_body_data() or "",
+                    { request = "lim.Node", response = "lim.Node", json = true })
+                if not res then ngx.status = 400 return ngx.print(err) end
+                ngx.print(res.body)
+`) + loc("/tbl", `
+                local qt = require "qtest"
+                local conn = assert(require("resty.ffi.qrpc").connect(qt.lim_addr, qt.opts({ timeout = 5000 })))
+                ngx.req.read_body()
+                local tbl = assert(loadstring(ngx.req.get_body_data()))()
+                local res, err = conn:unary("Echo", tbl,
+                    { request = "lim.Node", response = "lim.Node", json = "response" })
+                if not res then ngx.status = 400 return ngx.print(err) end
+                ngx.print(res.body)
+`)
+	return startNginx(t, ngxConf{
+		Workers:   1,
+		InitByLua: init,
+		Extra:     map[string]string{"lim_addr": a.String()},
+		Server:    server,
+	})
+}
+
+// peakRSS is the worker's VmHWM in kB.
+func peakRSS(t *testing.T, n *nginxProc) int {
+	t.Helper()
+	pids := n.workerPIDs()
+	if len(pids) != 1 {
+		t.Fatalf("workers %v", pids)
+	}
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pids[0]) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(st), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "VmHWM:" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
+
+// TestJSONRequestNesting: a JSON request nesting messages 8000 deep (72
+// KB) cost the worker memory and time quadratic in the depth (from 1.9 to
+// 3.1 GB and over 4 s, other calls of the worker waiting), through the
+// FieldMask lifter of the slow path. It is refused now past 100 levels,
+// as a table body is, at once; 100 levels pass.
+func TestJSONRequestNesting(t *testing.T) {
+	t.Parallel()
+	n := startLimits(t)
+	n.req(t, "POST", "/json", `{"n":1}`) // warm: the library and the schema
+	deep := func(open, close string, k int) string {
+		return strings.Repeat(open, k) + `{"n":1}` + strings.Repeat(close, k)
+	}
+	for _, c := range []struct {
+		name, body string
+		ok         bool
+	}{
+		{"field, 100 levels", deep(`{"next":`, `}`, 99), true},
+		{"list, 100 levels", `{"items":[{"next":` + deep(`{"items":[`, `]}`, 48) + `}]}`, true},
+		{"field, 101 levels", deep(`{"next":`, `}`, 100), false},
+		{"field, 8000 levels", deep(`{"next":`, `}`, 7999), false},
+		{"map, 8000 levels", deep(`{"byName":{"k":`, `}}`, 4000), false},
+		{"oneof, 8000 levels", deep(`{"one":`, `}`, 7999), false},
+	} {
+		before := peakRSS(t, n)
+		start := time.Now()
+		r := n.req(t, "POST", "/json", c.body)
+		took := time.Since(start)
+		grew := peakRSS(t, n) - before
+		switch {
+		case c.ok && r.status != 200:
+			t.Errorf("%s: %d %.200s", c.name, r.status, r.body)
+		case !c.ok && (r.status != 400 || r.body != "bad message: lim.Node: nested too deep (more than 100 levels)"):
+			t.Errorf("%s: %d %.200s, want the nesting refused", c.name, r.status, r.body)
+		}
+		t.Logf("%s (%d bytes): %d, peak RSS +%d kB, %v", c.name, len(c.body), r.status, grew, took)
+		if grew > 32<<10 || took > 2*time.Second {
+			t.Errorf("%s (%d bytes): worker's peak RSS grew by %d MB, %v", c.name, len(c.body), grew>>10, took)
+		}
+	}
+}
