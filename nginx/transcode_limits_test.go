@@ -160,3 +160,43 @@ func TestJSONRequestNesting(t *testing.T) {
 		}
 	}
 }
+
+// tblCase: a Lua chunk returning a request table, and the answer's JSON
+// (protojson's form of the echo), or "!" and the error.
+type tblCase struct{ lua, want string }
+
+func runTbl(t *testing.T, n *nginxProc, cases []tblCase) {
+	t.Helper()
+	for _, c := range cases {
+		r := n.req(t, "POST", "/tbl", c.lua, "Content-Type", "text/plain")
+		if strings.HasPrefix(c.want, "!") {
+			if r.status != 400 || r.body != c.want[1:] {
+				t.Errorf("%s: %d %s; want 400 %s", c.lua, r.status, r.body, c.want[1:])
+			}
+		} else if r.status != 200 || r.body != c.want {
+			t.Errorf("%s: %d %s; want 200 %s", c.lua, r.status, r.body, c.want)
+		}
+	}
+}
+
+// TestTableBigIntegers: a Lua number beyond 2^53 for a 64-bit integer
+// field is sent as the integer the double holds (2^60 went as
+// 1152921504606847000); one out of the field's range is refused (2^63
+// for an int64 went as 9223372036854775800).
+func TestTableBigIntegers(t *testing.T) {
+	t.Parallel()
+	n := startLimits(t)
+	runTbl(t, n, []tblCase{
+		{`return { i64 = 2^60 }`, `{"i64":"1152921504606846976"}`},
+		{`return { i64 = -2^63 }`, `{"i64":"-9223372036854775808"}`},
+		{`return { i64 = 1e18 }`, `{"i64":"1000000000000000000"}`},
+		{`return { u64 = 2^63, f64 = 2^64 - 2^11 }`, `{"u64":"9223372036854775808","f64":"18446744073709549568"}`},
+		{`return { sf64 = -2^62, s64 = 2^62 + 2^12 }`, `{"sf64":"-4611686018427387904","s64":"4611686018427392000"}`},
+		{`return { ri64 = { 2^60, 1 }, w64 = 2^60, wu64 = 2^63 }`, `{"w64":"1152921504606846976","wu64":"9223372036854775808","ri64":["1152921504606846976","1"]}`},
+		{`return { i64 = 2^60, st = { a = 2^60 } }`, `{"st":{"a":1152921504606847000},"i64":"1152921504606846976"}`},
+		{`return { i64 = 2^63 }`, `!bad message: lim.Node: i64: out of range for int64: 9223372036854775808`},
+		{`return { u64 = 2^64 }`, `!bad message: lim.Node: u64: out of range for uint64: 1.8446744073709552e+19`},
+		{`return { f64 = -1 }`, `!bad message: lim.Node: f64: out of range for fixed64: -1`},
+		{`return { wu64 = -2^60 }`, `!bad message: lim.Node: wu64: out of range for uint64: -1152921504606846976`},
+	})
+}

@@ -15,7 +15,10 @@ package luaserial
 //   - object keys are strings, or integers in (-1e15, 1e15) written with
 //     %d; any other key is an error;
 //   - numbers: NaN and ±inf as "NaN", "Infinity", "-Infinity" (protojson's
-//     spellings); integers in (-1e15, 1e15) as digits ("-0" for -0),
+//     spellings); integers in (-1e15, 1e15) as digits ("-0" for -0);
+//     other integers in (-2^64, 2^64) as their exact digits (2^60 as
+//     1152921504606846976, not 1.152921504606847e+18, which protojson
+//     reads as the integer 1152921504606847000 for a 64-bit field);
 //     others with the shorter of %.15g and %.17g that reads back the same
 //     double;
 //   - strings: ", \ and the control characters (0-31, 127) escaped, the
@@ -517,6 +520,10 @@ func luaNumber(f float64) string {
 	return strconv.FormatFloat(f, 'g', 14, 64)
 }
 
+// AppendJSONNumber writes f as ToJSON does, by the mapping's number rule
+// (see the top).
+func AppendJSONNumber(out []byte, f float64) []byte { return appendNumber(out, f) }
+
 // appendNumber writes f by the mapping's number rule (see the top).
 func appendNumber(out []byte, f float64) []byte {
 	switch {
@@ -531,6 +538,8 @@ func appendNumber(out []byte, f float64) []byte {
 			return append(out, "-0"...) // tostring(-0)
 		}
 		return strconv.AppendInt(out, int64(f), 10)
+	case f == math.Trunc(f) && f > -0x1p64 && f < 0x1p64:
+		return strconv.AppendFloat(out, f, 'f', 0, 64) // exact: every digit
 	}
 	n := len(out)
 	out = strconv.AppendFloat(out, f, 'g', 15, 64)
