@@ -200,3 +200,24 @@ func TestTableBigIntegers(t *testing.T) {
 		{`return { wu64 = -2^60 }`, `!bad message: lim.Node: wu64: out of range for uint64: -1152921504606846976`},
 	})
 }
+
+// TestTableNonFiniteInValues: NaN, ±inf and 64-bit integer cdata in a
+// request table's Struct, Value or ListValue went out as the strings
+// "NaN", "Infinity", "9007199254740993". They are refused now (proto3
+// JSON has no such numbers), and a cdata a double holds is the number;
+// in a double field, a wrapper or an int64 field they are what they were.
+func TestTableNonFiniteInValues(t *testing.T) {
+	t.Parallel()
+	n := startLimits(t)
+	runTbl(t, n, []tblCase{
+		{`return { st = { n = 0/0 } }`, `!bad message: lim.Node: st.n: expected a finite number (google.protobuf.Value), got NaN`},
+		{`return { va = 0/0 }`, `!bad message: lim.Node: va: expected a finite number (google.protobuf.Value), got NaN`},
+		{`return { st = { n = math.huge } }`, `!bad message: lim.Node: st.n: expected a finite number (google.protobuf.Value), got Infinity`},
+		{`return { lv = { 1, -math.huge } }`, `!bad message: lim.Node: lv[1]: expected a finite number (google.protobuf.Value), got -Infinity`},
+		{`return { next = { st = { l = { { x = 0/0 } } } } }`, `!bad message: lim.Node: next.st.l[0].x: expected a finite number (google.protobuf.Value), got NaN`},
+		{`return { st = { n = 9007199254740993LL } }`, `!bad message: lim.Node: st.n: not exact as a double (google.protobuf.Value): 9007199254740993`},
+		{`return { st = { n = 9007199254740992LL, m = -5LL, s = "NaN" } }`, `{"st":{"m":-5,"n":9007199254740992,"s":"NaN"}}`},
+		{`return { va = 2ULL^60 }`, `{"va":1152921504606847000}`},
+		{`return { i64 = 9007199254740993LL, w64 = 9007199254740993LL, st = { a = 1 } }`, `{"st":{"a":1},"i64":"9007199254740993","w64":"9007199254740993"}`},
+	})
+}

@@ -202,6 +202,18 @@ func FuzzToJSON(f *testing.F) {
 		if !json.Valid(out[6:]) {
 			t.Fatalf("invalid JSON %q from %x", out[6:], ser)
 		}
+		// the marks are strings of the same text
+		marked, marks, err := ToJSONMarked([]byte("prefix"), ser, nil)
+		if err != nil || !bytes.Equal(marked, out) {
+			t.Fatalf("marked: %q, %v; unmarked %q", marked, err, out)
+		}
+		last := 6
+		for _, mk := range marks {
+			if mk.At < last || mk.End-mk.At < 3 || out[mk.At] != '"' || out[mk.End-1] != '"' {
+				t.Fatalf("mark %+v in %q", mk, out)
+			}
+			last = mk.End
+		}
 	})
 }
 
