@@ -180,7 +180,7 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 		}
 		jp := bodyPool.Get().(*[]byte)
 		defer putBody(jp)
-		js, err := luaserial.ToJSON((*jp)[:0], cmd.Body)
+		js, marks, err := luaserial.ToJSONMarked((*jp)[:0], cmd.Body, nil)
 		if err != nil {
 			var ve *luaserial.ValueError
 			if errors.As(err, &ve) {
@@ -190,7 +190,11 @@ func requestBody(cmd *Command) (body []byte, release func(), err error) {
 			return nil, noRelease, &transcode.MessageError{Message: m.Name(), What: err.Error()}
 		}
 		*jp = js
-		in = js
+		// NaN, inf and 64-bit cdata, written as strings, are no strings
+		// in a Struct or Value
+		if in, err = m.CheckLuaMarks(js, marks); err != nil {
+			return nil, noRelease, err
+		}
 	}
 	bp := bodyPool.Get().(*[]byte)
 	out, err := m.Encode((*bp)[:0], in, transcode.EncodeOptions{DiscardUnknown: discard})

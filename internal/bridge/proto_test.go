@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/descriptorpb"
 
@@ -120,7 +121,16 @@ func TestProtoCalls(t *testing.T) {
 	if c := h.wait(15, 5*time.Second); c.Status != StatusOK || Bytes(c.Data, int(c.Len))[0] != 0 {
 		t.Fatalf("reply of %d levels: status %d", luaserial.MaxDepth, c.Status)
 	}
-	h.submit(protoUnary(conn, 16, "echo", nested(luaserial.MaxDepth+1), "demo.AllKinds", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
+	// (a JSON request that deep is refused: the reply's bytes are sent)
+	deep := &demopb.AllKinds{}
+	if err := protojson.Unmarshal([]byte(nested(luaserial.MaxDepth+1)), deep); err != nil {
+		t.Fatal(err)
+	}
+	deepPB, err := proto.Marshal(deep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.submit(protoUnary(conn, 16, "echo", string(deepPB), "", "demo.AllKinds", FlagProtoNames|FlagLuaTable), StatusPending)
 	c := h.wait(16, 5*time.Second)
 	if c.Status != StatusBadResponse {
 		t.Fatalf("reply of %d levels: status %d %q", luaserial.MaxDepth+1, c.Status, text(c))
@@ -130,7 +140,7 @@ func TestProtoCalls(t *testing.T) {
 	if err != nil || msg != wantMsg || len(raw) == 0 {
 		t.Fatalf("reply of %d levels: %q (%d bytes) %v", luaserial.MaxDepth+1, msg, len(raw), err)
 	}
-	h.submit(protoUnary(conn, 17, "echo", nested(luaserial.MaxDepth+1), "demo.AllKinds", "demo.AllKinds", 0), StatusPending)
+	h.submit(protoUnary(conn, 17, "echo", string(deepPB), "", "demo.AllKinds", 0), StatusPending)
 	if _, _, body := result(t, h.wait(17, 5*time.Second)); string(body) != nested(luaserial.MaxDepth+1) {
 		t.Fatalf("JSON reply of %d levels: %s", luaserial.MaxDepth+1, body)
 	}

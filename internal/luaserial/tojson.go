@@ -15,7 +15,10 @@ package luaserial
 //   - object keys are strings, or integers in (-1e15, 1e15) written with
 //     %d; any other key is an error;
 //   - numbers: NaN and ±inf as "NaN", "Infinity", "-Infinity" (protojson's
-//     spellings); integers in (-1e15, 1e15) as digits ("-0" for -0),
+//     spellings); integers in (-1e15, 1e15) as digits ("-0" for -0);
+//     other integers in (-2^64, 2^64) as their exact digits (2^60 as
+//     1152921504606846976, not 1.152921504606847e+18, which protojson
+//     reads as the integer 1152921504606847000 for a 64-bit field);
 //     others with the shorter of %.15g and %.17g that reads back the same
 //     double;
 //   - strings: ", \ and the control characters (0-31, 127) escaped, the
@@ -76,19 +79,42 @@ const (
 // ToJSON appends to dst the JSON text of ser, one value (a table, from
 // the Lua module) in string.buffer's format.
 func ToJSON(dst, ser []byte) ([]byte, error) {
+	out, _, err := toJSON(dst, ser, nil, false)
+	return out, err
+}
+
+// A Mark is a value ToJSON wrote as a JSON string that was not a Lua
+// string: NaN, ±inf ("NaN", "Infinity", "-Infinity", which a float or
+// double field reads as the number), or a 64-bit integer cdata (its
+// digits, which a 64-bit integer field reads exactly). Where a value of
+// any JSON type is read (google.protobuf.Value) they would be strings.
+type Mark struct {
+	At, End int     // the string in the output, quotes included
+	Num     float64 // the number: NaN, ±inf, or the cdata's value rounded
+	Cdata   bool    // a 64-bit integer cdata; Exact tells whether Num is its value
+	Exact   bool
+}
+
+// ToJSONMarked is ToJSON, also appending to marks the values written as
+// Marks, in order.
+func ToJSONMarked(dst, ser []byte, marks []Mark) ([]byte, []Mark, error) {
+	return toJSON(dst, ser, marks, true)
+}
+
+func toJSON(dst, ser []byte, marks []Mark, mark bool) ([]byte, []Mark, error) {
 	if len(ser) > MaxInput {
-		return dst, &MalformedError{What: fmt.Sprintf("%d bytes, more than %d", len(ser), MaxInput)}
+		return dst, marks, &MalformedError{What: fmt.Sprintf("%d bytes, more than %d", len(ser), MaxInput)}
 	}
 	d := decoders.Get().(*decoder)
 	defer d.release()
-	d.in, d.pos, d.out = ser, 0, dst
+	d.in, d.pos, d.out, d.marks, d.mark = ser, 0, dst, marks, mark
 	if err := d.value(0); err != nil {
-		return dst, err
+		return dst, marks, err
 	}
 	if d.pos != len(d.in) {
-		return dst, d.malformed("trailing bytes")
+		return dst, marks, d.malformed("trailing bytes")
 	}
-	return d.out, nil
+	return d.out, d.marks, nil
 }
 
 // decoders keep their scratch slices from call to call: a request would
@@ -96,7 +122,7 @@ func ToJSON(dst, ser []byte) ([]byte, error) {
 var decoders = sync.Pool{New: func() any { return &decoder{} }}
 
 func (d *decoder) release() {
-	d.in, d.out = nil, nil
+	d.in, d.out, d.marks = nil, nil, nil
 	// a huge table's scratch is not kept
 	if cap(d.entries) > 4096 || cap(d.order) > 4096 {
 		return
@@ -121,6 +147,8 @@ type decoder struct {
 	out     []byte
 	entries []entry // the slots of the tables being written, innermost last
 	order   []int   // arrays: entry indices by key
+	marks   []Mark  // with mark
+	mark    bool
 }
 
 func (d *decoder) malformed(what string) error {
@@ -368,7 +396,12 @@ func (d *decoder) value(depth int) error {
 		if err := d.need(9); err != nil {
 			return err
 		}
-		d.out = appendNumber(d.out, math.Float64frombits(binary.LittleEndian.Uint64(d.in[d.pos+1:])))
+		f := math.Float64frombits(binary.LittleEndian.Uint64(d.in[d.pos+1:]))
+		at := len(d.out)
+		d.out = appendNumber(d.out, f)
+		if d.mark && (math.IsNaN(f) || math.IsInf(f, 0)) {
+			d.marks = append(d.marks, Mark{At: at, End: len(d.out), Num: f})
+		}
 		d.pos += 9
 		return nil
 	case t == tagInt:
@@ -383,13 +416,23 @@ func (d *decoder) value(depth int) error {
 			return err
 		}
 		v := binary.LittleEndian.Uint64(d.in[d.pos+1:])
+		at := len(d.out)
 		d.out = append(d.out, '"')
+		var f float64
+		var exact bool
 		if t == tagInt64 {
 			d.out = strconv.AppendInt(d.out, int64(v), 10)
+			f = float64(int64(v))
+			exact = f != 0x1p63 && int64(f) == int64(v)
 		} else {
 			d.out = strconv.AppendUint(d.out, v, 10)
+			f = float64(v)
+			exact = f != 0x1p64 && uint64(f) == v
 		}
 		d.out = append(d.out, '"')
+		if d.mark {
+			d.marks = append(d.marks, Mark{At: at, End: len(d.out), Num: f, Cdata: true, Exact: exact})
+		}
 		d.pos += 9
 		return nil
 	case t == tagLightU4 || t == tagLightU8:
@@ -517,6 +560,10 @@ func luaNumber(f float64) string {
 	return strconv.FormatFloat(f, 'g', 14, 64)
 }
 
+// AppendJSONNumber writes f as ToJSON does, by the mapping's number rule
+// (see the top).
+func AppendJSONNumber(out []byte, f float64) []byte { return appendNumber(out, f) }
+
 // appendNumber writes f by the mapping's number rule (see the top).
 func appendNumber(out []byte, f float64) []byte {
 	switch {
@@ -531,6 +578,8 @@ func appendNumber(out []byte, f float64) []byte {
 			return append(out, "-0"...) // tostring(-0)
 		}
 		return strconv.AppendInt(out, int64(f), 10)
+	case f == math.Trunc(f) && f > -0x1p64 && f < 0x1p64:
+		return strconv.AppendFloat(out, f, 'f', 0, 64) // exact: every digit
 	}
 	n := len(out)
 	out = strconv.AppendFloat(out, f, 'g', 15, 64)

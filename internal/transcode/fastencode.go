@@ -27,11 +27,14 @@ type fastEncoder struct {
 	lua     bool
 	in      []byte // the input
 	pos     int    // the read position in it
-	depth   int
+	depth   int    // objects and arrays open around the read position
 }
 
-// maxFastDepth bounds the fast path's recursion; deeper input goes to
-// protojson, which has its own limit.
+// maxFastDepth bounds the fast path's nesting: it opens no object or
+// array (a message, a list, a map, a value it skips or hands to
+// protojson) when that many are open. Deeper input goes to the slow
+// path, which refuses more than maxRequestDepth levels and hands the
+// rest to protojson.
 const maxFastDepth = 64
 
 // segment is one field's (or map entry's) bytes in the output, to put
@@ -533,13 +536,14 @@ func hex4(js []byte, i int) (rune, bool) {
 }
 
 // skip passes over one JSON value (an unknown field's, with discard),
-// checking it is valid JSON as protojson would.
+// checking it is valid JSON as protojson would; depth objects and arrays
+// are open around it.
 func (e *fastEncoder) skip(depth int) bool {
-	if depth > 64 {
-		return false
-	}
 	switch c := e.peek(); c {
 	case '{', '[':
+		if depth >= maxFastDepth {
+			return false
+		}
 		e.pos++
 		closing := c + 2 // '}' or ']'
 		for i := 0; ; i++ {

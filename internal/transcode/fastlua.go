@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // EncodeLua appends the protobuf encoding of ser, a Lua table in LuaJIT's
@@ -193,15 +195,7 @@ func intWire(k protoreflect.Kind, n int64) (uint64, bool) {
 }
 
 // luaNumberText is the JSON text luaserial.ToJSON writes for a finite x
-// (its number rule): digits for an integer below 1e15, else the shorter
-// of %.15g and %.17g that reads back as x.
+// (its number rule).
 func luaNumberText(dst []byte, x float64) []byte {
-	if n, ok := luaInt(x); ok {
-		return strconv.AppendInt(dst, n, 10)
-	}
-	out := strconv.AppendFloat(dst, x, 'g', 15, 64)
-	if back, err := strconv.ParseFloat(string(out), 64); err != nil || back != x {
-		out = strconv.AppendFloat(dst[:0], x, 'g', 17, 64)
-	}
-	return out
+	return luaserial.AppendJSONNumber(dst, x)
 }

@@ -149,11 +149,12 @@ func reachesFieldMask(md protoreflect.MessageDescriptor, seen map[protoreflect.F
 // by "" (an empty mask, which protojson reads), and where each was. The
 // walk follows protojson's reading of js (a field by JSON name, then by
 // .proto name); whatever it does not understand it leaves as it is, for
-// protojson to judge.
+// protojson to judge. It reads js once, by offsets, without copying: its
+// cost is linear in the text's length whatever the nesting (its
+// recursion is as deep as the text's nesting, which Encode has bounded).
 func liftFieldMasks(md protoreflect.MessageDescriptor, js []byte) ([]byte, []maskLift) {
 	l := lifter{js: js}
-	at := len(js) - len(bytes.TrimLeft(js, " \t\r\n"))
-	l.value(md, bytes.TrimRight(js[at:], " \t\r\n"), at, nil)
+	l.value(md, l.ws(0), nil)
 	if len(l.spans) == 0 {
 		return js, nil
 	}
@@ -173,82 +174,205 @@ type lifter struct {
 	lifts []maskLift
 }
 
-// values calls f for each value of the object or array at raw (which
-// starts at offset base of the whole text) with its key ("" in an array),
-// its index, its bytes and their offset.
-func values(raw []byte, base int, f func(key string, i int, v []byte, at int)) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	tok, err := dec.Token()
-	if err != nil {
-		return
+// stepChain is the way down to a value, from its last step up: each level
+// adds one link, where a slice would be copied.
+type stepChain struct {
+	step maskStep
+	up   *stepChain
+}
+
+func (c *stepChain) steps() []maskStep {
+	n := 0
+	for x := c; x != nil; x = x.up {
+		n++
 	}
-	isObject := tok == json.Delim('{')
-	for i := 0; dec.More(); i++ {
+	steps := make([]maskStep, n)
+	for x := c; x != nil; x = x.up {
+		n--
+		steps[n] = x.step
+	}
+	return steps
+}
+
+func (l *lifter) ws(i int) int {
+	for i < len(l.js) {
+		switch l.js[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// stringEnd returns the offset after the string that starts at i (a
+// quote), or -1.
+func (l *lifter) stringEnd(i int) int {
+	for i++; i < len(l.js); i++ {
+		switch l.js[i] {
+		case '"':
+			return i + 1
+		case '\\':
+			i++
+		}
+	}
+	return -1
+}
+
+// skip returns the offset after the value at i (valid or not: protojson
+// judges it), or -1 when the text ends first.
+func (l *lifter) skip(i int) int {
+	depth := 0
+	for i < len(l.js) {
+		switch l.js[i] {
+		case '"':
+			if i = l.stringEnd(i); i < 0 {
+				return -1
+			}
+			if depth == 0 {
+				return i
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i // the end of the enclosing object or array
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+		i++
+	}
+	if depth == 0 {
+		return i
+	}
+	return -1
+}
+
+// key reads the object key at i; ok is false when there is none.
+func (l *lifter) key(i int) (key string, end int, ok bool) {
+	if i >= len(l.js) || l.js[i] != '"' {
+		return "", i, false
+	}
+	end = l.stringEnd(i)
+	if end < 0 {
+		return "", i, false
+	}
+	raw := l.js[i:end]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw[1 : len(raw)-1]), end, true
+	}
+	if json.Unmarshal(raw, &key) != nil {
+		return "", i, false
+	}
+	return key, end, true
+}
+
+// each calls f for each value of the object or array at i (an object's
+// with its key, an array's with its index) with the value's offset; f
+// returns the offset after the value, or -1 to stop. each returns the
+// offset after the object or array, or -1.
+func (l *lifter) each(i int, f func(key string, idx, at int) int) int {
+	if i >= len(l.js) || (l.js[i] != '{' && l.js[i] != '[') {
+		return -1
+	}
+	closing := l.js[i] + 2 // '}' or ']'
+	isObject := l.js[i] == '{'
+	i = l.ws(i + 1)
+	if i < len(l.js) && l.js[i] == closing {
+		return i + 1
+	}
+	for idx := 0; ; idx++ {
 		key := ""
 		if isObject {
-			t, err := dec.Token()
-			if err != nil {
-				return
+			var ok bool
+			if key, i, ok = l.key(i); !ok {
+				return -1
 			}
-			key, _ = t.(string)
+			if i = l.ws(i); i >= len(l.js) || l.js[i] != ':' {
+				return -1
+			}
+			i = l.ws(i + 1)
 		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return
+		if i = f(key, idx, i); i < 0 {
+			return -1
 		}
-		end := int(dec.InputOffset())
-		f(key, i, v, base+end-len(v))
+		switch i = l.ws(i); {
+		case i >= len(l.js):
+			return -1
+		case l.js[i] == closing:
+			return i + 1
+		case l.js[i] != ',':
+			return -1
+		}
+		i = l.ws(i + 1)
 	}
 }
 
-func (l *lifter) object(md protoreflect.MessageDescriptor, raw []byte, base int, steps []maskStep) {
-	if len(raw) == 0 || raw[0] != '{' {
-		return
+// object looks at the fields of the object at i, of message type md, and
+// returns the offset after it, or -1.
+func (l *lifter) object(md protoreflect.MessageDescriptor, i int, steps *stepChain) int {
+	if i >= len(l.js) || l.js[i] != '{' {
+		return l.skip(i)
 	}
 	fields := md.Fields()
-	values(raw, base, func(key string, _ int, v []byte, at int) {
+	return l.each(i, func(key string, _, at int) int {
 		fd := fields.ByJSONName(key)
 		if fd == nil {
 			fd = fields.ByTextName(key)
 		}
 		if fd == nil {
-			return
+			return l.skip(at)
 		}
 		kind := fd.Kind()
 		if fd.IsMap() {
 			kind = fd.MapValue().Kind()
 		}
 		if kind != protoreflect.MessageKind && kind != protoreflect.GroupKind {
-			return
+			return l.skip(at)
 		}
 		switch {
-		case fd.IsMap():
+		case fd.IsMap() && at < len(l.js) && l.js[at] == '{':
 			vmd := fd.MapValue().Message()
-			values(v, at, func(k string, _ int, ev []byte, eat int) {
-				l.value(vmd, ev, eat, append(steps[:len(steps):len(steps)], maskStep{fd: fd, idx: -1, key: k}))
+			return l.each(at, func(k string, _, eat int) int {
+				return l.value(vmd, eat, &stepChain{maskStep{fd: fd, idx: -1, key: k}, steps})
 			})
-		case fd.IsList():
-			values(v, at, func(_ string, i int, ev []byte, eat int) {
-				l.value(fd.Message(), ev, eat, append(steps[:len(steps):len(steps)], maskStep{fd: fd, idx: i}))
+		case fd.IsList() && at < len(l.js) && l.js[at] == '[':
+			return l.each(at, func(_ string, idx, eat int) int {
+				return l.value(fd.Message(), eat, &stepChain{maskStep{fd: fd, idx: idx}, steps})
 			})
-		default:
-			l.value(fd.Message(), v, at, append(steps[:len(steps):len(steps)], maskStep{fd: fd, idx: -1}))
+		case fd.IsMap() || fd.IsList():
+			return l.skip(at)
 		}
+		return l.value(fd.Message(), at, &stepChain{maskStep{fd: fd, idx: -1}, steps})
 	})
 }
 
-// value looks at one value of message type md.
-func (l *lifter) value(md protoreflect.MessageDescriptor, v []byte, at int, steps []maskStep) {
+// value looks at the value at i, of message type md, and returns the
+// offset after it, or -1.
+func (l *lifter) value(md protoreflect.MessageDescriptor, i int, steps *stepChain) int {
 	if md.FullName() == fieldMaskName {
-		if paths, ok := maskPaths(v); ok {
-			l.spans = append(l.spans, [2]int{at, at + len(v)})
-			l.lifts = append(l.lifts, maskLift{steps: steps, paths: paths})
+		end := l.skip(i)
+		if end < 0 {
+			return -1
 		}
-		return
+		if paths, ok := maskPaths(l.js[i:end]); ok {
+			l.spans = append(l.spans, [2]int{i, end})
+			l.lifts = append(l.lifts, maskLift{steps: steps.steps(), paths: paths})
+		}
+		return end
 	}
-	if !isWellKnown(md) {
-		l.object(md, v, at, steps)
+	if isWellKnown(md) {
+		return l.skip(i)
 	}
+	return l.object(md, i, steps)
 }
 
 // apply puts the mask's paths into m, the message protojson read from the

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/luaserial"
 )
 
 // Message is one message type of a Registry, ready to transcode. Get it
@@ -91,6 +93,9 @@ func (m *Message) Encode(dst, js []byte, o EncodeOptions) ([]byte, error) {
 // encodeSlow is Encode by protojson and dynamicpb: for what the fast path
 // leaves alone, and for the errors.
 func (m *Message) encodeSlow(dst, js []byte, o EncodeOptions) ([]byte, error) {
+	if tooDeep(js) {
+		return dst, &MessageError{Message: m.Name(), What: errTooDeep}
+	}
 	var lifts []maskLift
 	if m.masks {
 		js, lifts = liftFieldMasks(m.desc, js)
@@ -114,6 +119,41 @@ func (m *Message) encodeSlow(dst, js []byte, o EncodeOptions) ([]byte, error) {
 		return dst, &MessageError{Message: m.Name(), What: cleanProtoError(err)}
 	}
 	return out, nil
+}
+
+// maxRequestDepth is the most objects and arrays a JSON request may nest,
+// the outermost included: the Lua table's limit (LuaJIT's string.buffer
+// refuses more, and a table reply cannot hold more), so that a request
+// is accepted or refused alike as a table and as JSON, and its echo fits
+// in a table reply. protojson alone would allow 10000 levels, at a cost
+// in Go stack and protojson's recursion that one request should not
+// impose on the worker; real messages nest far less than 100.
+const maxRequestDepth = luaserial.MaxDepth
+
+var errTooDeep = fmt.Sprintf("nested too deep (more than %d levels)", maxRequestDepth)
+
+// tooDeep tells whether the JSON text js nests more than maxRequestDepth
+// objects and arrays, counting brackets outside strings (whether js is
+// valid is protojson's to say).
+func tooDeep(js []byte) bool {
+	depth := 0
+	for i := 0; i < len(js); i++ {
+		switch js[i] {
+		case '"':
+			for i++; i < len(js) && js[i] != '"'; i++ {
+				if js[i] == '\\' {
+					i++
+				}
+			}
+		case '{', '[':
+			if depth++; depth > maxRequestDepth {
+				return true
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return false
 }
 
 // Decode appends to dst the JSON form of pb, the protobuf encoding of a

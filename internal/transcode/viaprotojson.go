@@ -18,7 +18,7 @@ import (
 func (e *fastEncoder) viaProtojson(out []byte, md protoreflect.MessageDescriptor) ([]byte, bool) {
 	start := e.pos
 	e.ws()
-	if !e.skip(0) {
+	if !e.skip(e.depth) {
 		return out, false
 	}
 	types := e.reg.resolver()

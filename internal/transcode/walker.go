@@ -155,10 +155,15 @@ func (e *fastEncoder) nested(out []byte, p *plan) ([]byte, bool) {
 }
 
 func (e *fastEncoder) listField(out []byte, f *fieldPlan) ([]byte, bool) {
+	if e.depth >= maxFastDepth {
+		return out, false
+	}
 	size, ok := e.openList()
 	if !ok {
 		return out, false
 	}
+	e.depth++
+	defer func() { e.depth-- }()
 	more, ok := e.nextItem(0, size)
 	if !ok || !more {
 		return out, ok
@@ -206,13 +211,15 @@ type mapEntry struct {
 // leaves maps to the JSON path: a Lua table with integer keys is not the
 // object the JSON path would write.
 func (e *fastEncoder) mapField(out []byte, f *fieldPlan) ([]byte, bool) {
-	if e.lua {
+	if e.lua || e.depth >= maxFastDepth {
 		return out, false
 	}
 	size, ok := e.openObject()
 	if !ok {
 		return out, false
 	}
+	e.depth++
+	defer func() { e.depth-- }()
 	base := len(out)
 	var entStack [8]mapEntry
 	ents := entStack[:0]
@@ -528,7 +535,7 @@ func (e *fastEncoder) boolValue() (v, ok bool) {
 // skipUnknown passes over the value of a key the message does not have,
 // or reports false to leave the call to protojson.
 func (e *fastEncoder) skipUnknown(key []byte) bool {
-	return !e.lua && e.discard && (len(key) == 0 || key[0] != '[') && e.skip(0)
+	return !e.lua && e.discard && (len(key) == 0 || key[0] != '[') && e.skip(e.depth)
 }
 
 // other encodes a value of a type the walk leaves to protojson (Struct,
