@@ -123,3 +123,27 @@ func TestEncodeDeepCostLinear(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodeDeepErrorCostLinear: finding where a deep request is wrong
+// (an unknown field at the 99th level, behind 1 MB of whitespace) walks
+// slices of the request, not copies: each level copied the rest of the
+// text (a decoder and a raw value per level), half a gigabyte allocated
+// to say one field's name.
+func TestEncodeDeepErrorCostLinear(t *testing.T) {
+	m := deepNode(t)
+	pad := `{"nope":1` + strings.Repeat(" ", 1<<20) + `}`
+	for _, k := range nestings[:4] {
+		in := []byte(nest(k.open, k.close, (maxRequestDepth-1)/k.per, pad))
+		var ms0, ms1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms0)
+		_, err := m.Encode(nil, in, EncodeOptions{})
+		runtime.ReadMemStats(&ms1)
+		if err == nil || !strings.Contains(err.Error(), "nope: unknown field") {
+			t.Fatalf("%s: %v", k.name, err)
+		}
+		if a := ms1.TotalAlloc - ms0.TotalAlloc; a > uint64(8*len(in)) {
+			t.Errorf("%s: %d bytes allocated to refuse a %d-byte request", k.name, a, len(in))
+		}
+	}
+}

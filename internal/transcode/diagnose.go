@@ -72,25 +72,34 @@ func (d *diagnoser) diagnose(md protoreflect.MessageDescriptor, js []byte) (path
 	return d.object(md, js, "")
 }
 
+// members calls f with each key (an object's) or index (an array's) and
+// value of the JSON object or array js, the value a slice of js: a walk
+// copies nothing, so that a deep request costs its failure no more than
+// depth × size scanned (the depth is bounded: maxRequestDepth). f returns
+// true to stop. ok is false when js is no object or array (js was found
+// valid JSON first: not expected).
+func members(js []byte, f func(key string, idx int, v []byte) bool) (stopped, ok bool) {
+	l := lifter{js: js}
+	end := l.each(l.ws(0), func(key string, idx, at int) int {
+		vend := l.skip(at)
+		if vend < 0 {
+			return -1
+		}
+		if f(key, idx, js[at:vend]) {
+			stopped = true
+			return -1
+		}
+		return vend
+	})
+	return stopped, stopped || end >= 0
+}
+
 // object walks a JSON object that must be a message of type md.
-func (d *diagnoser) object(md protoreflect.MessageDescriptor, js []byte, path string) (string, string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(js))
-	if _, err := dec.Token(); err != nil { // '{'
-		return path, "invalid JSON: " + err.Error(), true
-	}
+func (d *diagnoser) object(md protoreflect.MessageDescriptor, js []byte, path string) (rp, rw string, bad bool) {
 	seen := map[protoreflect.FieldNumber]bool{}
 	oneofs := map[protoreflect.FullName]string{}
 	fields := md.Fields()
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return path, "invalid JSON: " + err.Error(), true
-		}
-		key, _ := tok.(string)
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return path, "invalid JSON: " + err.Error(), true
-		}
+	stopped, ok := members(js, func(key string, _ int, raw []byte) bool {
 		fpath := joinPath(path, key)
 		fd := fields.ByJSONName(key)
 		if fd == nil {
@@ -101,29 +110,32 @@ func (d *diagnoser) object(md protoreflect.MessageDescriptor, js []byte, path st
 				// An extension ("[pkg.ext]") is protojson's to judge; it
 				// is checked with the message it extends, below.
 				if strings.HasPrefix(key, "[") {
-					if p, w, bad := d.leaf(md, nil, key, raw, fpath); bad {
-						return p, w, true
-					}
+					rp, rw, bad = d.leaf(md, nil, key, raw, fpath)
 				}
-				continue
+				return bad
 			}
-			return fpath, "unknown field", true
+			rp, rw, bad = fpath, "unknown field", true
+			return true
 		}
 		if seen[fd.Number()] {
-			return fpath, "duplicate field", true
+			rp, rw, bad = fpath, "duplicate field", true
+			return true
 		}
 		seen[fd.Number()] = true
 		if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() {
 			if other, ok := oneofs[od.FullName()]; ok {
-				return fpath, fmt.Sprintf("oneof %s is already set by %s", od.Name(), other), true
+				rp, rw, bad = fpath, fmt.Sprintf("oneof %s is already set by %s", od.Name(), other), true
+				return true
 			}
 			oneofs[od.FullName()] = key
 		}
-		if p, w, bad := d.field(md, fd, key, raw, fpath); bad {
-			return p, w, true
-		}
+		rp, rw, bad = d.field(md, fd, key, raw, fpath)
+		return bad
+	})
+	if !stopped && !ok {
+		return path, "invalid JSON", true
 	}
-	return "", "", false
+	return rp, rw, bad
 }
 
 // field judges the value of one field of md.
@@ -159,69 +171,59 @@ func (d *diagnoser) field(md protoreflect.MessageDescriptor, fd protoreflect.Fie
 	}
 }
 
-func (d *diagnoser) listElems(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, key string, raw []byte, path string) (string, string, bool) {
-	var elems []json.RawMessage
-	if err := json.Unmarshal(raw, &elems); err != nil {
-		return path, "invalid JSON: " + err.Error(), true
-	}
+func (d *diagnoser) listElems(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, key string, raw []byte, path string) (rp, rw string, bad bool) {
 	isMsg := fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind
-	for i, e := range elems {
+	stopped, ok := members(raw, func(_ string, i int, e []byte) bool {
 		epath := fmt.Sprintf("%s[%d]", path, i)
 		if isMsg && !isWellKnown(fd.Message()) && jsonKind(e) == "object" {
-			if p, w, bad := d.object(fd.Message(), e, epath); bad {
-				return p, w, true
-			}
-			continue
+			rp, rw, bad = d.object(fd.Message(), e, epath)
+			return bad
 		}
 		if msg, ok := d.try(md, key, concat("[", e, "]")); !ok {
-			return epath, d.what(fd, e, msg), true
+			rp, rw, bad = epath, d.what(fd, e, msg), true
 		}
+		return bad
+	})
+	if !stopped && !ok {
+		return path, "invalid JSON", true
 	}
-	return "", "", false
+	return rp, rw, bad
 }
 
-func (d *diagnoser) mapEntries(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, key string, raw []byte, path string) (string, string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if _, err := dec.Token(); err != nil {
-		return path, "invalid JSON: " + err.Error(), true
-	}
+func (d *diagnoser) mapEntries(md protoreflect.MessageDescriptor, fd protoreflect.FieldDescriptor, key string, raw []byte, path string) (rp, rw string, bad bool) {
 	seen := map[string]bool{}
 	val := fd.MapValue()
 	valIsMsg := val.Kind() == protoreflect.MessageKind && !isWellKnown(val.Message())
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return path, "invalid JSON: " + err.Error(), true
-		}
-		k, _ := tok.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return path, "invalid JSON: " + err.Error(), true
-		}
+	stopped, ok := members(raw, func(k string, _ int, v []byte) bool {
 		epath := path + "[" + strconv.Quote(k) + "]"
 		qk, _ := json.Marshal(k)
 		// The key alone, with a value the value type surely accepts.
 		if msg, ok := d.try(md, key, concat("{", qk, ":", goodValue(val), "}")); !ok {
-			return epath, "invalid map key: " + d.what(fd.MapKey(), qk, msg), true
+			rp, rw, bad = epath, "invalid map key: "+d.what(fd.MapKey(), qk, msg), true
+			return true
 		}
 		if seen[k] {
-			return epath, "duplicate map key", true
+			rp, rw, bad = epath, "duplicate map key", true
+			return true
 		}
 		seen[k] = true
 		if valIsMsg && jsonKind(v) == "object" {
-			if p, w, bad := d.object(val.Message(), v, epath); bad {
-				return p, w, true
-			}
-			continue
+			rp, rw, bad = d.object(val.Message(), v, epath)
+			return bad
 		}
 		if msg, ok := d.try(md, key, concat("{", qk, ":", v, "}")); !ok {
 			if jsonKind(v) == "null" {
-				return epath, "null is not a valid map value", true
+				rp, rw, bad = epath, "null is not a valid map value", true
+			} else {
+				rp, rw, bad = epath, d.what(val, v, msg), true
 			}
-			return epath, d.what(val, v, msg), true
 		}
+		return bad
+	})
+	if !stopped && !ok {
+		return path, "invalid JSON", true
 	}
-	return "", "", false
+	return rp, rw, bad
 }
 
 // leaf has protojson judge {key: raw} as a message md; fd may be nil (an
