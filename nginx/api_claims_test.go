@@ -136,13 +136,13 @@ func TestNumericHeadersExact(t *testing.T) {
                 local qt = require "qtest"
                 local conn = assert(qt.connect())
                 local res = assert(conn:unary("echo", "x", { headers = { ["x-ts"] = 1733580000123456, ["x-n"] = 2^53,
-                    ["x-r"] = 1733580000000000, ["x-b"] = 2^60, ["x-f"] = 0.1, ["x-m"] = -1e15 } }))
+                    ["x-r"] = 1733580000000000, ["x-b"] = 2^60, ["x-f"] = 0.1, ["x-m"] = -1e15, ["x-t"] = 2^63 } }))
                 local h = res.headers
-                ngx.say(h["x-ts"], " ", h["x-n"], " ", h["x-r"], " ", h["x-b"], " ", h["x-f"], " ", h["x-m"])`)})
+                ngx.say(h["x-ts"], " ", h["x-n"], " ", h["x-r"], " ", h["x-b"], " ", h["x-f"], " ", h["x-m"], " ", h["x-t"])`)})
 	_, body := n.get("/t")
 	// a round integer too: its short form (1.73358e+15) reads back, but a
 	// server reading an integer id or a timestamp wants digits
-	want := "1733580000123456 9007199254740992 1733580000000000 1152921504606846976 0.1 -1000000000000000"
+	want := "1733580000123456 9007199254740992 1733580000000000 1152921504606846976 0.1 -1000000000000000 9223372036854775808"
 	if strings.TrimSpace(body) != want {
 		t.Errorf("numeric headers arrived as %q, want %q", strings.TrimSpace(body), want)
 	}

@@ -485,6 +485,19 @@ func TestGateway(t *testing.T) {
 				expectError(t, c.name+", unmerged", n.req(t, "POST", "/api/v1/echo", c.body), 400)
 			}
 		}
+		// a 64-bit integer given as a JSON number, merged: the double's
+		// integer with every digit (it went out in 17 digits, another
+		// integer: 2^60 as 1152921504606847000, 2^63-1 as ...800)
+		for _, c := range []struct{ body, want string }{
+			{`{"big":1152921504606846976}`, `{"id":"a","big":"1152921504606846976"}`},
+			{`{"big":1000000000000000000}`, `{"id":"a","big":"1000000000000000000"}`},
+			{`{"big":-9223372036854775808}`, `{"id":"a","big":"-9223372036854775808"}`},
+		} {
+			expectJSON(t, "merged "+c.body, n.req(t, "PUT", "/api/v1/echo/a", c.body), 200, c.want)
+		}
+		// 2^63-1 is 2^63 as a double: out of an int64's range
+		expectError(t, "merged 2^63-1", n.req(t, "PUT", "/api/v1/echo/a", `{"big":9223372036854775807}`), 400,
+			"big: out of range for int64: 9223372036854775808")
 		// a name twice keeps its last value when merged (the decoders keep
 		// no duplicates), where Go refuses it read whole
 		expectJSON(t, "merged: a name twice", n.req(t, "PUT", "/api/v1/echo/a", `{"count":1,"count":2}`), 200, `{"id":"a","count":2}`)
@@ -562,6 +575,16 @@ func TestGateway(t *testing.T) {
 		// merged, an unknown field of any value is dropped as Go drops it
 		// read whole (1e999 goes out as such, not as a refused infinity)
 		expectJSON(t, "discard_unknown, merged, past a double", n.req(t, "PUT", "/full/v1/echo/a", `{"zz":1e999,"count":3}`), 200, `{"id":"a","count":3}`)
+		// the depth limit counts the message's levels: a body field's body
+		// is one inside it (zz: an unknown field, dropped)
+		deep := func(levels int) string {
+			return `{"title":"t","zz":` + strings.Repeat("[", levels-1) + strings.Repeat("]", levels-1) + `}`
+		}
+		if r := n.req(t, "POST", "/full/v1/shelves/s1/items", deep(99)); r.status != 200 {
+			t.Errorf("body field, 99 levels: %d %s", r.status, r.body)
+		}
+		expectError(t, "body field, 100 levels", n.req(t, "POST", "/full/v1/shelves/s1/items", deep(100)), 400,
+			"nested too deep (more than 100 levels)")
 		expectJSON(t, "discard_unknown, merged, a name twice", n.req(t, "PUT", "/full/v1/echo/a", `{"zz":{"q":1,"q":2},"count":3}`), 200, `{"id":"a","count":3}`)
 		// forward_headers in, response_headers out
 		r := n.req(t, "POST", "/api/v1/echo", `{}`, "X-Request-Id", "r1", "X-Fwd-A", "1", "X-Other", "2")

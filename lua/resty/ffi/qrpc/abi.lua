@@ -392,10 +392,10 @@ local hdr_buf = buf_new(256)
 -- tostring keeps 14 significant digits, which rounds an integer past
 -- 10^14 (a microsecond timestamp, an id) and writes it in e notation.
 local function num_str(v)
-    if (v >= 1e15 or v <= -1e15) and v < 2^63 and v >= -2^63
+    if (v >= 1e15 or v <= -1e15) and v < 2^64 and v > -2^64
        and math_floor(v) == v
     then
-        return str_format("%d", v)   -- an integer in digits, never 1e+15
+        return str_format("%.0f", v)   -- an integer in digits, never 1e+15
     end
     local s = tostring(v)
     if v == v and tonumber(s) ~= v then

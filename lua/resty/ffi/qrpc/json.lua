@@ -161,6 +161,11 @@ local function put_number(b, n)
         b:put(tostring(n))              -- %.14g: exact for these integers
     elseif math_floor(n) == n and n > -1e15 and n < 1e15 then
         b:put(str_format("%d", n))
+    elseif math_floor(n) == n and n > -2^64 and n < 2^64 then
+        -- every digit of the integer the double holds (2^60 is
+        -- 1152921504606846976, not 1152921504606847000, which a 64-bit
+        -- field reads as another integer), as Go's luaserial writes it
+        b:put(str_format("%.0f", n))
     else
         -- the shortest of 15 and 17 digits that reads back the same double
         local s = str_format("%.15g", n)
