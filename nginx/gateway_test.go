@@ -460,6 +460,9 @@ func TestGateway(t *testing.T) {
 			"flag":true,"ratio":0.5,"small":1.5,"color":"COLOR_RED","tags":["a","b c"],"nums":[1,2],
 			"colors":["COLOR_RED","COLOR_GREEN"],"flags":[true,false],"nested":{"label":"lbl","depth":3,"marks":["1","-2"]},
 			"labels":{"k":"v","x y":"z"},"data":"AQID","at":"2024-01-02T03:04:05Z","maybe":0}`)
+		// an integer in another form proto3 JSON reads (docs/gateway.md)
+		expectJSON(t, "query integer forms", n.req(t, "GET", "/api/v1/echo/p/l/COLOR_RED?count=1.0&nums=1e2", ""), 200,
+			`{"id":"p","count":1,"nums":[100],"nested":{"label":"l"},"color":"COLOR_RED"}`)
 		// a query parameter for a field the path sets is ignored
 		expectJSON(t, "path wins over query", n.req(t, "GET", "/api/v1/echo/p/l/COLOR_RED?id=q", ""), 200,
 			`{"id":"p","nested":{"label":"l"},"color":"COLOR_RED"}`)
