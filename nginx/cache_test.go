@@ -245,3 +245,31 @@ func TestClosedConnectionsAreCollected(t *testing.T) {
 		t.Fatalf("%d of %d closed and dropped connection objects are not collected", kept, made)
 	}
 }
+
+// TestMaxConnectionsPoolOverCap: a connect whose pool alone needs more
+// QUIC connections than max_connections is refused with what it needs,
+// and closes no idle pool on its way (it closed every idle pool, then
+// said that every pool was busy).
+func TestMaxConnectionsPoolOverCap(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1,
+		Extra:           map[string]string{"p2": closedUDPPort(t), "p3": closedUDPPort(t)},
+		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 2 })`,
+		Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local one = assert(qt.connect())
+                assert(one:unary("echo", "x"))
+                local pool, err = qrpc.connect({ qt.addr, "127.0.0.1:" .. qt.p2, "127.0.0.1:" .. qt.p3 },
+                                               qt.opts({ balance = "round_robin" }))
+                ngx.say(tostring(pool), " | ", err)
+                local _, cerr = one:unary("echo", "x")
+                ngx.say("the idle pool: ", cerr or "ok")`)})
+	_, body := n.get("/t")
+	want := "nil | qrpc: too many connections (2); this connect needs 3 (its servers × conns): raise qrpc.configure{ max_connections = n }\n" +
+		"the idle pool: ok\n"
+	if body != want {
+		t.Errorf("got:\n%s\nwant:\n%s", body, want)
+	}
+}

@@ -303,6 +303,12 @@ function make_room(need, max, stats, keep)
     if total + need <= max then
         return true
     end
+    if need > max then
+        -- no pool closed makes room for it: none is closed
+        return nil, "qrpc: too many connections (" .. max .. "); this "
+                    .. "connect needs " .. need .. " (its servers × conns): "
+                    .. "raise qrpc.configure{ max_connections = n }"
+    end
     local now = ngx_now()
     local idle = {}
     for _, list in pairs(conn_cache) do
