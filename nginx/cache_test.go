@@ -273,3 +273,69 @@ func TestMaxConnectionsPoolOverCap(t *testing.T) {
 		t.Errorf("got:\n%s\nwant:\n%s", body, want)
 	}
 }
+
+// TestMaxConnectionsNamePoolOverCap: a pool of a name that comes up with
+// more servers than the cap alone (counted as one at connect) closes no
+// idle pool: that would not bring it under the cap (it closed them all).
+func TestMaxConnectionsNamePoolOverCap(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	first := ownServer(t)
+	_, port, _ := net.SplitHostPort(first.addr)
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		s, err := newTestServer(ip+":"+port, nil)
+		if err != nil {
+			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
+		}
+		t.Cleanup(func() { _ = s.close() })
+	}
+	const name = "rvcap.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	n := startNginx(t, ngxConf{Workers: 1, QServer: first,
+		Extra:           map[string]string{"name": "rvcap.qrpc.test:" + port, "dns": dns.Addr},
+		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 2 })`,
+		Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local one = assert(qt.connect())
+                assert(one:unary("echo", "x"))
+                local p, err = qrpc.connect(qt.name, qt.opts({ resolve = 200, resolver = qt.dns, timeout = 3000 }))
+                ngx.say("P: ", p and #p:peers() or err)
+                local _, cerr = one:unary("echo", "x")
+                ngx.say("the idle pool: ", cerr or "ok")`)})
+	_, body := n.get("/t")
+	if body != "P: 3\nthe idle pool: ok\n" {
+		t.Errorf("a name's pool over the cap alone:\n%s\nwant P: 3 and the idle pool ok", body)
+	}
+}
+
+// TestMaxConnectionsBusyPlusNeed: a connect that fits the cap alone but
+// not beside the busy pools, even with every idle pool closed, is refused
+// and closes none (it closed them, then said every pool was busy).
+func TestMaxConnectionsBusyPlusNeed(t *testing.T) {
+	requireNginx(t)
+	t.Parallel()
+	n := startNginx(t, ngxConf{Workers: 1,
+		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 3 })`,
+		Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local busy = assert(qt.connect({ streams = 2 }))
+                local idle = assert(qt.connect({ streams = 3 }))
+                assert(busy:unary("echo", "x"))
+                assert(idle:unary("echo", "x"))
+                local th = ngx.thread.spawn(function() return busy:unary("slow", "500") end)
+                qt.wait(10, function() return busy:stats().inflight == 1 end)
+                local p, err = qt.connect({ conns = 3 })
+                ngx.say("conns=3: ", tostring(p), " | ", err)
+                local _, cerr = idle:unary("echo", "x")
+                ngx.say("the idle pool: ", cerr or "ok")
+                ngx.thread.wait(th)`)})
+	_, body := n.get("/t")
+	want := "conns=3: nil | qrpc: too many connections (3); every pool has calls in flight or was just handed out by connect: " +
+		"raise qrpc.configure{ max_connections = n } or connect to fewer distinct servers/options\nthe idle pool: ok\n"
+	if body != want {
+		t.Errorf("got:\n%s\nwant:\n%s", body, want)
+	}
+}

@@ -221,7 +221,10 @@ func (c *Config) quicConfig() *quic.Config {
 		// quic-go allows (it also caps the period at half the idle timeout
 		// the server asks for): each keep-alive wakes an idle worker's Go
 		// threads about 8 times, and a lost PING is sent again after a
-		// probe timeout, far within the other half.
+		// probe timeout. A server gone silent is dropped about 1.5 × the
+		// idle timeout after its last packet: quic-go counts idle time
+		// from the first ack-eliciting packet sent after it
+		// (idleTimeoutStartTime), here the keep-alive.
 		KeepAlivePeriod:                c.IdleTimeout / 2,
 		InitialStreamReceiveWindow:     min(win, 512<<10),
 		MaxStreamReceiveWindow:         win,

@@ -290,6 +290,15 @@ end
 
 
 
+-- connect's error when closing idle pools cannot make the room.
+local function busy(max)
+    return nil, "qrpc: too many connections (" .. max .. "); every pool "
+                .. "has calls in flight or was just handed out by connect: "
+                .. "raise qrpc.configure{ max_connections = n } or connect "
+                .. "to fewer distinct servers/options"
+end
+
+
 -- Makes room for need more QUIC connections under max: closes the least
 -- recently used idle pools (ready, nothing in flight). A pool that connect
 -- has handed out and whose caller has not finished a call on it yet
@@ -324,6 +333,16 @@ function make_room(need, max, stats, keep)
             end
         end
     end
+    -- Closing is only worth it when closing every idle pool makes the
+    -- room: else none is closed (a pool over the cap by itself, busy
+    -- pools beside this connect).
+    local freed = 0
+    for i = 1, #idle do
+        freed = freed + idle[i].nconns
+    end
+    if total - freed + need > max then
+        return busy(max)
+    end
     tab_sort(idle, function(a, b) return a.used < b.used end)
     for i = 1, #idle do
         local e = idle[i]
@@ -334,11 +353,7 @@ function make_room(need, max, stats, keep)
             return true
         end
     end
-    return nil, "qrpc: too many connections (" .. max .. "); every pool "
-                .. "has calls in flight or was just handed out by connect: "
-                .. "raise qrpc.configure{ "
-                .. "max_connections = n } or connect to fewer distinct "
-                .. "servers/options"
+    return busy(max)
 end
 _M.make_room = make_room
 

@@ -50,7 +50,7 @@ return {
     { name = "idle_timeout", type = "number", default = "30000", unit = "ms",
       min = 0, min_open = false, max = 2147483647,
       where = { connect = true }, key = true, needs = "",
-      doc = "close a connection silent this long" },
+      doc = "close a connection whose server is silent (after about 1.5 × this: see below)" },
     { name = "max_frame_size", type = "integer", default = "16777216", unit = "bytes",
       min = 64, min_open = false, max = 1073741824,
       where = { connect = true }, key = true, needs = "",
