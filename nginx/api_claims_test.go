@@ -61,7 +61,12 @@ func TestPoolOptionNumberMessages(t *testing.T) {
                 say(qrpc.connect(qt.addr, qt.opts({ budget = { ratio = 0/0 } })))
                 say(qrpc.connect(qt.addr, qt.opts({ budget = { ratio = 1/0 } })))
                 say(qrpc.connect(qt.addr, qt.opts({ budget = { ratio = "0.5" } })))
-                say(qrpc.connect(qt.addr, qt.opts({ budget = { min_per_s = 1/0 } })))`)})
+                say(qrpc.connect(qt.addr, qt.opts({ budget = { min_per_s = 1/0 } })))
+                say(qrpc.connect(qt.addr, qt.opts({ health = { failures = 0/0 } })))
+                say(qrpc.connect(qt.addr, qt.opts({ health = { failures = "3" } })))
+                say(conn:unary("echo", "x", { hedge = { delay = 0/0 } }))
+                say(conn:unary("echo", "x", { hedge = { delay = 5, max = 1/0 } }))
+                say(conn:unary("echo", "x", { hedge = { delay = 5, max = "2" } }))`)})
 	_, body := n.get("/t")
 	want := []string{
 		"bad argument #4: try_timeout must be a number of milliseconds, not NaN",
@@ -82,6 +87,11 @@ func TestPoolOptionNumberMessages(t *testing.T) {
 		"bad argument #2: budget.ratio must be a number 0..1, not inf",
 		"bad argument #2: budget.ratio must be a number 0..1 (got string)",
 		"bad argument #2: budget.min_per_s must be a number, not inf",
+		"bad argument #2: health.failures must be a number, not NaN",
+		"bad argument #2: health.failures must be an integer 1..2147483647 (got string)",
+		"bad argument #4: hedge.delay must be a number of milliseconds, not NaN",
+		"bad argument #4: hedge.max must be a number, not inf",
+		"bad argument #4: hedge.max must be an integer 1..4 (got string)",
 	}
 	got := strings.Split(strings.TrimSpace(body), "\n")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -595,7 +595,7 @@ func TestPoolLua(t *testing.T) {
 			`nil | bad argument #2: opts.health raised an error: boom`,
 			`nil | bad argument #2: opts.check raised an error: boom`,
 			`nil | bad argument #2: balance must be "round_robin", "least_inflight", "hash" or "p2c" (got random)`,
-			`nil | bad argument #2: health.failures must be a positive integer`,
+			`nil | bad argument #2: health.failures must be an integer 1..2147483647 (got -1)`,
 			`nil | bad argument #2: health.eject must be a number of milliseconds (got string)`,
 			`nil | bad argument #2: unknown health option 'fails'`,
 			`nil | bad argument #2: health.stall must be a number of milliseconds >= 0 (got -1)`,

@@ -73,7 +73,6 @@ local host_ok = addrs_mod.host_ok
 local norm_addr = addrs_mod.norm_addr
 local is_srv = addrs_mod.is_srv
 
-
 local read_nested = guard.read_nested
 local read_list = guard.read_list
 local check_throttle = guard.check_throttle
@@ -145,15 +144,16 @@ local function check_hedge(h, argn, what)
         delay = "p95"
     elseif is_ms(delay) then
         delay = tostring(math_ceil(delay))
-    else
+    elseif type(delay) == "number" and odd_number(delay) then
+        return ms_bad(argn, what .. ".delay", delay)
+    else -- a string other than "p95" is shown: the likely typo
         return bad(argn, what .. ".delay must be a number of milliseconds "
                          .. ">= 0 or \"p95\" (got " .. tostring(delay) .. ")")
     end
     if max == nil then
         max = 1
     elseif not is_count(max, 1) or max > MAX_HEDGE then
-        return bad(argn, what .. ".max must be an integer 1.." .. MAX_HEDGE
-                         .. " (got " .. tostring(max) .. ")")
+        return count_bad(argn, what .. ".max", max, 1, MAX_HEDGE)
     end
     return delay, max
 end
@@ -237,7 +237,7 @@ local function pool_spec(o, spec)
         end
         if health.failures ~= nil then
             if not is_count(health.failures, 1) then
-                return bad(2, "health.failures must be a positive integer")
+                return count_bad(2, "health.failures", health.failures, 1, MAX_MS)
             end
             failures = health.failures
         end
