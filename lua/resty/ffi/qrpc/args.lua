@@ -39,27 +39,11 @@ local odd_number = numbers.odd_number
 local pack_headers = abi.pack_headers
 local propagate_apply = propagate.apply
 local pool_keys = pool.keys
-local MAX_MS = limits.MS
 
 local _M = {}
 
 
--- Checks a time in ms (0..MAX_MS); returns it rounded up to an integer.
-local function check_ms(v, argn, name)
-    if type(v) ~= "number" then
-        return bad(argn, name .. " must be a number of milliseconds (got "
-                         .. type(v) .. ")")
-    end
-    local odd = odd_number(v)
-    if odd then
-        return bad(argn, name .. " must be a number of milliseconds, not " .. odd)
-    end
-    if v < 0 or v > MAX_MS then
-        return bad(argn, name .. " must be 0.." .. MAX_MS .. " ms (got "
-                         .. tostring(v) .. ")")
-    end
-    return math_ceil(v)
-end
+local check_ms = numbers.check_ms
 
 
 -- Integer options of connect and their ranges (as Go's qrpc.Config checks

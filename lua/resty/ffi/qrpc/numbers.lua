@@ -9,6 +9,7 @@ local tostring = abi.show
 
 local type = type
 local math_huge = math.huge
+local math_ceil = math.ceil
 local MAX_MS = require("resty.ffi.qrpc.limits").MS
 
 local _M = {}
@@ -29,10 +30,9 @@ end
 _M.odd_number = odd_number
 
 
--- ms_bad(argn, name, v, least): why is_ms refused v (or, least "> 0",
--- refused 0): the type, NaN or an infinity, past the top, or below the
--- least, each with what it got.
-function _M.ms_bad(argn, name, v, least)
+-- not_ms(argn, name, v) -> nil, the words when v is no number, NaN or an
+-- infinity; false for a finite number.
+local function not_ms(argn, name, v)
     if type(v) ~= "number" then
         return bad(argn, name .. " must be a number of milliseconds (got "
                          .. type(v) .. ")")
@@ -40,6 +40,33 @@ function _M.ms_bad(argn, name, v, least)
     local odd = odd_number(v)
     if odd then
         return bad(argn, name .. " must be a number of milliseconds, not " .. odd)
+    end
+    return false
+end
+
+
+-- check_ms(v, argn, name): a time in ms (0..MAX_MS), rounded up to an
+-- integer; or nil, err.
+function _M.check_ms(v, argn, name)
+    local no, err = not_ms(argn, name, v)
+    if no == nil then
+        return nil, err
+    end
+    if v < 0 or v > MAX_MS then
+        return bad(argn, name .. " must be 0.." .. MAX_MS .. " ms (got "
+                         .. tostring(v) .. ")")
+    end
+    return math_ceil(v)
+end
+
+
+-- ms_bad(argn, name, v, least): why is_ms refused v (or, least "> 0",
+-- refused 0): the type, NaN or an infinity, past the top, or below the
+-- least, each with what it got.
+function _M.ms_bad(argn, name, v, least)
+    local no, err = not_ms(argn, name, v)
+    if no == nil then
+        return nil, err
     end
     if v > MAX_MS then
         return bad(argn, name .. " must be at most " .. MAX_MS .. " ms (got "
