@@ -51,18 +51,7 @@ func TestKilledConnectWaiterFreesRoom(t *testing.T) {
 func TestMaxConnectionsCountsServers(t *testing.T) {
 	requireNginx(t)
 	t.Parallel()
-	first := ownServer(t)
-	_, port, _ := net.SplitHostPort(first.addr)
-	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		s, err := newTestServer(ip+":"+port, nil)
-		if err != nil {
-			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
-		}
-		t.Cleanup(func() { _ = s.close() })
-	}
-	const name = "cap.qrpc.test."
-	dns := dnstest.Start(t, name)
-	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	first, port, dns := threeServersByName(t, "cap.qrpc.test.")
 	// Conns L1, L2, L3 are literal addresses of one server each, with
 	// options of their own; P is the name's pool.
 	n := startNginx(t, ngxConf{Workers: 1, QServer: first,
@@ -280,18 +269,7 @@ func TestMaxConnectionsPoolOverCap(t *testing.T) {
 func TestMaxConnectionsNamePoolOverCap(t *testing.T) {
 	requireNginx(t)
 	t.Parallel()
-	first := ownServer(t)
-	_, port, _ := net.SplitHostPort(first.addr)
-	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		s, err := newTestServer(ip+":"+port, nil)
-		if err != nil {
-			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
-		}
-		t.Cleanup(func() { _ = s.close() })
-	}
-	const name = "rvcap.qrpc.test."
-	dns := dnstest.Start(t, name)
-	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	first, port, dns := threeServersByName(t, "rvcap.qrpc.test.")
 	n := startNginx(t, ngxConf{Workers: 1, QServer: first,
 		Extra:           map[string]string{"name": "rvcap.qrpc.test:" + port, "dns": dns.Addr},
 		InitWorkerByLua: `        assert(require("resty.ffi.qrpc").configure{ max_connections = 2 })`,
@@ -338,4 +316,23 @@ func TestMaxConnectionsBusyPlusNeed(t *testing.T) {
 	if body != want {
 		t.Errorf("got:\n%s\nwant:\n%s", body, want)
 	}
+}
+
+// threeServersByName starts servers on 127.0.0.1, .2 and .3 at one port
+// (skipping without the loopback aliases) and a DNS server answering name
+// with the three: the first server, the port, the DNS server.
+func threeServersByName(t *testing.T, name string) (*testServer, string, *dnstest.Server) {
+	t.Helper()
+	first := ownServer(t)
+	_, port, _ := net.SplitHostPort(first.addr)
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		s, err := newTestServer(ip+":"+port, nil)
+		if err != nil {
+			t.Skipf("no server on %s:%s (loopback aliases?): %v", ip, port, err)
+		}
+		t.Cleanup(func() { _ = s.close() })
+	}
+	dns := dnstest.Start(t, name)
+	dns.Set("127.0.0.1", "127.0.0.2", "127.0.0.3")
+	return first, port, dns
 }
