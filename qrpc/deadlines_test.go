@@ -110,20 +110,37 @@ func TestDeadlinesFireWhenDue(t *testing.T) {
 // before its start added it (remove, then add) is not added at all; after
 // close nothing fires and nothing is added.
 func TestDeadlinesRemoveAndClose(t *testing.T) {
-	var d deadlines
-	e := newExpiry(&d)
-	due := time.Now().Add(30 * time.Millisecond)
-	var calls []*pendingCall
-	for id := uint64(1); id <= 1000; id++ {
-		pc := dlCall(id, due)
-		calls = append(calls, pc)
-		d.add(pc)
-	}
-	early := dlCall(5000, due)
-	d.remove(early)
-	d.add(early)
-	for _, pc := range calls {
-		d.remove(pc)
+	// The calls must be removed before they are due, or the timer rightly
+	// takes them: the margin grows with the machine (under -race on a
+	// loaded one, 1000 adds and removes took more than 30 ms).
+	var (
+		d   *deadlines
+		e   *expiry
+		due time.Time
+	)
+	for margin := 30 * time.Millisecond; ; margin *= 2 {
+		d = new(deadlines)
+		e = newExpiry(d)
+		due = time.Now().Add(margin)
+		var calls []*pendingCall
+		for id := uint64(1); id <= 1000; id++ {
+			pc := dlCall(id, due)
+			calls = append(calls, pc)
+			d.add(pc)
+		}
+		early := dlCall(5000, due)
+		d.remove(early)
+		d.add(early)
+		for _, pc := range calls {
+			d.remove(pc)
+		}
+		if time.Now().Before(due) {
+			break
+		}
+		d.close()
+		if margin > 5*time.Second {
+			t.Fatalf("1000 adds and removes took more than %v", margin)
+		}
 	}
 	if n := d.len(); n != 0 {
 		t.Fatalf("len %d after removing every call", n)
