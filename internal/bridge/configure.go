@@ -73,9 +73,12 @@ func DefaultGOMAXPROCS() int {
 		procsChosen.Store(true)
 		return n
 	}
-	if n > builtinProcs {
-		runtime.GOMAXPROCS(builtinProcs)
-	}
+	// Set even when Go's default is already 1 (a worker pinned to one
+	// CPU): only a call to runtime.GOMAXPROCS stops Go from re-sizing the
+	// runtime to the CPUs it sees, once a second while sysmon runs (Go
+	// 1.25's updatemaxprocs), so a widened affinity or cgroup would
+	// otherwise give the worker a second P.
+	runtime.GOMAXPROCS(min(n, builtinProcs))
 	return runtime.GOMAXPROCS(0)
 }
 
