@@ -12,8 +12,11 @@ package luaserial
 //     an object; an empty table is {} unless it carries one of the array
 //     metatables (Lua lists them in the encoder's metatable dictionary,
 //     so they arrive as tab_mt);
-//   - object keys are strings, or integers in (-1e15, 1e15) written with
-//     %d; any other key is an error;
+//   - object keys are strings, integers in (-1e15, 1e15) written with
+//     %d, or 64-bit integer cdata (1LL, 2ULL) written with their exact
+//     digits (the JSON names of a map<int64, ...>'s keys: protojson
+//     reads them exactly, and words a key its type cannot hold as it
+//     words a value); any other key is an error;
 //   - numbers: NaN and ±inf as "NaN", "Infinity", "-Infinity" (protojson's
 //     spellings); integers in (-1e15, 1e15) as digits ("-0" for -0);
 //     other integers in (-2^64, 2^64) as their exact digits (2^60 as
@@ -134,8 +137,9 @@ func (d *decoder) release() {
 // entry is a slot of a table: its key (kind and where to read it) and
 // where its value starts.
 type entry struct {
-	kind  byte    // tagNum (number key, in num), tagStr (bytes at key..keyEnd), or another tag: a key refused
+	kind  byte    // tagNum (number key, in num), tagStr (bytes at key..keyEnd), tagInt64 or tagUint64 (in bits), or another tag: a key refused
 	num   float64 // tagNum
+	bits  uint64  // tagInt64, tagUint64: the cdata's 64 bits
 	key   int     // tagStr: offset of the bytes
 	klen  int
 	value int // offset of the value
@@ -363,6 +367,14 @@ func (d *decoder) key(depth int) (entry, error) {
 		v := int32(binary.LittleEndian.Uint32(d.in[d.pos:]))
 		d.pos += 4
 		return entry{kind: tagNum, num: float64(v)}, nil
+	case t == tagInt64 || t == tagUint64:
+		d.pos++
+		if err := d.need(8); err != nil {
+			return entry{}, err
+		}
+		v := binary.LittleEndian.Uint64(d.in[d.pos:])
+		d.pos += 8
+		return entry{kind: t, bits: v}, nil
 	case t == tagNil || t == tagStrDict || t > tagComplex && t < tagStr:
 		return entry{}, d.malformed(fmt.Sprintf("unexpected key tag 0x%02x", t))
 	}
@@ -517,6 +529,14 @@ func (d *decoder) writeTable(depth int) error {
 			d.out = append(d.out, '"')
 			d.out = strconv.AppendInt(d.out, int64(e.num), 10)
 			d.out = append(d.out, '"')
+		case e.kind == tagInt64:
+			d.out = append(d.out, '"')
+			d.out = strconv.AppendInt(d.out, int64(e.bits), 10)
+			d.out = append(d.out, '"')
+		case e.kind == tagUint64:
+			d.out = append(d.out, '"')
+			d.out = strconv.AppendUint(d.out, e.bits, 10)
+			d.out = append(d.out, '"')
 		default:
 			return &ValueError{What: "table keys must be strings or integers (got " + keyName(e) + ")"}
 		}
@@ -541,7 +561,7 @@ func keyName(e entry) string {
 		return "boolean"
 	case e.kind >= tagTab && e.kind <= tagTabMT:
 		return "table"
-	case e.kind == tagInt64 || e.kind == tagUint64 || e.kind == tagComplex:
+	case e.kind == tagComplex:
 		return "cdata"
 	}
 	return "userdata" // light userdata, NULL (ngx.null) included

@@ -92,6 +92,15 @@ func TestToJSONHandWritten(t *testing.T) {
 		{"light userdata 32", "\x0c\x02\x04\x01\x02\x03\x04", "!cannot encode a userdata value"},
 		{"null key", "\x09\x01\x03\x02", "!table keys must be strings or integers (got userdata)"},
 		{"boolean key", "\x09\x01\x01\x02", "!table keys must be strings or integers (got boolean)"},
+		// 64-bit integer cdata keys (a map<int64, ...>'s), every digit:
+		// { [9007199254740993LL] = true } as LuaJIT writes it
+		{"int64 key", "\x09\x01\x10\x01\x00\x00\x00\x00\x00\x20\x00\x02", `{"9007199254740993":true}`},
+		{"int64 key, the least", "\x09\x01\x10\x00\x00\x00\x00\x00\x00\x00\x80\x02", `{"-9223372036854775808":true}`},
+		{"uint64 key", "\x09\x01\x11\xff\xff\xff\xff\xff\xff\xff\xff\x02", `{"18446744073709551615":true}`},
+		{"int64 key 1 is no list", "\x09\x01\x10\x01\x00\x00\x00\x00\x00\x00\x00\x02", `{"1":true}`},
+		{"int64 keys of one value", "\x09\x02\x10\x01\x00\x00\x00\x00\x00\x00\x00\x02\x10\x01\x00\x00\x00\x00\x00\x00\x00\x01", `{"1":false,"1":true}`},
+		{"complex key", "\x09\x01\x12" + strings.Repeat("\x00", 16) + "\x02", "!table keys must be strings or integers (got cdata)"},
+		{"truncated int64 key", "\x09\x01\x10\x01\x00\x00", "?"},
 		{"array of errors stops at the first", "\x0c\x03\x12" + strings.Repeat("\x00", 16) + "\x05" + strings.Repeat("\x00", 8), "!cannot encode a cdata value"},
 		{"empty", "", "?"},
 		{"not a table tag", "\x13", "?"},

@@ -8,7 +8,8 @@
 --   and integers above 10^14; this writes integers exactly and other
 --   numbers with the shortest form that reads back to the same double.
 --   Tables: 1..n without holes -> array, else object (keys must be
---   strings or integers: map<int32, ...> keys); an empty table is {}
+--   strings, integers or 64-bit integer cdata: map<int32, ...> and
+--   map<int64, ...> keys); an empty table is {}
 --   unless it carries cjson's array metatable or is _M.empty_array;
 --   cjson.null / ngx.null -> null; NaN and +-inf -> "NaN", "Infinity",
 --   "-Infinity" (protojson's spellings); int64_t / uint64_t cdata (1LL,
@@ -186,6 +187,12 @@ do
     end
 end
 
+-- The digits of tostring(1LL) / tostring(1ULL), without the suffix.
+local function int64_digits(v)
+    local s = tostring(v)
+    return str_sub(s, 1, str_byte(s, -3) == 85 and -4 or -3)   -- 85: "U"
+end
+
 local put_value
 
 local function put_table(b, t, depth)
@@ -236,6 +243,9 @@ local function put_table(b, t, depth)
             b:put(key_text(k))
         elseif tk == "number" and math_floor(k) == k and k > -1e15 and k < 1e15 then
             b:put('"', str_format("%d", k), '":')
+        elseif tk == "cdata" and is_int64(k) then
+            -- a map<int64, ...> key, every digit (as Go's luaserial writes it)
+            b:put('"', int64_digits(k), '":')
         else
             return nil, "table keys must be strings or integers (got "
                         .. (tk == "number" and tostring(k) or tk) .. ")"
@@ -262,10 +272,8 @@ put_value = function(b, v, depth)
     elseif v == null then
         b:put("null")
     elseif tv == "cdata" and is_int64(v) then
-        -- the digits of tostring(1LL) / tostring(1ULL), as a JSON string:
-        -- the proto3 JSON form of a 64-bit integer
-        local s = tostring(v)
-        b:put('"', str_sub(s, 1, str_byte(s, -3) == 85 and -4 or -3), '"')   -- 85: "U"
+        -- as a JSON string: the proto3 JSON form of a 64-bit integer
+        b:put('"', int64_digits(v), '"')
     else
         return nil, "cannot encode a " .. tv .. " value"
     end
