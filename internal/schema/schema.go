@@ -76,10 +76,10 @@ func def(name string) string {
 
 // Options lists them.
 var Options = []Option{
-	{Name: "server_name", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "SNI and the name the certificate must carry", DocDefault: "the host of `addr`"},
-	{Name: "ca", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "PEM of the CA certificates to trust", DocDefault: "the system roots"},
-	{Name: "cert", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "PEM of the client certificate", DocBounds: "with `key`"},
-	{Name: "key", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "PEM of the client key", DocBounds: "with `cert`"},
+	{Name: "server_name", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "SNI and the name the certificate must carry", DocDefault: "the host of `addr`", DocBounds: "not `\"\"`"},
+	{Name: "ca", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "PEM of the CA certificates to trust", DocDefault: "the system roots", DocBounds: "not `\"\"`"},
+	{Name: "cert", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "PEM of the client certificate", DocBounds: "with `key`, not `\"\"`"},
+	{Name: "key", Type: "string", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "PEM of the client key", DocBounds: "with `cert`, not `\"\"`"},
 	{Name: "pins", Type: "list", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "SHA-256 digests of the server's SPKI", DocType: "list of strings", DocBounds: "64 hex digits or base64"},
 	{Name: "insecure", Type: "boolean", Default: "false", Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "skip certificate verification"},
 	{Name: "conns", Type: "integer", Default: def("DEFAULT_CONNS"), Min: f(1), Max: f(limits.Conns), Where: []string{Connect}, Key: true, Wire: []string{InCmd}, Doc: "QUIC connections per server"},

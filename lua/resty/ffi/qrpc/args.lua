@@ -202,6 +202,11 @@ local function decode_pin(s)
 end
 
 
+-- connect's string options that "" cannot stand for (checked in this
+-- order, so that one message answers for a table with several)
+local NONEMPTY = { "ca", "server_name", "cert", "key" }
+
+
 -- Full validation, run when no cached connection matched. o is plain (see
 -- plain_connect_opts); returns the raw pins, concatenated.
 local function check_connect_opts(o)
@@ -215,6 +220,16 @@ local function check_connect_opts(o)
         end
         if want and type(v) ~= want then
             return bad(2, k .. " must be a " .. want .. " (got " .. type(v) .. ")")
+        end
+    end
+    -- "" has no meaning in these: refused rather than read as "not given"
+    -- (the system roots, the host of addr, no client certificate), which
+    -- an unset environment variable would otherwise turn into another
+    -- trust than the caller's
+    for i = 1, #NONEMPTY do
+        local k = NONEMPTY[i]
+        if o[k] == "" then
+            return bad(2, k .. " must not be empty")
         end
     end
     if (o.cert == nil) ~= (o.key == nil) then

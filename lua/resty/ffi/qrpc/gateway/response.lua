@@ -17,6 +17,9 @@ local ngx_print = ngx.print
 
 local type = type
 local pairs = pairs
+local ipairs = ipairs
+local null = ngx.null
+local tab_concat = table.concat
 local tostring = tostring
 local str_find = string.find
 local str_lower = string.lower
@@ -42,6 +45,67 @@ local DEFAULT_JSON = {
     sfixed64 = "\"0\"", uint64 = "\"0\"", fixed64 = "\"0\"",
 }
 
+-- The JSON of a nil message of a well-known type, as protojson writes
+-- it (wrappers: their value's zero, from DEFAULT_JSON). Value has none
+-- (protojson refuses a Value that sets no kind): not here.
+local WKT_ZERO = {
+    ["google.protobuf.Timestamp"] = "\"1970-01-01T00:00:00Z\"",
+    ["google.protobuf.Duration"] = "\"0s\"",
+    ["google.protobuf.FieldMask"] = "\"\"",
+    ["google.protobuf.Struct"] = "{}",
+    ["google.protobuf.ListValue"] = "[]",
+    ["google.protobuf.Any"] = "{}",
+    ["google.protobuf.Empty"] = "{}",
+}
+
+-- compat_zero(gw, f) -> what grpc-gateway writes for the message field f
+-- named by response_body when the answer leaves it unset: it marshals the
+-- field's value, a nil message, and protojson writes a nil message as
+-- the empty one: {} without emit_unpopulated, with it every field outside
+-- a oneof (proto3 optional ones included there) at its zero value, a
+-- message field null (as protojson writes an unset one), in declaration
+-- order.
+local function compat_zero(gw, f)
+    local t = f.type
+    local z = WKT_ZERO[t]
+    if z then
+        return z
+    end
+    if WKT_SCALAR[t] then
+        return DEFAULT_JSON[WKT_SCALAR[t]]
+    end
+    if t == "google.protobuf.Value" then
+        -- grpc-gateway fails there (gateway.md's table of differences)
+        return "null"
+    end
+    local m = gw.schema.messages[t]
+    if not gw.conf.emit_unpopulated or not m or not m.fields then
+        return "{}"
+    end
+    local names = gw.conf.proto_names
+    local out, n = {}, 0
+    for _, g in ipairs(m.fields) do
+        if not g.oneof and not g.optional then
+            local v
+            if g.map then
+                v = "{}"
+            elseif g.repeated then
+                v = "[]"
+            elseif g.kind == "message" then
+                v = "null"
+            elseif g.kind == "enum" then
+                local e = gw.schema.enums[g.type]
+                v = e and json_encode(e.values[1]) or "0"
+            else
+                v = DEFAULT_JSON[g.kind] or "null"
+            end
+            n = n + 1
+            out[n] = json_encode(names and g.name or g.json) .. ":" .. v
+        end
+    end
+    return "{" .. tab_concat(out, ",") .. "}"
+end
+
 -- the response_body field of the answer's JSON text
 local function response_field(gw, route, text)
     local f = route.resp_field
@@ -52,6 +116,18 @@ local function response_field(gw, route, text)
     local x = v[gw.conf.proto_names and f.name or f.json]
     if x == nil then
         x = v[f.name] or v[f.json]
+    end
+    if gw.conf.compat and f.kind == "message" and not f.repeated and not f.map
+       and (x == nil or x == null)
+    then
+        -- an unset message field (null with emit_unpopulated): written
+        -- as grpc-gateway writes it, once per route
+        local z = route.compat_zero
+        if not z then
+            z = compat_zero(gw, f)
+            route.compat_zero = z
+        end
+        return z
     end
     if x == nil then
         if f.map then
