@@ -177,11 +177,8 @@ func (n *nginxProc) rawReq(t *testing.T, method, path, body string, hdrs ...stri
 	return gwResp{resp.StatusCode, b.String(), resp.Header}
 }
 
-// TestGatewayCompat runs the behaviours of grpc-gateway's runtime that
-// its clients rely on, with compat = "grpc-gateway" (/c/) and without it
-// (/d/), each case named after the grpc-gateway integration test
-// (examples/internal/integration/integration_test.go) it follows.
-func TestGatewayCompat(t *testing.T) {
+// compatDir is a gateway test's nginx directory with compat.proto in it.
+func compatDir(t *testing.T) string {
 	dir := gatewayDir(t)
 	b, err := os.ReadFile(filepath.Join(repoRoot, "nginx", "testdata", "gateway", "compat.proto"))
 	if err != nil {
@@ -190,6 +187,15 @@ func TestGatewayCompat(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "compat.proto"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// TestGatewayCompat runs the behaviours of grpc-gateway's runtime that
+// its clients rely on, with compat = "grpc-gateway" (/c/) and without it
+// (/d/), each case named after the grpc-gateway integration test
+// (examples/internal/integration/integration_test.go) it follows.
+func TestGatewayCompat(t *testing.T) {
+	dir := compatDir(t)
 	addr, sleepTimeouts := compatServer(t)
 	n := startNginx(t, ngxConf{
 		Workers: 1,

@@ -1,10 +1,6 @@
 package nginx
 
-import (
-	"os"
-	"path/filepath"
-	"testing"
-)
+import "testing"
 
 // gateway.md, grpc-gateway clients: a response_body field the answer
 // leaves unset. grpc-gateway v2 marshals the field's value, a nil message,
@@ -14,14 +10,7 @@ import (
 // compat the gateway answered null (the field's value in the answer's
 // JSON text, where EmitUnpopulated writes an unset message as null).
 func TestGatewayCompatUnsetResponseBody(t *testing.T) {
-	dir := gatewayDir(t)
-	b, err := os.ReadFile(filepath.Join(repoRoot, "nginx", "testdata", "gateway", "compat.proto"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "compat.proto"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := compatDir(t)
 	addr, _ := compatServer(t)
 	n := startNginx(t, ngxConf{
 		Workers: 1,
