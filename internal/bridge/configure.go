@@ -69,7 +69,7 @@ var (
 func DefaultGOMAXPROCS() int {
 	n := runtime.GOMAXPROCS(0)
 	goProcs.Store(int32(n))
-	if os.Getenv("GOMAXPROCS") != "" {
+	if envProcs(os.Getenv("GOMAXPROCS")) {
 		procsChosen.Store(true)
 		return n
 	}
@@ -80,6 +80,14 @@ func DefaultGOMAXPROCS() int {
 	// otherwise give the worker a second P.
 	runtime.GOMAXPROCS(min(n, builtinProcs))
 	return runtime.GOMAXPROCS(0)
+}
+
+// envProcs tells a GOMAXPROCS value that Go's runtime took (its own
+// test, schedinit in Go 1.26): Go ignores any other, "0" and "abc"
+// alike, and the library's default applies then.
+func envProcs(v string) bool {
+	n, err := strconv.ParseInt(v, 10, 32)
+	return err == nil && n > 0
 }
 
 // RestyFFIGOMAXPROCS applies the lua-resty-ffi host's default, min(2, Go's

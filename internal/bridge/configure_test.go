@@ -59,6 +59,14 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 	if n := RestyFFIGOMAXPROCS(); n != 1 {
 		t.Errorf("1 P, then lua-resty-ffi: %d, want 1 (never above Go's default)", n)
 	}
+	for _, env := range []string{"0", "-2", "abc"} {
+		procsChosen.Store(false)
+		t.Setenv("GOMAXPROCS", env)
+		runtime.GOMAXPROCS(8) // Go ignored the variable
+		if n := DefaultGOMAXPROCS(); n != 1 {
+			t.Errorf("GOMAXPROCS=%s, which Go ignores: default %d, want 1", env, n)
+		}
+	}
 	procsChosen.Store(false)
 	t.Setenv("GOMAXPROCS", "8")
 	runtime.GOMAXPROCS(8)

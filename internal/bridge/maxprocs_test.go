@@ -41,13 +41,16 @@ func TestDefaultGOMAXPROCSPinned(t *testing.T) {
 		runtime.UnlockOSThread()
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), pinnedChildEnv+"=1", "GOMAXPROCS=")
-	out, err := cmd.CombinedOutput()
-	_ = unix.SchedSetaffinity(0, &all)
-	runtime.UnlockOSThread()
-	if err != nil || strings.TrimSpace(string(out)) != "kept 1 P" {
-		t.Fatalf("child: %v\n%s", err, out)
+	defer runtime.UnlockOSThread()
+	defer unix.SchedSetaffinity(0, &all)
+	// Go ignores a GOMAXPROCS it cannot read: the library's default holds.
+	for _, env := range []string{"", "0", "abc"} {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), pinnedChildEnv+"=1", "GOMAXPROCS="+env)
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "kept 1 P" {
+			t.Errorf("GOMAXPROCS=%q: child: %v\n%s", env, err, out)
+		}
 	}
 }
 
