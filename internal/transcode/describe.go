@@ -46,8 +46,9 @@ type Rule struct {
 	ResponseBody string `json:"response_body,omitempty"`
 }
 
-// MsgInfo is a message type. Well-known types (google.protobuf.*) carry
-// only their name: their JSON forms are special.
+// MsgInfo is a message type. The well-known types whose JSON forms are
+// special (isWellKnown) carry only their name; the other messages of
+// google.protobuf (SourceContext, Type, ...) are plain messages in JSON.
 type MsgInfo struct {
 	Comment string   `json:"comment,omitempty"`
 	Fields  []*Field `json:"fields"`
@@ -66,7 +67,12 @@ type Field struct {
 	Map      bool   `json:"map,omitempty"`
 	Key      string `json:"key,omitempty"`
 	Oneof    string `json:"oneof,omitempty"`
+	// Optional: a proto3 optional field (in a synthetic oneof). Presence:
+	// an unset field outside a oneof is null in JSON that shows unset
+	// fields (protojson's EmitUnpopulated), not its zero value (proto2
+	// optional, editions' explicit presence, message fields).
 	Optional bool   `json:"optional,omitempty"`
+	Presence bool   `json:"presence,omitempty"`
 	Comment  string `json:"comment,omitempty"`
 }
 
@@ -129,7 +135,7 @@ func (s *Schema) addMessage(md protoreflect.MessageDescriptor) {
 	}
 	mi := &MsgInfo{Comment: comment(md), Fields: []*Field{}}
 	s.Messages[name] = mi
-	if strings.HasPrefix(name, "google.protobuf.") {
+	if isWellKnown(md) {
 		return
 	}
 	fields := md.Fields()
@@ -140,11 +146,15 @@ func (s *Schema) addMessage(md protoreflect.MessageDescriptor) {
 			Number:   int32(f.Number()),
 			JSON:     f.JSONName(),
 			Repeated: f.Cardinality() == protoreflect.Repeated && !f.IsMap(),
-			Optional: f.HasOptionalKeyword(),
+			Presence: f.HasPresence() && f.ContainingOneof() == nil,
 			Comment:  comment(f),
 		}
-		if o := f.ContainingOneof(); o != nil && !o.IsSynthetic() {
-			fi.Oneof = string(o.Name())
+		if o := f.ContainingOneof(); o != nil {
+			if o.IsSynthetic() {
+				fi.Optional = true
+			} else {
+				fi.Oneof = string(o.Name())
+			}
 		}
 		vf := f
 		if f.IsMap() {

@@ -62,9 +62,9 @@ local WKT_ZERO = {
 -- named by response_body when the answer leaves it unset: it marshals the
 -- field's value, a nil message, and protojson writes a nil message as
 -- the empty one: {} without emit_unpopulated, with it every field outside
--- a oneof (proto3 optional ones included there) at its zero value, a
--- message field null (as protojson writes an unset one), in declaration
--- order.
+-- a oneof (proto3 optional ones included there) in declaration order,
+-- null for a field with presence (a message, proto2 optional, editions'
+-- explicit presence), the zero value for the others.
 local function compat_zero(gw, f)
     local t = f.type
     local z = WKT_ZERO[t]
@@ -91,11 +91,17 @@ local function compat_zero(gw, f)
                 v = "{}"
             elseif g.repeated then
                 v = "[]"
-            elseif g.kind == "message" then
+            elseif g.presence or g.kind == "message" then
                 v = "null"
             elseif g.kind == "enum" then
+                v = "0"
                 local e = gw.schema.enums[g.type]
-                v = e and json_encode(e.values[1]) or "0"
+                for i = 1, e and #e.numbers or 0 do
+                    if e.numbers[i] == 0 then
+                        v = json_encode(e.values[i])
+                        break
+                    end
+                end
             else
                 v = DEFAULT_JSON[g.kind] or "null"
             end
