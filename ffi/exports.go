@@ -83,14 +83,14 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 }
 
 //export qrpc_vm_open
-func qrpc_vm_open(name *C.char, nameLen C.size_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
+func qrpc_vm_open(name *C.char, nameLen C.size_t, token C.uint64_t, errBuf *C.char, errLen C.size_t) (rc C.int) {
 	enterExport()
 	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	n, err := bridge.View(unsafe.Pointer(name), uintptr(nameLen), "name")
 	if err == nil {
 		var i int
-		if i, err = builtin.VMOpen(string(n)); err == nil {
+		if i, err = builtin.VMOpen(string(n), uint64(token)); err == nil {
 			return C.int(i)
 		}
 	}

@@ -63,6 +63,7 @@ type VM struct {
 	b     *Host
 	idx   int
 	name  string                 // under b.mu; "" while unregistered
+	token uint64                 // under b.mu: the Lua VM that registered name (VMOpen)
 	label atomic.Pointer[string] // name, for the metrics
 	// completions pushed to its queue, log lines not counted
 	completed atomic.Uint64
@@ -159,8 +160,13 @@ func (b *Host) Gen() (*bridge.Gen, error) {
 
 // VMOpen registers a Lua VM by name (qrpc_vm_open) and returns its index:
 // the index it already has, else VM 0 when no VM has registered yet, else
-// the next free one.
-func (b *Host) VMOpen(name string) (int, error) {
+// the next free one. token tells Lua VMs apart: the name's first token
+// keeps it, another token is refused (0 skips the check). Two Lua VMs
+// under one name would share a completion queue and call ids counted
+// from 1 in each: with lua_code_cache off (a VM per request) the newer
+// one's wake-up socket replaced the older's, calls timed out, and the
+// older dispatcher reopened its socket in a loop.
+func (b *Host) VMOpen(name string, token uint64) (int, error) {
 	if !vmName(name) {
 		return -1, fmt.Errorf("%w: a VM name is 1..64 bytes of a-z, 0-9 and _ (got %q)", bridge.ErrBadCommand, bridge.Clip(name))
 	}
@@ -170,6 +176,11 @@ func (b *Host) VMOpen(name string) (int, error) {
 	for i := range b.vms {
 		switch b.vms[i].name {
 		case name:
+			if v := &b.vms[i]; token != 0 && v.token != 0 && token != v.token {
+				return -1, fmt.Errorf("another Lua VM of this process registered as %q first: one Lua VM per subsystem (lua_code_cache off, which gives each request its own, is not supported)", name)
+			} else if v.token == 0 {
+				v.token = token
+			}
 			return i, nil
 		case "":
 			if free < 0 {
@@ -181,6 +192,7 @@ func (b *Host) VMOpen(name string) (int, error) {
 		return -1, fmt.Errorf("%w: %d Lua VMs are registered already, the most one process serves", bridge.ErrBadCommand, MaxVMs)
 	}
 	b.vms[free].name = name
+	b.vms[free].token = token
 	b.vms[free].label.Store(&name)
 	vmMarkOpen(free)
 	return free, nil

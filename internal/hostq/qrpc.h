@@ -191,11 +191,15 @@ int qrpc_init(char *err, size_t err_len);
 /* Registers a Lua VM of this process by name (the nginx subsystem of
  * ngx_http_lua or ngx_stream_lua: "http", "stream"): each VM gets a
  * completion queue and a wake-up socket of its own, so that no VM takes
- * another's completions. Returns the VM's index (0 .. QRPC_MAX_VMS-1; the
- * same index again for a name already registered; the first name gets 0),
- * or a negative status with a message in err. Commands carry the index in
- * qrpc_cmd_t.vm. */
-int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
+ * another's completions. token tells one Lua VM from another (any value
+ * of the caller's, not 0): a name registers once per process, and the
+ * same name with another token is refused (lua_code_cache off gives each
+ * request a VM of its own, which would take over the first one's queue);
+ * token 0 skips the check. Returns the VM's index (0 .. QRPC_MAX_VMS-1;
+ * the same index again for a name already registered; the first name gets
+ * 0), or a negative status with a message in err. Commands carry the
+ * index in qrpc_cmd_t.vm. */
+int qrpc_vm_open(const char *name, size_t name_len, uint64_t token, char *err, size_t err_len);
 
 /* Creates a fresh wake-up socket for VM vm at dir/qrpc-<pid>-<n>.sock,
  * owned by the worker's user, writes its path (NUL-terminated) into path.

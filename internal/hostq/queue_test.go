@@ -779,23 +779,44 @@ func BenchmarkEchoQueued(b *testing.B) {
 	}
 }
 
+// TestVMOpenToken: a name belongs to the Lua VM that registered it first
+// (its token); another VM under that name is refused, as with
+// lua_code_cache off, where each request has a VM of its own.
+func TestVMOpenToken(t *testing.T) {
+	openBuiltin(t)
+	i, err := builtin.VMOpen("test_vm_tok", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := builtin.VMOpen("test_vm_tok", 7); err != nil || again != i {
+		t.Fatalf("the same VM again: %d %v, want %d", again, err, i)
+	}
+	if again, err := builtin.VMOpen("test_vm_tok", 0); err != nil || again != i {
+		t.Fatalf("token 0 (no check): %d %v, want %d", again, err, i)
+	}
+	other, err := builtin.VMOpen("test_vm_tok", 8)
+	if err == nil || !strings.Contains(err.Error(), "lua_code_cache off") {
+		t.Fatalf("another VM under the same name: %d %v, want refused", other, err)
+	}
+}
+
 // TestVMsKeepTheirCompletions: two Lua VMs of one process (nginx's http
 // and stream subsystems) submit echoes with the same call ids; each VM's
 // wake-up socket wakes it, and each drains exactly its own completions.
 func TestVMsKeepTheirCompletions(t *testing.T) {
 	openBuiltin(t)
-	a, err := builtin.VMOpen("test_vm_a")
+	a, err := builtin.VMOpen("test_vm_a", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := builtin.VMOpen("test_vm_b")
+	b, err := builtin.VMOpen("test_vm_b", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a == b {
 		t.Fatalf("two names, one VM index %d", a)
 	}
-	if again, _ := builtin.VMOpen("test_vm_b"); again != b {
+	if again, _ := builtin.VMOpen("test_vm_b", 0); again != b {
 		t.Fatalf("VMOpen of a registered name: %d, want %d", again, b)
 	}
 	if b != bridge.MaxVMs-1 {

@@ -86,7 +86,7 @@ int qrpc_init(char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);
-int qrpc_vm_open(const char *name, size_t name_len, char *err, size_t err_len);
+int qrpc_vm_open(const char *name, size_t name_len, uint64_t token, char *err, size_t err_len);
 int qrpc_vm_wake_open(int vm, const char *dir, size_t dir_len, char *path,
                       size_t path_len, char *err, size_t err_len);
 int qrpc_vm_poll(int vm, qrpc_completion_t *out, int max);

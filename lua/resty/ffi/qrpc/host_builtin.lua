@@ -23,6 +23,7 @@ local direct = require "resty.ffi.qrpc.host_direct"
 local disp = require "resty.ffi.qrpc.dispatcher"
 
 local ffi_new = ffi.new
+local ffi_cast = ffi.cast
 local ffi_string = ffi.string
 local sema_new = semaphore.new
 
@@ -92,6 +93,17 @@ local last_id = 0
 local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
 
 
+-- vm_token() tells this Lua VM from another of the process (qrpc_vm_open):
+-- the address of a block of this VM's heap, mixed with the time, so that
+-- a VM made later at a freed VM's address is still another. Never 0.
+local token_anchor = ffi_new("char[1]")
+local function vm_token()
+    local t = ffi_cast("uint64_t", ffi_cast("uintptr_t", token_anchor)) * 1000003ULL
+              + ffi_cast("uint64_t", ngx_now() * 1e6)
+    return t == 0ULL and 1ULL or t
+end
+
+
 -- Called once the library is loaded, before any other function here;
 -- subsystem is ngx.config.subsystem ("http", "stream"): this VM's name.
 -- Opens the first wake-up socket now, so that an unusable socket_dir fails
@@ -103,7 +115,7 @@ function _M.init(l, dir, subsystem)
     lib = l
     -- this VM's completion queue: every command names it
     local errbuf = new_errbuf()
-    local idx = lib.qrpc_vm_open(subsystem, #subsystem, errbuf, ERRBUF_LEN)
+    local idx = lib.qrpc_vm_open(subsystem, #subsystem, vm_token(), errbuf, ERRBUF_LEN)
     if idx < 0 then
         disp.broken()
         return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx, errbuf)

@@ -1,0 +1,39 @@
+package nginx
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestCodeCacheOff: lua_code_cache off gives each request a Lua VM of its
+// own, and the library serves one Lua VM per subsystem and worker. The
+// first request's VM keeps the subsystem; a later request's connect is
+// refused with a clear error, and the first VM's dispatcher is left
+// alone. Before, each new VM took over the first one's completion queue
+// and wake-up socket: the second request timed out, and the first VM's
+// dispatcher reopened its socket in a loop, filling the error log
+// ("qrpc: wake-up socket: closed") at most of a CPU.
+func TestCodeCacheOff(t *testing.T) {
+	n := startNginx(t, ngxConf{Workers: 1, HTTP: "lua_code_cache off;",
+		AllowErrors: []string{`lua_code_cache off`},
+		AllowAlerts: []string{`lua_code_cache is off`},
+		Server: loc("/t", `
+                local qt = require "qtest"
+                local qrpc = require "resty.ffi.qrpc"
+                local conn, err = qrpc.connect(qt.addr, qt.opts{ timeout = 2000 })
+                if not conn then return ngx.say("connect: ", err) end
+                local res, err = conn:unary("greet", "x")
+                ngx.say(res and res.body or err)`)})
+	if st, body := n.get("/t"); st != 200 || body != "hello, x\n" {
+		t.Fatalf("first request: %d %q", st, body)
+	}
+	for i := 2; i <= 3; i++ {
+		st, body := n.get("/t")
+		if st != 200 || !strings.HasPrefix(body, "connect: qrpc: http Lua VM: ") || !strings.Contains(body, "lua_code_cache off") {
+			t.Fatalf("request %d: %d %q, want the refusal of a second Lua VM", i, st, body)
+		}
+	}
+	if c := n.logCount(`wake-up socket`); c != 0 {
+		t.Fatalf("%d wake-up socket lines in the error log:\n%s", c, n.errorLog())
+	}
+}
