@@ -11,6 +11,8 @@ local abi = require "resty.ffi.qrpc.abi"
 
 local ffi_new = ffi.new
 local ffi_load = ffi.load
+local ffi_string = ffi.string
+local C = ffi.C
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -41,6 +43,9 @@ local submit_err = abi.submit_err
 
 -- Used to keep nginx's process signals away from Go's threads (see
 -- load). pcall: another module may have declared them already.
+pcall(ffi.cdef, [[
+char *realpath(const char *path, char *resolved_path);
+]])
 pcall(ffi.cdef, [[
 int sigemptyset(void *set);
 int sigaddset(void *set, int signum);
@@ -121,7 +126,46 @@ local function check_symbols(l)
 end
 
 
+-- other_copy(path) -> the file of another copy of the library that this
+-- process has mapped, or nil. The worker's other Lua VM (the other
+-- subsystem) may have loaded the library from another path, or from a
+-- file replaced since (mapped "(deleted)"): loading path as well would
+-- start a second Go runtime in the process. A copy counts as the same
+-- library when its file has path's name.
+local function other_copy(path)
+    local buf = ffi_new("char[?]", 4097)
+    if C.realpath(path, buf) == nil then
+        return nil
+    end
+    local real = ffi_string(buf)
+    local name = str_match(real, "[^/]+$")
+    local f = io_open("/proc/self/maps", "rb")
+    if not f then
+        return nil
+    end
+    local other
+    for line in f:lines() do
+        local mapped = str_match(line, "^%S+%s+%S+%s+%S+%s+%S+%s+%d+%s+(/.*)$")
+        if mapped and mapped ~= real
+           and str_match(str_gsub(mapped, " %(deleted%)$", ""), "[^/]+$") == name
+        then
+            other = mapped
+            break
+        end
+    end
+    f:close()
+    return other
+end
+
+
 local function try_load(path)
+    local other = other_copy(path)
+    if other then
+        return nil, "this worker has another copy of the library loaded ("
+                    .. other .. "): a second copy would be a second Go "
+                    .. "runtime; load the same file in both subsystems, "
+                    .. "or reload nginx after replacing it"
+    end
     local ok, l = pcall(ffi_load, path)
     if not ok then
         return nil, tostring(l)
