@@ -242,7 +242,6 @@ local function block_ngx_signals()
         return nil
     end
     local ok, old = pcall(function()
-        local C = ffi.C
         local set = ffi_new("uint8_t[?]", SIGSET_BYTES)
         local prev = ffi_new("uint8_t[?]", SIGSET_BYTES)
         C.sigemptyset(set)
