@@ -12,6 +12,7 @@ package main
 /*
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 */
 import "C"
 
@@ -40,7 +41,20 @@ func init() {
 	// Loaded in a worker: size its Go runtime for nginx (see
 	// bridge.DefaultGOMAXPROCS; libffi_init raises it for lua-resty-ffi)
 	// before any goroutine starts.
-	bridge.DefaultGOMAXPROCS()
+	bridge.DefaultGOMAXPROCS(workerEnv)
+}
+
+// workerEnv reads libc's environment: the worker's, as nginx's env
+// directives made it (Go's os.Getenv has the one the process started
+// with).
+func workerEnv(name string) (string, bool) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
 }
 
 func enterExport() { hostq.EnterExport() }

@@ -62,16 +62,26 @@ var (
 	goProcs atomic.Int32
 )
 
-// DefaultGOMAXPROCS applies the built-in host's default when the
-// environment does not set GOMAXPROCS; it returns the value in force. The
+// DefaultGOMAXPROCS applies GOMAXPROCS from the worker's environment,
+// else the built-in host's default; it returns the value in force. The
 // library calls it once, when it loads in a worker, before any goroutine
-// starts.
-func DefaultGOMAXPROCS() int {
+// starts. env is the worker's environment: in nginx that is libc's, as
+// nginx's env directives made it (`env GOMAXPROCS=2;` sets it, and a
+// variable no directive names is gone), not the one the process started
+// with, which is the only one Go's runtime reads (os.Getenv).
+func DefaultGOMAXPROCS(env func(string) (string, bool)) int {
 	n := runtime.GOMAXPROCS(0)
-	goProcs.Store(int32(n))
 	if envProcs(os.Getenv("GOMAXPROCS")) {
+		// Go took the start-up environment's value: its own default is
+		// the CPUs it sees.
+		n = runtime.NumCPU()
+	}
+	goProcs.Store(int32(n))
+	if v, ok := env("GOMAXPROCS"); ok && envProcs(v) {
 		procsChosen.Store(true)
-		return n
+		p, _ := strconv.Atoi(v)
+		runtime.GOMAXPROCS(min(p, maxGOMAXPROCS))
+		return runtime.GOMAXPROCS(0)
 	}
 	// Set even when Go's default is already 1 (a worker pinned to one
 	// CPU): only a call to runtime.GOMAXPROCS stops Go from re-sizing the
@@ -82,7 +92,7 @@ func DefaultGOMAXPROCS() int {
 	return runtime.GOMAXPROCS(0)
 }
 
-// envProcs tells a GOMAXPROCS value that Go's runtime took (its own
+// envProcs tells a GOMAXPROCS value that Go's runtime would take (its own
 // test, schedinit in Go 1.26): Go ignores any other, "0" and "abc"
 // alike, and the library's default applies then.
 func envProcs(v string) bool {

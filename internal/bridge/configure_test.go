@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"errors"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -45,7 +46,7 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
 	procsChosen.Store(false)
 	runtime.GOMAXPROCS(8)
-	if n := DefaultGOMAXPROCS(); n != 1 {
+	if n := DefaultGOMAXPROCS(os.LookupEnv); n != 1 {
 		t.Errorf("8 Ps, no GOMAXPROCS in the environment: default %d, want 1 (built-in host)", n)
 	}
 	if n := RestyFFIGOMAXPROCS(); n != 2 {
@@ -53,7 +54,7 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 	}
 	procsChosen.Store(false)
 	runtime.GOMAXPROCS(1) // a worker pinned to one CPU
-	if n := DefaultGOMAXPROCS(); n != 1 {
+	if n := DefaultGOMAXPROCS(os.LookupEnv); n != 1 {
 		t.Errorf("1 P: default %d, want 1", n)
 	}
 	if n := RestyFFIGOMAXPROCS(); n != 1 {
@@ -63,24 +64,38 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 		procsChosen.Store(false)
 		t.Setenv("GOMAXPROCS", env)
 		runtime.GOMAXPROCS(8) // Go ignored the variable
-		if n := DefaultGOMAXPROCS(); n != 1 {
+		if n := DefaultGOMAXPROCS(os.LookupEnv); n != 1 {
 			t.Errorf("GOMAXPROCS=%s, which Go ignores: default %d, want 1", env, n)
 		}
 	}
 	procsChosen.Store(false)
 	t.Setenv("GOMAXPROCS", "8")
 	runtime.GOMAXPROCS(8)
-	if n := DefaultGOMAXPROCS(); n != 8 {
+	if n := DefaultGOMAXPROCS(os.LookupEnv); n != 8 {
 		t.Errorf("GOMAXPROCS=8 in the environment: %d, want it kept", n)
 	}
 	if n := RestyFFIGOMAXPROCS(); n != 8 {
 		t.Errorf("GOMAXPROCS=8 in the environment, then lua-resty-ffi: %d, want it kept", n)
 	}
+	// The worker's environment decides, not the one Go started with.
+	t.Setenv("GOMAXPROCS", "3")
+	procsChosen.Store(false)
+	runtime.GOMAXPROCS(3)
+	only := func(v string) func(string) (string, bool) {
+		return func(string) (string, bool) { return v, v != "" }
+	}
+	if n := DefaultGOMAXPROCS(only("")); n != 1 {
+		t.Errorf("GOMAXPROCS=3 at start, none in the worker: %d, want the default 1", n)
+	}
+	procsChosen.Store(false)
+	if n := DefaultGOMAXPROCS(only("2")); n != 2 || !procsChosen.Load() {
+		t.Errorf("GOMAXPROCS=2 in the worker: %d (chosen %v), want 2", n, procsChosen.Load())
+	}
 	// configure{ gomaxprocs } before lua-resty-ffi's init: kept too.
 	t.Setenv("GOMAXPROCS", "")
 	procsChosen.Store(false)
 	runtime.GOMAXPROCS(8)
-	DefaultGOMAXPROCS()
+	DefaultGOMAXPROCS(os.LookupEnv)
 	r := New(newGoMemory(t), nil)
 	if err := r.Configure(recs("gomaxprocs=3\n")); err != nil {
 		t.Fatal(err)

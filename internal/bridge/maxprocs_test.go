@@ -72,7 +72,7 @@ func pinnedChild() error {
 	if n := runtime.GOMAXPROCS(0); n != 1 || runtime.NumCPU() != 1 {
 		return fmt.Errorf("started on %d CPUs, Go's default %d Ps: not on one CPU", runtime.NumCPU(), n)
 	}
-	if n := DefaultGOMAXPROCS(); n != 1 {
+	if n := DefaultGOMAXPROCS(os.LookupEnv); n != 1 {
 		return fmt.Errorf("default %d, want 1", n)
 	}
 	// Widen every thread's affinity (threads started later inherit it).

@@ -30,7 +30,7 @@ import (
 // TestMain runs the tests with the Go runtime sized as the library sizes
 // it when it loads in a worker (ffi's init).
 func TestMain(m *testing.M) {
-	bridge.DefaultGOMAXPROCS()
+	bridge.DefaultGOMAXPROCS(os.LookupEnv)
 	os.Exit(m.Run())
 }
 

@@ -1,0 +1,27 @@
+package nginx
+
+import "testing"
+
+// TestGOMAXPROCSWorkerEnv: the library reads GOMAXPROCS from the worker's
+// environment as nginx's env directives make it, where Go's runtime
+// reads the one nginx started with: `env GOMAXPROCS=2;` sets it, and a
+// variable no env directive names is not the worker's.
+func TestGOMAXPROCSWorkerEnv(t *testing.T) {
+	code := `
+                local qrpc = require "resty.ffi.qrpc"
+                assert(qrpc.init_worker())
+                ngx.say("worker env ", tostring(os.getenv("GOMAXPROCS")), " gomaxprocs ", qrpc.stats().gomaxprocs)`
+	runBlocks(t, []block{{
+		name: "env GOMAXPROCS=2; sets it",
+		conf: ngxConf{Workers: 1, Main: "env GOMAXPROCS=2;", Server: loc("/t", code)},
+		body: "worker env 2 gomaxprocs 2\n",
+	}, {
+		name: "env GOMAXPROCS=2; wins over the start-up environment's 3",
+		conf: ngxConf{Workers: 1, Main: "env GOMAXPROCS=2;", ProcEnv: []string{"GOMAXPROCS=3"}, Server: loc("/t", code)},
+		body: "worker env 2 gomaxprocs 2\n",
+	}, {
+		name: "no env directive: the start-up environment's 3 is not the worker's",
+		conf: ngxConf{Workers: 1, ProcEnv: []string{"GOMAXPROCS=3"}, Server: loc("/t", code)},
+		body: "worker env nil gomaxprocs 1\n",
+	}})
+}
