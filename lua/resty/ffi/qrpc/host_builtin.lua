@@ -110,7 +110,9 @@ end
 -- the call that loads the library at once, rather than leaving every call
 -- to wait for the dispatcher's slow poll. Returns true, or nil and
 -- "qrpc: socket_dir <dir>: <reason>" (the library stays usable for the
--- direct calls; the dispatcher then only polls).
+-- direct calls; the dispatcher then only polls), or nil, "qrpc: <subsystem>
+-- Lua VM: <reason>", true when the VM could not register (no host can
+-- serve it).
 function _M.init(l, dir, subsystem)
     lib = l
     -- this VM's completion queue: every command names it
@@ -118,7 +120,8 @@ function _M.init(l, dir, subsystem)
     local idx = lib.qrpc_vm_open(subsystem, #subsystem, vm_token(), errbuf, ERRBUF_LEN)
     if idx < 0 then
         disp.broken()
-        return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx, errbuf)
+        -- fatal with either host: the VM has no queue of its own
+        return nil, "qrpc: " .. subsystem .. " Lua VM: " .. submit_err(idx, errbuf), true
     end
     vm = idx
     direct.init(lib, vm)

@@ -128,7 +128,7 @@ local function ensure_loaded()
     if not st then
         return nil, err
     end
-    local wake_ok, wake_err = builtin.init(st.lib, cfg_socket_dir, subsystem)
+    local wake_ok, wake_err, fatal = builtin.init(st.lib, cfg_socket_dir, subsystem)
     proto.attach(st.lib)
     if st.rt then
         resty_ffi.init(st.rt)
@@ -150,7 +150,7 @@ local function ensure_loaded()
         -- The lua-resty-ffi host only loses its prompt log lines (the
         -- dispatcher still polls for them).
         ngx_log(ngx_ERR, wake_err)
-        if use_builtin then
+        if use_builtin or fatal then
             load_err = wake_err
             return nil, wake_err
         end
