@@ -31,6 +31,8 @@ import (
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/testwait"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 )
 
 // shopServer serves nginx/testdata/gateway/shop.proto with dynamic
@@ -341,6 +343,9 @@ const gatewayServer = `
                 try("x")
                 try({ upstream = qt.shop_addr, protos = protos, tiemout = 1 })
                 try({ upstream = 1, protos = protos })
+                try({ upstream = qt.shop_addr, protos = protos, opts = { ca = "" } })
+                try({ upstream = qt.shop_addr, protos = protos, opts = { conns = 0 } })
+                try({ upstream = { qt.shop_addr, qt.shop_addr }, protos = protos })
                 try({ upstream = qt.shop_addr })
                 try({ upstream = qt.shop_addr, protos = protos, method_name = "long" })
                 try({ upstream = qt.shop_addr, protos = protos, prefix = "api/" })
@@ -600,6 +605,9 @@ func TestGateway(t *testing.T) {
 			"bad argument #1: options must be a table (got string)",
 			"bad argument #1: unknown option 'tiemout'",
 			"bad argument #1: upstream must be host:port or a list of them (got number)",
+			"bad argument #1: opts: ca must not be empty",
+			"bad argument #1: opts: conns must be",
+			`bad argument #1: upstream: duplicate address`,
 			"bad argument #1: protos must be a table { files = { ... }, import_paths = { ... } }",
 			`bad argument #1: method_name must be "short" or "full" (got long)`,
 			`bad argument #1: prefix must be "" or a path like "/api" (no trailing /)`,
@@ -811,7 +819,8 @@ func TestGatewayMetrics(t *testing.T) {
 		InitByLua: gatewayInit(dir),
 		Extra: map[string]string{
 			"shop_addr": shop.addr, "down_addr": shop.addr, "lost_addr": shop.addr,
-			"pool_a": shop.addr, "pool_b": shop.addr, "proto_dir": dir, "call_timeout": "10000",
+			// a pool of two servers: gateway.new refuses a duplicate address
+			"pool_a": shop.addr, "pool_b": fmt.Sprintf("127.0.0.1:%d", ngxtest.FreePort(t)), "proto_dir": dir, "call_timeout": "10000",
 		},
 		Server: `
         location /api/ { content_by_lua_block { package.loaded.gw_main:serve() } }

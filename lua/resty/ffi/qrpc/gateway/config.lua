@@ -6,6 +6,8 @@ local proto = require "resty.ffi.qrpc.proto"
 local routes = require "resty.ffi.qrpc.gateway.routes"
 local errors = require "resty.ffi.qrpc.gateway.errors"
 local cache = require "resty.ffi.qrpc.cache"
+local args = require "resty.ffi.qrpc.args"
+local pool = require "resty.ffi.qrpc.pool"
 
 local type = type
 local pairs = pairs
@@ -156,6 +158,21 @@ local function check_conf(c)
         return bad("opts must be a table of qrpc.connect options (got " .. type(c.opts) .. ")")
     end
     conf.opts = c.opts or {}
+    -- qrpc.connect's own checks of upstream and opts, which load nothing:
+    -- a mistake there is told now, not as a 500 on every request
+    local o, cerr = args.plain_connect_opts(conf.opts)
+    if o then
+        local spec
+        spec, cerr = pool.check(up, o)
+        if spec then
+            local pins, perr = args.check_connect_opts(o)
+            cerr = not pins and perr or nil
+        end
+    end
+    if cerr then
+        local n, what = str_match(cerr, "^bad argument #(%d): (.*)$")
+        return bad((n == "1" and "upstream: " or "opts: ") .. (what or cerr))
+    end
     -- the calls' deadline, which a Grpc-Timeout may shorten
     local copt_t = conf.opts.timeout
     conf.timeout = type(copt_t) == "number" and copt_t > 0 and copt_t or cache.DEFAULT_TIMEOUT_MS
