@@ -71,9 +71,12 @@ type Field struct {
 	// an unset field outside a oneof is null in JSON that shows unset
 	// fields (protojson's EmitUnpopulated), not its zero value (proto2
 	// optional, editions' explicit presence, message fields).
-	Optional bool   `json:"optional,omitempty"`
-	Presence bool   `json:"presence,omitempty"`
-	Comment  string `json:"comment,omitempty"`
+	Optional bool `json:"optional,omitempty"`
+	Presence bool `json:"presence,omitempty"`
+	// Text: the field's name in text and in JSON with proto names, where
+	// it is not Name (a group's: its message's name, "MyGroup").
+	Text    string `json:"text,omitempty"`
+	Comment string `json:"comment,omitempty"`
 }
 
 // Enum is an enum type: its value names in declaration order.
@@ -148,6 +151,9 @@ func (s *Schema) addMessage(md protoreflect.MessageDescriptor) {
 			Repeated: f.Cardinality() == protoreflect.Repeated && !f.IsMap(),
 			Presence: f.HasPresence() && f.ContainingOneof() == nil,
 			Comment:  comment(f),
+		}
+		if f.TextName() != string(f.Name()) {
+			fi.Text = f.TextName()
 		}
 		if o := f.ContainingOneof(); o != nil {
 			if o.IsSynthetic() {

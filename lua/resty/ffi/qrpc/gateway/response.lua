@@ -91,7 +91,9 @@ local function compat_zero(gw, f)
                 v = "{}"
             elseif g.repeated then
                 v = "[]"
-            elseif g.presence or g.kind == "message" then
+            elseif g.presence or g.kind == "message"
+                   or g.type == "google.protobuf.NullValue"
+            then
                 v = "null"
             elseif g.kind == "enum" then
                 v = "0"
@@ -106,7 +108,7 @@ local function compat_zero(gw, f)
                 v = DEFAULT_JSON[g.kind] or "null"
             end
             n = n + 1
-            out[n] = json_encode(names and g.name or g.json) .. ":" .. v
+            out[n] = json_encode(names and (g.text or g.name) or g.json) .. ":" .. v
         end
     end
     return "{" .. tab_concat(out, ",") .. "}"
