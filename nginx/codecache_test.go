@@ -1,6 +1,8 @@
 package nginx
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -27,11 +29,28 @@ func TestCodeCacheOff(t *testing.T) {
 	if st, body := n.get("/t"); st != 200 || body != "hello, x\n" {
 		t.Fatalf("first request: %d %q", st, body)
 	}
-	for i := 2; i <= 3; i++ {
+	// Each refused VM leaves nothing open behind it (with the
+	// lua-resty-ffi host too, whose own load runs first).
+	pid := n.workerPIDs()[0]
+	fds := func() int {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	var before int
+	for i := 2; i <= 50; i++ {
+		if i == 5 {
+			before = fds()
+		}
 		st, body := n.get("/t")
 		if st != 200 || !strings.HasPrefix(body, "connect: qrpc: http Lua VM: ") || !strings.Contains(body, "lua_code_cache off") {
 			t.Fatalf("request %d: %d %q, want the refusal of a second Lua VM", i, st, body)
 		}
+	}
+	if after := fds(); after > before+2 {
+		t.Errorf("the worker's open files grew from %d to %d over 45 refused requests", before, after)
 	}
 	if c := n.logCount(`wake-up socket`); c != 0 {
 		t.Fatalf("%d wake-up socket lines in the error log:\n%s", c, n.errorLog())
