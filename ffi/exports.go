@@ -47,15 +47,7 @@ func init() {
 // workerEnv reads libc's environment: the worker's, as nginx's env
 // directives made it (Go's os.Getenv has the one the process started
 // with).
-func workerEnv(name string) (string, bool) {
-	cs := C.CString(name)
-	defer C.free(unsafe.Pointer(cs))
-	v := C.getenv(cs)
-	if v == nil {
-		return "", false
-	}
-	return C.GoString(v), true
-}
+func workerEnv(name string) (string, bool) { return cGetenv(name) }
 
 func enterExport() { hostq.EnterExport() }
 func leaveExport() { hostq.LeaveExport() }
@@ -89,6 +81,10 @@ func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 	defer leaveExport()
 	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
 	hostq.InstallSignalForwarders()
+	if other := claimLibEnv(); other != "" {
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), otherCopyErr(other).Error())
+		return C.int(bridge.ErrGeneric)
+	}
 	if err := builtin.Init(); err != nil {
 		errString(unsafe.Pointer(errBuf), uintptr(errLen), err.Error())
 		return C.int(bridge.ErrGeneric)

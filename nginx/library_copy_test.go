@@ -9,59 +9,83 @@ import (
 	"time"
 )
 
-// TestLibraryCopyRefused: the http VM loads the library from one path and
-// the stream VM is configured with a copy at another path (two
-// lua_package_path trees, each with the library beside it, find two).
-// Loading both would start a second Go runtime in the worker; the second
-// VM gets a clear error instead, and the worker maps one copy.
-func TestLibraryCopyRefused(t *testing.T) {
+// TestLibraryCopy: the http VM loads the library, then the stream VM is
+// configured with another path (two lua_package_path trees, each with the
+// library beside it, or a configure{ lib } of its own). A copy of the
+// file, under its name or another, would start a second Go runtime in
+// the worker: the stream VM gets a clear error instead. A hard link of
+// the same file is the same library (the dynamic linker matches device
+// and inode) and loads. Either way the worker maps one file.
+func TestLibraryCopy(t *testing.T) {
 	requireStreamLua(t)
-	dir, err := os.MkdirTemp("", "qrpc-copy-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	_ = os.Chmod(dir, 0o755) // the workers' user reads it
-	cp := filepath.Join(dir, "libffi_qrpc.so")
 	b, err := os.ReadFile(libPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(cp, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	c := streamConf(1)
-	c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, cp)
-	c.AllowErrors = []string{`another copy of the library`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
-	l, err := dialLines(n.streamPort, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.close()
-	got, err := l.ask("unary echo s", 20*time.Second)
-	if err != nil || !strings.Contains(got, "qrpc: cannot load "+cp+": this worker has another copy of the library loaded (") {
-		t.Fatalf("stream VM with a copy of the library: %q %v, want the refusal", got, err)
-	}
-	for _, pid := range n.workerPIDs() {
-		m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen := map[string]bool{}
-		for _, line := range strings.Split(string(m), "\n") {
-			if f := strings.Fields(line); len(f) >= 6 && strings.HasSuffix(f[5], "libffi_qrpc.so") {
-				seen[f[5]] = true
+	for _, tc := range []struct {
+		name, file string
+		link       bool // a hard link of libPath instead of a copy
+		want       string
+	}{
+		{"a copy", "libffi_qrpc.so", false, "ERR qrpc: cannot load %s: this worker runs another copy of the library ("},
+		{"a copy under another name", "libffi_qrpc-2.so", false, "ERR qrpc: cannot load %s: this worker runs another copy of the library ("},
+		{"a hard link", "libffi_qrpc.so", true, "OK 0 s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// beside libPath for the link (one file system); readable by
+			// the workers' user
+			dir, err := os.MkdirTemp(filepath.Dir(libPath), "qrpc-copy-")
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if len(seen) != 1 {
-			t.Errorf("worker %d maps %d copies of the library: %v", pid, len(seen), seen)
-		}
-	}
-	if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
-		t.Errorf("http after: %q", got)
+			t.Cleanup(func() { _ = os.RemoveAll(dir) })
+			_ = os.Chmod(dir, 0o755)
+			cp := filepath.Join(dir, tc.file)
+			if tc.link {
+				err = os.Link(libPath, cp)
+			} else {
+				err = os.WriteFile(cp, b, 0o755)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := streamConf(1)
+			c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, cp)
+			c.AllowErrors = []string{`another copy of the library`}
+			n := startNginx(t, c)
+			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+				t.Fatalf("http: %q", got)
+			}
+			l, err := dialLines(n.streamPort, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.close()
+			want := tc.want
+			if strings.Contains(want, "%s") {
+				want = fmt.Sprintf(want, cp)
+			}
+			if got, err := l.ask("unary echo s", 20*time.Second); err != nil || !strings.HasPrefix(got, want) {
+				t.Fatalf("stream VM: %q %v, want %q", got, err, want)
+			}
+			for _, pid := range n.workerPIDs() {
+				m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen := map[string]bool{}
+				for _, line := range strings.Split(string(m), "\n") {
+					if f := strings.Fields(line); len(f) >= 6 && strings.Contains(f[5], "libffi_qrpc") {
+						seen[f[3]+" "+f[4]] = true
+					}
+				}
+				if len(seen) != 1 {
+					t.Errorf("worker %d maps %d files of the library: %v", pid, len(seen), seen)
+				}
+			}
+			if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
+				t.Errorf("http after: %q", got)
+			}
+		})
 	}
 }

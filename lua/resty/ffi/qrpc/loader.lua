@@ -11,8 +11,9 @@ local abi = require "resty.ffi.qrpc.abi"
 
 local ffi_new = ffi.new
 local ffi_load = ffi.load
-local ffi_string = ffi.string
 local C = ffi.C
+local bit = require "bit"
+local band, bor, bnot, rshift = bit.band, bit.bor, bit.bnot, bit.rshift
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -26,6 +27,8 @@ local ipairs = ipairs
 local pcall = pcall
 local rawget = rawget
 local io_open = io.open
+local os_getenv = os.getenv
+local str_format = string.format
 local str_byte = string.byte
 local str_sub = string.sub
 local str_match = string.match
@@ -44,7 +47,7 @@ local submit_err = abi.submit_err
 -- Used to keep nginx's process signals away from Go's threads (see
 -- load). pcall: another module may have declared them already.
 pcall(ffi.cdef, [[
-char *realpath(const char *path, char *resolved_path);
+int stat(const char *path, void *buf);
 ]])
 pcall(ffi.cdef, [[
 int sigemptyset(void *set);
@@ -126,46 +129,7 @@ local function check_symbols(l)
 end
 
 
--- other_copy(path) -> the file of another copy of the library that this
--- process has mapped, or nil. The worker's other Lua VM (the other
--- subsystem) may have loaded the library from another path, or from a
--- file replaced since (mapped "(deleted)"): loading path as well would
--- start a second Go runtime in the process. A copy counts as the same
--- library when its file has path's name.
-local function other_copy(path)
-    local buf = ffi_new("char[?]", 4097)
-    if C.realpath(path, buf) == nil then
-        return nil
-    end
-    local real = ffi_string(buf)
-    local name = str_match(real, "[^/]+$")
-    local f = io_open("/proc/self/maps", "rb")
-    if not f then
-        return nil
-    end
-    local other
-    for line in f:lines() do
-        local mapped = str_match(line, "^%S+%s+%S+%s+%S+%s+%S+%s+%d+%s+(/.*)$")
-        if mapped and mapped ~= real
-           and str_match(str_gsub(mapped, " %(deleted%)$", ""), "[^/]+$") == name
-        then
-            other = mapped
-            break
-        end
-    end
-    f:close()
-    return other
-end
-
-
 local function try_load(path)
-    local other = other_copy(path)
-    if other then
-        return nil, "this worker has another copy of the library loaded ("
-                    .. other .. "): a second copy would be a second Go "
-                    .. "runtime; load the same file in both subsystems, "
-                    .. "or reload nginx after replacing it"
-    end
     local ok, l = pcall(ffi_load, path)
     if not ok then
         return nil, tostring(l)
@@ -178,7 +142,90 @@ local function try_load(path)
 end
 
 
+-- file_id(path) -> path's device and inode as /proc/self/maps writes
+-- them ("fd:01 1234"), or nil (no such file, or a libc without stat: glibc
+-- 2.33 and later export it). struct stat begins with st_dev and st_ino,
+-- 64 bits each, on x86_64 and on aarch64.
+local function file_id(path)
+    local buf = ffi_new("uint64_t[32]")
+    local ok, rc = pcall(function() return C.stat(path, buf) end)
+    if not ok or rc ~= 0 then
+        return nil
+    end
+    local dev = buf[0]
+    local major = bor(band(rshift(dev, 8), 0xfff), band(rshift(dev, 32), bnot(0xfff)))
+    local minor = bor(band(dev, 0xff), band(rshift(dev, 12), bnot(0xff)))
+    return str_format("%02x:%02x %s", tonumber(major), tonumber(minor),
+                      str_match(tostring(buf[1]), "^%d+"))
+end
+
+
+-- loaded_lib() -> the library this process loaded first (ffi/libid.go
+-- records it in QRPC_LIBRARY) as "<device> <inode>", and the path it is
+-- mapped from now (" (deleted)" at its end when the file was replaced
+-- since), or nil when there is none: an entry the process inherited
+-- names no file mapped here.
+local function loaded_lib()
+    local v = os_getenv("QRPC_LIBRARY")
+    local dev, ino = str_match(v or "", "^(%S+) (%d+) ")
+    if not dev then
+        return nil
+    end
+    local f = io_open("/proc/self/maps", "rb")
+    if not f then
+        return nil
+    end
+    local path
+    for line in f:lines() do
+        local d, i, p = str_match(line, "^%S+%s+%S+%s+%S+%s+(%S+)%s+(%d+)%s+(/.*)$")
+        if d == dev and i == ino then
+            path = p
+            break
+        end
+    end
+    f:close()
+    if not path then
+        return nil
+    end
+    return dev .. " " .. ino, path
+end
+
+
+-- Each copy of the library is a Go runtime, and a worker must run one:
+-- once a Lua VM of the worker (the other subsystem) has loaded it, this
+-- one loads the same file, whatever its path (cfg_lib naming another file
+-- is refused), and a file replaced since is refused rather than loaded.
+local function same_library(cfg_lib)
+    local id, path = loaded_lib()
+    if not id then
+        return nil
+    end
+    local other = "this worker runs another copy of the library ("
+                  .. path .. "): one Go runtime per worker; "
+    if cfg_lib then
+        local fid = file_id(cfg_lib)
+        if fid and fid ~= id then
+            return nil, "qrpc: cannot load " .. cfg_lib .. ": " .. other
+                        .. "load the same file in both subsystems"
+        end
+        path = cfg_lib
+    elseif str_find(path, " (deleted)", -10, true) then
+        return nil, "qrpc: cannot load the library: " .. other
+                    .. "the file was replaced since; reload nginx"
+    end
+    local l, err = try_load(path)
+    if not l then
+        return nil, "qrpc: cannot load " .. path .. ": " .. err
+    end
+    return l, path
+end
+
+
 local function open_library(cfg_lib)
+    local same, where = same_library(cfg_lib)
+    if same or where then
+        return same, where
+    end
     if cfg_lib then
         local l, err = try_load(cfg_lib)
         if not l then

@@ -1,0 +1,132 @@
+package main
+
+/*
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"unsafe"
+)
+
+// libEnv names, in the process's environment (libc's, which every Lua VM
+// of the worker reads), the file of the library the process loaded first,
+// as /proc/self/maps writes it: "<major:minor> <inode> <path>". Each
+// copy of the library is a Go runtime of its own, and a worker must run
+// one: the loader (lua/resty/ffi/qrpc/loader.lua) reads this before it
+// loads anything, so that a second Lua VM (the other subsystem) loads the
+// same file or is refused.
+const libEnv = "QRPC_LIBRARY"
+
+// selfID is this copy's file, in libEnv's form ("" when /proc/self/maps
+// does not show it).
+var selfID = findSelf()
+
+func findSelf() string {
+	addr := uint64(reflect.ValueOf(findSelf).Pointer())
+	id := ""
+	eachMapping(func(lo, hi uint64, entry string) bool {
+		if addr >= lo && addr < hi {
+			id = entry
+			return false
+		}
+		return true
+	})
+	return id
+}
+
+// eachMapping calls f with each file mapping of the process, as an
+// entry of libEnv's form, until f returns false.
+func eachMapping(f func(lo, hi uint64, entry string) bool) {
+	mf, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return
+	}
+	defer mf.Close()
+	sc := bufio.NewScanner(mf)
+	for sc.Scan() {
+		// start-end perms offset dev inode path
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 6 || fs[4] == "0" {
+			continue
+		}
+		l, h, ok := strings.Cut(fs[0], "-")
+		if !ok {
+			continue
+		}
+		lo, err1 := strconv.ParseUint(l, 16, 64)
+		hi, err2 := strconv.ParseUint(h, 16, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if !f(lo, hi, fs[3]+" "+fs[4]+" "+strings.Join(fs[5:], " ")) {
+			return
+		}
+	}
+}
+
+// mapped: the file of a libEnv entry is mapped in this process (an entry
+// inherited from another process names none).
+func mapped(entry string) bool {
+	found := false
+	eachMapping(func(_, _ uint64, e string) bool {
+		found = sameLib(e, entry)
+		return !found
+	})
+	return found
+}
+
+// claimLibEnv records this copy in libEnv unless a copy did first; it
+// returns the other copy's entry when one did (and is not this one).
+func claimLibEnv() (other string) {
+	if selfID == "" {
+		return ""
+	}
+	name := C.CString(libEnv)
+	defer C.free(unsafe.Pointer(name))
+	if cur, ok := cGetenv(libEnv); ok {
+		if sameLib(cur, selfID) {
+			return ""
+		}
+		if mapped(cur) {
+			return cur
+		}
+	}
+	val := C.CString(selfID)
+	defer C.free(unsafe.Pointer(val))
+	C.setenv(name, val, 1)
+	return ""
+}
+
+// cGetenv reads libc's environment, where another copy of the library
+// (another Go runtime) writes, unlike Go's copy that os.Getenv reads.
+func cGetenv(key string) (string, bool) {
+	k := C.CString(key)
+	defer C.free(unsafe.Pointer(k))
+	v := C.getenv(k)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}
+
+// sameLib: two libEnv entries name one file (device and inode).
+func sameLib(a, b string) bool {
+	fa, fb := strings.Fields(a), strings.Fields(b)
+	return len(fa) >= 2 && len(fb) >= 2 && fa[0] == fb[0] && fa[1] == fb[1]
+}
+
+// otherCopyErr is qrpc_init's refusal in a second copy.
+func otherCopyErr(other string) error {
+	path := other
+	if fs := strings.Fields(other); len(fs) >= 3 {
+		path = strings.Join(fs[2:], " ")
+	}
+	return fmt.Errorf("qrpc: another copy of the library runs in this process (%s): one Go runtime per worker; load the same file everywhere", path)
+}
