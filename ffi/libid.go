@@ -71,12 +71,12 @@ func eachMapping(f func(lo, hi uint64, entry string) bool) {
 	}
 }
 
-// mapped: the file of a libEnv entry is mapped in this process (an entry
-// inherited from another process names none).
+// mapped: the file of a libEnv entry is mapped in this process, maybe
+// replaced since (an entry inherited from another process names none).
 func mapped(entry string) bool {
 	found := false
 	eachMapping(func(_, _ uint64, e string) bool {
-		found = sameLib(e, entry)
+		found = e == entry || e == entry+" (deleted)"
 		return !found
 	})
 	return found
@@ -116,11 +116,11 @@ func cGetenv(key string) (string, bool) {
 	return C.GoString(v), true
 }
 
-// sameLib: two libEnv entries name one file (device and inode).
-func sameLib(a, b string) bool {
-	fa, fb := strings.Fields(a), strings.Fields(b)
-	return len(fa) >= 2 && len(fb) >= 2 && fa[0] == fb[0] && fa[1] == fb[1]
-}
+// sameLib: two libEnv entries name one mapped file. The path counts
+// too: the dynamic linker maps a file once, under one path, while two
+// files may show one device and inode in /proc/self/maps (btrfs
+// subvolumes, each with its own inode 257, on one device there).
+func sameLib(a, b string) bool { return a == b }
 
 // otherCopyErr is qrpc_init's refusal in a second copy.
 func otherCopyErr(other string) error {

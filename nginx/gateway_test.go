@@ -346,6 +346,7 @@ const gatewayServer = `
                 try({ upstream = qt.shop_addr, protos = protos, opts = { ca = "" } })
                 try({ upstream = qt.shop_addr, protos = protos, opts = { conns = 0 } })
                 try({ upstream = { qt.shop_addr, qt.shop_addr }, protos = protos })
+                try({ upstream = qt.shop_addr, protos = protos, opts = { methods = { Nope = { try_timeout = -1 } } } })
                 try({ upstream = qt.shop_addr })
                 try({ upstream = qt.shop_addr, protos = protos, method_name = "long" })
                 try({ upstream = qt.shop_addr, protos = protos, prefix = "api/" })
@@ -608,6 +609,7 @@ func TestGateway(t *testing.T) {
 			"bad argument #1: opts: ca must not be empty",
 			"bad argument #1: opts: conns must be",
 			`bad argument #1: upstream: duplicate address`,
+			"bad argument #1: opts: methods.Nope.try_timeout must be",
 			"bad argument #1: protos must be a table { files = { ... }, import_paths = { ... } }",
 			`bad argument #1: method_name must be "short" or "full" (got long)`,
 			`bad argument #1: prefix must be "" or a path like "/api" (no trailing /)`,

@@ -89,3 +89,62 @@ func TestLibraryCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestLibraryCopyLinkerName: the http VM loads libPath; the stream VM is
+// configured with a bare name, lib = "libffi_qrpc.so", which the dynamic
+// linker finds through LD_LIBRARY_PATH: a copy of the file. The loader
+// refuses it without loading it (a first version let the name through,
+// and a second Go runtime started before qrpc_init refused), and the
+// worker maps one file of the library.
+func TestLibraryCopyLinkerName(t *testing.T) {
+	requireStreamLua(t)
+	b, err := os.ReadFile(libPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(libPath), "qrpc-ldpath-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	_ = os.Chmod(dir, 0o755)
+	if err := os.WriteFile(filepath.Join(dir, "libffi_qrpc.so"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := streamConf(1)
+	c.ProcEnv = []string{"LD_LIBRARY_PATH=" + dir}
+	c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ lib = "libffi_qrpc.so", socket_dir = ngx.config.prefix() .. "run" })`
+	c.AllowErrors = []string{`another copy of the library`}
+	n := startNginx(t, c)
+	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+		t.Fatalf("http: %q", got)
+	}
+	l, err := dialLines(n.streamPort, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	got, err := l.ask("unary echo s", 20*time.Second)
+	t.Logf("stream VM: %q %v", got, err)
+	if !strings.HasPrefix(got, "ERR qrpc: cannot load libffi_qrpc.so: this worker runs another copy of the library (") {
+		t.Errorf("stream VM: %q, want the loader's refusal", got)
+	}
+	for _, pid := range n.workerPIDs() {
+		m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, line := range strings.Split(string(m), "\n") {
+			if f := strings.Fields(line); len(f) >= 6 && strings.Contains(f[5], "libffi_qrpc") {
+				seen[f[3]+" "+f[4]+" "+strings.Join(f[5:], " ")] = true
+			}
+		}
+		if len(seen) != 1 {
+			t.Errorf("worker %d maps %d files of the library: %v", pid, len(seen), seen)
+		}
+	}
+	if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
+		t.Errorf("http after: %q", got)
+	}
+}

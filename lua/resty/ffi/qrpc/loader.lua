@@ -12,8 +12,7 @@ local abi = require "resty.ffi.qrpc.abi"
 local ffi_new = ffi.new
 local ffi_load = ffi.load
 local C = ffi.C
-local bit = require "bit"
-local band, bor, bnot, rshift = bit.band, bit.bor, bit.bnot, bit.rshift
+local bor = require("bit").bor
 
 local ngx = ngx
 local ngx_log = ngx.log
@@ -28,7 +27,6 @@ local pcall = pcall
 local rawget = rawget
 local io_open = io.open
 local os_getenv = os.getenv
-local str_format = string.format
 local str_byte = string.byte
 local str_sub = string.sub
 local str_match = string.match
@@ -47,7 +45,8 @@ local submit_err = abi.submit_err
 -- Used to keep nginx's process signals away from Go's threads (see
 -- load). pcall: another module may have declared them already.
 pcall(ffi.cdef, [[
-int stat(const char *path, void *buf);
+void *dlopen(const char *file, int mode);
+int dlclose(void *handle);
 ]])
 pcall(ffi.cdef, [[
 int sigemptyset(void *set);
@@ -142,32 +141,14 @@ local function try_load(path)
 end
 
 
--- file_id(path) -> path's device and inode as /proc/self/maps writes
--- them ("fd:01 1234"), or nil (no such file, or a libc without stat: glibc
--- 2.33 and later export it). struct stat begins with st_dev and st_ino,
--- 64 bits each, on x86_64 and on aarch64.
-local function file_id(path)
-    local buf = ffi_new("uint64_t[32]")
-    local ok, rc = pcall(function() return C.stat(path, buf) end)
-    if not ok or rc ~= 0 then
-        return nil
-    end
-    local dev = buf[0]
-    local major = bor(band(rshift(dev, 8), 0xfff), band(rshift(dev, 32), bnot(0xfff)))
-    local minor = bor(band(dev, 0xff), band(rshift(dev, 12), bnot(0xff)))
-    return str_format("%02x:%02x %s", tonumber(major), tonumber(minor),
-                      str_match(tostring(buf[1]), "^%d+"))
-end
-
-
--- loaded_lib() -> the library this process loaded first (ffi/libid.go
--- records it in QRPC_LIBRARY) as "<device> <inode>", and the path it is
--- mapped from now (" (deleted)" at its end when the file was replaced
--- since), or nil when there is none: an entry the process inherited
--- names no file mapped here.
+-- loaded_lib() -> the path of the library this process loaded first
+-- (ffi/libid.go records "<device> <inode> <path>" in QRPC_LIBRARY when a
+-- copy starts), and whether that file was replaced since (mapped
+-- "(deleted)"); nil when no copy runs here (an entry the process
+-- inherited names a file not mapped here).
 local function loaded_lib()
-    local v = os_getenv("QRPC_LIBRARY")
-    local dev, ino = str_match(v or "", "^(%S+) (%d+) ")
+    local dev, ino, path = str_match(os_getenv("QRPC_LIBRARY") or "",
+                                     "^(%S+) (%d+) (/.*)$")
     if not dev then
         return nil
     end
@@ -175,49 +156,68 @@ local function loaded_lib()
     if not f then
         return nil
     end
-    local path
+    local found, replaced
     for line in f:lines() do
         local d, i, p = str_match(line, "^%S+%s+%S+%s+%S+%s+(%S+)%s+(%d+)%s+(/.*)$")
         if d == dev and i == ino then
-            path = p
-            break
+            if p == path then
+                found = true
+                break
+            elseif p == path .. " (deleted)" then
+                found, replaced = true, true
+                break
+            end
         end
     end
     f:close()
-    if not path then
+    if not found then
         return nil
     end
-    return dev .. " " .. ino, path
+    return path, replaced
+end
+
+
+-- is_loaded(file) -> whether dlopen(file) would give the library already
+-- loaded: RTLD_NOLOAD loads nothing, and finds an object by name or by
+-- its file (device and inode, as the dynamic linker tells files apart),
+-- so a hard link or a symlink of the loaded file is that file, and a
+-- bare name is searched for as ffi.load would.
+local RTLD_LAZY, RTLD_NOLOAD = 0x1, 0x4
+local function is_loaded(file)
+    local h = C.dlopen(file, bor(RTLD_LAZY, RTLD_NOLOAD))
+    if h == nil then
+        return false
+    end
+    C.dlclose(h)
+    return true
 end
 
 
 -- Each copy of the library is a Go runtime, and a worker must run one:
 -- once a Lua VM of the worker (the other subsystem) has loaded it, this
--- one loads the same file, whatever its path (cfg_lib naming another file
--- is refused), and a file replaced since is refused rather than loaded.
+-- one loads the same file: the loaded one, or cfg_lib when that is the
+-- same file. Another file is refused, and so is a library replaced since
+-- (a load would map the new file).
 local function same_library(cfg_lib)
-    local id, path = loaded_lib()
-    if not id then
+    local path, replaced = loaded_lib()
+    if not path then
         return nil
     end
     local other = "this worker runs another copy of the library ("
                   .. path .. "): one Go runtime per worker; "
-    if cfg_lib then
-        local fid = file_id(cfg_lib)
-        if fid and fid ~= id then
-            return nil, "qrpc: cannot load " .. cfg_lib .. ": " .. other
-                        .. "load the same file in both subsystems"
-        end
-        path = cfg_lib
-    elseif str_find(path, " (deleted)", -10, true) then
-        return nil, "qrpc: cannot load the library: " .. other
-                    .. "the file was replaced since; reload nginx"
+    if replaced then
+        return nil, "qrpc: cannot load " .. (cfg_lib or path) .. ": " .. other
+                    .. "its file was replaced since; reload nginx"
     end
-    local l, err = try_load(path)
+    if cfg_lib and not is_loaded(cfg_lib) then
+        return nil, "qrpc: cannot load " .. cfg_lib .. ": " .. other
+                    .. "load the same file in both subsystems"
+    end
+    local l, err = try_load(cfg_lib or path)
     if not l then
-        return nil, "qrpc: cannot load " .. path .. ": " .. err
+        return nil, "qrpc: cannot load " .. (cfg_lib or path) .. ": " .. err
     end
-    return l, path
+    return l, cfg_lib or path
 end
 
 

@@ -168,6 +168,11 @@ local function check_conf(c)
             local pins, perr = args.check_connect_opts(o)
             cerr = not pins and perr or nil
         end
+        if not cerr and o.methods ~= nil then
+            -- checked by connect once it has dialled
+            local own, berr = proto.bind(o.methods)
+            cerr = not own and berr or nil
+        end
     end
     if cerr then
         local n, what = str_match(cerr, "^bad argument #(%d): (.*)$")

@@ -1,0 +1,67 @@
+package nginx
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLibraryReplacedThenReload: both subsystems configure one path; the
+// http VM loads it; make install replaces the file (a new inode at that
+// path); the stream VM's first call is refused (the worker runs the old
+// file) with the advice to reload, not "load the same file in both
+// subsystems", which it does; after nginx -s reload, the new workers load
+// the new file in both VMs.
+func TestLibraryReplacedThenReload(t *testing.T) {
+	requireStreamLua(t)
+	dir, err := os.MkdirTemp(filepath.Dir(libPath), "qrpc-inst-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	_ = os.Chmod(dir, 0o755)
+	lib := filepath.Join(dir, "libffi_qrpc.so")
+	install := func() {
+		if b, err := exec.Command("install", "-m", "755", libPath, lib).CombinedOutput(); err != nil {
+			t.Fatalf("install: %v %s", err, b)
+		}
+	}
+	install()
+	c := streamConf(1)
+	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), lib)
+	c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, lib)
+	c.AllowErrors = []string{`another copy of the library`}
+	n := startNginx(t, c)
+	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+		t.Fatalf("http: %q", got)
+	}
+	install() // make install: a new file at the path
+	got := streamAsk(t, n.streamPort, "unary echo s")
+	t.Logf("stream VM after the file was replaced: %q", got)
+	if !strings.HasPrefix(got, "ERR ") {
+		t.Errorf("stream VM loaded the replaced file: %q", got)
+	} else if !strings.Contains(got, "reload") {
+		t.Errorf("stream VM's refusal does not tell to reload nginx: %q", got)
+	}
+	old := n.workerPIDs()
+	n.signal("reload")
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		ws := n.workerPIDs()
+		if len(ws) == 1 && (len(old) == 0 || ws[0] != old[0]) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := streamAsk(t, n.streamPort, "unary echo s2"); got != "OK 0 s2" {
+		t.Errorf("stream VM after reload: %q", got)
+	}
+	if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
+		t.Errorf("http after reload: %q", got)
+	}
+}
