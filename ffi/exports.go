@@ -75,6 +75,24 @@ func exportPanic(rc *C.int, errBuf unsafe.Pointer, errLen C.size_t) {
 	}
 }
 
+// qrpc_claim records this copy of the library as the process's
+// (QRPC_LIBRARY, ffi/libid.go), or refuses when another copy runs here.
+// The loader calls it right after loading the file, before anything
+// that may fail, so that a later Lua VM finds the record whatever
+// became of this load.
+//
+//export qrpc_claim
+func qrpc_claim(errBuf *C.char, errLen C.size_t) (rc C.int) {
+	enterExport()
+	defer leaveExport()
+	defer exportPanic(&rc, unsafe.Pointer(errBuf), errLen)
+	if other := claimLibEnv(); other != "" {
+		errString(unsafe.Pointer(errBuf), uintptr(errLen), otherCopyErr(other).Error())
+		return C.int(bridge.ErrGeneric)
+	}
+	return C.int(bridge.StatusOK)
+}
+
 //export qrpc_init
 func qrpc_init(errBuf *C.char, errLen C.size_t) (rc C.int) {
 	enterExport()

@@ -51,11 +51,14 @@ func eachMapping(f func(lo, hi uint64, entry string) bool) {
 	defer mf.Close()
 	sc := bufio.NewScanner(mf)
 	for sc.Scan() {
-		// start-end perms offset dev inode path
-		fs := strings.Fields(sc.Text())
+		// start-end perms offset dev inode path; the path as it is,
+		// spaces and tabs included (the kernel writes a newline as \012)
+		line := sc.Text()
+		fs := strings.Fields(line)
 		if len(fs) < 6 || fs[4] == "0" {
 			continue
 		}
+		path := rawPath(line)
 		l, h, ok := strings.Cut(fs[0], "-")
 		if !ok {
 			continue
@@ -65,10 +68,25 @@ func eachMapping(f func(lo, hi uint64, entry string) bool) {
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		if !f(lo, hi, fs[3]+" "+fs[4]+" "+strings.Join(fs[5:], " ")) {
+		if !f(lo, hi, fs[3]+" "+fs[4]+" "+path) {
 			return
 		}
 	}
+}
+
+// rawPath is the path of a /proc/self/maps line: what follows its fifth
+// field and the spaces after it.
+func rawPath(line string) string {
+	s := line
+	for i := 0; i < 5; i++ {
+		s = strings.TrimLeft(s, " ")
+		if j := strings.IndexByte(s, ' '); j >= 0 {
+			s = s[j:]
+		} else {
+			return ""
+		}
+	}
+	return strings.TrimLeft(s, " ")
 }
 
 // mapped: the file of a libEnv entry is mapped in this process, maybe
@@ -125,8 +143,8 @@ func sameLib(a, b string) bool { return a == b }
 // otherCopyErr is qrpc_init's refusal in a second copy.
 func otherCopyErr(other string) error {
 	path := other
-	if fs := strings.Fields(other); len(fs) >= 3 {
-		path = strings.Join(fs[2:], " ")
+	if fs := strings.SplitN(other, " ", 3); len(fs) == 3 {
+		path = fs[2]
 	}
 	return fmt.Errorf("qrpc: another copy of the library runs in this process (%s): one Go runtime per worker; load the same file everywhere", path)
 }

@@ -188,6 +188,12 @@ typedef struct {
  * Returns a status; on error, writes a NUL-terminated message to err. */
 int qrpc_init(char *err, size_t err_len);
 
+/* Records this copy of the library in the process's QRPC_LIBRARY
+ * environment variable, or fails (with a message in err) when another
+ * copy of it runs in the process: one Go runtime per process. The Lua
+ * loader calls it right after loading the file; qrpc_init checks too. */
+int qrpc_claim(char *err, size_t err_len);
+
 /* Registers a Lua VM of this process by name (the nginx subsystem of
  * ngx_http_lua or ngx_stream_lua: "http", "stream"): each VM gets a
  * completion queue and a wake-up socket of its own, so that no VM takes

@@ -83,6 +83,7 @@ typedef struct {
 } qrpc_stats_t;
 
 int qrpc_init(char *err, size_t err_len);
+int qrpc_claim(char *err, size_t err_len);
 int qrpc_stats(uint64_t conn, qrpc_stats_t *out);
 int qrpc_query(const qrpc_cmd_t *cmd, char **out, size_t *out_len, char *err, size_t err_len);
 int qrpc_submit_async(const qrpc_cmd_t *cmd);

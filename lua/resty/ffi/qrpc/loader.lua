@@ -44,9 +44,11 @@ local submit_err = abi.submit_err
 
 -- Used to keep nginx's process signals away from Go's threads (see
 -- load). pcall: another module may have declared them already.
+-- Under names of their own: another module's declaration of dlopen
+-- (char * for const char *) would otherwise be the one in force.
 pcall(ffi.cdef, [[
-void *dlopen(const char *file, int mode);
-int dlclose(void *handle);
+void *qrpc_loader_dlopen(const char *file, int mode) __asm__("dlopen");
+int qrpc_loader_dlclose(void *handle) __asm__("dlclose");
 ]])
 pcall(ffi.cdef, [[
 int sigemptyset(void *set);
@@ -116,7 +118,7 @@ end
 
 
 local symbols = {
-    "qrpc_init", "qrpc_stats",
+    "qrpc_init", "qrpc_claim", "qrpc_stats",
     "qrpc_query", "qrpc_submit_async", "qrpc_release",
     "qrpc_release_n", "qrpc_vm_open", "qrpc_vm_wake_open", "qrpc_vm_poll",
 }
@@ -136,6 +138,13 @@ local function try_load(path)
     local sok, err = pcall(check_symbols, l)
     if not sok then
         return nil, "not a usable " .. LIBNAME .. " (" .. tostring(err) .. ")"
+    end
+    -- at once: a Lua VM that loads later must find this copy recorded,
+    -- whatever becomes of this load (ffi/libid.go)
+    local errbuf = new_errbuf()
+    local rc = l.qrpc_claim(errbuf, ERRBUF_LEN)
+    if rc ~= QRPC_OK then
+        return nil, (str_gsub(submit_err(rc, errbuf), "^qrpc: ", ""))
     end
     return l
 end
@@ -173,7 +182,8 @@ local function loaded_lib()
     if not found then
         return nil
     end
-    return path, replaced
+    -- the kernel writes a newline of a path as \012
+    return (str_gsub(path, "\\012", "\n")), replaced
 end
 
 
@@ -184,11 +194,20 @@ end
 -- bare name is searched for as ffi.load would.
 local RTLD_LAZY, RTLD_NOLOAD = 0x1, 0x4
 local function is_loaded(file)
-    local h = C.dlopen(file, bor(RTLD_LAZY, RTLD_NOLOAD))
+    if not str_find(file, "/", 1, true) then
+        -- ffi.load's names: "ffi_qrpc" is libffi_qrpc.so
+        if not str_find(file, ".", 1, true) then
+            file = file .. ".so"
+        end
+        if str_sub(file, 1, 3) ~= "lib" then
+            file = "lib" .. file
+        end
+    end
+    local h = C.qrpc_loader_dlopen(file, bor(RTLD_LAZY, RTLD_NOLOAD))
     if h == nil then
         return false
     end
-    C.dlclose(h)
+    C.qrpc_loader_dlclose(h)
     return true
 end
 
