@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/bufbuild/protocompile"
@@ -93,8 +94,17 @@ message E {
 // UseProtoNames when proto_names is set). protojson's whitespace is
 // compacted before comparing (it randomises it), the key order is kept.
 func TestGatewayCompatResponseBodyVsProtojson(t *testing.T) {
+	compareUnsetResponseBody(t, map[string]string{"rv.proto": rvProto3, "rvp2.proto": rvProto2, "rved.proto": rvEditions},
+		[]string{"z", "p", "e", "sc", "w", "bw", "oz", "optz", "q"})
+}
+
+// compareUnsetResponseBody serves rv.proto (files, written into the
+// gateway's directory) through three compat gateways, one route per field
+// of rv.Resp as response_body, and compares each answer to {} with
+// protojson's bytes for the field's nil message.
+func compareUnsetResponseBody(t *testing.T, files map[string]string, fields []string) {
+	t.Helper()
 	dir := gatewayDir(t)
-	files := map[string]string{"rv.proto": rvProto3, "rvp2.proto": rvProto2, "rved.proto": rvEditions}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
@@ -115,7 +125,6 @@ func TestGatewayCompatResponseBodyVsProtojson(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = srv.Close() })
 
-	fields := []string{"z", "p", "e", "sc", "w", "bw", "oz", "optz", "q"}
 	n := startNginx(t, ngxConf{
 		Workers: 1,
 		InitByLua: lines(
@@ -125,7 +134,7 @@ func TestGatewayCompatResponseBodyVsProtojson(t *testing.T) {
 			`        local qt = require "qtest"`,
 			`        local protos = { files = { "rv.proto" }, import_paths = { qt.proto_dir } }`,
 			`        local routes = {}`,
-			`        for _, f in ipairs({ "z", "p", "e", "sc", "w", "bw", "oz", "optz", "q" }) do`,
+			`        for _, f in ipairs({ "`+strings.Join(fields, `", "`)+`" }) do`,
 			`            routes["POST /v1/rb/" .. f] = { method = "rv.S.Echo", body = "*", response_body = f }`,
 			`        end`,
 			`        local function gw(prefix, o)`,

@@ -68,21 +68,7 @@ func TestLibraryCopy(t *testing.T) {
 			if got, err := l.ask("unary echo s", 20*time.Second); err != nil || !strings.HasPrefix(got, want) {
 				t.Fatalf("stream VM: %q %v, want %q", got, err, want)
 			}
-			for _, pid := range n.workerPIDs() {
-				m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-				if err != nil {
-					t.Fatal(err)
-				}
-				seen := map[string]bool{}
-				for _, line := range strings.Split(string(m), "\n") {
-					if f := strings.Fields(line); len(f) >= 6 && strings.Contains(f[5], "libffi_qrpc") {
-						seen[f[3]+" "+f[4]] = true
-					}
-				}
-				if len(seen) != 1 {
-					t.Errorf("worker %d maps %d files of the library: %v", pid, len(seen), seen)
-				}
-			}
+			libFilesMapped(t, n)
 			if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
 				t.Errorf("http after: %q", got)
 			}
@@ -129,21 +115,7 @@ func TestLibraryCopyLinkerName(t *testing.T) {
 	if !strings.HasPrefix(got, "ERR qrpc: cannot load libffi_qrpc.so: this worker runs another copy of the library (") {
 		t.Errorf("stream VM: %q, want the loader's refusal", got)
 	}
-	for _, pid := range n.workerPIDs() {
-		m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen := map[string]bool{}
-		for _, line := range strings.Split(string(m), "\n") {
-			if f := strings.Fields(line); len(f) >= 6 && strings.Contains(f[5], "libffi_qrpc") {
-				seen[f[3]+" "+f[4]+" "+strings.Join(f[5:], " ")] = true
-			}
-		}
-		if len(seen) != 1 {
-			t.Errorf("worker %d maps %d files of the library: %v", pid, len(seen), seen)
-		}
-	}
+	libFilesMapped(t, n)
 	if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
 		t.Errorf("http after: %q", got)
 	}
