@@ -49,17 +49,25 @@ func TestLibraryReplacedThenReload(t *testing.T) {
 	}
 	old := n.workerPIDs()
 	n.signal("reload")
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		ws := n.workerPIDs()
-		if len(ws) == 1 && (len(old) == 0 || ws[0] != old[0]) {
-			break
+	// the old worker gone, the new one's stream VM loads the new file
+	err = eventually(15*time.Second, func() error {
+		for _, p := range old {
+			if pidAlive(p) {
+				return fmt.Errorf("old worker %d still alive", p)
+			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond)
-	if got := streamAsk(t, n.streamPort, "unary echo s2"); got != "OK 0 s2" {
-		t.Errorf("stream VM after reload: %q", got)
+		l, err := dialLines(n.streamPort, time.Second)
+		if err != nil {
+			return err
+		}
+		defer l.close()
+		if got, err := l.ask("unary echo s2", 5*time.Second); got != "OK 0 s2" {
+			return fmt.Errorf("stream VM after reload: %q %v", got, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
 	}
 	if got := httpAsk(t, n, "unary echo h2"); got != "OK 0 h2" {
 		t.Errorf("http after reload: %q", got)
