@@ -6,7 +6,6 @@ package main
 import "C"
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"reflect"
@@ -44,16 +43,15 @@ func findSelf() string {
 // eachMapping calls f with each file mapping of the process, as an
 // entry of libEnv's form, until f returns false.
 func eachMapping(f func(lo, hi uint64, entry string) bool) {
-	mf, err := os.Open("/proc/self/maps")
+	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
 		return
 	}
-	defer mf.Close()
-	sc := bufio.NewScanner(mf)
-	for sc.Scan() {
+	// split on newlines only (bufio.ScanLines would drop a path's final
+	// \r); the kernel writes a newline of a path as \012
+	for _, line := range strings.Split(string(maps), "\n") {
 		// start-end perms offset dev inode path; the path as it is,
-		// spaces and tabs included (the kernel writes a newline as \012)
-		line := sc.Text()
+		// spaces and tabs included
 		fs := strings.Fields(line)
 		if len(fs) < 6 || fs[4] == "0" {
 			continue
@@ -89,15 +87,23 @@ func rawPath(line string) string {
 	return strings.TrimLeft(s, " ")
 }
 
-// mapped: the file of a libEnv entry is mapped in this process, maybe
-// replaced since (an entry inherited from another process names none).
+// mapped: the file of a libEnv entry is mapped in this process, under
+// any name: replaced since (" (deleted)"), or renamed (a backup made with
+// mv keeps the mapping under its new name). An entry inherited from
+// another process names none.
 func mapped(entry string) bool {
 	found := false
 	eachMapping(func(_, _ uint64, e string) bool {
-		found = e == entry || e == entry+" (deleted)"
+		found = sameFile(e, entry)
 		return !found
 	})
 	return found
+}
+
+// sameFile: two entries name one device and inode.
+func sameFile(a, b string) bool {
+	fa, fb := strings.SplitN(a, " ", 3), strings.SplitN(b, " ", 3)
+	return len(fa) == 3 && len(fb) == 3 && fa[0] == fb[0] && fa[1] == fb[1]
 }
 
 // claimLibEnv records this copy in libEnv unless a copy did first; it

@@ -123,9 +123,16 @@ local symbols = {
     "qrpc_release_n", "qrpc_vm_open", "qrpc_vm_wake_open", "qrpc_vm_poll",
 }
 
-local function check_symbols(l)
+local function has(l, name)
+    return (pcall(function() return l[name] end))
+end
+
+-- missing(l) -> the first of symbols that l lacks, or nil
+local function missing(l)
     for _, name in ipairs(symbols) do
-        local _ = l[name]
+        if not has(l, name) then
+            return name
+        end
     end
 end
 
@@ -135,9 +142,16 @@ local function try_load(path)
     if not ok then
         return nil, tostring(l)
     end
-    local sok, err = pcall(check_symbols, l)
-    if not sok then
-        return nil, "not a usable " .. LIBNAME .. " (" .. tostring(err) .. ")"
+    local lacks = missing(l)
+    if lacks then
+        if has(l, "qrpc_init") then
+            -- ours, of another release: its Go runtime runs now, so the
+            -- search must not load another file (true: stop)
+            return nil, "a " .. LIBNAME .. " of another release than these "
+                        .. "Lua modules (it lacks " .. lacks .. "): install "
+                        .. "the library built with them", true
+        end
+        return nil, "not a usable " .. LIBNAME .. " (no " .. lacks .. ")"
     end
     -- at once: a Lua VM that loads later must find this copy recorded,
     -- whatever becomes of this load (ffi/libid.go)
@@ -165,25 +179,32 @@ local function loaded_lib()
     if not f then
         return nil
     end
-    local found, replaced
+    -- the file's name now: its device and inode (renamed since: a backup
+    -- made with mv), " (deleted)" at its end (replaced since)
+    local now
     for line in f:lines() do
         local d, i, p = str_match(line, "^%S+%s+%S+%s+%S+%s+(%S+)%s+(%d+)%s+(/.*)$")
         if d == dev and i == ino then
-            if p == path then
-                found = true
-                break
-            elseif p == path .. " (deleted)" then
-                found, replaced = true, true
-                break
-            end
+            now = p
+            break
         end
     end
     f:close()
-    if not found then
+    if not now then
         return nil
     end
-    -- the kernel writes a newline of a path as \012
-    return (str_gsub(path, "\\012", "\n")), replaced
+    local replaced = now ~= path and str_sub(now, -10) == " (deleted)"
+    -- the kernel writes a newline of a path as \012, and a backslash as
+    -- it is: the text as written first, unless no such file exists
+    if str_find(now, "\\012", 1, true) then
+        local f2 = io_open(now, "rb")
+        if f2 then
+            f2:close()
+        else
+            now = str_gsub(now, "\\012", "\n")
+        end
+    end
+    return now, replaced
 end
 
 
@@ -257,9 +278,12 @@ local function open_library(cfg_lib)
         local f = io_open(path, "rb")
         if f then
             f:close()
-            local l, err = try_load(path)
+            local l, err, stop = try_load(path)
             if l then
                 return l, path
+            end
+            if stop then
+                return nil, "qrpc: cannot load " .. path .. ": " .. err
             end
             tried[#tried + 1] = path .. " (" .. err .. ")"
         else

@@ -1,0 +1,185 @@
+package nginx
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestLibraryLiteralBackslash012: the http VM loads a file whose directory name
+// holds the four characters `\012` (a backslash, not a newline: the kernel
+// escapes only newlines in /proc/self/maps, so both look alike there). The
+// stream VM, with no lib, should load the recorded file; the loader turns
+// `\012` into a newline and asks for a file that does not exist.
+func TestLibraryLiteralBackslash012(t *testing.T) {
+	requireStreamLua(t)
+	p := libCopyIn(t, `qrpc\012lib`, "libffi_qrpc.so")
+	c := streamConf(1)
+	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+	c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+	c.AllowErrors = []string{`.`}
+	n := startNginx(t, c)
+	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+		t.Fatalf("http: %q", got)
+	}
+	if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
+		t.Errorf("stream VM (no lib; http loaded %q): %q", p, got)
+	}
+	libFilesMapped(t, n)
+}
+
+// TestLibraryRenamedThenNew: the http VM loads dir/libffi_qrpc.so; then a deploy
+// keeps a backup by renaming it (mv libffi_qrpc.so libffi_qrpc.so.bak) and
+// installs a new file under the old name. /proc/self/maps now names the
+// mapped file by its new name, so neither the Lua loader (loaded_lib) nor
+// the Go side (mapped) finds the recorded entry: the stream VM loads the
+// new file, a second Go runtime, where a refusal ("reload nginx") is due.
+func TestLibraryRenamedThenNew(t *testing.T) {
+	requireStreamLua(t)
+	for _, tc := range []struct{ name, streamLib string }{
+		{"stream no lib", ""},
+		{"stream same path", "same"},
+		{"stream another copy", "other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := libCopyIn(t, "qrpc-lib-mv", "libffi_qrpc.so")
+			c := streamConf(1)
+			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+			if tc.streamLib == "" {
+				c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+			} else {
+				lib := p
+				if tc.streamLib == "other" {
+					lib = libPath
+				}
+				c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, lib)
+			}
+			c.AllowErrors = []string{`.`}
+			n := startNginx(t, c)
+			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+				t.Fatalf("http: %q", got)
+			}
+			if err := os.Rename(p, p+".bak"); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(libPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, b, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			got := libStreamAsk(t, n, "unary echo s")
+			t.Logf("stream: %q", got)
+			if got == "OK 0 s" && tc.streamLib == "other" {
+				t.Errorf("stream VM loaded another copy while the worker runs the renamed %s", p)
+			}
+			libFilesMapped(t, n)
+		})
+	}
+}
+
+// TestLibraryShortNames: LuaJIT's other short forms of the file on the linker's
+// path: a dot without the lib prefix, the prefix without a dot.
+func TestLibraryShortNames(t *testing.T) {
+	requireStreamLua(t)
+	for _, tc := range []struct{ httpLib, streamLib string }{
+		{"full", "ffi_qrpc.so"},
+		{"full", "libffi_qrpc"},
+		{"ffi_qrpc.so", "full"},
+		{"libffi_qrpc", "ffi_qrpc"},
+	} {
+		t.Run(tc.httpLib+" "+tc.streamLib, func(t *testing.T) {
+			p := libCopyIn(t, "qrpc-lib-short", "libffi_qrpc.so")
+			h, s := tc.httpLib, tc.streamLib
+			if h == "full" {
+				h = p
+			}
+			if s == "full" {
+				s = p
+			}
+			c := streamConf(1)
+			c.ProcEnv = []string{"LD_LIBRARY_PATH=" + filepath.Dir(p)}
+			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), h)
+			c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, s)
+			c.AllowErrors = []string{`.`}
+			n := startNginx(t, c)
+			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+				t.Fatalf("http: %q", got)
+			}
+			if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
+				t.Errorf("stream VM: %q", got)
+			}
+			libFilesMapped(t, n)
+		})
+	}
+}
+
+// TestLibraryCarriageReturnName: the http VM loads a file whose name ends in
+// "\r"; the stream VM is configured with another copy. ffi/libid.go's
+// bufio.ScanLines drops the "\r" from the recorded entry, the Lua loader's
+// f:lines() keeps it, loaded_lib never matches, and the stream VM dlopens
+// the other copy (a second Go runtime) before qrpc_claim refuses it,
+// instead of the loader's refusal without loading.
+func TestLibraryCarriageReturnName(t *testing.T) {
+	requireStreamLua(t)
+	p := libCopyIn(t, "qrpc-lib-cr", "libffi_qrpc.so\r")
+	c := streamConf(1)
+	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+	c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, libPath)
+	c.AllowErrors = []string{`.`}
+	n := startNginx(t, c)
+	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+		t.Fatalf("http: %q", got)
+	}
+	want := fmt.Sprintf("ERR qrpc: cannot load %s: this worker runs another copy of the library (", libPath)
+	if got := libStreamAsk(t, n, "unary echo s"); !strings.HasPrefix(got, want) {
+		t.Errorf("stream VM: %q, want %q", got, want)
+	}
+	libFilesMapped(t, n)
+}
+
+// TestLibraryOtherRelease: the search finds first a libffi_qrpc.so of
+// another release than the Lua modules (here a stand-in with qrpc_init
+// and nothing else, built with the C compiler), beside the Lua root, and
+// the current library next. Loading the first one starts its Go runtime
+// in a real release, so the search stops there with a clear error rather
+// than go on to load a second one; a file that is not the library at all
+// (no qrpc_init) is passed over as before.
+func TestLibraryOtherRelease(t *testing.T) {
+	requireNginx(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler")
+	}
+	src := filepath.Join(t.TempDir(), "old.c")
+	if err := os.WriteFile(src, []byte("int qrpc_init(char *e, unsigned long n) { (void)e; (void)n; return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := ngxConf{Workers: 1, AllowErrors: []string{`another release`},
+		InitByLua: `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`,
+		Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                ngx.say(tostring(select(2, qrpc.init_worker())))`)}
+	n := startNginx(t, c)
+	// the worker loads at the first request: the files go in place now
+	old := filepath.Join(n.dir, "lua", "libffi_qrpc.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", old, src).CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	cur, err := os.ReadFile(libPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(n.dir, "libffi_qrpc.so"), cur, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st, body := n.get("/t")
+	want := "qrpc: cannot load " + old + ": a libffi_qrpc.so of another release than these Lua modules (it lacks qrpc_claim): install the library built with them\n"
+	if st != 200 || body != want {
+		t.Fatalf("%d %q, want %q", st, body, want)
+	}
+}
