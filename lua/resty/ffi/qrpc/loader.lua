@@ -164,50 +164,6 @@ local function try_load(path)
 end
 
 
--- loaded_lib() -> the path of the library this process loaded first
--- (ffi/libid.go records "<device> <inode> <path>" in QRPC_LIBRARY when a
--- copy starts), and whether that file was replaced since (mapped
--- "(deleted)"); nil when no copy runs here (an entry the process
--- inherited names a file not mapped here).
-local function loaded_lib()
-    local dev, ino, path = str_match(os_getenv("QRPC_LIBRARY") or "",
-                                     "^(%S+) (%d+) (/.*)$")
-    if not dev then
-        return nil
-    end
-    local f = io_open("/proc/self/maps", "rb")
-    if not f then
-        return nil
-    end
-    -- the file's name now: its device and inode (renamed since: a backup
-    -- made with mv), " (deleted)" at its end (replaced since)
-    local now
-    for line in f:lines() do
-        local d, i, p = str_match(line, "^%S+%s+%S+%s+%S+%s+(%S+)%s+(%d+)%s+(/.*)$")
-        if d == dev and i == ino then
-            now = p
-            break
-        end
-    end
-    f:close()
-    if not now then
-        return nil
-    end
-    local replaced = now ~= path and str_sub(now, -10) == " (deleted)"
-    -- the kernel writes a newline of a path as \012, and a backslash as
-    -- it is: the text as written first, unless no such file exists
-    if str_find(now, "\\012", 1, true) then
-        local f2 = io_open(now, "rb")
-        if f2 then
-            f2:close()
-        else
-            now = str_gsub(now, "\\012", "\n")
-        end
-    end
-    return now, replaced
-end
-
-
 -- is_loaded(file) -> whether dlopen(file) would give the library already
 -- loaded: RTLD_NOLOAD loads nothing, and finds an object by name or by
 -- its file (device and inode, as the dynamic linker tells files apart),
@@ -233,6 +189,46 @@ local function is_loaded(file)
 end
 
 
+-- loaded_lib() -> the path of the library this process loaded first
+-- (ffi/libid.go records "<device> <inode> <path>" in QRPC_LIBRARY when a
+-- copy starts), and whether that file was replaced since (mapped
+-- "(deleted)"); nil when no copy runs here (an entry the process
+-- inherited names a file not mapped here).
+local function loaded_lib()
+    local dev, ino = str_match(os_getenv("QRPC_LIBRARY") or "", "^(%S+) (%d+) /")
+    if not dev then
+        return nil
+    end
+    local f = io_open("/proc/self/maps", "rb")
+    if not f then
+        return nil
+    end
+    -- the file's name now: its device and inode (renamed since: a backup
+    -- made with mv), " (deleted)" at its end (replaced since)
+    local now
+    for line in f:lines() do
+        local d, i, p = str_match(line, "^%S+%s+%S+%s+%S+%s+(%S+)%s+(%d+)%s+(/.*)$")
+        if d == dev and i == ino then
+            now = p
+            break
+        end
+    end
+    f:close()
+    if not now then
+        return nil
+    end
+    -- the kernel writes a newline of a path as \012 and a backslash as
+    -- it is: the reading that is the loaded file
+    if str_find(now, "\\012", 1, true) and not is_loaded(now) then
+        now = str_gsub(now, "\\012", "\n")
+    end
+    -- " (deleted)": the kernel's mark of a file replaced since, unless a
+    -- file of that very name is the loaded one
+    local replaced = str_sub(now, -10) == " (deleted)" and not is_loaded(now)
+    return now, replaced
+end
+
+
 -- Each copy of the library is a Go runtime, and a worker must run one:
 -- once a Lua VM of the worker (the other subsystem) has loaded it, this
 -- one loads the same file: the loaded one, or cfg_lib when that is the
@@ -249,8 +245,11 @@ local function same_library(cfg_lib)
         return nil, "qrpc: cannot load " .. (cfg_lib or path) .. ": " .. other
                     .. "its file was replaced since; reload nginx"
     end
-    if cfg_lib and not is_loaded(cfg_lib) then
-        return nil, "qrpc: cannot load " .. cfg_lib .. ": " .. other
+    if not is_loaded(cfg_lib or path) then
+        -- cfg_lib names another file; or the recorded file's name now is
+        -- another's (renamed, and that name taken since): never a load
+        -- that would start a second copy
+        return nil, "qrpc: cannot load " .. (cfg_lib or path) .. ": " .. other
                     .. "load the same file in both subsystems"
     end
     local l, err = try_load(cfg_lib or path)

@@ -1,0 +1,66 @@
+package nginx
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestLibraryRenamedToDeletedName: the http VM loads dir/libffi_qrpc.so; a
+// backup is made with mv under a name that ends in " (deleted)". The file
+// is not replaced: it is still the mapped file, under its new name. The
+// stream VM (no lib, or lib = that new name) should load it; loaded_lib
+// takes the name's suffix for the kernel's mark and refuses ("reload").
+func TestLibraryRenamedToDeletedName(t *testing.T) {
+	requireStreamLua(t)
+	for _, tc := range []string{"no lib", "new name"} {
+		t.Run(tc, func(t *testing.T) {
+			p := libCopyIn(t, "qrpc-lib-lib6del", "libffi_qrpc.so")
+			c := streamConf(1)
+			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+			if tc == "no lib" {
+				c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+			} else {
+				c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, p+" (deleted)")
+			}
+			c.AllowErrors = []string{`.`}
+			n := startNginx(t, c)
+			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+				t.Fatalf("http: %q", got)
+			}
+			if err := os.Rename(p, p+" (deleted)"); err != nil {
+				t.Fatal(err)
+			}
+			if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
+				t.Errorf("stream VM (the loaded file only renamed to %q): %q", p+" (deleted)", got)
+			}
+			libFilesMapped(t, n)
+		})
+	}
+}
+
+// TestLibraryNewlineAndLiteral012: the http VM loads a file in a directory whose
+// name holds a real newline; another copy of the library sits in a
+// directory whose name holds the four characters `\012` (both names look
+// alike in /proc/self/maps). The stream VM (no lib) should load the file
+// the worker runs; loaded_lib takes the literal name first because such a
+// file exists, and dlopens the other copy: a second Go runtime.
+func TestLibraryNewlineAndLiteral012(t *testing.T) {
+	requireStreamLua(t)
+	p := libCopyIn(t, "qrpc\nlib6", "libffi_qrpc.so")
+	lit := libCopyIn(t, `qrpc\012lib6`, "libffi_qrpc.so")
+	c := streamConf(1)
+	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+	c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+	c.AllowErrors = []string{`.`}
+	n := startNginx(t, c)
+	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+		t.Fatalf("http: %q", got)
+	}
+	if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
+		t.Errorf("stream VM (no lib; http loaded %q, a copy at %q): %q", p, lit, got)
+	}
+	libFilesMapped(t, n)
+	_ = filepath.Join
+}
