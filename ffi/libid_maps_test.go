@@ -22,9 +22,8 @@ func TestLibIDRawPath(t *testing.T) {
 }
 
 // TestLibIDMapsCarriageReturn: a mapped file whose name ends in "\r": the
-// kernel writes it as is; bufio.ScanLines drops a final "\r", so the
-// entry eachMapping gives is not the maps line's path (the Lua loader,
-// whose f:lines() keeps it, then never matches QRPC_LIBRARY).
+// kernel writes it as is, and eachMapping's entry keeps it, as the Lua
+// loader's f:lines() does, so both read one QRPC_LIBRARY.
 func TestLibIDMapsCarriageReturn(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "lib.so\r")
 	if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {

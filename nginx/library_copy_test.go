@@ -79,9 +79,8 @@ func TestLibraryCopy(t *testing.T) {
 // TestLibraryCopyLinkerName: the http VM loads libPath; the stream VM is
 // configured with a bare name, lib = "libffi_qrpc.so", which the dynamic
 // linker finds through LD_LIBRARY_PATH: a copy of the file. The loader
-// refuses it without loading it (a first version let the name through,
-// and a second Go runtime started before qrpc_init refused), and the
-// worker maps one file of the library.
+// refuses it without loading it (loading would start a second Go
+// runtime), and the worker maps one file of the library.
 func TestLibraryCopyLinkerName(t *testing.T) {
 	requireStreamLua(t)
 	b, err := os.ReadFile(libPath)

@@ -94,12 +94,9 @@ func TestLibraryLuaJITName(t *testing.T) {
 }
 
 // TestLibraryPathWhitespace: the http VM loads a file whose directory has two
-// spaces (or a tab) in its name. ffi/libid.go writes QRPC_LIBRARY with
-// strings.Fields + Join(" "), which turns them into one space; the Lua
-// loader compares that with /proc/self/maps as is, never finds it, and
-// behaves as if no copy ran: the stream VM, configured with another copy,
-// dlopens it (a second Go runtime) instead of the loader's refusal, and
-// the stream VM with no lib does not load the recorded file.
+// spaces (or a tab) in its name; QRPC_LIBRARY keeps the path as
+// /proc/self/maps writes it. The stream VM configured with another copy is
+// refused without loading it, and with no lib it loads the recorded file.
 func TestLibraryPathWhitespace(t *testing.T) {
 	requireStreamLua(t)
 	for _, tc := range []struct {
@@ -135,10 +132,9 @@ func TestLibraryPathWhitespace(t *testing.T) {
 }
 
 // TestLibraryForeignDlopenDecl: another module of the stream VM declared dlopen
-// first, with a char * argument (ffi.cdef keeps the first declaration:
-// the loader's pcall(ffi.cdef) succeeds silently). The loader's
-// is_loaded then raises "cannot convert 'string' to 'char *'" and a
-// legitimate configure{ lib } of the very file the http VM loaded fails.
+// first, with a char * argument (ffi.cdef keeps the first declaration);
+// the loader's own names for dlopen and dlclose are unaffected, and a
+// configure{ lib } of the file the http VM loaded loads.
 func TestLibraryForeignDlopenDecl(t *testing.T) {
 	requireStreamLua(t)
 	c := streamConf(1)
@@ -201,9 +197,10 @@ func TestLibraryPathForms(t *testing.T) {
 }
 
 // TestLibraryFailedFirstLoad: the http VM's load maps its file (a Go runtime
-// starts at dlopen) but fails before qrpc_init (host = "resty_ffi" with
-// no lua-resty-ffi in this nginx), so QRPC_LIBRARY is never written; the
-// stream VM then dlopens another copy: two Go runtimes in the worker.
+// starts at dlopen) and then fails (host = "resty_ffi" with no
+// lua-resty-ffi in this nginx); qrpc_claim has recorded the file already,
+// so the stream VM, given another copy, is refused and the worker maps
+// one file.
 func TestLibraryFailedFirstLoad(t *testing.T) {
 	requireStreamLua(t)
 	if ng.Host() == "resty_ffi" {

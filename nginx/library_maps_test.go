@@ -12,8 +12,8 @@ import (
 // TestLibraryLiteralBackslash012: the http VM loads a file whose directory name
 // holds the four characters `\012` (a backslash, not a newline: the kernel
 // escapes only newlines in /proc/self/maps, so both look alike there). The
-// stream VM, with no lib, should load the recorded file; the loader turns
-// `\012` into a newline and asks for a file that does not exist.
+// stream VM, with no lib, loads the recorded file: of the two readings of
+// `\012`, the one the linker finds loaded.
 func TestLibraryLiteralBackslash012(t *testing.T) {
 	requireStreamLua(t)
 	p := libCopyIn(t, `qrpc\012lib`, "libffi_qrpc.so")
@@ -33,10 +33,10 @@ func TestLibraryLiteralBackslash012(t *testing.T) {
 
 // TestLibraryRenamedThenNew: the http VM loads dir/libffi_qrpc.so; then a deploy
 // keeps a backup by renaming it (mv libffi_qrpc.so libffi_qrpc.so.bak) and
-// installs a new file under the old name. /proc/self/maps now names the
-// mapped file by its new name, so neither the Lua loader (loaded_lib) nor
-// the Go side (mapped) finds the recorded entry: the stream VM loads the
-// new file, a second Go runtime, where a refusal ("reload nginx") is due.
+// installs a new file under the old name. /proc/self/maps names the mapped
+// file by its new name; the loader and the Go side find it by device and
+// inode, so the stream VM loads the mapped file or is refused, never a
+// second copy.
 func TestLibraryRenamedThenNew(t *testing.T) {
 	requireStreamLua(t)
 	for _, tc := range []struct{ name, streamLib string }{
@@ -119,11 +119,9 @@ func TestLibraryShortNames(t *testing.T) {
 }
 
 // TestLibraryCarriageReturnName: the http VM loads a file whose name ends in
-// "\r"; the stream VM is configured with another copy. ffi/libid.go's
-// bufio.ScanLines drops the "\r" from the recorded entry, the Lua loader's
-// f:lines() keeps it, loaded_lib never matches, and the stream VM dlopens
-// the other copy (a second Go runtime) before qrpc_claim refuses it,
-// instead of the loader's refusal without loading.
+// "\r"; the stream VM is configured with another copy. The recorded entry
+// keeps the "\r" (Go splits maps on newlines only), so the loader refuses
+// the copy without loading it.
 func TestLibraryCarriageReturnName(t *testing.T) {
 	requireStreamLua(t)
 	p := libCopyIn(t, "qrpc-lib-cr", "libffi_qrpc.so\r")

@@ -10,8 +10,8 @@ import (
 // TestLibraryRenamedToDeletedName: the http VM loads dir/libffi_qrpc.so; a
 // backup is made with mv under a name that ends in " (deleted)". The file
 // is not replaced: it is still the mapped file, under its new name. The
-// stream VM (no lib, or lib = that new name) should load it; loaded_lib
-// takes the name's suffix for the kernel's mark and refuses ("reload").
+// stream VM (no lib, or lib = that new name) loads it: the suffix is the
+// kernel's mark only when no file of that name is the loaded one.
 func TestLibraryRenamedToDeletedName(t *testing.T) {
 	requireStreamLua(t)
 	for _, tc := range []string{"no lib", "new name"} {
@@ -43,9 +43,8 @@ func TestLibraryRenamedToDeletedName(t *testing.T) {
 // TestLibraryNewlineAndLiteral012: the http VM loads a file in a directory whose
 // name holds a real newline; another copy of the library sits in a
 // directory whose name holds the four characters `\012` (both names look
-// alike in /proc/self/maps). The stream VM (no lib) should load the file
-// the worker runs; loaded_lib takes the literal name first because such a
-// file exists, and dlopens the other copy: a second Go runtime.
+// alike in /proc/self/maps). The stream VM (no lib) loads the file the
+// worker runs, the reading the linker finds loaded, not the other copy.
 func TestLibraryNewlineAndLiteral012(t *testing.T) {
 	requireStreamLua(t)
 	p := libCopyIn(t, "qrpc\nlib6", "libffi_qrpc.so")
