@@ -50,12 +50,9 @@ func TestLibraryCopy(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := streamConf(1)
-			c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, cp)
+			c.StreamInitByLua = libConfigure(cp, false)
 			c.AllowErrors = []string{`another copy of the library`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			l, err := dialLines(n.streamPort, 5*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -98,12 +95,9 @@ func TestLibraryCopyLinkerName(t *testing.T) {
 	}
 	c := streamConf(1)
 	c.ProcEnv = []string{"LD_LIBRARY_PATH=" + dir}
-	c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ lib = "libffi_qrpc.so", socket_dir = ngx.config.prefix() .. "run" })`
+	c.StreamInitByLua = libConfigure("libffi_qrpc.so", false)
 	c.AllowErrors = []string{`another copy of the library`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
+	n := libStart(t, c)
 	l, err := dialLines(n.streamPort, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)

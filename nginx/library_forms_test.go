@@ -31,6 +31,30 @@ func libCopyIn(t *testing.T, dirName, name string) string {
 }
 
 // libFilesMapped: the distinct files of the library each worker maps.
+// libConfigure is an init_by_lua line: configure{ lib = lib } ("": none,
+// the search finds it), with the flavour's host when host is set.
+func libConfigure(lib string, host bool) string {
+	o := ""
+	if host {
+		o = fmt.Sprintf("host = %q, ", ng.Host())
+	}
+	if lib != "" {
+		o += fmt.Sprintf("lib = %q, ", lib)
+	}
+	return `        assert(require("resty.ffi.qrpc").configure{ ` + o + `socket_dir = ngx.config.prefix() .. "run" })`
+}
+
+// libStart starts c and checks that its http VM loads the library and
+// answers.
+func libStart(t *testing.T, c ngxConf) *nginxProc {
+	t.Helper()
+	n := startNginx(t, c)
+	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
+		t.Fatalf("http: %q", got)
+	}
+	return n
+}
+
 func libFilesMapped(t *testing.T, n *nginxProc) {
 	t.Helper()
 	for _, pid := range n.workerPIDs() {
@@ -78,13 +102,10 @@ func TestLibraryLuaJITName(t *testing.T) {
 			p := libCopyIn(t, "qrpc-lib-ld", "libffi_qrpc.so")
 			c := streamConf(1)
 			c.ProcEnv = []string{"LD_LIBRARY_PATH=" + filepath.Dir(p)}
-			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), tc.httpLib)
-			c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, tc.streamLib)
+			c.InitByLua = libConfigure(tc.httpLib, true)
+			c.StreamInitByLua = libConfigure(tc.streamLib, false)
 			c.AllowErrors = []string{`another copy of the library`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
 				t.Errorf("stream VM (lib %q, same file as http's %q): %q", tc.streamLib, tc.httpLib, got)
 			}
@@ -110,19 +131,16 @@ func TestLibraryPathWhitespace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := libCopyIn(t, tc.dir, "libffi_qrpc.so")
 			c := streamConf(1)
-			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+			c.InitByLua = libConfigure(p, true)
 			want := "OK 0 s"
 			if tc.other {
-				c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, libPath)
+				c.StreamInitByLua = libConfigure(libPath, false)
 				want = fmt.Sprintf("ERR qrpc: cannot load %s: this worker runs another copy of the library (", libPath)
 			} else {
-				c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+				c.StreamInitByLua = libConfigure("", false)
 			}
 			c.AllowErrors = []string{`another copy of the library`, `not found`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			if got := libStreamAsk(t, n, "unary echo s"); !strings.HasPrefix(got, want) {
 				t.Errorf("stream VM: %q, want %q", got, want)
 			}
@@ -141,10 +159,7 @@ func TestLibraryForeignDlopenDecl(t *testing.T) {
 	c.StreamInitByLua = fmt.Sprintf(`        require("ffi").cdef("void *dlopen(char *file, int mode);")
         assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, libPath)
 	c.AllowErrors = []string{`loading failed`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
+	n := libStart(t, c)
 	if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
 		t.Errorf("stream VM: %q", got)
 	}
@@ -177,17 +192,14 @@ func TestLibraryPathForms(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := streamConf(1)
-			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), tc.httpLib)
+			c.InitByLua = libConfigure(tc.httpLib, true)
 			if tc.streamLib != "" {
-				c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, tc.streamLib)
+				c.StreamInitByLua = libConfigure(tc.streamLib, false)
 			} else {
-				c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+				c.StreamInitByLua = libConfigure("", false)
 			}
 			c.AllowErrors = []string{`.`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
 				t.Errorf("stream VM: %q", got)
 			}

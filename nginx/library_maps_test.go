@@ -18,13 +18,10 @@ func TestLibraryLiteralBackslash012(t *testing.T) {
 	requireStreamLua(t)
 	p := libCopyIn(t, `qrpc\012lib`, "libffi_qrpc.so")
 	c := streamConf(1)
-	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
-	c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+	c.InitByLua = libConfigure(p, true)
+	c.StreamInitByLua = libConfigure("", false)
 	c.AllowErrors = []string{`.`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
+	n := libStart(t, c)
 	if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
 		t.Errorf("stream VM (no lib; http loaded %q): %q", p, got)
 	}
@@ -47,21 +44,18 @@ func TestLibraryRenamedThenNew(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := libCopyIn(t, "qrpc-lib-mv", "libffi_qrpc.so")
 			c := streamConf(1)
-			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+			c.InitByLua = libConfigure(p, true)
 			if tc.streamLib == "" {
-				c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+				c.StreamInitByLua = libConfigure("", false)
 			} else {
 				lib := p
 				if tc.streamLib == "other" {
 					lib = libPath
 				}
-				c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, lib)
+				c.StreamInitByLua = libConfigure(lib, false)
 			}
 			c.AllowErrors = []string{`.`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			if err := os.Rename(p, p+".bak"); err != nil {
 				t.Fatal(err)
 			}
@@ -103,13 +97,10 @@ func TestLibraryShortNames(t *testing.T) {
 			}
 			c := streamConf(1)
 			c.ProcEnv = []string{"LD_LIBRARY_PATH=" + filepath.Dir(p)}
-			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), h)
-			c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, s)
+			c.InitByLua = libConfigure(h, true)
+			c.StreamInitByLua = libConfigure(s, false)
 			c.AllowErrors = []string{`.`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
 				t.Errorf("stream VM: %q", got)
 			}
@@ -126,13 +117,10 @@ func TestLibraryCarriageReturnName(t *testing.T) {
 	requireStreamLua(t)
 	p := libCopyIn(t, "qrpc-lib-cr", "libffi_qrpc.so\r")
 	c := streamConf(1)
-	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
-	c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, libPath)
+	c.InitByLua = libConfigure(p, true)
+	c.StreamInitByLua = libConfigure(libPath, false)
 	c.AllowErrors = []string{`.`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
+	n := libStart(t, c)
 	want := fmt.Sprintf("ERR qrpc: cannot load %s: this worker runs another copy of the library (", libPath)
 	if got := libStreamAsk(t, n, "unary echo s"); !strings.HasPrefix(got, want) {
 		t.Errorf("stream VM: %q, want %q", got, want)
@@ -158,7 +146,7 @@ func TestLibraryOtherRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := ngxConf{Workers: 1, AllowErrors: []string{`another release`},
-		InitByLua: `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`,
+		InitByLua: libConfigure("", false),
 		Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
                 ngx.say(tostring(select(2, qrpc.init_worker())))`)}

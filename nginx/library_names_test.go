@@ -1,7 +1,6 @@
 package nginx
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -18,17 +17,14 @@ func TestLibraryRenamedToDeletedName(t *testing.T) {
 		t.Run(tc, func(t *testing.T) {
 			p := libCopyIn(t, "qrpc-lib-lib6del", "libffi_qrpc.so")
 			c := streamConf(1)
-			c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
+			c.InitByLua = libConfigure(p, true)
 			if tc == "no lib" {
-				c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+				c.StreamInitByLua = libConfigure("", false)
 			} else {
-				c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, p+" (deleted)")
+				c.StreamInitByLua = libConfigure(p+" (deleted)", false)
 			}
 			c.AllowErrors = []string{`.`}
-			n := startNginx(t, c)
-			if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-				t.Fatalf("http: %q", got)
-			}
+			n := libStart(t, c)
 			if err := os.Rename(p, p+" (deleted)"); err != nil {
 				t.Fatal(err)
 			}
@@ -50,13 +46,10 @@ func TestLibraryNewlineAndLiteral012(t *testing.T) {
 	p := libCopyIn(t, "qrpc\nlib6", "libffi_qrpc.so")
 	lit := libCopyIn(t, `qrpc\012lib6`, "libffi_qrpc.so")
 	c := streamConf(1)
-	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), p)
-	c.StreamInitByLua = `        assert(require("resty.ffi.qrpc").configure{ socket_dir = ngx.config.prefix() .. "run" })`
+	c.InitByLua = libConfigure(p, true)
+	c.StreamInitByLua = libConfigure("", false)
 	c.AllowErrors = []string{`.`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
+	n := libStart(t, c)
 	if got := libStreamAsk(t, n, "unary echo s"); got != "OK 0 s" {
 		t.Errorf("stream VM (no lib; http loaded %q, a copy at %q): %q", p, lit, got)
 	}

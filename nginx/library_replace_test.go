@@ -32,13 +32,10 @@ func TestLibraryReplacedThenReload(t *testing.T) {
 	}
 	install()
 	c := streamConf(1)
-	c.InitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ host = %q, lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, ng.Host(), lib)
-	c.StreamInitByLua = fmt.Sprintf(`        assert(require("resty.ffi.qrpc").configure{ lib = %q, socket_dir = ngx.config.prefix() .. "run" })`, lib)
+	c.InitByLua = libConfigure(lib, true)
+	c.StreamInitByLua = libConfigure(lib, false)
 	c.AllowErrors = []string{`another copy of the library`}
-	n := startNginx(t, c)
-	if got := httpAsk(t, n, "unary echo h"); got != "OK 0 h" {
-		t.Fatalf("http: %q", got)
-	}
+	n := libStart(t, c)
 	install() // make install: a new file at the path
 	got := streamAsk(t, n.streamPort, "unary echo s")
 	t.Logf("stream VM after the file was replaced: %q", got)
