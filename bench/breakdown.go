@@ -396,7 +396,7 @@ func handoffRows(e *env, p params, t *table, pl placement) error {
 }
 
 // The design floors (designfloor.go), in the order of the rows.
-var floorWays = []string{"eventfd", "pickup", floorNginx}
+var floorWays = []string{"eventfd", "pickup", floorNginx, "export"}
 
 const floorNginx = "pickup-nginx"
 
@@ -404,6 +404,7 @@ var floorName = map[string]string{
 	"eventfd":  "without the pickup (the Go client's calls, each handed from a C thread to a goroutine through an eventfd and back through another)",
 	"pickup":   "with the module's pickup (the same, the goroutine looking for the next call right after its answer's wake-up)",
 	floorNginx: "nginx's way (the pickup, with each answer woken through a unix socket the C thread waits for in epoll_wait, as a cosocket is)",
+	"export":   "without a hand-off of ours (the C thread makes each call inside a Go export and waits there, blocking its event loop: not a design nginx can take)",
 }
 
 func fmtUSShare(us, total float64) string {

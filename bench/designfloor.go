@@ -22,6 +22,8 @@ package main
 //   - "pickup-nginx": the pickup, with the answer woken as stock nginx
 //     must be for a Lua light thread (a cosocket): one byte on a unix
 //     socket the host thread waits for in epoll_wait().
+//   - "export": no hand-off of ours: the host thread makes the call
+//     inside a Go export (designfloor_export.go).
 
 /*
 #include <pthread.h>
@@ -118,6 +120,10 @@ import (
 // goroutine and back (way: see above), and returns the time of the loop
 // and how many calls the pickup took.
 func designFloor(c *qrpc.Client, n, size int, way string) (el time.Duration, picks int, err error) {
+	if way == "export" {
+		el, err = exportFloor(c, n, size)
+		return el, 0, err
+	}
 	toGo, _, e := syscall.RawSyscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if e != 0 {
 		return 0, 0, fmt.Errorf("eventfd: %w", e)

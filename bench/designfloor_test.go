@@ -31,7 +31,7 @@ func TestDesignFloorsHandEveryCall(t *testing.T) {
 		t.Fatalf("seq: child: %v\n%s", err, out)
 	}
 	bound := 10 * time.Since(t0)
-	for _, way := range []string{"eventfd", "pickup", "pickup-nginx"} {
+	for _, way := range floorWays {
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		out, err := floorChild(ctx, addr, caFile, way, n, 0)
 		timedOut := ctx.Err() != nil
@@ -54,12 +54,12 @@ func TestDesignFloorsHandEveryCall(t *testing.T) {
 		if picks < 0 || picks >= n {
 			t.Errorf("%s: %d pickups, want 0..%d (the first call is always submitted)", way, picks, n-1)
 		}
-		if way == "eventfd" && picks != 0 {
-			t.Errorf("eventfd: %d pickups, want none", picks)
+		if (way == "eventfd" || way == "export") && picks != 0 {
+			t.Errorf("%s: %d pickups, want none", way, picks)
 		}
 	}
 	// each child's warm-up calls and its own (each child has exited)
-	if got, want := calls.Load(), int64(4*(n+min(n/10+1, warmupMax))); got != want {
+	if got, want := calls.Load(), int64((len(floorWays)+1)*(n+min(n/10+1, warmupMax))); got != want {
 		t.Errorf("the server answered %d calls, want %d: a call was lost or made twice", got, want)
 	}
 }
@@ -71,7 +71,7 @@ func TestDesignFloorsHandEveryCall(t *testing.T) {
 func TestDesignFloorHostErrorEnds(t *testing.T) {
 	addr, caFile := floorServer(t, nil)
 	const n = 300
-	for _, way := range []string{"eventfd", "pickup", "pickup-nginx"} {
+	for _, way := range floorWays {
 		t0 := time.Now()
 		if out, err := floorChild(context.Background(), addr, caFile, way, n, 0); err != nil {
 			t.Fatalf("%s: child: %v\n%s", way, err, out)

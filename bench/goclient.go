@@ -66,7 +66,7 @@ func runClient(addr, caFile, kind string, calls, size, workers int) error {
 		d, err = goSeq(c, calls, size)
 	case "par":
 		d, err = goPar(c, calls, size, workers)
-	case "floor-eventfd", "floor-pickup", "floor-pickup-nginx":
+	case "floor-eventfd", "floor-pickup", "floor-pickup-nginx", "floor-export":
 		d, picks, err = designFloor(c, calls, size, strings.TrimPrefix(kind, "floor-"))
 	default:
 		err = fmt.Errorf("unknown -kind %q", kind)

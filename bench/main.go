@@ -96,7 +96,7 @@ func main() {
 	streamNginx := flag.String("stream-nginx", "", "nginx with ngx_stream_lua for the stream figure; default $"+ngxtest.EnvBuildDir+"/openresty/sbin/nginx (make nginx-openresty)")
 	client := flag.String("client", "", "internal: run the Go baseline client against this address")
 	clientCA := flag.String("ca", "", "internal: CA file for -client and -sidecar")
-	clientKind := flag.String("kind", "seq", "internal: -client loop: seq, par, or a design floor (floor-eventfd, floor-pickup, floor-pickup-nginx: designfloor.go)")
+	clientKind := flag.String("kind", "seq", "internal: -client loop: seq, par, or a design floor (floor-eventfd, floor-pickup, floor-pickup-nginx, floor-export: designfloor.go)")
 	clientN := flag.Int("n", 1000, "internal: -client calls")
 	clientSize := flag.Int("size", 100, "internal: -client body size")
 	clientC := flag.Int("c", 1, "internal: -client goroutines")
