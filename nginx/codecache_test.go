@@ -56,3 +56,54 @@ func TestCodeCacheOff(t *testing.T) {
 		t.Fatalf("%d wake-up socket lines in the error log:\n%s", c, n.errorLog())
 	}
 }
+
+// TestReRequire: a Lua VM that clears package.loaded of the modules and
+// requires resty.ffi.qrpc again (as hot-reload frameworks do) is the same
+// Lua VM: the new module instance is served, and so are the connections
+// of the first instance, including a call of the first instance that is
+// in flight across the re-require. The first instance's dispatcher goes
+// on serving both: no wake-up socket is reopened.
+func TestReRequire(t *testing.T) {
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qt = require "qtest"
+                local function clear()
+                    for k in pairs(package.loaded) do
+                        if k == "resty.ffi.qrpc" or k:find("^resty%.ffi%.qrpc%.") then
+                            package.loaded[k] = nil
+                        end
+                    end
+                end
+                local function greet(q, who)
+                    local conn, err = q.connect(qt.addr, qt.opts{ timeout = 3000 })
+                    if not conn then return "connect: " .. err end
+                    local res, cerr = conn:unary("greet", who)
+                    return res and res.body or cerr
+                end
+                local q1 = require "resty.ffi.qrpc"
+                ngx.say("1: ", greet(q1, "a"))
+                -- a call of the first instance in flight across the re-require
+                local c1 = assert(q1.connect(qt.addr, qt.opts{ timeout = 3000 }))
+                local th = ngx.thread.spawn(function()
+                    local res, err = c1:unary("slow", "300")
+                    return res and res.body or err
+                end)
+                clear()
+                local q2 = require "resty.ffi.qrpc"
+                ngx.say("new instance: ", q1 ~= q2)
+                ngx.say("2: ", greet(q2, "b"))
+                local _, slow = ngx.thread.wait(th)
+                ngx.say("in flight: ", slow)
+                ngx.say("old conn: ", greet(q1, "c"))
+                clear()
+                local q3 = require "resty.ffi.qrpc"
+                ngx.say("3: ", greet(q3, "d"))`)})
+	want := "1: hello, a\nnew instance: true\n2: hello, b\nin flight: slept 300\nold conn: hello, c\n3: hello, d\n"
+	for i := 1; i <= 3; i++ {
+		if st, body := n.get("/t"); st != 200 || body != want {
+			t.Fatalf("request %d: %d %q, want %q\n%s", i, st, body, want, n.errorLog())
+		}
+	}
+	if c := n.logCount(`wake-up socket`); c != 0 {
+		t.Fatalf("%d wake-up socket lines in the error log:\n%s", c, n.errorLog())
+	}
+}

@@ -346,6 +346,9 @@ const gatewayServer = `
                 try({ upstream = qt.shop_addr, protos = protos, opts = { ca = "" } })
                 try({ upstream = qt.shop_addr, protos = protos, opts = { conns = 0 } })
                 try({ upstream = { qt.shop_addr, qt.shop_addr }, protos = protos })
+                try({ upstream = { qt.shop_addr, "bad" }, protos = protos })
+                try({ upstream = "bad", protos = protos })
+                try({ upstream = { qt.shop_addr, "bad:0" }, protos = protos, opts = { ca = "" } })
                 try({ upstream = qt.shop_addr, protos = protos, opts = { methods = { Nope = { try_timeout = -1 } } } })
                 try({ upstream = qt.shop_addr })
                 try({ upstream = qt.shop_addr, protos = protos, method_name = "long" })
@@ -609,6 +612,10 @@ func TestGateway(t *testing.T) {
 			"bad argument #1: opts: ca must not be empty",
 			"bad argument #1: opts: conns must be",
 			`bad argument #1: upstream: duplicate address`,
+			// in gateway.new's terms: upstream, not connect's addrs
+			`bad argument #1: upstream[2] must be host:port (got "bad")`,
+			`bad argument #1: upstream must be host:port (got "bad")`,
+			`bad argument #1: upstream[2] must be host:port with a port 1..65535 (got "bad:0")`,
 			"bad argument #1: opts: methods.Nope.try_timeout must be",
 			"bad argument #1: protos must be a table { files = { ... }, import_paths = { ... } }",
 			`bad argument #1: method_name must be "short" or "full" (got long)`,

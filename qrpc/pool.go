@@ -569,8 +569,9 @@ func (p *Pool) Unary(ctx context.Context, method string, body []byte, headers ..
 	return p.Do(ctx, &Call{Method: []byte(method), Headers: headers, Body: body})
 }
 
-// Do runs call and waits for its response (call.Deadline, when zero, is
-// the context's).
+// Do runs call and waits for its response. The context's deadline, when
+// earlier than call.Deadline (or call.Deadline is zero), becomes
+// call.Deadline.
 func (p *Pool) Do(ctx context.Context, call *Call) (*Response, error) {
 	return unaryVia(ctx, call, p.Start)
 }
@@ -756,7 +757,10 @@ func unaryVia(ctx context.Context, call *Call, start func(*Call, Done) (Pending,
 		err  error
 	}
 	ch := make(chan result, 1)
-	if d, ok := ctx.Deadline(); ok && call.Deadline.IsZero() {
+	// The earlier deadline is the call's: a context that ends first is a
+	// deadline the caller gave up at, and the call must time out there
+	// (an outcome counted as a timeout), not be cancelled (no outcome).
+	if d, ok := ctx.Deadline(); ok && (call.Deadline.IsZero() || d.Before(call.Deadline)) {
 		call.Deadline = d
 	}
 	pend, err := start(call, func(resp *Response, err error) {

@@ -20,7 +20,10 @@ type Observer interface {
 // PeerObserver receives the events of one server of a pool.
 type PeerObserver interface {
 	// CallDone reports the outcome of one unary attempt on this server:
-	// err == nil means the server answered with code (0 is success).
+	// err == nil means the server answered with code (0 is success). An
+	// attempt cancelled before its end (the caller's context cancelled, a
+	// hedged copy that lost) is not reported; one whose deadline (the
+	// call's, or the caller's context's) passed is, as a timeout.
 	CallDone(method []byte, code uint32, err error, elapsed time.Duration)
 	// EventDone reports a one-way event: err == nil means it was sent.
 	EventDone(method []byte, err error)

@@ -33,6 +33,8 @@ local thread_kill = ngx.thread.kill
 
 local tostring = tostring
 local pcall = pcall
+local pairs = pairs
+local setmetatable = setmetatable
 local math_max = math.max
 local str_match = string.match
 
@@ -71,9 +73,24 @@ local socket_dir = "/tmp"
 local wake_path         -- a wake-up socket opened by init(), for the dispatcher
 local wake_broken       -- init() could not open one: do not try again
 
+-- The hooks of the module instances of this VM (see hold, add_hooks):
+-- the dispatcher is the VM's (kept with resty.ffi.qrpc.host_builtin in
+-- the registry) and serves every instance a re-require left; held
+-- weakly, each by its instance's module table, so that it keeps none
+-- alive.
+local holds = setmetatable({}, { __mode = "k" })
+local share_hooks = setmetatable({}, { __mode = "k" })
+local exit_hooks = setmetatable({}, { __mode = "k" })
+
 -- Calls of the lua-resty-ffi host in flight (see hold): they wait in
 -- lua-resty-ffi, not here, but the dispatcher must outlive them too.
-local others = function() return 0 end
+local function others()
+    local n = 0
+    for f in pairs(holds) do
+        n = n + f()
+    end
+    return n
+end
 
 local disp_gen = 0      -- generation of the live dispatcher; 0: none
 local disp_seq = 0
@@ -93,14 +110,19 @@ local ensure_dispatcher
 local drain, safe_drain, complete_failed, sweep
 local npending = function() return 0 end
 local deferred = function() return false end
-local on_exiting = function() end
 local exit_told = false
+
+-- the worker is exiting: shared pools give up their leases
+local function on_exiting()
+    for f in pairs(exit_hooks) do
+        f()
+    end
+end
 
 function _M.hooks(h)
     drain, safe_drain, complete_failed = h.drain, h.safe_drain, h.failed
     sweep, npending = h.sweep, h.pending
     deferred = h.deferred or deferred
-    on_exiting = h.exiting or on_exiting
 end
 
 -- The VM could not be registered: no wake-up socket will open.
@@ -345,7 +367,26 @@ end
 -- for them and would cut their requests. f() counts them; the dispatcher
 -- (whose waits are timers) keeps running while it is not 0.
 function _M.hold(f)
-    others = f
+    holds[f] = true
+end
+
+
+-- add_hooks(share, exit): a module instance's (resty.ffi.qrpc.share)
+-- step of its shared pools, called with each QRPC_SHARE completion (it
+-- ignores the pools it does not know), and its end of them when the
+-- worker exits.
+function _M.add_hooks(share, exit)
+    share_hooks[share] = true
+    exit_hooks[exit] = true
+end
+
+
+-- A shared pool asks for a step, or a step's exchange that went through
+-- the queue is answered: handed to every instance's hook.
+function _M.on_share(handle, code, id, data)
+    for f in pairs(share_hooks) do
+        f(handle, code, id, data)
+    end
 end
 
 

@@ -17,13 +17,21 @@
 -- log lines arrive with either host.
 
 local ffi = require "ffi"
+
+-- Kept in the VM's registry: a VM that clears package.loaded and requires
+-- the modules again (hot reload) gets the host it runs already.
+local debug_getregistry = debug.getregistry
+local registry = debug_getregistry()
+if registry["resty.ffi.qrpc.host_builtin"] then
+    return registry["resty.ffi.qrpc.host_builtin"]
+end
+
 local semaphore = require "ngx.semaphore"
 local abi = require "resty.ffi.qrpc.abi"
 local direct = require "resty.ffi.qrpc.host_direct"
 local disp = require "resty.ffi.qrpc.dispatcher"
 
 local ffi_new = ffi.new
-local ffi_cast = ffi.cast
 local ffi_string = ffi.string
 local sema_new = semaphore.new
 
@@ -39,6 +47,7 @@ local tostring = tostring
 local tonumber = tonumber
 local pairs = pairs
 local pcall = pcall
+local unpack = unpack
 
 local OP_CONNECT = abi.OP_CONNECT
 local QRPC_OK = abi.QRPC_OK
@@ -93,17 +102,6 @@ local last_id = 0
 local orphan_connects = {}  -- call ids of CONNECTs whose result must be closed
 
 
--- vm_token() tells this Lua VM from another of the process (qrpc_vm_open):
--- the address of a block of this VM's heap, mixed with the time, so that
--- a VM made later at a freed VM's address is still another. Never 0.
-local token_anchor = ffi_new("char[1]")
-local function vm_token()
-    local t = ffi_cast("uint64_t", ffi_cast("uintptr_t", token_anchor)) * 1000003ULL
-              + ffi_cast("uint64_t", ngx_now() * 1e6)
-    return t == 0ULL and 1ULL or t
-end
-
-
 -- Called once the library is loaded, before any other function here;
 -- subsystem is ngx.config.subsystem ("http", "stream"): this VM's name.
 -- Opens the first wake-up socket now, so that an unusable socket_dir fails
@@ -112,12 +110,12 @@ end
 -- "qrpc: socket_dir <dir>: <reason>" (the library stays usable for the
 -- direct calls; the dispatcher then only polls), or nil, "qrpc: <subsystem>
 -- Lua VM: <reason>", true when the VM could not register (no host can
--- serve it).
-function _M.init(l, dir, subsystem)
+-- serve it). Once per VM: an instance required again gets the first answer.
+local function init(l, dir, subsystem)
     lib = l
     -- this VM's completion queue: every command names it
     local errbuf = new_errbuf()
-    local idx = lib.qrpc_vm_open(subsystem, #subsystem, vm_token(), errbuf, ERRBUF_LEN)
+    local idx = lib.qrpc_vm_open(subsystem, #subsystem, direct.vm_token(), errbuf, ERRBUF_LEN)
     if idx < 0 then
         disp.broken()
         -- fatal with either host: the VM has no queue of its own
@@ -130,6 +128,11 @@ function _M.init(l, dir, subsystem)
     return disp.init(lib, vm, dir)
 end
 
+local inited
+function _M.init(l, dir, subsystem)
+    inited = inited or { init(l, dir, subsystem) }
+    return unpack(inited, 1, 3)
+end
 
 -- The direct calls (both hosts): resty.ffi.qrpc.host_direct.
 local cancel = direct.cancel
@@ -192,11 +195,8 @@ local function complete(c)
     if status == QRPC_SHARE then
         -- a shared pool asks for a step, or a step's exchange that went
         -- through the queue is answered (resty.ffi.qrpc.share)
-        local f = _M.on_share
-        if f then
-            f(c.handle, c.code, tonumber(c.call_id),
-              data ~= nil and ffi_string(data, len) or nil)
-        end
+        disp.on_share(c.handle, c.code, tonumber(c.call_id),
+                      data ~= nil and ffi_string(data, len) or nil)
         return
     end
 
@@ -401,19 +401,13 @@ disp.hooks({
     drain = drain, safe_drain = safe_drain, failed = complete_failed,
     sweep = sweep, pending = function() return npend end,
     deferred = function() return direct.late_cancels() > 0 end,
-    -- the worker is exiting: shared pools give up their leases
-    exiting = function()
-        local f = _M.on_exit
-        if f then
-            f()
-        end
-    end,
 })
 local ensure_dispatcher = disp.ensure
 _M.ensure_dispatcher = ensure_dispatcher
 _M.waiting = disp.waiting
 _M.hold = disp.hold
-
+_M.add_hooks = disp.add_hooks
+_M.on_share = disp.on_share
 
 -------------------------------------------------------------------------
 -- Waiting for a call
@@ -593,4 +587,5 @@ function _M.abandon_connect(id)
 end
 
 
+registry["resty.ffi.qrpc.host_builtin"] = _M
 return _M

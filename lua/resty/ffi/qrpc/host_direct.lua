@@ -9,6 +9,9 @@ local abi = require "resty.ffi.qrpc.abi"
 
 local ffi_new = ffi.new
 local ffi_string = ffi.string
+local ffi_cast = ffi.cast
+
+local ngx_now = ngx.now
 
 local tonumber = tonumber
 local pairs = pairs
@@ -41,6 +44,18 @@ local vm = 0            -- this Lua VM's index (qrpc_vm_open)
 function _M.init(l, v)
     lib = l
     vm = v
+end
+
+
+-- vm_token() tells this Lua VM from another of the process (qrpc_vm_open):
+-- the address of a block of this VM's heap, mixed with the time, so that
+-- a VM made later at a freed VM's address is still another (one per VM:
+-- host_builtin, which holds this module, is kept in the registry). Never 0.
+local token_anchor = ffi_new("char[1]")
+function _M.vm_token()
+    local t = ffi_cast("uint64_t", ffi_cast("uintptr_t", token_anchor)) * 1000003ULL
+              + ffi_cast("uint64_t", ngx_now() * 1e6)
+    return t == 0ULL and 1ULL or t
 end
 
 

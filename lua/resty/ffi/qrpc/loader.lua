@@ -145,11 +145,13 @@ local function try_load(path)
     local lacks = missing(l)
     if lacks then
         if has(l, "qrpc_init") then
-            -- ours, of another release: its Go runtime runs now, so the
-            -- search must not load another file (true: stop)
-            return nil, "a " .. LIBNAME .. " of another release than these "
-                        .. "Lua modules (it lacks " .. lacks .. "): install "
-                        .. "the library built with them", true
+            -- ours of another release, or another library that happens
+            -- to export qrpc_init: loaded, it runs (a Go runtime, if it is
+            -- ours), so the search must not load another file (true: stop)
+            return nil, "a " .. LIBNAME .. " that does not match these Lua "
+                        .. "modules (it lacks " .. lacks .. "): another "
+                        .. "release, or another library of that name; "
+                        .. "install the library built with them", true
         end
         return nil, "not a usable " .. LIBNAME .. " (no " .. lacks .. ")"
     end

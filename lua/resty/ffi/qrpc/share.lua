@@ -397,7 +397,6 @@ local function asked(h, code, id, data)
         pools[tonumber(h)] = nil
     end
 end
-builtin.on_share = asked
 -- The worker exits: every pool gives up its leases.
 local function exiting()
     for h, st in pairs(pools) do
@@ -409,7 +408,10 @@ local function exiting()
         end
     end
 end
-builtin.on_exit = exiting
+-- The module table holds its hooks: the host holds them weakly (it
+-- outlives a module instance that a re-require dropped).
+_M.asked, _M.exiting = asked, exiting
+builtin.add_hooks(asked, exiting)
 
 -- attach(e, dict, name) -> the share state of cache entry e (a ready
 -- connection), stepped once.

@@ -176,7 +176,13 @@ local function check_conf(c)
     end
     if cerr then
         local n, what = str_match(cerr, "^bad argument #(%d): (.*)$")
-        return bad((n == "1" and "upstream: " or "opts: ") .. (what or cerr))
+        if n ~= "1" then
+            return bad("opts: " .. (what or cerr))
+        end
+        -- connect names its first argument addr, addrs or addrs[i]; the
+        -- user of gateway.new wrote upstream
+        local named, k = str_gsub(what, "^addrs?([%[ :])", "upstream%1")
+        return bad(k > 0 and named or "upstream: " .. what)
     end
     -- the calls' deadline, which a Grpc-Timeout may shorten
     local copt_t = conf.opts.timeout
