@@ -16,11 +16,15 @@ import (
 
 // libEnv names, in the process's environment (libc's, which every Lua VM
 // of the worker reads), the file of the library the process loaded first,
-// as /proc/self/maps writes it: "<major:minor> <inode> <path>". Each
-// copy of the library is a Go runtime of its own, and a worker must run
-// one: the loader (lua/resty/ffi/qrpc/loader.lua) reads this before it
-// loads anything, so that a second Lua VM (the other subsystem) loads the
-// same file or is refused.
+// as /proc/self/maps writes it, after the pid of the process that loaded
+// it: "<pid> <major:minor> <inode> <path>". Each copy of the library is a
+// Go runtime of its own, and a worker must run one: the loader
+// (lua/resty/ffi/qrpc/loader.lua) reads this before it loads anything, so
+// that a second Lua VM (the other subsystem) loads the same file or is
+// refused. A process started by a worker inherits the variable: the pid
+// tells it that the entry is not its own, where the device and inode
+// cannot (btrfs subvolumes show one device, and each numbers its first
+// file 257).
 const libEnv = "QRPC_LIBRARY"
 
 // selfID is this copy's file, in libEnv's form ("" when /proc/self/maps
@@ -115,17 +119,35 @@ func claimLibEnv() (other string) {
 	name := C.CString(libEnv)
 	defer C.free(unsafe.Pointer(name))
 	if cur, ok := cGetenv(libEnv); ok {
-		if sameLib(cur, selfID) {
-			return ""
-		}
-		if mapped(cur) {
-			return cur
+		if entry, own := ownEntry(cur); own {
+			if sameLib(entry, selfID) {
+				return ""
+			}
+			if mapped(entry) {
+				return entry
+			}
 		}
 	}
-	val := C.CString(selfID)
+	val := C.CString(strconv.Itoa(os.Getpid()) + " " + selfID)
 	defer C.free(unsafe.Pointer(val))
 	C.setenv(name, val, 1)
 	return ""
+}
+
+// ownEntry is the entry of a libEnv value that this process recorded
+// (own), without its pid. A value of another pid was inherited: it names
+// no copy of this process, whatever file shows its device and inode here.
+// A value without a pid (a release before the pid was recorded) is taken
+// as this process's, as that release takes it.
+func ownEntry(v string) (entry string, own bool) {
+	pid, rest, ok := strings.Cut(v, " ")
+	if !ok {
+		return "", false
+	}
+	if strings.Contains(pid, ":") {
+		return v, true
+	}
+	return rest, pid == strconv.Itoa(os.Getpid())
 }
 
 // cGetenv reads libc's environment, where another copy of the library

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -16,8 +18,9 @@ func TestClaimLibEnv(t *testing.T) {
 	env := func() string { v, _ := cGetenv(libEnv); return v }
 	t.Setenv(libEnv, "")
 	os.Unsetenv(libEnv)
-	if other := claimLibEnv(); other != "" || env() != selfID {
-		t.Fatalf("first copy: other %q, %s=%q, want it claimed as %q", other, libEnv, env(), selfID)
+	own := fmt.Sprint(os.Getpid()) + " " + selfID
+	if other := claimLibEnv(); other != "" || env() != own {
+		t.Fatalf("first copy: other %q, %s=%q, want it claimed as %q", other, libEnv, env(), own)
 	}
 	if other := claimLibEnv(); other != "" {
 		t.Fatalf("the same copy again: other %q", other)
@@ -33,12 +36,27 @@ func TestClaimLibEnv(t *testing.T) {
 	if another == "" {
 		t.Skip("no other file mapped")
 	}
-	os.Setenv(libEnv, another)
+	os.Setenv(libEnv, fmt.Sprint(os.Getpid())+" "+another)
 	if other := claimLibEnv(); other != another {
 		t.Fatalf("another copy's file mapped: other %q, want %q", other, another)
 	}
-	os.Setenv(libEnv, "00:00 1 /nowhere/libffi_qrpc.so")
-	if other := claimLibEnv(); other != "" || env() != selfID {
+	// an older release's entry has no pid: taken as this process's
+	os.Setenv(libEnv, another)
+	if other := claimLibEnv(); other != another {
+		t.Fatalf("another copy's file mapped, no pid: other %q, want %q", other, another)
+	}
+	os.Setenv(libEnv, fmt.Sprint(os.Getpid())+" 00:00 1 /nowhere/libffi_qrpc.so")
+	if other := claimLibEnv(); other != "" || env() != own {
 		t.Fatalf("an entry mapped nowhere here: other %q, %s=%q, want it replaced", other, libEnv, env())
+	}
+	// Inherited from the worker that started this process: another pid.
+	// On btrfs another file can show this copy's device and inode (each
+	// subvolume numbers its first file 257 on one device): another path
+	// with them stands for it.
+	dev, ino, _ := strings.Cut(selfID, " ")
+	ino, _, _ = strings.Cut(ino, " ")
+	os.Setenv(libEnv, fmt.Sprint(os.Getpid()+1)+" "+dev+" "+ino+" /elsewhere/libffi_qrpc.so")
+	if other := claimLibEnv(); other != "" || env() != own {
+		t.Fatalf("an inherited entry with this copy's device and inode: other %q, %s=%q, want it replaced", other, libEnv, env())
 	}
 }

@@ -22,11 +22,13 @@ local get_phase = ngx.get_phase
 
 local type = type
 local tostring = tostring
+local tonumber = tonumber
 local ipairs = ipairs
 local pcall = pcall
 local rawget = rawget
 local io_open = io.open
 local os_getenv = os.getenv
+local ngx_worker_pid = ngx.worker.pid
 local str_byte = string.byte
 local str_sub = string.sub
 local str_match = string.match
@@ -192,13 +194,14 @@ end
 
 
 -- loaded_lib() -> the path of the library this process loaded first
--- (ffi/libid.go records "<device> <inode> <path>" in QRPC_LIBRARY when a
--- copy starts), and whether that file was replaced since (mapped
+-- (ffi/libid.go records "<pid> <device> <inode> <path>" in QRPC_LIBRARY
+-- when a copy starts), and whether that file was replaced since (mapped
 -- "(deleted)"); nil when no copy runs here (an entry the process
--- inherited names a file not mapped here).
+-- inherited from the worker that started it: another pid).
 local function loaded_lib()
-    local dev, ino = str_match(os_getenv("QRPC_LIBRARY") or "", "^(%S+) (%d+) /")
-    if not dev then
+    local pid, dev, ino = str_match(os_getenv("QRPC_LIBRARY") or "",
+                                    "^(%d+) (%S+) (%d+) /")
+    if not pid or tonumber(pid) ~= ngx_worker_pid() then
         return nil
     end
     local f = io_open("/proc/self/maps", "rb")
