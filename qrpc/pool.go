@@ -570,8 +570,8 @@ func (p *Pool) Unary(ctx context.Context, method string, body []byte, headers ..
 }
 
 // Do runs call and waits for its response. The context's deadline, when
-// earlier than call.Deadline (or call.Deadline is zero), becomes
-// call.Deadline.
+// earlier than call.Deadline (or call.Deadline is zero), is the call's
+// deadline; call itself is not changed.
 func (p *Pool) Do(ctx context.Context, call *Call) (*Response, error) {
 	return unaryVia(ctx, call, p.Start)
 }
@@ -760,8 +760,12 @@ func unaryVia(ctx context.Context, call *Call, start func(*Call, Done) (Pending,
 	// The earlier deadline is the call's: a context that ends first is a
 	// deadline the caller gave up at, and the call must time out there
 	// (an outcome counted as a timeout), not be cancelled (no outcome).
+	// The caller's Call stays as it was (it may be reused, or shared by
+	// goroutines): the deadline goes on a copy, which Start copies in turn.
 	if d, ok := ctx.Deadline(); ok && (call.Deadline.IsZero() || d.Before(call.Deadline)) {
-		call.Deadline = d
+		c := *call
+		c.Deadline = d
+		call = &c
 	}
 	pend, err := start(call, func(resp *Response, err error) {
 		if err != nil {

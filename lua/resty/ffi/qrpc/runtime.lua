@@ -134,6 +134,11 @@ local function ensure_loaded()
         resty_ffi.init(st.rt)
     end
     loaded, host, lib_where = true, st.host, st.where
+    -- what is in force in this VM, for a module instance a re-require
+    -- makes later (the host is the VM's: resty.ffi.qrpc.host_builtin)
+    builtin.in_force = builtin.in_force
+                       or { host = host, where = lib_where,
+                            socket_dir = cfg_socket_dir }
     metrics.init(st.lib)
     S.use_builtin = host == "builtin"
     S.loaded = true
@@ -314,12 +319,17 @@ function _M.configure(opts)
         return bad(1, "socket_dir must be a directory path")
     end
     d = d or "/tmp"
-    if loaded then
-        if (h and h ~= host) or (l and l ~= lib_where)
-           or d ~= cfg_socket_dir
-        then
-            return nil, "qrpc: already loaded in this worker (" .. lib_where
-                        .. ", host " .. host .. "); configure before the "
+    -- loaded in this VM, maybe by an instance of these modules that a
+    -- re-require (package.loaded cleared) left behind
+    local f = builtin.in_force
+    if loaded or f then
+        local fh, fw, fd = host, lib_where, cfg_socket_dir
+        if not loaded then
+            fh, fw, fd = f.host, f.where, f.socket_dir
+        end
+        if (h and h ~= fh) or (l and l ~= fw) or d ~= fd then
+            return nil, "qrpc: already loaded in this worker (" .. fw
+                        .. ", host " .. fh .. "); configure before the "
                         .. "first call"
         end
         return true
