@@ -16,15 +16,17 @@ import (
 
 // libEnv names, in the process's environment (libc's, which every Lua VM
 // of the worker reads), the file of the library the process loaded first,
-// as /proc/self/maps writes it, after the pid of the process that loaded
-// it: "<pid> <major:minor> <inode> <path>". Each copy of the library is a
-// Go runtime of its own, and a worker must run one: the loader
-// (lua/resty/ffi/qrpc/loader.lua) reads this before it loads anything, so
-// that a second Lua VM (the other subsystem) loads the same file or is
-// refused. A process started by a worker inherits the variable: the pid
-// tells it that the entry is not its own, where the device and inode
-// cannot (btrfs subvolumes show one device, and each numbers its first
-// file 257).
+// as /proc/self/maps writes it, after the process that loaded it (its pid
+// and start time): "<pid> <start> <major:minor> <inode> <path>". Each
+// copy of the library is a Go runtime of its own, and a worker must run
+// one: the loader (lua/resty/ffi/qrpc/loader.lua) reads this before it
+// loads anything, so that a second Lua VM (the other subsystem) loads the
+// same file or is refused. A process started by a worker inherits the
+// variable: the process fields tell it that the entry is not its own,
+// where the device and inode cannot (btrfs subvolumes show one device,
+// and each numbers its first file 257). The start time, because a pid is
+// given again once its process is gone, and starts from 1 in a pid
+// namespace.
 const libEnv = "QRPC_LIBRARY"
 
 // selfID is this copy's file, in libEnv's form ("" when /proc/self/maps
@@ -128,17 +130,17 @@ func claimLibEnv() (other string) {
 			}
 		}
 	}
-	val := C.CString(strconv.Itoa(os.Getpid()) + " " + selfID)
+	val := C.CString(selfProc() + " " + selfID)
 	defer C.free(unsafe.Pointer(val))
 	C.setenv(name, val, 1)
 	return ""
 }
 
 // ownEntry is the entry of a libEnv value that this process recorded
-// (own), without its pid. A value of another pid was inherited: it names
-// no copy of this process, whatever file shows its device and inode here.
-// A value without a pid (a release before the pid was recorded) is taken
-// as this process's, as that release takes it.
+// (own), without its process fields. A value of another process was
+// inherited: it names no copy of this process, whatever file shows its
+// device and inode here. A value without them (a release before they
+// were recorded) is taken as this process's, as that release takes it.
 func ownEntry(v string) (entry string, own bool) {
 	pid, rest, ok := strings.Cut(v, " ")
 	if !ok {
@@ -147,7 +149,27 @@ func ownEntry(v string) (entry string, own bool) {
 	if strings.Contains(pid, ":") {
 		return v, true
 	}
-	return rest, pid == strconv.Itoa(os.Getpid())
+	start, rest, ok := strings.Cut(rest, " ")
+	if !ok {
+		return "", false
+	}
+	return rest, pid+" "+start == selfProc()
+}
+
+// selfProc is this process in libEnv's form: "<pid> <start time>", the
+// start time in clock ticks since boot, as /proc/self/stat's 22nd field
+// gives it ("0" when it cannot be read).
+func selfProc() string {
+	start := "0"
+	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
+		// the command name, in parentheses, may hold spaces and ")"
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 {
+			if fs := strings.Fields(string(b[i+1:])); len(fs) > 19 {
+				start = fs[19]
+			}
+		}
+	}
+	return strconv.Itoa(os.Getpid()) + " " + start
 }
 
 // cGetenv reads libc's environment, where another copy of the library

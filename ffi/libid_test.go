@@ -18,7 +18,7 @@ func TestClaimLibEnv(t *testing.T) {
 	env := func() string { v, _ := cGetenv(libEnv); return v }
 	t.Setenv(libEnv, "")
 	os.Unsetenv(libEnv)
-	own := fmt.Sprint(os.Getpid()) + " " + selfID
+	own := selfProc() + " " + selfID
 	if other := claimLibEnv(); other != "" || env() != own {
 		t.Fatalf("first copy: other %q, %s=%q, want it claimed as %q", other, libEnv, env(), own)
 	}
@@ -36,7 +36,7 @@ func TestClaimLibEnv(t *testing.T) {
 	if another == "" {
 		t.Skip("no other file mapped")
 	}
-	os.Setenv(libEnv, fmt.Sprint(os.Getpid())+" "+another)
+	os.Setenv(libEnv, selfProc()+" "+another)
 	if other := claimLibEnv(); other != another {
 		t.Fatalf("another copy's file mapped: other %q, want %q", other, another)
 	}
@@ -45,7 +45,7 @@ func TestClaimLibEnv(t *testing.T) {
 	if other := claimLibEnv(); other != another {
 		t.Fatalf("another copy's file mapped, no pid: other %q, want %q", other, another)
 	}
-	os.Setenv(libEnv, fmt.Sprint(os.Getpid())+" 00:00 1 /nowhere/libffi_qrpc.so")
+	os.Setenv(libEnv, selfProc()+" 00:00 1 /nowhere/libffi_qrpc.so")
 	if other := claimLibEnv(); other != "" || env() != own {
 		t.Fatalf("an entry mapped nowhere here: other %q, %s=%q, want it replaced", other, libEnv, env())
 	}
@@ -55,8 +55,17 @@ func TestClaimLibEnv(t *testing.T) {
 	// with them stands for it.
 	dev, ino, _ := strings.Cut(selfID, " ")
 	ino, _, _ = strings.Cut(ino, " ")
-	os.Setenv(libEnv, fmt.Sprint(os.Getpid()+1)+" "+dev+" "+ino+" /elsewhere/libffi_qrpc.so")
-	if other := claimLibEnv(); other != "" || env() != own {
-		t.Fatalf("an inherited entry with this copy's device and inode: other %q, %s=%q, want it replaced", other, libEnv, env())
+	pid, start, _ := strings.Cut(selfProc(), " ")
+	for _, proc := range []string{
+		fmt.Sprint(os.Getpid()+1) + " " + start, // another process
+		pid + " 1" + start,                      // this pid, given again
+	} {
+		os.Setenv(libEnv, proc+" "+dev+" "+ino+" /elsewhere/libffi_qrpc.so")
+		if other := claimLibEnv(); other != "" || env() != own {
+			t.Fatalf("an inherited entry (%s) with this copy's device and inode: other %q, %s=%q, want it replaced", proc, other, libEnv, env())
+		}
+	}
+	if start == "0" {
+		t.Errorf("selfProc() = %q: no start time", selfProc())
 	}
 }

@@ -22,7 +22,6 @@ local get_phase = ngx.get_phase
 
 local type = type
 local tostring = tostring
-local tonumber = tonumber
 local ipairs = ipairs
 local pcall = pcall
 local rawget = rawget
@@ -193,15 +192,38 @@ local function is_loaded(file)
 end
 
 
+-- this process in QRPC_LIBRARY's form (ffi/libid.go): "<pid> <start
+-- time>", the start time /proc/self/stat's 22nd field
+local function self_proc()
+    local start = "0"
+    local f = io_open("/proc/self/stat", "rb")
+    if f then
+        local st = f:read("*a") or ""
+        f:close()
+        -- after the command name's ")", which may hold spaces and ")"
+        local rest = str_match(st, "^.*%)(.*)$")
+        local i = 0
+        for field in str_gmatch(rest or "", "%S+") do
+            i = i + 1
+            if i == 20 then
+                start = field
+                break
+            end
+        end
+    end
+    return ngx_worker_pid() .. " " .. start
+end
+
+
 -- loaded_lib() -> the path of the library this process loaded first
--- (ffi/libid.go records "<pid> <device> <inode> <path>" in QRPC_LIBRARY
--- when a copy starts), and whether that file was replaced since (mapped
--- "(deleted)"); nil when no copy runs here (an entry the process
--- inherited from the worker that started it: another pid).
+-- (ffi/libid.go records "<pid> <start time> <device> <inode> <path>" in
+-- QRPC_LIBRARY when a copy starts), and whether that file was replaced
+-- since (mapped "(deleted)"); nil when no copy runs here (an entry the
+-- process inherited from the worker that started it: another process).
 local function loaded_lib()
-    local pid, dev, ino = str_match(os_getenv("QRPC_LIBRARY") or "",
-                                    "^(%d+) (%S+) (%d+) /")
-    if not pid or tonumber(pid) ~= ngx_worker_pid() then
+    local proc, dev, ino = str_match(os_getenv("QRPC_LIBRARY") or "",
+                                     "^(%d+ %d+) (%S+) (%d+) /")
+    if not proc or proc ~= self_proc() then
         return nil
     end
     local f = io_open("/proc/self/maps", "rb")

@@ -124,6 +124,11 @@ local function ensure_loaded()
         end
         return true
     end
+    local f = builtin.in_force
+    if f then
+        -- an instance a re-require made: what the VM loaded with
+        cfg_host, cfg_lib, cfg_socket_dir = f.host, f.lib, f.socket_dir
+    end
     local st, err = loader.load(cfg_host, cfg_lib, subsystem)
     if not st then
         return nil, err
@@ -136,9 +141,8 @@ local function ensure_loaded()
     loaded, host, lib_where = true, st.host, st.where
     -- what is in force in this VM, for a module instance a re-require
     -- makes later (the host is the VM's: resty.ffi.qrpc.host_builtin)
-    builtin.in_force = builtin.in_force
-                       or { host = host, where = lib_where,
-                            socket_dir = cfg_socket_dir }
+    builtin.in_force = f or { host = host, where = lib_where, lib = cfg_lib,
+                              socket_dir = cfg_socket_dir }
     metrics.init(st.lib)
     S.use_builtin = host == "builtin"
     S.loaded = true
@@ -322,14 +326,11 @@ function _M.configure(opts)
     -- loaded in this VM, maybe by an instance of these modules that a
     -- re-require (package.loaded cleared) left behind
     local f = builtin.in_force
-    if loaded or f then
-        local fh, fw, fd = host, lib_where, cfg_socket_dir
-        if not loaded then
-            fh, fw, fd = f.host, f.where, f.socket_dir
-        end
-        if (h and h ~= fh) or (l and l ~= fw) or d ~= fd then
-            return nil, "qrpc: already loaded in this worker (" .. fw
-                        .. ", host " .. fh .. "); configure before the "
+    if f then
+        if (h and h ~= f.host) or (l and l ~= f.where) or d ~= f.socket_dir
+        then
+            return nil, "qrpc: already loaded in this worker (" .. f.where
+                        .. ", host " .. f.host .. "); configure before the "
                         .. "first call"
         end
         return true
