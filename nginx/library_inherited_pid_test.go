@@ -21,9 +21,9 @@ import (
 // that the record names: the worker that wrote it has exited, and its pid
 // was given again (pids wrap: pid_max is 32768 here; or the new nginx runs
 // in a pid namespace of its own, where pids start again from 1). The
-// record is still another process's, and the worker must load the
-// library; it is refused with "another copy of the library runs in this
-// process".
+// record is still another process's (its start time tells), and the
+// worker must load the library, not refuse it as "another copy of the
+// library runs in this process".
 //
 // The pid is made to match with a pid namespace whose ns_last_pid is set
 // (root only).
