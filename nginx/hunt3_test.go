@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -530,4 +531,131 @@ func TestHuntExpiredLabels(t *testing.T) {
 		t.Error("the exposition is not valid UTF-8")
 	}
 	promtoolCheck(t, text)
+}
+
+// TestHuntSRVTiers: an SRV name with two priorities, real server
+// processes: calls go to the first tier; kill -9 of it moves them to the
+// second; restarted, the first takes them back.
+func TestHuntSRVTiers(t *testing.T) {
+	requireNginx(t)
+	srvs, _ := startDemos(t, 2)
+	port := func(addr string) uint16 {
+		_, p, _ := net.SplitHostPort(addr)
+		n, _ := strconv.Atoi(p)
+		return uint16(n)
+	}
+	const name = "_qrpc._udp.tiers.qrpc.test."
+	dns := dnstest.Start(t, name)
+	dns.SetA("a.qrpc.test.", "127.0.0.1")
+	dns.SetA("b.qrpc.test.", "127.0.0.1")
+	dns.SetSRV(name,
+		dnstest.SRV{Priority: 0, Weight: 1, Port: port(srvs[0].addr), Target: "a.qrpc.test."},
+		dnstest.SRV{Priority: 1, Weight: 1, Port: port(srvs[1].addr), Target: "b.qrpc.test."})
+	pl := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect(qt.srv, qt.opts({ resolver = qt.dns, resolve = 500, timeout = 1000,
+                        health = { failures = 3, eject = 1000 } }))
+                end
+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"dns": dns.Addr, "srv": strings.TrimSuffix(name, ".")},
+		Server: huntCallLoc("/hcall", pl) + loc("/peers", pl+`
+                local conn = pool()
+                for _, p in ipairs(conn and conn:peers() or {}) do
+                    ngx.say(p.addr, " ", p.state, " calls=", p.calls)
+                end`), AllowErrors: []string{`qrpc: `}})
+	calls := func() (a, b int) { return srvs[0].calls(t), srvs[1].calls(t) }
+	batch := func(what string) (fails int) {
+		_, body := n.get("/hcall?n=50")
+		fails = countLines(body, "err ")
+		if fails > 0 {
+			t.Logf("%s: %d failed: %s", what, fails, body)
+		}
+		return fails
+	}
+	batch("tier 0 up")
+	a, b := calls()
+	t.Logf("both up: a=%d b=%d", a, b)
+	if b != 0 {
+		t.Errorf("the second tier took %d calls with the first up", b)
+	}
+	srvs[0].kill()
+	time.Sleep(100 * time.Millisecond)
+	f := batch("tier 0 killed")
+	_, body := n.get("/peers")
+	t.Logf("peers after the kill: %s", body)
+	if f > 1 {
+		t.Errorf("%d of 50 calls failed with the first tier killed and the second up", f)
+	}
+	srvs[0].start()
+	restarted := time.Now()
+	ok := false
+	for time.Since(restarted) < 20*time.Second {
+		a0, _ := srvs[0].calls(t), 0
+		batch("tier 0 restarted")
+		if srvs[0].calls(t) > a0+1 {
+			ok = true
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, body = n.get("/peers")
+	t.Logf("first tier back after %v: %v; peers %s", time.Since(restarted).Round(time.Millisecond), ok, body)
+	if !ok {
+		t.Error("the restarted first tier took no calls within 20 s")
+	}
+}
+
+// TestHuntReloadKeepsDrainedCalls: metrics.md: with metrics_dict every
+// worker adds what it counted into the dict "once a second ... and when
+// it exits", and "Counters survive nginx -s reload". Calls that a
+// gracefully exiting worker finishes after the reload are counted.
+func TestHuntReloadKeepsDrainedCalls(t *testing.T) {
+	requireNginx(t)
+	_, extra := startDemos(t, 1)
+	pl := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect(qt.s1, qt.opts({ timeout = 10000 }))
+                end
+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
+		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
+		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
+		Server:          huntCallLoc("/hcall", pl) + huntMetricsLoc,
+		AllowErrors:     []string{`qrpc: `}})
+	// A first call loads the library and starts the flush timer.
+	if _, body := n.get("/hcall?m=greet"); !strings.HasPrefix(body, "ok 0") {
+		t.Fatalf("/hcall: %s", body)
+	}
+	done := make(chan string)
+	go func() {
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := client.Get(n.url("/hcall?m=slow&b=3000&n=1"))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	time.Sleep(1500 * time.Millisecond) // the call is in flight, a flush has passed
+	n.signal("reload")
+	body := <-done
+	t.Logf("the call in flight across the reload: %s", strings.TrimSpace(body))
+	if !strings.HasPrefix(body, "ok 0") {
+		t.Fatalf("the call in flight across the reload failed: %s", body)
+	}
+	time.Sleep(2500 * time.Millisecond) // the old worker has exited, new ones flushed
+	m, _ := scrape(t, n)
+	got := metricSum(m, "qrpc_client_calls_total", `method="slow"`, `result="ok"`)
+	if got != 1 {
+		t.Errorf("qrpc_client_calls_total{method=\"slow\",result=\"ok\"} = %v after the reload; the call answered, want 1", got)
+	}
+	if v := metricSum(m, "qrpc_client_calls_total", `method="greet"`, `result="ok"`); v != 1 {
+		t.Errorf("greet ok = %v, want 1", v)
+	}
 }
