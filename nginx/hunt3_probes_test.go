@@ -583,3 +583,123 @@ func TestHuntDNSGauges(t *testing.T) {
 		t.Errorf("DNS named %s again: its gauge sums to %v (%s), want 1", s2, v, ls)
 	}
 }
+
+// TestHuntCallOptionProbe: per-call options at their edges, on a hash
+// pool and a round-robin one: nil, err or an answer, never a throw.
+func TestHuntCallOptionProbe(t *testing.T) {
+	requireNginx(t)
+	_, extra := startDemos(t, 2)
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local h = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ balance = "hash", timeout = 1000 })))
+                local r = assert(qrpc.connect({ qt.s1, qt.s2 }, qt.opts({ timeout = 1000 })))
+                local cases = {
+                    { "hash no key", h, "unary", nil },
+                    { "hash key num", h, "unary", { hash_key = 123 } },
+                    { "hash key empty", h, "unary", { hash_key = "" } },
+                    { "hash key long", h, "unary", { hash_key = string.rep("k", 100000) } },
+                    { "hash key table", h, "unary", { hash_key = {} } },
+                    { "hash event no key", h, "event", nil },
+                    { "hash event key", h, "event", { hash_key = "a" } },
+                    { "rr event key", r, "event", { hash_key = "a" } },
+                    { "rr unary key", r, "unary", { hash_key = "a" } },
+                    { "retries -1", r, "unary", { retries = -1 } },
+                    { "retries 16", r, "unary", { retries = 16 } },
+                    { "retries 1e300", r, "unary", { retries = 1e300 } },
+                    { "try 1e10", r, "unary", { try_timeout = 1e10 } },
+                    { "try 0.5", r, "unary", { try_timeout = 0.5 } },
+                    { "hedge delay -1", r, "unary", { hedge = { delay = -1 } } },
+                    { "hedge max 0", r, "unary", { hedge = { delay = 5, max = 0 } } },
+                    { "hedge p95", r, "unary", { hedge = { delay = "p95" } } },
+                    { "event retries", r, "event", { retries = 1 } },
+                    { "event hedge false", r, "event", { hedge = false } },
+                    { "deadline nan", r, "unary", { deadline = 0/0 } },
+                    { "deadline inf", r, "unary", { deadline = math.huge } },
+                    { "deadline -inf", r, "unary", { deadline = -math.huge } },
+                    { "timeout nan", r, "unary", { timeout = 0/0 } },
+                }
+                for _, c in ipairs(cases) do
+                    local conn = c[2]
+                    local ok, a, e, info = pcall(conn[c[3]], conn, "greet", "x", c[4])
+                    local line = c[1] .. ": "
+                    if not ok then
+                        line = line .. "THROW " .. tostring(a)
+                    elseif a == nil and e == nil then
+                        line = line .. "NIL NIL"
+                    elseif a then
+                        line = line .. "ok"
+                    else
+                        line = line .. "nil, " .. tostring(e) .. " info=" .. type(info)
+                    end
+                    ngx.say(line)
+                end`), AllowErrors: []string{`qrpc: `}})
+	_, body := n.get("/t")
+	t.Logf("\n%s", body)
+	if strings.Contains(body, "THROW") || strings.Contains(body, "NIL NIL") || strings.Contains(body, "info=nil") {
+		t.Errorf("a throw, nil, nil or no info table:\n%s", body)
+	}
+}
+
+// TestHuntKilledWorkerGauges: metrics.md: gauges "leave the sum when the
+// worker exits (or 5 s after it died without exiting)". A worker killed
+// -9 with calls in flight: its inflight and connections leave the sum.
+func TestHuntKilledWorkerGauges(t *testing.T) {
+	requireNginx(t)
+	_, extra := startDemos(t, 1)
+	pl := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect(qt.s1, qt.opts({ timeout = 20000 }))
+                end
+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
+		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
+		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
+		Server:          huntCallLoc("/hcall", pl) + huntMetricsLoc,
+		AllowErrors:     []string{`qrpc: `}, AllowAlerts: []string{`worker process \d+ exited on signal 9`}})
+	for range 3 {
+		go func() {
+			client := &http.Client{Timeout: 30 * time.Second}
+			if resp, err := client.Get(n.url("/hcall?m=slow&b=15000")); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	time.Sleep(2500 * time.Millisecond)
+	m, _ := scrape(t, n)
+	t.Logf("before the kill: inflight %v, connections %v", metricSum(m, "qrpc_client_inflight"), metricSum(m, "qrpc_client_connections"))
+	pids := n.workerPIDs()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	killed := time.Now()
+	time.Sleep(7 * time.Second)
+	m, _ = scrape(t, n)
+	inflight, conns := metricSum(m, "qrpc_client_inflight"), metricSum(m, "qrpc_client_connections")
+	t.Logf("%v after the kill: inflight %v, connections %v", time.Since(killed).Round(time.Millisecond), inflight, conns)
+	if inflight != 0 || conns > 1 {
+		t.Errorf("the killed worker's gauges still count: inflight %v, connections %v", inflight, conns)
+	}
+}
+
+// TestHuntMetricsHedgeAndRetry: hedging, try timeouts and retries
+// together, under the huntRun scenario: every copy and retry sent is one
+// qrpc_client_retries_total, and qrpc_client_calls_total counts no more
+// attempts than were sent.
+func TestHuntMetricsHedgeAndRetry(t *testing.T) {
+	m, tally := huntRun(t, `timeout = 1000, try_timeout = 100, retries = 1, hedge = { delay = 30 },
+                        budget = { ratio = 0.5 }, health = { failures = 3, eject = 1000 },`)
+	retries := metricSum(m, "qrpc_client_retries_total")
+	calls := metricSum(m, "qrpc_client_calls_total", `method="slow"`)
+	if int(retries) != tally.retried {
+		t.Errorf("qrpc_client_retries_total %v; the callers saw %d retries and copies", retries, tally.retried)
+	}
+	if int(calls) > tally.attempts {
+		t.Errorf("qrpc_client_calls_total{method=\"slow\"} %v; more than the %d attempts the callers saw", calls, tally.attempts)
+	}
+	if v := metricSum(m, "qrpc_client_inflight"); v != 0 {
+		t.Errorf("qrpc_client_inflight sums to %v with no call in flight", v)
+	}
+}

@@ -3,6 +3,7 @@ package nginx
 import (
 	"fmt"
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 	"io"
 	"net"
 	"net/http"
@@ -273,5 +274,54 @@ func TestHuntReloadKeepsDrainedCalls(t *testing.T) {
 	}
 	if v := metricSum(m, "qrpc_client_calls_total", `method="greet"`, `result="ok"`); v != 1 {
 		t.Errorf("greet ok = %v, want 1", v)
+	}
+}
+
+// TestHuntEventFailoverCountedOnce: an event one server of a pool
+// refuses (its send queue is full) goes to another and is sent: the
+// caller gets true. metrics.md: qrpc_client_events_total counts
+// "events: sent, or dropped (not sent: queue full, unavailable, ...)".
+// An event that was sent must not also count as dropped.
+func TestHuntEventFailoverCountedOnce(t *testing.T) {
+	requireNginx(t)
+	a, err := newTestServerCfg("127.0.0.1:0", nil, qrpc.ServerConfig{MaxHandlers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.release(); _ = a.close() })
+	b := ownServer(t)
+	b.release() // b's "block" handler returns at once: b keeps reading
+	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"sa": a.addr, "sb": b.addr},
+		Server: huntMetricsLoc + loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect({ qt.sa, qt.sb }, qt.opts({ streams = 1 })))
+                local chunk = {}
+                for i = 1, 1024 * 1024 do chunk[i] = string.char(math.random(0, 255)) end
+                local body = table.concat(chunk)
+                local sent, refused = 0, 0
+                for i = 1, 60 do
+                    local ok, err = conn:event("block", body)
+                    if ok then sent = sent + 1 else refused = refused + 1 end
+                end
+                ngx.say(sent, " ", refused)`), AllowErrors: []string{`qrpc: `}})
+	st, body := n.get("/t")
+	f := strings.Fields(body)
+	if st != 200 || len(f) != 2 {
+		t.Fatalf("/t: %d %s", st, body)
+	}
+	sent, refused := atoi(f[0]), atoi(f[1])
+	m, text := scrape(t, n)
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "qrpc_client_events_total") {
+			t.Log(l)
+		}
+	}
+	mSent := metricSum(m, "qrpc_client_events_total", `result="sent"`)
+	mDropped := metricSum(m, "qrpc_client_events_total", `result="dropped"`)
+	t.Logf("callers: %d sent, %d refused; metrics: %v sent, %v dropped", sent, refused, mSent, mDropped)
+	if int(mSent) != sent || int(mDropped) != refused {
+		t.Errorf("qrpc_client_events_total: %v sent, %v dropped; the caller had %d events sent (true) and %d refused",
+			mSent, mDropped, sent, refused)
 	}
 }
