@@ -40,8 +40,82 @@ local tostring = tostring
 local pairs = pairs
 local str_format = string.format
 local str_byte = string.byte
+local str_find = string.find
+local str_sub = string.sub
+local tbl_concat = table.concat
 
 local _M = { _VERSION = "0.1.0" }
+
+-- utf8_len: the length of the valid UTF-8 sequence that starts at byte i
+-- of s, 0 when none does (the rules of Go's unicode/utf8: no overlong
+-- forms, no surrogates, nothing above U+10FFFF).
+local function utf8_len(s, i)
+    local c, c2, c3, c4 = str_byte(s, i, i + 3)
+    if c < 0x80 then
+        return 1
+    end
+    local lo, hi = 0x80, 0xBF
+    if c < 0xC2 then
+        return 0
+    elseif c < 0xE0 then
+        return (c2 and c2 >= 0x80 and c2 <= 0xBF) and 2 or 0
+    elseif c < 0xF0 then
+        if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+        return (c2 and c2 >= lo and c2 <= hi and c3 and c3 >= 0x80 and c3 <= 0xBF) and 3 or 0
+    elseif c < 0xF5 then
+        if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+        return (c2 and c2 >= lo and c2 <= hi and c3 and c3 >= 0x80 and c3 <= 0xBF
+                and c4 and c4 >= 0x80 and c4 <= 0xBF) and 4 or 0
+    end
+    return 0
+end
+
+-- MAX_LABEL: bytes of a method name kept as a label value (maxLabelLen in
+-- internal/metrics).
+local MAX_LABEL = 128
+
+-- method_label(name): the label value of a method name, as Go's
+-- metrics.MethodLabel makes it for the series it records, so that the
+-- Lua-side series (qrpc_client_deadline_expired_total) keep the same
+-- bounds and the exposition stays valid UTF-8: each run of invalid bytes
+-- becomes one U+FFFD, then the name is cut to MAX_LABEL bytes, never
+-- within a character. TestMethodLabelLuaMatchesGo compares the two.
+function _M.method_label(name)
+    if str_find(name, "[\128-\255]") then
+        local out, n, i, len = {}, 0, 1, #name
+        local bad = false
+        while i <= len do
+            local l = utf8_len(name, i)
+            if l == 0 then
+                if not bad then
+                    n = n + 1
+                    out[n] = "\239\191\189" -- U+FFFD
+                    bad = true
+                end
+                i = i + 1
+            else
+                n = n + 1
+                out[n] = str_sub(name, i, i + l - 1)
+                bad = false
+                i = i + l
+            end
+        end
+        name = tbl_concat(out, "", 1, n)
+    end
+    if #name > MAX_LABEL then
+        local j = MAX_LABEL
+        -- Back to the start of the character that the cut would split.
+        while j > 0 do
+            local c = str_byte(name, j + 1)
+            if c < 0x80 or c >= 0xC0 then
+                break
+            end
+            j = j - 1
+        end
+        name = str_sub(name, 1, j)
+    end
+    return name
+end
 
 -- How often a worker adds its deltas into the dict, and how long a
 -- worker's gauges outlive its last flush.
