@@ -148,7 +148,7 @@ func TestHuntMetricsHedges(t *testing.T) {
 // summing into metrics_dict; one server SIGSTOPped then continued,
 // another killed -9 and restarted, under load (16 clients, "slow" 3 ms).
 // It returns the scrape after two flushes and what the callers saw.
-func huntRun(t *testing.T, opts string) (map[string]float64, *huntTally) {
+func huntRun(t *testing.T, opts string) (map[string]float64, *callTally) {
 	requireNginx(t)
 	srvs, extra := startDemos(t, 3)
 	pl := `
@@ -163,9 +163,9 @@ func huntRun(t *testing.T, opts string) (map[string]float64, *huntTally) {
 	n := startNginx(t, ngxConf{Workers: 2, Extra: extra,
 		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
 		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
-		Server:          loc("/hcall", pl+huntCallAttemptsLua) + huntMetricsLoc,
+		Server:          loc("/hcall", pl+callAttemptsLua) + metricsScrapeLoc,
 		AllowErrors:     []string{`qrpc: `}})
-	tally := &huntTally{errs: map[string]int{}}
+	tally := &callTally{errs: map[string]int{}}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 16 {
@@ -238,9 +238,9 @@ func TestHuntThrottleCounted(t *testing.T) {
 	n := startNginx(t, ngxConf{Workers: 2, Extra: extra,
 		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
 		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
-		Server:          loc("/hcall", pl+huntCallAttemptsLua) + huntMetricsLoc,
+		Server:          loc("/hcall", pl+callAttemptsLua) + metricsScrapeLoc,
 		AllowErrors:     []string{`qrpc: `}})
-	tally := &huntTally{errs: map[string]int{}}
+	tally := &callTally{errs: map[string]int{}}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for range 100 {
 		resp, err := client.Get(n.url("/hcall?m=fail&b=8&n=5"))
@@ -276,7 +276,7 @@ func TestHuntThrottleCounted(t *testing.T) {
 func TestHuntConnectionsGauge(t *testing.T) {
 	requireNginx(t)
 	_, extra := startDemos(t, 3)
-	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: huntMetricsLoc + loc("/p1", `
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra, Server: metricsScrapeLoc + loc("/p1", `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
                 qrpc.configure{ max_connections = 8 }
@@ -351,7 +351,7 @@ func TestHuntSRVTiers(t *testing.T) {
                 end
 `
 	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"dns": dns.Addr, "srv": strings.TrimSuffix(name, ".")},
-		Server: huntCallLoc("/hcall", pl) + loc("/peers", pl+`
+		Server: callsLoc("/hcall", pl) + loc("/peers", pl+`
                 local conn = pool()
                 for _, p in ipairs(conn and conn:peers() or {}) do
                     ngx.say(p.addr, " ", p.state, " calls=", p.calls)
@@ -359,7 +359,7 @@ func TestHuntSRVTiers(t *testing.T) {
 	calls := func() (a, b int) { return srvs[0].calls(t), srvs[1].calls(t) }
 	batch := func(what string) (fails int) {
 		_, body := n.get("/hcall?n=50")
-		fails = countLines(body, "err ")
+		fails = countPrefixed(body, "err ")
 		if fails > 0 {
 			t.Logf("%s: %d failed: %s", what, fails, body)
 		}
@@ -415,13 +415,13 @@ func TestHuntCheckEjectsAndBrings(t *testing.T) {
                 end
 `
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
-		Server: huntCallLoc("/hcall", pl) + loc("/peers", pl+`
+		Server: callsLoc("/hcall", pl) + loc("/peers", pl+`
                 local conn, err = pool()
                 if not conn then ngx.say("connect: ", err) return end
                 for _, p in ipairs(conn:peers()) do
                     ngx.say(p.addr, " ", p.state, " failures=", p.failures, " stalled=", tostring(p.stalled))
                 end`), AllowErrors: []string{`qrpc: `}})
-	if _, body := n.get("/hcall?n=4"); countLines(body, "ok 0") != 4 {
+	if _, body := n.get("/hcall?n=4"); countPrefixed(body, "ok 0") != 4 {
 		t.Fatalf("/hcall: %s", body)
 	}
 	state := func() string {
@@ -479,21 +479,21 @@ func TestHuntBudgetNone(t *testing.T) {
 `
 	}
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
-		Server: huntCallLoc("/retry", mk(`retries = 1, try_timeout = 50, health = { on = { "connect", "reset" } }`)) +
-			loc("/hedge", mk(`hedge = { delay = 20 }`)+huntCallAttemptsLua) + huntMetricsLoc,
+		Server: callsLoc("/retry", mk(`retries = 1, try_timeout = 50, health = { on = { "connect", "reset" } }`)) +
+			loc("/hedge", mk(`hedge = { delay = 20 }`)+callAttemptsLua) + metricsScrapeLoc,
 		AllowErrors: []string{`qrpc: `}})
 	_, body := n.get("/retry?m=slow&b=150&n=10")
 	t.Logf("/retry:\n%s", body)
 	m, _ := scrape(t, n)
 	b1 := metricSum(m, "qrpc_client_retry_budget_exhausted_total")
-	if want := countLines(body, "err timeout | attempts=1 budget=true"); int(b1) != want || want != 10 {
+	if want := countPrefixed(body, "err timeout | attempts=1 budget=true"); int(b1) != want || want != 10 {
 		t.Errorf("retries: %d calls said budget=true (want 10), qrpc_client_retry_budget_exhausted_total %v", want, b1)
 	}
 	_, body = n.get("/hedge?m=slow&b=60&n=10")
 	t.Logf("/hedge:\n%s", body)
 	m, _ = scrape(t, n)
 	b2 := metricSum(m, "qrpc_client_retry_budget_exhausted_total") - b1
-	if ok := countLines(body, "ok 0 1"); ok != 10 || b2 != 10 {
+	if ok := countPrefixed(body, "ok 0 1"); ok != 10 || b2 != 10 {
 		t.Errorf("hedges: %d calls answered with 1 attempt (want 10), qrpc_client_retry_budget_exhausted_total grew by %v (want 10)", ok, b2)
 	}
 	if h := metricSum(m, "qrpc_client_retries_total"); h != 0 {
@@ -549,9 +549,9 @@ func TestHuntDNSGauges(t *testing.T) {
                 end
 `
 	n := startNginx(t, ngxConf{Workers: 1, Extra: map[string]string{"name": "g.qrpc.test:" + port, "dns": dns.Addr},
-		Server: huntCallLoc("/hcall", pl) + huntMetricsLoc, AllowErrors: []string{`qrpc: `}})
+		Server: callsLoc("/hcall", pl) + metricsScrapeLoc, AllowErrors: []string{`qrpc: `}})
 	call := func() {
-		if _, body := n.get("/hcall?m=who&n=6"); countLines(body, "ok 0") != 6 {
+		if _, body := n.get("/hcall?m=who&n=6"); countPrefixed(body, "ok 0") != 6 {
 			t.Fatalf("/hcall: %s", body)
 		}
 	}
@@ -657,7 +657,7 @@ func TestHuntKilledWorkerGauges(t *testing.T) {
 	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
 		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
 		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
-		Server:          huntCallLoc("/hcall", pl) + huntMetricsLoc,
+		Server:          callsLoc("/hcall", pl) + metricsScrapeLoc,
 		AllowErrors:     []string{`qrpc: `}, AllowAlerts: []string{`worker process \d+ exited on signal 9`}})
 	for range 3 {
 		go func() {
