@@ -34,6 +34,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local worker_pid = ngx.worker.pid
 local timer_every = ngx.timer.every
+local ngx_now = ngx.now
 local shared = ngx.shared
 local type = type
 local tostring = tostring
@@ -139,6 +140,7 @@ local sources = {}     -- add_source: Lua-side counters (the REST gateway)
 local lib              -- the loaded library, once init() ran
 local dict_name        -- configure{ metrics_dict }, or nil
 local flushing         -- the flush timer runs
+local host             -- resty.ffi.qrpc.host_builtin, once init() ran
 
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local OP_METRICS = abi.OP_METRICS
@@ -311,24 +313,53 @@ function _M.dump(dict, name)
     return buf:tostring()
 end
 
--- flush_timer runs every FLUSH_S; at worker exit (premature) it flushes
--- once more and removes this worker's gauges.
-local function flush_timer(premature)
+-- flush_now adds this worker's figures into the dict; with last, it then
+-- removes this worker's gauges (the worker is about to be gone).
+local last_flush = 0
+local function flush_now(last)
     local name = dict_name
     local dict = name and shared[name]
     if not dict then
         return
     end
+    last_flush = ngx_now()
     local snap, err = query("snapshot")
     if snap then
         _M.flush(dict, name, snap .. extra())
     else
         ngx_log(ngx_ERR, err)
     end
-    if premature then
+    if last then
         _M.forget(dict)
     end
 end
+
+-- flush_timer runs every FLUSH_S. At worker exit nginx runs it once more,
+-- premature, as the graceful shutdown starts: when calls are still in
+-- flight, the dispatcher keeps the worker alive for them and flushes from
+-- then on (drain_flush), so the calls that end meanwhile are added and the
+-- worker's gauges stay until it has none left; otherwise this is the last
+-- flush.
+local function flush_timer(premature)
+    if not premature then
+        return flush_now(false)
+    end
+    local n, running = 0, false
+    if host then
+        n, running = host.waiting()
+    end
+    flush_now(not (n > 0 and running))
+end
+
+-- drain_flush: the dispatcher's pass while the worker exits (see
+-- flush_timer): a flush every FLUSH_S, and a last one, removing the
+-- gauges, when it stops.
+local function drain_flush(last)
+    if last or ngx_now() - last_flush >= _M.FLUSH_S then
+        flush_now(last)
+    end
+end
+_M.drain_flush = drain_flush -- held: the dispatcher holds its hooks weakly
 
 
 local function start_flushing()
@@ -346,9 +377,14 @@ local function start_flushing()
 end
 
 
--- init is called when the library has loaded in this worker.
-function _M.init(l)
+-- init is called when the library has loaded in this worker; h is the
+-- built-in host, whose dispatcher outlives the flush timer at exit.
+function _M.init(l, h)
     lib = l
+    host = h
+    if h then
+        h.add_drain_hook(drain_flush)
+    end
     return start_flushing()
 end
 

@@ -134,7 +134,7 @@ local function ensure_loaded()
         resty_ffi.init(st.rt)
     end
     loaded, host, lib_where = true, st.host, st.where
-    metrics.init(st.lib)
+    metrics.init(st.lib, builtin)
     S.use_builtin = host == "builtin"
     S.loaded = true
     local use_builtin = S.use_builtin
