@@ -1,6 +1,8 @@
 package nginx
 
 import (
+	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -199,5 +201,72 @@ func TestEventFailoverCountedOnce(t *testing.T) {
 	if int(mSent) != sent || int(mDropped) != refused {
 		t.Errorf("qrpc_client_events_total: %v sent, %v dropped; the caller had %d events sent (true) and %d refused",
 			mSent, mDropped, sent, refused)
+	}
+}
+
+// TestReloadCountsDrainedCalls: metrics.md: with metrics_dict every
+// worker adds what it counted into the dict "once a second ... and when
+// it exits", and "Counters survive nginx -s reload". A call that a
+// gracefully exiting worker finishes after the reload is counted; the
+// old worker's gauges stay in the sums while it drains and leave them
+// when it exits.
+func TestReloadCountsDrainedCalls(t *testing.T) {
+	requireNginx(t)
+	_, extra := startDemos(t, 1)
+	pl := `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local function pool()
+                    return qrpc.connect(qt.s1, qt.opts({ timeout = 10000 }))
+                end
+`
+	n := startNginx(t, ngxConf{Workers: 1, Extra: extra,
+		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
+		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
+		Server:          callsLoc("/hcall", pl) + metricsScrapeLoc,
+		AllowErrors:     []string{`qrpc: `}})
+	// A first call loads the library and starts the flush timer.
+	if _, body := n.get("/hcall?m=greet"); !strings.HasPrefix(body, "ok 0") {
+		t.Fatalf("/hcall: %s", body)
+	}
+	done := make(chan string)
+	go func() {
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := client.Get(n.url("/hcall?m=slow&b=3000&n=1"))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	time.Sleep(1500 * time.Millisecond) // the call is in flight, a flush has passed
+	n.signal("reload")
+	time.Sleep(700 * time.Millisecond) // the old worker drains its call
+	m, _ := scrape(t, n)
+	if v := metricSum(m, "qrpc_client_inflight"); v != 1 {
+		t.Errorf("qrpc_client_inflight = %v while the old worker drains its call, want 1", v)
+	}
+	body := <-done
+	t.Logf("the call in flight across the reload: %s", strings.TrimSpace(body))
+	if !strings.HasPrefix(body, "ok 0") {
+		t.Fatalf("the call in flight across the reload failed: %s", body)
+	}
+	time.Sleep(2500 * time.Millisecond) // the old worker has exited, new ones flushed
+	m, _ = scrape(t, n)
+	got := metricSum(m, "qrpc_client_calls_total", `method="slow"`, `result="ok"`)
+	if got != 1 {
+		t.Errorf("qrpc_client_calls_total{method=\"slow\",result=\"ok\"} = %v after the reload; the call answered, want 1", got)
+	}
+	if v := metricSum(m, "qrpc_client_calls_total", `method="greet"`, `result="ok"`); v != 1 {
+		t.Errorf("greet ok = %v, want 1", v)
+	}
+	// The new worker has dialled nothing: what remains would be the old one's.
+	if v := metricSum(m, "qrpc_client_inflight"); v != 0 {
+		t.Errorf("qrpc_client_inflight = %v after the old worker exited, want 0", v)
+	}
+	if v := metricSum(m, "qrpc_client_connections"); v != 0 {
+		t.Errorf("qrpc_client_connections sums to %v after the old worker exited, want 0", v)
 	}
 }
