@@ -77,14 +77,15 @@ local metrics_mod = require("resty.ffi.qrpc.metrics")
 local method_label = metrics_mod.method_label
 metrics_mod.add_source(expired)
 local expired_keys = {}
+local str_gsub = string.gsub
+local LABEL_ESCAPES = { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }
 local function expired_key(method)
     local key = expired_keys[method]
     if key then
         return key
     end
-    key = 'qrpc_client_deadline_expired_total{method="'
-          .. string.gsub(method_label(method), '[\\"\n]', { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" })
-          .. '"}'
+    local label = str_gsub(method_label(method), '[\\"\n]', LABEL_ESCAPES)
+    key = 'qrpc_client_deadline_expired_total{method="' .. label .. '"}'
     if not expired[key] then
         if n_expired >= MAX_EXPIRED then
             return EXPIRED_OTHER

@@ -313,10 +313,10 @@ function _M.dump(dict, name)
     return buf:tostring()
 end
 
--- flush_now adds this worker's figures into the dict; with last, it then
+-- flush_now adds this worker's figures into the dict; with final, it then
 -- removes this worker's gauges (the worker is about to be gone).
 local last_flush = 0
-local function flush_now(last)
+local function flush_now(final)
     local name = dict_name
     local dict = name and shared[name]
     if not dict then
@@ -329,7 +329,7 @@ local function flush_now(last)
     else
         ngx_log(ngx_ERR, err)
     end
-    if last then
+    if final then
         _M.forget(dict)
     end
 end
@@ -354,9 +354,9 @@ end
 -- drain_flush: the dispatcher's pass while the worker exits (see
 -- flush_timer): a flush every FLUSH_S, and a last one, removing the
 -- gauges, when it stops.
-local function drain_flush(last)
-    if last or ngx_now() - last_flush >= _M.FLUSH_S then
-        flush_now(last)
+local function drain_flush(final)
+    if final or ngx_now() - last_flush >= _M.FLUSH_S then
+        flush_now(final)
     end
 end
 _M.drain_flush = drain_flush -- held: the dispatcher holds its hooks weakly
