@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/dnstest"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
 )
 
 // panicKinds: each kind of goroutine of the library that a test build
@@ -89,7 +90,7 @@ const panicLua = `
                     -- pool's first step starts watching it, armed
                     opts.shared = { dict = "qpanic", name = "watch" }
                     opts.check = { method = "echo", interval = 1000 }
-                    ngx.shared.qpanic:set("qrpc:n:watch:lp",
+                    ngx.shared.qpanic:set(qt.watchlease,
                         qt.otherpid .. "-00 9000000000000000000", 60)
                     lib.qrpc_test_arm(where, 1)
                 elseif where == "pool drain" then
@@ -230,7 +231,9 @@ func TestPanicsDoNotTakeNginxDown(t *testing.T) {
 	n := startNginx(t, ngxConf{Workers: 1, Hooks: true, QServer: srv, Server: loc("/inject", panicLua),
 		HTTP: "lua_shared_dict qpanic 1m;\n",
 		Extra: map[string]string{"name": "drain.qrpc.test:" + port, "dns": dns.Addr,
-			"otherpid": strconv.Itoa(os.Getpid())},
+			"otherpid": strconv.Itoa(os.Getpid()),
+			// the probe lease of the pool named "watch" with this one address
+			"watchlease": "qrpc:n:watch:lp" + qrpc.ShareScope([]string{srv.addr})},
 		AllowErrors: []string{`qrpc: panic recovered where=`}})
 	pid := ""
 	for i, k := range panicKinds {

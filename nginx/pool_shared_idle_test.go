@@ -46,7 +46,7 @@ const renewalsBody = `                local ffi = require "ffi"
                 if not barrier("connected") then return ngx.say("a side did not connect") end
                 local function lease()
                     for _, k in ipairs(d:get_keys(0)) do
-                        if k:match(":lp$") then return d:get(k) end
+                        if k:match(":lp@%w+$") then return d:get(k) end
                     end
                 end
                 local v = qt.wait(5, lease)
@@ -112,7 +112,7 @@ func TestPoolSharedCloseWithQueuedStep(t *testing.T) {
                 assert(conn:unary("echo", "x"))
                 local function held()
                     for _, k in ipairs(ngx.shared.qpools:get_keys(0)) do
-                        if k:match(":lp$") then return true end
+                        if k:match(":lp@%w+$") then return true end
                     end
                 end
                 if not qt.wait(5, held) then return ngx.say("no probe lease") end

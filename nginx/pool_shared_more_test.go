@@ -340,7 +340,7 @@ func TestPoolSharedCloseReleases(t *testing.T) {
                 assert(conn:unary("echo", "x"))
                 local function held()
                     for _, k in ipairs(ngx.shared.qpools:get_keys(0)) do
-                        if k:match(":lp$") then return true end
+                        if k:match(":lp@%w+$") then return true end
                     end
                 end
                 for _ = 1, 100 do

@@ -21,9 +21,10 @@ const sharedPoolsHTTP = "lua_shared_dict qpools 1m;\n"
 var leaseLoc = loc("/lease", `
                 local d = ngx.shared.qpools
                 for _, k in ipairs(d:get_keys(0)) do
-                    -- the leases: lp (probe), ld (DNS); a lease names its
-                    -- holder's view, "<pid>-<random>"
-                    local what = ({ lp = "probe", ld = "dns" })[k:match(":(%a+)$")]
+                    -- the leases: lp (probe), ld (DNS), each followed by
+                    -- @<its address list>; a lease names its holder's
+                    -- view, "<pid>-<random>"
+                    local what = ({ lp = "probe", ld = "dns" })[k:match(":(%a+)@%w+$")]
                     if what then
                         ngx.say(what, " ", d:get(k):match("^(%d+)-"))
                     end

@@ -541,7 +541,16 @@ func (p *Pool) SendEvent(call *Call) error {
 		return ErrClosed
 	}
 	var ex exclude
+	var last *peer
 	var lastErr error
+	// An event has one outcome, whatever the servers it tried: sent by the
+	// server that took it, else dropped on the last server that refused
+	// it. One no server was chosen for is not counted, as calls are not.
+	defer func() {
+		if last != nil {
+			last.obs.EventDone(call.Method, lastErr)
+		}
+	}()
 	// Each server at most once: the set may change meanwhile, but the
 	// loop ends whatever the servers answer.
 	for range len(p.set.Load().peers) + 1 {
@@ -554,12 +563,11 @@ func (p *Pool) SendEvent(call *Call) error {
 		// An event has no answer, so no verdict on the server: the
 		// trial goes back for a call that has one.
 		p.giveBack(pr, trial)
-		pr.obs.EventDone(call.Method, err)
+		last, lastErr = pr, err
 		if err == nil || !neverSent(err) {
 			return err
 		}
 		ex.add(pr)
-		lastErr = err
 	}
 	return p.refused(lastErr)
 }

@@ -181,6 +181,11 @@ func (pc *poolCall) attempt(call *Call, retry bool, now time.Time) error {
 			return nil
 		}
 		pr.endCall()
+		// The attempt chose this server, which refused it at once (its
+		// connection down, its queue full): that is the attempt's result,
+		// counted like one that failed later. No health verdict: nothing
+		// reached the server.
+		pr.obs.CallDone(pc.method, 0, err, p.clk.Now().Sub(began))
 		p.giveBack(pr, trial)
 		if !neverSent(err) {
 			return err

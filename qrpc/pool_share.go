@@ -22,26 +22,7 @@ import (
 // without reading what it moves. The simulation (poolsim_test.go) runs
 // the same steps against a store of its own.
 //
-// The keys of a pool, under the prefix the host gives it (its identity,
-// or the name the user chose):
-//
-//	v            version: bumped by every write the others must read
-//	g:<addr>     the server's verdict generation (a counter)
-//	c:<addr>:<g> the verdict of generation g (written once, by add)
-//	f:<addr>:<g> the run of failures in a row since verdict g (a counter)
-//	t:<addr>     a view's stall verdict (lapses unless repeated)
-//	lp, ld       the probe and resolve leases: the holder's view id and
-//	             the lease's end (pool_share_tick.go)
-//	lpx:<id>, ldx:<id>  the token of the view that takes over the lease
-//	             of holder id, whose process exited
-//	rg, rl       the resolved list's generation, and the list
-//	tr:<i>, ta:<i>  view slot i's throttling window: requests, accepts
-//
-// Every key has a TTL; counters start from the host's monotonic clock in
-// ms, so that a counter that expired and came back does not repeat the
-// numbers it had. Windows in records are on CLOCK_MONOTONIC, one clock
-// for every process of the host (hostNS): a step of the wall clock moves
-// none.
+// The keys a pool's steps use are listed in pool_share_keys.go.
 
 // Store operations of a step.
 const (
@@ -136,6 +117,7 @@ type shareState struct {
 type sharer struct {
 	cfg    ShareConfig
 	id     string // this view's lease value
+	keys   shareKeys
 	period time.Duration
 	// what the last steps saw and did
 	listSeen int64  // the generation of the list applied or published
@@ -170,8 +152,6 @@ const (
 	leaseResolve
 )
 
-var leaseKeys = [2]string{"lp", "ld"}
-
 // SetRoles says whether this view runs the active checks and the
 // re-resolution. A pool starts with both.
 func (p *Pool) SetRoles(probe, resolve bool) {
@@ -200,7 +180,7 @@ func (p *Pool) Share(cfg ShareConfig) {
 	// The pid first: an operator (and a test) can tell which worker
 	// holds a lease.
 	id := strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
-	s.sh = &sharer{cfg: cfg, id: id, period: period, renew: leaseRenew(period), attached: monoNS(p.clk.Now()),
+	s.sh = &sharer{cfg: cfg, id: id, keys: newShareKeys(p.listScope()), period: period, renew: leaseRenew(period), attached: monoNS(p.clk.Now()),
 		watching: map[string]func(){}, dead: map[string]bool{},
 		stallTold: map[string]int64{}, lastHadRun: map[string]bool{},
 		kick: [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}}
@@ -400,7 +380,7 @@ func get(key string) StoreOp { return StoreOp{Kind: OpGet, Key: key} }
 func (p *Pool) shareRead(sh *sharer, now time.Time) []StoreOp {
 	st := sh.step
 	st.phase = 1
-	st.ops = append(st.ops, get("v"), get("lp"), get("ld"), get("rg"))
+	st.ops = append(st.ops, get("v"), get(sh.keys.lease[leaseProbe]), get(sh.keys.lease[leaseResolve]), get(sh.keys.rg))
 	if sh.exiting {
 		return st.ops
 	}
@@ -441,7 +421,7 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 		var ops []StoreOp
 		for k, v := range leases {
 			if id, _ := leaseParse(v); id == sh.id {
-				ops = append(ops, StoreOp{Kind: OpDelete, Key: leaseKeys[k]})
+				ops = append(ops, StoreOp{Kind: OpDelete, Key: sh.keys.lease[k]})
 			}
 		}
 		if len(ops) > 0 {
@@ -527,7 +507,7 @@ func (p *Pool) shareReadMore(sh *sharer, now time.Time, res []StoreResult) ([]St
 	}
 	st.listOp = false
 	if !sh.holds[leaseResolve] && p.cfg.Resolve > 0 && p.hasNames() && rg > sh.listSeen {
-		st.ops = append(st.ops, get("rl"))
+		st.ops = append(st.ops, get(sh.keys.rl))
 		st.listOp = true
 		sh.listSeen = rg
 	}
@@ -612,14 +592,14 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 			if sh.holds[l] {
 				if nowNS-sh.renewed[l] >= int64(sh.renew)*9/10 {
 					st.leaseOp[l] = len(ops)
-					ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
+					ops = append(ops, StoreOp{Kind: OpSet, Key: sh.keys.lease[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
 					sh.renewed[l] = nowNS
 				}
 			} else if !st.leaseAt[l] {
 				// a lease another view holds is not tried: the add
 				// would fail
 				st.leaseOp[l] = len(ops)
-				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
+				ops = append(ops, StoreOp{Kind: OpAdd, Key: sh.keys.lease[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
 			} else if id := sh.holder[l]; id != "" && sh.dead[id] &&
 				(sh.holderEnd[l] == 0 || sh.holderEnd[l]-hostNow > int64(takeoverMargin)) {
 				// The holder's process exited: of the views that saw
@@ -629,7 +609,7 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 				// another view adds once it has lapsed.
 				st.leaseOp[l] = len(ops)
 				st.takeover[l] = true
-				ops = append(ops, StoreOp{Kind: OpAdd, Key: leaseKeys[l] + "x:" + id, Value: []byte(sh.id), TTL: ttl})
+				ops = append(ops, StoreOp{Kind: OpAdd, Key: sh.keys.token[l] + id, Value: []byte(sh.id), TTL: ttl})
 			}
 		}
 	}
@@ -688,8 +668,8 @@ func (p *Pool) shareWrite(sh *sharer, now time.Time, res []StoreResult) ([]Store
 		p.mu.Unlock()
 		if gen != sh.listPub && len(list) > 0 {
 			ops = append(ops,
-				StoreOp{Kind: OpSet, Key: "rl", Value: encodeList(list), TTL: shareKeyTTL},
-				StoreOp{Kind: OpIncr, Key: "rg", Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
+				StoreOp{Kind: OpSet, Key: sh.keys.rl, Value: encodeList(list), TTL: shareKeyTTL},
+				StoreOp{Kind: OpIncr, Key: sh.keys.rg, Delta: 1, Init: hostNow / 1e6, TTL: shareKeyTTL})
 			sh.listPub = gen
 			st.wrote = true
 		}
@@ -737,7 +717,7 @@ func (p *Pool) shareCommit(sh *sharer, now time.Time, res []StoreResult) ([]Stor
 		if k >= 0 && st.ops[k].Kind == OpAdd && res[k].OK {
 			if st.takeover[l] {
 				ttl := time.Duration(leaseTTLFactor * float64(sh.renew))
-				ops = append(ops, StoreOp{Kind: OpSet, Key: leaseKeys[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
+				ops = append(ops, StoreOp{Kind: OpSet, Key: sh.keys.lease[l], Value: leaseValue(sh.id, hostNow+int64(ttl)), TTL: ttl})
 				sh.holder[l] = ""
 			}
 			sh.holds[l] = true

@@ -21,7 +21,7 @@ func probingView(t *testing.T, interval time.Duration) (*Pool, *memStore, *fakeC
 // lease reports whether the store holds a probe lease.
 func (s *memStore) lease() bool {
 	for _, k := range s.keys() {
-		if strings.HasSuffix(k, ":lp") {
+		if _, rest, ok := strings.Cut(k, ":lp@"); ok && !strings.Contains(rest, ":") {
 			return true
 		}
 	}

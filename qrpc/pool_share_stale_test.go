@@ -36,7 +36,7 @@ func TestShareLateQueuedFirstRound(t *testing.T) {
 	// another view (of a live process: this one) holds the probe lease
 	other := strconv.Itoa(os.Getpid()) + "-other"
 	ttl := 30 * time.Second
-	s.run("x:", []StoreOp{{Kind: OpSet, Key: "lp", Value: leaseValue(other, p.hostNS(clk.Now())+int64(ttl)), TTL: ttl}})
+	s.run("x:", []StoreOp{{Kind: OpSet, Key: "lp" + p.listScope(), Value: leaseValue(other, p.hostNS(clk.Now())+int64(ttl)), TTL: ttl}})
 	pre := step(nil)
 	if pre == nil || !p.share.noProbe.Load() {
 		t.Fatalf("setup: pre %v, probes %v", pre != nil, !p.share.noProbe.Load())
@@ -46,7 +46,7 @@ func TestShareLateQueuedFirstRound(t *testing.T) {
 	late := s.run("x:", pre)
 	// the other view goes (its exit deletes the lease); 1 s later a call
 	// steps on the nginx thread (the queued step taken as lost: no pre)
-	s.run("x:", []StoreOp{{Kind: OpDelete, Key: "lp"}, {Kind: OpIncr, Key: "v", Delta: 1}})
+	s.run("x:", []StoreOp{{Kind: OpDelete, Key: "lp" + p.listScope()}, {Kind: OpIncr, Key: "v", Delta: 1}})
 	clk.Advance(1100 * time.Millisecond)
 	if step(nil) == nil {
 		t.Fatal("setup: no first round handed out")
@@ -87,7 +87,7 @@ func TestShareLateQueuedStepNoCut(t *testing.T) {
 		}
 		res := s.run("x:", ops)
 		for _, o := range ops {
-			if o.Kind == OpAdd && o.Key == "lp" && !cut {
+			if o.Kind == OpAdd && o.Key == "lp"+p.listScope() && !cut {
 				cut = true
 				if o, m := p.ShareStep(ShareStep|ShareAsync, nil); o != nil || m {
 					t.Errorf("the late queued step began: %d ops, more %v", len(o), m)

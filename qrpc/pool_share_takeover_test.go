@@ -51,7 +51,7 @@ func TestShareTakeoverLoserWatchesWinner(t *testing.T) {
 	// The probe lease, held by the dead process's view, renewed just now.
 	ttl := time.Duration(leaseTTLFactor * float64(leaseRenew(interval)))
 	deadID := strconv.Itoa(deadCmd.ProcessState.Pid()) + "-dead"
-	s.run("x:", []StoreOp{{Kind: OpSet, Key: "lp", Value: leaseValue(deadID, f1.hostNS(clk.Now())+int64(ttl)), TTL: ttl}})
+	s.run("x:", []StoreOp{{Kind: OpSet, Key: "lp" + f1.listScope(), Value: leaseValue(deadID, f1.hostNS(clk.Now())+int64(ttl)), TTL: ttl}})
 
 	// Both views step at once (both heard the exit): f2 reads the lease
 	// first, f1's whole step (token won, lease set) runs before f2 tries
@@ -124,7 +124,7 @@ func TestShareTakeoverKeepsOtherLease(t *testing.T) {
 	// the dead holder's lease, 10 ms from its end
 	deadID := strconv.Itoa(deadCmd.ProcessState.Pid()) + "-dead"
 	left := 10 * time.Millisecond
-	s.run("x:", []StoreOp{{Kind: OpSet, Key: "lp", Value: leaseValue(deadID, f1.hostNS(clk.Now())+int64(left)), TTL: left}})
+	s.run("x:", []StoreOp{{Kind: OpSet, Key: "lp" + f1.listScope(), Value: leaseValue(deadID, f1.hostNS(clk.Now())+int64(left)), TTL: left}})
 
 	// f1 reads the lease (its holder's process is gone); the lease lapses
 	// before f1's step goes on

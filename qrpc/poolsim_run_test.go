@@ -202,7 +202,7 @@ func TestSimNewResolverPublishes(t *testing.T) {
 	// take makes x the resolver: the lease key goes (evicted, say), x
 	// steps first.
 	take := func(x *simView) {
-		w.store.run(sp.prefix, []StoreOp{{Kind: OpDelete, Key: "ld"}})
+		w.store.run(sp.prefix, []StoreOp{{Kind: OpDelete, Key: "ld" + x.p.listScope()}})
 		sp.lastDisturb = w.now
 		x.beginStep(ShareStep)
 		w.runFor(time.Second)

@@ -919,7 +919,8 @@ var simKeyForms = []string{"g:", "c:", "f:", "t:", "tr:", "ta:"}
 func (w *simWorld) runOps(v *simView, ops []StoreOp) []StoreResult {
 	prefix := v.sp.prefix
 	for _, op := range ops {
-		ok := slices.Contains([]string{"v", "lp", "ld", "rg", "rl"}, op.Key)
+		scope := v.p.listScope()
+		ok := op.Key == "v" || slices.Contains([]string{"lp", "ld", "rg", "rl"}, strings.TrimSuffix(op.Key, scope))
 		for _, f := range simKeyForms {
 			ok = ok || strings.HasPrefix(op.Key, f)
 		}

@@ -169,15 +169,18 @@ func (p *Pool) addMethod(name []byte) int {
 	}
 	i := len(old)
 	m[string(name)] = uint16(i)
-	p.names = append(p.names, methodLabel(name))
+	p.names = append(p.names, MethodLabel(name))
 	p.methods.Store(&m)
 	return i
 }
 
-// methodLabel makes a method name fit as a label value: valid UTF-8, at
+// MethodLabel makes a method name fit as a label value: valid UTF-8, at
 // most maxLabelLen bytes. Two names that become the same label share its
-// series when rendered.
-func methodLabel(name []byte) string {
+// series when rendered. The Lua side's series of a method
+// (qrpc_client_deadline_expired_total) take their label from
+// method_label in lua/resty/ffi/qrpc/metrics.lua, which must give the
+// same (TestMethodLabelLuaMatchesGo, in nginx/).
+func MethodLabel(name []byte) string {
 	s := strings.ToValidUTF8(string(name), "\uFFFD")
 	if len(s) > maxLabelLen {
 		s = s[:maxLabelLen]

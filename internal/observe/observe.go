@@ -23,9 +23,12 @@ type PeerObserver interface {
 	// err == nil means the server answered with code (0 is success). An
 	// attempt cancelled before its end (the caller's context cancelled, a
 	// hedged copy that lost) is not reported; one whose deadline (the
-	// call's, or the caller's context's) passed is, as a timeout.
+	// call's, or the caller's context's) passed is, as a timeout; so is
+	// one the server's connection refused at once (down, queue full).
 	CallDone(method []byte, code uint32, err error, elapsed time.Duration)
-	// EventDone reports a one-way event: err == nil means it was sent.
+	// EventDone reports a one-way event, once per event, on the server
+	// that sent it or else on the last one that refused it: err == nil
+	// means it was sent.
 	EventDone(method []byte, err error)
 	// InflightAdd moves the number of calls in flight on this server.
 	InflightAdd(delta int)

@@ -66,21 +66,33 @@ local EXPIRED = args.EXPIRED
 
 -- qrpc_client_deadline_expired_total{method}: unary calls not sent because
 -- their deadline had passed (a source of qrpc.metrics()); at most
--- MAX_EXPIRED methods get a series of their own, the rest count as "other".
+-- MAX_EXPIRED labels get a series of their own, the rest count as "other".
+-- A label is the method name made valid UTF-8 and cut as Go makes it for
+-- its own series (metrics.method_label): an unbounded or invalid label
+-- would make the whole exposition invalid.
 local expired = {}
 local n_expired, MAX_EXPIRED = 0, 256
-require("resty.ffi.qrpc.metrics").add_source(expired)
+local EXPIRED_OTHER = 'qrpc_client_deadline_expired_total{method="other"}'
+local metrics_mod = require("resty.ffi.qrpc.metrics")
+local method_label = metrics_mod.method_label
+metrics_mod.add_source(expired)
 local expired_keys = {}
+local str_gsub = string.gsub
+local LABEL_ESCAPES = { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }
 local function expired_key(method)
     local key = expired_keys[method]
-    if not key then
+    if key then
+        return key
+    end
+    local label = str_gsub(method_label(method), '[\\"\n]', LABEL_ESCAPES)
+    key = 'qrpc_client_deadline_expired_total{method="' .. label .. '"}'
+    if not expired[key] then
         if n_expired >= MAX_EXPIRED then
-            return 'qrpc_client_deadline_expired_total{method="other"}'
+            return EXPIRED_OTHER
         end
         n_expired = n_expired + 1
-        key = 'qrpc_client_deadline_expired_total{method="'
-              .. string.gsub(method, '[\\"\n]', { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" })
-              .. '"}'
+        -- Only a label's first name is remembered: names that share a
+        -- label (cut alike) cost no memory, however many they are.
         expired_keys[method] = key
     end
     return key

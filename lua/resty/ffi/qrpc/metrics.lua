@@ -34,14 +34,89 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local worker_pid = ngx.worker.pid
 local timer_every = ngx.timer.every
+local ngx_now = ngx.now
 local shared = ngx.shared
 local type = type
 local tostring = tostring
 local pairs = pairs
 local str_format = string.format
 local str_byte = string.byte
+local str_find = string.find
+local str_sub = string.sub
+local tbl_concat = table.concat
 
 local _M = { _VERSION = "0.1.0" }
+
+-- utf8_len: the length of the valid UTF-8 sequence that starts at byte i
+-- of s, 0 when none does (the rules of Go's unicode/utf8: no overlong
+-- forms, no surrogates, nothing above U+10FFFF).
+local function utf8_len(s, i)
+    local c, c2, c3, c4 = str_byte(s, i, i + 3)
+    if c < 0x80 then
+        return 1
+    end
+    local lo, hi = 0x80, 0xBF
+    if c < 0xC2 then
+        return 0
+    elseif c < 0xE0 then
+        return (c2 and c2 >= 0x80 and c2 <= 0xBF) and 2 or 0
+    elseif c < 0xF0 then
+        if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+        return (c2 and c2 >= lo and c2 <= hi and c3 and c3 >= 0x80 and c3 <= 0xBF) and 3 or 0
+    elseif c < 0xF5 then
+        if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+        return (c2 and c2 >= lo and c2 <= hi and c3 and c3 >= 0x80 and c3 <= 0xBF
+                and c4 and c4 >= 0x80 and c4 <= 0xBF) and 4 or 0
+    end
+    return 0
+end
+
+-- MAX_LABEL: bytes of a method name kept as a label value (maxLabelLen in
+-- internal/metrics).
+local MAX_LABEL = 128
+
+-- method_label(name): the label value of a method name, as Go's
+-- metrics.MethodLabel makes it for the series it records, so that the
+-- Lua-side series (qrpc_client_deadline_expired_total) keep the same
+-- bounds and the exposition stays valid UTF-8: each run of invalid bytes
+-- becomes one U+FFFD, then the name is cut to MAX_LABEL bytes, never
+-- within a character. TestMethodLabelLuaMatchesGo compares the two.
+function _M.method_label(name)
+    if str_find(name, "[\128-\255]") then
+        local out, n, i, len = {}, 0, 1, #name
+        local bad = false
+        while i <= len do
+            local l = utf8_len(name, i)
+            if l == 0 then
+                if not bad then
+                    n = n + 1
+                    out[n] = "\239\191\189" -- U+FFFD
+                    bad = true
+                end
+                i = i + 1
+            else
+                n = n + 1
+                out[n] = str_sub(name, i, i + l - 1)
+                bad = false
+                i = i + l
+            end
+        end
+        name = tbl_concat(out, "", 1, n)
+    end
+    if #name > MAX_LABEL then
+        local j = MAX_LABEL
+        -- Back to the start of the character that the cut would split.
+        while j > 0 do
+            local c = str_byte(name, j + 1)
+            if c < 0x80 or c >= 0xC0 then
+                break
+            end
+            j = j - 1
+        end
+        name = str_sub(name, 1, j)
+    end
+    return name
+end
 
 -- How often a worker adds its deltas into the dict, and how long a
 -- worker's gauges outlive its last flush.
@@ -65,6 +140,7 @@ local sources = {}     -- add_source: Lua-side counters (the REST gateway)
 local lib              -- the loaded library, once init() ran
 local dict_name        -- configure{ metrics_dict }, or nil
 local flushing         -- the flush timer runs
+local host             -- resty.ffi.qrpc.host_builtin, once init() ran
 
 local ERRBUF_LEN = abi.ERRBUF_LEN
 local OP_METRICS = abi.OP_METRICS
@@ -237,24 +313,53 @@ function _M.dump(dict, name)
     return buf:tostring()
 end
 
--- flush_timer runs every FLUSH_S; at worker exit (premature) it flushes
--- once more and removes this worker's gauges.
-local function flush_timer(premature)
+-- flush_now adds this worker's figures into the dict; with final, it then
+-- removes this worker's gauges (the worker is about to be gone).
+local last_flush = 0
+local function flush_now(final)
     local name = dict_name
     local dict = name and shared[name]
     if not dict then
         return
     end
+    last_flush = ngx_now()
     local snap, err = query("snapshot")
     if snap then
         _M.flush(dict, name, snap .. extra())
     else
         ngx_log(ngx_ERR, err)
     end
-    if premature then
+    if final then
         _M.forget(dict)
     end
 end
+
+-- flush_timer runs every FLUSH_S. At worker exit nginx runs it once more,
+-- premature, as the graceful shutdown starts: when calls are still in
+-- flight, the dispatcher keeps the worker alive for them and flushes from
+-- then on (drain_flush), so the calls that end meanwhile are added and the
+-- worker's gauges stay until it has none left; otherwise this is the last
+-- flush.
+local function flush_timer(premature)
+    if not premature then
+        return flush_now(false)
+    end
+    local n, running = 0, false
+    if host then
+        n, running = host.waiting()
+    end
+    flush_now(not (n > 0 and running))
+end
+
+-- drain_flush: the dispatcher's pass while the worker exits (see
+-- flush_timer): a flush every FLUSH_S, and a last one, removing the
+-- gauges, when it stops.
+local function drain_flush(final)
+    if final or ngx_now() - last_flush >= _M.FLUSH_S then
+        flush_now(final)
+    end
+end
+_M.drain_flush = drain_flush -- held: the dispatcher holds its hooks weakly
 
 
 local function start_flushing()
@@ -272,9 +377,14 @@ local function start_flushing()
 end
 
 
--- init is called when the library has loaded in this worker.
-function _M.init(l)
+-- init is called when the library has loaded in this worker; h is the
+-- built-in host, whose dispatcher outlives the flush timer at exit.
+function _M.init(l, h)
     lib = l
+    host = h
+    if h then
+        h.add_drain_hook(drain_flush)
+    end
     return start_flushing()
 end
 

@@ -143,7 +143,7 @@ local function ensure_loaded()
     -- makes later (the host is the VM's: resty.ffi.qrpc.host_builtin)
     builtin.in_force = f or { host = host, where = lib_where, lib = cfg_lib,
                               socket_dir = cfg_socket_dir }
-    metrics.init(st.lib)
+    metrics.init(st.lib, builtin)
     S.use_builtin = host == "builtin"
     S.loaded = true
     local use_builtin = S.use_builtin

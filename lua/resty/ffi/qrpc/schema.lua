@@ -154,7 +154,7 @@ return {
     { name = "shared", type = "string", default = "", unit = "",
       min = nil, min_open = false, max = nil,
       where = { connect = true }, key = true, needs = "",
-      doc = "lua_shared_dict through which the workers of the instance share the pool's verdicts (ejections, stalls), its active checks and its re-resolution (one worker runs them); `{ dict = <name>, name = <pool name> }` names the pool's keys in it (pools of the same name share, whatever their options); `false`: not shared, whatever `pools_dict` says" },
+      doc = "lua_shared_dict through which the workers of the instance share the pool's verdicts (ejections, stalls), its active checks and its re-resolution (one worker runs them); `{ dict = <name>, name = <pool name> }` names the pool's keys in it (pools of the same name share, whatever their options; each configured address list keeps its own prober, resolver and resolved list); `false`: not shared, whatever `pools_dict` says" },
     { name = "resolver", type = "string", default = "", unit = "",
       min = nil, min_open = false, max = nil,
       where = { connect = true }, key = true, needs = "",
