@@ -768,8 +768,7 @@ func unaryVia(ctx context.Context, call *Call, start func(*Call, Done) (Pending,
 	// The earlier deadline is the call's: a context that ends first is a
 	// deadline the caller gave up at, and the call must time out there
 	// (an outcome counted as a timeout), not be cancelled (no outcome).
-	// The caller's Call stays as it was (it may be reused, or shared by
-	// goroutines): the deadline goes on a copy, which Start copies in turn.
+	// on a copy: the caller's Call may be reused, or shared by goroutines
 	if d, ok := ctx.Deadline(); ok && (call.Deadline.IsZero() || d.Before(call.Deadline)) {
 		c := *call
 		c.Deadline = d
