@@ -81,7 +81,6 @@ local wake_broken       -- init() could not open one: do not try again
 local holds = setmetatable({}, { __mode = "k" })
 local share_hooks = setmetatable({}, { __mode = "k" })
 local exit_hooks = setmetatable({}, { __mode = "k" })
-local drain_hooks = setmetatable({}, { __mode = "k" })
 
 -- Calls of the lua-resty-ffi host in flight (see hold): they wait in
 -- lua-resty-ffi, not here, but the dispatcher must outlive them too.
@@ -117,18 +116,6 @@ local exit_told = false
 local function on_exiting()
     for f in pairs(exit_hooks) do
         f()
-    end
-end
-
--- the worker is exiting and the dispatcher keeps it alive for calls in
--- flight (last = false, each pass), or stops now that none is left (last
--- = true): see add_drain_hook
-local function on_draining(last)
-    for f in pairs(drain_hooks) do
-        local ok, err = pcall(f, last)
-        if not ok then
-            ngx_log(ngx_ERR, "qrpc: dispatcher: while exiting: ", err)
-        end
     end
 end
 
@@ -244,7 +231,6 @@ local function supervise(gen)
     local sock, reader
     local last_sweep = ngx_now()
     local last_exit_log = 0
-    local drained = false
     while gen == disp_gen do
         if not reader and not wake_broken then
             local err
@@ -273,10 +259,8 @@ local function supervise(gen)
             end
             local n = npending() + others()
             if n == 0 then
-                drained = true
                 break
             end
-            on_draining(false)
             local now = ngx_now()
             if now - last_exit_log >= 2 then
                 last_exit_log = now
@@ -313,9 +297,6 @@ local function supervise(gen)
     if reader then
         thread_kill(reader)
         sock:close()
-    end
-    if drained then
-        on_draining(true)
     end
     ngx_log(ngx_INFO, "qrpc: dispatcher stopped")
 end
@@ -397,17 +378,6 @@ end
 function _M.add_hooks(share, exit)
     share_hooks[share] = true
     exit_hooks[exit] = true
-end
-
-
--- add_drain_hook(f): while the worker exits, the dispatcher outlives the
--- timers nginx ends at once (they run premature when the exit starts), as
--- long as calls are in flight: f(false) runs on each of its passes then
--- (every POLL_S at most), and f(true) once when it stops because none is
--- left, the worker's last moment with Lua code running. Held weakly, as
--- the other hooks.
-function _M.add_drain_hook(f)
-    drain_hooks[f] = true
 end
 
 

@@ -407,7 +407,6 @@ _M.ensure_dispatcher = ensure_dispatcher
 _M.waiting = disp.waiting
 _M.hold = disp.hold
 _M.add_hooks = disp.add_hooks
-_M.add_drain_hook = disp.add_drain_hook
 _M.on_share = disp.on_share
 
 -------------------------------------------------------------------------

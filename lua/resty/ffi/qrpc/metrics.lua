@@ -34,7 +34,7 @@ local ngx_log = ngx.log
 local ngx_ERR = ngx.ERR
 local worker_pid = ngx.worker.pid
 local timer_every = ngx.timer.every
-local ngx_now = ngx.now
+local ngx_sleep = ngx.sleep
 local shared = ngx.shared
 local type = type
 local tostring = tostring
@@ -315,14 +315,12 @@ end
 
 -- flush_now adds this worker's figures into the dict; with final, it then
 -- removes this worker's gauges (the worker is about to be gone).
-local last_flush = 0
 local function flush_now(final)
     local name = dict_name
     local dict = name and shared[name]
     if not dict then
         return
     end
-    last_flush = ngx_now()
     local snap, err = query("snapshot")
     if snap then
         _M.flush(dict, name, snap .. extra())
@@ -334,32 +332,34 @@ local function flush_now(final)
     end
 end
 
+-- Calls in flight in this worker's Go runtime: both Lua VMs' (a stream
+-- {} server's calls are counted in http {}'s dict), whichever host.
+local function worker_inflight()
+    local s = host and host.stats(0)
+    return s and s.inflight or 0
+end
+
 -- flush_timer runs every FLUSH_S. At worker exit nginx runs it once more,
--- premature, as the graceful shutdown starts: when calls are still in
--- flight, the dispatcher keeps the worker alive for them and flushes from
--- then on (drain_flush), so the calls that end meanwhile are added and the
--- worker's gauges stay until it has none left; otherwise this is the last
--- flush.
+-- premature, as the graceful shutdown starts; while the worker's calls
+-- are still in flight it goes on flushing every FLUSH_S (its sleeps keep
+-- the worker alive, as the dispatchers do for their own calls), so the
+-- calls that end meanwhile are added and the worker's gauges stay in the
+-- sum; the last flush removes them. worker_shutdown_timeout, which ends
+-- the worker, ends this too; the count bounds it besides.
 local function flush_timer(premature)
     if not premature then
         return flush_now(false)
     end
-    local n, running = 0, false
-    if host then
-        n, running = host.waiting()
+    for _ = 1, _M.MAX_DRAIN_FLUSHES do
+        if worker_inflight() == 0 then
+            break
+        end
+        flush_now(false)
+        ngx_sleep(_M.FLUSH_S)
     end
-    flush_now(not (n > 0 and running))
+    flush_now(true)
 end
-
--- drain_flush: the dispatcher's pass while the worker exits (see
--- flush_timer): a flush every FLUSH_S, and a last one, removing the
--- gauges, when it stops.
-local function drain_flush(final)
-    if final or ngx_now() - last_flush >= _M.FLUSH_S then
-        flush_now(final)
-    end
-end
-_M.drain_flush = drain_flush -- held: the dispatcher holds its hooks weakly
+_M.MAX_DRAIN_FLUSHES = 3600
 
 
 local function start_flushing()
@@ -378,13 +378,10 @@ end
 
 
 -- init is called when the library has loaded in this worker; h is the
--- built-in host, whose dispatcher outlives the flush timer at exit.
+-- built-in host (its stats of the worker's runtime).
 function _M.init(l, h)
     lib = l
     host = h
-    if h then
-        h.add_drain_hook(drain_flush)
-    end
     return start_flushing()
 end
 

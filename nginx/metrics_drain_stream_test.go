@@ -1,9 +1,8 @@
 package nginx
 
-// Review of fix-65 (docs/metrics.md, "With metrics_dict"): an exiting
-// worker goes on adding to the dict while it drains its calls in flight,
-// its gauges stay in the sum meanwhile, and the calls it finishes are
-// counted.
+// docs/metrics.md, "With metrics_dict": an exiting worker goes on adding
+// to the dict while it drains its calls in flight, its gauges stay in the
+// sum meanwhile, and the calls it finishes are counted.
 
 import (
 	"strings"
@@ -11,7 +10,7 @@ import (
 	"time"
 )
 
-// TestReview66StreamCallsDrainedAfterReload: metrics.md tells a worker
+// TestStreamCallsDrainedAfterReload: metrics.md tells a worker
 // whose calls come from stream {} with the dict in http {} to call
 // qrpc.init_worker() in http {}'s init_worker_by_lua, so that the http
 // VM adds the worker's figures (both subsystems') to the dict. A stream
@@ -21,7 +20,7 @@ import (
 // adding once a second while it does (its gauges stay in the sum
 // meanwhile), and adds a last time when its last call has ended ...:
 // the calls it finishes are counted too."
-func TestReview66StreamCallsDrainedAfterReload(t *testing.T) {
+func TestStreamCallsDrainedAfterReload(t *testing.T) {
 	requireStreamLua(t)
 	srv := ownServer(t)
 	n := startNginx(t, ngxConf{Workers: 1, QServer: srv, Stream: streamServers,
