@@ -1,0 +1,359 @@
+package nginx
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// fdCount is the number of open fds of pid.
+func fdCount(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(ents)
+}
+
+// partialFrameServer answers every stream's first request with the
+// header of a frame of length l (within max_frame_size) and then sends
+// l-2 bytes of it: the frame never completes. The stream stays open.
+func partialFrameServer(t *testing.T, l uint32) string {
+	return rawQUICServer(t, func(st *quic.Stream) {
+		hdr := binary.BigEndian.AppendUint32(nil, l)
+		hdr = append(hdr, 2) // RESPONSE
+		if _, err := st.Write(hdr); err != nil {
+			return
+		}
+		chunk := make([]byte, 256<<10)
+		left := int(l) - 2
+		for left > 0 {
+			n := min(left, len(chunk))
+			if _, err := st.Write(chunk[:n]); err != nil {
+				return
+			}
+			left -= n
+		}
+		<-st.Context().Done()
+	})
+}
+
+// TestHunt4PartialFramesPinMemory: a server that, for every call, starts
+// a response frame just under max_frame_size and never finishes it. The
+// calls time out (documented: "timeout"), but each stream's reader keeps
+// the partial frame: the worker's RSS grows by about streams ×
+// max_frame_size per connection and is not given back after every call
+// has ended, although no call waits for anything on the connection.
+//
+// Standard: "memory stays bounded whatever a caller or a server sends".
+func TestHunt4PartialFramesPinMemory(t *testing.T) {
+	requireNginx(t)
+	const frameLen = 16<<20 - 64 // under the default max_frame_size (16 MiB)
+	hostile := partialFrameServer(t, frameLen)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts({ stream_batch = tonumber(ngx.var.arg_batch), streams = tonumber(ngx.var.arg_streams) }))
+                if not conn then ngx.say("connect: ", err) return end
+                local n = tonumber(ngx.var.arg_n)
+                if ngx.var.arg_seq then
+                    local seen = {}
+                    for i = 1, n do
+                        local res, err = conn:unary("echo", "x", { timeout = 300 })
+                        local r = res and "ok" or err
+                        seen[r] = (seen[r] or 0) + 1
+                    end
+                    for k, v in pairs(seen) do ngx.say(k, " ", v) end
+                    return
+                end
+                local ths = {}
+                for i = 1, n do
+                    ths[i] = ngx.thread.spawn(function()
+                        local res, err = conn:unary("echo", "x", { timeout = 3000 })
+                        return res and "ok" or err
+                    end)
+                end
+                local seen = {}
+                for i = 1, n do
+                    local _, r = ngx.thread.wait(ths[i])
+                    seen[r] = (seen[r] or 0) + 1
+                end
+                for k, v in pairs(seen) do ngx.say(k, " ", v) end`, hostile)) +
+		loc("/ok", connectT+`
+                local res, err = conn:unary("echo", "still here")
+                ngx.say(res and res.body or err)`)})
+	pid := n.workerPIDs()[0]
+	if st, body := n.get("/ok"); st != 200 || body != "still here\n" {
+		t.Fatalf("warm-up: %d %q", st, body)
+	}
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	st, body := n.get("/t?n=32&streams=32&batch=1")
+	t.Logf("calls: %d %q", st, body)
+	// Let the server push what flow control lets through; every call has
+	// ended by now, nothing waits on the connection.
+	time.Sleep(5 * time.Second)
+	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
+	t.Logf("worker %d: RSS %d -> %d KiB (+%d MiB), fds %d -> %d", pid, rss0, rss1, (rss1-rss0)>>10, fd0, fd1)
+	if !pidAlive(pid) {
+		t.Fatalf("worker died")
+	}
+	if st, body := n.get("/ok"); st != 200 || body != "still here\n" {
+		t.Errorf("after: %d %q", st, body)
+	}
+	if !strings.Contains(body, "timeout 32") {
+		t.Errorf("calls: %q, want 32 timeouts", body)
+	}
+	if grew := (rss1 - rss0) >> 10; grew > 64 {
+		t.Errorf("worker RSS grew by %d MiB and stays there after every call ended (32 partial frames of %d bytes held)", grew, frameLen)
+	}
+}
+
+// hunt4StatsLoc reports qrpc.stats() connections and pools.
+const hunt4StatsLoc = `
+                local qrpc = require "resty.ffi.qrpc"
+                collectgarbage()
+                local s = qrpc.stats()
+                ngx.say("connections=", s.connections, " pools=", s.pools, " inflight=", s.inflight, " waiting=", s.waiting,
+                        " lua_kb=", math.floor(collectgarbage("count")))`
+
+// TestHunt4CacheGrowthDistinctOptions: a caller that makes each connect
+// distinct (here the timeout varies per request, as code computing a
+// timeout from a request's budget would). max_connections (256) must cap
+// the QUIC connections; the worker's RSS and fds must stay bounded.
+func TestHunt4CacheGrowthDistinctOptions(t *testing.T) {
+	requireNginx(t)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local from, to = tonumber(ngx.var.arg_from), tonumber(ngx.var.arg_to)
+                local errs = {}
+                local t0 = ngx.now()
+                for i = from, to do
+                    local conn, err = qrpc.connect(qt.addr, qt.opts({ timeout = 1000 + i }))
+                    if conn then
+                        local res, e = conn:unary("echo", "x")
+                        err = not res and e or nil
+                    end
+                    if err then errs[err] = (errs[err] or 0) + 1 end
+                    if ngx.now() - t0 > 20 then ngx.say("stopped at ", i) break end
+                end
+                for k, v in pairs(errs) do ngx.say(k, " ", v) end
+                ngx.say("done")`) + loc("/h4stats", hunt4StatsLoc) + loc("/heap", `
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then ngx.status = 500 ngx.say(err) return end
+                ngx.print(p)`)})
+	pid := n.workerPIDs()[0]
+	n.get("/t?from=1&to=10")
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	_, s0 := n.get("/h4stats")
+	t.Logf("warm: RSS %d KiB fds %d %s", rss0, fd0, s0)
+	for r := 0; r < 4; r++ {
+		start := time.Now()
+		st, body := n.get(fmt.Sprintf("/t?from=%d&to=%d", 100+r*500, 100+r*500+499))
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, body, workerRSS(t, pid), fdCount(pid), s)
+	}
+	time.Sleep(10 * time.Second)
+	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
+	_, s1 := n.get("/h4stats")
+	t.Logf("10 s later: RSS %d KiB fds %d %s", rss1, fd1, s1)
+	if dir := os.Getenv("HUNT4_PROF"); dir != "" {
+		for _, k := range []string{"heap", "goroutine"} {
+			_, p := n.get("/heap?kind=" + k)
+			_ = os.WriteFile(dir+"/"+k+".pb.gz", []byte(p), 0o644)
+		}
+	}
+	if !pidAlive(pid) {
+		t.Fatal("worker died")
+	}
+	if fd1-fd0 > 300 {
+		t.Errorf("fds %d -> %d", fd0, fd1)
+	}
+	if (rss1-rss0)>>10 > 100 {
+		t.Errorf("RSS %d -> %d KiB", rss0, rss1)
+	}
+}
+
+// TestHunt4CacheGrowthRefusedAddrs: connects to many distinct addresses
+// where nothing listens ("connect: refused"). Nothing should stay behind:
+// no connection, no fd, bounded memory.
+func TestHunt4CacheGrowthRefusedAddrs(t *testing.T) {
+	requireNginx(t)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local from, to = tonumber(ngx.var.arg_from), tonumber(ngx.var.arg_to)
+                local errs = {}
+                local t0 = ngx.now()
+                for i = from, to do
+                    local conn, err = qrpc.connect("127.0.0.1:" .. i, qt.opts({ timeout = 300 }))
+                    if conn then err = "connected" end
+                    errs[err] = (errs[err] or 0) + 1
+                    if ngx.now() - t0 > 20 then ngx.say("stopped at ", i) break end
+                end
+                for k, v in pairs(errs) do ngx.say(k, " ", v) end
+                ngx.say("done")`) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/t?from=40001&to=40010")
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	for r := 0; r < 4; r++ {
+		start := time.Now()
+		from := 41000 + r*50
+		st, body := n.get(fmt.Sprintf("/t?from=%d&to=%d", from, from+49))
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, body, workerRSS(t, pid), fdCount(pid), s)
+	}
+	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
+	if !pidAlive(pid) {
+		t.Fatal("worker died")
+	}
+	if fd1-fd0 > 20 {
+		t.Errorf("fds %d -> %d", fd0, fd1)
+	}
+	if (rss1-rss0)>>10 > 64 {
+		t.Errorf("RSS %d -> %d KiB", rss0, rss1)
+	}
+}
+
+// hunt4LoopLoc runs n calls (k at a time) against addr and counts the
+// outcomes; with kill set, each call's thread is killed after a few ms.
+const hunt4LoopLoc = `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local addr = ngx.var.arg_addr
+                local conn, err = qrpc.connect(addr, qt.opts({ timeout = 2000 }))
+                if not conn then ngx.say("connect: ", err) return end
+                local n, k = tonumber(ngx.var.arg_n), tonumber(ngx.var.arg_k or 1)
+                local kill = ngx.var.arg_kill
+                local method, body = ngx.var.arg_m or "echo", ngx.var.arg_b or "x"
+                local seen = {}
+                local t0 = ngx.now()
+                local done = 0
+                while done < n and ngx.now() - t0 < 40 do
+                    local ths = {}
+                    for i = 1, k do
+                        ths[i] = ngx.thread.spawn(function()
+                            local res, err = conn:unary(method, body)
+                            return res and "ok" or err
+                        end)
+                    end
+                    if kill then
+                        ngx.sleep(tonumber(kill) / 1000)
+                        for i = 1, k do
+                            local ok = ngx.thread.kill(ths[i])
+                            if ok then seen.killed = (seen.killed or 0) + 1 end
+                        end
+                    end
+                    for i = 1, k do
+                        local ok, r = ngx.thread.wait(ths[i])
+                        if ok then seen[r] = (seen[r] or 0) + 1 end
+                    end
+                    done = done + k
+                    ngx.update_time()
+                end
+                local keys = {}
+                for key, v in pairs(seen) do keys[#keys + 1] = key .. "=" .. v end
+                table.sort(keys)
+                ngx.say(table.concat(keys, " "))`
+
+func hunt4Goroutines(t *testing.T, n *nginxProc) string {
+	st, p := n.get("/heap?kind=goroutine")
+	if st != 200 {
+		return fmt.Sprintf("profile: %d %q", st, p)
+	}
+	f, err := os.CreateTemp("", "h4g-*.pb.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	_, _ = f.WriteString(p)
+	_ = f.Close()
+	out, _ := exec.Command("go", "tool", "pprof", "-top", f.Name()).CombinedOutput()
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "Showing nodes") {
+			return l
+		}
+	}
+	return string(out)
+}
+
+// TestHunt4ResetAndKillLoops: a server that resets every stream, one
+// that closes every stream, and calls killed mid-flight, in loops. The
+// worker must stay up, errors must be documented, and goroutines, fds
+// and RSS must come back.
+func TestHunt4ResetAndKillLoops(t *testing.T) {
+	requireNginx(t)
+	reset := rawQUICServer(t, func(st *quic.Stream) { st.CancelWrite(7); st.CancelRead(7) })
+	eof := rawQUICServer(t, func(st *quic.Stream) { _ = st.Close() })
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc) + loc("/heap", `
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then ngx.status = 500 ngx.say(err) return end
+                ngx.print(p)`)})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + shared.addr)
+	report := func(what string) {
+		_, s := n.get("/h4stats")
+		t.Logf("%s: RSS %d KiB fds %d %s; goroutines %s", what, workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s), hunt4Goroutines(t, n))
+	}
+	report("warm")
+	for _, c := range []struct{ name, q string }{
+		{"reset x2000", "n=2000&k=20&addr=" + reset},
+		{"eof x2000", "n=2000&k=20&addr=" + eof},
+		{"kill slow x2000", "n=2000&k=50&kill=5&m=slow&b=1000&addr=" + shared.addr},
+		{"reset x2000 again", "n=2000&k=20&addr=" + reset},
+		{"kill slow x2000 again", "n=2000&k=50&kill=5&m=slow&b=1000&addr=" + shared.addr},
+	} {
+		start := time.Now()
+		st, body := n.get("/loop?" + c.q)
+		t.Logf("%s (%s): %d %q", c.name, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(body))
+		report(c.name)
+	}
+	time.Sleep(3 * time.Second)
+	report("3 s later")
+	if !pidAlive(pid) {
+		t.Fatal("worker died")
+	}
+	if st, body := n.get("/loop?n=5&addr=" + shared.addr); st != 200 || strings.TrimSpace(body) != "ok=5" {
+		t.Errorf("after: %d %q", st, body)
+	}
+}
+
+// TestHunt4PartialFramesDefaultOptions: the same server, default connect
+// options, one call at a time (each 300 ms timeout): the calls move on
+// to the streams not yet "suspect", and each one they touch pins a
+// partial frame.
+func TestHunt4PartialFramesDefaultOptions(t *testing.T) {
+	requireNginx(t)
+	const frameLen = 16<<20 - 64
+	hostile := partialFrameServer(t, frameLen)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts())
+                if not conn then ngx.say("connect: ", err) return end
+                local seen = {}
+                for i = 1, tonumber(ngx.var.arg_n) do
+                    local res, err = conn:unary("echo", "x", { timeout = 300 })
+                    local r = res and "ok" or err
+                    seen[r] = (seen[r] or 0) + 1
+                end
+                for k, v in pairs(seen) do ngx.say(k, " ", v) end`, hostile)) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/h4stats")
+	rss0 := workerRSS(t, pid)
+	for r := 0; r < 4; r++ {
+		st, body := n.get("/t?n=16")
+		time.Sleep(time.Second)
+		_, s := n.get("/h4stats")
+		t.Logf("round %d: %d %q RSS %d KiB %s", r, st, strings.TrimSpace(body), workerRSS(t, pid), strings.TrimSpace(s))
+	}
+	time.Sleep(5 * time.Second)
+	rss1 := workerRSS(t, pid)
+	t.Logf("worker %d: RSS %d -> %d KiB (+%d MiB)", pid, rss0, rss1, (rss1-rss0)>>10)
+	if grew := (rss1 - rss0) >> 10; grew > 64 {
+		t.Errorf("worker RSS grew by %d MiB after 64 timed-out calls, no call in flight", grew)
+	}
+}
