@@ -1,15 +1,24 @@
 package nginx
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
 )
 
 // fdCount is the number of open fds of pid.
@@ -229,6 +238,11 @@ const hunt4LoopLoc = `
                 local n, k = tonumber(ngx.var.arg_n), tonumber(ngx.var.arg_k or 1)
                 local kill = ngx.var.arg_kill
                 local method, body = ngx.var.arg_m or "echo", ngx.var.arg_b or "x"
+                if ngx.var.arg_blen then
+                    local t = {}
+                    for i = 1, tonumber(ngx.var.arg_blen) do t[i] = string.char(math.random(0, 255)) end
+                    body = table.concat(t)
+                end
                 local seen = {}
                 local t0 = ngx.now()
                 local done = 0
@@ -356,4 +370,217 @@ func TestHunt4PartialFramesDefaultOptions(t *testing.T) {
 	if grew := (rss1 - rss0) >> 10; grew > 64 {
 		t.Errorf("worker RSS grew by %d MiB after 64 timed-out calls, no call in flight", grew)
 	}
+}
+
+// TestHunt4NeverReadingServerFlood: a server that takes the streams and
+// never reads them; a caller floods it with calls carrying 60 KB bodies.
+// The send queues must bound memory: the calls end in "queue full" or
+// "timeout", the worker's RSS comes back, other calls keep working.
+func TestHunt4NeverReadingServerFlood(t *testing.T) {
+	requireNginx(t)
+	deaf := rawQUICServer(t, func(st *quic.Stream) { <-st.Context().Done() })
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + shared.addr)
+	rss0 := workerRSS(t, pid)
+	body := strings.Repeat("abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", 1000) // 62 KB, compressible
+	for r := 0; r < 3; r++ {
+		start := time.Now()
+		st, out := n.get("/loop?n=4000&k=4000&blen=60000&addr=" + deaf)
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB %s", r, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(out), workerRSS(t, pid), strings.TrimSpace(s))
+	}
+	_ = body
+	time.Sleep(5 * time.Second)
+	rss1 := workerRSS(t, pid)
+	t.Logf("RSS %d -> %d KiB, 5 s after the last call ended", rss0, rss1)
+	if st, out := n.get("/loop?n=5&addr=" + shared.addr); st != 200 || strings.TrimSpace(out) != "ok=5" {
+		t.Errorf("after: %d %q", st, out)
+	}
+	if grew := (rss1 - rss0) >> 10; grew > 64 {
+		t.Errorf("worker RSS grew by %d MiB: the frames of calls that timed out stay queued for a server that never reads", grew)
+	}
+}
+
+// hunt4Server is a bare QUIC server (test certificate, ALPN qrpc) that
+// reads every request frame of every stream and answers it with the
+// bytes reply returns (a whole frame, written raw).
+func hunt4Server(t *testing.T, reply func(req *qrpcpb.Request) []byte) string {
+	t.Helper()
+	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
+	}, &quic.Config{MaxIdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					st, err := c.AcceptStream(ctx)
+					if err != nil {
+						return
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							var hdr [5]byte
+							if _, err := io.ReadFull(st, hdr[:]); err != nil {
+								return
+							}
+							l := binary.BigEndian.Uint32(hdr[:4])
+							p := make([]byte, l-1)
+							if _, err := io.ReadFull(st, p); err != nil {
+								return
+							}
+							var req qrpcpb.Request
+							if err := req.UnmarshalVT(p); err != nil {
+								return
+							}
+							if _, err := st.Write(reply(&req)); err != nil {
+								return
+							}
+						}
+					}()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// hunt4Frame frames a Response payload.
+func hunt4Frame(p []byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(p)+1))
+	return append(append(b, 2), p...)
+}
+
+// hunt4ManyHeaders is a Response for id with n header entries: empty
+// ones, or distinct short keys (and empty values).
+func hunt4ManyHeaders(id uint64, n int, distinct bool) []byte {
+	p := protowire.AppendTag(nil, 3, protowire.VarintType)
+	p = protowire.AppendVarint(p, id)
+	for i := 0; i < n; i++ {
+		p = protowire.AppendTag(p, 1, protowire.BytesType)
+		if distinct && i%2 == 0 {
+			p = protowire.AppendBytes(p, strconv.AppendInt(nil, int64(i), 36))
+		} else {
+			p = protowire.AppendBytes(p, nil)
+		}
+	}
+	return p
+}
+
+// TestHunt4ResponseHeaderFlood: a server answers with millions of header
+// entries inside max_frame_size (16 MiB). The answer is turned into a
+// Lua table on the nginx thread: how long is the event loop blocked,
+// and what does the worker's memory do?
+func TestHunt4ResponseHeaderFlood(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		switch string(req.Method) {
+		case "empty":
+			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 6<<20, false)) // 12 MB
+		case "distinct":
+			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 3<<20, true)) // ~ 14 MB
+		}
+		p, _ := (&qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}).MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts({ timeout = 20000 }))
+                if not conn then ngx.say("connect: ", err) return end
+                local t0 = ngx.now()
+                local ths = {}
+                for i = 1, tonumber(ngx.var.arg_k or 1) do
+                    ths[i] = ngx.thread.spawn(function()
+                        local res, err = conn:unary(ngx.var.arg_m, "x")
+                        local cnt = 0
+                        if res then for _ in pairs(res.headers) do cnt = cnt + 1 end end
+                        return res and ("ok keys=" .. cnt) or err
+                    end)
+                end
+                for i = 1, #ths do
+                    local _, r = ngx.thread.wait(ths[i])
+                    ngx.say(r)
+                end
+                ngx.update_time()
+                ngx.say("took=", ngx.now() - t0, " lua_kb=", math.floor(collectgarbage("count")))`, srv)) +
+		loc("/h4ping", `ngx.say("pong")`)})
+	pid := n.workerPIDs()[0]
+	rss0 := workerRSS(t, pid)
+	k := os.Getenv("HUNT4_K")
+	if k == "" {
+		k = "1"
+	}
+	for _, m := range []string{"echo", "empty", "distinct"} {
+		var peak int
+		peakStop := make(chan struct{})
+		var peakWG sync.WaitGroup
+		peakWG.Add(1)
+		go func() {
+			defer peakWG.Done()
+			for {
+				if r := workerRSS(t, pid); r > peak {
+					peak = r
+				}
+				select {
+				case <-peakStop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+		// measure the event loop: ping every 10 ms while the call runs
+		stop := make(chan struct{})
+		var worst time.Duration
+		var pings int
+		var pwg sync.WaitGroup
+		pwg.Add(1)
+		go func() {
+			defer pwg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				s := time.Now()
+				n.get("/h4ping")
+				if d := time.Since(s); d > worst {
+					worst = d
+				}
+				pings++
+			}
+		}()
+		start := time.Now()
+		st, body := n.get("/h?m=" + m + "&k=" + k)
+		close(stop)
+		pwg.Wait()
+		close(peakStop)
+		peakWG.Wait()
+		t.Logf("%s x%s: %d %q in %s; worst /h4ping %s over %d pings; RSS %d KiB, peak %d KiB", m, k, st, strings.TrimSpace(body), time.Since(start).Round(time.Millisecond), worst.Round(time.Millisecond), pings, workerRSS(t, pid), peak)
+		if worst > 500*time.Millisecond {
+			t.Errorf("%s: the nginx event loop was blocked for up to %s by one answer", m, worst.Round(time.Millisecond))
+		}
+	}
+	t.Logf("RSS %d -> %d KiB", rss0, workerRSS(t, pid))
 }
