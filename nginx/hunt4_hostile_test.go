@@ -584,3 +584,52 @@ func TestHunt4ResponseHeaderFlood(t *testing.T) {
 	}
 	t.Logf("RSS %d -> %d KiB", rss0, workerRSS(t, pid))
 }
+
+// TestHunt4HeaderFloodPinnedPerStream: each stream's reader keeps the
+// backing array of the last answer's headers for reuse. One answer with
+// millions of (empty) header entries, inside max_frame_size, leaves that
+// array (24 bytes per entry) pinned on its stream for the connection's
+// life: calls spread over the streams (stream_batch = 1) pin one each.
+func TestHunt4HeaderFloodPinnedPerStream(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		if string(req.Method) == "empty" {
+			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 6<<20, false)) // 12 MB frame
+		}
+		p, _ := (&qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}).MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts({ timeout = 20000, stream_batch = 1 }))
+                if not conn then ngx.say("connect: ", err) return end
+                local res, err = conn:unary(ngx.var.arg_m, "x")
+                ngx.say(res and "ok" or err)`, srv)) + loc("/heap", `
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then ngx.status = 500 ngx.say(err) return end
+                ngx.print(p)`)})
+	pid := n.workerPIDs()[0]
+	n.get("/h?m=echo")
+	defer func() {
+		if dir := os.Getenv("HUNT4_PROF"); dir != "" {
+			_, p := n.get("/heap?kind=heap")
+			_ = os.WriteFile(dir+"/pinned-heap.pb.gz", []byte(p), 0o644)
+		}
+	}()
+	rss0 := workerRSS(t, pid)
+	for i := 0; i < 6; i++ {
+		st, body := n.get("/h?m=empty")
+		// small calls afterwards on every stream: nothing replaces the arrays
+		for j := 0; j < 32; j++ {
+			n.get("/h?m=echo")
+		}
+		t.Logf("after %d flood answer(s): %d %q RSS %d KiB", i+1, st, strings.TrimSpace(body), workerRSS(t, pid))
+	}
+	time.Sleep(10 * time.Second)
+	rss1 := workerRSS(t, pid)
+	t.Logf("10 s later: RSS %d -> %d KiB (+%d MiB)", rss0, rss1, (rss1-rss0)>>10)
+	if grew := (rss1 - rss0) >> 10; grew > 200 {
+		t.Errorf("worker RSS stays %d MiB higher after 6 answers of 12 MB, every call ended", grew)
+	}
+}
