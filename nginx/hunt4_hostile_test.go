@@ -633,3 +633,183 @@ func TestHunt4HeaderFloodPinnedPerStream(t *testing.T) {
 		t.Errorf("worker RSS stays %d MiB higher after 6 answers of 12 MB, every call ended", grew)
 	}
 }
+
+// hunt4Listener starts a QUIC listener with tlsConf and quicConf whose
+// connections are held (never served) until the test ends.
+func hunt4Listener(t *testing.T, tlsConf *tls.Config, quicConf *quic.Config) string {
+	t.Helper()
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, quicConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := ln.Accept(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); _ = ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+// TestHunt4HandshakeNeverDoneAndNoStreams: a server whose TLS handshake
+// never finishes, and one that completes it but grants no streams. The
+// connect must end within its timeout with a documented error.
+func TestHunt4HandshakeNeverDoneAndNoStreams(t *testing.T) {
+	requireNginx(t)
+	release := make(chan struct{})
+	stuckTLS := hunt4Listener(t, &tls.Config{
+		NextProtos: []string{qrpc.ALPN},
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+			return nil, fmt.Errorf("no")
+		},
+		Certificates: []tls.Certificate{serverTLSCert},
+	}, &quic.Config{MaxIdleTimeout: 30 * time.Second})
+	noStreams := hunt4Listener(t, &tls.Config{
+		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
+	}, &quic.Config{MaxIdleTimeout: 30 * time.Second, MaxIncomingStreams: -1})
+	t.Cleanup(func() { close(release) }) // runs before the listeners' cleanups
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/c", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local t0 = ngx.now()
+                local conn, err, info = qrpc.connect(ngx.var.arg_addr, qt.opts({ timeout = 1000 }))
+                local res
+                if conn then
+                    res, err, info = conn:unary("echo", "x", { timeout = 1000 })
+                end
+                ngx.update_time()
+                ngx.say(conn and "connected; " or "", res and "ok" or err, " (", info and info.detail or "", ") took=", ngx.now() - t0)`)})
+	for _, c := range []struct{ name, addr string }{{"tls never done", stuckTLS}, {"no streams granted", noStreams}} {
+		start := time.Now()
+		st, body := n.get("/c?addr=" + c.addr)
+		took := time.Since(start)
+		t.Logf("%s: %d %q in %s", c.name, st, strings.TrimSpace(body), took.Round(time.Millisecond))
+		if took > 3*time.Second {
+			t.Errorf("%s: took %s with timeout 1000 ms", c.name, took)
+		}
+	}
+}
+
+// TestHunt4DuplicateUnknownLate: answers duplicated, answers with unknown
+// ids in bulk, answers after the call's timeout. Calls get their own
+// answer or "timeout", the worker's memory stays flat.
+func TestHunt4DuplicateUnknownLate(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		ok := func(id uint64) []byte {
+			p, _ := (&qrpcpb.Response{RequestId: id, Body: req.Body}).MarshalVT()
+			return hunt4Frame(p)
+		}
+		switch string(req.Method) {
+		case "dup":
+			var b []byte
+			for i := 0; i < 2000; i++ {
+				b = append(b, ok(req.RequestId^uint64(i+1)*0x9e3779b97f4a7c15)...)
+			}
+			return append(append(b, ok(req.RequestId)...), ok(req.RequestId)...)
+		case "late":
+			time.Sleep(300 * time.Millisecond)
+			return ok(req.RequestId)
+		}
+		return ok(req.RequestId)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/late", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(%q, qt.opts()))
+                local seen = {}
+                for i = 1, 20 do
+                    local res, err = conn:unary("late", "l" .. i, { timeout = 100 })
+                    local r = res and (res.body == "l" .. i and "ok" or "crossed") or err
+                    seen[r] = (seen[r] or 0) + 1
+                    local res, err = conn:unary("echo", "e" .. i, { timeout = 2000 })
+                    r = res and (res.body == "e" .. i and "ok" or "crossed:" .. res.body) or err
+                    seen[r] = (seen[r] or 0) + 1
+                end
+                local keys = {}
+                for k, v in pairs(seen) do keys[#keys + 1] = k .. "=" .. v end
+                table.sort(keys)
+                ngx.say(table.concat(keys, " "))`, srv))})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + srv)
+	rss0 := workerRSS(t, pid)
+	st, body := n.get("/loop?n=400&k=20&m=dup&addr=" + srv)
+	t.Logf("dup+unknown: %d %q RSS %d KiB", st, strings.TrimSpace(body), workerRSS(t, pid))
+	st, body = n.get("/late")
+	t.Logf("late: %d %q RSS %d -> %d KiB", st, strings.TrimSpace(body), rss0, workerRSS(t, pid))
+	if strings.Contains(body, "crossed") {
+		t.Errorf("a call got another call's answer: %q", body)
+	}
+}
+
+// TestHunt4ConcurrencyFlood: tens of thousands of calls at once from one
+// worker, against the shared server's slow method: each ends with an
+// answer or a documented error, the worker comes back to its memory.
+func TestHunt4ConcurrencyFlood(t *testing.T) {
+	requireNginx(t)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + shared.addr)
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	k := os.Getenv("HUNT4_K")
+	if k == "" {
+		k = "20000"
+	}
+	for r := 0; r < 2; r++ {
+		start := time.Now()
+		st, body := n.get("/loop?n=" + k + "&k=" + k + "&m=slow&b=200&addr=" + shared.addr)
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(body), workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s))
+	}
+	time.Sleep(6 * time.Second)
+	t.Logf("6 s later: RSS %d -> %d KiB, fds %d -> %d", rss0, workerRSS(t, pid), fd0, fdCount(pid))
+	if st, out := n.get("/loop?n=5&addr=" + shared.addr); st != 200 || strings.TrimSpace(out) != "ok=5" {
+		t.Errorf("after: %d %q", st, out)
+	}
+}
+
+// TestHunt4OddHeaders: an answer whose flat header list has an odd
+// number of entries (a key without a value), and a code over 2^31.
+func TestHunt4OddHeaders(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		r := &qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}
+		switch string(req.Method) {
+		case "odd":
+			r.Headers = [][]byte{[]byte("a"), []byte("1"), []byte("dangling")}
+		case "code":
+			r.Code = 0xfffffffe
+		}
+		p, _ := r.MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(%q, qt.opts()))
+                local res, err, info = conn:unary(ngx.var.arg_m, "x")
+                if not res then ngx.say("err ", err, " ", info and info.detail or "") return end
+                local hs = {}
+                for k, v in pairs(res.headers) do hs[#hs + 1] = k .. "=" .. v end
+                table.sort(hs)
+                ngx.say("code=", res.code, " headers=", table.concat(hs, ","))`, srv))})
+	for _, m := range []string{"odd", "code"} {
+		st, body := n.get("/h?m=" + m)
+		t.Logf("%s: %d %q", m, st, strings.TrimSpace(body))
+		// Documented for "the server sent something that is not qrpc":
+		// connection lost: protocol error. Or the answer, the dangling key
+		// dropped. Not an error that blames the library.
+		if strings.Contains(body, "malformed result from the library") {
+			t.Errorf("%s: a server's odd header list gives %q: the answer is lost and the error blames the library", m, strings.TrimSpace(body))
+		}
+	}
+}
