@@ -813,3 +813,71 @@ func TestHunt4OddHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestHunt4GatewayResponseHeaderFlood: the gateway writes a server's
+// answer headers into the HTTP response (response_headers patterns,
+// grpc_metadata). A hostile server answers with many distinct x-
+// headers (inside max_frame_size; a request may carry at most 32768):
+// how long is the worker's event loop blocked, what reaches the client?
+func TestHunt4GatewayResponseHeaderFlood(t *testing.T) {
+	requireNginx(t)
+	dir := gatewayDir(t)
+	nh := 20000
+	if v, err := strconv.Atoi(os.Getenv("HUNT4_NH")); err == nil {
+		nh = v
+	}
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		r := &qrpcpb.Response{RequestId: req.RequestId}
+		for i := 0; i < nh; i++ {
+			r.Headers = append(r.Headers, []byte("x-h"+strconv.Itoa(i)), []byte("v"))
+		}
+		p, _ := r.MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		InitByLua: lines(
+			`        local qrpc = require "resty.ffi.qrpc"`,
+			`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+			`        local gateway = require "resty.ffi.qrpc.gateway"`,
+			`        local qt = require "qtest"`,
+			`        package.loaded.gw_h = assert(gateway.new{`,
+			`            upstream = qt.hostile, opts = qt.opts({ timeout = 20000 }),`,
+			`            protos = { files = { "shop.proto" }, import_paths = { "`+dir+`" } }, prefix = "/api",`,
+			`            response_headers = { "x-*" },`,
+			`            routes = { ["GET /v1/items/{id}"] = { method = "gwtest.Shop.GetItem" } },`,
+			`        })`),
+		Extra:  map[string]string{"hostile": srv},
+		Server: loc("/h4ping", `ngx.say("pong")`) + "        location /api/ {\n            content_by_lua_block { package.loaded.gw_h:serve() }\n        }\n",
+	})
+	pid := n.workerPIDs()[0]
+	stop := make(chan struct{})
+	var worst time.Duration
+	var pwg sync.WaitGroup
+	pwg.Add(1)
+	go func() {
+		defer pwg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			s := time.Now()
+			n.get("/h4ping")
+			if d := time.Since(s); d > worst {
+				worst = d
+			}
+		}
+	}()
+	start := time.Now()
+	r := n.req(t, "GET", "/api/v1/items/7", "")
+	took := time.Since(start)
+	close(stop)
+	pwg.Wait()
+	t.Logf("%d response headers: HTTP %d, %d headers, body %q, in %s; worst /h4ping %s; worker alive %v",
+		nh, r.status, len(r.hdr), tail(r.body, 3), took.Round(time.Millisecond), worst.Round(time.Millisecond), pidAlive(pid))
+	if worst > 500*time.Millisecond {
+		t.Errorf("the event loop was blocked for up to %s by one answer of %d headers", worst.Round(time.Millisecond), nh)
+	}
+}
