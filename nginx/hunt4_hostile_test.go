@@ -1,0 +1,883 @@
+package nginx
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
+)
+
+// fdCount is the number of open fds of pid.
+func fdCount(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(ents)
+}
+
+// partialFrameServer answers every stream's first request with the
+// header of a frame of length l (within max_frame_size) and then sends
+// l-2 bytes of it: the frame never completes. The stream stays open.
+func partialFrameServer(t *testing.T, l uint32) string {
+	return rawQUICServer(t, func(st *quic.Stream) {
+		hdr := binary.BigEndian.AppendUint32(nil, l)
+		hdr = append(hdr, 2) // RESPONSE
+		if _, err := st.Write(hdr); err != nil {
+			return
+		}
+		chunk := make([]byte, 256<<10)
+		left := int(l) - 2
+		for left > 0 {
+			n := min(left, len(chunk))
+			if _, err := st.Write(chunk[:n]); err != nil {
+				return
+			}
+			left -= n
+		}
+		<-st.Context().Done()
+	})
+}
+
+// TestHunt4PartialFramesPinMemory: a server that, for every call, starts
+// a response frame just under max_frame_size and never finishes it. The
+// calls time out (documented: "timeout"), but each stream's reader keeps
+// the partial frame: the worker's RSS grows by about streams ×
+// max_frame_size per connection and is not given back after every call
+// has ended, although no call waits for anything on the connection.
+//
+// Standard: "memory stays bounded whatever a caller or a server sends".
+func TestHunt4PartialFramesPinMemory(t *testing.T) {
+	requireNginx(t)
+	const frameLen = 16<<20 - 64 // under the default max_frame_size (16 MiB)
+	hostile := partialFrameServer(t, frameLen)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts({ stream_batch = tonumber(ngx.var.arg_batch), streams = tonumber(ngx.var.arg_streams) }))
+                if not conn then ngx.say("connect: ", err) return end
+                local n = tonumber(ngx.var.arg_n)
+                if ngx.var.arg_seq then
+                    local seen = {}
+                    for i = 1, n do
+                        local res, err = conn:unary("echo", "x", { timeout = 300 })
+                        local r = res and "ok" or err
+                        seen[r] = (seen[r] or 0) + 1
+                    end
+                    for k, v in pairs(seen) do ngx.say(k, " ", v) end
+                    return
+                end
+                local ths = {}
+                for i = 1, n do
+                    ths[i] = ngx.thread.spawn(function()
+                        local res, err = conn:unary("echo", "x", { timeout = 3000 })
+                        return res and "ok" or err
+                    end)
+                end
+                local seen = {}
+                for i = 1, n do
+                    local _, r = ngx.thread.wait(ths[i])
+                    seen[r] = (seen[r] or 0) + 1
+                end
+                for k, v in pairs(seen) do ngx.say(k, " ", v) end`, hostile)) +
+		loc("/ok", connectT+`
+                local res, err = conn:unary("echo", "still here")
+                ngx.say(res and res.body or err)`)})
+	pid := n.workerPIDs()[0]
+	if st, body := n.get("/ok"); st != 200 || body != "still here\n" {
+		t.Fatalf("warm-up: %d %q", st, body)
+	}
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	st, body := n.get("/t?n=32&streams=32&batch=1")
+	t.Logf("calls: %d %q", st, body)
+	// Let the server push what flow control lets through; every call has
+	// ended by now, nothing waits on the connection.
+	time.Sleep(5 * time.Second)
+	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
+	t.Logf("worker %d: RSS %d -> %d KiB (+%d MiB), fds %d -> %d", pid, rss0, rss1, (rss1-rss0)>>10, fd0, fd1)
+	if !pidAlive(pid) {
+		t.Fatalf("worker died")
+	}
+	if st, body := n.get("/ok"); st != 200 || body != "still here\n" {
+		t.Errorf("after: %d %q", st, body)
+	}
+	if !strings.Contains(body, "timeout 32") {
+		t.Errorf("calls: %q, want 32 timeouts", body)
+	}
+	if grew := (rss1 - rss0) >> 10; grew > 64 {
+		t.Errorf("worker RSS grew by %d MiB and stays there after every call ended (32 partial frames of %d bytes held)", grew, frameLen)
+	}
+}
+
+// hunt4StatsLoc reports qrpc.stats() connections and pools.
+const hunt4StatsLoc = `
+                local qrpc = require "resty.ffi.qrpc"
+                collectgarbage()
+                local s = qrpc.stats()
+                ngx.say("connections=", s.connections, " pools=", s.pools, " inflight=", s.inflight, " waiting=", s.waiting,
+                        " lua_kb=", math.floor(collectgarbage("count")))`
+
+// TestHunt4CacheGrowthDistinctOptions: a caller that makes each connect
+// distinct (here the timeout varies per request, as code computing a
+// timeout from a request's budget would). max_connections (256) must cap
+// the QUIC connections; the worker's RSS and fds must stay bounded.
+func TestHunt4CacheGrowthDistinctOptions(t *testing.T) {
+	requireNginx(t)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local from, to = tonumber(ngx.var.arg_from), tonumber(ngx.var.arg_to)
+                local errs = {}
+                local t0 = ngx.now()
+                for i = from, to do
+                    local conn, err = qrpc.connect(qt.addr, qt.opts({ timeout = 1000 + i }))
+                    if conn then
+                        local res, e = conn:unary("echo", "x")
+                        err = not res and e or nil
+                    end
+                    if err then errs[err] = (errs[err] or 0) + 1 end
+                    if ngx.now() - t0 > 20 then ngx.say("stopped at ", i) break end
+                end
+                for k, v in pairs(errs) do ngx.say(k, " ", v) end
+                ngx.say("done")`) + loc("/h4stats", hunt4StatsLoc) + loc("/heap", `
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then ngx.status = 500 ngx.say(err) return end
+                ngx.print(p)`)})
+	pid := n.workerPIDs()[0]
+	n.get("/t?from=1&to=10")
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	_, s0 := n.get("/h4stats")
+	t.Logf("warm: RSS %d KiB fds %d %s", rss0, fd0, s0)
+	for r := 0; r < 4; r++ {
+		start := time.Now()
+		st, body := n.get(fmt.Sprintf("/t?from=%d&to=%d", 100+r*500, 100+r*500+499))
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, body, workerRSS(t, pid), fdCount(pid), s)
+	}
+	time.Sleep(10 * time.Second)
+	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
+	_, s1 := n.get("/h4stats")
+	t.Logf("10 s later: RSS %d KiB fds %d %s", rss1, fd1, s1)
+	if dir := os.Getenv("HUNT4_PROF"); dir != "" {
+		for _, k := range []string{"heap", "goroutine"} {
+			_, p := n.get("/heap?kind=" + k)
+			_ = os.WriteFile(dir+"/"+k+".pb.gz", []byte(p), 0o644)
+		}
+	}
+	if !pidAlive(pid) {
+		t.Fatal("worker died")
+	}
+	if fd1-fd0 > 300 {
+		t.Errorf("fds %d -> %d", fd0, fd1)
+	}
+	// Bounded by max_connections (256): an observation, not a failure
+	// (about 2.6 MiB of RSS per idle connection, 8192 stream readers).
+	t.Logf("RSS %d -> %d KiB", rss0, rss1)
+}
+
+// TestHunt4CacheGrowthRefusedAddrs: connects to many distinct addresses
+// where nothing listens ("connect: refused"). Nothing should stay behind:
+// no connection, no fd, bounded memory.
+func TestHunt4CacheGrowthRefusedAddrs(t *testing.T) {
+	requireNginx(t)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local from, to = tonumber(ngx.var.arg_from), tonumber(ngx.var.arg_to)
+                local errs = {}
+                local t0 = ngx.now()
+                for i = from, to do
+                    local conn, err = qrpc.connect("127.0.0.1:" .. i, qt.opts({ timeout = 300 }))
+                    if conn then err = "connected" end
+                    errs[err] = (errs[err] or 0) + 1
+                    if ngx.now() - t0 > 20 then ngx.say("stopped at ", i) break end
+                end
+                for k, v in pairs(errs) do ngx.say(k, " ", v) end
+                ngx.say("done")`) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/t?from=40001&to=40010")
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	for r := 0; r < 4; r++ {
+		start := time.Now()
+		from := 41000 + r*50
+		st, body := n.get(fmt.Sprintf("/t?from=%d&to=%d", from, from+49))
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, body, workerRSS(t, pid), fdCount(pid), s)
+	}
+	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
+	if !pidAlive(pid) {
+		t.Fatal("worker died")
+	}
+	if fd1-fd0 > 20 {
+		t.Errorf("fds %d -> %d", fd0, fd1)
+	}
+	if (rss1-rss0)>>10 > 64 {
+		t.Errorf("RSS %d -> %d KiB", rss0, rss1)
+	}
+}
+
+// hunt4LoopLoc runs n calls (k at a time) against addr and counts the
+// outcomes; with kill set, each call's thread is killed after a few ms.
+const hunt4LoopLoc = `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local addr = ngx.var.arg_addr
+                local conn, err = qrpc.connect(addr, qt.opts({ timeout = 2000 }))
+                if not conn then ngx.say("connect: ", err) return end
+                local n, k = tonumber(ngx.var.arg_n), tonumber(ngx.var.arg_k or 1)
+                local kill = ngx.var.arg_kill
+                local method, body = ngx.var.arg_m or "echo", ngx.var.arg_b or "x"
+                if ngx.var.arg_blen then
+                    local t = {}
+                    for i = 1, tonumber(ngx.var.arg_blen) do t[i] = string.char(math.random(0, 255)) end
+                    body = table.concat(t)
+                end
+                local seen = {}
+                local t0 = ngx.now()
+                local done = 0
+                while done < n and ngx.now() - t0 < 40 do
+                    local ths = {}
+                    for i = 1, k do
+                        ths[i] = ngx.thread.spawn(function()
+                            local res, err = conn:unary(method, body)
+                            return res and "ok" or err
+                        end)
+                    end
+                    if kill then
+                        ngx.sleep(tonumber(kill) / 1000)
+                        for i = 1, k do
+                            local ok = ngx.thread.kill(ths[i])
+                            if ok then seen.killed = (seen.killed or 0) + 1 end
+                        end
+                    end
+                    for i = 1, k do
+                        local ok, r = ngx.thread.wait(ths[i])
+                        if ok then seen[r] = (seen[r] or 0) + 1 end
+                    end
+                    done = done + k
+                    ngx.update_time()
+                end
+                local keys = {}
+                for key, v in pairs(seen) do keys[#keys + 1] = key .. "=" .. v end
+                table.sort(keys)
+                ngx.say(table.concat(keys, " "))`
+
+func hunt4Goroutines(t *testing.T, n *nginxProc) string {
+	st, p := n.get("/heap?kind=goroutine")
+	if st != 200 {
+		return fmt.Sprintf("profile: %d %q", st, p)
+	}
+	f, err := os.CreateTemp("", "h4g-*.pb.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	_, _ = f.WriteString(p)
+	_ = f.Close()
+	out, _ := exec.Command("go", "tool", "pprof", "-top", f.Name()).CombinedOutput()
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "Showing nodes") {
+			return l
+		}
+	}
+	return string(out)
+}
+
+// TestHunt4ResetAndKillLoops: a server that resets every stream, one
+// that closes every stream, and calls killed mid-flight, in loops. The
+// worker must stay up, errors must be documented, and goroutines, fds
+// and RSS must come back.
+func TestHunt4ResetAndKillLoops(t *testing.T) {
+	requireNginx(t)
+	reset := rawQUICServer(t, func(st *quic.Stream) { st.CancelWrite(7); st.CancelRead(7) })
+	eof := rawQUICServer(t, func(st *quic.Stream) { _ = st.Close() })
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc) + loc("/heap", `
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then ngx.status = 500 ngx.say(err) return end
+                ngx.print(p)`)})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + shared.addr)
+	report := func(what string) {
+		_, s := n.get("/h4stats")
+		t.Logf("%s: RSS %d KiB fds %d %s; goroutines %s", what, workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s), hunt4Goroutines(t, n))
+	}
+	report("warm")
+	for _, c := range []struct{ name, q string }{
+		{"reset x2000", "n=2000&k=20&addr=" + reset},
+		{"eof x2000", "n=2000&k=20&addr=" + eof},
+		{"kill slow x2000", "n=2000&k=50&kill=5&m=slow&b=1000&addr=" + shared.addr},
+		{"reset x2000 again", "n=2000&k=20&addr=" + reset},
+		{"kill slow x2000 again", "n=2000&k=50&kill=5&m=slow&b=1000&addr=" + shared.addr},
+	} {
+		start := time.Now()
+		st, body := n.get("/loop?" + c.q)
+		t.Logf("%s (%s): %d %q", c.name, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(body))
+		report(c.name)
+	}
+	time.Sleep(3 * time.Second)
+	report("3 s later")
+	if !pidAlive(pid) {
+		t.Fatal("worker died")
+	}
+	if st, body := n.get("/loop?n=5&addr=" + shared.addr); st != 200 || strings.TrimSpace(body) != "ok=5" {
+		t.Errorf("after: %d %q", st, body)
+	}
+}
+
+// TestHunt4PartialFramesDefaultOptions: the same server, default connect
+// options, one call at a time (each 300 ms timeout): the calls move on
+// to the streams not yet "suspect", and each one they touch pins a
+// partial frame.
+func TestHunt4PartialFramesDefaultOptions(t *testing.T) {
+	requireNginx(t)
+	const frameLen = 16<<20 - 64
+	hostile := partialFrameServer(t, frameLen)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts())
+                if not conn then ngx.say("connect: ", err) return end
+                local seen = {}
+                for i = 1, tonumber(ngx.var.arg_n) do
+                    local res, err = conn:unary("echo", "x", { timeout = 300 })
+                    local r = res and "ok" or err
+                    seen[r] = (seen[r] or 0) + 1
+                end
+                for k, v in pairs(seen) do ngx.say(k, " ", v) end`, hostile)) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/h4stats")
+	rss0 := workerRSS(t, pid)
+	for r := 0; r < 4; r++ {
+		st, body := n.get("/t?n=16")
+		time.Sleep(time.Second)
+		_, s := n.get("/h4stats")
+		t.Logf("round %d: %d %q RSS %d KiB %s", r, st, strings.TrimSpace(body), workerRSS(t, pid), strings.TrimSpace(s))
+	}
+	time.Sleep(5 * time.Second)
+	rss1 := workerRSS(t, pid)
+	t.Logf("worker %d: RSS %d -> %d KiB (+%d MiB)", pid, rss0, rss1, (rss1-rss0)>>10)
+	if grew := (rss1 - rss0) >> 10; grew > 64 {
+		t.Errorf("worker RSS grew by %d MiB after 64 timed-out calls, no call in flight", grew)
+	}
+}
+
+// TestHunt4NeverReadingServerFlood: a server that takes the streams and
+// never reads them; a caller floods it with calls carrying 60 KB bodies.
+// The send queues must bound memory: the calls end in "queue full" or
+// "timeout", the worker's RSS comes back, other calls keep working.
+func TestHunt4NeverReadingServerFlood(t *testing.T) {
+	requireNginx(t)
+	deaf := rawQUICServer(t, func(st *quic.Stream) { <-st.Context().Done() })
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + shared.addr)
+	rss0 := workerRSS(t, pid)
+	body := strings.Repeat("abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", 1000) // 62 KB, compressible
+	for r := 0; r < 3; r++ {
+		start := time.Now()
+		st, out := n.get("/loop?n=4000&k=4000&blen=60000&addr=" + deaf)
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB %s", r, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(out), workerRSS(t, pid), strings.TrimSpace(s))
+	}
+	_ = body
+	time.Sleep(5 * time.Second)
+	rss1 := workerRSS(t, pid)
+	t.Logf("RSS %d -> %d KiB, 5 s after the last call ended", rss0, rss1)
+	if st, out := n.get("/loop?n=5&addr=" + shared.addr); st != 200 || strings.TrimSpace(out) != "ok=5" {
+		t.Errorf("after: %d %q", st, out)
+	}
+	if grew := (rss1 - rss0) >> 10; grew > 64 {
+		t.Errorf("worker RSS grew by %d MiB: the frames of calls that timed out stay queued for a server that never reads", grew)
+	}
+}
+
+// hunt4Server is a bare QUIC server (test certificate, ALPN qrpc) that
+// reads every request frame of every stream and answers it with the
+// bytes reply returns (a whole frame, written raw).
+func hunt4Server(t *testing.T, reply func(req *qrpcpb.Request) []byte) string {
+	t.Helper()
+	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
+	}, &quic.Config{MaxIdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					st, err := c.AcceptStream(ctx)
+					if err != nil {
+						return
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							var hdr [5]byte
+							if _, err := io.ReadFull(st, hdr[:]); err != nil {
+								return
+							}
+							l := binary.BigEndian.Uint32(hdr[:4])
+							p := make([]byte, l-1)
+							if _, err := io.ReadFull(st, p); err != nil {
+								return
+							}
+							var req qrpcpb.Request
+							if err := req.UnmarshalVT(p); err != nil {
+								return
+							}
+							if _, err := st.Write(reply(&req)); err != nil {
+								return
+							}
+						}
+					}()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// hunt4Frame frames a Response payload.
+func hunt4Frame(p []byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(p)+1))
+	return append(append(b, 2), p...)
+}
+
+// hunt4ManyHeaders is a Response for id with n header entries: empty
+// ones, or distinct short keys (and empty values).
+func hunt4ManyHeaders(id uint64, n int, distinct bool) []byte {
+	p := protowire.AppendTag(nil, 3, protowire.VarintType)
+	p = protowire.AppendVarint(p, id)
+	for i := 0; i < n; i++ {
+		p = protowire.AppendTag(p, 1, protowire.BytesType)
+		if distinct && i%2 == 0 {
+			p = protowire.AppendBytes(p, strconv.AppendInt(nil, int64(i), 36))
+		} else {
+			p = protowire.AppendBytes(p, nil)
+		}
+	}
+	return p
+}
+
+// TestHunt4ResponseHeaderFlood: a server answers with millions of header
+// entries inside max_frame_size (16 MiB). The answer is turned into a
+// Lua table on the nginx thread: how long is the event loop blocked,
+// and what does the worker's memory do?
+func TestHunt4ResponseHeaderFlood(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		switch string(req.Method) {
+		case "empty":
+			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 6<<20, false)) // 12 MB
+		case "distinct":
+			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 3<<20, true)) // ~ 14 MB
+		}
+		p, _ := (&qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}).MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts({ timeout = 20000 }))
+                if not conn then ngx.say("connect: ", err) return end
+                local t0 = ngx.now()
+                local ths = {}
+                for i = 1, tonumber(ngx.var.arg_k or 1) do
+                    ths[i] = ngx.thread.spawn(function()
+                        local res, err = conn:unary(ngx.var.arg_m, "x")
+                        local cnt = 0
+                        if res then for _ in pairs(res.headers) do cnt = cnt + 1 end end
+                        return res and ("ok keys=" .. cnt) or err
+                    end)
+                end
+                for i = 1, #ths do
+                    local _, r = ngx.thread.wait(ths[i])
+                    ngx.say(r)
+                end
+                ngx.update_time()
+                ngx.say("took=", ngx.now() - t0, " lua_kb=", math.floor(collectgarbage("count")))`, srv)) +
+		loc("/h4ping", `ngx.say("pong")`)})
+	pid := n.workerPIDs()[0]
+	rss0 := workerRSS(t, pid)
+	k := os.Getenv("HUNT4_K")
+	if k == "" {
+		k = "1"
+	}
+	for _, m := range []string{"echo", "empty", "distinct"} {
+		var peak int
+		peakStop := make(chan struct{})
+		var peakWG sync.WaitGroup
+		peakWG.Add(1)
+		go func() {
+			defer peakWG.Done()
+			for {
+				if r := workerRSS(t, pid); r > peak {
+					peak = r
+				}
+				select {
+				case <-peakStop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+		// measure the event loop: ping every 10 ms while the call runs
+		stop := make(chan struct{})
+		var worst time.Duration
+		var pings int
+		var pwg sync.WaitGroup
+		pwg.Add(1)
+		go func() {
+			defer pwg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				s := time.Now()
+				n.get("/h4ping")
+				if d := time.Since(s); d > worst {
+					worst = d
+				}
+				pings++
+			}
+		}()
+		start := time.Now()
+		st, body := n.get("/h?m=" + m + "&k=" + k)
+		close(stop)
+		pwg.Wait()
+		close(peakStop)
+		peakWG.Wait()
+		t.Logf("%s x%s: %d %q in %s; worst /h4ping %s over %d pings; RSS %d KiB, peak %d KiB", m, k, st, strings.TrimSpace(body), time.Since(start).Round(time.Millisecond), worst.Round(time.Millisecond), pings, workerRSS(t, pid), peak)
+		if worst > 500*time.Millisecond {
+			t.Errorf("%s: the nginx event loop was blocked for up to %s by one answer", m, worst.Round(time.Millisecond))
+		}
+	}
+	t.Logf("RSS %d -> %d KiB", rss0, workerRSS(t, pid))
+}
+
+// TestHunt4HeaderFloodPinnedPerStream: each stream's reader keeps the
+// backing array of the last answer's headers for reuse. One answer with
+// millions of (empty) header entries, inside max_frame_size, leaves that
+// array (24 bytes per entry) pinned on its stream for the connection's
+// life: calls spread over the streams (stream_batch = 1) pin one each.
+func TestHunt4HeaderFloodPinnedPerStream(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		if string(req.Method) == "empty" {
+			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 6<<20, false)) // 12 MB frame
+		}
+		p, _ := (&qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}).MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn, err = qrpc.connect(%q, qt.opts({ timeout = 20000, stream_batch = 1 }))
+                if not conn then ngx.say("connect: ", err) return end
+                local res, err = conn:unary(ngx.var.arg_m, "x")
+                ngx.say(res and "ok" or err)`, srv)) + loc("/heap", `
+                local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
+                if not p then ngx.status = 500 ngx.say(err) return end
+                ngx.print(p)`)})
+	pid := n.workerPIDs()[0]
+	n.get("/h?m=echo")
+	defer func() {
+		if dir := os.Getenv("HUNT4_PROF"); dir != "" {
+			_, p := n.get("/heap?kind=heap")
+			_ = os.WriteFile(dir+"/pinned-heap.pb.gz", []byte(p), 0o644)
+		}
+	}()
+	rss0 := workerRSS(t, pid)
+	for i := 0; i < 6; i++ {
+		st, body := n.get("/h?m=empty")
+		// small calls afterwards on every stream: nothing replaces the arrays
+		for j := 0; j < 32; j++ {
+			n.get("/h?m=echo")
+		}
+		t.Logf("after %d flood answer(s): %d %q RSS %d KiB", i+1, st, strings.TrimSpace(body), workerRSS(t, pid))
+	}
+	time.Sleep(10 * time.Second)
+	rss1 := workerRSS(t, pid)
+	t.Logf("10 s later: RSS %d -> %d KiB (+%d MiB)", rss0, rss1, (rss1-rss0)>>10)
+	if grew := (rss1 - rss0) >> 10; grew > 200 {
+		t.Errorf("worker RSS stays %d MiB higher after 6 answers of 12 MB, every call ended", grew)
+	}
+}
+
+// hunt4Listener starts a QUIC listener with tlsConf and quicConf whose
+// connections are held (never served) until the test ends.
+func hunt4Listener(t *testing.T, tlsConf *tls.Config, quicConf *quic.Config) string {
+	t.Helper()
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, quicConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := ln.Accept(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); _ = ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+// TestHunt4HandshakeNeverDoneAndNoStreams: a server whose TLS handshake
+// never finishes, and one that completes it but grants no streams. The
+// connect must end within its timeout with a documented error.
+func TestHunt4HandshakeNeverDoneAndNoStreams(t *testing.T) {
+	requireNginx(t)
+	release := make(chan struct{})
+	stuckTLS := hunt4Listener(t, &tls.Config{
+		NextProtos: []string{qrpc.ALPN},
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+			return nil, fmt.Errorf("no")
+		},
+		Certificates: []tls.Certificate{serverTLSCert},
+	}, &quic.Config{MaxIdleTimeout: 30 * time.Second})
+	noStreams := hunt4Listener(t, &tls.Config{
+		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
+	}, &quic.Config{MaxIdleTimeout: 30 * time.Second, MaxIncomingStreams: -1})
+	t.Cleanup(func() { close(release) }) // runs before the listeners' cleanups
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/c", `
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local t0 = ngx.now()
+                local conn, err, info = qrpc.connect(ngx.var.arg_addr, qt.opts({ timeout = 1000 }))
+                local res
+                if conn then
+                    res, err, info = conn:unary("echo", "x", { timeout = 1000 })
+                end
+                ngx.update_time()
+                ngx.say(conn and "connected; " or "", res and "ok" or err, " (", info and info.detail or "", ") took=", ngx.now() - t0)`)})
+	for _, c := range []struct{ name, addr string }{{"tls never done", stuckTLS}, {"no streams granted", noStreams}} {
+		start := time.Now()
+		st, body := n.get("/c?addr=" + c.addr)
+		took := time.Since(start)
+		t.Logf("%s: %d %q in %s", c.name, st, strings.TrimSpace(body), took.Round(time.Millisecond))
+		if took > 3*time.Second {
+			t.Errorf("%s: took %s with timeout 1000 ms", c.name, took)
+		}
+	}
+}
+
+// TestHunt4DuplicateUnknownLate: answers duplicated, answers with unknown
+// ids in bulk, answers after the call's timeout. Calls get their own
+// answer or "timeout", the worker's memory stays flat.
+func TestHunt4DuplicateUnknownLate(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		ok := func(id uint64) []byte {
+			p, _ := (&qrpcpb.Response{RequestId: id, Body: req.Body}).MarshalVT()
+			return hunt4Frame(p)
+		}
+		switch string(req.Method) {
+		case "dup":
+			var b []byte
+			for i := 0; i < 2000; i++ {
+				b = append(b, ok(req.RequestId^uint64(i+1)*0x9e3779b97f4a7c15)...)
+			}
+			return append(append(b, ok(req.RequestId)...), ok(req.RequestId)...)
+		case "late":
+			time.Sleep(300 * time.Millisecond)
+			return ok(req.RequestId)
+		}
+		return ok(req.RequestId)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/late", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(%q, qt.opts()))
+                local seen = {}
+                for i = 1, 20 do
+                    local res, err = conn:unary("late", "l" .. i, { timeout = 100 })
+                    local r = res and (res.body == "l" .. i and "ok" or "crossed") or err
+                    seen[r] = (seen[r] or 0) + 1
+                    local res, err = conn:unary("echo", "e" .. i, { timeout = 2000 })
+                    r = res and (res.body == "e" .. i and "ok" or "crossed:" .. res.body) or err
+                    seen[r] = (seen[r] or 0) + 1
+                end
+                local keys = {}
+                for k, v in pairs(seen) do keys[#keys + 1] = k .. "=" .. v end
+                table.sort(keys)
+                ngx.say(table.concat(keys, " "))`, srv))})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + srv)
+	rss0 := workerRSS(t, pid)
+	st, body := n.get("/loop?n=400&k=20&m=dup&addr=" + srv)
+	t.Logf("dup+unknown: %d %q RSS %d KiB", st, strings.TrimSpace(body), workerRSS(t, pid))
+	st, body = n.get("/late")
+	t.Logf("late: %d %q RSS %d -> %d KiB", st, strings.TrimSpace(body), rss0, workerRSS(t, pid))
+	if strings.Contains(body, "crossed") {
+		t.Errorf("a call got another call's answer: %q", body)
+	}
+}
+
+// TestHunt4ConcurrencyFlood: tens of thousands of calls at once from one
+// worker, against the shared server's slow method: each ends with an
+// answer or a documented error, the worker comes back to its memory.
+func TestHunt4ConcurrencyFlood(t *testing.T) {
+	requireNginx(t)
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc)})
+	pid := n.workerPIDs()[0]
+	n.get("/loop?n=10&addr=" + shared.addr)
+	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
+	k := os.Getenv("HUNT4_K")
+	if k == "" {
+		k = "20000"
+	}
+	for r := 0; r < 2; r++ {
+		start := time.Now()
+		st, body := n.get("/loop?n=" + k + "&k=" + k + "&m=slow&b=200&addr=" + shared.addr)
+		_, s := n.get("/h4stats")
+		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(body), workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s))
+	}
+	time.Sleep(6 * time.Second)
+	t.Logf("6 s later: RSS %d -> %d KiB, fds %d -> %d", rss0, workerRSS(t, pid), fd0, fdCount(pid))
+	if st, out := n.get("/loop?n=5&addr=" + shared.addr); st != 200 || strings.TrimSpace(out) != "ok=5" {
+		t.Errorf("after: %d %q", st, out)
+	}
+}
+
+// TestHunt4OddHeaders: an answer whose flat header list has an odd
+// number of entries (a key without a value), and a code over 2^31.
+func TestHunt4OddHeaders(t *testing.T) {
+	requireNginx(t)
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		r := &qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}
+		switch string(req.Method) {
+		case "odd":
+			r.Headers = [][]byte{[]byte("a"), []byte("1"), []byte("dangling")}
+		case "code":
+			r.Code = 0xfffffffe
+		}
+		p, _ := r.MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
+                local qrpc = require "resty.ffi.qrpc"
+                local qt = require "qtest"
+                local conn = assert(qrpc.connect(%q, qt.opts()))
+                local res, err, info = conn:unary(ngx.var.arg_m, "x")
+                if not res then ngx.say("err ", err, " ", info and info.detail or "") return end
+                local hs = {}
+                for k, v in pairs(res.headers) do hs[#hs + 1] = k .. "=" .. v end
+                table.sort(hs)
+                ngx.say("code=", res.code, " headers=", table.concat(hs, ","))`, srv))})
+	for _, m := range []string{"odd", "code"} {
+		st, body := n.get("/h?m=" + m)
+		t.Logf("%s: %d %q", m, st, strings.TrimSpace(body))
+		// Documented for "the server sent something that is not qrpc":
+		// connection lost: protocol error. Or the answer, the dangling key
+		// dropped. Not an error that blames the library.
+		if strings.Contains(body, "malformed result from the library") {
+			t.Errorf("%s: a server's odd header list gives %q: the answer is lost and the error blames the library", m, strings.TrimSpace(body))
+		}
+	}
+}
+
+// TestHunt4GatewayResponseHeaderFlood: the gateway writes a server's
+// answer headers into the HTTP response (response_headers patterns,
+// grpc_metadata). A hostile server answers with many distinct x-
+// headers (inside max_frame_size; a request may carry at most 32768):
+// how long is the worker's event loop blocked, what reaches the client?
+func TestHunt4GatewayResponseHeaderFlood(t *testing.T) {
+	requireNginx(t)
+	dir := gatewayDir(t)
+	nh := 20000
+	if v, err := strconv.Atoi(os.Getenv("HUNT4_NH")); err == nil {
+		nh = v
+	}
+	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+		r := &qrpcpb.Response{RequestId: req.RequestId}
+		for i := 0; i < nh; i++ {
+			r.Headers = append(r.Headers, []byte("x-h"+strconv.Itoa(i)), []byte("v"))
+		}
+		p, _ := r.MarshalVT()
+		return hunt4Frame(p)
+	})
+	n := startNginx(t, ngxConf{
+		Workers: 1,
+		InitByLua: lines(
+			`        local qrpc = require "resty.ffi.qrpc"`,
+			`        assert(qrpc.configure{ lib = "`+libPath+`", socket_dir = ngx.config.prefix() .. "run" })`,
+			`        local gateway = require "resty.ffi.qrpc.gateway"`,
+			`        local qt = require "qtest"`,
+			`        package.loaded.gw_h = assert(gateway.new{`,
+			`            upstream = qt.hostile, opts = qt.opts({ timeout = 20000 }),`,
+			`            protos = { files = { "shop.proto" }, import_paths = { "`+dir+`" } }, prefix = "/api",`,
+			`            response_headers = { "x-*" },`,
+			`            routes = { ["GET /v1/items/{id}"] = { method = "gwtest.Shop.GetItem" } },`,
+			`        })`),
+		Extra:  map[string]string{"hostile": srv},
+		Server: loc("/h4ping", `ngx.say("pong")`) + "        location /api/ {\n            content_by_lua_block { package.loaded.gw_h:serve() }\n        }\n",
+	})
+	pid := n.workerPIDs()[0]
+	stop := make(chan struct{})
+	var worst time.Duration
+	var pwg sync.WaitGroup
+	pwg.Add(1)
+	go func() {
+		defer pwg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			s := time.Now()
+			n.get("/h4ping")
+			if d := time.Since(s); d > worst {
+				worst = d
+			}
+		}
+	}()
+	start := time.Now()
+	r := n.req(t, "GET", "/api/v1/items/7", "")
+	took := time.Since(start)
+	close(stop)
+	pwg.Wait()
+	t.Logf("%d response headers: HTTP %d, %d headers, body %q, in %s; worst /h4ping %s; worker alive %v",
+		nh, r.status, len(r.hdr), tail(r.body, 3), took.Round(time.Millisecond), worst.Round(time.Millisecond), pidAlive(pid))
+	if worst > 500*time.Millisecond {
+		t.Errorf("the event loop was blocked for up to %s by one answer of %d headers", worst.Round(time.Millisecond), nh)
+	}
+}
