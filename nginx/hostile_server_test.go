@@ -50,7 +50,7 @@ func partialFrameServer(t *testing.T, l uint32) string {
 	})
 }
 
-// TestHunt4PartialFramesPinMemory: a server that, for every call, starts
+// TestPartialFramesReleasedAfterTimeout: a server that, for every call, starts
 // a response frame just under max_frame_size and never finishes it. The
 // calls time out (documented: "timeout"), but each stream's reader keeps
 // the partial frame: the worker's RSS grows by about streams ×
@@ -58,7 +58,7 @@ func partialFrameServer(t *testing.T, l uint32) string {
 // has ended, although no call waits for anything on the connection.
 //
 // Standard: "memory stays bounded whatever a caller or a server sends".
-func TestHunt4PartialFramesPinMemory(t *testing.T) {
+func TestPartialFramesReleasedAfterTimeout(t *testing.T) {
 	requireNginx(t)
 	const frameLen = 16<<20 - 64 // under the default max_frame_size (16 MiB)
 	hostile := partialFrameServer(t, frameLen)
@@ -120,19 +120,19 @@ func TestHunt4PartialFramesPinMemory(t *testing.T) {
 	}
 }
 
-// hunt4StatsLoc reports qrpc.stats() connections and pools.
-const hunt4StatsLoc = `
+// statsLoc reports qrpc.stats() connections and pools.
+const statsLoc = `
                 local qrpc = require "resty.ffi.qrpc"
                 collectgarbage()
                 local s = qrpc.stats()
                 ngx.say("connections=", s.connections, " pools=", s.pools, " inflight=", s.inflight, " waiting=", s.waiting,
                         " lua_kb=", math.floor(collectgarbage("count")))`
 
-// TestHunt4CacheGrowthDistinctOptions: a caller that makes each connect
+// TestConnCacheDistinctOptionsBounded: a caller that makes each connect
 // distinct (here the timeout varies per request, as code computing a
 // timeout from a request's budget would). max_connections (256) must cap
 // the QUIC connections; the worker's RSS and fds must stay bounded.
-func TestHunt4CacheGrowthDistinctOptions(t *testing.T) {
+func TestConnCacheDistinctOptionsBounded(t *testing.T) {
 	requireNginx(t)
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
@@ -150,26 +150,26 @@ func TestHunt4CacheGrowthDistinctOptions(t *testing.T) {
                     if ngx.now() - t0 > 20 then ngx.say("stopped at ", i) break end
                 end
                 for k, v in pairs(errs) do ngx.say(k, " ", v) end
-                ngx.say("done")`) + loc("/h4stats", hunt4StatsLoc) + loc("/heap", `
+                ngx.say("done")`) + loc("/qstats", statsLoc) + loc("/heap", `
                 local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
                 if not p then ngx.status = 500 ngx.say(err) return end
                 ngx.print(p)`)})
 	pid := n.workerPIDs()[0]
 	n.get("/t?from=1&to=10")
 	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
-	_, s0 := n.get("/h4stats")
+	_, s0 := n.get("/qstats")
 	t.Logf("warm: RSS %d KiB fds %d %s", rss0, fd0, s0)
 	for r := 0; r < 4; r++ {
 		start := time.Now()
 		st, body := n.get(fmt.Sprintf("/t?from=%d&to=%d", 100+r*500, 100+r*500+499))
-		_, s := n.get("/h4stats")
+		_, s := n.get("/qstats")
 		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, body, workerRSS(t, pid), fdCount(pid), s)
 	}
 	time.Sleep(10 * time.Second)
 	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
-	_, s1 := n.get("/h4stats")
+	_, s1 := n.get("/qstats")
 	t.Logf("10 s later: RSS %d KiB fds %d %s", rss1, fd1, s1)
-	if dir := os.Getenv("HUNT4_PROF"); dir != "" {
+	if dir := os.Getenv("QRPC_TEST_PROF"); dir != "" {
 		for _, k := range []string{"heap", "goroutine"} {
 			_, p := n.get("/heap?kind=" + k)
 			_ = os.WriteFile(dir+"/"+k+".pb.gz", []byte(p), 0o644)
@@ -186,10 +186,10 @@ func TestHunt4CacheGrowthDistinctOptions(t *testing.T) {
 	t.Logf("RSS %d -> %d KiB", rss0, rss1)
 }
 
-// TestHunt4CacheGrowthRefusedAddrs: connects to many distinct addresses
+// TestRefusedAddrsLeaveNothing: connects to many distinct addresses
 // where nothing listens ("connect: refused"). Nothing should stay behind:
 // no connection, no fd, bounded memory.
-func TestHunt4CacheGrowthRefusedAddrs(t *testing.T) {
+func TestRefusedAddrsLeaveNothing(t *testing.T) {
 	requireNginx(t)
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
@@ -204,7 +204,7 @@ func TestHunt4CacheGrowthRefusedAddrs(t *testing.T) {
                     if ngx.now() - t0 > 20 then ngx.say("stopped at ", i) break end
                 end
                 for k, v in pairs(errs) do ngx.say(k, " ", v) end
-                ngx.say("done")`) + loc("/h4stats", hunt4StatsLoc)})
+                ngx.say("done")`) + loc("/qstats", statsLoc)})
 	pid := n.workerPIDs()[0]
 	n.get("/t?from=40001&to=40010")
 	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
@@ -212,7 +212,7 @@ func TestHunt4CacheGrowthRefusedAddrs(t *testing.T) {
 		start := time.Now()
 		from := 41000 + r*50
 		st, body := n.get(fmt.Sprintf("/t?from=%d&to=%d", from, from+49))
-		_, s := n.get("/h4stats")
+		_, s := n.get("/qstats")
 		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, body, workerRSS(t, pid), fdCount(pid), s)
 	}
 	rss1, fd1 := workerRSS(t, pid), fdCount(pid)
@@ -227,9 +227,9 @@ func TestHunt4CacheGrowthRefusedAddrs(t *testing.T) {
 	}
 }
 
-// hunt4LoopLoc runs n calls (k at a time) against addr and counts the
+// callLoopLoc runs n calls (k at a time) against addr and counts the
 // outcomes; with kill set, each call's thread is killed after a few ms.
-const hunt4LoopLoc = `
+const callLoopLoc = `
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
                 local addr = ngx.var.arg_addr
@@ -273,12 +273,12 @@ const hunt4LoopLoc = `
                 table.sort(keys)
                 ngx.say(table.concat(keys, " "))`
 
-func hunt4Goroutines(t *testing.T, n *nginxProc) string {
+func goroutineSummary(t *testing.T, n *nginxProc) string {
 	st, p := n.get("/heap?kind=goroutine")
 	if st != 200 {
 		return fmt.Sprintf("profile: %d %q", st, p)
 	}
-	f, err := os.CreateTemp("", "h4g-*.pb.gz")
+	f, err := os.CreateTemp("", "qrpc-goroutines-*.pb.gz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,23 +294,23 @@ func hunt4Goroutines(t *testing.T, n *nginxProc) string {
 	return string(out)
 }
 
-// TestHunt4ResetAndKillLoops: a server that resets every stream, one
+// TestResetAndKillLoopsRecover: a server that resets every stream, one
 // that closes every stream, and calls killed mid-flight, in loops. The
 // worker must stay up, errors must be documented, and goroutines, fds
 // and RSS must come back.
-func TestHunt4ResetAndKillLoops(t *testing.T) {
+func TestResetAndKillLoopsRecover(t *testing.T) {
 	requireNginx(t)
 	reset := rawQUICServer(t, func(st *quic.Stream) { st.CancelWrite(7); st.CancelRead(7) })
 	eof := rawQUICServer(t, func(st *quic.Stream) { _ = st.Close() })
-	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc) + loc("/heap", `
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", callLoopLoc) + loc("/qstats", statsLoc) + loc("/heap", `
                 local p, err = require("resty.ffi.qrpc").debug_profile(ngx.var.arg_kind or "heap")
                 if not p then ngx.status = 500 ngx.say(err) return end
                 ngx.print(p)`)})
 	pid := n.workerPIDs()[0]
 	n.get("/loop?n=10&addr=" + shared.addr)
 	report := func(what string) {
-		_, s := n.get("/h4stats")
-		t.Logf("%s: RSS %d KiB fds %d %s; goroutines %s", what, workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s), hunt4Goroutines(t, n))
+		_, s := n.get("/qstats")
+		t.Logf("%s: RSS %d KiB fds %d %s; goroutines %s", what, workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s), goroutineSummary(t, n))
 	}
 	report("warm")
 	for _, c := range []struct{ name, q string }{
@@ -335,11 +335,11 @@ func TestHunt4ResetAndKillLoops(t *testing.T) {
 	}
 }
 
-// TestHunt4PartialFramesDefaultOptions: the same server, default connect
+// TestPartialFramesDefaultOptionsReleased: the same server, default connect
 // options, one call at a time (each 300 ms timeout): the calls move on
 // to the streams not yet "suspect", and each one they touch pins a
 // partial frame.
-func TestHunt4PartialFramesDefaultOptions(t *testing.T) {
+func TestPartialFramesDefaultOptionsReleased(t *testing.T) {
 	requireNginx(t)
 	const frameLen = 16<<20 - 64
 	hostile := partialFrameServer(t, frameLen)
@@ -354,14 +354,14 @@ func TestHunt4PartialFramesDefaultOptions(t *testing.T) {
                     local r = res and "ok" or err
                     seen[r] = (seen[r] or 0) + 1
                 end
-                for k, v in pairs(seen) do ngx.say(k, " ", v) end`, hostile)) + loc("/h4stats", hunt4StatsLoc)})
+                for k, v in pairs(seen) do ngx.say(k, " ", v) end`, hostile)) + loc("/qstats", statsLoc)})
 	pid := n.workerPIDs()[0]
-	n.get("/h4stats")
+	n.get("/qstats")
 	rss0 := workerRSS(t, pid)
 	for r := 0; r < 4; r++ {
 		st, body := n.get("/t?n=16")
 		time.Sleep(time.Second)
-		_, s := n.get("/h4stats")
+		_, s := n.get("/qstats")
 		t.Logf("round %d: %d %q RSS %d KiB %s", r, st, strings.TrimSpace(body), workerRSS(t, pid), strings.TrimSpace(s))
 	}
 	time.Sleep(5 * time.Second)
@@ -372,14 +372,14 @@ func TestHunt4PartialFramesDefaultOptions(t *testing.T) {
 	}
 }
 
-// TestHunt4NeverReadingServerFlood: a server that takes the streams and
+// TestNeverReadingServerQueueReleased: a server that takes the streams and
 // never reads them; a caller floods it with calls carrying 60 KB bodies.
 // The send queues must bound memory: the calls end in "queue full" or
 // "timeout", the worker's RSS comes back, other calls keep working.
-func TestHunt4NeverReadingServerFlood(t *testing.T) {
+func TestNeverReadingServerQueueReleased(t *testing.T) {
 	requireNginx(t)
 	deaf := rawQUICServer(t, func(st *quic.Stream) { <-st.Context().Done() })
-	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc)})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", callLoopLoc) + loc("/qstats", statsLoc)})
 	pid := n.workerPIDs()[0]
 	n.get("/loop?n=10&addr=" + shared.addr)
 	rss0 := workerRSS(t, pid)
@@ -387,7 +387,7 @@ func TestHunt4NeverReadingServerFlood(t *testing.T) {
 	for r := 0; r < 3; r++ {
 		start := time.Now()
 		st, out := n.get("/loop?n=4000&k=4000&blen=60000&addr=" + deaf)
-		_, s := n.get("/h4stats")
+		_, s := n.get("/qstats")
 		t.Logf("round %d (%s): %d %q RSS %d KiB %s", r, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(out), workerRSS(t, pid), strings.TrimSpace(s))
 	}
 	_ = body
@@ -402,10 +402,10 @@ func TestHunt4NeverReadingServerFlood(t *testing.T) {
 	}
 }
 
-// hunt4Server is a bare QUIC server (test certificate, ALPN qrpc) that
+// hostileServer is a bare QUIC server (test certificate, ALPN qrpc) that
 // reads every request frame of every stream and answers it with the
 // bytes reply returns (a whole frame, written raw).
-func hunt4Server(t *testing.T, reply func(req *qrpcpb.Request) []byte) string {
+func hostileServer(t *testing.T, reply func(req *qrpcpb.Request) []byte) string {
 	t.Helper()
 	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{
 		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
@@ -465,15 +465,15 @@ func hunt4Server(t *testing.T, reply func(req *qrpcpb.Request) []byte) string {
 	return ln.Addr().String()
 }
 
-// hunt4Frame frames a Response payload.
-func hunt4Frame(p []byte) []byte {
+// responseFrame frames a Response payload.
+func responseFrame(p []byte) []byte {
 	b := binary.BigEndian.AppendUint32(nil, uint32(len(p)+1))
 	return append(append(b, 2), p...)
 }
 
-// hunt4ManyHeaders is a Response for id with n header entries: empty
+// manyHeadersResponse is a Response for id with n header entries: empty
 // ones, or distinct short keys (and empty values).
-func hunt4ManyHeaders(id uint64, n int, distinct bool) []byte {
+func manyHeadersResponse(id uint64, n int, distinct bool) []byte {
 	p := protowire.AppendTag(nil, 3, protowire.VarintType)
 	p = protowire.AppendVarint(p, id)
 	for i := 0; i < n; i++ {
@@ -487,21 +487,21 @@ func hunt4ManyHeaders(id uint64, n int, distinct bool) []byte {
 	return p
 }
 
-// TestHunt4ResponseHeaderFlood: a server answers with millions of header
+// TestResponseHeaderFloodRefused: a server answers with millions of header
 // entries inside max_frame_size (16 MiB). The answer is turned into a
 // Lua table on the nginx thread: how long is the event loop blocked,
 // and what does the worker's memory do?
-func TestHunt4ResponseHeaderFlood(t *testing.T) {
+func TestResponseHeaderFloodRefused(t *testing.T) {
 	requireNginx(t)
-	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+	srv := hostileServer(t, func(req *qrpcpb.Request) []byte {
 		switch string(req.Method) {
 		case "empty":
-			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 6<<20, false)) // 12 MB
+			return responseFrame(manyHeadersResponse(req.RequestId, 6<<20, false)) // 12 MB
 		case "distinct":
-			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 3<<20, true)) // ~ 14 MB
+			return responseFrame(manyHeadersResponse(req.RequestId, 3<<20, true)) // ~ 14 MB
 		}
 		p, _ := (&qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}).MarshalVT()
-		return hunt4Frame(p)
+		return responseFrame(p)
 	})
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
                 local qrpc = require "resty.ffi.qrpc"
@@ -524,10 +524,10 @@ func TestHunt4ResponseHeaderFlood(t *testing.T) {
                 end
                 ngx.update_time()
                 ngx.say("took=", ngx.now() - t0, " lua_kb=", math.floor(collectgarbage("count")))`, srv)) +
-		loc("/h4ping", `ngx.say("pong")`)})
+		loc("/loopcheck", `ngx.say("pong")`)})
 	pid := n.workerPIDs()[0]
 	rss0 := workerRSS(t, pid)
-	k := os.Getenv("HUNT4_K")
+	k := os.Getenv("QRPC_TEST_K")
 	if k == "" {
 		k = "1"
 	}
@@ -564,7 +564,7 @@ func TestHunt4ResponseHeaderFlood(t *testing.T) {
 				case <-time.After(10 * time.Millisecond):
 				}
 				s := time.Now()
-				n.get("/h4ping")
+				n.get("/loopcheck")
 				if d := time.Since(s); d > worst {
 					worst = d
 				}
@@ -577,7 +577,7 @@ func TestHunt4ResponseHeaderFlood(t *testing.T) {
 		pwg.Wait()
 		close(peakStop)
 		peakWG.Wait()
-		t.Logf("%s x%s: %d %q in %s; worst /h4ping %s over %d pings; RSS %d KiB, peak %d KiB", m, k, st, strings.TrimSpace(body), time.Since(start).Round(time.Millisecond), worst.Round(time.Millisecond), pings, workerRSS(t, pid), peak)
+		t.Logf("%s x%s: %d %q in %s; worst /ping %s over %d pings; RSS %d KiB, peak %d KiB", m, k, st, strings.TrimSpace(body), time.Since(start).Round(time.Millisecond), worst.Round(time.Millisecond), pings, workerRSS(t, pid), peak)
 		if worst > 500*time.Millisecond {
 			t.Errorf("%s: the nginx event loop was blocked for up to %s by one answer", m, worst.Round(time.Millisecond))
 		}
@@ -585,19 +585,19 @@ func TestHunt4ResponseHeaderFlood(t *testing.T) {
 	t.Logf("RSS %d -> %d KiB", rss0, workerRSS(t, pid))
 }
 
-// TestHunt4HeaderFloodPinnedPerStream: each stream's reader keeps the
+// TestResponseHeadersNotPinnedPerStream: each stream's reader keeps the
 // backing array of the last answer's headers for reuse. One answer with
 // millions of (empty) header entries, inside max_frame_size, leaves that
 // array (24 bytes per entry) pinned on its stream for the connection's
 // life: calls spread over the streams (stream_batch = 1) pin one each.
-func TestHunt4HeaderFloodPinnedPerStream(t *testing.T) {
+func TestResponseHeadersNotPinnedPerStream(t *testing.T) {
 	requireNginx(t)
-	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+	srv := hostileServer(t, func(req *qrpcpb.Request) []byte {
 		if string(req.Method) == "empty" {
-			return hunt4Frame(hunt4ManyHeaders(req.RequestId, 6<<20, false)) // 12 MB frame
+			return responseFrame(manyHeadersResponse(req.RequestId, 6<<20, false)) // 12 MB frame
 		}
 		p, _ := (&qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}).MarshalVT()
-		return hunt4Frame(p)
+		return responseFrame(p)
 	})
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
                 local qrpc = require "resty.ffi.qrpc"
@@ -612,7 +612,7 @@ func TestHunt4HeaderFloodPinnedPerStream(t *testing.T) {
 	pid := n.workerPIDs()[0]
 	n.get("/h?m=echo")
 	defer func() {
-		if dir := os.Getenv("HUNT4_PROF"); dir != "" {
+		if dir := os.Getenv("QRPC_TEST_PROF"); dir != "" {
 			_, p := n.get("/heap?kind=heap")
 			_ = os.WriteFile(dir+"/pinned-heap.pb.gz", []byte(p), 0o644)
 		}
@@ -634,9 +634,9 @@ func TestHunt4HeaderFloodPinnedPerStream(t *testing.T) {
 	}
 }
 
-// hunt4Listener starts a QUIC listener with tlsConf and quicConf whose
+// heldListener starts a QUIC listener with tlsConf and quicConf whose
 // connections are held (never served) until the test ends.
-func hunt4Listener(t *testing.T, tlsConf *tls.Config, quicConf *quic.Config) string {
+func heldListener(t *testing.T, tlsConf *tls.Config, quicConf *quic.Config) string {
 	t.Helper()
 	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, quicConf)
 	if err != nil {
@@ -656,13 +656,13 @@ func hunt4Listener(t *testing.T, tlsConf *tls.Config, quicConf *quic.Config) str
 	return ln.Addr().String()
 }
 
-// TestHunt4HandshakeNeverDoneAndNoStreams: a server whose TLS handshake
+// TestConnectTimeoutStuckHandshakeNoStreams: a server whose TLS handshake
 // never finishes, and one that completes it but grants no streams. The
 // connect must end within its timeout with a documented error.
-func TestHunt4HandshakeNeverDoneAndNoStreams(t *testing.T) {
+func TestConnectTimeoutStuckHandshakeNoStreams(t *testing.T) {
 	requireNginx(t)
 	release := make(chan struct{})
-	stuckTLS := hunt4Listener(t, &tls.Config{
+	stuckTLS := heldListener(t, &tls.Config{
 		NextProtos: []string{qrpc.ALPN},
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			select {
@@ -673,7 +673,7 @@ func TestHunt4HandshakeNeverDoneAndNoStreams(t *testing.T) {
 		},
 		Certificates: []tls.Certificate{serverTLSCert},
 	}, &quic.Config{MaxIdleTimeout: 30 * time.Second})
-	noStreams := hunt4Listener(t, &tls.Config{
+	noStreams := heldListener(t, &tls.Config{
 		Certificates: []tls.Certificate{serverTLSCert}, NextProtos: []string{qrpc.ALPN},
 	}, &quic.Config{MaxIdleTimeout: 30 * time.Second, MaxIncomingStreams: -1})
 	t.Cleanup(func() { close(release) }) // runs before the listeners' cleanups
@@ -699,15 +699,15 @@ func TestHunt4HandshakeNeverDoneAndNoStreams(t *testing.T) {
 	}
 }
 
-// TestHunt4DuplicateUnknownLate: answers duplicated, answers with unknown
+// TestDuplicateUnknownLateAnswers: answers duplicated, answers with unknown
 // ids in bulk, answers after the call's timeout. Calls get their own
 // answer or "timeout", the worker's memory stays flat.
-func TestHunt4DuplicateUnknownLate(t *testing.T) {
+func TestDuplicateUnknownLateAnswers(t *testing.T) {
 	requireNginx(t)
-	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+	srv := hostileServer(t, func(req *qrpcpb.Request) []byte {
 		ok := func(id uint64) []byte {
 			p, _ := (&qrpcpb.Response{RequestId: id, Body: req.Body}).MarshalVT()
-			return hunt4Frame(p)
+			return responseFrame(p)
 		}
 		switch string(req.Method) {
 		case "dup":
@@ -722,7 +722,7 @@ func TestHunt4DuplicateUnknownLate(t *testing.T) {
 		}
 		return ok(req.RequestId)
 	})
-	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/late", fmt.Sprintf(`
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", callLoopLoc) + loc("/late", fmt.Sprintf(`
                 local qrpc = require "resty.ffi.qrpc"
                 local qt = require "qtest"
                 local conn = assert(qrpc.connect(%q, qt.opts()))
@@ -751,23 +751,23 @@ func TestHunt4DuplicateUnknownLate(t *testing.T) {
 	}
 }
 
-// TestHunt4ConcurrencyFlood: tens of thousands of calls at once from one
+// TestConcurrencyFloodRecovers: tens of thousands of calls at once from one
 // worker, against the shared server's slow method: each ends with an
 // answer or a documented error, the worker comes back to its memory.
-func TestHunt4ConcurrencyFlood(t *testing.T) {
+func TestConcurrencyFloodRecovers(t *testing.T) {
 	requireNginx(t)
-	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", hunt4LoopLoc) + loc("/h4stats", hunt4StatsLoc)})
+	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", callLoopLoc) + loc("/qstats", statsLoc)})
 	pid := n.workerPIDs()[0]
 	n.get("/loop?n=10&addr=" + shared.addr)
 	rss0, fd0 := workerRSS(t, pid), fdCount(pid)
-	k := os.Getenv("HUNT4_K")
+	k := os.Getenv("QRPC_TEST_K")
 	if k == "" {
 		k = "20000"
 	}
 	for r := 0; r < 2; r++ {
 		start := time.Now()
 		st, body := n.get("/loop?n=" + k + "&k=" + k + "&m=slow&b=200&addr=" + shared.addr)
-		_, s := n.get("/h4stats")
+		_, s := n.get("/qstats")
 		t.Logf("round %d (%s): %d %q RSS %d KiB fds %d %s", r, time.Since(start).Round(time.Millisecond), st, strings.TrimSpace(body), workerRSS(t, pid), fdCount(pid), strings.TrimSpace(s))
 	}
 	time.Sleep(6 * time.Second)
@@ -777,11 +777,11 @@ func TestHunt4ConcurrencyFlood(t *testing.T) {
 	}
 }
 
-// TestHunt4OddHeaders: an answer whose flat header list has an odd
+// TestOddResponseHeadersAnswered: an answer whose flat header list has an odd
 // number of entries (a key without a value), and a code over 2^31.
-func TestHunt4OddHeaders(t *testing.T) {
+func TestOddResponseHeadersAnswered(t *testing.T) {
 	requireNginx(t)
-	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+	srv := hostileServer(t, func(req *qrpcpb.Request) []byte {
 		r := &qrpcpb.Response{RequestId: req.RequestId, Body: req.Body}
 		switch string(req.Method) {
 		case "odd":
@@ -790,7 +790,7 @@ func TestHunt4OddHeaders(t *testing.T) {
 			r.Code = 0xfffffffe
 		}
 		p, _ := r.MarshalVT()
-		return hunt4Frame(p)
+		return responseFrame(p)
 	})
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/h", fmt.Sprintf(`
                 local qrpc = require "resty.ffi.qrpc"
@@ -814,25 +814,25 @@ func TestHunt4OddHeaders(t *testing.T) {
 	}
 }
 
-// TestHunt4GatewayResponseHeaderFlood: the gateway writes a server's
+// TestGatewayResponseHeaderFloodBounded: the gateway writes a server's
 // answer headers into the HTTP response (response_headers patterns,
 // grpc_metadata). A hostile server answers with many distinct x-
 // headers (inside max_frame_size; a request may carry at most 32768):
 // how long is the worker's event loop blocked, what reaches the client?
-func TestHunt4GatewayResponseHeaderFlood(t *testing.T) {
+func TestGatewayResponseHeaderFloodBounded(t *testing.T) {
 	requireNginx(t)
 	dir := gatewayDir(t)
 	nh := 20000
-	if v, err := strconv.Atoi(os.Getenv("HUNT4_NH")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("QRPC_TEST_NH")); err == nil {
 		nh = v
 	}
-	srv := hunt4Server(t, func(req *qrpcpb.Request) []byte {
+	srv := hostileServer(t, func(req *qrpcpb.Request) []byte {
 		r := &qrpcpb.Response{RequestId: req.RequestId}
 		for i := 0; i < nh; i++ {
 			r.Headers = append(r.Headers, []byte("x-h"+strconv.Itoa(i)), []byte("v"))
 		}
 		p, _ := r.MarshalVT()
-		return hunt4Frame(p)
+		return responseFrame(p)
 	})
 	n := startNginx(t, ngxConf{
 		Workers: 1,
@@ -848,7 +848,7 @@ func TestHunt4GatewayResponseHeaderFlood(t *testing.T) {
 			`            routes = { ["GET /v1/items/{id}"] = { method = "gwtest.Shop.GetItem" } },`,
 			`        })`),
 		Extra:  map[string]string{"hostile": srv},
-		Server: loc("/h4ping", `ngx.say("pong")`) + "        location /api/ {\n            content_by_lua_block { package.loaded.gw_h:serve() }\n        }\n",
+		Server: loc("/loopcheck", `ngx.say("pong")`) + "        location /api/ {\n            content_by_lua_block { package.loaded.gw_h:serve() }\n        }\n",
 	})
 	pid := n.workerPIDs()[0]
 	stop := make(chan struct{})
@@ -864,7 +864,7 @@ func TestHunt4GatewayResponseHeaderFlood(t *testing.T) {
 			case <-time.After(10 * time.Millisecond):
 			}
 			s := time.Now()
-			n.get("/h4ping")
+			n.get("/loopcheck")
 			if d := time.Since(s); d > worst {
 				worst = d
 			}
@@ -875,7 +875,7 @@ func TestHunt4GatewayResponseHeaderFlood(t *testing.T) {
 	took := time.Since(start)
 	close(stop)
 	pwg.Wait()
-	t.Logf("%d response headers: HTTP %d, %d headers, body %q, in %s; worst /h4ping %s; worker alive %v",
+	t.Logf("%d response headers: HTTP %d, %d headers, body %q, in %s; worst /ping %s; worker alive %v",
 		nh, r.status, len(r.hdr), tail(r.body, 3), took.Round(time.Millisecond), worst.Round(time.Millisecond), pidAlive(pid))
 	if worst > 500*time.Millisecond {
 		t.Errorf("the event loop was blocked for up to %s by one answer of %d headers", worst.Round(time.Millisecond), nh)
