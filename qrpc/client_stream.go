@@ -494,17 +494,9 @@ func (st *cstream) read(held **pendingCall) {
 			return
 		}
 		s.c.obs.BytesReceived(len(payload) + frame.HeaderSize)
-		if err := checkResponseHeaders(payload); err != nil {
-			s.fail(err)
-			return
-		}
 		// Reset every field (unknown ones too, or they would pile up) but
-		// keep the headers' backing array when it is small.
-		var hdrs [][]byte
-		if cap(resp.Headers) <= keepHeaders {
-			hdrs = resp.Headers[:0]
-		}
-		resp = Response{Headers: hdrs}
+		// keep the headers' backing array.
+		resp = Response{Headers: resp.Headers[:0]}
 		// Unsafe: fields alias payload, which stays valid until Next is called
 		// again, i.e. for the whole of done().
 		if err := resp.UnmarshalVTUnsafe(payload); err != nil {
