@@ -461,6 +461,11 @@ func (st *cstream) read(held **pendingCall) {
 	fr := s.c.codec.NewReader(st.s)
 	var resp Response
 	for {
+		// The last answer's header slice is kept for the next one only
+		// when small: a large one is not pinned while the stream waits.
+		if cap(resp.Headers) > keepHeaders {
+			resp.Headers = nil
+		}
 		kind, payload, err := fr.Next()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -494,8 +499,12 @@ func (st *cstream) read(held **pendingCall) {
 			return
 		}
 		s.c.obs.BytesReceived(len(payload) + frame.HeaderSize)
+		if err := checkResponseHeaders(payload); err != nil {
+			s.fail(err)
+			return
+		}
 		// Reset every field (unknown ones too, or they would pile up) but
-		// keep the headers' backing array.
+		// keep the headers' (small) backing array.
 		resp = Response{Headers: resp.Headers[:0]}
 		// Unsafe: fields alias payload, which stays valid until Next is called
 		// again, i.e. for the whole of done().
