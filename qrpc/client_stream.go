@@ -99,7 +99,7 @@ func (s *qconn) start(call *Call, done Done) (Pending, error) {
 			pc.wait = time.Until(call.Deadline)
 			s.deadlines.add(pc)
 		}
-		err := st.write(buf)
+		err := st.write(buf, pc)
 		if err == nil {
 			return Pending{s: s, id: id}, nil
 		}
@@ -129,7 +129,7 @@ func (s *qconn) send(k frame.Kind, req *Request) error {
 		if st == nil {
 			break
 		}
-		if err := st.write(buf); !errors.Is(err, errStreamGone) {
+		if err := st.write(buf, nil); !errors.Is(err, errStreamGone) {
 			return err
 		}
 	}
@@ -177,8 +177,9 @@ type cstream struct {
 	cancelOnce sync.Once
 
 	mu       sync.Mutex
-	queue    []*[]byte // frames waiting for flow-control credit, in order
-	queued   int       // bytes in queue
+	queue    []*queuedFrame // frames waiting for flow-control credit, in order
+	queued   int            // bytes in queue
+	dropped  int            // entries of queue whose call ended unanswered (buf nil)
 	flushing bool
 	closing  bool          // finish was called: no more writes
 	eof      chan struct{} // closed when the server has closed its side
@@ -201,15 +202,60 @@ func (st *cstream) finish() {
 	}
 }
 
-// write sends one encoded frame. The fast path queues it in quic-go without
-// blocking; otherwise a flusher goroutine writes it when flow control
-// allows, preserving order. It takes ownership of buf unless it returns
-// errStreamGone (the stream was out of service: buf is the caller's to
-// send elsewhere).
-func (st *cstream) write(buf *[]byte) error {
+// queuedFrame is a frame in a stream's send queue; buf is nil once the
+// writer took it or its call ended unanswered.
+type queuedFrame struct {
+	buf *[]byte
+}
+
+// unqueue drops the frame of a call that ended unanswered (timeout,
+// cancel) from the send queue if the writer has not taken it yet: a
+// server that reads slowly or not at all must not get, later, a request
+// whose caller was told it timed out, and the bytes must not wait for it.
+// A frame the writer took is in quic-go's hands and goes out whole.
+func (st *cstream) unqueue(pc *pendingCall) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	pc.ended = true
+	qf := pc.queued
+	pc.queued = nil
+	if qf == nil || qf.buf == nil {
+		return
+	}
+	st.queued -= len(*qf.buf)
+	st.sess.c.codec.PutBuffer(qf.buf)
+	qf.buf = nil
+	st.dropped++
+	if st.dropped > len(st.queue)/2 {
+		// Compact: a never-read stream keeps taking frames of calls that
+		// then time out, and the dropped entries must not pile up.
+		q := st.queue[:0]
+		for _, f := range st.queue {
+			if f.buf != nil {
+				q = append(q, f)
+			}
+		}
+		clear(st.queue[len(q):])
+		st.queue, st.dropped = q, 0
+	}
+}
+
+// write sends one encoded frame, the request of pc (nil for an event).
+// The fast path queues it in quic-go without blocking; otherwise a
+// flusher goroutine writes it when flow control allows, preserving order.
+// It takes ownership of buf unless it returns errStreamGone (the stream
+// was out of service: buf is the caller's to send elsewhere).
+func (st *cstream) write(buf *[]byte, pc *pendingCall) error {
 	s := st.sess
 	codec := s.c.codec
 	st.mu.Lock()
+	if pc != nil && pc.ended {
+		// The call timed out or was cancelled between being stored and
+		// now: its request is not sent.
+		st.mu.Unlock()
+		codec.PutBuffer(buf)
+		return nil
+	}
 	if st.closing {
 		st.mu.Unlock()
 		codec.PutBuffer(buf)
@@ -256,7 +302,11 @@ func (st *cstream) write(buf *[]byte) error {
 		codec.PutBuffer(buf)
 		return ErrQueueFull
 	}
-	st.queue = append(st.queue, buf)
+	qf := &queuedFrame{buf: buf}
+	if pc != nil {
+		pc.queued = qf
+	}
+	st.queue = append(st.queue, qf)
 	st.queued += len(*buf)
 	if !st.flushing {
 		st.flushing = true
@@ -279,14 +329,22 @@ func (st *cstream) flushLoop() {
 // calls they carried; which those are is not known, so the stream goes
 // out of service and every call on it fails with ErrInternal.
 func (st *cstream) writerPanicked() {
-	codec := st.sess.c.codec
 	st.mu.Lock()
-	for _, b := range st.queue {
-		codec.PutBuffer(b)
-	}
-	st.queue, st.queued, st.flushing = nil, 0, false
+	st.dropQueue()
+	st.flushing = false
 	st.mu.Unlock()
 	st.retire(fmt.Errorf("%w: stream writer", ErrInternal))
+}
+
+// dropQueue frees the frames still queued; under st.mu.
+func (st *cstream) dropQueue() {
+	for _, qf := range st.queue {
+		if qf.buf != nil {
+			st.sess.c.codec.PutBuffer(qf.buf)
+			qf.buf = nil
+		}
+	}
+	st.queue, st.queued, st.dropped = nil, 0, 0
 }
 
 func (st *cstream) flush() {
@@ -302,9 +360,16 @@ func (st *cstream) flush() {
 			st.mu.Unlock()
 			return
 		}
-		buf := st.queue[0]
+		qf := st.queue[0]
 		st.queue[0] = nil
 		st.queue = st.queue[1:]
+		buf := qf.buf
+		if buf == nil { // its call ended unanswered
+			st.dropped--
+			st.mu.Unlock()
+			continue
+		}
+		qf.buf = nil
 		st.queued -= len(*buf)
 		st.mu.Unlock()
 		safego.Inject("stream writer")
@@ -320,10 +385,8 @@ func (st *cstream) flush() {
 				st.broken(fmt.Errorf("write: %w", err))
 			}
 			st.mu.Lock()
-			for _, b := range st.queue {
-				codec.PutBuffer(b)
-			}
-			st.queue, st.queued, st.flushing = nil, 0, false
+			st.dropQueue()
+			st.flushing = false
 			st.mu.Unlock()
 			return
 		}
