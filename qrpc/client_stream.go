@@ -175,6 +175,8 @@ type cstream struct {
 	// something, and stuck once another stream answers a later call.
 	stuckSince atomic.Uint64
 	cancelOnce sync.Once
+	fr         atomic.Pointer[frame.Reader] // set while the reader runs
+	abandoned  atomic.Bool                  // see abandon
 
 	mu       sync.Mutex
 	queue    []*queuedFrame // frames waiting for flow-control credit, in order
@@ -502,6 +504,11 @@ func (st *cstream) readLoop() {
 	defer st.sess.c.wg.Done()
 	var held *pendingCall
 	safego.Run("stream reader", func() { st.read(&held) }, func() { st.readerPanicked(held) })
+	st.fr.Store(nil)
+	if st.abandoned.Load() {
+		// Its partial frame is garbage now.
+		releaseMemory(st.sess.c)
+	}
 }
 
 // readerPanicked ends what the reader held: the call it had taken (not
@@ -522,6 +529,10 @@ func (st *cstream) readerPanicked(held *pendingCall) {
 func (st *cstream) read(held **pendingCall) {
 	s := st.sess
 	fr := s.c.codec.NewReader(st.s)
+	// A large answer still arriving when no call of the stream waits any
+	// more is for nobody: stop buffering it (see abandon).
+	fr.Abandon = func() bool { return st.inflight.Load() <= 0 }
+	st.fr.Store(fr)
 	var resp Response
 	for {
 		// The last answer's header slice is kept for the next one only
@@ -539,6 +550,10 @@ func (st *cstream) read(held **pendingCall) {
 					close(st.eof)
 					return
 				}
+			}
+			if errors.Is(err, frame.ErrAbandoned) {
+				st.abandon()
+				return
 			}
 			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||
 				errors.Is(err, frame.ErrTooLarge) || errors.Is(err, frame.ErrBadCompression) ||
