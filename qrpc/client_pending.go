@@ -11,6 +11,7 @@ func (s *qconn) expire(pc *pendingCall) {
 	if s.take(pc.id) == nil {
 		return // answered, cancelled or failed meanwhile
 	}
+	pc.st.unqueue(pc)
 	pc.done(nil, fmt.Errorf("%w: no response within %v", ErrTimeout, pc.wait))
 	pc.st.checkStuck(pc.id)
 }
@@ -21,6 +22,7 @@ func (s *qconn) abort(pc *pendingCall) {
 	if s.take(pc.id) == nil {
 		return
 	}
+	pc.st.unqueue(pc)
 	pc.done(nil, fmt.Errorf("%w: deadline timer", ErrInternal))
 }
 
@@ -53,6 +55,7 @@ func (p Pending) Cancel() bool {
 	if pc == nil {
 		return false
 	}
+	pc.st.unqueue(pc)
 	p.s.deadlines.remove(pc)
 	// A caller giving up at the deadline (Unary's context fires with the
 	// timer) is a timeout: the stream may be stuck.
@@ -69,6 +72,11 @@ type pendingCall struct {
 	deadline time.Time     // zero: none
 	wait     time.Duration // the deadline, from the start, for the error
 	hidx     int           // index in its deadlines heap, or hidxNew, hidxDone; under that shard's lock
+	// Under st.mu: the request's frame while it waits in the stream's
+	// send queue, and whether the call ended unanswered (its frame is
+	// then not to be sent).
+	queued *queuedFrame
+	ended  bool
 }
 
 const pendingShards = 64

@@ -99,7 +99,7 @@ func (s *qconn) start(call *Call, done Done) (Pending, error) {
 			pc.wait = time.Until(call.Deadline)
 			s.deadlines.add(pc)
 		}
-		err := st.write(buf)
+		err := st.write(buf, pc)
 		if err == nil {
 			return Pending{s: s, id: id}, nil
 		}
@@ -129,7 +129,7 @@ func (s *qconn) send(k frame.Kind, req *Request) error {
 		if st == nil {
 			break
 		}
-		if err := st.write(buf); !errors.Is(err, errStreamGone) {
+		if err := st.write(buf, nil); !errors.Is(err, errStreamGone) {
 			return err
 		}
 	}
@@ -175,10 +175,13 @@ type cstream struct {
 	// something, and stuck once another stream answers a later call.
 	stuckSince atomic.Uint64
 	cancelOnce sync.Once
+	fr         atomic.Pointer[frame.Reader] // set while the reader runs
+	abandoned  atomic.Bool                  // see abandon
 
 	mu       sync.Mutex
-	queue    []*[]byte // frames waiting for flow-control credit, in order
-	queued   int       // bytes in queue
+	queue    []*queuedFrame // frames waiting for flow-control credit, in order
+	queued   int            // bytes in queue
+	dropped  int            // entries of queue whose call ended unanswered (buf nil)
 	flushing bool
 	closing  bool          // finish was called: no more writes
 	eof      chan struct{} // closed when the server has closed its side
@@ -201,15 +204,60 @@ func (st *cstream) finish() {
 	}
 }
 
-// write sends one encoded frame. The fast path queues it in quic-go without
-// blocking; otherwise a flusher goroutine writes it when flow control
-// allows, preserving order. It takes ownership of buf unless it returns
-// errStreamGone (the stream was out of service: buf is the caller's to
-// send elsewhere).
-func (st *cstream) write(buf *[]byte) error {
+// queuedFrame is a frame in a stream's send queue; buf is nil once the
+// writer took it or its call ended unanswered.
+type queuedFrame struct {
+	buf *[]byte
+}
+
+// unqueue drops the frame of a call that ended unanswered (timeout,
+// cancel) from the send queue if the writer has not taken it yet: a
+// server that reads slowly or not at all must not get, later, a request
+// whose caller was told it timed out, and the bytes must not wait for it.
+// A frame the writer took is in quic-go's hands and goes out whole.
+func (st *cstream) unqueue(pc *pendingCall) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	pc.ended = true
+	qf := pc.queued
+	pc.queued = nil
+	if qf == nil || qf.buf == nil {
+		return
+	}
+	st.queued -= len(*qf.buf)
+	st.sess.c.codec.PutBuffer(qf.buf)
+	qf.buf = nil
+	st.dropped++
+	if st.dropped > len(st.queue)/2 {
+		// Compact: a never-read stream keeps taking frames of calls that
+		// then time out, and the dropped entries must not pile up.
+		q := st.queue[:0]
+		for _, f := range st.queue {
+			if f.buf != nil {
+				q = append(q, f)
+			}
+		}
+		clear(st.queue[len(q):])
+		st.queue, st.dropped = q, 0
+	}
+}
+
+// write sends one encoded frame, the request of pc (nil for an event).
+// The fast path queues it in quic-go without blocking; otherwise a
+// flusher goroutine writes it when flow control allows, preserving order.
+// It takes ownership of buf unless it returns errStreamGone (the stream
+// was out of service: buf is the caller's to send elsewhere).
+func (st *cstream) write(buf *[]byte, pc *pendingCall) error {
 	s := st.sess
 	codec := s.c.codec
 	st.mu.Lock()
+	if pc != nil && pc.ended {
+		// The call timed out or was cancelled between being stored and
+		// now: its request is not sent.
+		st.mu.Unlock()
+		codec.PutBuffer(buf)
+		return nil
+	}
 	if st.closing {
 		st.mu.Unlock()
 		codec.PutBuffer(buf)
@@ -256,7 +304,11 @@ func (st *cstream) write(buf *[]byte) error {
 		codec.PutBuffer(buf)
 		return ErrQueueFull
 	}
-	st.queue = append(st.queue, buf)
+	qf := &queuedFrame{buf: buf}
+	if pc != nil {
+		pc.queued = qf
+	}
+	st.queue = append(st.queue, qf)
 	st.queued += len(*buf)
 	if !st.flushing {
 		st.flushing = true
@@ -279,14 +331,22 @@ func (st *cstream) flushLoop() {
 // calls they carried; which those are is not known, so the stream goes
 // out of service and every call on it fails with ErrInternal.
 func (st *cstream) writerPanicked() {
-	codec := st.sess.c.codec
 	st.mu.Lock()
-	for _, b := range st.queue {
-		codec.PutBuffer(b)
-	}
-	st.queue, st.queued, st.flushing = nil, 0, false
+	st.dropQueue()
+	st.flushing = false
 	st.mu.Unlock()
 	st.retire(fmt.Errorf("%w: stream writer", ErrInternal))
+}
+
+// dropQueue frees the frames still queued; under st.mu.
+func (st *cstream) dropQueue() {
+	for _, qf := range st.queue {
+		if qf.buf != nil {
+			st.sess.c.codec.PutBuffer(qf.buf)
+			qf.buf = nil
+		}
+	}
+	st.queue, st.queued, st.dropped = nil, 0, 0
 }
 
 func (st *cstream) flush() {
@@ -302,9 +362,16 @@ func (st *cstream) flush() {
 			st.mu.Unlock()
 			return
 		}
-		buf := st.queue[0]
+		qf := st.queue[0]
 		st.queue[0] = nil
 		st.queue = st.queue[1:]
+		buf := qf.buf
+		if buf == nil { // its call ended unanswered
+			st.dropped--
+			st.mu.Unlock()
+			continue
+		}
+		qf.buf = nil
 		st.queued -= len(*buf)
 		st.mu.Unlock()
 		safego.Inject("stream writer")
@@ -320,10 +387,8 @@ func (st *cstream) flush() {
 				st.broken(fmt.Errorf("write: %w", err))
 			}
 			st.mu.Lock()
-			for _, b := range st.queue {
-				codec.PutBuffer(b)
-			}
-			st.queue, st.queued, st.flushing = nil, 0, false
+			st.dropQueue()
+			st.flushing = false
 			st.mu.Unlock()
 			return
 		}
@@ -439,6 +504,11 @@ func (st *cstream) readLoop() {
 	defer st.sess.c.wg.Done()
 	var held *pendingCall
 	safego.Run("stream reader", func() { st.read(&held) }, func() { st.readerPanicked(held) })
+	st.fr.Store(nil)
+	if st.abandoned.Load() {
+		// Its partial frame is garbage now.
+		releaseMemory(st.sess.c)
+	}
 }
 
 // readerPanicked ends what the reader held: the call it had taken (not
@@ -459,8 +529,17 @@ func (st *cstream) readerPanicked(held *pendingCall) {
 func (st *cstream) read(held **pendingCall) {
 	s := st.sess
 	fr := s.c.codec.NewReader(st.s)
+	// A large answer still arriving when no call of the stream waits any
+	// more is for nobody: stop buffering it (see abandon).
+	fr.Abandon = func() bool { return st.inflight.Load() <= 0 }
+	st.fr.Store(fr)
 	var resp Response
 	for {
+		// The last answer's header slice is kept for the next one only
+		// when small: a large one is not pinned while the stream waits.
+		if cap(resp.Headers) > keepHeaders {
+			resp.Headers = nil
+		}
 		kind, payload, err := fr.Next()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -471,6 +550,10 @@ func (st *cstream) read(held **pendingCall) {
 					close(st.eof)
 					return
 				}
+			}
+			if errors.Is(err, frame.ErrAbandoned) {
+				st.abandon()
+				return
 			}
 			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||
 				errors.Is(err, frame.ErrTooLarge) || errors.Is(err, frame.ErrBadCompression) ||
@@ -494,8 +577,12 @@ func (st *cstream) read(held **pendingCall) {
 			return
 		}
 		s.c.obs.BytesReceived(len(payload) + frame.HeaderSize)
+		if err := checkResponseHeaders(payload); err != nil {
+			s.fail(err)
+			return
+		}
 		// Reset every field (unknown ones too, or they would pile up) but
-		// keep the headers' backing array.
+		// keep the headers' (small) backing array.
 		resp = Response{Headers: resp.Headers[:0]}
 		// Unsafe: fields alias payload, which stays valid until Next is called
 		// again, i.e. for the whole of done().
@@ -503,6 +590,7 @@ func (st *cstream) read(held **pendingCall) {
 			s.fail(fmt.Errorf("%w: bad response: %v", ErrProtocol, err))
 			return
 		}
+		resp.Headers = evenHeaders(resp.Headers)
 		st.answered(resp.RequestId)
 		pc := s.take(resp.RequestId)
 		if pc == nil {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -44,8 +45,11 @@ const (
 // Errors returned by the decoder. They are wrapped with details; match with
 // errors.Is.
 var (
-	ErrFrameTooLarge   = errors.New("frame too large")
-	ErrBadLength       = errors.New("bad frame length")
+	ErrFrameTooLarge = errors.New("frame too large")
+	ErrBadLength     = errors.New("bad frame length")
+	// ErrAbandoned: Reader.Abandon said nobody waits for the frame being
+	// read.
+	ErrAbandoned       = errors.New("frame abandoned: nobody waits for it")
 	ErrUnknownFlag     = errors.New("unknown frame flag")
 	ErrTooLarge        = errors.New("decompressed payload too large")
 	ErrBadCompression  = errors.New("bad zstd payload")
@@ -227,7 +231,22 @@ type Reader struct {
 	hdr [HeaderSize]byte
 	buf []byte // raw payload
 	dec []byte // decompressed payload
+
+	// Abandon, when set, is asked before the buffer of a frame that is
+	// still arriving grows past growStep: true stops reading and Next
+	// returns ErrAbandoned (the stream is then out of sync and must be
+	// dropped). It lets a client stop buffering a large answer nobody
+	// waits for any more.
+	Abandon func() bool
+	// growing: a frame's payload is being read into a buffer grown past
+	// growStep (see Growing).
+	growing atomic.Bool
 }
+
+// Growing reports, from any goroutine, whether the reader is in the
+// middle of a large frame (its buffer grown past growStep, the frame not
+// yet complete).
+func (fr *Reader) Growing() bool { return fr.growing.Load() }
 
 // NewReader returns a frame reader over r.
 func (c *Codec) NewReader(r io.Reader) *Reader {
@@ -288,8 +307,16 @@ func (fr *Reader) readPayload(n int) error {
 	}
 	got := 0
 	fr.buf = fr.buf[:0]
+	defer fr.growing.Store(false)
 	for got < n {
 		want := min(n, max(2*got, growStep))
+		if got > 0 {
+			fr.growing.Store(true)
+			if fr.Abandon != nil && fr.Abandon() {
+				fr.buf = nil
+				return fmt.Errorf("%w (%d of %d bytes read)", ErrAbandoned, got, n)
+			}
+		}
 		if cap(fr.buf) < want {
 			nb := make([]byte, got, want)
 			copy(nb, fr.buf[:got])

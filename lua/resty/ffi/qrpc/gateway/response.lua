@@ -14,6 +14,8 @@ local ngx = ngx
 local ngx_var = ngx.var
 local ngx_header = ngx.header
 local ngx_print = ngx.print
+local ngx_log = ngx.log
+local ngx_WARN = ngx.WARN
 
 local type = type
 local pairs = pairs
@@ -23,6 +25,7 @@ local tab_concat = table.concat
 local tostring = tostring
 local str_find = string.find
 local str_lower = string.lower
+local nkeys = require "table.nkeys"
 
 local json_encode = json.encode
 local WKT_SCALAR = schema.WKT_SCALAR
@@ -174,10 +177,41 @@ function _M.protobuf(route)
     return false
 end
 
+-- MAX_FORWARDED is the most answer headers written into the HTTP
+-- response: each ngx.header assignment searches the headers set before
+-- it, so N of them cost N^2 (20,000 blocked the event loop for over a
+-- second). An answer with more is a 502, as nginx answers an upstream
+-- whose headers do not fit its buffer.
+local MAX_FORWARDED = 100
+_M.MAX_FORWARDED = MAX_FORWARDED
+
+-- forwarded(conf, hdrs) -> how many HTTP headers write would set from
+-- the answer's
+local function forwarded(conf, hdrs)
+    local n = conf.grpc_metadata and nkeys(hdrs) or 0
+    local rh = conf.response_headers
+    if rh then
+        for k in pairs(hdrs) do
+            if pattern_match(rh, str_lower(k)) then
+                n = n + 1
+            end
+        end
+    end
+    return n
+end
+
 -- write(gw, route, res, want_pb) -> status: answers with the unary's result
 function _M.write(gw, route, res, want_pb)
     local conf = gw.conf
     local rh = conf.response_headers
+    if (rh or conf.grpc_metadata) and res.headers then
+        local n = forwarded(conf, res.headers)
+        if n > MAX_FORWARDED then
+            local msg = "too many response headers (" .. n .. "; at most " .. MAX_FORWARDED .. ")"
+            ngx_log(ngx_WARN, "qrpc gateway: ", route.label, ": ", msg)
+            return write_error(502, 13, msg)
+        end
+    end
     if rh and res.headers then
         for k, v in pairs(res.headers) do
             if pattern_match(rh, str_lower(k)) then
