@@ -64,7 +64,7 @@ HOOKS_LIB := $(BIN)/hooks/$(LIB)
 TEST_ENV = QRPC_TEST_LIB=$(CURDIR)/$(LIB) QRPC_TEST_HOOKS_LIB=$(CURDIR)/$(HOOKS_LIB) QRPC_TEST_DEMO=$(CURDIR)/$(DEMO)
 # The long tests (each calls ngxtest.Long, which skips it unless
 # QRPC_TEST_LONG=1): run by make test-long only.
-LONG_TESTS := TestNoFalseStalls|TestLuarocksInstallFromRocksServer|TestPoolSimulationLong|TestBenchQuickSmoke
+LONG_TESTS := TestNoFalseStalls|TestLuarocksInstallFromRocksServer|TestPoolSimulationLong|TestBenchQuickSmoke|TestConnCacheDistinctOptionsBounded|TestPartialFramesDefaultOptionsReleased|TestConcurrencyFloodRecovers|TestRefusedAddrsLeaveNothing
 LONG_PKGS  := ./nginx/ ./rockspec/ ./qrpc/ ./bench/
 
 # Everything the library is built from (make only rebuilds when one changes).

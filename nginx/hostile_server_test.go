@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
+	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/internal/ngxtest"
 	"io"
 	"os"
 	"os/exec"
@@ -135,6 +136,7 @@ const statsLoc = `
 // timeout from a request's budget would). max_connections (256) must cap
 // the QUIC connections; the worker's RSS and fds must stay bounded.
 func TestConnCacheDistinctOptionsBounded(t *testing.T) {
+	ngxtest.Long(t, "2000 connects with distinct options, 27 s")
 	requireNginx(t)
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
@@ -194,6 +196,7 @@ func TestConnCacheDistinctOptionsBounded(t *testing.T) {
 // where nothing listens ("connect: refused"). Nothing should stay behind:
 // no connection, no fd, bounded memory.
 func TestRefusedAddrsLeaveNothing(t *testing.T) {
+	ngxtest.Long(t, "connects to many refused addresses, 11 s")
 	requireNginx(t)
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/t", `
                 local qrpc = require "resty.ffi.qrpc"
@@ -344,6 +347,7 @@ func TestResetAndKillLoopsRecover(t *testing.T) {
 // stream a call touches gets a partial frame, which must not stay pinned
 // once its call has ended.
 func TestPartialFramesDefaultOptionsReleased(t *testing.T) {
+	ngxtest.Long(t, "64 partial answers of 16 MiB, 28 s")
 	requireNginx(t)
 	const frameLen = defaultMaxFrame - 64
 	hostile := partialFrameServer(t, frameLen)
@@ -773,6 +777,7 @@ func TestDuplicateUnknownLateAnswers(t *testing.T) {
 // worker, against the shared server's slow method: each ends with an
 // answer or a documented error, the worker comes back to its memory.
 func TestConcurrencyFloodRecovers(t *testing.T) {
+	ngxtest.Long(t, "two rounds of 20,000 calls at once")
 	requireNginx(t)
 	n := startNginx(t, ngxConf{Workers: 1, Server: loc("/loop", callLoopLoc) + loc("/qstats", statsLoc)})
 	pid := n.workerPIDs()[0]
