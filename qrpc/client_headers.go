@@ -29,13 +29,16 @@ func checkResponseHeaders(payload []byte) error {
 	}
 	n := 0
 	for b := payload; len(b) > 0; {
+		// A field that does not parse ends the answer here, as the
+		// unmarshal would, but before it: the unmarshal would first
+		// allocate every entry ahead of it.
 		num, typ, tl := protowire.ConsumeTag(b)
 		if tl < 0 {
-			return nil // the unmarshal reports it
+			return fmt.Errorf("%w: bad response: %v", ErrProtocol, protowire.ParseError(tl))
 		}
 		vl := protowire.ConsumeFieldValue(num, typ, b[tl:])
 		if vl < 0 {
-			return nil
+			return fmt.Errorf("%w: bad response: %v", ErrProtocol, protowire.ParseError(vl))
 		}
 		if num == 1 {
 			n++

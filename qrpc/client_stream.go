@@ -59,6 +59,20 @@ func (s *qconn) pick(size int) *cstream {
 	return suspect
 }
 
+// otherInService: a stream other than st takes calls. The last stream in
+// service is not given up for a partial answer: a call made right after
+// (a retry of the one that timed out) would find none while its
+// replacement opens, and fail at once; it waits behind the frame instead,
+// which holds at most one max_frame_size buffer per connection.
+func (s *qconn) otherInService(st *cstream) bool {
+	for i := range s.streams {
+		if o := s.streams[i].Load(); o != nil && o != st && !o.retired.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *qconn) start(call *Call, done Done) (Pending, error) {
 	id := s.nextID.Add(1)
 	if id == 0 { // 0 marks events
@@ -531,7 +545,7 @@ func (st *cstream) read(held **pendingCall) {
 	fr := s.c.codec.NewReader(st.s)
 	// A large answer still arriving when no call of the stream waits any
 	// more is for nobody: stop buffering it (see abandon).
-	fr.Abandon = func() bool { return st.inflight.Load() <= 0 }
+	fr.Abandon = func() bool { return st.inflight.Load() <= 0 && s.otherInService(st) }
 	st.fr.Store(fr)
 	var resp Response
 	for {
@@ -552,7 +566,11 @@ func (st *cstream) read(held **pendingCall) {
 				}
 			}
 			if errors.Is(err, frame.ErrAbandoned) {
-				st.abandon()
+				// The reader ends here: a call written on the stream since
+				// it gave the frame up would wait for an answer nobody
+				// reads, so retire fails it (abandon would leave it).
+				st.abandoned.Store(true)
+				st.retire(fmt.Errorf("%w: stream: %v", ErrConnLost, err))
 				return
 			}
 			if errors.Is(err, frame.ErrFrameTooLarge) || errors.Is(err, frame.ErrUnknownFlag) ||

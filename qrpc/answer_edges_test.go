@@ -13,15 +13,13 @@ import (
 	"github.com/lua-resty-ffi-qrpc/lua-resty-ffi-qrpc/qrpc/qrpcpb"
 )
 
-// TestReview67HeaderCountNotBypassedByTrailingGarbage: the answer-header
-// limit is "counted before unmarshalling ... found by counting before
-// anything is allocated" (docs/tuning.md). An answer of 4M empty header
-// entries followed by one truncated field makes checkResponseHeaders stop
-// counting ("the unmarshal reports it") and return nil, so the unmarshal
-// builds the whole 4M-entry slice (~100 MB, plus its growth copies) before
-// it reaches the bad byte. Without the trailing field the same frame is
-// refused with about 75 MiB allocated in all (server included).
-func TestReview67HeaderCountNotBypassedByTrailingGarbage(t *testing.T) {
+// TestHeaderCountNotBypassedByTrailingGarbage: the answer-header limit
+// is counted before unmarshalling, before anything is allocated
+// (docs/tuning.md). An answer of 4M empty header entries followed by one
+// truncated field must be refused as cheaply as the same frame without
+// it: a count that gave up at the bad field would let the unmarshal build
+// the whole 4M-entry slice (~100 MB, plus its growth copies) first.
+func TestHeaderCountNotBypassedByTrailingGarbage(t *testing.T) {
 	checkGoroutines(t)
 	e := newEnv(t)
 	const entries = 4 << 20 // 8 MiB of payload, under the 16 MiB frame limit
@@ -112,17 +110,13 @@ func slowBigServer(t *testing.T, e *env, size int, pace time.Duration) string {
 	})
 }
 
-// TestReview67NextCallAfterLargeAnswerTimedOut: an ordinary server, one
-// stream (Config.Streams 1). A call whose 10 MB answer is still arriving
-// times out; the caller at once makes a small call. Before the change it
-// queued behind the answer on the same stream and was answered; now the
-// stream is abandoned and the next call fails at once with
-// "unavailable: no stream in service" although the server and the
-// connection are healthy (the stream's replacement is opened in the
-// background and takes under a millisecond on loopback: a call 1 ms later
-// goes through). Passes on the commit before the fix-66 merge
-// (8cbe331^1), fails 5 of 5 rounds after it.
-func TestReview67NextCallAfterLargeAnswerTimedOut(t *testing.T) {
+// TestNextCallAfterLargeAnswerTimedOut: an ordinary server, one stream
+// (Config.Streams 1). A call whose 10 MB answer is still arriving times
+// out; the caller at once makes a small call, which must be answered (it
+// waits behind the answer on the same stream). Giving up the last stream
+// in service for the partial answer would fail it at once with
+// "unavailable: no stream in service" while its replacement opens.
+func TestNextCallAfterLargeAnswerTimedOut(t *testing.T) {
 	checkGoroutines(t)
 	e := newEnv(t)
 	addr := slowBigServer(t, e, 10<<20, 20*time.Millisecond) // ~0.8 s for the answer
