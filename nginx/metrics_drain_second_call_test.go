@@ -1,0 +1,63 @@
+package nginx
+
+// review-68: docs/metrics.md, "With metrics_dict", at worker exit.
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDrainingRequestSecondCallCounted: metrics.md: an old worker
+// "adds a last time when its last call has ended, just before it exits:
+// the calls it finishes are counted too". A request in flight at a
+// reload makes a slow call, then waits 2 s (other work: no qrpc call in
+// flight in the worker), then makes a second call, which is answered.
+// The flush timer's drain loop saw no call in flight during the pause,
+// made its last flush and stopped: the second call is never added to
+// the dict (it was, before review-68's change: 5d6f600~1 passes).
+func TestDrainingRequestSecondCallCounted(t *testing.T) {
+	requireNginx(t)
+	srv := ownServer(t)
+	n := startNginx(t, ngxConf{Workers: 1, QServer: srv,
+		HTTP:            "    lua_shared_dict qrpc_metrics 4m;\n",
+		InitWorkerByLua: `assert(require("resty.ffi.qrpc").configure{ metrics_dict = "qrpc_metrics" })`,
+		Server: loc("/two", connectT+`
+                local r1, e1 = conn:unary("slow", "1500", { timeout = 10000 })
+                ngx.sleep(2)
+                local r2, e2 = conn:unary("greet", "second", { timeout = 10000 })
+                ngx.say(r1 and r1.body or tostring(e1), " / ", r2 and r2.body or tostring(e2))`) + metricsScrapeLoc,
+		AllowErrors: []string{`qrpc: `}})
+	if st, b := n.get("/metrics"); st != 200 {
+		t.Fatalf("/metrics: %d %s", st, b)
+	}
+	done := make(chan string, 1)
+	go func() {
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := client.Get(n.url("/two"))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- strings.TrimSpace(string(b))
+	}()
+	time.Sleep(700 * time.Millisecond) // the slow call is in flight
+	n.signal("reload")
+	body := <-done
+	t.Logf("the request across the reload: %s", body)
+	if body != "slept 1500 / hello, second" {
+		t.Fatalf("the request across the reload: %q", body)
+	}
+	time.Sleep(3 * time.Second) // the old worker has exited, the new one flushed
+	m, _ := scrape(t, n)
+	if v := metricSum(m, "qrpc_client_calls_total", `method="slow"`, `result="ok"`); v != 1 {
+		t.Errorf("slow ok = %v, want 1", v)
+	}
+	if v := metricSum(m, "qrpc_client_calls_total", `method="greet"`, `result="ok"`); v != 1 {
+		t.Errorf("qrpc_client_calls_total{method=\"greet\",result=\"ok\"} = %v: the old worker answered the second call of its draining request, want 1", v)
+	}
+}
