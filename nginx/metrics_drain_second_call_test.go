@@ -10,14 +10,11 @@ import (
 	"time"
 )
 
-// TestDrainingRequestSecondCallCounted: metrics.md: an old worker
-// "adds a last time when its last call has ended, just before it exits:
-// the calls it finishes are counted too". A request in flight at a
-// reload makes a slow call, then waits 2 s (other work: no qrpc call in
-// flight in the worker), then makes a second call, which is answered.
-// The flush timer's drain loop saw no call in flight during the pause,
-// made its last flush and stopped: the second call is never added to
-// the dict (it was, before review-68's change: 5d6f600~1 passes).
+// TestDrainingRequestSecondCallCounted: metrics.md: an old worker adds
+// the calls it finishes. A request in flight at a reload makes a slow
+// call, then waits 2 s (no qrpc call in flight in the worker: the exit's
+// last flush runs), then makes a second call, which is answered: it must
+// be added to the dict too.
 func TestDrainingRequestSecondCallCounted(t *testing.T) {
 	requireNginx(t)
 	srv := ownServer(t)

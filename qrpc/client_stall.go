@@ -79,7 +79,7 @@ func (st *cstream) callDone() {
 		st.cancel()
 		return
 	}
-	if fr := st.fr.Load(); fr != nil && fr.Growing() && st.sess.otherInService(st) {
+	if fr := st.fr.Load(); fr != nil && fr.Growing() && st.mayAbandon() {
 		st.abandon()
 	}
 }

@@ -59,11 +59,22 @@ func (s *qconn) pick(size int) *cstream {
 	return suspect
 }
 
-// otherInService: a stream other than st takes calls. The last stream in
-// service is not given up for a partial answer: a call made right after
-// (a retry of the one that timed out) would find none while its
-// replacement opens, and fail at once; it waits behind the frame instead,
-// which holds at most one max_frame_size buffer per connection.
+// mayAbandon: st may be given up for a partial answer nobody waits for.
+// The connection's last stream in service is kept the first time: a call
+// made right after (a retry of the one that timed out) would find no
+// stream while its replacement opens, and fail at once; it waits behind
+// the frame instead, and is answered when the frame ends. If the frame
+// is still unfinished when that call ends too (a server that never
+// finishes it), the stream goes: kept for good, it would take every
+// later call and answer none.
+func (st *cstream) mayAbandon() bool {
+	if st.sess.otherInService(st) {
+		return true
+	}
+	return !st.kept.CompareAndSwap(false, true)
+}
+
+// otherInService: a stream other than st takes calls.
 func (s *qconn) otherInService(st *cstream) bool {
 	for i := range s.streams {
 		if o := s.streams[i].Load(); o != nil && o != st && !o.retired.Load() {
@@ -191,6 +202,10 @@ type cstream struct {
 	cancelOnce sync.Once
 	fr         atomic.Pointer[frame.Reader] // set while the reader runs
 	abandoned  atomic.Bool                  // see abandon
+	// kept: the stream was the connection's last in service when its
+	// partial answer was first left to nobody, and was kept (see
+	// otherInService); the next time it is given up all the same.
+	kept atomic.Bool
 
 	mu       sync.Mutex
 	queue    []*queuedFrame // frames waiting for flow-control credit, in order
@@ -545,7 +560,7 @@ func (st *cstream) read(held **pendingCall) {
 	fr := s.c.codec.NewReader(st.s)
 	// A large answer still arriving when no call of the stream waits any
 	// more is for nobody: stop buffering it (see abandon).
-	fr.Abandon = func() bool { return st.inflight.Load() <= 0 && s.otherInService(st) }
+	fr.Abandon = func() bool { return st.inflight.Load() <= 0 && st.mayAbandon() }
 	st.fr.Store(fr)
 	var resp Response
 	for {
@@ -589,6 +604,9 @@ func (st *cstream) read(held **pendingCall) {
 			}
 			st.broken(err)
 			return
+		}
+		if st.kept.Load() {
+			st.kept.Store(false) // the frame it was kept for has ended
 		}
 		if kind != frame.KindResponse {
 			s.fail(fmt.Errorf("%w: server sent a frame of kind %d", ErrProtocol, kind))

@@ -56,15 +56,12 @@ func neverEndingBigServer(t *testing.T, e *env) string {
 	})
 }
 
-// TestConnRecoversAfterNeverEndingAnswer: docs/tuning.md: "The
-// connection's last stream in service is kept: the next call waits behind
-// the frame rather than fail while a replacement opens". With a server
-// that never ends the frame, the call behind it times out, and so does
-// every later one: the last stream is never given up, since no call is
-// ever written anywhere else, and the connection answers nothing again
-// (the QUIC connection is alive: no reconnect). Before review-68's fix
-// the stream was replaced and the connection recovered. Calls after the
-// big one's timeout must be answered again within a few seconds.
+// TestConnRecoversAfterNeverEndingAnswer: a server that starts a large
+// answer and never ends it. The connection's last stream in service is
+// kept for the call after the timed-out one (docs/tuning.md), but not for
+// good: kept, it would take every later call and answer none (the QUIC
+// connection stays alive: no reconnect). Calls after the big one's
+// timeout must be answered again within a few seconds.
 func TestConnRecoversAfterNeverEndingAnswer(t *testing.T) {
 	for _, streams := range []int{1, 2} {
 		t.Run(fmt.Sprintf("streams=%d", streams), func(t *testing.T) {

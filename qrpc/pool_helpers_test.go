@@ -3,6 +3,7 @@ package qrpc_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"log/slog"
 	"net"
 	"strconv"
@@ -222,6 +223,7 @@ type peerRec struct {
 	addr                     string
 	r                        *recorder
 	ok, failed, events       atomic.Int64
+	refused                  atomic.Int64 // attempts refused at once (unavailable), apart from failed
 	inflight, ejected, recon atomic.Int64
 	sent, recv               atomic.Int64
 	retried, hedged, budget  atomic.Int64
@@ -252,6 +254,12 @@ func (r *recorder) get(addr string) *peerRec {
 func (p *peerRec) CallDone(_ []byte, _ uint32, err error, _ time.Duration) {
 	if err == nil {
 		p.ok.Add(1)
+		return
+	}
+	if errors.Is(err, qrpc.ErrUnavailable) {
+		// refused by the connection before anything was sent: the pool
+		// sends the call elsewhere, so no caller sees this failure
+		p.refused.Add(1)
 		return
 	}
 	p.failed.Add(1)

@@ -435,6 +435,9 @@ function methods.unary(self, method, body, opts)
         status, val, info = rf_decode(rf_call(cmd, c, secs))
     end
     e.handed = nil   -- its first call is over: evictable when idle
+    if metrics_mod.exit_flushed then
+        metrics_mod.after_exit_call()
+    end
 
     if status == QRPC_OK then
         if resp then
@@ -499,6 +502,9 @@ function methods.event(self, method, body, opts)
     rc, err, info = builtin_event(v.handle, method, body, nh, hbuf, hlen, req,
                                   flags, hash_key)
     e.handed = nil
+    if metrics_mod.exit_flushed then
+        metrics_mod.after_exit_call()
+    end
     if rc == QRPC_OK then
         return true
     end
