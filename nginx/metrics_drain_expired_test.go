@@ -1,7 +1,7 @@
 package nginx
 
-// review-69: c374 (metrics_dict): "after an exiting worker's last flush,
-// each call or event of that Lua VM that ends adds its counts again".
+// metrics_dict at worker exit: a call that ends after the exiting
+// worker's last flush adds its counts (docs/metrics.md).
 
 import (
 	"io"

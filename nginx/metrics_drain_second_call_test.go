@@ -1,6 +1,6 @@
 package nginx
 
-// review-68: docs/metrics.md, "With metrics_dict", at worker exit.
+// docs/metrics.md, "With metrics_dict", at worker exit.
 
 import (
 	"io"

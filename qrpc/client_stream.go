@@ -59,14 +59,14 @@ func (s *qconn) pick(size int) *cstream {
 	return suspect
 }
 
-// mayAbandon: st may be given up for a partial answer nobody waits for.
-// The connection's last stream in service is kept the first time: a call
-// made right after (a retry of the one that timed out) would find no
-// stream while its replacement opens, and fail at once; it waits behind
-// the frame instead, and is answered when the frame ends. If the frame
-// is still unfinished when that call ends too (a server that never
-// finishes it), the stream goes: kept for good, it would take every
-// later call and answer none.
+// mayAbandon: st may be given up, now that its last call ended, for a
+// partial answer nobody waits for. The connection's last stream in
+// service is kept the first time: a call made next (a retry of the one
+// that timed out) would find no stream while its replacement opens, and
+// fail at once; it waits behind the frame instead, and is answered when
+// the frame ends. If the frame is still unfinished when that call ends
+// too (a server that never finishes it), the stream goes: kept for good,
+// it would take every later call and answer none.
 func (st *cstream) mayAbandon() bool {
 	if st.sess.otherInService(st) {
 		return true
@@ -560,7 +560,9 @@ func (st *cstream) read(held **pendingCall) {
 	fr := s.c.codec.NewReader(st.s)
 	// A large answer still arriving when no call of the stream waits any
 	// more is for nobody: stop buffering it (see abandon).
-	fr.Abandon = func() bool { return st.inflight.Load() <= 0 && st.mayAbandon() }
+	// The last stream in service is given up only by callDone (see
+	// mayAbandon): the reader does not, between two calls.
+	fr.Abandon = func() bool { return st.inflight.Load() <= 0 && s.otherInService(st) }
 	st.fr.Store(fr)
 	var resp Response
 	for {

@@ -402,6 +402,9 @@ function methods.unary(self, method, body, opts)
     end
     if late then
         count_expired(method)
+        if metrics_mod.exit_flushed then
+            metrics_mod.after_exit_call()
+        end
         return nil, "timeout", { attempts = 0, detail = late }
     end
 

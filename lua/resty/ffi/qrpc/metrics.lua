@@ -361,10 +361,11 @@ local function flush_timer(premature)
     _M.exit_flushed = true
 end
 
--- after_exit_call: a call of this VM ended after the exit's last flush (a
--- request still running, whose next call started once none was in
--- flight): what it counted goes in now, the gauges removed again. The
--- calls of the other subsystem's VM after that moment are not added.
+-- after_exit_call: a call, event or gateway request of this VM ended
+-- after the exit's last flush (a request still running, whose next call
+-- started once none was in flight): what it counted goes in now, the
+-- gauges removed again. The calls of the other subsystem's VM after that
+-- moment are not added.
 function _M.after_exit_call()
     flush_now(true)
 end

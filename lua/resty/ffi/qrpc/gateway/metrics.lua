@@ -55,6 +55,10 @@ local function record(route, method, status, secs)
     counters[ser.inf] = (counters[ser.inf] or 0) + 1
     counters[ser.count] = (counters[ser.count] or 0) + 1
     counters[ser.sum] = (counters[ser.sum] or 0) + secs
+    if metrics.exit_flushed then
+        -- after the exiting worker's last flush (resty.ffi.qrpc.metrics)
+        metrics.after_exit_call()
+    end
 end
 
 
